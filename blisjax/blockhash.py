@@ -1,0 +1,56 @@
+"""Prefix-cache block identity: 64-bit chained hashes shared by both engines.
+
+BLIS hashes a full KV block as SHA-256 of the previous block's hash and the block's token ids.
+Our requests carry no token ids, so a block is identified by *what its tokens are* (semantics
+note, decision 9): a block lying entirely inside a request's shared prefix is the same content for
+every request of that prefix group, so it is keyed by ``(group, block index)``; any other block
+(prompt tail, or output tokens written during decode) is unique to its request, keyed by
+``(request, block index)``. Chaining each block's hash with its predecessor's gives the same
+prefix property as BLIS's chain: two requests share block ``j`` iff they share blocks ``0..j``.
+
+The mixer is SplitMix64's finaliser (Steele et al.), used as a fixed 64-bit permutation; all
+arithmetic is modulo 2**64 so the JAX engine can reproduce it with ``uint64`` operations.
+"""
+
+from __future__ import annotations
+
+MASK64 = (1 << 64) - 1
+_KIND_REQUEST = 1
+_KIND_GROUP = 2
+# The chain starts from this value (BLIS: the empty string as the "previous hash").
+CHAIN_SEED = 0
+
+
+def mix64(x: int) -> int:
+    """SplitMix64 finaliser: a bijection on 64-bit integers with good avalanche."""
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & MASK64
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EB & MASK64
+    return x ^ (x >> 31)
+
+
+def block_code(request_index: int, group: int, prefix_length: int, block_index: int,
+               block_size_tokens: int) -> int:
+    """Content identity of block ``block_index`` of a request (before chaining).
+
+    ``group`` is the request's prefix-group code (-1 for none) and ``prefix_length`` its shared
+    prefix in tokens. A block is group-shared iff all its tokens lie inside the prefix.
+    """
+    if group >= 0 and (block_index + 1) * block_size_tokens <= prefix_length:
+        return (_KIND_GROUP << 62) | (group << 24) | block_index
+    return (_KIND_REQUEST << 62) | (request_index << 24) | block_index
+
+
+def chain(prev_hash: int, code: int) -> int:
+    """Hash of a block given its predecessor's hash and its own content identity."""
+    return mix64(prev_hash ^ mix64(code))
+
+
+def block_hashes(request_index: int, group: int, prefix_length: int, num_blocks: int,
+                 block_size_tokens: int) -> list[int]:
+    """Chained hashes of blocks ``0 .. num_blocks-1`` of a request (list of Python ints)."""
+    out: list[int] = []
+    h = CHAIN_SEED
+    for j in range(num_blocks):
+        h = chain(h, block_code(request_index, group, prefix_length, j, block_size_tokens))
+        out.append(h)
+    return out

@@ -1,0 +1,21 @@
+"""Build the latency model a resolved configuration asks for."""
+
+from __future__ import annotations
+
+from blisjax.latency.blackbox import BlackboxLatency
+
+
+def make_latency_model(resolved):
+    """Latency model for a ``blisjax.config.ResolvedConfig``."""
+    name = resolved.config.latency.model
+    if name == "blackbox":
+        alpha, beta = tuple(resolved.alpha), tuple(resolved.beta)
+        if len(alpha) != 3 or len(beta) != 3:
+            raise ValueError(
+                f"latency.alpha_coeffs/beta_coeffs: blackbox needs 3 and 3 values, "
+                f"got {len(alpha)} and {len(beta)}"
+            )
+        return BlackboxLatency(alpha=alpha, beta=beta)
+    raise ValueError(
+        f"latency.model: {name!r} is not available yet in this build (supported: blackbox)"
+    )

@@ -1,0 +1,94 @@
+"""What an engine run returns: per-request records plus run-level counters.
+
+Both engines produce a ``RunResult`` with exactly these fields; ``blisjax.metrics.aggregate``
+turns it into BLIS-named aggregate metrics. All times are integer microseconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+# Request status codes (``RunResult.status``).
+COMPLETED = 0
+REJECTED = 1  # refused by the admission policy (or no routable instance)
+TIMED_OUT = 2  # deadline reached before completion (including past-due at enqueue)
+UNFINISHED = 3  # still in the pipeline, queued or running at the horizon
+DROPPED = 4  # dropped as unservable at enqueue (length / KV capacity guards)
+STATUS_NAMES = ("completed", "rejected", "timed-out", "unfinished", "dropped")
+
+#: Sentinel for "not recorded" in int64 time fields.
+NOT_RECORDED = -1
+
+
+@dataclass(frozen=True, eq=False)
+class RunResult:
+    """Outcome of one simulation (one lane), rows indexed like the ``Workload``.
+
+    Per request (length N):
+      status: int8 status code (see module constants).
+      instance: int32 instance the request was routed to, -1 if never routed.
+      ttft_us: int64 BLIS FirstTokenTime (µs after arrival), -1 if never recorded. Kept for
+        timed-out / unfinished requests that had recorded one (BLIS TTFT population).
+      e2e_us: int64 BLIS E2E (TTFT + ΣITL + post-decode overhead) for completed requests, else -1.
+      scheduling_delay_us: int64 last admission step start − arrival, -1 if never scheduled.
+      itl_sum_us: int64 sum of the request's ITL entries (completed requests; else 0).
+      itl_count: int64 number of ITL entries.
+      output_tokens_done: int64 output tokens counted at completion (0 if not completed).
+      preemptions: int32 times the request was preempted.
+      length_capped: bool, completion forced by max_model_len.
+
+    Run level:
+      itl_entries_us: int64, every raw ITL entry of completed requests (BLIS ``AllITLs``).
+      sim_ended_us: BLIS SimEndedTime = max over instances of min(last event time, horizon).
+      horizon_us: the configured horizon.
+      num_instances: instance count.
+      cache_hits, cache_misses: int64 per instance (block-level counters, BLIS semantics).
+      preemption_count: int64 per instance.
+      still_queued, still_running: int64 per instance at the end.
+      dropped_unservable, timed_out, length_capped_count, completed: int64 per instance.
+      total_input_tokens: int64 per instance (counted at enqueue, BLIS semantics).
+      rejected_admission: requests refused by admission; rejected_routing: no routable instance.
+      queue_depth_time_us: int64 per instance, Σ(wait-queue length × step duration) (HOL metric).
+      busy_time_us: int64 per instance, Σ step durations.
+      step_count: int64 per instance.
+      peak_kv_blocks_used: int64 per instance.
+      overflow: dict of capacity-overflow counters (JAX engine); empty when nothing overflowed.
+    """
+
+    status: np.ndarray
+    instance: np.ndarray
+    ttft_us: np.ndarray
+    e2e_us: np.ndarray
+    scheduling_delay_us: np.ndarray
+    itl_sum_us: np.ndarray
+    itl_count: np.ndarray
+    output_tokens_done: np.ndarray
+    preemptions: np.ndarray
+    length_capped: np.ndarray
+    itl_entries_us: np.ndarray
+    sim_ended_us: int
+    horizon_us: int
+    num_instances: int
+    cache_hits: np.ndarray
+    cache_misses: np.ndarray
+    preemption_count: np.ndarray
+    still_queued: np.ndarray
+    still_running: np.ndarray
+    dropped_unservable: np.ndarray
+    timed_out: np.ndarray
+    length_capped_count: np.ndarray
+    completed: np.ndarray
+    total_input_tokens: np.ndarray
+    rejected_admission: int
+    rejected_routing: int
+    queue_depth_time_us: np.ndarray
+    busy_time_us: np.ndarray
+    step_count: np.ndarray
+    peak_kv_blocks_used: np.ndarray
+    overflow: dict = field(default_factory=dict)
+
+    @property
+    def num_requests(self) -> int:
+        return int(self.status.shape[0])

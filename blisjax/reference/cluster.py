@@ -1,0 +1,249 @@
+"""Shared-clock cluster loop: arrival → admission → routing → instances (semantics §1.5, §5).
+
+Cluster events are ordered by (time, priority, sequence) with a counter starting at 0; at equal
+times cluster events run before instance events, and among instances the lowest index first.
+Events past the horizon are never executed.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+
+from blisjax.blockhash import CHAIN_SEED, block_code, chain
+from blisjax.latency import make_latency_model
+from blisjax.metrics.records import (
+    COMPLETED,
+    DROPPED,
+    NOT_RECORDED,
+    REJECTED,
+    TIMED_OUT,
+    UNFINISHED,
+    RunResult,
+)
+from blisjax.reference import request as rq
+from blisjax.reference.instance import Instance
+from blisjax.reference.policies import Admission, Priority, Router
+from blisjax.reference.request import SimRequest
+
+# Cluster event priorities (§5.2).
+EV_CLUSTER_ARRIVAL, EV_ADMISSION, EV_ROUTING = 0, 1, 2
+
+_STATUS_OF_STATE = {
+    rq.COMPLETED: COMPLETED,
+    rq.TIMED_OUT: TIMED_OUT,
+    rq.DROPPED: DROPPED,
+    rq.REJECTED: REJECTED,
+}
+
+
+class ClusterSimulator:
+    """Reference simulation of one configuration on one workload.
+
+    ``resolved`` is a ``blisjax.config.ResolvedConfig``; ``workload`` a ``blisjax.workload.Workload``.
+    Set ``check_invariants=True`` to assert KV conservation and clock monotonicity after every
+    event (slow; used by tests).
+    """
+
+    def __init__(self, resolved, workload, check_invariants: bool = False) -> None:
+        cfg = resolved.config
+        self.cfg = cfg
+        self.workload = workload
+        self.horizon_us = int(cfg.horizon_us)
+        self.block_size = cfg.engine.block_size_tokens
+        self.check_invariants = check_invariants
+        latency = make_latency_model(resolved)
+        priority = Priority(cfg.policy.priority, workload.tenant_names)
+        n_inst = cfg.cluster.num_instances
+        self.instances = [
+            Instance(i, engine=cfg.engine, total_kv_blocks=resolved.total_kv_blocks,
+                     max_model_len=resolved.max_model_len, latency=latency, priority=priority,
+                     scheduler=cfg.policy.scheduler.policy, horizon_us=self.horizon_us,
+                     hash_of=self._hash_of)
+            for i in range(n_inst)
+        ]
+        self.admission = Admission(cfg.policy.admission, workload.tenant_names)
+        self.router = Router(cfg.policy.routing, n_inst, self.block_size,
+                             cfg.cluster.prefix_index_capacity_blocks)
+        self.admission_latency_us = cfg.cluster.admission_latency_us
+        self.routing_latency_us = cfg.cluster.routing_latency_us
+        self.refresh_interval_us = cfg.cluster.snapshot_refresh_interval_us
+        self.in_flight = [0] * n_inst
+        self.tenant_in_flight = [0] * len(workload.tenant_names)
+        self.rejected_admission = 0
+        self.rejected_routing = 0
+        # Periodic snapshot cache: all zeros until the first refresh (§5.4).
+        self._snap_last_refresh_us = 0
+        self._snap_qd = [0] * n_inst
+        self._snap_bs = [0] * n_inst
+        self._snap_kv = [0.0] * n_inst
+        self.requests = self._make_requests(workload)
+        self.events: list = []
+        self.seq = -1
+        self.clock_us = 0
+
+    # ---- requests and their block hashes ----------------------------------------------------
+    @staticmethod
+    def _make_requests(w) -> list[SimRequest]:
+        cols = (w.arrival_us, w.input_tokens, w.output_tokens, w.prefix_group, w.prefix_length,
+                w.tenant, w.slo_class, w.deadline_us)
+        rows = zip(*(c.tolist() for c in cols), strict=True)
+        return [SimRequest(i, *row) for i, row in enumerate(rows)]
+
+    def _hash_of(self, req: SimRequest, j: int) -> int:
+        """Chained hash of block j of ``req`` (prompt and output blocks), computed lazily."""
+        hashes = req.block_hashes
+        if hashes is None:
+            hashes = req.block_hashes = []
+        while len(hashes) <= j:
+            prev = hashes[-1] if hashes else CHAIN_SEED
+            code = block_code(req.index, req.prefix_group, req.prefix_length, len(hashes),
+                              self.block_size)
+            hashes.append(chain(prev, code))
+        return hashes[j]
+
+    def _prompt_hashes(self, req: SimRequest) -> list[int]:
+        full = req.input_tokens // self.block_size
+        if full == 0:
+            return []
+        self._hash_of(req, full - 1)
+        return req.block_hashes[:full]
+
+    # ---- cluster events ---------------------------------------------------------------------
+    def _push(self, time_us: int, prio: int, req: SimRequest) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (time_us, prio, self.seq, req))
+
+    def _snapshots(self, now_us: int) -> tuple[list[int], list[int], list[float]]:
+        """Queue depth, batch size and KV utilisation per instance, live or periodic."""
+        interval = self.refresh_interval_us
+        if interval == 0 or now_us - self._snap_last_refresh_us >= interval:
+            self._snap_qd = [len(x.wait_queue) for x in self.instances]
+            self._snap_bs = [len(x.running) for x in self.instances]
+            self._snap_kv = [x.kv.used_blocks / x.kv.total_blocks for x in self.instances]
+            self._snap_last_refresh_us = now_us
+        return self._snap_qd, self._snap_bs, self._snap_kv
+
+    def _execute_cluster_event(self, time_us: int, prio: int, req: SimRequest) -> None:
+        if prio == EV_CLUSTER_ARRIVAL:
+            self._push(time_us + self.admission_latency_us, EV_ADMISSION, req)
+        elif prio == EV_ADMISSION:
+            self._snapshots(time_us)  # building router state refreshes stale snapshots
+            if self.admission.admit(req, time_us, self.tenant_in_flight):
+                self.tenant_in_flight[req.tenant] += 1
+                self._push(time_us + self.routing_latency_us, EV_ROUTING, req)
+            else:
+                req.state = rq.REJECTED
+                self.rejected_admission += 1
+        else:
+            qd, bs, kv = self._snapshots(time_us)
+            target = self.router.route(req, self._prompt_hashes(req), qd, bs, kv, self.in_flight)
+            self.in_flight[target] += 1
+            self.instances[target].inject_arrival(req, time_us)
+
+    # ---- main loop --------------------------------------------------------------------------
+    def run(self) -> RunResult:
+        for req in self.requests:
+            self._push(req.arrival_us, EV_CLUSTER_ARRIVAL, req)
+        instances = self.instances
+        last_time = -1
+        while True:
+            c_time = self.events[0][0] if self.events else None
+            inst, i_time = None, None
+            for x in instances:  # strict <: the lowest index wins ties
+                t = x.next_event_time()
+                if t is not None and (i_time is None or t < i_time):
+                    inst, i_time = x, t
+            if c_time is None and inst is None:
+                break
+            if c_time is not None and (i_time is None or c_time <= i_time):
+                if c_time > self.horizon_us:
+                    break
+                time_us, prio, _, req = heapq.heappop(self.events)
+                self.clock_us = time_us
+                self._execute_cluster_event(time_us, prio, req)
+            else:
+                if i_time > self.horizon_us:
+                    break
+                self.clock_us = i_time
+                inst.process_next_event()
+                self._settle_finished(inst)
+            if self.check_invariants:
+                assert self.clock_us >= last_time, "clock moved backwards"
+                last_time = self.clock_us
+                for x in instances:
+                    x.kv.check_conservation()
+                    assert len(x.running) <= x.max_running, "batch exceeds max running requests"
+        return self._result()
+
+    def _settle_finished(self, inst: Instance) -> None:
+        """In-flight accounting: requests that completed, dropped or timed out leave (§5.8)."""
+        if not inst.finished:
+            return
+        for r in inst.finished:
+            self.in_flight[inst.index] = max(0, self.in_flight[inst.index] - 1)
+            self.tenant_in_flight[r.tenant] = max(0, self.tenant_in_flight[r.tenant] - 1)
+        inst.finished.clear()
+
+    # ---- results ----------------------------------------------------------------------------
+    def _result(self) -> RunResult:
+        reqs = self.requests
+        n = len(reqs)
+        status = np.full(n, UNFINISHED, dtype=np.int8)
+        for r in reqs:
+            if r.state in _STATUS_OF_STATE:
+                status[r.index] = _STATUS_OF_STATE[r.state]
+        done = status == COMPLETED
+
+        def col(attr, dtype=np.int64):
+            return np.fromiter((getattr(r, attr) for r in reqs), dtype=dtype, count=n)
+
+        e2e = np.where(done, col("e2e_us"), NOT_RECORDED)
+        itl_sum = np.fromiter((sum(r.itl_us) if r.state == rq.COMPLETED else 0 for r in reqs),
+                              dtype=np.int64, count=n)
+        itl_count = np.fromiter((len(r.itl_us) if r.state == rq.COMPLETED else 0 for r in reqs),
+                                dtype=np.int64, count=n)
+        insts = self.instances
+
+        def per_inst(attr):
+            return np.array([getattr(x, attr) for x in insts], dtype=np.int64)
+
+        itl_entries = [e for x in insts for e in x.itl_entries]
+        return RunResult(
+            status=status,
+            instance=col("instance", np.int32),
+            ttft_us=col("ttft_us"),
+            e2e_us=e2e,
+            scheduling_delay_us=col("scheduling_delay_us"),
+            itl_sum_us=itl_sum,
+            itl_count=itl_count,
+            output_tokens_done=np.where(done, col("output_tokens_done"), 0),
+            preemptions=col("preemptions", np.int32),
+            length_capped=col("length_capped", bool),
+            itl_entries_us=np.array(itl_entries, dtype=np.int64),
+            sim_ended_us=max((x.sim_ended_us() for x in insts), default=0),
+            horizon_us=self.horizon_us,
+            num_instances=len(insts),
+            cache_hits=np.array([x.kv.hits for x in insts], dtype=np.int64),
+            cache_misses=np.array([x.kv.misses for x in insts], dtype=np.int64),
+            preemption_count=per_inst("preemption_count"),
+            still_queued=np.array([len(x.wait_queue) for x in insts], dtype=np.int64),
+            still_running=np.array([len(x.running) for x in insts], dtype=np.int64),
+            dropped_unservable=per_inst("dropped_unservable"),
+            timed_out=per_inst("timed_out"),
+            length_capped_count=per_inst("length_capped"),
+            completed=per_inst("completed"),
+            total_input_tokens=per_inst("total_input_tokens"),
+            rejected_admission=self.rejected_admission,
+            rejected_routing=self.rejected_routing,
+            queue_depth_time_us=per_inst("queue_depth_time_us"),
+            busy_time_us=per_inst("busy_time_us"),
+            step_count=per_inst("step_count"),
+            peak_kv_blocks_used=per_inst("peak_kv_blocks_used"),
+        )
+
+
+def simulate(resolved, workload, check_invariants: bool = False) -> RunResult:
+    """Run the reference engine once: ``ResolvedConfig`` × ``Workload`` → ``RunResult``."""
+    return ClusterSimulator(resolved, workload, check_invariants=check_invariants).run()

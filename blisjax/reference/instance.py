@@ -1,0 +1,326 @@
+"""One vLLM-style instance: α delay, wait queue, continuous batching, KV cache, preemption.
+
+Implements the semantics note Part A §1.2–§2.9 literally; section numbers in comments refer to it.
+Instance events are ordered by (time, event priority, sequence number), sequence numbers per
+instance starting at 1.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+
+from blisjax.latency.base import StepBatch
+from blisjax.reference.kvcache import KVCache
+from blisjax.reference.policies import reorder_wait_queue
+from blisjax.reference.request import COMPLETED, DROPPED, QUEUED, RUNNING, TIMED_OUT
+
+# Instance event priorities (§1.2).
+EV_ARRIVAL, EV_QUEUED, EV_STEP, EV_TIMEOUT = 0, 1, 3, 6
+
+
+class Instance:
+    """Plain-Python instance simulator; the cluster drives it one event at a time."""
+
+    def __init__(self, index: int, *, engine, total_kv_blocks: int, max_model_len: int,
+                 latency, priority, scheduler: str, horizon_us: int, hash_of) -> None:
+        self.index = index
+        self.max_running = engine.max_num_running_reqs
+        self.max_batched_tokens = engine.max_num_scheduled_tokens
+        self.block_size = engine.block_size_tokens
+        self.long_prefill_threshold = engine.long_prefill_token_threshold
+        self.preemption_policy = engine.preemption_policy
+        self.max_model_len = max_model_len
+        self.latency = latency
+        self.otp_us = latency.output_token_processing_us
+        self.post_decode_us = latency.post_decode_overhead_us
+        self.priority = priority
+        self.scheduler = scheduler
+        self.horizon_us = horizon_us
+        self.kv = KVCache(total_kv_blocks, self.block_size, hash_of, engine.enable_prefix_caching)
+        self.events: list = []
+        self.seq = 0
+        self.clock_us = 0  # time of the last executed event
+        self.last_left_us = 0  # latest RequestLeft time within the horizon
+        self.wait_queue: deque = deque()
+        self.running: list = []
+        self.step_pending = False
+        self.finished: list = []  # requests that completed/dropped/timed out since last drained
+        # counters
+        self.completed = 0
+        self.dropped_unservable = 0
+        self.timed_out = 0
+        self.length_capped = 0
+        self.total_input_tokens = 0
+        self.preemption_count = 0
+        self.step_count = 0
+        self.busy_time_us = 0
+        self.queue_depth_time_us = 0
+        self.peak_kv_blocks_used = 0
+        self.kv_block_time = 0
+        self.itl_entries: list[int] = []
+        self._budget = 0
+        self._preempted_this_step = False
+
+    # ---- event heap ------------------------------------------------------------------------
+    def push(self, time_us: int, prio: int, req) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (time_us, prio, self.seq, req))
+
+    def next_event_time(self) -> int | None:
+        return self.events[0][0] if self.events else None
+
+    def inject_arrival(self, req, time_us: int) -> None:
+        """Routing hands a request over at ``time_us`` (BLIS InjectArrivalAt)."""
+        req.instance = self.index
+        self.push(time_us, EV_ARRIVAL, req)
+
+    def process_next_event(self) -> None:
+        time_us, prio, _, req = heapq.heappop(self.events)
+        if prio == EV_TIMEOUT and req.state in (COMPLETED, TIMED_OUT):
+            return  # lazily cancelled: the clock does not advance (§1.4)
+        self.clock_us = time_us
+        if prio == EV_ARRIVAL:
+            self.push(time_us + self.latency.queueing_delay_us(req.input_tokens), EV_QUEUED, req)
+        elif prio == EV_QUEUED:
+            self._enqueue(req, time_us)
+            if not self.step_pending and self.wait_queue:
+                self.step_pending = True
+                self.push(time_us, EV_STEP, None)
+        elif prio == EV_STEP:
+            self._step(time_us)
+        else:
+            self._timeout(req, time_us)
+
+    # ---- enqueue (§2.1) ----------------------------------------------------------------------
+    def _enqueue(self, req, now_us: int) -> None:
+        l_in = req.input_tokens
+        max_out = req.output_tokens
+        mml = self.max_model_len
+        if max_out == 0 and mml > 0 and l_in < mml:
+            max_out = mml - l_in
+        unservable = mml > 0 and (l_in >= mml or (max_out > 0 and l_in + max_out > mml))
+        if unservable or -(-l_in // self.block_size) > self.kv.total_blocks:
+            req.state = DROPPED
+            self.dropped_unservable += 1
+            self.finished.append(req)
+            return
+        self.total_input_tokens += l_in
+        if 0 < req.deadline_us <= now_us:
+            req.state = TIMED_OUT
+            self.timed_out += 1
+            self.finished.append(req)
+            return
+        req.state = QUEUED
+        req.enqueue_us = now_us
+        self.wait_queue.append(req)
+        if 0 < req.deadline_us <= self.horizon_us:
+            self.push(req.deadline_us, EV_TIMEOUT, req)
+
+    # ---- timeout (§2.9) ----------------------------------------------------------------------
+    def _timeout(self, req, now_us: int) -> None:
+        was_running = req.state == RUNNING
+        req.state = TIMED_OUT
+        self.timed_out += 1
+        self.kv.release(req)
+        req.computed_tokens = 0
+        if was_running:
+            self.running.remove(req)
+        else:
+            self.wait_queue.remove(req)
+        self.finished.append(req)
+        if not self.running and self.wait_queue and not self.step_pending:
+            self.step_pending = True
+            self.push(now_us, EV_STEP, None)
+
+    # ---- one step (§2.2–§2.7) ----------------------------------------------------------------
+    def _step(self, now_us: int) -> None:
+        if not self.running and not self.wait_queue:
+            self.step_pending = False  # a timeout emptied the instance; nothing to do
+            return
+        self.step_count += 1
+        if not self.priority.is_constant:
+            for r in self.wait_queue:
+                r.priority = self.priority.score(r, now_us)
+        if self.scheduler != "fcfs":
+            self.wait_queue = deque(reorder_wait_queue(self.scheduler, list(self.wait_queue)))
+        self._form_batch(now_us)
+        d = self._execute(now_us)
+        self.queue_depth_time_us += len(self.wait_queue) * d
+        self._complete(now_us, d)
+        if self.running or self.wait_queue:
+            self.push(now_us + d, EV_STEP, None)
+        else:
+            self.step_pending = False
+
+    def _form_batch(self, now_us: int) -> None:
+        """vLLM-style FormBatch: phase 1 continues running requests, phase 2 admits new ones."""
+        self._budget = self.max_batched_tokens
+        self._preempted_this_step = False
+        running = self.running
+        for r in running:
+            r.num_new_tokens = 0
+        mml = self.max_model_len
+        i = 0
+        while i < len(running):  # phase 1, re-reading the length: preemption shrinks it
+            if self._budget <= 0:
+                break
+            r = running[i]
+            if r.progress_index < r.input_tokens:  # prefill chunk
+                n = self._clamp_prefill(r.input_tokens - r.progress_index, r.progress_index)
+                ok, i = self._preempt_for_tokens(r, n, i)
+                if not ok:
+                    break
+                self._budget -= n
+                r.num_new_tokens = n
+                r.computed_tokens += n
+            elif r.output_tokens > 0:  # decode one token
+                if mml > 0 and r.progress_index + 1 > mml - 1:
+                    i += 1
+                    continue
+                ok, i = self._preempt_for_tokens(r, 1, i)
+                if not ok:
+                    break
+                self._budget -= 1
+                r.num_new_tokens = 1
+                r.computed_tokens += 1
+            i += 1
+        # phase 2: admit from the head of the wait queue; never preempts, stops after a preemption
+        while (len(running) < self.max_running and self.wait_queue and self._budget > 0
+               and not self._preempted_this_step):
+            head = self.wait_queue[0]
+            cached = self.kv.cached_blocks(head)
+            start = len(cached) * self.block_size
+            n = self._clamp_prefill(head.input_tokens - start, start)
+            if not self.kv.allocate(head, start, start + n, cached):
+                break  # the head blocks everything behind it
+            self.wait_queue.popleft()
+            running.append(head)
+            head.state = RUNNING
+            head.num_new_tokens = n
+            self._budget -= n
+            head.computed_tokens = n + start
+            head.scheduling_delay_us = now_us - head.arrival_us
+
+    def _clamp_prefill(self, n: int, start: int) -> int:
+        """Chunk size: long-prefill threshold, token budget, then the max-model-len cap."""
+        thr = self.long_prefill_threshold
+        if 0 < thr < n:
+            n = thr
+        n = min(n, self._budget)
+        if self.max_model_len > 0:
+            n = min(n, max(self.max_model_len - 1 - start, 0))
+        return n
+
+    def _preempt_for_tokens(self, req, n: int, cursor: int) -> tuple[bool, int]:
+        """Allocate n tokens for a running request, evicting victims until it fits (§2.5).
+
+        Returns (success, cursor) where the cursor is moved back for victims evicted before it.
+        """
+        while True:
+            if self.kv.allocate(req, req.progress_index, req.progress_index + n):
+                return True, cursor
+            if not self.running:
+                return False, cursor
+            vi = self._victim_index()
+            victim = self.running.pop(vi)
+            self._preempt(victim)
+            if victim is req:
+                return False, cursor
+            if vi < cursor:
+                cursor -= 1
+
+    def _victim_index(self) -> int:
+        if self.preemption_policy == "fcfs":
+            return len(self.running) - 1  # the most recently admitted request
+        # "priority": least urgent (lowest score), latest arrival among equals; scan tail→head,
+        # replacing only on strictly "more evictable".
+        best = len(self.running) - 1
+        r = self.running[best]
+        best_key = (-r.priority, r.arrival_us)
+        for j in range(len(self.running) - 2, -1, -1):
+            r = self.running[j]
+            key = (-r.priority, r.arrival_us)
+            if key > best_key:
+                best, best_key = j, key
+        return best
+
+    def _preempt(self, victim) -> None:
+        self._preempted_this_step = True
+        if victim.num_new_tokens > 0:
+            self._budget += victim.num_new_tokens  # refund what it got earlier in this step
+        victim.num_new_tokens = 0
+        victim.state = QUEUED
+        victim.progress_index = 0
+        victim.itl_us = []
+        victim.ttft_set = False
+        self.kv.release(victim)
+        victim.computed_tokens = 0
+        victim.preemptions += 1
+        self.preemption_count += 1
+        self.wait_queue.appendleft(victim)
+
+    def _execute(self, now_us: int) -> int:
+        """Step duration from the scheduled requests, then progress, ITL and TTFT (§2.6)."""
+        scheduled = [r for r in self.running if r.num_new_tokens > 0]
+        batch = StepBatch(
+            new_tokens=[r.num_new_tokens for r in scheduled],
+            progress_index=[r.progress_index for r in scheduled],
+            input_tokens=[r.input_tokens for r in scheduled],
+            output_tokens=[r.output_tokens for r in scheduled],
+        )
+        d = max(1, self.latency.step_time_us(batch))
+        itl = d + self.otp_us
+        for r in self.running:
+            if r.progress_index < r.input_tokens:
+                r.progress_index = r.computed_tokens
+            elif r.num_new_tokens > 0:
+                r.progress_index += 1
+                r.itl_us.append(itl)
+            if r.progress_index == r.input_tokens and not r.ttft_set:
+                r.ttft_set = True
+                r.ttft_us = now_us + d + self.otp_us - r.arrival_us
+        used = self.kv.used_blocks
+        self.peak_kv_blocks_used = max(self.peak_kv_blocks_used, used)
+        self.kv_block_time += used * d
+        self.busy_time_us += d
+        return d
+
+    def _complete(self, now_us: int, d: int) -> None:
+        """Completion and length caps, accounted at the step start ``now_us`` (§2.7)."""
+        remaining = []
+        mml = self.max_model_len
+        left_us = now_us + d
+        for r in self.running:
+            l_in, n_out, pi = r.input_tokens, r.output_tokens, r.progress_index
+            if pi >= l_in + max(n_out, 1) - 1:
+                if n_out > 0 and pi < l_in + n_out:
+                    self.kv.allocate(r, pi, pi + 1)  # the final token's KV slot
+                self._finish(r, left_us, capped=False)
+            elif mml > 0 and pi >= mml - 1:
+                self._finish(r, left_us, capped=True)
+            else:
+                remaining.append(r)
+        self.running = remaining
+
+    def _finish(self, r, left_us: int, capped: bool) -> None:
+        self.kv.release(r)
+        r.state = COMPLETED
+        r.length_capped = capped
+        if capped:
+            self.length_capped += 1
+        k = r.progress_index - r.input_tokens
+        r.output_tokens_done = k + 1 if k < r.output_tokens else k
+        itl_sum = sum(r.itl_us)
+        overhead = self.post_decode_us if r.output_tokens > 0 else 0
+        r.e2e_us = r.ttft_us + itl_sum + overhead
+        self.itl_entries.extend(r.itl_us)
+        self.completed += 1
+        self.finished.append(r)
+        if left_us <= self.horizon_us:
+            self.last_left_us = max(self.last_left_us, left_us)
+
+    # ---- end of run ----------------------------------------------------------------------------
+    def sim_ended_us(self) -> int:
+        """min(time of the last executed event, horizon); RequestLeft events count as events."""
+        return min(max(self.clock_us, self.last_left_us), self.horizon_us)

@@ -1,0 +1,49 @@
+"""Mutable per-request simulation state of the reference engine."""
+
+from __future__ import annotations
+
+from blisjax.metrics.records import NOT_RECORDED
+
+# Lifecycle states (semantics note INV-2).
+PENDING, QUEUED, RUNNING, COMPLETED, TIMED_OUT, DROPPED, REJECTED = range(7)
+
+
+class SimRequest:
+    """One request: static facts from the workload plus its evolving state."""
+
+    __slots__ = (
+        "index", "arrival_us", "input_tokens", "output_tokens", "prefix_group", "prefix_length",
+        "tenant", "slo_class", "deadline_us", "state", "instance", "progress_index",
+        "num_new_tokens", "computed_tokens", "priority", "ttft_set", "ttft_us", "itl_us",
+        "scheduling_delay_us", "preemptions", "e2e_us", "output_tokens_done", "length_capped",
+        "block_hashes", "enqueue_us",
+    )
+
+    def __init__(self, index: int, arrival_us: int, input_tokens: int, output_tokens: int,
+                 prefix_group: int, prefix_length: int, tenant: int, slo_class: int,
+                 deadline_us: int) -> None:
+        self.index = index
+        self.arrival_us = arrival_us
+        self.input_tokens = input_tokens
+        self.output_tokens = output_tokens
+        self.prefix_group = prefix_group
+        self.prefix_length = prefix_length
+        self.tenant = tenant
+        self.slo_class = slo_class
+        self.deadline_us = deadline_us
+        self.state = PENDING
+        self.instance = -1
+        self.progress_index = 0  # BLIS ProgressIndex: tokens processed (prompt, then outputs)
+        self.num_new_tokens = 0  # tokens scheduled in the current step
+        self.computed_tokens = 0  # BLIS ComputedTokens[id]
+        self.priority = 0.0  # higher = more urgent; recomputed at each step while queued
+        self.ttft_set = False
+        self.ttft_us = NOT_RECORDED
+        self.itl_us: list[int] = []
+        self.scheduling_delay_us = NOT_RECORDED
+        self.preemptions = 0
+        self.e2e_us = NOT_RECORDED
+        self.output_tokens_done = 0
+        self.length_capped = False
+        self.block_hashes: list[int] | None = None  # filled lazily by the cluster
+        self.enqueue_us = NOT_RECORDED
