@@ -115,3 +115,41 @@ class Workload:
             raise ValueError(f"workload.slo_class: codes must be in [0, {len(SLO_CLASSES) - 1}]")
         if n and np.any(self.deadline_us < 0):
             raise ValueError("workload.deadline_us: must be >= 0 (0 = no deadline)")
+
+    def content_equal(self, other: Workload) -> bool:
+        """True when every per-request array and every name table is identical (metadata ignored)."""
+        if not isinstance(other, Workload):
+            return False
+        same_arrays = all(
+            np.array_equal(getattr(self, name), getattr(other, name)) for name in self._INT_FIELDS
+        )
+        return same_arrays and all(
+            getattr(self, name) == getattr(other, name)
+            for name in ("tenant_names", "client_names", "prefix_group_names")
+        )
+
+    def canonical(self) -> Workload:
+        """The same requests with tenant/client/prefix-group codes renumbered by first appearance
+        in row order and unused names dropped (the form ``read_trace`` returns)."""
+
+        def recode(codes: np.ndarray, names: tuple[str, ...]) -> tuple[np.ndarray, tuple[str, ...]]:
+            valid = codes >= 0  # NO_PREFIX_GROUP stays as it is
+            _, first = np.unique(codes[valid], return_index=True)
+            used = codes[valid][np.sort(first)]  # old codes in order of first appearance
+            mapping = np.full(len(names) + 1, NO_PREFIX_GROUP, dtype=np.int32)
+            mapping[used] = np.arange(used.size, dtype=np.int32)
+            new = np.where(valid, mapping[np.where(valid, codes, 0)], codes)
+            return new, tuple(names[c] for c in used)
+
+        tenant, tenant_names = recode(self.tenant, self.tenant_names)
+        client, client_names = recode(self.client, self.client_names)
+        group, group_names = recode(self.prefix_group, self.prefix_group_names)
+        fields = {name: getattr(self, name) for name in self._INT_FIELDS}
+        fields.update(tenant=tenant, client=client, prefix_group=group)
+        return Workload(
+            **fields,
+            tenant_names=tenant_names or ("",),
+            client_names=client_names or ("",),
+            prefix_group_names=group_names,
+            metadata=dict(self.metadata),
+        )

@@ -1,0 +1,208 @@
+"""`blisjax` command line: run | replay | trace.
+
+Thin by design: parse arguments, build a validated configuration and workload, call an engine,
+print aggregate metrics JSON on stdout (logs go to stderr). Flags use BLIS's names and units so a
+BLIS command line works with ``blis`` replaced by ``blisjax``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from importlib import resources
+from pathlib import Path
+
+from blisjax import __version__
+from blisjax.config import (
+    ConfigError,
+    SimConfig,
+    add_blis_flags,
+    apply_blis_flags,
+    load_config,
+    resolve_config,
+)
+from blisjax.metrics import aggregate_metrics, kv_cache_summary, per_request_rows, write_json_atomic
+from blisjax.workload import (
+    distribution_spec,
+    generate_workload,
+    parse_workload_spec,
+    read_trace,
+    write_trace,
+)
+
+ENGINES = ("reference",)
+
+
+def default_config_path() -> Path:
+    """The shipped default experiment (package data, so it works from any install)."""
+    return Path(str(resources.files("blisjax") / "data" / "default.yaml"))
+
+
+def _log(msg: str) -> None:
+    print(f"blisjax: {msg}", file=sys.stderr)
+
+
+# ---- argument parsing ---------------------------------------------------------------------------
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", metavar="FILE",
+                   help="blisjax YAML experiment (default for `run`: the shipped default.yaml)")
+    p.add_argument("--engine", choices=ENGINES, default="reference",
+                   help="simulation engine (default: reference)")
+    p.add_argument("--results-path", metavar="FILE",
+                   help="write per-request results (JSON array sorted by request_id)")
+    p.add_argument("--metrics-path", metavar="FILE",
+                   help="also write the aggregate metrics JSON to FILE")
+    add_blis_flags(p)
+
+
+def _add_distribution_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("BLIS --workload distribution")
+    g.add_argument("--workload", choices=("distribution",),
+                   help="synthesize a single-client workload from the flags below")
+    g.add_argument("--rate", type=float, help="requests per second (constant arrivals)")
+    g.add_argument("--num-requests", type=int, help="number of requests")
+    for name, default in (("prompt-tokens", 512), ("output-tokens", 512)):
+        g.add_argument(f"--{name}", type=float, help=f"mean (default {default})")
+        g.add_argument(f"--{name}-stdev", type=float, help="standard deviation (default 256)")
+        g.add_argument(f"--{name}-min", type=int, help="minimum (default 2)")
+        g.add_argument(f"--{name}-max", type=int, help="maximum (default 7000)")
+    g.add_argument("--prefix-tokens", type=int, help="shared prefix length (default 0)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="blisjax",
+        description="Simulate LLM-inference serving clusters (BLIS-compatible).")
+    parser.add_argument("--version", action="version", version=f"blisjax {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="simulate a generated workload (default: shipped experiment)")
+    _add_common(run)
+    run.add_argument("--workload-spec", metavar="FILE", help="BLIS workload-spec v2 YAML")
+    _add_distribution_flags(run)
+
+    replay = sub.add_parser("replay", help="replay a BLIS TraceV2 trace exactly")
+    _add_common(replay)
+    replay.add_argument("--trace-header", required=True, metavar="FILE")
+    replay.add_argument("--trace-data", required=True, metavar="FILE")
+
+    trace = sub.add_parser("trace", help="generate a workload and write it as a TraceV2 trace")
+    trace.add_argument("--config", metavar="FILE")
+    trace.add_argument("--workload-spec", metavar="FILE")
+    trace.add_argument("--seed", type=int)
+    _add_distribution_flags(trace)
+    trace.add_argument("--out-header", required=True, metavar="FILE")
+    trace.add_argument("--out-data", required=True, metavar="FILE")
+    return parser
+
+
+# ---- configuration and workload ---------------------------------------------------------------
+
+
+def _config_from_args(args, default_to_shipped: bool) -> SimConfig:
+    if args.config:
+        cfg = load_config(args.config)
+    elif default_to_shipped:
+        cfg = load_config(default_config_path())
+    else:
+        cfg = SimConfig()
+    return apply_blis_flags(cfg, args) if hasattr(args, "routing_policy") else cfg
+
+
+def _distribution_requested(args) -> bool:
+    return getattr(args, "workload", None) == "distribution"
+
+
+def _distribution_from_args(args):
+    if args.rate is None or args.num_requests is None:
+        raise ConfigError("--workload distribution: needs --rate (> 0) and --num-requests (>= 1)")
+    kw = {}
+    for flag, key in (("prompt_tokens", "prompt_mean"), ("prompt_tokens_stdev", "prompt_std"),
+                      ("prompt_tokens_min", "prompt_min"), ("prompt_tokens_max", "prompt_max"),
+                      ("output_tokens", "output_mean"), ("output_tokens_stdev", "output_std"),
+                      ("output_tokens_min", "output_min"), ("output_tokens_max", "output_max"),
+                      ("prefix_tokens", "prefix_tokens")):
+        value = getattr(args, flag)
+        if value is not None:
+            kw[key] = value
+    return distribution_spec(args.rate, args.num_requests, **kw)
+
+
+def _generated_workload(args, cfg: SimConfig):
+    """Workload precedence: --workload-spec, then --workload distribution, then the config."""
+    if getattr(args, "workload_spec", None):
+        spec = parse_workload_spec(args.workload_spec)
+    elif _distribution_requested(args):
+        spec = _distribution_from_args(args)
+    elif cfg.workload is not None:
+        spec = parse_workload_spec(cfg.workload)
+    else:
+        raise ConfigError("workload: none given (use --workload-spec FILE, --workload "
+                          "distribution, or a `workload:` section in --config)")
+    return generate_workload(spec, seed=cfg.seed)
+
+
+# ---- commands ---------------------------------------------------------------------------------
+
+
+def _simulate(args, cfg: SimConfig, workload) -> int:
+    resolved = resolve_config(cfg)
+    from blisjax.reference import simulate  # engines are imported only when needed
+
+    start = time.perf_counter()
+    result = simulate(resolved, workload)
+    wall_s = time.perf_counter() - start
+    metrics = aggregate_metrics(result, workload, cfg.metrics,
+                                scheduler=cfg.policy.scheduler.policy)
+    if args.results_path:
+        write_json_atomic(args.results_path, per_request_rows(result, workload))
+    if args.metrics_path:
+        write_json_atomic(args.metrics_path, metrics)
+    summary = kv_cache_summary(result)
+    if summary:
+        print(summary, file=sys.stderr)
+    _log(f"{workload.num_requests} requests, {cfg.cluster.num_instances} instance(s), "
+         f"engine {args.engine}: {wall_s:.3f} s wall")
+    print(json.dumps(metrics, indent=2))
+    return 0
+
+
+def cmd_run(args) -> int:
+    cfg = _config_from_args(args, default_to_shipped=args.config is None
+                            and not args.workload_spec and not _distribution_requested(args))
+    return _simulate(args, cfg, _generated_workload(args, cfg))
+
+
+def cmd_replay(args) -> int:
+    cfg = _config_from_args(args, default_to_shipped=False)
+    return _simulate(args, cfg, read_trace(args.trace_header, args.trace_data))
+
+
+def cmd_trace(args) -> int:
+    cfg = load_config(args.config) if args.config else SimConfig()
+    if args.seed is not None:
+        cfg = SimConfig(**{**cfg.__dict__, "seed": args.seed})
+    workload = _generated_workload(args, cfg)
+    write_trace(workload, args.out_header, args.out_data)
+    _log(f"wrote {workload.num_requests} requests to {args.out_header} + {args.out_data}")
+    return 0
+
+
+COMMANDS = {"run": cmd_run, "replay": cmd_replay, "trace": cmd_trace}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except (ConfigError, ValueError, FileNotFoundError, OSError) as exc:
+        print(f"blisjax: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

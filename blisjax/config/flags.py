@@ -1,0 +1,349 @@
+"""BLIS-named command-line flags and how they override a :class:`SimConfig`.
+
+All flags default to None so "not given" is detectable. Precedence, as in BLIS: the config file,
+then ``--policy-config`` (a BLIS policy bundle), then the explicit flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from blisjax.config._checks import ConfigError
+from blisjax.config.sim import ScorerWeight, SimConfig
+from blisjax.config.yaml_io import blis_priority_overrides, load_blis_policy_config
+
+
+def _parse_number(flag: str, text: Any, kind: type) -> Any:
+    if isinstance(text, kind) and not isinstance(text, bool):
+        return text
+    try:
+        return kind(str(text).strip())
+    except ValueError:
+        raise ConfigError(
+            flag, f"expected {'an integer' if kind is int else 'a number'}, got {text!r}"
+        ) from None
+
+
+def _parse_coeffs(flag: str, text: Any) -> tuple[float, ...]:
+    if isinstance(text, (list, tuple)):
+        return tuple(_parse_number(flag, x, float) for x in text)
+    parts = str(text).split(",")
+    try:
+        return tuple(float(p) for p in parts)
+    except ValueError:
+        raise ConfigError(
+            flag, f"expected comma-separated numbers like 1.5,2,0, got {text!r}"
+        ) from None
+
+
+def _parse_scorers(flag: str, text: Any) -> tuple[ScorerWeight, ...]:
+    usage = f"expected name:weight pairs like queue-depth:2,kv-utilization:1, got {text!r}"
+    out = []
+    for item in str(text).split(","):
+        name, sep, weight_text = item.partition(":")
+        try:
+            weight = float(weight_text)
+        except ValueError:
+            raise ConfigError(flag, usage) from None
+        if not sep:
+            raise ConfigError(flag, usage)
+        try:
+            out.append(ScorerWeight(name.strip(), weight))
+        except ConfigError as err:
+            raise ConfigError(flag, f"{err.path}: {err.problem}") from err
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class BlisFlag:
+    """One BLIS flag: its spellings, argparse dest, value parser and the config field it sets.
+
+    ``target`` is the dotted SimConfig path (``engine.tensor_parallel_size``); "" means special.
+    """
+
+    names: tuple[str, ...]
+    dest: str
+    parse: Callable[[str, Any], Any]
+    target: str
+    help: str
+    metavar: str | None = None
+
+    @property
+    def flag(self) -> str:
+        return self.names[0]
+
+
+def _int(flag: str, v: Any) -> int:
+    return _parse_number(flag, v, int)
+
+
+def _float(flag: str, v: Any) -> float:
+    return _parse_number(flag, v, float)
+
+
+def _str(flag: str, v: Any) -> str:
+    return str(v)
+
+
+BLIS_FLAGS: tuple[BlisFlag, ...] = (
+    BlisFlag(
+        ("--model",),
+        "model",
+        _str,
+        "model",
+        "model id (org/Name), shipped name or config.json path",
+    ),
+    BlisFlag(("--hardware",), "hardware", _str, "hardware", "GPU name in hardware_config.json"),
+    BlisFlag(("--tp",), "tp", _int, "engine.tensor_parallel_size", "tensor parallelism"),
+    BlisFlag(
+        ("--max-num-running-reqs", "--max-num-seqs"),
+        "max_num_running_reqs",
+        _int,
+        "engine.max_num_running_reqs",
+        "max requests in the running batch",
+    ),
+    BlisFlag(
+        ("--max-num-scheduled-tokens", "--max-num-batched-tokens"),
+        "max_num_scheduled_tokens",
+        _int,
+        "engine.max_num_scheduled_tokens",
+        "token budget per step",
+    ),
+    BlisFlag(
+        ("--total-kv-blocks",),
+        "total_kv_blocks",
+        _int,
+        "engine.total_kv_blocks",
+        "KV blocks per instance",
+    ),
+    BlisFlag(
+        ("--block-size-in-tokens",),
+        "block_size_in_tokens",
+        _int,
+        "engine.block_size_tokens",
+        "tokens per KV block",
+    ),
+    BlisFlag(
+        ("--long-prefill-token-threshold",),
+        "long_prefill_token_threshold",
+        _int,
+        "engine.long_prefill_token_threshold",
+        "max prefill tokens per request per step (0 = off)",
+    ),
+    BlisFlag(
+        ("--max-model-len",),
+        "max_model_len",
+        _int,
+        "engine.max_model_len",
+        "max tokens per request (0 = unlimited)",
+    ),
+    BlisFlag(
+        ("--gpu-memory-utilization",),
+        "gpu_memory_utilization",
+        _float,
+        "engine.gpu_memory_utilization",
+        "HBM fraction for vLLM, in (0, 1]",
+    ),
+    BlisFlag(
+        ("--latency-model",),
+        "latency_model",
+        _str,
+        "latency.model",
+        "blackbox | roofline | physics",
+    ),
+    BlisFlag(
+        ("--alpha-coeffs",),
+        "alpha_coeffs",
+        _parse_coeffs,
+        "latency.alpha_coeffs",
+        "α coefficients",
+        "A,B,C",
+    ),
+    BlisFlag(
+        ("--beta-coeffs",),
+        "beta_coeffs",
+        _parse_coeffs,
+        "latency.beta_coeffs",
+        "β coefficients",
+        "A,B,C",
+    ),
+    BlisFlag(
+        ("--num-instances",),
+        "num_instances",
+        _int,
+        "cluster.num_instances",
+        "instances behind the router",
+    ),
+    BlisFlag(
+        ("--admission-latency",),
+        "admission_latency",
+        _int,
+        "cluster.admission_latency_us",
+        "admission delay, µs",
+    ),
+    BlisFlag(
+        ("--routing-latency",),
+        "routing_latency",
+        _int,
+        "cluster.routing_latency_us",
+        "routing delay, µs",
+    ),
+    BlisFlag(
+        ("--snapshot-refresh-interval",),
+        "snapshot_refresh_interval",
+        _int,
+        "cluster.snapshot_refresh_interval_us",
+        "router signal refresh interval, µs (0 = live)",
+    ),
+    BlisFlag(
+        ("--routing-policy",), "routing_policy", _str, "policy.routing.policy", "routing policy"
+    ),
+    BlisFlag(
+        ("--routing-scorers",),
+        "routing_scorers",
+        _parse_scorers,
+        "policy.routing.scorers",
+        "weighted-routing scorers",
+        "NAME:W,...",
+    ),
+    BlisFlag(
+        ("--admission-policy",),
+        "admission_policy",
+        _str,
+        "policy.admission.policy",
+        "admission policy",
+    ),
+    BlisFlag(
+        ("--token-bucket-capacity",),
+        "token_bucket_capacity",
+        _float,
+        "policy.admission.token_bucket_capacity",
+        "token-bucket size, tokens",
+    ),
+    BlisFlag(
+        ("--token-bucket-refill-rate",),
+        "token_bucket_refill_rate",
+        _float,
+        "policy.admission.token_bucket_refill_rate",
+        "token-bucket refill, tokens/s",
+    ),
+    BlisFlag(
+        ("--priority-policy",), "priority_policy", _str, "policy.priority.policy", "priority policy"
+    ),
+    BlisFlag(("--scheduler",), "scheduler", _str, "policy.scheduler.policy", "instance scheduler"),
+    BlisFlag(
+        ("--preemption-policy",),
+        "preemption_policy",
+        _str,
+        "engine.preemption_policy",
+        "fcfs | priority",
+    ),
+    BlisFlag(("--seed",), "seed", _int, "seed", "master seed"),
+    BlisFlag(("--horizon",), "horizon", _int, "horizon_us", "simulation horizon, µs"),
+    BlisFlag(("--policy-config",), "policy_config", _str, "", "BLIS policy bundle YAML", "PATH"),
+)
+_BY_NAME = {name.lstrip("-"): f for f in BLIS_FLAGS for name in f.names}
+_BY_NAME.update({f.dest: f for f in BLIS_FLAGS})
+_BY_TARGET = {f.target: f for f in BLIS_FLAGS if f.target}
+
+
+def add_blis_flags(parser: argparse.ArgumentParser) -> None:
+    """Add the BLIS flags (all defaulting to None) to ``parser``.
+
+    Numbers are parsed by argparse (a malformed ``--tp x`` exits with argparse's usage error);
+    lists (``--alpha-coeffs``, ``--routing-scorers``) are parsed by :func:`apply_blis_flags`.
+    """
+    group = parser.add_argument_group("BLIS-compatible flags")
+    for f in BLIS_FLAGS:
+        kind = {_int: int, _float: float}.get(f.parse, str)
+        group.add_argument(
+            *f.names, dest=f.dest, type=kind, default=None, help=f.help, metavar=f.metavar
+        )
+
+
+def _override_tree(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Nested {section: {field: value}} of the given flag values (parsed)."""
+    tree: dict[str, Any] = {}
+    for key, raw in values.items():
+        flag = _BY_NAME.get(key.lstrip("-"))
+        if flag is None:
+            raise ConfigError(
+                key, f"unknown BLIS flag; known: {', '.join(f.flag for f in BLIS_FLAGS)}"
+            )
+        if raw is None or not flag.target:
+            continue
+        node = tree
+        *sections, leaf = flag.target.split(".")
+        for section in sections:
+            node = node.setdefault(section, {})
+        node[leaf] = flag.parse(flag.flag, raw)
+    return tree
+
+
+def _latency_overrides(cfg: SimConfig, given: dict[str, Any]) -> dict[str, Any]:
+    # Coefficients belong to one latency model: switching model drops inherited ones.
+    if given.get("model", cfg.latency.model) != cfg.latency.model:
+        given = {"alpha_coeffs": None, "beta_coeffs": None, **given}
+    return given
+
+
+def _apply_tree(cfg: SimConfig, tree: dict[str, Any]) -> SimConfig:
+    policy_tree = tree.pop("policy", {})
+    if "priority" in policy_tree:
+        policy_tree["priority"] = blis_priority_overrides(
+            policy_tree["priority"], cfg.policy.priority
+        )
+    policy = dataclasses.replace(
+        cfg.policy,
+        **{
+            name: dataclasses.replace(getattr(cfg.policy, name), **v)
+            for name, v in policy_tree.items()
+        },
+    )
+    if "latency" in tree:
+        tree["latency"] = _latency_overrides(cfg, tree["latency"])
+    sections = {
+        name: dataclasses.replace(getattr(cfg, name), **tree.pop(name))
+        for name in ("engine", "latency", "cluster")
+        if name in tree
+    }
+    return dataclasses.replace(cfg, policy=policy, **sections, **tree)
+
+
+def _blame_flag(err: ConfigError) -> ConfigError:
+    target = err.path.split("[")[0]
+    while target and target not in _BY_TARGET:
+        target = target.rpartition(".")[0]
+    flag = _BY_TARGET.get(target)
+    return ConfigError(flag.flag, f"{err.path}: {err.problem}") if flag else err
+
+
+def apply_blis_flag_values(cfg: SimConfig, values: Mapping[str, Any]) -> SimConfig:
+    """Override ``cfg`` with BLIS flag values keyed by flag name (``"tp"``, ``"--tp"``) or dest.
+
+    Values may be typed (``4``) or text as on a command line (``"4"``, ``"1.5,2,0"``); None means
+    not given. ``policy-config`` (a bundle path) is applied before the other flags.
+
+    Raises:
+      ConfigError: naming the flag whose value is malformed or invalid.
+    """
+    bundle = next(
+        (v for k, v in values.items() if k.lstrip("-") in ("policy-config", "policy_config")), None
+    )
+    if bundle is not None:
+        cfg = dataclasses.replace(cfg, policy=load_blis_policy_config(str(bundle), cfg.policy))
+    tree = _override_tree(values)
+    try:
+        return _apply_tree(cfg, tree)
+    except ConfigError as err:
+        raise _blame_flag(err) from err
+
+
+def apply_blis_flags(cfg: SimConfig, ns: argparse.Namespace) -> SimConfig:
+    """A new config with the flags given in ``ns`` (from :func:`add_blis_flags`) applied."""
+    values = {f.dest: getattr(ns, f.dest, None) for f in BLIS_FLAGS}
+    return apply_blis_flag_values(cfg, values)

@@ -1,0 +1,590 @@
+"""The simulation configuration: frozen, hashable, validated on construction.
+
+Every field is checked in ``__post_init__``; a bad value raises :class:`ConfigError` whose message
+names the dotted field path and the allowed range, e.g.
+``engine.max_num_running_reqs: must be an integer >= 1, got 0``. Tables are tuples of pairs (not
+dicts) so that configs can be hashed and used as cache keys. Facts that need the model or the
+hardware (KV capacity, shipped coefficients) are checked by :func:`blisjax.config.resolve_config`.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from blisjax.config._checks import (
+    INT64_MAX,
+    INT64_MIN,
+    ConfigError,
+    check_bool,
+    check_choice,
+    check_float,
+    check_float_tuple,
+    check_int,
+    check_pairs,
+    check_str,
+    set_field,
+)
+
+#: SLO classes a request can carry ("" = no class). Same names as ``blisjax.workload``.
+SLO_CLASS_NAMES = ("", "critical", "standard", "sheddable", "batch", "background")
+PREEMPTION_POLICIES = ("fcfs", "priority")
+LATENCY_MODELS = ("blackbox", "roofline", "physics")
+ADMISSION_POLICIES = ("always-admit", "token-bucket", "reject-all", "rate-limit", "tenant-quota")
+PRIORITY_POLICIES = ("constant", "slo-based", "slo-class", "tenant-priority", "deadline-aware")
+ROUTING_POLICIES = ("round-robin", "least-loaded", "always-busiest", "weighted")
+SCORER_NAMES = ("prefix-affinity", "queue-depth", "kv-utilization", "load-balance")
+SCHEDULER_POLICIES = ("fcfs", "priority-fcfs", "sjf")
+FITNESS_KEYS = (
+    "throughput",
+    "tokens_per_sec",
+    "p99_ttft",
+    "p50_ttft",
+    "mean_ttft",
+    "p99_e2e",
+    "p50_e2e",
+    "mean_e2e",
+)
+#: SLO-target class names: "default" stands for the empty class "".
+SLO_TARGET_CLASSES = ("default",) + SLO_CLASS_NAMES[1:]
+#: BLIS's static SLO-class scores (semantics.md §5.5); higher = more urgent.
+DEFAULT_SLO_CLASS_SCORES: tuple[tuple[str, float], ...] = (
+    ("critical", 4.0),
+    ("standard", 3.0),
+    ("", 3.0),
+    ("batch", -1.0),
+    ("sheddable", -2.0),
+    ("background", -3.0),
+)
+#: Score of a class missing from ``slo_class_scores`` (BLIS: unknown classes score as standard).
+UNKNOWN_SLO_CLASS_SCORE = 3.0
+#: BLIS rejects SLO-class score overrides outside this range.
+SLO_CLASS_SCORE_LIMIT = 100.0
+
+
+def _non_negative_int(path: str, value: Any) -> int:
+    return check_int(path, value, min_value=0)
+
+
+def _finite(path: str, value: Any) -> float:
+    return check_float(path, value)
+
+
+def _name_key(path: str, value: Any) -> str:
+    return check_str(f"{path} key", value, nonempty=False)
+
+
+def _choice_key(choices: tuple[str, ...]) -> Any:
+    def check(path: str, value: Any) -> str:
+        return check_choice(f"{path} key", value, choices)
+
+    return check
+
+
+def _ensure_type(path: str, value: Any, cls: type) -> None:
+    if not isinstance(value, cls):
+        raise ConfigError(path, f"must be a {cls.__name__}, got {type(value).__name__}")
+
+
+# --------------------------------------------------------------------------- engine
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """vLLM engine knobs of one instance (BLIS flag in brackets).
+
+    Attributes:
+      tensor_parallel_size: GPUs per model replica [--tp], >= 1.
+      pipeline_parallel_size: pipeline stages, >= 1 (BLIS models no PP; only total_gpus uses it).
+      data_parallel_size: DP replicas inside one instance, >= 1.
+      max_num_running_reqs: max requests in the running batch [--max-num-running-reqs], >= 1.
+      max_num_scheduled_tokens: token budget per step [--max-num-scheduled-tokens], >= 1.
+      block_size_tokens: tokens per KV block [--block-size-in-tokens], >= 1.
+      total_kv_blocks: KV blocks per instance [--total-kv-blocks]; None = computed from the model
+        and hardware (roofline.md §4).
+      gpu_memory_utilization: HBM fraction vLLM may use, in (0, 1].
+      long_prefill_token_threshold: max prefill tokens per request per step, 0 = off.
+      max_model_len: max input + output tokens per request, 0 = unlimited.
+      enable_prefix_caching: reuse cached KV blocks of shared prefixes.
+      preemption_policy: victim choice when KV runs out: "fcfs" (newest running request, vLLM/BLIS)
+        or "priority" (least urgent).
+    """
+
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    data_parallel_size: int = 1
+    max_num_running_reqs: int = 256
+    max_num_scheduled_tokens: int = 2048
+    block_size_tokens: int = 16
+    total_kv_blocks: int | None = None
+    gpu_memory_utilization: float = 0.9
+    long_prefill_token_threshold: int = 0
+    max_model_len: int = 0
+    enable_prefix_caching: bool = True
+    preemption_policy: str = "fcfs"
+
+    _POSITIVE_INTS = (
+        "tensor_parallel_size",
+        "pipeline_parallel_size",
+        "data_parallel_size",
+        "max_num_running_reqs",
+        "max_num_scheduled_tokens",
+        "block_size_tokens",
+    )
+
+    def __post_init__(self) -> None:
+        for name in self._POSITIVE_INTS:
+            set_field(self, name, check_int(f"engine.{name}", getattr(self, name), min_value=1))
+        if self.total_kv_blocks is not None:
+            blocks = check_int("engine.total_kv_blocks", self.total_kv_blocks, min_value=1)
+            set_field(self, "total_kv_blocks", blocks)
+        util = check_float(
+            "engine.gpu_memory_utilization",
+            self.gpu_memory_utilization,
+            min_value=0,
+            min_open=True,
+            max_value=1,
+        )
+        set_field(self, "gpu_memory_utilization", util)
+        for name in ("long_prefill_token_threshold", "max_model_len"):
+            set_field(self, name, _non_negative_int(f"engine.{name}", getattr(self, name)))
+        check_bool("engine.enable_prefix_caching", self.enable_prefix_caching)
+        check_choice("engine.preemption_policy", self.preemption_policy, PREEMPTION_POLICIES)
+        if self.total_kv_blocks is not None:
+            check_model_len_fits(self.max_model_len, self.block_size_tokens, self.total_kv_blocks)
+
+    @property
+    def total_gpus(self) -> int:
+        """GPUs of one instance: TP × PP × DP."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size * self.data_parallel_size
+
+    @property
+    def effective_expert_parallelism(self) -> int:
+        """GPUs experts are spread over in vLLM (implicit EP = DP × TP)."""
+        return self.data_parallel_size * self.tensor_parallel_size
+
+
+def check_model_len_fits(max_model_len: int, block_size_tokens: int, total_kv_blocks: int) -> None:
+    """BLIS rejects ceil(max_model_len / block size) > total KV blocks (when max_model_len > 0)."""
+    needed = -(-max_model_len // block_size_tokens)
+    if max_model_len > 0 and needed > total_kv_blocks:
+        raise ConfigError(
+            "engine.max_model_len",
+            f"must fit in the KV cache: ceil({max_model_len}/{block_size_tokens}) = {needed} "
+            f"blocks > total_kv_blocks = {total_kv_blocks}; lower max_model_len or raise "
+            "total_kv_blocks",
+        )
+
+
+# --------------------------------------------------------------------------- latency
+
+
+@dataclass(frozen=True)
+class LatencyConfig:
+    """Latency model and its coefficients.
+
+    Attributes:
+      model: "blackbox" (α/β linear model, semantics.md B.1), "roofline" (roofline.md) or
+        "physics" (spec 004 physics-normalized model).
+      alpha_coeffs: α coefficients (µs); blackbox/roofline: (α0, α1 per input token, α2 per output
+        token). None = shipped defaults (blackbox: looked up by model/hardware/TP; roofline: zeros).
+      beta_coeffs: β coefficients (µs); blackbox: (β0, β1 per prefill token, β2 per decode token).
+        None = shipped defaults. The roofline model takes no β.
+    """
+
+    model: str = "blackbox"
+    alpha_coeffs: tuple[float, ...] | None = None
+    beta_coeffs: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        check_choice("latency.model", self.model, LATENCY_MODELS)
+        for name in ("alpha_coeffs", "beta_coeffs"):
+            value = getattr(self, name)
+            if value is not None:
+                set_field(self, name, check_float_tuple(f"latency.{name}", value))
+        if self.model in ("blackbox", "roofline"):
+            self._check_length("alpha_coeffs", self.alpha_coeffs, 3)
+        if self.model == "blackbox":
+            self._check_length("beta_coeffs", self.beta_coeffs, 3)
+        if self.model == "roofline" and self.beta_coeffs is not None:
+            raise ConfigError(
+                "latency.beta_coeffs", "must be null with model 'roofline' (it has no β)"
+            )
+
+    def _check_length(self, name: str, value: tuple[float, ...] | None, n: int) -> None:
+        if value is not None and len(value) != n:
+            raise ConfigError(
+                f"latency.{name}",
+                f"must have exactly {n} values for model {self.model!r}, got {len(value)}",
+            )
+
+
+# --------------------------------------------------------------------------- cluster
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """Cluster shape and router timing.
+
+    Attributes:
+      num_instances: identical instances behind the router, >= 1.
+      admission_latency_us: delay arrival → admission decision, µs, >= 0.
+      routing_latency_us: delay admission → routing decision, µs, >= 0.
+      snapshot_refresh_interval_us: staleness of queue/KV signals the router sees, µs; 0 = live.
+      prefix_index_capacity_blocks: router-side prefix index size per instance, blocks, >= 1.
+    """
+
+    num_instances: int = 1
+    admission_latency_us: int = 0
+    routing_latency_us: int = 0
+    snapshot_refresh_interval_us: int = 0
+    prefix_index_capacity_blocks: int = 10000
+
+    def __post_init__(self) -> None:
+        set_field(
+            self,
+            "num_instances",
+            check_int("cluster.num_instances", self.num_instances, min_value=1),
+        )
+        for name in ("admission_latency_us", "routing_latency_us", "snapshot_refresh_interval_us"):
+            set_field(self, name, _non_negative_int(f"cluster.{name}", getattr(self, name)))
+        capacity = check_int(
+            "cluster.prefix_index_capacity_blocks", self.prefix_index_capacity_blocks, min_value=1
+        )
+        set_field(self, "prefix_index_capacity_blocks", capacity)
+
+
+# --------------------------------------------------------------------------- policies
+
+
+@dataclass(frozen=True)
+class AdmissionConfig:
+    """Admission policy (semantics.md §5.3).
+
+    Attributes:
+      policy: always-admit | token-bucket | reject-all | rate-limit | tenant-quota.
+      token_bucket_capacity: bucket size, input tokens, >= 0 (token-bucket).
+      token_bucket_refill_rate: refill, input tokens per second, >= 0 (token-bucket).
+      rate_limit_rps: sustained admissions, requests per second, >= 0 (rate-limit).
+      rate_limit_burst: burst size, requests, >= 0 (rate-limit).
+      tenant_max_in_flight: per-tenant cap on admitted, unfinished requests (tenant-quota).
+      default_tenant_max_in_flight: cap for tenants not listed, >= 0.
+    """
+
+    policy: str = "always-admit"
+    token_bucket_capacity: float = 10000.0
+    token_bucket_refill_rate: float = 1000.0
+    rate_limit_rps: float = 100.0
+    rate_limit_burst: float = 100.0
+    tenant_max_in_flight: tuple[tuple[str, int], ...] = ()
+    default_tenant_max_in_flight: int = 1000
+
+    def __post_init__(self) -> None:
+        p = "policy.admission"
+        check_choice(f"{p}.policy", self.policy, ADMISSION_POLICIES)
+        for name in (
+            "token_bucket_capacity",
+            "token_bucket_refill_rate",
+            "rate_limit_rps",
+            "rate_limit_burst",
+        ):
+            set_field(self, name, check_float(f"{p}.{name}", getattr(self, name), min_value=0))
+        limits = check_pairs(
+            f"{p}.tenant_max_in_flight", self.tenant_max_in_flight, _name_key, _non_negative_int
+        )
+        set_field(self, "tenant_max_in_flight", limits)
+        default = _non_negative_int(
+            f"{p}.default_tenant_max_in_flight", self.default_tenant_max_in_flight
+        )
+        set_field(self, "default_tenant_max_in_flight", default)
+
+    def max_in_flight(self, tenant: str) -> int:
+        """In-flight cap of ``tenant`` under tenant-quota."""
+        return dict(self.tenant_max_in_flight).get(tenant, self.default_tenant_max_in_flight)
+
+
+def _slo_score(path: str, value: Any) -> float:
+    limit = SLO_CLASS_SCORE_LIMIT
+    return check_float(path, value, min_value=-limit, max_value=limit)
+
+
+@dataclass(frozen=True)
+class PriorityConfig:
+    """Request priority, recomputed each step; higher = more urgent (semantics.md Decision 5).
+
+    Attributes:
+      policy: constant | slo-based | slo-class | tenant-priority | deadline-aware.
+      age_weight: slo-based score per second of age (negative = BLIS's inverted-slo).
+      slo_class_scores: slo-class score per SLO class, each in [-100, 100]; classes not listed
+        score 3.0 (BLIS: unknown classes score as "standard").
+      tenant_scores: tenant-priority score per tenant (finite).
+      default_tenant_score: tenant-priority score of tenants not listed.
+      no_deadline_slack_s: deadline-aware slack, seconds, assumed for requests without a
+        deadline (> 0).
+    """
+
+    policy: str = "constant"
+    age_weight: float = 1.0
+    slo_class_scores: tuple[tuple[str, float], ...] = DEFAULT_SLO_CLASS_SCORES
+    tenant_scores: tuple[tuple[str, float], ...] = ()
+    default_tenant_score: float = 0.0
+    no_deadline_slack_s: float = 1000.0
+
+    def __post_init__(self) -> None:
+        p = "policy.priority"
+        check_choice(f"{p}.policy", self.policy, PRIORITY_POLICIES)
+        set_field(self, "age_weight", _finite(f"{p}.age_weight", self.age_weight))
+        scores = check_pairs(
+            f"{p}.slo_class_scores", self.slo_class_scores, _choice_key(SLO_CLASS_NAMES), _slo_score
+        )
+        set_field(self, "slo_class_scores", scores)
+        set_field(
+            self,
+            "tenant_scores",
+            check_pairs(f"{p}.tenant_scores", self.tenant_scores, _name_key, _finite),
+        )
+        set_field(
+            self,
+            "default_tenant_score",
+            _finite(f"{p}.default_tenant_score", self.default_tenant_score),
+        )
+        slack = check_float(
+            f"{p}.no_deadline_slack_s", self.no_deadline_slack_s, min_value=0, min_open=True
+        )
+        set_field(self, "no_deadline_slack_s", slack)
+
+    def slo_class_score(self, slo_class: str) -> float:
+        """slo-class score of a class name ("" = no class)."""
+        return dict(self.slo_class_scores).get(slo_class, UNKNOWN_SLO_CLASS_SCORE)
+
+    def tenant_score(self, tenant: str) -> float:
+        """tenant-priority score of a tenant."""
+        return dict(self.tenant_scores).get(tenant, self.default_tenant_score)
+
+
+@dataclass(frozen=True)
+class ScorerWeight:
+    """One scorer of the weighted routing policy and its (un-normalized) weight >= 0."""
+
+    name: str
+    weight: float
+
+    def __post_init__(self) -> None:
+        check_choice("policy.routing.scorers.name", self.name, SCORER_NAMES)
+        set_field(
+            self,
+            "weight",
+            check_float(f"policy.routing.scorers[{self.name!r}].weight", self.weight, min_value=0),
+        )
+
+
+DEFAULT_SCORERS: tuple[ScorerWeight, ...] = (
+    ScorerWeight("prefix-affinity", 3.0),
+    ScorerWeight("queue-depth", 2.0),
+    ScorerWeight("kv-utilization", 2.0),
+)
+
+
+def _as_scorer(value: Any) -> ScorerWeight:
+    if isinstance(value, ScorerWeight):
+        return value
+    if isinstance(value, Mapping):
+        unknown = set(value) - {"name", "weight"}
+        if unknown or "name" not in value or "weight" not in value:
+            raise ConfigError(
+                "policy.routing.scorers",
+                f"entries need exactly name and weight, got {dict(value)!r}",
+            )
+        return ScorerWeight(value["name"], value["weight"])
+    if isinstance(value, (tuple, list)) and len(value) == 2:
+        return ScorerWeight(value[0], value[1])
+    raise ConfigError(
+        "policy.routing.scorers", f"entries must be ScorerWeight(name, weight), got {value!r}"
+    )
+
+
+@dataclass(frozen=True)
+class RoutingConfig:
+    """Routing policy (semantics.md §5.6).
+
+    Attributes:
+      policy: round-robin | least-loaded | always-busiest | weighted.
+      scorers: weighted-policy scorers in evaluation order; weights are normalized to sum 1 by
+        the router, so only ratios matter; at least one weight must be > 0.
+    """
+
+    policy: str = "round-robin"
+    scorers: tuple[ScorerWeight, ...] = DEFAULT_SCORERS
+
+    def __post_init__(self) -> None:
+        check_choice("policy.routing.policy", self.policy, ROUTING_POLICIES)
+        if isinstance(self.scorers, (str, bytes, Mapping)) or not hasattr(self.scorers, "__iter__"):
+            raise ConfigError(
+                "policy.routing.scorers", f"must be a list of scorers, got {self.scorers!r}"
+            )
+        scorers = tuple(_as_scorer(s) for s in self.scorers)
+        set_field(self, "scorers", scorers)
+        if self.policy == "weighted" and not scorers:
+            raise ConfigError(
+                "policy.routing.scorers", "must list at least one scorer for policy 'weighted'"
+            )
+        if scorers and all(s.weight == 0 for s in scorers):
+            raise ConfigError("policy.routing.scorers", "weights must not all be 0")
+
+    def normalized_weights(self) -> tuple[float, ...]:
+        """Scorer weights divided by their sum (the router's view), in scorer order."""
+        total = math.fsum(s.weight for s in self.scorers)
+        return tuple(s.weight / total for s in self.scorers)
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Instance wait-queue order (semantics.md §5.9): fcfs | priority-fcfs | sjf."""
+
+    policy: str = "fcfs"
+
+    def __post_init__(self) -> None:
+        check_choice("policy.scheduler.policy", self.policy, SCHEDULER_POLICIES)
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """The four control policies (a BLIS policy bundle plus our extra knobs)."""
+
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
+    priority: PriorityConfig = field(default_factory=PriorityConfig)
+    routing: RoutingConfig = field(default_factory=RoutingConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+
+    def __post_init__(self) -> None:
+        _ensure_type("policy.admission", self.admission, AdmissionConfig)
+        _ensure_type("policy.priority", self.priority, PriorityConfig)
+        _ensure_type("policy.routing", self.routing, RoutingConfig)
+        _ensure_type("policy.scheduler", self.scheduler, SchedulerConfig)
+
+
+# --------------------------------------------------------------------------- metrics
+
+
+@dataclass(frozen=True)
+class SLOTarget:
+    """Per-class latency targets in milliseconds; 0 = not checked (semantics.md §6.4)."""
+
+    ttft_ms: float = 0.0
+    itl_ms: float = 0.0
+    e2e_ms: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("ttft_ms", "itl_ms", "e2e_ms"):
+            set_field(
+                self,
+                name,
+                check_float(f"metrics.slo_targets.{name}", getattr(self, name), min_value=0),
+            )
+
+
+def _as_slo_target(path: str, value: Any) -> SLOTarget:
+    if isinstance(value, SLOTarget):
+        return value
+    if isinstance(value, Mapping):
+        unknown = sorted(set(value) - {"ttft_ms", "itl_ms", "e2e_ms"})
+        if unknown:
+            raise ConfigError(
+                f"{path}.{unknown[0]}", "unknown key; allowed keys: ttft_ms, itl_ms, e2e_ms"
+            )
+        return SLOTarget(**value)
+    raise ConfigError(
+        path, f"must be an SLOTarget or a mapping of ttft_ms/itl_ms/e2e_ms, got {value!r}"
+    )
+
+
+def _fitness_weight(path: str, value: Any) -> float:
+    return check_float(path, value, min_value=0)
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    """What the metrics layer reports.
+
+    Attributes:
+      slo_targets: SLO class → targets; class "default" is the empty class "".
+      fitness_weights: fitness component → weight >= 0 (not normalized, semantics.md §6.5).
+    """
+
+    slo_targets: tuple[tuple[str, SLOTarget], ...] = ()
+    fitness_weights: tuple[tuple[str, float], ...] = ()
+
+    def __post_init__(self) -> None:
+        targets = check_pairs(
+            "metrics.slo_targets", self.slo_targets, _choice_key(SLO_TARGET_CLASSES), _as_slo_target
+        )
+        set_field(self, "slo_targets", targets)
+        weights = check_pairs(
+            "metrics.fitness_weights",
+            self.fitness_weights,
+            _choice_key(FITNESS_KEYS),
+            _fitness_weight,
+        )
+        set_field(self, "fitness_weights", weights)
+
+
+# --------------------------------------------------------------------------- top level
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """One simulation: model, hardware, engine, latency, cluster, policies, workload, metrics.
+
+    Attributes:
+      model: model id (``org/Name``), shipped name, or config.json path.
+      hardware: GPU name in hardware_config.json.
+      workload: raw BLIS workload-spec v2 mapping, parsed by ``blisjax.workload`` (opaque here;
+        deep-copied, and excluded from the hash); None = workload given elsewhere (e.g. a trace).
+      seed: master seed (int64).
+      horizon_us: simulation horizon, µs, in [1, 2^63 - 1].
+    """
+
+    model: str = "meta-llama/llama-3.1-8b-instruct"
+    hardware: str = "H100"
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    latency: LatencyConfig = field(default_factory=LatencyConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    workload: dict | None = field(default=None, hash=False)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    seed: int = 42
+    horizon_us: int = INT64_MAX
+
+    def __post_init__(self) -> None:
+        check_str("model", self.model)
+        check_str("hardware", self.hardware)
+        for name, cls in (
+            ("engine", EngineConfig),
+            ("latency", LatencyConfig),
+            ("cluster", ClusterConfig),
+            ("policy", PolicyConfig),
+            ("metrics", MetricsConfig),
+        ):
+            _ensure_type(name, getattr(self, name), cls)
+        if self.workload is not None:
+            if not isinstance(self.workload, Mapping):
+                raise ConfigError(
+                    "workload",
+                    f"must be a mapping (workload-spec v2) or null, got {self.workload!r}",
+                )
+            set_field(self, "workload", copy.deepcopy(dict(self.workload)))
+        set_field(
+            self, "seed", check_int("seed", self.seed, min_value=INT64_MIN, max_value=INT64_MAX)
+        )
+        set_field(
+            self,
+            "horizon_us",
+            check_int("horizon_us", self.horizon_us, min_value=1, max_value=INT64_MAX),
+        )
+        if self.latency.model == "roofline" and self.engine.data_parallel_size > 1:
+            raise ConfigError(
+                "engine.data_parallel_size", "must be 1 with latency.model 'roofline' (as BLIS)"
+            )

@@ -1,0 +1,27 @@
+"""Metrics: BLIS's aggregate JSON, per-request rows, SLO attainment, fairness, fitness.
+
+Engines return a ``RunResult`` (``blisjax.metrics.records``); everything here is a pure function of
+it and the ``Workload``.
+"""
+
+from blisjax.metrics.aggregate import (
+    BLIS_METRIC_KEYS,
+    aggregate_metrics,
+    kv_cache_rates,
+    kv_cache_summary,
+)
+from blisjax.metrics.per_request import per_request_rows, write_json_atomic
+from blisjax.metrics.percentile import mean, percentile_linear
+from blisjax.metrics.records import RunResult
+
+__all__ = [
+    "BLIS_METRIC_KEYS",
+    "RunResult",
+    "aggregate_metrics",
+    "kv_cache_rates",
+    "kv_cache_summary",
+    "mean",
+    "per_request_rows",
+    "percentile_linear",
+    "write_json_atomic",
+]

@@ -1,0 +1,340 @@
+"""Turn a ``RunResult`` into BLIS's aggregate metrics JSON (plus blisjax extras).
+
+The first block of keys is exactly BLIS's ``MetricsOutput`` for the cluster, in BLIS's order and
+with BLIS's populations (semantics Part A §2.8, §6):
+
+* TTFT statistics cover every request with a recorded TTFT (including unfinished and timed-out
+  requests that produced a first token); E2E statistics cover completed requests; ITL statistics
+  cover every raw ITL entry of completed requests (``itl_entries_us``, BLIS ``AllITLs``);
+  the scheduling-delay p99 covers every request that was ever scheduled.
+* All of these, and the two throughputs, are computed only when at least one request completed;
+  otherwise they keep BLIS's zero value 0.0 (BLIS always prints every field).
+* ``injected_requests`` is derived, not counted:
+  completed + still_queued + still_running + dropped_unservable + timed_out.
+* Times are reported in ms = µs / 1000 and ``vllm_estimated_duration_s`` = SimEndedTime / 1e6.
+
+The extras that follow (admission/routing rejections, cache and preemption rates, per-class and
+per-tenant breakdowns, SLO attainment, fairness, anomaly counters, fitness) are blisjax additions
+whose formulas follow BLIS's ``RawMetrics`` (semantics §6.4–6.5).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from blisjax.metrics.formulas import (
+    cache_hit_rate,
+    fitness,
+    fitness_components,
+    hol_blocking_count,
+    jain_fairness,
+    preemption_rate,
+    priority_inversion_count,
+    request_tpot_us,
+    throughput_per_s,
+)
+from blisjax.metrics.percentile import mean, percentile_linear
+from blisjax.metrics.records import COMPLETED, DROPPED, REJECTED, TIMED_OUT, UNFINISHED, RunResult
+from blisjax.metrics.slo import DEFAULT_CLASS_NAME, slo_attainment
+from blisjax.workload.types import SLO_CLASSES, Workload
+
+__all__ = [
+    "BLIS_METRIC_KEYS",
+    "US_PER_MS",
+    "aggregate_metrics",
+    "kv_cache_summary",
+    "kv_cache_rates",
+]
+
+#: µs per ms: every ``*_ms`` field is a µs quantity divided by this.
+US_PER_MS = 1000.0
+
+#: BLIS's cluster ``MetricsOutput`` keys, in BLIS's JSON order.
+BLIS_METRIC_KEYS: tuple[str, ...] = (
+    "instance_id",
+    "completed_requests",
+    "still_queued",
+    "still_running",
+    "injected_requests",
+    "total_input_tokens",
+    "total_output_tokens",
+    "vllm_estimated_duration_s",
+    "responses_per_sec",
+    "tokens_per_sec",
+    "e2e_mean_ms",
+    "e2e_p90_ms",
+    "e2e_p95_ms",
+    "e2e_p99_ms",
+    "ttft_mean_ms",
+    "ttft_p90_ms",
+    "ttft_p95_ms",
+    "ttft_p99_ms",
+    "itl_mean_ms",
+    "itl_p90_ms",
+    "itl_p95_ms",
+    "itl_p99_ms",
+    "scheduling_delay_p99_ms",
+    "preemption_count",
+    "dropped_unservable",
+    "length_capped_requests",
+    "timed_out_requests",
+)
+
+#: Schedulers for which priority inversions are meaningful (semantics §6.5).
+_INVERSION_SCHEDULERS = frozenset({"priority-fcfs"})
+
+
+def _check_shapes(result: RunResult, workload: Workload) -> None:
+    n = workload.num_requests
+    for name in (
+        "status",
+        "instance",
+        "ttft_us",
+        "e2e_us",
+        "scheduling_delay_us",
+        "itl_sum_us",
+        "itl_count",
+        "output_tokens_done",
+        "preemptions",
+        "length_capped",
+    ):
+        length = int(np.asarray(getattr(result, name)).shape[0])
+        if length != n:
+            raise ValueError(f"result.{name}: length {length} differs from workload size {n}")
+
+
+def _latency_block(prefix: str, values_us: np.ndarray) -> dict[str, float]:
+    """``<prefix>_mean_ms`` and p90/p95/p99 in ms of a µs population (BLIS's JSON formulas)."""
+    return {
+        f"{prefix}_mean_ms": mean(values_us, US_PER_MS),
+        f"{prefix}_p90_ms": percentile_linear(values_us, 90, US_PER_MS),
+        f"{prefix}_p95_ms": percentile_linear(values_us, 95, US_PER_MS),
+        f"{prefix}_p99_ms": percentile_linear(values_us, 99, US_PER_MS),
+    }
+
+
+def kv_cache_rates(result: RunResult) -> tuple[float, float, float]:
+    """(preemption rate, cache hit rate, KV thrashing rate) as BLIS's ``RawMetrics`` defines them.
+
+    Preemption rate = Σ preemptions / completed; cache hit rate = unweighted mean over instances;
+    thrashing is 0 (no offload tier is simulated).
+    """
+    completed = int(np.sum(result.completed))
+    return (
+        preemption_rate(int(np.sum(result.preemption_count)), completed),
+        cache_hit_rate(result.cache_hits, result.cache_misses),
+        0.0,
+    )
+
+
+def kv_cache_summary(result: RunResult) -> str:
+    """BLIS's three KV-cache stdout lines, or "" when all three rates are 0 (BLIS prints nothing).
+
+    Format: ``"Preemption Rate: %.4f\\nCache Hit Rate: %.4f\\nKV Thrashing Rate: %.4f"`` (no trailing
+    newline; BLIS's "=== KV Cache Metrics ===" header line is not part of it).
+    """
+    pre, hit, thrash = kv_cache_rates(result)
+    if pre == 0.0 and hit == 0.0 and thrash == 0.0:
+        return ""
+    return f"Preemption Rate: {pre:.4f}\nCache Hit Rate: {hit:.4f}\nKV Thrashing Rate: {thrash:.4f}"
+
+
+def _group_stats(
+    mask: np.ndarray,
+    arrived: np.ndarray,
+    status: np.ndarray,
+    ttft_us: np.ndarray,
+    e2e_us: np.ndarray,
+    itl_sum_us: np.ndarray,
+    itl_count: np.ndarray,
+    output_tokens_done: np.ndarray,
+) -> dict[str, Any]:
+    """Counts and latency summary of the requests selected by ``mask`` (a class or a tenant)."""
+    done = mask & (status == COMPLETED)
+    ttft = ttft_us[mask & (ttft_us >= 0)]
+    e2e = e2e_us[done]
+    entries = int(np.sum(itl_count[done]))
+    out: dict[str, Any] = {
+        "injected": int(np.sum(mask & arrived)),
+        "completed": int(np.sum(done)),
+        "rejected": int(np.sum(mask & (status == REJECTED))),
+        "timed_out": int(np.sum(mask & (status == TIMED_OUT))),
+        "dropped_unservable": int(np.sum(mask & (status == DROPPED))),
+        "unfinished": int(np.sum(mask & (status == UNFINISHED))),
+        "output_tokens": int(np.sum(output_tokens_done[done])),
+        **_latency_block("ttft", ttft),
+        **_latency_block("e2e", e2e),
+        # Mean over the group's raw ITL entries: Σ entries / count, the same quantity as BLIS's
+        # itl_mean_ms restricted to the group (per-entry values are not kept per request).
+        "itl_mean_ms": (
+            float(int(np.sum(itl_sum_us[done]))) / float(entries) / US_PER_MS if entries else 0.0
+        ),
+    }
+    return out
+
+
+def _config_pairs(metrics_cfg: Any, attr: str) -> tuple:
+    """``metrics_cfg.<attr>`` as a tuple of pairs (accepts a mapping too); () when absent."""
+    if metrics_cfg is None:
+        return ()
+    value = getattr(metrics_cfg, attr, None)
+    if not value:
+        return ()
+    if isinstance(value, Mapping):
+        return tuple(value.items())
+    return tuple(value)
+
+
+def aggregate_metrics(
+    result: RunResult,
+    workload: Workload,
+    metrics_cfg: Any = None,
+    *,
+    scheduler: str | None = None,
+) -> dict[str, Any]:
+    """Aggregate one run into BLIS's metrics dict followed by blisjax extras.
+
+    Args:
+      result: the engine's ``RunResult`` (rows indexed like ``workload``).
+      workload: the workload that was run (names, classes, tenants, N_out, arrivals).
+      metrics_cfg: a ``blisjax.config.MetricsConfig`` or None. Read by duck typing:
+        ``slo_targets`` = ((class name, target with ``ttft_ms``/``itl_ms``/``e2e_ms``, 0 = not
+        checked), ...) and ``fitness_weights`` = ((key, weight), ...).
+      scheduler: the instance scheduler name; priority inversions are counted only for
+        ``"priority-fcfs"`` (0 otherwise).
+
+    Returns:
+      A dict: ``BLIS_METRIC_KEYS`` in order, then ``rejected_requests``, ``routing_rejections``,
+      ``cache_hit_rate``, ``preemption_rate``, ``kv_peak_blocks``, ``per_slo_class``,
+      ``per_tenant``, [``slo_attainment``], ``jain_fairness``, ``hol_blocking_instances``,
+      ``priority_inversions``, [``fitness``, ``fitness_components``], [``overflow``]. Bracketed keys
+      appear only when SLO targets / fitness weights are configured / the engine overflowed.
+    """
+    _check_shapes(result, workload)
+    status = np.asarray(result.status)
+    ttft_us = np.asarray(result.ttft_us, dtype=np.int64)
+    e2e_us = np.asarray(result.e2e_us, dtype=np.int64)
+    sched_us = np.asarray(result.scheduling_delay_us, dtype=np.int64)
+    itl_sum_us = np.asarray(result.itl_sum_us, dtype=np.int64)
+    itl_count = np.asarray(result.itl_count, dtype=np.int64)
+    tokens_done = np.asarray(result.output_tokens_done, dtype=np.int64)
+    length_capped = np.asarray(result.length_capped, dtype=bool)
+    is_completed = status == COMPLETED
+    # Only arrivals at or before the horizon reach the cluster (past-horizon events never run).
+    arrived = workload.arrival_us <= int(result.horizon_us)
+
+    completed = int(np.sum(result.completed))
+    still_queued = int(np.sum(result.still_queued))
+    still_running = int(np.sum(result.still_running))
+    dropped = int(np.sum(result.dropped_unservable))
+    timed_out = int(np.sum(result.timed_out))
+    total_output_tokens = int(np.sum(tokens_done[is_completed]))
+    sim_ended_us = int(result.sim_ended_us)
+
+    ttft_population = ttft_us[ttft_us >= 0]
+    e2e_population = e2e_us[is_completed]
+    sched_population = sched_us[sched_us >= 0]
+    itl_entries = np.asarray(result.itl_entries_us, dtype=np.int64)
+
+    out: dict[str, Any] = {
+        "instance_id": "cluster",
+        "completed_requests": completed,
+        "still_queued": still_queued,
+        "still_running": still_running,
+        "injected_requests": completed + still_queued + still_running + dropped + timed_out,
+        "total_input_tokens": int(np.sum(result.total_input_tokens)),
+        "total_output_tokens": total_output_tokens,
+        "vllm_estimated_duration_s": float(sim_ended_us) / 1e6,
+        "responses_per_sec": throughput_per_s(completed, sim_ended_us, completed),
+        "tokens_per_sec": throughput_per_s(total_output_tokens, sim_ended_us, completed),
+    }
+    if completed > 0:
+        out.update(_latency_block("e2e", e2e_population))
+        out.update(_latency_block("ttft", ttft_population))
+        out.update(_latency_block("itl", itl_entries))
+        out["scheduling_delay_p99_ms"] = percentile_linear(sched_population, 99, US_PER_MS)
+    else:
+        for key in BLIS_METRIC_KEYS[10:23]:
+            out[key] = 0.0
+    out["preemption_count"] = int(np.sum(result.preemption_count))
+    out["dropped_unservable"] = dropped
+    out["length_capped_requests"] = int(np.sum(result.length_capped_count))
+    out["timed_out_requests"] = timed_out
+    assert tuple(out) == BLIS_METRIC_KEYS  # key order is part of the output format
+
+    # ---- blisjax extras -------------------------------------------------------------------
+    pre_rate, hit_rate, _ = kv_cache_rates(result)
+    out["rejected_requests"] = int(result.rejected_admission)
+    out["routing_rejections"] = int(result.rejected_routing)
+    out["cache_hit_rate"] = hit_rate
+    out["preemption_rate"] = pre_rate
+    peak = np.asarray(result.peak_kv_blocks_used, dtype=np.int64)
+    out["kv_peak_blocks"] = int(peak.max()) if peak.size else 0
+
+    group_args = (arrived, status, ttft_us, e2e_us, itl_sum_us, itl_count, tokens_done)
+    per_class: dict[str, dict] = {}
+    class_names = {
+        (DEFAULT_CLASS_NAME if code == 0 else SLO_CLASSES[code]): code
+        for code in np.unique(workload.slo_class).tolist()
+    }
+    for name in sorted(class_names):
+        per_class[name] = _group_stats(workload.slo_class == class_names[name], *group_args)
+    out["per_slo_class"] = per_class
+
+    per_tenant: dict[str, dict] = {}
+    tenant_codes = {workload.tenant_names[c]: c for c in np.unique(workload.tenant).tolist()}
+    for name in sorted(tenant_codes):
+        per_tenant[name] = _group_stats(workload.tenant == tenant_codes[name], *group_args)
+    out["per_tenant"] = per_tenant
+
+    slo_targets = _config_pairs(metrics_cfg, "slo_targets")
+    if slo_targets:
+        tpot_us = request_tpot_us(itl_sum_us, itl_count, workload.output_tokens, length_capped)
+        zero = np.zeros(workload.num_requests, dtype=np.float64)
+        out["slo_attainment"] = slo_attainment(
+            slo_targets,
+            workload.slo_class,
+            arrived,
+            is_completed,
+            np.where(is_completed, ttft_us / US_PER_MS, zero),
+            np.where(is_completed, tpot_us / US_PER_MS, zero),
+            np.where(is_completed, e2e_us / US_PER_MS, zero),
+        )
+
+    # Tenants with arrivals but nothing completed count as 0 tokens (a starved tenant is unfair).
+    out["jain_fairness"] = jain_fairness(
+        stats["output_tokens"] for stats in per_tenant.values() if stats["injected"]
+    )
+    out["hol_blocking_instances"] = hol_blocking_count(
+        result.queue_depth_time_us, result.busy_time_us
+    )
+    if scheduler in _INVERSION_SCHEDULERS:
+        instance = np.asarray(result.instance, dtype=np.int64)
+        group = instance * len(SLO_CLASSES) + workload.slo_class.astype(np.int64)
+        out["priority_inversions"] = priority_inversion_count(
+            workload.arrival_us[is_completed], e2e_us[is_completed], group[is_completed]
+        )
+    else:
+        out["priority_inversions"] = 0
+
+    weight_pairs = _config_pairs(metrics_cfg, "fitness_weights")
+    weights = {str(k): float(w) for k, w in weight_pairs}
+    if len(weights) != len(weight_pairs):
+        raise ValueError(f"fitness_weights: duplicate key in {weight_pairs}")
+    if weights:
+        comps = fitness_components(
+            weights,
+            out["responses_per_sec"],
+            out["tokens_per_sec"],
+            ttft_population,
+            e2e_population,
+        )
+        out["fitness"] = fitness(weights, comps)
+        out["fitness_components"] = comps
+
+    if result.overflow:
+        out["overflow"] = dict(result.overflow)
+    return out

@@ -1,0 +1,262 @@
+"""Small pure metric formulas over numpy arrays (each mirrors one BLIS definition).
+
+Every function here takes plain arrays / numbers and returns plain numbers, so the JAX engine can
+mirror each one with ``jnp`` one to one. Units are in the names (``_us`` = integer microseconds,
+``_ms`` = float milliseconds, ``_s`` = float seconds).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import numpy as np
+
+from blisjax.metrics.percentile import mean, percentile_linear
+
+__all__ = [
+    "FITNESS_KEYS",
+    "REFERENCE_LATENCY_US",
+    "REFERENCE_RPS",
+    "REFERENCE_TPS",
+    "cache_hit_rate",
+    "fitness",
+    "fitness_components",
+    "hol_blocking_count",
+    "jain_fairness",
+    "latency_score",
+    "preemption_rate",
+    "priority_inversion_count",
+    "request_tpot_us",
+    "throughput_per_s",
+    "throughput_score",
+]
+
+#: Fitness normalisation references (BLIS): 100 requests/s, 10 000 tokens/s, 1 ms = 1000 µs.
+REFERENCE_RPS = 100.0
+REFERENCE_TPS = 10000.0
+REFERENCE_LATENCY_US = 1000.0
+
+#: Every fitness key BLIS accepts.
+FITNESS_KEYS: tuple[str, ...] = (
+    "throughput",
+    "tokens_per_sec",
+    "p99_ttft",
+    "p50_ttft",
+    "mean_ttft",
+    "p99_e2e",
+    "p50_e2e",
+    "mean_e2e",
+)
+
+
+def request_tpot_us(
+    itl_sum_us: np.ndarray,
+    itl_count: np.ndarray,
+    output_tokens: np.ndarray,
+    length_capped: np.ndarray,
+) -> np.ndarray:
+    """Per-request mean inter-token latency (TPOT) in µs, BLIS ``RequestITLs``.
+
+    ``ΣITL / max(N_out − 1, 1)``; for a length-capped request the denominator is
+    ``max(len(ITL) − 1, 1)`` instead (BLIS counts one entry fewer than it recorded there).
+    It is 0 when ``N_out = 0`` (no ITL entries, so the sum is 0).
+
+    Args:
+      itl_sum_us: int64 µs, sum of each request's ITL entries.
+      itl_count: int64, number of ITL entries of each request.
+      output_tokens: int64, the request's N_out.
+      length_capped: bool, completion forced by max_model_len.
+
+    Returns:
+      float64 µs per request.
+    """
+    itl_count = np.asarray(itl_count, dtype=np.int64)
+    output_tokens = np.asarray(output_tokens, dtype=np.int64)
+    denom = np.where(
+        np.asarray(length_capped, dtype=bool),
+        np.maximum(itl_count - 1, 1),
+        np.maximum(output_tokens - 1, 1),
+    )
+    return np.asarray(itl_sum_us, dtype=np.int64).astype(np.float64) / denom.astype(np.float64)
+
+
+def throughput_per_s(count: int, sim_ended_us: int, completed: int) -> float:
+    """``count / (sim_ended_us / 1e6)`` per second, or 0.0 when nothing completed or no time ran.
+
+    BLIS computes both responses/s and tokens/s only when ``completed > 0`` and the duration is
+    positive, dividing by the duration in seconds (not multiplying by 1e6 first).
+    """
+    duration_s = float(sim_ended_us) / 1e6
+    if completed <= 0 or duration_s <= 0.0:
+        return 0.0
+    return float(count) / duration_s
+
+
+def cache_hit_rate(cache_hits: np.ndarray, cache_misses: np.ndarray) -> float:
+    """Unweighted mean over instances of ``hits / (hits + misses)`` (0 for an instance with none).
+
+    Args:
+      cache_hits, cache_misses: int64 per instance (block counts).
+
+    Returns:
+      Dimensionless rate in [0, 1]; 0.0 for zero instances.
+    """
+    hits = np.asarray(cache_hits, dtype=np.int64).tolist()
+    misses = np.asarray(cache_misses, dtype=np.int64).tolist()
+    if not hits:
+        return 0.0
+    total = 0.0
+    for h, m in zip(hits, misses, strict=True):
+        # Summed in instance order, as BLIS accumulates its per-instance rates.
+        total += float(h) / float(h + m) if h + m > 0 else 0.0
+    return total / float(len(hits))
+
+
+def preemption_rate(preemptions: int, completed: int) -> float:
+    """Preemptions per completed request (BLIS ``PreemptionRate``); 0.0 when nothing completed."""
+    if completed <= 0:
+        return 0.0
+    return float(preemptions) / float(completed)
+
+
+def jain_fairness(x: Iterable[float]) -> float:
+    """Jain's fairness index ``(Σx)² / (n·Σx²)``.
+
+    Returns 0.0 for an empty input and 1.0 when ``Σx² = 0`` (everyone got the same nothing).
+    Sums run left to right in the given order (callers pass tenants sorted by name, as BLIS).
+    """
+    values = [float(v) for v in x]
+    if not values:
+        return 0.0
+    sum_x = 0.0
+    sum_x2 = 0.0
+    for v in values:
+        sum_x += v
+        sum_x2 += v * v
+    if sum_x2 == 0.0:
+        return 1.0
+    return (sum_x * sum_x) / (float(len(values)) * sum_x2)
+
+
+def throughput_score(value_per_s: float, reference_per_s: float) -> float:
+    """Higher-is-better normalisation ``value / (value + reference)`` in [0, 1)."""
+    return value_per_s / (value_per_s + reference_per_s)
+
+
+def latency_score(value_us: float) -> float:
+    """Lower-is-better normalisation ``1 / (1 + value_us / 1000)``: 1 ms → 0.5, 50 ms → 1/51."""
+    return 1.0 / (1.0 + value_us / REFERENCE_LATENCY_US)
+
+
+def fitness_components(
+    weights: Mapping[str, float],
+    responses_per_s: float,
+    tokens_per_s: float,
+    ttft_us: np.ndarray,
+    e2e_us: np.ndarray,
+) -> dict[str, float]:
+    """Normalised fitness component per weighted key, keys in sorted order (BLIS).
+
+    Args:
+      weights: fitness key → weight; keys must be in ``FITNESS_KEYS``.
+      responses_per_s, tokens_per_s: cluster throughput.
+      ttft_us: every recorded TTFT (µs), including unfinished / timed-out requests.
+      e2e_us: E2E of completed requests (µs).
+
+    Returns:
+      key → component in [0, 1], in sorted key order. Latency statistics of an empty population
+      are 0 µs (BLIS's zero ``Distribution``), i.e. a component of 1.0.
+    """
+    unknown = sorted(k for k in weights if k not in FITNESS_KEYS)
+    if unknown:
+        raise ValueError(
+            f"unknown fitness metric key(s) {unknown}; valid keys: {', '.join(FITNESS_KEYS)}"
+        )
+    comps: dict[str, float] = {}
+    for key in sorted(weights):
+        if key == "throughput":
+            comps[key] = throughput_score(responses_per_s, REFERENCE_RPS)
+        elif key == "tokens_per_sec":
+            comps[key] = throughput_score(tokens_per_s, REFERENCE_TPS)
+        else:
+            stat, _, metric = key.partition("_")
+            values = ttft_us if metric == "ttft" else e2e_us
+            if stat == "mean":
+                value_us = mean(values)
+            else:
+                value_us = percentile_linear(values, float(stat[1:]))
+            comps[key] = latency_score(value_us)
+    return comps
+
+
+def fitness(weights: Mapping[str, float], components: Mapping[str, float]) -> float:
+    """``Σ w_k·comp_k`` over keys in sorted order, weights not normalised (BLIS)."""
+    score = 0.0
+    for key in sorted(weights):
+        score += components[key] * float(weights[key])
+    return score
+
+
+def hol_blocking_count(queue_depth_time_us: np.ndarray, busy_time_us: np.ndarray) -> int:
+    """Number of instances whose mean wait-queue depth exceeds 2× the cross-instance mean.
+
+    An instance's mean depth is its time-weighted average ``Σ(depth·step_us) / Σ step_us``
+    (0 for an instance that never stepped; idle instances stay in the mean, so one instance
+    hoarding the queue stands out). Fewer than two instances, or a zero mean, give 0.
+    """
+    depth_time = np.asarray(queue_depth_time_us, dtype=np.int64).tolist()
+    busy = np.asarray(busy_time_us, dtype=np.int64).tolist()
+    if len(depth_time) < 2:
+        return 0
+    avgs = [float(q) / float(b) if b > 0 else 0.0 for q, b in zip(depth_time, busy, strict=True)]
+    total = 0.0
+    for a in avgs:
+        total += a
+    mean_avg = total / float(len(avgs))
+    if mean_avg <= 0.0:
+        return 0
+    return sum(1 for a in avgs if a > 2.0 * mean_avg)
+
+
+def priority_inversion_count(arrival_us: np.ndarray, e2e_us: np.ndarray, group: np.ndarray) -> int:
+    """Pairs (earlier, later arrival) in the same group where ``E2E_earlier > 2·E2E_later``.
+
+    BLIS groups completed requests by (instance, SLO class); pass a combined group code. Within a
+    group requests are ordered by arrival, ties by row (request index) order.
+
+    Args:
+      arrival_us: int64 arrival times of the completed requests.
+      e2e_us: int64 E2E of the same requests.
+      group: int64 group code of the same requests.
+
+    Returns:
+      The number of inverted pairs (counted in O(n log n) with a Fenwick tree over E2E ranks).
+    """
+    arrival = np.asarray(arrival_us, dtype=np.int64)
+    e2e = np.asarray(e2e_us, dtype=np.int64)
+    grp = np.asarray(group, dtype=np.int64)
+    count = 0
+    for g in np.unique(grp).tolist():
+        idx = np.nonzero(grp == g)[0]
+        if idx.shape[0] < 2:
+            continue
+        order = idx[np.lexsort((idx, arrival[idx]))]
+        e = e2e[order]
+        ranks_sorted = np.sort(e)
+        # Position of each value in ranks_sorted (1-based Fenwick index) and, for each later
+        # request j, how many earlier values are <= 2·e_j (those are *not* inversions).
+        pos = np.searchsorted(ranks_sorted, e, side="left") + 1
+        le_twice = np.searchsorted(ranks_sorted, 2 * e, side="right")
+        tree = [0] * (len(e) + 1)
+        for j, (p_j, q_j) in enumerate(zip(pos.tolist(), le_twice.tolist(), strict=True)):
+            not_inverted = 0
+            k = q_j
+            while k > 0:
+                not_inverted += tree[k]
+                k -= k & -k
+            count += j - not_inverted
+            k = p_j
+            while k <= len(e):
+                tree[k] += 1
+                k += k & -k
+    return count

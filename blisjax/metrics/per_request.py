@@ -1,0 +1,112 @@
+"""Per-request result rows and atomic JSON output."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from typing import Any
+
+import numpy as np
+
+from blisjax.metrics.formulas import request_tpot_us
+from blisjax.metrics.records import COMPLETED, NOT_RECORDED, STATUS_NAMES, RunResult
+from blisjax.workload.types import SLO_CLASSES, Workload
+
+__all__ = ["per_request_rows", "write_json_atomic"]
+
+#: µs per ms (``itl_mean_ms`` is the per-request TPOT in µs divided by this).
+_US_PER_MS = 1000.0
+
+
+def _recorded(value_us: int) -> int | None:
+    """An int64 time field as a JSON value: None (null) for the "not recorded" sentinel."""
+    return None if value_us == NOT_RECORDED else int(value_us)
+
+
+def per_request_rows(result: RunResult, workload: Workload) -> list[dict[str, Any]]:
+    """One dict per request, sorted by ``request_id`` (ties by row order).
+
+    Keys: ``request_id``, ``status`` (``STATUS_NAMES``), ``instance`` (None if never routed),
+    ``tenant``, ``slo_class`` (the raw class name, "" for the empty class), ``arrival_us``,
+    ``input_tokens``, ``output_tokens`` (N_out requested), ``scheduling_delay_us`` (last
+    admission − arrival, None if never scheduled), ``preemptions``; then ``ttft_us`` whenever a
+    TTFT was recorded (also for unfinished / timed-out requests, BLIS's TTFT population); and for
+    completed requests ``e2e_us``, ``itl_mean_ms`` (per-request TPOT, ms), ``output_tokens_done``
+    and ``length_capped``. All times are integer µs unless the name says ms.
+    """
+    n = workload.num_requests
+    if int(np.asarray(result.status).shape[0]) != n:
+        raise ValueError(f"result has {result.num_requests} rows, workload has {n}")
+    tpot_us = request_tpot_us(
+        result.itl_sum_us, result.itl_count, workload.output_tokens, result.length_capped
+    )
+    order = np.lexsort((np.arange(n), workload.request_id))
+    rows: list[dict[str, Any]] = []
+    for i in order.tolist():
+        status = int(result.status[i])
+        instance = int(result.instance[i])
+        row: dict[str, Any] = {
+            "request_id": int(workload.request_id[i]),
+            "status": STATUS_NAMES[status],
+            "instance": None if instance < 0 else instance,
+            "tenant": workload.tenant_names[int(workload.tenant[i])],
+            "slo_class": SLO_CLASSES[int(workload.slo_class[i])],
+            "arrival_us": int(workload.arrival_us[i]),
+            "input_tokens": int(workload.input_tokens[i]),
+            "output_tokens": int(workload.output_tokens[i]),
+            "scheduling_delay_us": _recorded(int(result.scheduling_delay_us[i])),
+            "preemptions": int(result.preemptions[i]),
+        }
+        ttft = _recorded(int(result.ttft_us[i]))
+        if ttft is not None:
+            row["ttft_us"] = ttft
+        if status == COMPLETED:
+            row["e2e_us"] = int(result.e2e_us[i])
+            row["itl_mean_ms"] = float(tpot_us[i]) / _US_PER_MS
+            row["output_tokens_done"] = int(result.output_tokens_done[i])
+            row["length_capped"] = bool(result.length_capped[i])
+        rows.append(row)
+    return rows
+
+
+def _json_default(obj: Any) -> Any:
+    """Serialise numpy scalars and arrays that slipped into a metrics dict."""
+    if isinstance(obj, np.integer):
+        return int(obj)
+    if isinstance(obj, np.floating):
+        return float(obj)
+    if isinstance(obj, np.bool_):
+        return bool(obj)
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    raise TypeError(f"object of type {type(obj).__name__} is not JSON serialisable")
+
+
+def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
+    """Write ``obj`` as JSON (indent 2, insertion order kept) so ``path`` is never half-written.
+
+    The text goes to a temporary file in the destination directory (same filesystem), is flushed
+    and fsynced, then ``os.replace``d over ``path``; on any error the temporary file is removed
+    and ``path`` is untouched. NaN/inf are rejected (they are not valid JSON).
+    """
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    text = json.dumps(obj, indent=2, allow_nan=False, default=_json_default) + "\n"
+    fd, tmp_path = tempfile.mkstemp(
+        prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory
+    )
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        # mkstemp creates 0600; results are meant to be shared like any other output file.
+        os.chmod(tmp_path, 0o644)
+        os.replace(tmp_path, path)
+    except BaseException:
+        try:
+            os.unlink(tmp_path)
+        except FileNotFoundError:
+            pass
+        raise

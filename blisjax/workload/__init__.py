@@ -1,0 +1,33 @@
+"""Workloads: generation from a BLIS workload spec, and BLIS TraceV2 read/write.
+
+Both paths produce one ``Workload`` (plain numpy arrays, one row per request) that every engine
+consumes. Randomness comes from ``PartitionedRNG`` named streams (seed + name path only).
+"""
+
+from blisjax.workload.generate import generate_workload
+from blisjax.workload.rng import PartitionedRNG
+from blisjax.workload.spec import (
+    ArrivalSpec,
+    ClientSpec,
+    DistSpec,
+    WorkloadSpec,
+    distribution_spec,
+    parse_workload_spec,
+)
+from blisjax.workload.trace import read_trace, write_trace
+from blisjax.workload.types import SLO_CLASSES, Workload
+
+__all__ = [
+    "SLO_CLASSES",
+    "ArrivalSpec",
+    "ClientSpec",
+    "DistSpec",
+    "PartitionedRNG",
+    "Workload",
+    "WorkloadSpec",
+    "distribution_spec",
+    "generate_workload",
+    "parse_workload_spec",
+    "read_trace",
+    "write_trace",
+]

@@ -1,0 +1,376 @@
+"""Synthetic workload generation from a ``WorkloadSpec`` (semantics note Part A §8).
+
+Per client ``c`` (rate share ``aggregate_rate * fraction_c / sum(fractions) / 1e6`` req/µs):
+
+1. inter-arrival times (IATs, integer µs >= 1) from ``stream("workload", c, "arrival")``; the
+   first arrival is the first IAT, arrivals are cumulative sums, generation stops at the first
+   arrival >= horizon, and at most ``2 * num_requests`` requests per client when a count is set;
+2. the k-th request's input length is the k-th draw of ``stream("workload", c, "input")``,
+   its output length the k-th draw of ``stream("workload", c, "output")``.
+
+Three streams per client, keyed by the client's index, make generation isolated: changing one
+client's token distribution never moves an arrival, and appending a client never changes any
+draw of the existing ones. All requests are then stably sorted by arrival (ties in client
+order), truncated to ``num_requests`` and numbered 0..N-1 in that order.
+
+Statistical parity with BLIS only (numpy streams, not Go's ``math/rand``; Decision 10).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from blisjax.workload.rng import DEFAULT_SEED, PartitionedRNG
+from blisjax.workload.spec import ArrivalSpec, ClientSpec, DistSpec, WorkloadSpec
+from blisjax.workload.types import NO_PREFIX_GROUP, SLO_CLASS_CODE, Workload
+
+#: BLIS floors a client's rate here (req/µs) to avoid dividing by zero.
+_MIN_RATE_PER_US = 1e-15
+#: Float samples are clipped to this before integer conversion: no overflow, and any realistic
+#: horizon ends generation long before an IAT this large (2**53 µs ≈ 285 years).
+_MAX_FLOAT_TICKS = float(2**53)
+_INT64_MAX = np.iinfo(np.int64).max
+#: Gamma shapes below this fall back to Poisson (BLIS; the sampler degenerates for CV > 10).
+_MIN_GAMMA_SHAPE = 0.01
+#: Largest number of IATs drawn in one vectorised chunk.
+_MAX_CHUNK = 1 << 22
+
+
+# --------------------------------------------------------------------------- rounding helpers
+
+
+def round_half_away(x: np.ndarray) -> np.ndarray:
+    """Go ``math.Round``: nearest integer, halves away from zero (float64 in, float64 out).
+
+    Uses the exact fractional part ``x - trunc(x)``, so 0.49999999999999994 rounds to 0
+    (``floor(x + 0.5)`` would give 1).
+    """
+    x = np.asarray(x, dtype=np.float64)
+    whole = np.trunc(x)
+    return whole + np.sign(x) * (np.abs(x - whole) >= 0.5)
+
+
+def _to_ticks(x: np.ndarray) -> np.ndarray:
+    """Truncate float µs toward zero (Go ``int64(x)``), at least 1, as int64."""
+    return np.clip(np.trunc(x), 1.0, _MAX_FLOAT_TICKS).astype(np.int64)
+
+
+def _to_tokens(x: np.ndarray) -> np.ndarray:
+    """Round half away from zero, at least 1 token, as int64."""
+    return np.clip(round_half_away(x), 1.0, _MAX_FLOAT_TICKS).astype(np.int64)
+
+
+# --------------------------------------------------------------------------- arrival processes
+
+
+def weibull_shape_from_cv(target_cv: float) -> float:
+    """Weibull k with CV(k) = target, by bisection on [0.1, 100] to |CV - target| < 1e-3 (BLIS).
+
+    CV(k)^2 = Γ(1 + 2/k) / Γ(1 + 1/k)^2 - 1 decreases in k. At most 100 halvings; if the
+    tolerance is never met (target outside CV([0.1, 100])) the last midpoint is returned.
+    """
+    lo, hi = 0.1, 100.0
+    for _ in range(100):
+        mid = (lo + hi) / 2.0
+        cv = weibull_cv(mid)
+        if abs(cv - target_cv) < 1e-3:
+            return mid
+        if cv > target_cv:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2.0
+
+
+def weibull_cv(k: float) -> float:
+    """Coefficient of variation of a Weibull distribution with shape ``k``."""
+    g1 = math.gamma(1.0 + 1.0 / k)
+    g2 = math.gamma(1.0 + 2.0 / k)
+    return math.sqrt(g2 / (g1 * g1) - 1.0)
+
+
+def _gamma_params(arrival: ArrivalSpec, mean_us: float) -> tuple[float, float]:
+    cv = arrival.cv if arrival.cv is not None else 1.0
+    shape = arrival.shape if arrival.shape is not None else 1.0 / (cv * cv)
+    # Default scale keeps the mean IAT at 1/rate (equals cv²/rate for the cv-derived shape).
+    scale = arrival.scale if arrival.scale is not None else mean_us / shape
+    return shape, scale
+
+
+def _weibull_params(arrival: ArrivalSpec, mean_us: float) -> tuple[float, float]:
+    cv = arrival.cv if arrival.cv is not None else 1.0
+    k = arrival.shape if arrival.shape is not None else weibull_shape_from_cv(cv)
+    scale = arrival.scale if arrival.scale is not None else mean_us / math.gamma(1.0 + 1.0 / k)
+    return k, scale
+
+
+def sample_iats(
+    arrival: ArrivalSpec, rate_per_us: float, rng: np.random.Generator, n: int
+) -> np.ndarray:
+    """``n`` inter-arrival times in integer µs (>= 1, int64) for a client at ``rate_per_us``.
+
+    poisson: trunc(Exp(1) / rate). constant: trunc(1 / rate), no draws. gamma: Gamma(shape,
+    scale), shape 1/cv² and mean 1/rate unless given; shape < 0.01 falls back to Poisson.
+    weibull: scale * Weibull(k), k from cv by bisection, scale = mean / Γ(1 + 1/k).
+    bursty: Pareto(alpha) with x_m = mean * (alpha - 1) / alpha, so the mean stays 1/rate.
+    periodic: period (default 1/rate) + Uniform(-jitter, +jitter). All truncated toward zero.
+    """
+    rate = max(rate_per_us, _MIN_RATE_PER_US)
+    mean_us = 1.0 / rate
+    process = arrival.process
+    if process == "gamma":
+        shape, scale = _gamma_params(arrival, mean_us)
+        if shape < _MIN_GAMMA_SHAPE:
+            process = "poisson"
+        else:
+            return _to_ticks(rng.gamma(shape, scale, n))
+    if process == "poisson":
+        return _to_ticks(rng.standard_exponential(n) / rate)
+    if process == "constant":
+        return np.full(n, max(1, int(1.0 / rate)), dtype=np.int64)
+    if process == "weibull":
+        k, scale = _weibull_params(arrival, mean_us)
+        return _to_ticks(scale * rng.weibull(k, n))
+    if process == "bursty":
+        alpha = arrival.pareto_alpha
+        x_m = mean_us * (alpha - 1.0) / alpha
+        # numpy's pareto() is Lomax (Pareto II); 1 + Lomax is Pareto I with x_m = 1.
+        return _to_ticks(x_m * (1.0 + rng.pareto(alpha, n)))
+    if process == "periodic":
+        period = float(arrival.period_us) if arrival.period_us is not None else mean_us
+        if arrival.jitter_us == 0:
+            return np.full(n, max(1, int(period)), dtype=np.int64)
+        jitter = float(arrival.jitter_us)
+        return _to_ticks(period + rng.uniform(-jitter, jitter, n))
+    raise ValueError(f"arrival.process: unknown value {arrival.process!r}")
+
+
+def _cumulative(start_us: int, iats: np.ndarray, horizon_us: int) -> np.ndarray:
+    """Arrival times ``start + cumsum(iats)`` strictly below the horizon, without overflow."""
+    if float(start_us) + float(iats.sum(dtype=np.float64)) < 2.0**62:
+        times = start_us + np.cumsum(iats)
+        return times[: int(np.searchsorted(times, horizon_us, side="left"))]
+    # Pathological IATs: exact Python integers, stopping at the horizon.
+    out: list[int] = []
+    t = start_us
+    for iat in iats.tolist():
+        t += iat
+        if t >= horizon_us:
+            break
+        out.append(t)
+    return np.asarray(out, dtype=np.int64)
+
+
+def client_arrivals(
+    arrival: ArrivalSpec,
+    rate_per_us: float,
+    rng: np.random.Generator,
+    horizon_us: int | None,
+    max_requests: int | None,
+) -> np.ndarray:
+    """One client's arrival times (int64 µs, increasing): first arrival = first IAT.
+
+    Stops at the first arrival >= ``horizon_us`` (None = no limit) or after ``max_requests``.
+    IATs are drawn in growing vectorised chunks; numpy draws element by element, so the result
+    does not depend on the chunking.
+    """
+    if horizon_us is None and max_requests is None:
+        raise ValueError("client_arrivals: needs a horizon or a request cap")
+    horizon = _INT64_MAX if horizon_us is None else int(horizon_us)
+    expected = horizon * rate_per_us if horizon_us is not None else float(max_requests or 0)
+    chunk = int(min(expected * 1.05 + 16, _MAX_CHUNK))
+    parts: list[np.ndarray] = []
+    t, count = 0, 0
+    while max_requests is None or count < max_requests:
+        n = chunk if max_requests is None else min(chunk, max_requests - count)
+        iats = sample_iats(arrival, rate_per_us, rng, n)
+        times = _cumulative(t, iats, horizon)
+        parts.append(times)
+        count += times.size
+        if times.size < n:  # crossed the horizon inside this chunk
+            break
+        t = int(times[-1])
+        chunk = min(chunk * 2, _MAX_CHUNK)
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+# --------------------------------------------------------------------------- token lengths
+
+
+def empirical_cdf(dist: DistSpec) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted bin values (int64) and their normalised CDF (last entry exactly 1.0).
+
+    Zero-probability bins are dropped (they can never be drawn), as in BLIS.
+    """
+    order = np.argsort(np.asarray(dist.bins, dtype=np.int64), kind="stable")
+    values = np.asarray(dist.bins, dtype=np.int64)[order]
+    probs = np.asarray(dist.probabilities, dtype=np.float64)[order]
+    keep = probs > 0
+    values, probs = values[keep], probs[keep]
+    cdf = np.cumsum(probs / probs.sum())
+    cdf[-1] = 1.0
+    return values, cdf
+
+
+def _clamp(dist: DistSpec, x: np.ndarray) -> np.ndarray:
+    lo, hi = dist.param("min"), dist.param("max")
+    if lo is not None:
+        x = np.maximum(x, float(lo))
+    if hi is not None:
+        x = np.minimum(x, float(hi))
+    return x
+
+
+def sample_lengths(dist: DistSpec, rng: np.random.Generator, n: int) -> np.ndarray:
+    """``n`` token lengths (int64, >= 1) drawn from ``dist`` (see ``DistSpec``).
+
+    Float samples are clamped to [min, max] where given, then rounded half away from zero.
+    gaussian with min == max returns min without drawing (BLIS). uniform draws integers in
+    [min, max] inclusive. empirical inverts the CDF with a binary search (first bin whose
+    cumulative probability >= U).
+    """
+    p = dist.params
+    if dist.type == "gaussian":
+        if p["min"] == p["max"]:
+            return np.full(n, max(1, int(p["min"])), dtype=np.int64)
+        return _to_tokens(_clamp(dist, rng.standard_normal(n) * p["std_dev"] + p["mean"]))
+    if dist.type == "exponential":
+        return _to_tokens(_clamp(dist, rng.standard_exponential(n) * p["mean"]))
+    if dist.type == "lognormal":
+        return _to_tokens(_clamp(dist, np.exp(p["mu"] + p["sigma"] * rng.standard_normal(n))))
+    if dist.type == "uniform":
+        draws = rng.integers(int(p["min"]), int(p["max"]), size=n, endpoint=True)
+        return np.maximum(draws.astype(np.int64), 1)
+    if dist.type == "constant":
+        return np.full(n, max(1, int(p["value"])), dtype=np.int64)
+    if dist.type == "empirical":
+        values, cdf = empirical_cdf(dist)
+        idx = np.searchsorted(cdf, rng.random(n), side="left")
+        return np.maximum(values[np.minimum(idx, values.size - 1)], 1)
+    if dist.type == "pareto_lognormal":
+        return _sample_pareto_lognormal(p, rng, n)
+    raise ValueError(f"distribution type: unknown value {dist.type!r}")
+
+
+def _sample_pareto_lognormal(p: dict, rng: np.random.Generator, n: int) -> np.ndarray:
+    """Mixture: with probability mix_weight Pareto(alpha, xm), else LogNormal(mu, sigma)."""
+    use_pareto = rng.random(n) < p["mix_weight"]
+    pareto = p["xm"] * (1.0 + rng.pareto(p["alpha"], n))
+    lognormal = np.exp(p["mu"] + p["sigma"] * rng.standard_normal(n))
+    return _to_tokens(np.where(use_pareto, pareto, lognormal))
+
+
+# --------------------------------------------------------------------------- workload assembly
+
+
+def client_rates_per_us(spec: WorkloadSpec) -> np.ndarray:
+    """Per-client rate in requests/µs: aggregate * (fraction / sum(fractions)) / 1e6 (BLIS)."""
+    total = sum(c.rate_fraction for c in spec.clients)
+    return np.array([spec.aggregate_rate * (c.rate_fraction / total) / 1e6 for c in spec.clients])
+
+
+def _first_appearance(names: list[str]) -> tuple[tuple[str, ...], np.ndarray]:
+    """Distinct names in first-appearance order, and each input's code."""
+    index: dict[str, int] = {}
+    codes = [index.setdefault(name, len(index)) for name in names]
+    return tuple(index), np.asarray(codes, dtype=np.int32)
+
+
+@dataclass(frozen=True)
+class _ClientLabels:
+    """Per-client constant columns (arrays of length #clients)."""
+
+    tenant: np.ndarray
+    client: np.ndarray
+    slo_class: np.ndarray
+    prefix_group: np.ndarray
+    prefix_length: np.ndarray
+    timeout_us: np.ndarray
+    tenant_names: tuple[str, ...]
+    client_names: tuple[str, ...]
+    prefix_group_names: tuple[str, ...]
+
+
+def _client_labels(clients: tuple[ClientSpec, ...]) -> _ClientLabels:
+    tenant_names, tenant = _first_appearance([c.tenant_id for c in clients])
+    client_names, client = _first_appearance([c.id for c in clients])
+    group_names, _ = _first_appearance([c.prefix_group for c in clients if c.prefix_group])
+    # A group's prefix length is that of its first client; later clients inherit it (BLIS).
+    group_length: dict[str, int] = {}
+    for c in clients:
+        if c.prefix_group:
+            group_length.setdefault(c.prefix_group, int(c.prefix_length))
+    group_code = {name: i for i, name in enumerate(group_names)}
+    return _ClientLabels(
+        tenant=tenant,
+        client=client,
+        slo_class=np.array([SLO_CLASS_CODE[c.slo_class] for c in clients], dtype=np.int32),
+        prefix_group=np.array(
+            [group_code.get(c.prefix_group, NO_PREFIX_GROUP) for c in clients], dtype=np.int32
+        ),
+        prefix_length=np.array([group_length.get(c.prefix_group, 0) for c in clients]),
+        timeout_us=np.array([c.timeout_us or 0 for c in clients], dtype=np.int64),
+        tenant_names=tenant_names,
+        client_names=client_names,
+        prefix_group_names=group_names,
+    )
+
+
+def generate_workload(spec: WorkloadSpec, seed: int | None = None) -> Workload:
+    """Generate the requests of ``spec`` (see the module docstring for the exact procedure).
+
+    ``seed`` overrides ``spec.seed`` (like BLIS ``--seed``); with neither, 42 (BLIS default).
+    Returns a ``Workload`` of N rows sorted by arrival; ``input_tokens`` includes the shared
+    prefix; ``deadline_us`` = arrival + timeout for clients with a positive timeout, else 0.
+    """
+    if spec.horizon_us is None and spec.num_requests is None:
+        raise ValueError("horizon/num_requests: at least one must be set to bound generation")
+    seed = seed if seed is not None else spec.seed if spec.seed is not None else DEFAULT_SEED
+    rng = PartitionedRNG(seed)
+    cap = 2 * spec.num_requests if spec.num_requests is not None else None
+    rates = client_rates_per_us(spec)
+    arrivals, inputs, outputs, owners = [], [], [], []
+    for i, client in enumerate(spec.clients):
+        arrival_rng = rng.stream("workload", i, "arrival")
+        times = client_arrivals(client.arrival, float(rates[i]), arrival_rng, spec.horizon_us, cap)
+        n = times.size
+        arrivals.append(times)
+        input_rng = rng.stream("workload", i, "input")
+        output_rng = rng.stream("workload", i, "output")
+        inputs.append(sample_lengths(client.input_distribution, input_rng, n))
+        outputs.append(sample_lengths(client.output_distribution, output_rng, n))
+        owners.append(np.full(n, i, dtype=np.int64))
+    arrival_us = np.concatenate(arrivals)
+    order = np.argsort(arrival_us, kind="stable")  # ties stay in client order
+    if spec.num_requests is not None:
+        order = order[: spec.num_requests]
+    owner = np.concatenate(owners)[order]
+    labels = _client_labels(spec.clients)
+    prefix_length = labels.prefix_length[owner]
+    timeout = labels.timeout_us[owner]
+    arrival_sorted = arrival_us[order]
+    return Workload(
+        request_id=np.arange(order.size, dtype=np.int64),
+        arrival_us=arrival_sorted,
+        input_tokens=prefix_length + np.concatenate(inputs)[order],
+        output_tokens=np.concatenate(outputs)[order],
+        prefix_group=labels.prefix_group[owner],
+        prefix_length=prefix_length,
+        tenant=labels.tenant[owner],
+        client=labels.client[owner],
+        slo_class=labels.slo_class[owner],
+        deadline_us=np.where(timeout > 0, arrival_sorted + timeout, 0),
+        tenant_names=labels.tenant_names,
+        client_names=labels.client_names,
+        prefix_group_names=labels.prefix_group_names,
+        metadata={
+            "source": "generated",
+            "seed": int(seed),
+            "slo_target_us": {
+                c.id: c.slo_target_us for c in spec.clients if c.slo_target_us is not None
+            },
+        },
+    )

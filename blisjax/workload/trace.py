@@ -1,0 +1,365 @@
+"""BLIS TraceV2 I/O: a YAML header file plus a CSV with one row per request.
+
+Column meaning as BLIS replay reads them (``LoadTraceV2Requests``):
+
+* ``input_tokens`` excludes the shared prefix. A row with a non-empty ``prefix_group`` gets the
+  group's prefix prepended, so ``Workload.input_tokens = input_tokens + group prefix length``.
+  The group's prefix length is the first positive ``prefix_length`` of the group in file order
+  (BLIS builds one prefix per group from that row); ``prefix_length`` without a group is ignored.
+* ``server_input_tokens`` > 0 replaces ``input_tokens`` for rows without a prefix group
+  (server-measured prompt length; 0 in generated traces).
+* arrival = ``arrival_time_us`` (``use_send_time=True``: ``send_time_us`` when > 0, as BLIS HEAD);
+  ``deadline_us`` is absolute, 0 = none.
+* ``session_id``/``round_index`` are read as plain open-loop requests (sessions not modelled).
+
+Rows are sorted stably by arrival (file order breaks ties, like BLIS's event sequence numbers);
+tenant/client/prefix-group codes follow first appearance in that order (``Workload.canonical``).
+Writes are atomic per file (temporary file in the same directory, then ``os.replace``).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import re
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import yaml
+
+from blisjax.workload.spec import V1_SLO_CLASSES
+from blisjax.workload.types import NO_PREFIX_GROUP, SLO_CLASS_CODE, SLO_CLASSES, Workload
+
+#: Exactly the columns of a BLIS TraceV2 CSV, in order.
+TRACE_COLUMNS: tuple[str, ...] = (
+    "request_id", "client_id", "tenant_id", "slo_class", "session_id", "round_index",
+    "prefix_group", "prefix_length", "streaming", "input_tokens", "output_tokens",
+    "text_tokens", "image_tokens", "audio_tokens", "video_tokens", "reason_ratio",
+    "model", "deadline_us", "server_input_tokens",
+    "arrival_time_us", "send_time_us", "first_chunk_time_us", "last_chunk_time_us",
+    "num_chunks", "status", "error_message", "finish_reason",
+)  # fmt: skip
+
+#: Integer columns and whether they must be >= 0.
+_INT_COLUMNS: dict[str, bool] = {
+    "request_id": True, "round_index": True, "prefix_length": True, "input_tokens": True,
+    "output_tokens": True, "text_tokens": True, "image_tokens": True, "audio_tokens": True,
+    "video_tokens": True, "deadline_us": True, "server_input_tokens": True,
+    "arrival_time_us": True, "send_time_us": False, "first_chunk_time_us": False,
+    "last_chunk_time_us": False, "num_chunks": True,
+}  # fmt: skip
+
+_HEADER_KEYS = frozenset(
+    {"trace_version", "time_unit", "created_at", "mode", "warm_up_requests", "workload_seed",
+     "workload_spec", "server", "network", "goodput_slo_targets"}
+)  # fmt: skip
+_DEFAULT_HEADER: dict[str, Any] = {
+    "trace_version": 2,
+    "time_unit": "microseconds",
+    "mode": "generated",
+    "warm_up_requests": 0,
+}
+_INT_RE = re.compile(r"[+-]?[0-9]+")
+# Go strconv.ParseBool spellings.
+_BOOLS = {"1": True, "t": True, "T": True, "true": True, "TRUE": True, "True": True,
+          "0": False, "f": False, "F": False, "false": False, "FALSE": False, "False": False}  # fmt: skip
+
+
+# --------------------------------------------------------------------------- header
+
+
+def _check_header(header: Any, where: str) -> dict[str, Any]:
+    if not isinstance(header, Mapping):
+        raise ValueError(f"{where}: trace header must be a YAML mapping")
+    for key in header:
+        if key not in _HEADER_KEYS:
+            raise ValueError(f"{where}: unknown header key {key!r}")
+    version = header.get("trace_version")
+    if isinstance(version, bool) or version != 2:
+        raise ValueError(f"{where}: trace_version must be 2, got {version!r}")
+    if header.get("time_unit") != "microseconds":
+        raise ValueError(
+            f"{where}: time_unit must be 'microseconds', got {header.get('time_unit')!r}"
+        )
+    warm = header.get("warm_up_requests", 0)
+    if isinstance(warm, bool) or not isinstance(warm, int) or warm < 0:
+        raise ValueError(f"{where}: warm_up_requests must be an integer >= 0, got {warm!r}")
+    mode = header.get("mode", "")
+    if not isinstance(mode, str):
+        raise ValueError(f"{where}: mode must be a string, got {mode!r}")
+    return dict(header)
+
+
+def read_trace_header(header_path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Load and validate a TraceV2 header (trace_version 2, time_unit microseconds)."""
+    with open(header_path, encoding="utf-8") as f:
+        return _check_header(yaml.safe_load(f), os.fspath(header_path))
+
+
+# --------------------------------------------------------------------------- rows
+
+
+@dataclass
+class _Columns:
+    """Parsed per-row values, in file order."""
+
+    request_id: list[int] = field(default_factory=list)
+    arrival_us: list[int] = field(default_factory=list)
+    input_tokens: list[int] = field(default_factory=list)  # excluding any prefix
+    output_tokens: list[int] = field(default_factory=list)
+    prefix_group: list[str] = field(default_factory=list)
+    prefix_length: list[int] = field(default_factory=list)
+    tenant: list[str] = field(default_factory=list)
+    client: list[str] = field(default_factory=list)
+    slo_class: list[int] = field(default_factory=list)
+    deadline_us: list[int] = field(default_factory=list)
+    line: list[int] = field(default_factory=list)
+
+
+class _RowReader:
+    """Typed access to one CSV row; errors name the file, line and column."""
+
+    def __init__(self, where: str, index: dict[str, int], row: list[str], line: int) -> None:
+        self.where, self.index, self.row, self.line = where, index, row, line
+
+    def error(self, column: str, message: str) -> ValueError:
+        return ValueError(f"{self.where}: line {self.line}, column {column!r}: {message}")
+
+    def text(self, column: str) -> str:
+        return self.row[self.index[column]]
+
+    def integer(self, column: str) -> int:
+        raw = self.text(column).strip()
+        if not _INT_RE.fullmatch(raw):
+            raise self.error(column, f"expected an integer, got {raw!r}")
+        value = int(raw)
+        if _INT_COLUMNS[column] and value < 0:
+            raise self.error(column, f"must be >= 0, got {value}")
+        if value > np.iinfo(np.int64).max or value < np.iinfo(np.int64).min:
+            raise self.error(column, f"out of int64 range: {value}")
+        return value
+
+
+def _parse_row(r: _RowReader, cols: _Columns, use_send_time: bool) -> None:
+    values = {name: r.integer(name) for name in _INT_COLUMNS}
+    if r.text("streaming").strip() not in _BOOLS:
+        raise r.error("streaming", f"expected true/false, got {r.text('streaming')!r}")
+    try:
+        ratio = float(r.text("reason_ratio"))
+    except ValueError:
+        raise r.error(
+            "reason_ratio", f"expected a number, got {r.text('reason_ratio')!r}"
+        ) from None
+    if not 0.0 <= ratio <= 1.0:  # also rejects NaN
+        raise r.error("reason_ratio", f"must be in [0, 1], got {ratio!r}")
+    slo = r.text("slo_class")
+    slo = V1_SLO_CLASSES.get(slo, slo)
+    if slo not in SLO_CLASS_CODE:
+        raise r.error("slo_class", f"unknown class {slo!r}; allowed: {', '.join(SLO_CLASSES)}")
+    group = r.text("prefix_group")
+    tokens = values["input_tokens"]
+    if values["server_input_tokens"] > 0 and not group:
+        tokens = values["server_input_tokens"]  # server count is authoritative (BLIS)
+    arrival = values["arrival_time_us"]
+    if use_send_time and values["send_time_us"] > 0:
+        arrival = values["send_time_us"]
+    cols.request_id.append(values["request_id"])
+    cols.arrival_us.append(arrival)
+    cols.input_tokens.append(tokens)
+    cols.output_tokens.append(values["output_tokens"])
+    cols.prefix_group.append(group)
+    cols.prefix_length.append(values["prefix_length"])
+    cols.tenant.append(r.text("tenant_id"))
+    cols.client.append(r.text("client_id"))
+    cols.slo_class.append(SLO_CLASS_CODE[slo])
+    cols.deadline_us.append(values["deadline_us"])
+    cols.line.append(r.line)
+
+
+def _read_columns(data_path: str | os.PathLike[str], use_send_time: bool) -> _Columns:
+    where = os.fspath(data_path)
+    cols = _Columns()
+    with open(data_path, encoding="utf-8-sig", newline="") as f:
+        reader = csv.reader(f)
+        header = next(reader, None)
+        if header is None:
+            raise ValueError(f"{where}: empty file (no CSV header row)")
+        if len(set(header)) != len(header):
+            raise ValueError(f"{where}: duplicate column names in the header row")
+        missing = [c for c in TRACE_COLUMNS if c not in header]
+        if missing:
+            raise ValueError(f"{where}: missing column(s) {', '.join(missing)}")
+        index = {name: i for i, name in enumerate(header)}
+        for row in reader:
+            if not row:
+                continue  # tolerate blank lines
+            if len(row) != len(header):
+                raise ValueError(
+                    f"{where}: line {reader.line_num}: {len(row)} fields, expected {len(header)}"
+                )
+            _parse_row(_RowReader(where, index, row, reader.line_num), cols, use_send_time)
+    return cols
+
+
+def _group_prefix_lengths(cols: _Columns) -> dict[str, int]:
+    """Each group's shared prefix: its first positive ``prefix_length`` in file order."""
+    lengths: dict[str, int] = {}
+    for group, length in zip(cols.prefix_group, cols.prefix_length, strict=True):
+        if group and length > 0:
+            lengths.setdefault(group, length)
+    return lengths
+
+
+def _codes(names: list[str]) -> tuple[tuple[str, ...], np.ndarray]:
+    index: dict[str, int] = {}
+    codes = [index.setdefault(name, len(index)) for name in names]
+    return tuple(index), np.asarray(codes, dtype=np.int32)
+
+
+def _check_rows(where: str, cols: _Columns, input_tokens: np.ndarray) -> None:
+    seen: dict[int, int] = {}
+    for rid, line in zip(cols.request_id, cols.line, strict=True):
+        if rid in seen:
+            raise ValueError(
+                f"{where}: line {line}, column 'request_id': duplicate id {rid} (line {seen[rid]})"
+            )
+        seen[rid] = line
+    empty = np.flatnonzero(input_tokens < 1)
+    if empty.size:
+        line = cols.line[int(empty[0])]
+        raise ValueError(
+            f"{where}: line {line}, column 'input_tokens': request has no input tokens"
+        )
+
+
+def read_trace(
+    header_path: str | os.PathLike[str],
+    data_path: str | os.PathLike[str],
+    *,
+    use_send_time: bool = False,
+) -> Workload:
+    """Read a BLIS TraceV2 trace into a ``Workload`` (rows sorted stably by arrival).
+
+    Raises ValueError naming the file, line and column of the first invalid value.
+    """
+    header = read_trace_header(header_path)
+    cols = _read_columns(data_path, use_send_time)
+    group_length = _group_prefix_lengths(cols)
+    prefix = np.array([group_length.get(g, 0) for g in cols.prefix_group], dtype=np.int64)
+    input_tokens = np.asarray(cols.input_tokens, dtype=np.int64) + prefix
+    _check_rows(os.fspath(data_path), cols, input_tokens)
+    order = np.argsort(np.asarray(cols.arrival_us, dtype=np.int64), kind="stable")
+    groups = [cols.prefix_group[i] for i in order]
+    group_names, group_codes = _codes([g for g in groups if g])
+    group_code = np.full(len(groups), NO_PREFIX_GROUP, dtype=np.int32)
+    group_code[[i for i, g in enumerate(groups) if g]] = group_codes
+    tenant_names, tenant = _codes([cols.tenant[i] for i in order])
+    client_names, client = _codes([cols.client[i] for i in order])
+
+    def take(values: list[int]) -> np.ndarray:
+        return np.asarray(values, dtype=np.int64)[order]
+
+    return Workload(
+        request_id=take(cols.request_id),
+        arrival_us=take(cols.arrival_us),
+        input_tokens=input_tokens[order],
+        output_tokens=take(cols.output_tokens),
+        prefix_group=group_code,
+        prefix_length=prefix[order],
+        tenant=tenant,
+        client=client,
+        slo_class=take(cols.slo_class),
+        deadline_us=take(cols.deadline_us),
+        tenant_names=tenant_names or ("",),
+        client_names=client_names or ("",),
+        prefix_group_names=group_names,
+        metadata={"source": "trace", "trace_header": header},
+    )
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def _header_for(workload: Workload) -> dict[str, Any]:
+    header = dict(workload.metadata.get("trace_header") or _DEFAULT_HEADER)
+    header.update(trace_version=2, time_unit="microseconds")
+    seed = workload.metadata.get("seed")
+    if "trace_header" not in workload.metadata and isinstance(seed, int):
+        header["workload_seed"] = seed
+    return _check_header(header, "write_trace")
+
+
+def _check_group_lengths(workload: Workload) -> None:
+    """Every request of a group must carry the same prefix length, or replay would change it."""
+    for code, name in enumerate(workload.prefix_group_names):
+        lengths = np.unique(workload.prefix_length[workload.prefix_group == code])
+        if lengths.size > 1:
+            raise ValueError(
+                f"write_trace: prefix group {name!r} has differing prefix lengths {lengths.tolist()}"
+            )
+
+
+def _csv_text(workload: Workload) -> str:
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(TRACE_COLUMNS)
+    w = workload
+    in_group = w.prefix_group != NO_PREFIX_GROUP
+    suffix_tokens = w.input_tokens - np.where(in_group, w.prefix_length, 0)
+    for i in range(w.num_requests):
+        group = w.prefix_group_names[w.prefix_group[i]] if in_group[i] else ""
+        arrival = int(w.arrival_us[i])
+        writer.writerow((
+            int(w.request_id[i]), w.client_names[w.client[i]], w.tenant_names[w.tenant[i]],
+            SLO_CLASSES[w.slo_class[i]], "", 0, group, int(w.prefix_length[i]), "false",
+            int(suffix_tokens[i]), int(w.output_tokens[i]), 0, 0, 0, 0, 0, "",
+            int(w.deadline_us[i]), 0, arrival, arrival, 0, 0, 0, "ok", "", "",
+        ))  # fmt: skip
+    return buf.getvalue()
+
+
+def _atomic_write(items: list[tuple[str | os.PathLike[str], str]]) -> None:
+    """Write each text to a temporary file beside its target, then rename all into place.
+
+    Nothing is replaced unless every temporary file was written completely.
+    """
+    temps: list[str] = []
+    try:
+        for path, text in items:
+            target = os.path.abspath(os.fspath(path))
+            fd, tmp = tempfile.mkstemp(
+                dir=os.path.dirname(target), prefix=f".{os.path.basename(target)}.", suffix=".tmp"
+            )
+            temps.append(tmp)
+            with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, 0o644)  # mkstemp creates 0600; traces are ordinary data files
+        for (path, _), tmp in zip(items, temps, strict=True):
+            os.replace(tmp, os.fspath(path))
+    finally:
+        for tmp in temps:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
+
+def write_trace(
+    workload: Workload,
+    header_path: str | os.PathLike[str],
+    data_path: str | os.PathLike[str],
+) -> None:
+    """Write ``workload`` as a BLIS TraceV2 header (YAML) and CSV, atomically.
+
+    The header is ``workload.metadata["trace_header"]`` when present (so a read trace keeps its
+    header), else BLIS's generated-trace header. ``input_tokens`` is written without the prefix
+    and ``send_time_us`` equals the arrival; unmodelled columns get BLIS's neutral values.
+    ``read_trace`` of the result equals ``workload.canonical()``.
+    """
+    _check_group_lengths(workload)
+    header_text = yaml.safe_dump(_header_for(workload), sort_keys=False, default_flow_style=False)
+    _atomic_write([(header_path, header_text), (data_path, _csv_text(workload))])

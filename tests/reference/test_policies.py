@@ -1,0 +1,173 @@
+"""Hand-computed checks of every admission, priority, routing and scheduler template."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from blisjax.config import AdmissionConfig, PriorityConfig, RoutingConfig, ScorerWeight
+from blisjax.metrics.records import COMPLETED, REJECTED
+from blisjax.reference.policies import (
+    Priority,
+    PrefixIndex,
+    Router,
+    TokenBucket,
+    normalized_weights,
+    reorder_wait_queue,
+)
+from tests.reference.conftest import run
+
+# ---- admission ------------------------------------------------------------------------------
+
+
+def test_token_bucket_refill_arithmetic():
+    # capacity 100, 1000 tokens/s; costs 60 @0 (100 → 40), 60 @10 ms (40 + 10 = 50 → reject),
+    # 60 @30 ms (50 + 20 = 70 → admit, 10 left).
+    b = TokenBucket(100.0, 1000.0)
+    assert b.try_take(60.0, 0)
+    assert not b.try_take(60.0, 10_000)
+    assert b.try_take(60.0, 30_000)
+    assert b.tokens == pytest.approx(10.0)
+
+
+def test_token_bucket_admission_in_cluster():
+    rows = [dict(arrival=0, input=60), dict(arrival=10_000, input=60), dict(arrival=30_000, input=60)]
+    adm = AdmissionConfig(policy="token-bucket", token_bucket_capacity=100.0,
+                          token_bucket_refill_rate=1000.0)
+    res, _ = run(rows, admission=adm)
+    assert list(res.status) == [COMPLETED, REJECTED, COMPLETED]
+    assert res.rejected_admission == 1 and res.instance[1] == -1
+
+
+def test_rate_limit_counts_requests():
+    # burst 2, 10 req/s: three at t=0 → third rejected; one at 100 ms → +1 token → admitted.
+    rows = [dict(arrival=0), dict(arrival=0), dict(arrival=0), dict(arrival=100_000)]
+    adm = AdmissionConfig(policy="rate-limit", rate_limit_rps=10.0, rate_limit_burst=2.0)
+    res, _ = run(rows, admission=adm)
+    assert list(res.status) == [COMPLETED, COMPLETED, REJECTED, COMPLETED]
+
+
+def test_reject_all():
+    res, _ = run([dict(arrival=0), dict(arrival=5)], admission=AdmissionConfig(policy="reject-all"))
+    assert list(res.status) == [REJECTED, REJECTED] and res.sim_ended_us == 0
+
+
+def test_tenant_quota_limits_in_flight_per_tenant():
+    # tenant a may have 1 request in flight: its second request at t=0 is rejected, b's is not;
+    # a's third request arrives after the first completed (2000 µs) and is admitted.
+    rows = [dict(arrival=0, input=100, tenant="a"), dict(arrival=0, input=100, tenant="a"),
+            dict(arrival=0, input=100, tenant="b"), dict(arrival=50_000, input=100, tenant="a")]
+    adm = AdmissionConfig(policy="tenant-quota", tenant_max_in_flight=(("a", 1),),
+                          default_tenant_max_in_flight=5)
+    res, _ = run(rows, tenants=("a", "b"), admission=adm)
+    assert list(res.status) == [COMPLETED, REJECTED, COMPLETED, COMPLETED]
+
+
+# ---- priority -------------------------------------------------------------------------------
+
+
+def _req(**kw):
+    base = dict(arrival_us=0, slo_class=0, tenant=0, deadline_us=0, input_tokens=10, index=0,
+                priority=0.0)
+    base.update(kw)
+    return SimpleNamespace(**base)
+
+
+def test_priority_templates():
+    now = 2_500_000
+    assert Priority(PriorityConfig(policy="constant"), ("",)).score(_req(), now) == 0.0
+    slo = Priority(PriorityConfig(policy="slo-based"), ("",))
+    assert slo.score(_req(arrival_us=500_000), now) == 2.0  # +1 per second of age
+    cls = Priority(PriorityConfig(policy="slo-class"), ("",))
+    assert cls.score(_req(slo_class=1), now) == 4.0  # critical
+    assert cls.score(_req(slo_class=0), now) == 3.0  # "" behaves as standard
+    assert cls.score(_req(slo_class=5), now) == -3.0  # background
+    ten = Priority(PriorityConfig(policy="tenant-priority", tenant_scores=(("gold", 7.0),),
+                                  default_tenant_score=1.0), ("gold", "free"))
+    assert ten.score(_req(tenant=0), now) == 7.0 and ten.score(_req(tenant=1), now) == 1.0
+    dl = Priority(PriorityConfig(policy="deadline-aware", no_deadline_slack_s=100.0), ("",))
+    assert dl.score(_req(deadline_us=3_500_000), now) == -1.0  # 1 s of slack left
+    assert dl.score(_req(deadline_us=0), now) == -100.0
+
+
+def test_scheduler_orders():
+    a = _req(index=0, arrival_us=5, input_tokens=30, priority=1.0)
+    b = _req(index=1, arrival_us=3, input_tokens=10, priority=1.0)
+    c = _req(index=2, arrival_us=9, input_tokens=10, priority=2.0)
+    q = [a, b, c]
+    assert reorder_wait_queue("fcfs", q) == [a, b, c]
+    assert reorder_wait_queue("priority-fcfs", q) == [c, b, a]
+    assert reorder_wait_queue("sjf", q) == [b, c, a]
+
+
+def test_priority_fcfs_with_slo_class_admits_critical_first():
+    rows = [dict(arrival=0, input=100, output=2), dict(arrival=10, input=100, slo="batch"),
+            dict(arrival=20, input=100, slo="critical")]
+    res, _ = run(rows, max_running=1, scheduler="priority-fcfs",
+                 priority=PriorityConfig(policy="slo-class"))
+    assert res.scheduling_delay_us[2] < res.scheduling_delay_us[1]
+
+
+# ---- routing --------------------------------------------------------------------------------
+
+
+def _router(policy="weighted", scorers=(), n=3, bs=16):
+    return Router(RoutingConfig(policy=policy, scorers=tuple(ScorerWeight(*s) for s in scorers)
+                                if scorers else RoutingConfig().scorers), n, bs, 10_000)
+
+
+def test_scorers_by_hand():
+    r = _router(scorers=(("queue-depth", 1.0),))
+    req = _req(input_tokens=48)
+    assert r.scorer("queue-depth", req, [], [3, 1, 2], [0, 0, 0], [0, 0, 0]) == [0.0, 1.0, 0.5]
+    assert r.scorer("queue-depth", req, [], [2, 2, 2], [0, 0, 0], [0, 0, 0]) == [1.0] * 3
+    assert r.scorer("kv-utilization", req, [], [0] * 3, [0.25, 0.5, 1.0], [0] * 3) == [0.75, 0.5, 0.0]
+    assert r.scorer("load-balance", req, [], [0] * 3, [0.0] * 3, [0, 3, 1]) == [1.0, 0.25, 0.5]
+
+
+def test_prefix_affinity_scorer_and_observer():
+    r = _router(scorers=(("prefix-affinity", 1.0),), n=2)
+    req = _req(input_tokens=48)  # 3 full blocks of 16
+    hashes = [11, 12, 13]
+    assert r.route(req, hashes, [0, 0], [0, 0], [0.0, 0.0], [0, 0]) == 0  # tie → lowest index
+    # instance 0 now holds all 3 hashes; a request sharing the first two scores 2/3 there.
+    assert r.scorer("prefix-affinity", req, [11, 12, 99], [0, 0], [0.0] * 2, [0, 0]) == [2 / 3, 0.0]
+    assert r.scorer("prefix-affinity", _req(input_tokens=10), [], [0, 0], [0.0] * 2, [0, 0]) == [0.0, 0.0]
+
+
+def test_prefix_index_lru_eviction():
+    idx = PrefixIndex(capacity_blocks=3)
+    idx.touch([1, 2, 3])
+    idx.touch([1, 4])  # 1 → MRU; 4 evicts the LRU (2)
+    assert list(idx.lru) == [3, 1, 4]
+    assert idx.match_length([1, 2]) == 1 and idx.match_length([3, 1, 4]) == 3
+
+
+def test_weighted_normalization_and_argmax():
+    assert normalized_weights([3.0, 2.0, 2.0]) == [3 / 7, 2 / 7, 2 / 7]
+    r = _router(scorers=(("queue-depth", 1.0), ("load-balance", 1.0)))
+    # queue-depth [0, 1, 0.5]; load-balance with load = qd + bs + inflight = [3, 1, 2]
+    scores = r.weighted_scores(_req(), [], [3, 1, 2], [0.0] * 3, [3, 1, 2])
+    assert scores == [0.0 * 0.5 + 0.25 * 0.5, 1.0 * 0.5 + 0.5 * 0.5, 0.5 * 0.5 + (1 / 3) * 0.5]
+    assert r.route(_req(), [], [3, 1, 2], [0, 0, 0], [0.0] * 3, [0, 0, 0]) == 1
+
+
+def test_simple_routers_in_cluster():
+    rows = [dict(arrival=0, input=100, output=50) for _ in range(5)]
+    rr, _ = run(rows, instances=2, routing=RoutingConfig(policy="round-robin"))
+    assert list(rr.instance) == [0, 1, 0, 1, 0]
+    ll, _ = run(rows, instances=2, routing=RoutingConfig(policy="least-loaded"))
+    assert list(ll.instance) == [0, 1, 0, 1, 0]  # in-flight is live; ties → lowest index
+    busy, _ = run(rows, instances=2, routing=RoutingConfig(policy="always-busiest"))
+    assert list(busy.instance) == [0, 0, 0, 0, 0]
+
+
+def test_periodic_snapshots_are_stale_until_first_refresh():
+    # queue-depth only. Requests at 0..4 ms on 2 instances with max 1 running, so queues build.
+    # Periodic refresh (50 ms): snapshots read all zeros before t = 50 ms → every score ties →
+    # instance 0 every time. Immediate snapshots see the queue and alternate.
+    rows = [dict(arrival=1000 * i, input=500, output=20) for i in range(5)]
+    routing = RoutingConfig(policy="weighted", scorers=(ScorerWeight("queue-depth", 1.0),))
+    stale, _ = run(rows, instances=2, routing=routing, max_running=1, refresh_us=50_000)
+    assert list(stale.instance) == [0, 0, 0, 0, 0]
+    live, _ = run(rows, instances=2, routing=routing, max_running=1, refresh_us=0)
+    assert len(set(live.instance.tolist())) == 2
