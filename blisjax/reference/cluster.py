@@ -170,12 +170,28 @@ class ClusterSimulator:
                 inst.process_next_event()
                 self._settle_finished(inst)
             if self.check_invariants:
-                assert self.clock_us >= last_time, "clock moved backwards"
+                assert self.clock_us >= last_time, "INV-3: clock moved backwards"
                 last_time = self.clock_us
-                for x in instances:
-                    x.kv.check_conservation()
-                    assert len(x.running) <= x.max_running, "batch exceeds max running requests"
+                self._check_invariants()
         return self._result()
+
+    def _check_invariants(self) -> None:
+        """Per-event invariants (tests only): KV conservation, batch limit, work conservation,
+        bounded event queues (BC-14: per request on an instance at most one pending
+        arrival/enqueue and one timeout, plus one step)."""
+        for x in self.instances:
+            x.kv.check_conservation()
+            assert len(x.running) <= x.max_running, "BC-12: batch exceeds max running requests"
+            assert not x.wait_queue or x.step_pending, "INV-8: queued work without a pending step"
+            mine = [r for r in self.requests if r.instance == x.index]
+            live = sum(1 for r in mine if r.state in (rq.PENDING, rq.QUEUED, rq.RUNNING))
+            # completed requests may leave one lazily cancelled timeout behind
+            stale = sum(1 for r in mine if r.state == rq.COMPLETED
+                        and x.clock_us <= r.deadline_us <= self.horizon_us)
+            assert len(x.events) <= 2 * live + stale + 1, "BC-14: instance event queue unbounded"
+            for r in x.running:
+                assert r.state == rq.RUNNING and r.progress_index <= r.input_tokens + r.output_tokens
+        assert len(self.events) <= 3 * len(self.requests), "BC-14: cluster event queue unbounded"
 
     def _settle_finished(self, inst: Instance) -> None:
         """In-flight accounting: requests that completed, dropped or timed out leave (§5.8)."""

@@ -99,7 +99,13 @@ class Instance:
         mml = self.max_model_len
         if max_out == 0 and mml > 0 and l_in < mml:
             max_out = mml - l_in
-        unservable = mml > 0 and (l_in >= mml or (max_out > 0 and l_in + max_out > mml))
+        if mml > 0:
+            unservable = l_in >= mml or (max_out > 0 and l_in + max_out > mml)
+        else:
+            # "Unlimited" length still cannot exceed what the KV cache holds: BLIS's CLI always
+            # derives max_model_len <= total_kv_blocks·bs, so such a request is dropped there
+            # too; admitted, it would preempt itself and restart forever.
+            unservable = l_in + req.output_tokens > self.kv.total_blocks * self.block_size
         if unservable or -(-l_in // self.block_size) > self.kv.total_blocks:
             req.state = DROPPED
             self.dropped_unservable += 1

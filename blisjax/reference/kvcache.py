@@ -109,6 +109,15 @@ class KVCache:
 
     def allocate(self, req, start: int, end: int, cached: list[int] | None = None) -> bool:
         """Allocate KV for token positions [start, end) of ``req``; False (no change) if short."""
+        blocks = self.request_blocks.get(req.index)
+        if end - start == 1 and blocks and 1 <= self.num_tokens[blocks[-1]] < self.block_size:
+            # Fast path for the commonest call (a decode token that fits in the partial last
+            # block): exactly what the general loop below does for it, without the pre-check.
+            last = blocks[-1]
+            self.num_tokens[last] += 1
+            if self.num_tokens[last] == self.block_size:
+                self._register(req, len(blocks) - 1, last)
+            return True
         cached = cached or []
         if not self.can_allocate(req, start, end, cached):
             return False

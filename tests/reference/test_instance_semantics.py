@@ -129,6 +129,14 @@ def test_unservable_requests_are_dropped():
     assert res.total_input_tokens[0] == 40  # dropped requests never count as input
 
 
+def test_unlimited_length_is_still_bounded_by_kv_capacity():
+    # 15 blocks of 4 = 60 tokens. 40 + 30 = 70 > 60 can never complete → dropped at enqueue;
+    # 30 + 30 = 60 fits (it needs ceil(59/4) = 15 blocks alone) and completes.
+    rows = [dict(arrival=0, input=40, output=30), dict(arrival=0, input=30, output=30)]
+    res, _ = run(rows, block_size=4, kv_blocks=15)
+    assert list(res.status) == [DROPPED, COMPLETED]
+
+
 def test_kv_capacity_guard_drops():
     res, _ = run([dict(arrival=0, input=40, output=1)], block_size=16, kv_blocks=2)
     assert res.status[0] == DROPPED

@@ -7,8 +7,8 @@ import pytest
 from blisjax.config import AdmissionConfig, PriorityConfig, RoutingConfig, ScorerWeight
 from blisjax.metrics.records import COMPLETED, REJECTED
 from blisjax.reference.policies import (
-    Priority,
     PrefixIndex,
+    Priority,
     Router,
     TokenBucket,
     normalized_weights,
