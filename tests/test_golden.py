@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from blisjax.cli import main
+from tests.paths import GOLDEN_DIR as _GOLDEN
 
-GOLDEN = Path(__file__).resolve().parents[2] / "shared" / "blis-golden"
+GOLDEN = _GOLDEN
 CASES = sorted(GOLDEN.glob("golden_case*.json")) if GOLDEN.is_dir() else []
 
 pytestmark = pytest.mark.skipif(not CASES, reason="shared/blis-golden is not beside the repo")

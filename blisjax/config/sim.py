@@ -28,9 +28,11 @@ from blisjax.config._checks import (
     check_str,
     set_field,
 )
+from blisjax.metrics.formulas import FITNESS_KEYS  # the fitness formulas define the keys
+from blisjax.workload.types import SLO_CLASSES
 
 #: SLO classes a request can carry ("" = no class). Same names as ``blisjax.workload``.
-SLO_CLASS_NAMES = ("", "critical", "standard", "sheddable", "batch", "background")
+SLO_CLASS_NAMES = SLO_CLASSES
 PREEMPTION_POLICIES = ("fcfs", "priority")
 LATENCY_MODELS = ("blackbox", "roofline", "physics")
 ADMISSION_POLICIES = ("always-admit", "token-bucket", "reject-all", "rate-limit", "tenant-quota")
@@ -38,16 +40,6 @@ PRIORITY_POLICIES = ("constant", "slo-based", "slo-class", "tenant-priority", "d
 ROUTING_POLICIES = ("round-robin", "least-loaded", "always-busiest", "weighted")
 SCORER_NAMES = ("prefix-affinity", "queue-depth", "kv-utilization", "load-balance")
 SCHEDULER_POLICIES = ("fcfs", "priority-fcfs", "sjf")
-FITNESS_KEYS = (
-    "throughput",
-    "tokens_per_sec",
-    "p99_ttft",
-    "p50_ttft",
-    "mean_ttft",
-    "p99_e2e",
-    "p50_e2e",
-    "mean_e2e",
-)
 #: SLO-target class names: "default" stands for the empty class "".
 SLO_TARGET_CLASSES = ("default",) + SLO_CLASS_NAMES[1:]
 #: BLIS's static SLO-class scores (semantics.md §5.5); higher = more urgent.

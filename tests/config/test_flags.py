@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 import pytest
 
@@ -18,8 +17,9 @@ from blisjax.config import (
     apply_blis_flags,
     resolve_config,
 )
+from tests.paths import GOLDEN_DIR as _GOLDEN
 
-GOLDEN_DIR = Path("/work/shared/blis-golden")
+GOLDEN_DIR = _GOLDEN
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:

@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 
 from blisjax.metrics.aggregate import aggregate_metrics
+from tests.paths import GOLDEN_DIR as _GOLDEN
 
-GOLDEN_DIR = "/work/shared/blis-golden"
+GOLDEN_DIR = str(_GOLDEN)
 GOLDEN_FILES = sorted(glob.glob(os.path.join(GOLDEN_DIR, "golden_case*.json")))
 
 CHECKED_KEYS = (

@@ -2,7 +2,6 @@
 
 import json
 import os
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,8 +19,9 @@ from blisjax.workload import (
 from blisjax.workload import trace as trace_module
 from blisjax.workload.trace import TRACE_COLUMNS
 from blisjax.workload.types import NO_PREFIX_GROUP, SLO_CLASS_CODE
+from tests.paths import GOLDEN_DIR as _GOLDEN
 
-GOLDEN = Path("/work/shared/blis-golden")
+GOLDEN = _GOLDEN
 CASES = sorted(GOLDEN.glob("golden_case*.csv"))
 HEADER = "trace_version: 2\ntime_unit: microseconds\nmode: generated\nwarm_up_requests: 0\n"
 
