@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from blisjax.latency.blackbox import BlackboxLatency
+from blisjax.latency.roofline import RooflineLatency
 
 
 def make_latency_model(resolved):
@@ -16,6 +17,16 @@ def make_latency_model(resolved):
                 f"got {len(alpha)} and {len(beta)}"
             )
         return BlackboxLatency(alpha=alpha, beta=beta)
+    if name == "roofline":
+        if resolved.model_config is None:  # resolve_config always loads the model for roofline
+            raise ValueError("model: the roofline latency model needs the model's config.json")
+        return RooflineLatency(
+            model=resolved.model_config,
+            hardware=resolved.hardware_config,
+            tp=resolved.config.engine.tensor_parallel_size,
+            alpha=tuple(resolved.alpha),
+        )
     raise ValueError(
-        f"latency.model: {name!r} is not available yet in this build (supported: blackbox)"
+        f"latency.model: {name!r} is not available yet in this build "
+        "(supported: blackbox, roofline)"
     )

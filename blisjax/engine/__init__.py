@@ -1,0 +1,10 @@
+"""The JAX engine: fixed-shape cluster state, a jitted next-event kernel, vmapped populations.
+
+Must reproduce the reference engine's per-request timestamps bit for bit.
+"""
+
+from blisjax.engine.params import PolicyParams, params_from_config, stack_params
+from blisjax.engine.run import run_lanes, simulate, simulate_population
+
+__all__ = ["PolicyParams", "params_from_config", "run_lanes", "simulate", "simulate_population",
+           "stack_params"]

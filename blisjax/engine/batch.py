@@ -1,0 +1,299 @@
+"""One instance step (semantics note Part A §2.2–§2.7) on one lane: FormBatch phase 1 and 2
+with chunked prefill and preemption, the step's duration and progress, and completions.
+Mirrors ``blisjax.reference.instance.Instance._step`` statement by statement."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax import lax
+
+from blisjax.engine import kv
+from blisjax.engine.kv import add, upd
+from blisjax.engine.queues import order_remove_at, q_at, q_push_front, q_remove_at
+from blisjax.engine.state import COMPLETED, INT64_MAX, NIL, QUEUED, RUNNING, SimState
+
+F64 = jnp.float64
+
+
+def priority_score(p, c, r, now):
+    """Priority of request(s) r at time now (higher = more urgent); see reference Priority."""
+    age = (now - c.arrival_us[r]).astype(F64)
+    slo_based = p.age_weight * (0.0 + c.one_e_6 * age)
+    slo_class = p.class_score[c.slo_class[r]]
+    tenant = p.tenant_score[c.tenant[r]]
+    slack = (c.deadline_us[r] - now).astype(F64)
+    deadline = jnp.where(c.deadline_us[r] > 0, -(c.one_e_6 * slack), p.no_deadline_score)
+    return jnp.stack([jnp.zeros_like(slo_based), slo_based, slo_class, tenant, deadline])[p.priority]
+
+
+def _lexmin_offset(valid, keys, tiebreak):
+    """Offset of the lexicographically smallest (keys..., tiebreak) among valid entries."""
+    cand = valid
+    for key in keys:
+        pad = jnp.inf if jnp.issubdtype(key.dtype, jnp.floating) else jnp.iinfo(key.dtype).max
+        m = jnp.min(jnp.where(cand, key, pad))
+        cand = cand & (key == m)
+    m = jnp.min(jnp.where(cand, tiebreak, jnp.iinfo(tiebreak.dtype).max))
+    return jnp.argmax(cand & (tiebreak == m)).astype(jnp.int32)
+
+
+def head_offset(s: SimState, st, c, p, i, now):
+    """Queue offset of the next request to admit: fcfs = the head; priority-fcfs =
+    (priority desc, arrival, index); sjf = (input length, arrival, index)."""
+    k = jnp.arange(st.queue_slots)
+    valid = k < s.q_len[i]
+    r = jnp.where(valid, q_at(s, st, i, k), st.num_requests)
+    arrival = c.arrival_us[r]
+    by_priority = _lexmin_offset(valid, (-priority_score(p, c, r, now), arrival), r)
+    by_length = _lexmin_offset(valid, (c.input_tokens[r], arrival), r)
+    return jnp.stack([jnp.asarray(0, jnp.int32), by_priority, by_length])[p.scheduler]
+
+
+def clamp_prefill(st, n, start, budget):
+    """Chunk size: long-prefill threshold, then token budget, then max-model-len cap."""
+    thr = st.long_prefill_threshold
+    if thr > 0:
+        n = jnp.where(n > thr, thr, n)
+    n = jnp.minimum(n, budget)
+    if st.max_model_len > 0:
+        n = jnp.minimum(n, jnp.maximum(st.max_model_len - 1 - start, 0))
+    return n.astype(jnp.int32)
+
+
+def victim_position(s: SimState, st, c, p, i):
+    """fcfs: the tail; priority: least urgent, latest arrival, tail-most among equals."""
+    n = s.n_run[i]
+    pos = jnp.arange(st.batch_slots)
+    valid = pos < n
+    r = jnp.where(valid, s.slot_req[i, jnp.maximum(s.order[i], 0)], st.num_requests)
+    neg = -s.prio[r]
+    m1 = jnp.max(jnp.where(valid, neg, -jnp.inf))
+    cand = valid & (neg == m1)
+    m2 = jnp.max(jnp.where(cand, c.arrival_us[r], -1))
+    cand = cand & (c.arrival_us[r] == m2)
+    by_priority = jnp.max(jnp.where(cand, pos, -1)).astype(jnp.int32)
+    return jnp.where(p.preemption == 0, n - 1, by_priority)
+
+
+def evict(s: SimState, st, c, p, i, vpos, budget, active):
+    """Preempt the request at running position vpos: progress lost, KV freed, queue front."""
+    sb = s.order[i, jnp.maximum(vpos, 0)]
+    r = jnp.where(active, s.slot_req[i, jnp.maximum(sb, 0)], st.num_requests)
+    budget = (budget + jnp.where(active & (s.num_new[r] > 0), s.num_new[r], 0)).astype(jnp.int32)
+    s = kv.release(s, st, i, jnp.maximum(sb, 0), active)
+    s = s.replace(
+        num_new=s.num_new.at[r].set(0), status=s.status.at[r].set(QUEUED),
+        pi=s.pi.at[r].set(0), itl_sum=s.itl_sum.at[r].set(0), itl_count=s.itl_count.at[r].set(0),
+        ttft_set=s.ttft_set.at[r].set(False), computed=s.computed.at[r].set(0),
+        preempt=s.preempt.at[r].add(1), preempt_count=add(s.preempt_count, i, 1, active),
+        slot_req=upd(s.slot_req, (i, jnp.maximum(sb, 0)), NIL, active))
+    s = order_remove_at(s, st, i, vpos, active)
+    s = q_push_front(s, st, i, r, active)
+    return s, budget, sb
+
+
+def preempt_for_tokens(s: SimState, st, c, p, i, sb, r, n, pos, budget, active):
+    """Evict victims until n tokens of running request r fit, then allocate them (§2.5).
+
+    Returns (state, success, cursor, budget, preempted_any)."""
+    empty = jnp.zeros(1, jnp.int32)
+
+    def cond(carry):
+        return carry[5]
+
+    def body(carry):
+        s, pos, budget, pre, failed, going = carry
+        pi = s.pi[r]
+        ok = kv.can_allocate(s, st, c, i, sb, r, pi, pi + n, empty, 0)
+        no_one = s.n_run[i] == 0
+        do_evict = going & ~ok & ~no_one
+        vpos = victim_position(s, st, c, p, i)
+        s, budget, vslot = evict(s, st, c, p, i, vpos, budget, do_evict)
+        self_evicted = do_evict & (vslot == sb)
+        pos = jnp.where(do_evict & ~self_evicted & (vpos < pos), pos - 1, pos)
+        failed = failed | (going & ~ok & no_one) | self_evicted
+        return s, pos, budget, pre | do_evict, failed, going & ~ok & ~failed
+
+    init = (s, pos, budget, jnp.asarray(False), jnp.asarray(False), active)
+    s, pos, budget, pre, failed, _ = lax.while_loop(cond, body, init)
+    success = active & ~failed
+    pi = s.pi[r]
+    s = kv.allocate(s, st, c, i, sb, r, pi, pi + n, empty, 0, success)
+    return s, success, pos, budget, pre
+
+
+def phase1(s: SimState, st, c, p, i, active):
+    """Continue running requests in batch order: prefill chunks, then one decode token each."""
+
+    def cond(carry):
+        s, pos, budget, pre, stop = carry
+        return active & ~stop & (pos < s.n_run[i]) & (budget > 0)
+
+    def body(carry):
+        s, pos, budget, pre, stop = carry
+        sb = s.order[i, pos]
+        r = s.slot_req[i, sb]
+        l_in, pi = c.input_tokens[r], s.pi[r]
+        prefill = pi < l_in
+        decode = ~prefill & (c.output_tokens[r] > 0)
+        if st.max_model_len > 0:
+            decode_capped = decode & (pi + 1 > st.max_model_len - 1)
+        else:
+            decode_capped = jnp.asarray(False)
+        need = prefill | (decode & ~decode_capped)
+        n = jnp.where(prefill, clamp_prefill(st, l_in - pi, pi, budget), 1).astype(jnp.int32)
+        s, ok, pos, budget, pre_now = preempt_for_tokens(s, st, c, p, i, sb, r, n, pos, budget,
+                                                         need)
+        granted = need & ok
+        rr = jnp.where(granted, r, st.num_requests)
+        s = s.replace(num_new=s.num_new.at[rr].set(n), computed=s.computed.at[rr].add(n))
+        budget = jnp.where(granted, budget - n, budget).astype(jnp.int32)
+        stop = need & ~ok
+        return s, jnp.where(stop, pos, pos + 1), budget, pre | pre_now, stop
+
+    init = (s, jnp.asarray(0, jnp.int32), jnp.asarray(st.token_budget, jnp.int32),
+            jnp.asarray(False), jnp.asarray(False))
+    s, _, budget, pre, _ = lax.while_loop(cond, body, init)
+    return s, budget, pre
+
+
+def phase2(s: SimState, st, c, p, i, now, budget, preempted, active):
+    """Admit from the wait queue while slots, budget and KV allow; stops at the first misfit."""
+
+    def cond(carry):
+        s, budget, stop = carry
+        return (active & ~stop & ~preempted & (s.n_run[i] < st.batch_slots) & (s.q_len[i] > 0)
+                & (budget > 0))
+
+    def body(carry):
+        s, budget, stop = carry
+        k = head_offset(s, st, c, p, i, now)
+        r = q_at(s, st, i, k)
+        cached, n_cached = kv.cached_blocks(s, st, c, i, r)
+        start = n_cached * st.block_size
+        n = clamp_prefill(st, c.input_tokens[r] - start, start, budget)
+        sb = jnp.argmax(s.slot_req[i] == NIL).astype(jnp.int32)
+        ok = kv.can_allocate(s, st, c, i, sb, r, start, start + n, cached, n_cached)
+        s = kv.allocate(s, st, c, i, sb, r, start, start + n, cached, n_cached, ok)
+        s = q_remove_at(s, st, i, k, ok)
+        rr = jnp.where(ok, r, st.num_requests)
+        s = s.replace(
+            order=upd(s.order, (i, s.n_run[i]), sb, ok), n_run=add(s.n_run, i, 1, ok),
+            slot_req=upd(s.slot_req, (i, sb), r, ok), status=s.status.at[rr].set(RUNNING),
+            num_new=s.num_new.at[rr].set(n), computed=s.computed.at[rr].set(n + start),
+            sched=s.sched.at[rr].set(now - c.arrival_us[r]),
+            prio=s.prio.at[rr].set(priority_score(p, c, r, now)))
+        return s, jnp.where(ok, budget - n, budget).astype(jnp.int32), ~ok
+
+    s, _, _ = lax.while_loop(cond, body, (s, budget, jnp.asarray(False)))
+    return s
+
+
+def _running(s: SimState, st, i):
+    pos = jnp.arange(st.batch_slots)
+    valid = pos < s.n_run[i]
+    slots = jnp.maximum(s.order[i], 0)
+    reqs = jnp.where(valid, s.slot_req[i, slots], st.num_requests)
+    return valid, slots, reqs
+
+
+def step_duration(c, cm, dc):
+    """max(1, trunc(((0 + β0) + β1·cm) + β2·dc)) from host-exact tables (one device add)."""
+    x = c.step_prefill[cm] + c.step_decode[dc]
+    big = jnp.isnan(x) | (x >= 9.223372036854775807e18)
+    return jnp.maximum(1, jnp.where(big, INT64_MAX, x.astype(jnp.int64)))
+
+
+def execute(s: SimState, st, c, i, now, active):
+    """Step time from the scheduled requests; then progress, ITL and TTFT (§2.6)."""
+    valid, _, reqs = _running(s, st, i)
+    nn = jnp.where(valid, s.num_new[reqs], 0)
+    pi, l_in, out = s.pi[reqs], c.input_tokens[reqs], c.output_tokens[reqs]
+    cm = jnp.sum(jnp.where((nn > 0) & (pi < l_in), nn, 0))
+    dc = jnp.sum(jnp.where((nn > 0) & (pi >= l_in) & (out > 0), nn, 0))
+    d = step_duration(c, cm, dc)
+    itl = d + st.otp_us
+    on = valid & active
+    dec = on & (pi >= l_in) & (nn > 0)
+    new_pi = jnp.where(pi < l_in, s.computed[reqs], jnp.where(nn > 0, pi + 1, pi))
+    first = on & (new_pi == l_in) & ~s.ttft_set[reqs]
+    sink = st.num_requests
+    w = jnp.where(on, reqs, sink)
+    s = s.replace(
+        pi=s.pi.at[w].set(new_pi),
+        itl_sum=s.itl_sum.at[jnp.where(dec, reqs, sink)].add(itl),
+        itl_count=s.itl_count.at[jnp.where(dec, reqs, sink)].add(1),
+        ttft=s.ttft.at[jnp.where(first, reqs, sink)].set(now + d + st.otp_us - c.arrival_us[reqs]),
+        ttft_set=s.ttft_set.at[jnp.where(first, reqs, sink)].set(True))
+    if st.itl_capacity > 0:
+        slot = c.itl_offset[reqs] + s.itl_count[reqs] - 1
+        s = s.replace(itl_buf=s.itl_buf.at[jnp.where(dec, slot, st.itl_capacity)].set(
+            itl.astype(jnp.int32), mode="drop"))
+    used = (st.kv_blocks - s.kv_free[i]).astype(jnp.int64)
+    s = s.replace(peak_used=upd(s.peak_used, i, jnp.maximum(s.peak_used[i], used), active),
+                  busy=add(s.busy, i, d, active),
+                  qdepth_time=add(s.qdepth_time, i, s.q_len[i].astype(jnp.int64) * d, active))
+    return s, d
+
+
+def complete(s: SimState, st, c, i, now, d, active):
+    """Completions and length caps, accounted at the step start (§2.7), in batch order."""
+    valid, slots, reqs = _running(s, st, i)
+    pi, l_in, out = s.pi[reqs], c.input_tokens[reqs], c.output_tokens[reqs]
+    done = pi >= l_in + jnp.maximum(out, 1) - 1
+    capped = ~done & (st.max_model_len > 0) & (pi >= st.max_model_len - 1)
+    fin = valid & active & (done | capped)
+    count = jnp.sum(fin.astype(jnp.int32)).astype(jnp.int32)
+    rank = jnp.cumsum(fin) - 1  # k-th finishing position has rank k
+    empty = jnp.zeros(1, jnp.int32)
+    left = now + d
+
+    def body(k, s):
+        pos = jnp.argmax(fin & (rank == k))
+        sb, r = slots[pos], reqs[pos]
+        p_r, l_r, o_r = s.pi[r], c.input_tokens[r], c.output_tokens[r]
+        final = done[pos] & (o_r > 0) & (p_r < l_r + o_r)
+        ok = final & kv.can_allocate(s, st, c, i, sb, r, p_r, p_r + 1, empty, 0)
+        s = kv.allocate(s, st, c, i, sb, r, p_r, p_r + 1, empty, 0, ok)
+        s = kv.release(s, st, i, sb, True)
+        kk = p_r - l_r
+        s = s.replace(
+            status=s.status.at[r].set(COMPLETED), capped=s.capped.at[r].set(capped[pos]),
+            out_done=s.out_done.at[r].set(jnp.where(kk < o_r, kk + 1, kk)),
+            e2e=s.e2e.at[r].set(s.ttft[r] + s.itl_sum[r]
+                                + jnp.where(o_r > 0, st.post_decode_us, 0)),
+            slot_req=s.slot_req.at[i, sb].set(NIL),
+            tenant_in_flight=s.tenant_in_flight.at[c.tenant[r]].set(
+                jnp.maximum(s.tenant_in_flight[c.tenant[r]] - 1, 0)))
+        return s
+
+    s = lax.fori_loop(0, count, body, s)
+    keep = valid & ~fin
+    dest = jnp.where(keep, jnp.cumsum(keep) - 1, st.batch_slots)
+    row = jnp.full(st.batch_slots + 1, NIL, jnp.int32).at[dest].set(s.order[i])[:-1]
+    s = s.replace(
+        order=s.order.at[i].set(jnp.where(active, row, s.order[i])),
+        n_run=add(s.n_run, i, -count, active),
+        completed=add(s.completed, i, count.astype(jnp.int64), active),  # capped ones too
+        capped_count=add(s.capped_count, i, jnp.sum((fin & capped).astype(jnp.int64)), active),
+        in_flight=s.in_flight.at[i].set(jnp.maximum(s.in_flight[i] - count, 0)),
+        last_left=upd(s.last_left, i, jnp.maximum(s.last_left[i], left),
+                      active & (count > 0) & (left <= st.horizon_us)))
+    return s
+
+
+def step(s: SimState, st, c, p, i, now, active):
+    """The instance's StepEvent at ``now``."""
+    idle = (s.n_run[i] == 0) & (s.q_len[i] == 0)
+    go = active & ~idle
+    s = s.replace(step_time=upd(s.step_time, i, -1, active & idle),
+                  steps=add(s.steps, i, 1, go))
+    # reset this step's token grants of running requests
+    valid, _, reqs = _running(s, st, i)
+    s = s.replace(num_new=s.num_new.at[jnp.where(valid & go, reqs, st.num_requests)].set(0))
+    s, budget, pre = phase1(s, st, c, p, i, go)
+    s = phase2(s, st, c, p, i, now, budget, pre, go)
+    s, d = execute(s, st, c, i, now, go)
+    s = complete(s, st, c, i, now, d, go)
+    more = (s.n_run[i] > 0) | (s.q_len[i] > 0)
+    return s.replace(step_time=upd(s.step_time, i, jnp.where(more, now + d, -1), go))

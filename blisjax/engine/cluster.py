@@ -1,0 +1,298 @@
+"""The per-lane event kernel: pick the next event exactly as the reference's shared-clock loop
+would, and run it. Cluster events (admission, routing) precede instance events at equal times;
+among instances the lowest index goes first; within an instance (time, priority, sequence).
+
+Events: admission (cursor over requests in arrival order), routing (cursor; rejected requests are
+skipped), a deadline no-op (a deadline whose request is not queued or running), and per instance
+enqueue (end of the α delay), step, and timeout. Every handler is masked by ``active`` so all
+lanes can run the same program in lockstep.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax import lax
+
+from blisjax.engine import batch, kv
+from blisjax.engine.exactfloat import exact_mul
+from blisjax.engine.kv import add, upd
+from blisjax.engine.queues import order_remove_at, q_offset_of, q_push_back, q_remove_at
+from blisjax.engine.state import (
+    ADMITTED,
+    DROPPED,
+    INT64_MAX,
+    NIL,
+    QUEUED,
+    REJECTED,
+    ROUTED,
+    RUNNING,
+    TIMED_OUT,
+    SimState,
+)
+
+F64 = jnp.float64
+# admission codes follow ADMISSION_POLICIES; routing codes ROUTING_POLICIES; scorers SCORER_NAMES
+ADM_ALWAYS, ADM_TOKEN_BUCKET, ADM_REJECT_ALL, ADM_RATE_LIMIT, ADM_TENANT_QUOTA = range(5)
+RT_ROUND_ROBIN, RT_LEAST_LOADED, RT_ALWAYS_BUSIEST, RT_WEIGHTED = range(4)
+SC_PREFIX, SC_QUEUE_DEPTH, SC_KV, SC_LOAD_BALANCE = range(4)
+
+
+def _finish_in_flight(s: SimState, c, i, r, active) -> SimState:
+    """A request left instance i (dropped, timed out): router in-flight counts go down."""
+    t = c.tenant[r]
+    return s.replace(
+        in_flight=upd(s.in_flight, i, jnp.maximum(s.in_flight[i] - 1, 0), active),
+        tenant_in_flight=upd(s.tenant_in_flight, t, jnp.maximum(s.tenant_in_flight[t] - 1, 0),
+                             active))
+
+
+# ---- router state ----------------------------------------------------------------------------
+
+
+def refresh_snapshots(s: SimState, st, c, now, active) -> SimState:
+    """Queue depth, batch size and KV utilisation: live (interval 0) or periodic (§5.4)."""
+    due = active & ((st.refresh_interval_us == 0) | (now - s.snap_last >= st.refresh_interval_us))
+    kv_util = (st.kv_blocks - s.kv_free).astype(F64) / c.kv_blocks_f
+    return s.replace(snap_qd=jnp.where(due, s.q_len, s.snap_qd),
+                     snap_bs=jnp.where(due, s.n_run, s.snap_bs),
+                     snap_kv=jnp.where(due, kv_util, s.snap_kv),
+                     snap_last=jnp.where(due, now, s.snap_last))
+
+
+def admission(s: SimState, st, c, p, now, active) -> SimState:
+    r = jnp.where(active, s.adm_cursor, st.num_requests)
+    s = refresh_snapshots(s, st, c, now, active)
+    code = p.admission
+    limited = code == ADM_RATE_LIMIT
+    cap = jnp.where(limited, p.rl_burst, p.tb_capacity)
+    rate = jnp.where(limited, p.rl_rate, p.tb_rate)
+    elapsed = now - s.bucket_last
+    refill = elapsed > 0
+    tokens = jnp.where(refill, jnp.minimum(cap, s.bucket + elapsed.astype(F64) * rate / c.one_e6),
+                       s.bucket)
+    cost = jnp.where(limited, 1.0, c.input_tokens[r].astype(F64))
+    take = tokens >= cost
+    uses_bucket = active & ((code == ADM_TOKEN_BUCKET) | limited)
+    t = c.tenant[r]
+    quota_ok = s.tenant_in_flight[t] < p.tenant_quota[t]
+    admit = jnp.stack([jnp.asarray(True), take, jnp.asarray(False), take, quota_ok])[code]
+    return s.replace(
+        bucket=jnp.where(uses_bucket, jnp.where(take, tokens - cost, tokens), s.bucket),
+        bucket_last=jnp.where(uses_bucket & refill, now, s.bucket_last),
+        status=s.status.at[r].set(jnp.where(admit, ADMITTED, REJECTED).astype(s.status.dtype)),
+        rejected=s.rejected + (active & ~admit).astype(jnp.int32),
+        tenant_in_flight=add(s.tenant_in_flight, t, 1, active & admit),
+        adm_cursor=s.adm_cursor + active.astype(jnp.int32))
+
+
+def prefix_match(s: SimState, st, c, r):
+    """Matched leading prompt blocks of r in each instance's router-side LRU index [I].
+
+    Only prefix-group blocks can match (a request's own blocks are indexed after it is routed,
+    and it is routed once). An entry is present iff fewer than ``capacity`` distinct entries were
+    touched after it (LRU stack distance): own entries inserted since, plus group entries with
+    a later touch position.
+    """
+    g = jnp.maximum(c.group[r], 0)
+    pos = s.lru_pos[:, g, :]  # [I, Jg]
+    own_at = s.lru_own_at[:, g, :]
+    everything = s.lru_pos.reshape(st.num_instances, -1)  # [I, G·Jg]
+    newer_group = jnp.sum(everything[:, None, :] > pos[:, :, None], axis=-1)
+    newer = (s.lru_own[:, None] - own_at) + newer_group
+    j = jnp.arange(st.group_blocks_max)
+    present = (pos >= 0) & (newer < st.prefix_index_capacity) & (j < c.group_blocks[r])
+    return jnp.sum(jnp.cumprod(present.astype(jnp.int32), axis=1), axis=1)
+
+
+def prefix_touch(s: SimState, st, c, r, target, active) -> SimState:
+    """Observer: the routed request's prompt blocks become the most recent entries."""
+    g = jnp.maximum(c.group[r], 0)
+    j = jnp.arange(st.group_blocks_max)
+    mine = active & (j < c.group_blocks[r])
+    row = jnp.where(mine, s.lru_clock[target] + j, s.lru_pos[target, g])
+    row_own = jnp.where(mine, s.lru_own[target], s.lru_own_at[target, g])
+    full = c.full_blocks[r].astype(jnp.int64)
+    own = (c.full_blocks[r] - c.group_blocks[r]).astype(jnp.int64)
+    return s.replace(lru_pos=s.lru_pos.at[target, g].set(row),
+                     lru_own_at=s.lru_own_at.at[target, g].set(row_own),
+                     lru_clock=add(s.lru_clock, target, full, active),
+                     lru_own=add(s.lru_own, target, own, active))
+
+
+def weighted_scores(s: SimState, st, c, p, r, load):
+    """Σ clamp(score)·weight in configuration order, products formed exactly (no FMA)."""
+    qd = s.snap_qd
+    lo, hi = jnp.min(qd), jnp.max(qd)
+    queue_depth = jnp.where(hi == lo, 1.0, (hi - qd).astype(F64) / jnp.maximum(hi - lo, 1)
+                            .astype(F64))
+    full = c.full_blocks[r]
+    prefix = jnp.where(full > 0, prefix_match(s, st, c, r).astype(F64)
+                       / jnp.maximum(full, 1).astype(F64), 0.0)
+    scores = jnp.stack([prefix, queue_depth, 1.0 - s.snap_kv, 1.0 / (1 + load).astype(F64)])
+    w = p.scorer_weight
+    total_w = 0.0
+    for k in range(4):
+        total_w = total_w + w[k]
+    norm = w / total_w
+    total = jnp.zeros(st.num_instances, F64)
+    for k in range(4):
+        code = p.scorer_order[k]
+        sk = jnp.clip(scores[jnp.maximum(code, 0)], 0.0, 1.0)
+        total = jnp.where(code >= 0, total + exact_mul(sk, norm[k]), total)
+    return total
+
+
+def routing(s: SimState, st, c, p, now, active) -> SimState:
+    r = jnp.where(active, s.route_cursor, st.num_requests)
+    go = active & (s.status[r] == ADMITTED)
+    s = refresh_snapshots(s, st, c, now, go)
+    load = s.snap_qd + s.snap_bs + s.in_flight
+    weighted = jnp.argmax(weighted_scores(s, st, c, p, r, load)).astype(jnp.int32)
+    target = jnp.stack([
+        s.rr % st.num_instances, jnp.argmin(load).astype(jnp.int32),
+        jnp.argmax(load).astype(jnp.int32), weighted])[p.routing]
+    s = prefix_touch(s, st, c, r, target, go & p.prefix_index_on & (p.routing == RT_WEIGHTED))
+    e = jnp.argmax(s.pend_req[target] == NIL)
+    has_room = s.pend_req[target, e] == NIL
+    ok = go & has_room
+    rr = jnp.where(go, r, st.num_requests)
+    return s.replace(
+        rr=s.rr + (go & (p.routing == RT_ROUND_ROBIN)).astype(jnp.int32),
+        in_flight=add(s.in_flight, target, 1, go),
+        instance=s.instance.at[rr].set(target),
+        status=s.status.at[rr].set(ROUTED),
+        clock=upd(s.clock, target, now, go),
+        pend_req=upd(s.pend_req, (target, e), r, ok),
+        pend_time=upd(s.pend_time, (target, e), now + c.queue_delay_us[r], ok),
+        pend_seq=upd(s.pend_seq, (target, e), s.route_seq, ok),
+        route_seq=s.route_seq + go.astype(jnp.int64),
+        route_cursor=s.route_cursor + active.astype(jnp.int32),
+        ovf_pending=s.ovf_pending + (go & ~has_room).astype(jnp.int32))
+
+
+# ---- instance events ---------------------------------------------------------------------------
+
+
+def enqueue(s: SimState, st, c, i, e, now, active) -> SimState:
+    """End of the α delay: BLIS EnqueueRequest guards, then the wait queue (§2.1)."""
+    r = jnp.where(active, s.pend_req[i, e], st.num_requests)
+    s = s.replace(pend_req=upd(s.pend_req, (i, e), NIL, active))
+    l_in, out = c.input_tokens[r], c.output_tokens[r]
+    mml = st.max_model_len
+    if mml > 0:
+        max_out = jnp.where((out == 0) & (l_in < mml), mml - l_in, out)
+        unservable = (l_in >= mml) | ((max_out > 0) & (l_in + max_out > mml))
+    else:  # unlimited length is still bounded by the KV cache (see the reference engine)
+        unservable = l_in + out > st.kv_blocks * st.block_size
+    drop = active & (unservable | ((l_in + st.block_size - 1) // st.block_size > st.kv_blocks))
+    admitted = active & ~drop
+    due = admitted & (c.deadline_us[r] > 0) & (c.deadline_us[r] <= now)
+    queued = admitted & ~due
+    status = jnp.where(drop, DROPPED, jnp.where(due, TIMED_OUT, QUEUED)).astype(s.status.dtype)
+    s = s.replace(
+        status=s.status.at[r].set(jnp.where(active, status, s.status[r])),
+        dropped=add(s.dropped, i, 1, drop), timed_out=add(s.timed_out, i, 1, due),
+        input_tokens=add(s.input_tokens, i, l_in.astype(jnp.int64), admitted),
+        enq_seq=s.enq_seq.at[r].set(jnp.where(queued, s.enq_counter, s.enq_seq[r])),
+        enq_counter=s.enq_counter + queued.astype(jnp.int64))
+    s = _finish_in_flight(s, c, i, r, drop | due)
+    s = q_push_back(s, st, i, r, queued)
+    start_step = queued & (s.step_time[i] < 0)
+    return s.replace(step_time=upd(s.step_time, i, now, start_step))
+
+
+def timeout(s: SimState, st, c, i, r, now, active) -> SimState:
+    """Client deadline for a queued or running request (§2.9)."""
+    r = jnp.where(active, r, st.num_requests)
+    running = active & (s.status[r] == RUNNING)
+    queued = active & ~running
+    slots_of_r = (s.slot_req[i] == r) & running
+    sb = jnp.argmax(slots_of_r).astype(jnp.int32)
+    pos = jnp.argmax((s.order[i] == sb) & (jnp.arange(st.batch_slots) < s.n_run[i]))
+    s = kv.release(s, st, i, sb, running)
+    s = order_remove_at(s, st, i, pos, running)
+    s = s.replace(slot_req=upd(s.slot_req, (i, sb), NIL, running))
+    s = q_remove_at(s, st, i, q_offset_of(s, st, i, r), queued)
+    s = s.replace(status=s.status.at[r].set(jnp.where(active, TIMED_OUT, s.status[r])
+                                            .astype(s.status.dtype)),
+                  timed_out=add(s.timed_out, i, 1, active), computed=s.computed.at[r].set(0))
+    s = _finish_in_flight(s, c, i, r, active)
+    wake = active & (s.n_run[i] == 0) & (s.q_len[i] > 0) & (s.step_time[i] < 0)
+    return s.replace(step_time=upd(s.step_time, i, now, wake))
+
+
+# ---- next-event selection and dispatch ----------------------------------------------------------
+
+
+def _deadline_window(s: SimState, st, c):
+    """Requests at the deadline cursor's time: (members, on-instance flags, their ids, time)."""
+    w = st.deadline_window
+    idx = s.dl_cursor + jnp.arange(w + 1)
+    wr = c.deadline_order[jnp.minimum(idx, st.num_deadlines)]
+    valid = (idx < st.num_deadlines) & (wr >= 0)
+    wr_safe = jnp.where(valid, wr, st.num_requests)
+    first = c.deadline_order[jnp.minimum(s.dl_cursor, st.num_deadlines)]
+    t = jnp.where(s.dl_cursor < st.num_deadlines, c.deadline_us[jnp.maximum(first, 0)], INT64_MAX)
+    member = valid & (c.deadline_us[wr_safe] == t) & ~s.tdone[wr_safe]
+    on = member & ((s.status[wr_safe] == QUEUED) | (s.status[wr_safe] == RUNNING))
+    overflow = member[w]  # more same-time deadlines than the window holds
+    return member[:w], on[:w], wr_safe[:w], t, overflow
+
+
+def lane_step(s: SimState, st, c, p) -> SimState:
+    """Advance one lane by exactly one event (no-op once the lane is done)."""
+    n = st.num_requests
+    la, lr = st.admission_latency_us, st.routing_latency_us
+    ac, rc = s.adm_cursor, s.route_cursor
+    adm_t = jnp.where(ac < n, c.arrival_us[jnp.minimum(ac, n)] + la, INT64_MAX)
+    rt_t = jnp.where(rc < ac, c.arrival_us[jnp.minimum(rc, n)] + la + lr, INT64_MAX)
+    member, on, wr, dl_t, dl_overflow = _deadline_window(s, st, c)
+    noop = member & ~on
+    noop_t = jnp.where(jnp.any(noop), dl_t, INT64_MAX)
+    cl_times = jnp.stack([adm_t, rt_t, noop_t])
+    cl_kind = jnp.argmin(cl_times)  # ties: admission, then routing, then the no-op
+    cl_t = cl_times[cl_kind]
+    # instance candidates
+    pt = jnp.where(s.pend_req >= 0, s.pend_time, INT64_MAX)  # [I, E]
+    pmin = jnp.min(pt, axis=1)
+    pseq = jnp.where(pt == pmin[:, None], s.pend_seq, INT64_MAX)
+    e_star = jnp.argmin(pseq, axis=1)
+    ts = jnp.where(s.step_time >= 0, s.step_time, INT64_MAX)
+    inst_of = s.instance[wr]
+    to_seq = jnp.where(on[None, :] & (inst_of[None, :] == jnp.arange(st.num_instances)[:, None]),
+                       s.enq_seq[wr][None, :], INT64_MAX)  # [I, W]
+    has_to = jnp.min(to_seq, axis=1) < INT64_MAX
+    tt = jnp.where(has_to, dl_t, INT64_MAX)
+    inst_t = jnp.minimum(jnp.minimum(pmin, ts), tt)
+    i_star = jnp.argmin(inst_t).astype(jnp.int32)
+    best_t = inst_t[i_star]
+    use_cluster = cl_t <= best_t
+    t_evt = jnp.minimum(cl_t, best_t)
+    live = ~s.done & (t_evt <= st.horizon_us) & (t_evt < INT64_MAX)
+    s = s.replace(done=s.done | ~live, iters=s.iters + live.astype(jnp.int64),
+                  ovf_deadline=s.ovf_deadline + (live & dl_overflow).astype(jnp.int32))
+    cl = live & use_cluster
+    ins = live & ~use_cluster
+    kind_enq = ins & (pmin[i_star] == best_t)
+    kind_step = ins & ~kind_enq & (ts[i_star] == best_t)
+    kind_to = ins & ~kind_enq & ~kind_step
+    s = s.replace(clock=upd(s.clock, i_star, t_evt, ins))
+    s = admission(s, st, c, p, t_evt, cl & (cl_kind == 0))
+    s = routing(s, st, c, p, t_evt, cl & (cl_kind == 1))
+    s = enqueue(s, st, c, i_star, e_star[i_star], t_evt, kind_enq)
+    s = batch.step(s, st, c, p, i_star, t_evt, kind_step)
+    to_r = wr[jnp.argmin(to_seq[i_star])]
+    s = timeout(s, st, c, i_star, to_r, t_evt, kind_to)
+    # a handled deadline (timeout or no-op) is marked done; the cursor skips handled entries
+    noop_r = wr[jnp.argmax(noop)]
+    handled = jnp.where(kind_to, to_r, jnp.where(cl & (cl_kind == 2), noop_r, n))
+    s = s.replace(tdone=s.tdone.at[handled].set(True))
+    return _advance_deadline_cursor(s, st, c)
+
+
+def _advance_deadline_cursor(s: SimState, st, c) -> SimState:
+    def cond(cur):
+        r = c.deadline_order[jnp.minimum(cur, st.num_deadlines)]
+        return (cur < st.num_deadlines) & s.tdone[jnp.maximum(r, 0)]
+
+    return s.replace(dl_cursor=lax.while_loop(cond, lambda cur: cur + 1, s.dl_cursor))

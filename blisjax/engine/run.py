@@ -1,0 +1,106 @@
+"""Host API of the JAX engine: run one lane or a population of lanes in lockstep.
+
+The compiled program is one ``lax.while_loop`` whose body advances every lane by one event
+(``vmap`` of ``lane_step``); finished lanes idle until the slowest lane is done.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+
+jax.config.update("jax_enable_x64", True)
+
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from blisjax.config.sim import ADMISSION_POLICIES  # noqa: E402
+from blisjax.engine.cluster import lane_step  # noqa: E402
+from blisjax.engine.params import PolicyParams, params_from_config, stack_params  # noqa: E402
+from blisjax.engine.state import COMPLETED, DROPPED, REJECTED, TIMED_OUT, init_state  # noqa: E402
+from blisjax.engine.static import EngineStatic, build_consts, build_static  # noqa: E402
+from blisjax.metrics import records  # noqa: E402
+
+_RATE_LIMIT = ADMISSION_POLICIES.index("rate-limit")
+
+
+@functools.partial(jax.jit, static_argnums=(0,))
+def run_lanes(st: EngineStatic, consts, params: PolicyParams):
+    """Simulate a population: ``params`` has a leading lane axis. Returns the final states."""
+    init = jax.vmap(lambda p: init_state(st, p.tb_capacity, p.rl_burst, p.admission,
+                                         _RATE_LIMIT))(params)
+    step_all = jax.vmap(lambda s, p: lane_step(s, st, consts, p))
+
+    def cond(s):
+        return ~jnp.all(s.done)
+
+    return jax.lax.while_loop(cond, lambda s: step_all(s, params), init)
+
+
+def _status_codes(status: np.ndarray) -> np.ndarray:
+    out = np.full(status.shape, records.UNFINISHED, dtype=np.int8)
+    out[status == COMPLETED] = records.COMPLETED
+    out[status == TIMED_OUT] = records.TIMED_OUT
+    out[status == DROPPED] = records.DROPPED
+    out[status == REJECTED] = records.REJECTED
+    return out
+
+
+def lane_result(st: EngineStatic, consts, final, k: int) -> records.RunResult:
+    """The k-th lane of a final state as a ``RunResult`` (same fields as the reference)."""
+    n = st.num_requests
+    g = jax.tree_util.tree_map(lambda x: np.asarray(x[k]), final)
+    status = _status_codes(g.status[:n])
+    done = status == records.COMPLETED
+    itl_count = np.where(done, g.itl_count[:n], 0).astype(np.int64)
+    if st.itl_capacity > 0:
+        off = np.asarray(consts.itl_offset)[:n]
+        entries = [g.itl_buf[o:o + c] for o, c in zip(off[done], itl_count[done], strict=True)]
+        itl_entries = np.concatenate(entries).astype(np.int64) if entries else np.zeros(0, np.int64)
+    else:
+        itl_entries = np.zeros(0, np.int64)
+    clock = np.maximum(g.clock, g.last_left)
+    overflow = {name: int(getattr(g, f"ovf_{name}")) for name in
+                ("queue", "pending", "blocks", "deadline") if int(getattr(g, f"ovf_{name}"))}
+    ended = int(np.max(np.minimum(clock, st.horizon_us))) if st.num_instances else 0
+    return records.RunResult(
+        status=status, instance=g.instance[:n].astype(np.int32),
+        ttft_us=g.ttft[:n].astype(np.int64),
+        e2e_us=np.where(done, g.e2e[:n], records.NOT_RECORDED).astype(np.int64),
+        scheduling_delay_us=g.sched[:n].astype(np.int64),
+        itl_sum_us=np.where(done, g.itl_sum[:n], 0).astype(np.int64), itl_count=itl_count,
+        output_tokens_done=np.where(done, g.out_done[:n], 0).astype(np.int64),
+        preemptions=g.preempt[:n].astype(np.int32), length_capped=g.capped[:n].astype(bool),
+        itl_entries_us=itl_entries, sim_ended_us=ended, horizon_us=st.horizon_us,
+        num_instances=st.num_instances,
+        cache_hits=g.hits.astype(np.int64), cache_misses=g.misses.astype(np.int64),
+        preemption_count=g.preempt_count.astype(np.int64),
+        still_queued=g.q_len.astype(np.int64), still_running=g.n_run.astype(np.int64),
+        dropped_unservable=g.dropped.astype(np.int64), timed_out=g.timed_out.astype(np.int64),
+        length_capped_count=g.capped_count.astype(np.int64),
+        completed=g.completed.astype(np.int64), total_input_tokens=g.input_tokens.astype(np.int64),
+        rejected_admission=int(g.rejected), rejected_routing=0,
+        queue_depth_time_us=g.qdepth_time.astype(np.int64), busy_time_us=g.busy.astype(np.int64),
+        step_count=g.steps.astype(np.int64), peak_kv_blocks_used=g.peak_used.astype(np.int64),
+        overflow=overflow,
+    )
+
+
+def simulate(resolved, workload, params: PolicyParams | None = None, **capacities):
+    """Run the JAX engine once (one lane); returns a ``RunResult`` like the reference engine."""
+    st = build_static(resolved, workload, **capacities)
+    consts = build_consts(resolved, workload, st)
+    if params is None:
+        params = params_from_config(resolved.config, workload.tenant_names)
+    final = run_lanes(st, consts, stack_params([params]))
+    return lane_result(st, consts, final, 0)
+
+
+def simulate_population(resolved, workload, params: PolicyParams, **capacities):
+    """Run a stacked population of params; returns one ``RunResult`` per lane."""
+    st = build_static(resolved, workload, **capacities)
+    consts = build_consts(resolved, workload, st)
+    final = run_lanes(st, consts, params)
+    lanes = int(np.shape(params.admission)[0])
+    return [lane_result(st, consts, final, k) for k in range(lanes)]

@@ -1,0 +1,199 @@
+"""Static (compile-time) configuration of the JAX engine and the workload constants.
+
+``EngineStatic`` is hashable: it fixes every array shape (capacities) and the configuration
+that is not searched over. ``WorkloadConsts`` holds per-request constants and host-precomputed
+float tables as *traced* arrays (passed as arguments, never baked into the program) so XLA
+cannot constant-fold or rewrite the arithmetic that touches them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import chex
+import jax.numpy as jnp
+import numpy as np
+
+from blisjax.latency.base import float_to_ticks
+from blisjax.latency.blackbox import blackbox_queueing_delay_us
+
+INT64_MAX = (1 << 63) - 1
+
+
+@dataclass(frozen=True)
+class EngineStatic:
+    """Shapes and fixed settings. All times in µs.
+
+    Capacities (overflow of any is detected and reported per lane, never silently wrong):
+      queue_slots: wait-queue ring size per instance.
+      pending_slots: requests between routing and enqueue (the α-delay window) per instance.
+      batch_slots: running-batch slots per instance (= max_num_running_reqs).
+      max_blocks_per_request: KV blocks one request can hold (prompt + output).
+      deadline_window: requests sharing one deadline that can be ordered exactly.
+    """
+
+    num_requests: int
+    num_instances: int
+    num_tenants: int
+    queue_slots: int
+    pending_slots: int
+    batch_slots: int
+    max_blocks_per_request: int
+    max_prompt_blocks: int
+    kv_blocks: int
+    block_size: int
+    token_budget: int
+    long_prefill_threshold: int
+    max_model_len: int
+    horizon_us: int
+    admission_latency_us: int
+    routing_latency_us: int
+    refresh_interval_us: int
+    prefix_caching: bool
+    num_groups: int
+    group_blocks_max: int
+    own_slots: int
+    prefix_index_capacity: int
+    otp_us: int
+    post_decode_us: int
+    num_deadlines: int
+    deadline_window: int
+    itl_capacity: int  # 0 = raw ITL entries are not kept (no ITL percentiles)
+
+    @property
+    def group_slots(self) -> int:
+        return self.num_instances * self.num_groups * self.group_blocks_max
+
+    @property
+    def hash_slots(self) -> int:
+        return self.group_slots + self.own_slots
+
+
+@chex.dataclass(frozen=True)
+class WorkloadConsts:
+    """Per-request constants (length N) and float tables, shared by every lane."""
+
+    arrival_us: chex.Array
+    input_tokens: chex.Array
+    output_tokens: chex.Array
+    deadline_us: chex.Array
+    tenant: chex.Array
+    slo_class: chex.Array
+    group: chex.Array
+    group_blocks: chex.Array  # prompt blocks shared with the prefix group
+    full_blocks: chex.Array  # full prompt blocks = input_tokens // block_size
+    own_base: chex.Array  # hash slot of own block j is group_slots + own_base + j
+    queue_delay_us: chex.Array
+    itl_offset: chex.Array
+    deadline_order: chex.Array  # requests with 0 < deadline <= horizon, by (deadline, index)
+    step_prefill: chex.Array  # float64[budget+1]: (0 + β0) + β1·prefill_tokens
+    step_decode: chex.Array  # float64[batch+1]: β2·decode_tokens
+    one_e6: chex.Array  # 1e6, 1e-6 and the KV size as traced values (no constant rewriting)
+    one_e_6: chex.Array
+    kv_blocks_f: chex.Array
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def build_static(resolved, workload, *, queue_slots: int | None = None,
+                 pending_slots: int | None = None, deadline_window: int = 8,
+                 keep_itl_entries: bool = True) -> EngineStatic:
+    """Capacities derived from the configuration and the workload (see README, Capacities).
+
+    Defaults are safe upper bounds: the queue can hold every request and the pending window
+    every request (so they never overflow); pass smaller values to save memory.
+    """
+    cfg = resolved.config
+    eng = cfg.engine
+    bs = eng.block_size_tokens
+    n = workload.num_requests
+    inp = np.asarray(workload.input_tokens, dtype=np.int64)
+    out = np.asarray(workload.output_tokens, dtype=np.int64)
+    total = inp + out if n else np.zeros(1, np.int64)
+    groups = len(workload.prefix_group_names)
+    gb = _group_blocks(workload, bs)
+    full = inp // bs
+    horizon = int(cfg.horizon_us)
+    dl = np.asarray(workload.deadline_us)
+    num_deadlines = int(((dl > 0) & (dl <= horizon)).sum())
+    return EngineStatic(
+        num_requests=n,
+        num_instances=cfg.cluster.num_instances,
+        num_tenants=len(workload.tenant_names),
+        queue_slots=int(queue_slots or max(n, 1)),
+        pending_slots=int(pending_slots or max(n, 1)),
+        batch_slots=eng.max_num_running_reqs,
+        max_blocks_per_request=int(_ceil_div(int(total.max()) + 1, bs)) if n else 1,
+        max_prompt_blocks=int(full.max()) if n else 0,
+        kv_blocks=int(resolved.total_kv_blocks),
+        block_size=bs,
+        token_budget=eng.max_num_scheduled_tokens,
+        long_prefill_threshold=eng.long_prefill_token_threshold,
+        max_model_len=int(resolved.max_model_len),
+        horizon_us=horizon,
+        admission_latency_us=cfg.cluster.admission_latency_us,
+        routing_latency_us=cfg.cluster.routing_latency_us,
+        refresh_interval_us=cfg.cluster.snapshot_refresh_interval_us,
+        prefix_caching=bool(eng.enable_prefix_caching),
+        num_groups=max(groups, 1),
+        group_blocks_max=max(int(gb.max()) if n else 0, 1),
+        own_slots=max(int((full - gb).sum()) if n else 0, 1),
+        prefix_index_capacity=cfg.cluster.prefix_index_capacity_blocks,
+        otp_us=float_to_ticks(resolved.alpha[2]),
+        post_decode_us=0,
+        num_deadlines=num_deadlines,
+        deadline_window=deadline_window,
+        itl_capacity=int(np.maximum(out - 1, 0).sum()) if keep_itl_entries and n else 0,
+    )
+
+
+def _group_blocks(workload, bs: int) -> np.ndarray:
+    grp = np.asarray(workload.prefix_group)
+    pl = np.asarray(workload.prefix_length, dtype=np.int64)
+    return np.where(grp >= 0, np.minimum(pl // bs, np.asarray(workload.input_tokens) // bs), 0)
+
+
+def build_consts(resolved, workload, st: EngineStatic) -> WorkloadConsts:
+    """Host-side preparation of per-request constants and exact float tables."""
+    if resolved.config.latency.model != "blackbox":
+        raise ValueError(f"latency.model: the JAX engine supports 'blackbox' so far, got "
+                         f"{resolved.config.latency.model!r} (use --engine reference)")
+    bs = st.block_size
+    inp = np.asarray(workload.input_tokens, dtype=np.int64)
+    out = np.asarray(workload.output_tokens, dtype=np.int64)
+    gb = _group_blocks(workload, bs)
+    full = inp // bs
+    own_count = full - gb
+    own_start = np.concatenate([[0], np.cumsum(own_count)[:-1]]) if st.num_requests else own_count
+    alpha, beta = tuple(resolved.alpha), tuple(resolved.beta)
+    # Queueing delay and step-time terms with the reference's own float formulas, on the host.
+    qdelay = np.array([blackbox_queueing_delay_us(alpha, int(x)) for x in inp], dtype=np.int64)
+    step_prefill = np.array([(0.0 + beta[0]) + beta[1] * float(c)
+                             for c in range(st.token_budget + 1)], dtype=np.float64)
+    step_decode = np.array([beta[2] * float(c) for c in range(st.batch_slots + 1)],
+                           dtype=np.float64)
+    dl = np.asarray(workload.deadline_us, dtype=np.int64)
+    has = np.nonzero((dl > 0) & (dl <= st.horizon_us))[0]
+    order = has[np.lexsort((has, dl[has]))] if has.size else np.zeros(0, np.int64)
+    itl_off = np.concatenate([[0], np.cumsum(np.maximum(out - 1, 0))[:-1]]) if st.num_requests \
+        else np.zeros(0, np.int64)
+    # Every per-request array gets one extra "sink" row (index N): masked scatters write there.
+    def pad(x, value, dtype):
+        return jnp.asarray(np.concatenate([np.asarray(x), [value]]), dtype=dtype)
+
+    i32, i64 = jnp.int32, jnp.int64
+    return WorkloadConsts(
+        arrival_us=pad(workload.arrival_us, 0, i64),
+        input_tokens=pad(inp, 1, i32), output_tokens=pad(out, 0, i32),
+        deadline_us=pad(dl, 0, i64),
+        tenant=pad(workload.tenant, 0, i32), slo_class=pad(workload.slo_class, 0, i32),
+        group=pad(workload.prefix_group, -1, i32), group_blocks=pad(gb, 0, i32),
+        full_blocks=pad(full, 0, i32), own_base=pad(own_start - gb, 0, i32),
+        queue_delay_us=pad(qdelay, 0, i64), itl_offset=pad(itl_off, 0, i64),
+        deadline_order=jnp.asarray(np.concatenate([order, [-1]]), dtype=i32),
+        step_prefill=jnp.asarray(step_prefill), step_decode=jnp.asarray(step_decode),
+        one_e6=jnp.asarray(1e6), one_e_6=jnp.asarray(1e-6),
+        kv_blocks_f=jnp.asarray(float(st.kv_blocks)),
+    )
