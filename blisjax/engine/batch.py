@@ -5,7 +5,6 @@ Mirrors ``blisjax.reference.instance.Instance._step`` statement by statement."""
 from __future__ import annotations
 
 import jax.numpy as jnp
-from jax import lax
 
 from blisjax.engine import kv
 from blisjax.engine.kv import add, upd
@@ -98,11 +97,8 @@ def preempt_for_tokens(s: SimState, st, c, p, i, sb, r, n, pos, budget, active):
     Returns (state, success, cursor, budget, preempted_any)."""
     empty = jnp.zeros(1, jnp.int32)
 
-    def cond(carry):
-        return carry[5]
-
-    def body(carry):
-        s, pos, budget, pre, failed, going = carry
+    def body(carry, go):
+        s, pos, budget, pre, failed, going = carry  # masked by `going` (== go) throughout
         pi = s.pi[r]
         ok = kv.can_allocate(s, st, c, i, sb, r, pi, pi + n, empty, 0)
         no_one = s.n_run[i] == 0
@@ -115,7 +111,7 @@ def preempt_for_tokens(s: SimState, st, c, p, i, sb, r, n, pos, budget, active):
         return s, pos, budget, pre | do_evict, failed, going & ~ok & ~failed
 
     init = (s, pos, budget, jnp.asarray(False), jnp.asarray(False), active)
-    s, pos, budget, pre, failed, _ = lax.while_loop(cond, body, init)
+    s, pos, budget, pre, failed, _ = kv.lane_while(lambda c: c[5], body, init)
     success = active & ~failed
     pi = s.pi[r]
     s = kv.allocate(s, st, c, i, sb, r, pi, pi + n, empty, 0, success)
@@ -129,10 +125,10 @@ def phase1(s: SimState, st, c, p, i, active):
         s, pos, budget, pre, stop = carry
         return active & ~stop & (pos < s.n_run[i]) & (budget > 0)
 
-    def body(carry):
+    def body(carry, go):
         s, pos, budget, pre, stop = carry
-        sb = s.order[i, pos]
-        r = s.slot_req[i, sb]
+        sb = s.order[i, jnp.minimum(pos, st.batch_slots - 1)]
+        r = jnp.where(go, s.slot_req[i, jnp.maximum(sb, 0)], st.num_requests)
         l_in, pi = c.input_tokens[r], s.pi[r]
         prefill = pi < l_in
         decode = ~prefill & (c.output_tokens[r] > 0)
@@ -140,20 +136,21 @@ def phase1(s: SimState, st, c, p, i, active):
             decode_capped = decode & (pi + 1 > st.max_model_len - 1)
         else:
             decode_capped = jnp.asarray(False)
-        need = prefill | (decode & ~decode_capped)
+        need = go & (prefill | (decode & ~decode_capped))
         n = jnp.where(prefill, clamp_prefill(st, l_in - pi, pi, budget), 1).astype(jnp.int32)
-        s, ok, pos, budget, pre_now = preempt_for_tokens(s, st, c, p, i, sb, r, n, pos, budget,
-                                                         need)
+        s, ok, pos, budget, pre_now = preempt_for_tokens(s, st, c, p, i, jnp.maximum(sb, 0), r,
+                                                         n, pos, budget, need)
         granted = need & ok
         rr = jnp.where(granted, r, st.num_requests)
         s = s.replace(num_new=s.num_new.at[rr].set(n), computed=s.computed.at[rr].add(n))
         budget = jnp.where(granted, budget - n, budget).astype(jnp.int32)
-        stop = need & ~ok
-        return s, jnp.where(stop, pos, pos + 1), budget, pre | pre_now, stop
+        stop_now = need & ~ok
+        pos = jnp.where(go & ~stop_now, pos + 1, pos)
+        return s, pos, budget, pre | pre_now, stop | stop_now
 
     init = (s, jnp.asarray(0, jnp.int32), jnp.asarray(st.token_budget, jnp.int32),
             jnp.asarray(False), jnp.asarray(False))
-    s, _, budget, pre, _ = lax.while_loop(cond, body, init)
+    s, _, budget, pre, _ = kv.lane_while(cond, body, init)
     return s, budget, pre
 
 
@@ -165,7 +162,7 @@ def phase2(s: SimState, st, c, p, i, now, budget, preempted, active):
         return (active & ~stop & ~preempted & (s.n_run[i] < st.batch_slots) & (s.q_len[i] > 0)
                 & (budget > 0))
 
-    def body(carry):
+    def body(carry, go):
         s, budget, stop = carry
         k = head_offset(s, st, c, p, i, now)
         r = q_at(s, st, i, k)
@@ -173,7 +170,7 @@ def phase2(s: SimState, st, c, p, i, now, budget, preempted, active):
         start = n_cached * st.block_size
         n = clamp_prefill(st, c.input_tokens[r] - start, start, budget)
         sb = jnp.argmax(s.slot_req[i] == NIL).astype(jnp.int32)
-        ok = kv.can_allocate(s, st, c, i, sb, r, start, start + n, cached, n_cached)
+        ok = go & kv.can_allocate(s, st, c, i, sb, r, start, start + n, cached, n_cached)
         s = kv.allocate(s, st, c, i, sb, r, start, start + n, cached, n_cached, ok)
         s = q_remove_at(s, st, i, k, ok)
         rr = jnp.where(ok, r, st.num_requests)
@@ -183,9 +180,9 @@ def phase2(s: SimState, st, c, p, i, now, budget, preempted, active):
             num_new=s.num_new.at[rr].set(n), computed=s.computed.at[rr].set(n + start),
             sched=s.sched.at[rr].set(now - c.arrival_us[r]),
             prio=s.prio.at[rr].set(priority_score(p, c, r, now)))
-        return s, jnp.where(ok, budget - n, budget).astype(jnp.int32), ~ok
+        return s, jnp.where(ok, budget - n, budget).astype(jnp.int32), stop | (go & ~ok)
 
-    s, _, _ = lax.while_loop(cond, body, (s, budget, jnp.asarray(False)))
+    s, _, _ = kv.lane_while(cond, body, (s, budget, jnp.asarray(False)))
     return s
 
 
@@ -248,26 +245,28 @@ def complete(s: SimState, st, c, i, now, d, active):
     empty = jnp.zeros(1, jnp.int32)
     left = now + d
 
-    def body(k, s):
+    def body(carry, go):
+        s, k = carry
         pos = jnp.argmax(fin & (rank == k))
-        sb, r = slots[pos], reqs[pos]
+        sb, r = slots[pos], jnp.where(go, reqs[pos], st.num_requests)
         p_r, l_r, o_r = s.pi[r], c.input_tokens[r], c.output_tokens[r]
-        final = done[pos] & (o_r > 0) & (p_r < l_r + o_r)
+        final = go & done[pos] & (o_r > 0) & (p_r < l_r + o_r)
         ok = final & kv.can_allocate(s, st, c, i, sb, r, p_r, p_r + 1, empty, 0)
         s = kv.allocate(s, st, c, i, sb, r, p_r, p_r + 1, empty, 0, ok)
-        s = kv.release(s, st, i, sb, True)
+        s = kv.release(s, st, i, sb, go)
         kk = p_r - l_r
+        t = c.tenant[r]
         s = s.replace(
             status=s.status.at[r].set(COMPLETED), capped=s.capped.at[r].set(capped[pos]),
             out_done=s.out_done.at[r].set(jnp.where(kk < o_r, kk + 1, kk)),
             e2e=s.e2e.at[r].set(s.ttft[r] + s.itl_sum[r]
                                 + jnp.where(o_r > 0, st.post_decode_us, 0)),
-            slot_req=s.slot_req.at[i, sb].set(NIL),
-            tenant_in_flight=s.tenant_in_flight.at[c.tenant[r]].set(
-                jnp.maximum(s.tenant_in_flight[c.tenant[r]] - 1, 0)))
-        return s
+            slot_req=upd(s.slot_req, (i, sb), NIL, go),
+            tenant_in_flight=upd(s.tenant_in_flight, t,
+                                 jnp.maximum(s.tenant_in_flight[t] - 1, 0), go))
+        return s, k + go.astype(k.dtype)
 
-    s = lax.fori_loop(0, count, body, s)
+    s, _ = kv.lane_while(lambda cr: cr[1] < count, body, (s, jnp.asarray(0, jnp.int32)))
     keep = valid & ~fin
     dest = jnp.where(keep, jnp.cumsum(keep) - 1, st.batch_slots)
     row = jnp.full(st.batch_slots + 1, NIL, jnp.int32).at[dest].set(s.order[i])[:-1]

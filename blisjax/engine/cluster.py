@@ -11,7 +11,6 @@ lanes can run the same program in lockstep.
 from __future__ import annotations
 
 import jax.numpy as jnp
-from jax import lax
 
 from blisjax.engine import batch, kv
 from blisjax.engine.exactfloat import exact_mul
@@ -295,4 +294,7 @@ def _advance_deadline_cursor(s: SimState, st, c) -> SimState:
         r = c.deadline_order[jnp.minimum(cur, st.num_deadlines)]
         return (cur < st.num_deadlines) & s.tdone[jnp.maximum(r, 0)]
 
-    return s.replace(dl_cursor=lax.while_loop(cond, lambda cur: cur + 1, s.dl_cursor))
+    def body(cur, go):
+        return cur + go.astype(cur.dtype)
+
+    return s.replace(dl_cursor=kv.lane_while(cond, body, s.dl_cursor))

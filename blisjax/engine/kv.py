@@ -23,6 +23,23 @@ from jax import lax
 
 from blisjax.engine.state import NIL, SimState
 
+LANES = "lanes"  # the vmap axis name of a population
+
+
+def lane_while(cond_fn, body_fn, init):
+    """``while_loop`` for code vmapped over ``LANES``: runs while *any* lane's ``cond_fn`` holds
+    and calls ``body_fn(carry, go)`` with this lane's ``go``; the body must leave the carry
+    unchanged where ``go`` is False.
+
+    A plain ``while_loop`` with a per-lane predicate under ``vmap`` selects between old and new
+    values of its whole carry at every iteration — O(state size) per inner iteration. Reducing
+    the predicate over the lane axis keeps each iteration O(what it touches).
+    """
+    def cond(carry):
+        return lax.pmax(cond_fn(carry).astype(jnp.int32), LANES) > 0
+
+    return lax.while_loop(cond, lambda carry: body_fn(carry, cond_fn(carry)), init)
+
 
 def upd(arr, idx, val, active):
     """``arr[idx] = val`` where ``active``; otherwise unchanged (one gather + one scatter)."""
@@ -130,16 +147,19 @@ def allocate(s: SimState, st, c, i, sb, r, start, end, cached, n_cached, active)
     remaining = jnp.where(active, end - start, 0)
     # 1. First allocation of the request: claim its cached prefix blocks.
     claim = (remaining > 0) & (s.blen[i, sb] == 0)
+    n_claim = jnp.where(claim, n_cached, 0)
 
-    def claim_one(k, s):
-        b = cached[k]
+    def claim_body(carry, go):
+        s, k = carry
+        b = cached[jnp.minimum(k, cached.shape[0] - 1)]
         was_free = ~s.kv_used[i, b]
-        s = unlink(s, st, i, b, was_free)
-        return s.replace(
-            kv_ref=add(s.kv_ref, (i, b), 1, True), kv_used=upd(s.kv_used, (i, b), True, True),
-            bt=upd(s.bt, (i, sb, k), b, True))
+        s = unlink(s, st, i, b, go & was_free)
+        s = s.replace(
+            kv_ref=add(s.kv_ref, (i, b), 1, go), kv_used=upd(s.kv_used, (i, b), True, go),
+            bt=upd(s.bt, (i, sb, jnp.minimum(k, mb - 1)), b, go))
+        return s, k + go.astype(k.dtype)
 
-    s = lax.fori_loop(0, jnp.where(claim, n_cached, 0), claim_one, s)
+    s, _ = lane_while(lambda c: c[1] < n_claim, claim_body, (s, jnp.asarray(0, jnp.int32)))
     s = s.replace(blen=upd(s.blen, (i, sb), n_cached, claim),
                   hits=add(s.hits, i, n_cached, claim))
     # 2. Fill the partially filled last block, if any.
@@ -153,24 +173,21 @@ def allocate(s: SimState, st, c, i, sb, r, start, end, cached, n_cached, active)
     remaining = jnp.where(partial, remaining - k, remaining)
 
     # 3. Fresh blocks from the LRU head.
-    def fresh_cond(carry):
-        return carry[1] > 0
-
-    def fresh_body(carry):
+    def fresh_body(carry, go):
         s, remaining = carry
-        s, b = pop_head(s, st, i, True)
+        s, b = pop_head(s, st, i, go)
         k = jnp.minimum(bs, remaining)
         blen = s.blen[i, sb]
         s = s.replace(
-            kv_tok=s.kv_tok.at[i, b].set(k), kv_ref=s.kv_ref.at[i, b].set(1),
-            kv_used=s.kv_used.at[i, b].set(True), misses=s.misses.at[i].add(1),
-            bt=s.bt.at[i, sb, jnp.minimum(blen, mb - 1)].set(b),
-            blen=s.blen.at[i, sb].set(blen + 1),
-            ovf_blocks=s.ovf_blocks + (blen >= mb).astype(jnp.int32))
-        s = register(s, st, c, i, r, blen, b, (k == bs) & prefill)
-        return s, remaining - k
+            kv_tok=upd(s.kv_tok, (i, b), k, go), kv_ref=upd(s.kv_ref, (i, b), 1, go),
+            kv_used=upd(s.kv_used, (i, b), True, go), misses=add(s.misses, i, 1, go),
+            bt=upd(s.bt, (i, sb, jnp.minimum(blen, mb - 1)), b, go),
+            blen=upd(s.blen, (i, sb), blen + 1, go),
+            ovf_blocks=s.ovf_blocks + (go & (blen >= mb)).astype(jnp.int32))
+        s = register(s, st, c, i, r, blen, b, go & (k == bs) & prefill)
+        return s, jnp.where(go, remaining - k, remaining)
 
-    s, _ = lax.while_loop(fresh_cond, fresh_body, (s, remaining))
+    s, _ = lane_while(lambda c: c[1] > 0, fresh_body, (s, remaining))
     return s
 
 
@@ -178,13 +195,14 @@ def release(s: SimState, st, i, sb, active) -> SimState:
     """Free a slot's blocks last to first; blocks reaching refcount 0 go to the LRU tail."""
     n = jnp.where(active, s.blen[i, sb], 0)
 
-    def body(k, s):
-        b = s.bt[i, sb, n - 1 - k]
+    def body(carry, go):
+        s, k = carry
+        b = jnp.maximum(s.bt[i, sb, jnp.clip(n - 1 - k, 0, st.max_blocks_per_request - 1)], 0)
         ref = s.kv_ref[i, b] - 1
-        s = s.replace(kv_ref=s.kv_ref.at[i, b].set(ref))
-        freed = ref == 0
+        s = s.replace(kv_ref=upd(s.kv_ref, (i, b), ref, go))
+        freed = go & (ref == 0)
         s = s.replace(kv_used=upd(s.kv_used, (i, b), False, freed))
-        return append_tail(s, st, i, b, freed)
+        return append_tail(s, st, i, b, freed), k + go.astype(k.dtype)
 
-    s = lax.fori_loop(0, n, body, s)
+    s, _ = lane_while(lambda c: c[1] < n, body, (s, jnp.asarray(0, n.dtype)))
     return s.replace(blen=upd(s.blen, (i, sb), 0, active))

@@ -17,6 +17,7 @@ import numpy as np  # noqa: E402
 
 from blisjax.config.sim import ADMISSION_POLICIES  # noqa: E402
 from blisjax.engine.cluster import lane_step  # noqa: E402
+from blisjax.engine.kv import LANES  # noqa: E402
 from blisjax.engine.params import PolicyParams, params_from_config, stack_params  # noqa: E402
 from blisjax.engine.state import COMPLETED, DROPPED, REJECTED, TIMED_OUT, init_state  # noqa: E402
 from blisjax.engine.static import EngineStatic, build_consts, build_static  # noqa: E402
@@ -30,7 +31,7 @@ def run_lanes(st: EngineStatic, consts, params: PolicyParams):
     """Simulate a population: ``params`` has a leading lane axis. Returns the final states."""
     init = jax.vmap(lambda p: init_state(st, p.tb_capacity, p.rl_burst, p.admission,
                                          _RATE_LIMIT))(params)
-    step_all = jax.vmap(lambda s, p: lane_step(s, st, consts, p))
+    step_all = jax.vmap(lambda s, p: lane_step(s, st, consts, p), axis_name=LANES)
 
     def cond(s):
         return ~jnp.all(s.done)

@@ -1,0 +1,127 @@
+"""JAX engine vs reference engine: every request's timestamps and every run counter identical.
+
+Expected values are the reference engine's (the oracle), itself pinned by hand-computed tests
+and BLIS's golden outputs.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from blisjax.config import (
+    AdmissionConfig,
+    PriorityConfig,
+    RoutingConfig,
+    ScorerWeight,
+    SimConfig,
+    apply_blis_flag_values,
+    resolve_config,
+)
+from blisjax.engine import params_from_config, simulate, simulate_population, stack_params
+from blisjax.engine.parity import first_divergence
+from blisjax.reference import simulate as reference
+from blisjax.workload import read_trace
+from tests.paths import GOLDEN_DIR
+from tests.reference.conftest import make_resolved, make_workload
+
+# Golden cases whose KV cache is small enough for the default tier.
+SMALL_GOLDEN = [0, 1, 4]
+
+
+@pytest.mark.parametrize("case", SMALL_GOLDEN)
+def test_golden_case_parity(case):
+    path = GOLDEN_DIR / f"golden_case{case}.json"
+    if not path.exists():
+        pytest.skip("shared/blis-golden is not beside the repo")
+    flags = json.loads(path.read_text())["flags"]
+    resolved = resolve_config(apply_blis_flag_values(SimConfig(), flags))
+    w = read_trace(GOLDEN_DIR / "header.yaml", GOLDEN_DIR / f"golden_case{case}.csv")
+    assert first_divergence(reference(resolved, w), simulate(resolved, w), w.request_id) is None
+
+
+EDGE_ROWS = [  # simultaneous arrivals, ties, long prompts, a shared prefix, deadlines, zero outputs
+    dict(arrival=0, input=40, output=6, group=0, prefix=32, tenant="a", slo="critical"),
+    dict(arrival=0, input=40, output=3, group=0, prefix=32, tenant="b"),
+    dict(arrival=0, input=9, output=0, tenant="a", slo="batch"),
+    dict(arrival=500, input=130, output=12, deadline=9_000, tenant="b"),
+    dict(arrival=500, input=35, output=25, group=0, prefix=32, tenant="a"),
+    dict(arrival=1200, input=70, output=1, deadline=1300, tenant="a", slo="critical"),
+    dict(arrival=4000, input=64, output=30, tenant="b", slo="batch"),
+    dict(arrival=4000, input=37, output=8, group=0, prefix=32, deadline=60_000, tenant="a"),
+    dict(arrival=9000, input=200, output=5, tenant="b"),
+    dict(arrival=9001, input=48, output=40, group=0, prefix=32, tenant="a"),
+]
+
+EDGE_CASES = {
+    "preemption-storm": dict(block_size=4, kv_blocks=30, max_running=6),
+    "chunked-budget": dict(threshold=24, max_tokens=48, instances=2),
+    "full-kv-priority-preemption": dict(block_size=4, kv_blocks=26, preemption="priority",
+                                        priority=PriorityConfig(policy="slo-class"),
+                                        scheduler="priority-fcfs", horizon_us=400_000),
+    "max-model-len": dict(max_model_len=120, instances=2, routing=RoutingConfig(
+        policy="least-loaded")),
+    "horizon-cut": dict(horizon_us=20_000, instances=2),
+    "token-bucket": dict(admission=AdmissionConfig(policy="token-bucket",
+                                                   token_bucket_capacity=150.0,
+                                                   token_bucket_refill_rate=20_000.0)),
+    "stale-snapshots-weighted": dict(instances=3, refresh_us=2000, alpha=(120.5, 1.5, 30.0),
+                                     routing=RoutingConfig(policy="weighted")),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EDGE_CASES))
+def test_edge_case_parity(name):
+    resolved = make_resolved(**EDGE_CASES[name])
+    w = make_workload(EDGE_ROWS, ("a", "b"), ("g",))
+    assert first_divergence(reference(resolved, w), simulate(resolved, w)) is None
+
+
+def _random_policy_configs(base: SimConfig, tenants, count: int, seed: int):
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(count):
+        adm = rng.choice(["always-admit", "token-bucket", "rate-limit", "tenant-quota",
+                          "reject-all"], p=[0.4, 0.2, 0.15, 0.2, 0.05])
+        admission = AdmissionConfig(
+            policy=str(adm), token_bucket_capacity=float(rng.uniform(50, 3000)),
+            token_bucket_refill_rate=float(rng.uniform(1e3, 1e5)),
+            rate_limit_rps=float(rng.uniform(50, 2000)), rate_limit_burst=float(rng.uniform(1, 6)),
+            tenant_max_in_flight=((tenants[0], int(rng.integers(1, 4))),),
+            default_tenant_max_in_flight=int(rng.integers(1, 6)))
+        priority = PriorityConfig(policy=str(rng.choice(
+            ["constant", "slo-based", "slo-class", "tenant-priority", "deadline-aware"])),
+            age_weight=float(rng.choice([1.0, -0.5, 2.5])),
+            tenant_scores=((tenants[1], float(rng.uniform(-2, 2))),))
+        names = list(rng.permutation(["prefix-affinity", "queue-depth", "kv-utilization",
+                                      "load-balance"])[: int(rng.integers(1, 5))])
+        routing = RoutingConfig(
+            policy=str(rng.choice(["round-robin", "least-loaded", "always-busiest", "weighted"],
+                                  p=[0.2, 0.2, 0.1, 0.5])),
+            scorers=tuple(ScorerWeight(str(n), float(rng.uniform(0.1, 3))) for n in names))
+        policy = base.policy.__class__(admission=admission, priority=priority, routing=routing,
+                                       scheduler=base.policy.scheduler.__class__(
+                                           policy=str(rng.choice(["fcfs", "priority-fcfs",
+                                                                  "sjf"]))))
+        engine = base.engine.__class__(**{**base.engine.__dict__, "preemption_policy": str(
+            rng.choice(["fcfs", "priority"]))})
+        out.append(base.__class__(**{**base.__dict__, "policy": policy, "engine": engine}))
+    return out
+
+
+def test_population_lanes_match_independent_reference_runs():
+    # One compiled program, many policies: each lane must equal its own reference run.
+    base = make_resolved(instances=2, block_size=4, kv_blocks=40, max_running=4, max_tokens=64,
+                         threshold=32, horizon_us=300_000, refresh_us=1500,
+                         alpha=(80.25, 0.75, 12.5))
+    later = [dict(r, arrival=r["arrival"] + 9500,
+                  deadline=r["deadline"] + 9500 if r.get("deadline") else 0) for r in EDGE_ROWS]
+    w = make_workload(EDGE_ROWS + later, ("a", "b"), ("g",))
+    configs = _random_policy_configs(base.config, w.tenant_names, 12, seed=3)
+    params = stack_params([params_from_config(c, w.tenant_names) for c in configs])
+    lanes = simulate_population(base, w, params)
+    for k, cfg in enumerate(configs):
+        want = reference(resolve_config(cfg), w)
+        assert first_divergence(want, lanes[k]) is None, (k, cfg.policy)
