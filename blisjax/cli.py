@@ -1,4 +1,4 @@
-"""`blisjax` command line: run | replay | trace.
+"""`blisjax` command line: run | replay | trace | parity.
 
 Thin by design: parse arguments, build a validated configuration and workload, call an engine,
 print aggregate metrics JSON on stdout (logs go to stderr). Flags use BLIS's names and units so a
@@ -32,7 +32,7 @@ from blisjax.workload import (
     write_trace,
 )
 
-ENGINES = ("reference",)
+ENGINES = ("reference", "jax")
 
 
 def default_config_path() -> Path:
@@ -51,7 +51,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="FILE",
                    help="blisjax YAML experiment (default for `run`: the shipped default.yaml)")
     p.add_argument("--engine", choices=ENGINES, default="reference",
-                   help="simulation engine (default: reference)")
+                   help="simulation engine: reference (default) or jax (bit-identical, compiled)")
     p.add_argument("--results-path", metavar="FILE",
                    help="write per-request results (JSON array sorted by request_id)")
     p.add_argument("--metrics-path", metavar="FILE",
@@ -89,6 +89,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(replay)
     replay.add_argument("--trace-header", required=True, metavar="FILE")
     replay.add_argument("--trace-data", required=True, metavar="FILE")
+
+    parity = sub.add_parser("parity", help="run both engines and report the first divergence")
+    _add_common(parity)
+    parity.add_argument("--workload-spec", metavar="FILE", help="BLIS workload-spec v2 YAML")
+    parity.add_argument("--trace-header", metavar="FILE")
+    parity.add_argument("--trace-data", metavar="FILE")
+    _add_distribution_flags(parity)
 
     trace = sub.add_parser("trace", help="generate a workload and write it as a TraceV2 trace")
     trace.add_argument("--config", metavar="FILE")
@@ -149,13 +156,23 @@ def _generated_workload(args, cfg: SimConfig):
 # ---- commands ---------------------------------------------------------------------------------
 
 
+def _engine(name: str):
+    """The ``simulate(resolved, workload)`` of an engine (imported only when needed)."""
+    if name == "jax":
+        from blisjax.engine import simulate
+    else:
+        from blisjax.reference import simulate
+    return simulate
+
+
 def _simulate(args, cfg: SimConfig, workload) -> int:
     resolved = resolve_config(cfg)
-    from blisjax.reference import simulate  # engines are imported only when needed
-
     start = time.perf_counter()
-    result = simulate(resolved, workload)
+    result = _engine(args.engine)(resolved, workload)
     wall_s = time.perf_counter() - start
+    if result.overflow:
+        raise ConfigError(f"engine capacities: overflowed {result.overflow}; the numbers of this "
+                          "run are not valid (raise the capacities, see README)")
     metrics = aggregate_metrics(result, workload, cfg.metrics,
                                 scheduler=cfg.policy.scheduler.policy)
     if args.results_path:
@@ -182,6 +199,29 @@ def cmd_replay(args) -> int:
     return _simulate(args, cfg, read_trace(args.trace_header, args.trace_data))
 
 
+def cmd_parity(args) -> int:
+    """Reference vs JAX engine on one configuration: "identical" or the first divergence."""
+    if args.trace_header or args.trace_data:
+        if not (args.trace_header and args.trace_data):
+            raise ConfigError("parity: give both --trace-header and --trace-data")
+        cfg = _config_from_args(args, default_to_shipped=False)
+        workload = read_trace(args.trace_header, args.trace_data)
+    else:
+        cfg = _config_from_args(args, default_to_shipped=args.config is None
+                                and not args.workload_spec and not _distribution_requested(args))
+        workload = _generated_workload(args, cfg)
+    from blisjax.engine.parity import first_divergence
+
+    resolved = resolve_config(cfg)
+    ref = _engine("reference")(resolved, workload)
+    jx = _engine("jax")(resolved, workload)
+    diff = first_divergence(ref, jx, workload.request_id)
+    print(json.dumps({"requests": workload.num_requests,
+                      "result": "identical" if diff is None else "divergent",
+                      "first_divergence": diff}, indent=2))
+    return 0 if diff is None else 1
+
+
 def cmd_trace(args) -> int:
     cfg = load_config(args.config) if args.config else SimConfig()
     if args.seed is not None:
@@ -192,7 +232,7 @@ def cmd_trace(args) -> int:
     return 0
 
 
-COMMANDS = {"run": cmd_run, "replay": cmd_replay, "trace": cmd_trace}
+COMMANDS = {"run": cmd_run, "replay": cmd_replay, "trace": cmd_trace, "parity": cmd_parity}
 
 
 def main(argv: list[str] | None = None) -> int:
