@@ -184,15 +184,28 @@ class LatencyConfig:
       alpha_coeffs: α coefficients (µs); blackbox/roofline: (α0, α1 per input token, α2 per output
         token). None = shipped defaults (blackbox: looked up by model/hardware/TP; roofline: zeros).
       beta_coeffs: β coefficients (µs); blackbox: (β0, β1 per prefill token, β2 per decode token).
-        None = shipped defaults. The roofline model takes no β.
+        None = shipped defaults. The roofline model takes no β. Physics: 11 α and 16 β given
+        inline, or ``coefficients_file``.
+      coefficients_file: physics coefficient YAML (with provenance and the training γ).
+      preemption_ema_gamma: physics preemption-EMA decay in [0, 1]; None = the coefficients' γ.
     """
 
     model: str = "blackbox"
     alpha_coeffs: tuple[float, ...] | None = None
     beta_coeffs: tuple[float, ...] | None = None
+    coefficients_file: str | None = None
+    preemption_ema_gamma: float | None = None
 
     def __post_init__(self) -> None:
         check_choice("latency.model", self.model, LATENCY_MODELS)
+        if self.coefficients_file is not None:
+            check_str("latency.coefficients_file", self.coefficients_file)
+            if self.model != "physics":
+                raise ConfigError("latency.coefficients_file", "is only used with model 'physics'")
+        if self.preemption_ema_gamma is not None:
+            set_field(self, "preemption_ema_gamma", check_float(
+                "latency.preemption_ema_gamma", self.preemption_ema_gamma, min_value=0.0,
+                max_value=1.0))
         for name in ("alpha_coeffs", "beta_coeffs"):
             value = getattr(self, name)
             if value is not None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from blisjax.latency.blackbox import BlackboxLatency
 from blisjax.latency.roofline import RooflineLatency
 
@@ -26,7 +28,37 @@ def make_latency_model(resolved):
             tp=resolved.config.engine.tensor_parallel_size,
             alpha=tuple(resolved.alpha),
         )
-    raise ValueError(
-        f"latency.model: {name!r} is not available yet in this build "
-        "(supported: blackbox, roofline)"
+    if name == "physics":
+        return _physics(resolved)
+    raise ValueError(f"latency.model: {name!r} is unknown (blackbox, roofline, physics)")
+
+
+def _physics(resolved):
+    """Physics-normalized model: coefficients from a file, inline (11 α + 16 β), or the shipped
+    illustrative placeholder; γ from the coefficients unless the config overrides it."""
+    from blisjax.latency.physics import (
+        PhysicsCoefficients,
+        PhysicsLatency,
+        VLLMKnobs,
+        load_physics_coefficients,
+        shipped_physics_coefficients,
     )
+
+    cfg = resolved.config
+    lat = cfg.latency
+    if resolved.model_config is None:
+        raise ValueError("model: the physics latency model needs the model's config.json")
+    if lat.coefficients_file:
+        coeffs = load_physics_coefficients(lat.coefficients_file)
+    elif resolved.alpha or resolved.beta:
+        coeffs = PhysicsCoefficients(
+            alpha=tuple(resolved.alpha), beta=tuple(resolved.beta), model=cfg.model,
+            hardware=cfg.hardware, tp=cfg.engine.tensor_parallel_size, status="illustrative",
+            source="inline latency.alpha_coeffs/beta_coeffs")
+    else:
+        coeffs = shipped_physics_coefficients()["illustrative-placeholder.yaml"]
+    if lat.preemption_ema_gamma is not None:
+        coeffs = dataclasses.replace(coeffs, gamma=lat.preemption_ema_gamma)
+    knobs = VLLMKnobs.from_engine(cfg.engine, resolved.total_kv_blocks)
+    return PhysicsLatency.build(resolved.model_config, resolved.hardware_config,
+                                cfg.engine.tensor_parallel_size, knobs, coeffs)

@@ -61,6 +61,11 @@ class Instance:
         self.itl_entries: list[int] = []
         self._budget = 0
         self._preempted_this_step = False
+        # Physics-normalized latency reads instance state (queue depths, KV usage, preemptions).
+        self.stateful_latency = hasattr(latency, "step_inputs")
+        self.preemption_ema = 0.0
+        self._preempted_count_step = 0
+        self._admitted_cached_tokens: dict[int, int] = {}
 
     # ---- event heap ------------------------------------------------------------------------
     def push(self, time_us: int, prio: int, req) -> None:
@@ -81,7 +86,7 @@ class Instance:
             return  # lazily cancelled: the clock does not advance (§1.4)
         self.clock_us = time_us
         if prio == EV_ARRIVAL:
-            self.push(time_us + self.latency.queueing_delay_us(req.input_tokens), EV_QUEUED, req)
+            self.push(time_us + self._queueing_delay_us(req), EV_QUEUED, req)
         elif prio == EV_QUEUED:
             self._enqueue(req, time_us)
             if not self.step_pending and self.wait_queue:
@@ -91,6 +96,19 @@ class Instance:
             self._step(time_us)
         else:
             self._timeout(req, time_us)
+
+    def _queueing_delay_us(self, req) -> int:
+        """α delay, computed when the instance receives the request (BLIS QueueingTime)."""
+        if not self.stateful_latency:
+            return self.latency.queueing_delay_us(req.input_tokens)
+        from blisjax.latency.physics import PhysicsQueueInputs
+
+        inputs = PhysicsQueueInputs.from_state(
+            self.latency.config, running_depth=len(self.running),
+            waiting_depth=len(self.wait_queue), kv_used_blocks=self.kv.used_blocks,
+            prompt_tokens=req.input_tokens, prefix_cached_blocks=len(self.kv.cached_blocks(req)),
+            preemption_ema=self.preemption_ema)
+        return self.latency.queueing_delay_us(inputs)
 
     # ---- enqueue (§2.1) ----------------------------------------------------------------------
     def _enqueue(self, req, now_us: int) -> None:
@@ -151,6 +169,9 @@ class Instance:
         if self.scheduler != "fcfs":
             self.wait_queue = deque(reorder_wait_queue(self.scheduler, list(self.wait_queue)))
         self._form_batch(now_us)
+        if self.stateful_latency:  # one EMA step per step, before this step's features
+            self.preemption_ema = self.latency.update_preemption_ema(
+                self.preemption_ema, self._preempted_count_step, len(self.running))
         d = self._execute(now_us)
         self.queue_depth_time_us += len(self.wait_queue) * d
         self._complete(now_us, d)
@@ -163,6 +184,8 @@ class Instance:
         """vLLM-style FormBatch: phase 1 continues running requests, phase 2 admits new ones."""
         self._budget = self.max_batched_tokens
         self._preempted_this_step = False
+        self._preempted_count_step = 0
+        self._admitted_cached_tokens = {}
         running = self.running
         for r in running:
             r.num_new_tokens = 0
@@ -207,6 +230,7 @@ class Instance:
             self._budget -= n
             head.computed_tokens = n + start
             head.scheduling_delay_us = now_us - head.arrival_us
+            self._admitted_cached_tokens[head.index] = start
 
     def _clamp_prefill(self, n: int, start: int) -> int:
         """Chunk size: long-prefill threshold, token budget, then the max-model-len cap."""
@@ -253,6 +277,7 @@ class Instance:
 
     def _preempt(self, victim) -> None:
         self._preempted_this_step = True
+        self._preempted_count_step += 1
         if victim.num_new_tokens > 0:
             self._budget += victim.num_new_tokens  # refund what it got earlier in this step
         victim.num_new_tokens = 0
@@ -275,7 +300,13 @@ class Instance:
             input_tokens=[r.input_tokens for r in scheduled],
             output_tokens=[r.output_tokens for r in scheduled],
         )
-        d = max(1, self.latency.step_time_us(batch))
+        if self.stateful_latency:
+            cached = [self._admitted_cached_tokens.get(r.index, 0) for r in scheduled]
+            inputs = self.latency.step_inputs(batch, self.preemption_ema,
+                                              prefix_cached_tokens=cached)
+            d = max(1, self.latency.step_time_us(inputs))
+        else:
+            d = max(1, self.latency.step_time_us(batch))
         itl = d + self.otp_us
         for r in self.running:
             if r.progress_index < r.input_tokens:
