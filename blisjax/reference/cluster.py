@@ -46,7 +46,8 @@ class ClusterSimulator:
     event (slow; used by tests).
     """
 
-    def __init__(self, resolved, workload, check_invariants: bool = False) -> None:
+    def __init__(self, resolved, workload, check_invariants: bool = False,
+                 observer=None) -> None:
         cfg = resolved.config
         self.cfg = cfg
         self.workload = workload
@@ -63,6 +64,8 @@ class ClusterSimulator:
                      hash_of=self._hash_of)
             for i in range(n_inst)
         ]
+        for x in self.instances:
+            x.observer = observer
         self.admission = Admission(cfg.policy.admission, workload.tenant_names)
         self.router = Router(cfg.policy.routing, n_inst, self.block_size,
                              cfg.cluster.prefix_index_capacity_blocks)

@@ -66,6 +66,9 @@ class Instance:
         self.preemption_ema = 0.0
         self._preempted_count_step = 0
         self._admitted_cached_tokens: dict[int, int] = {}
+        # Optional observer (tracing / latency fitting): on_queue(...) and on_step(...) get the
+        # state a latency model sees; it must not change the simulation.
+        self.observer = None
 
     # ---- event heap ------------------------------------------------------------------------
     def push(self, time_us: int, prio: int, req) -> None:
@@ -99,6 +102,18 @@ class Instance:
 
     def _queueing_delay_us(self, req) -> int:
         """α delay, computed when the instance receives the request (BLIS QueueingTime)."""
+        delay = self._model_queueing_delay_us(req)
+        if self.observer is not None:
+            self.observer.on_queue(
+                instance=self.index, request=req.index, time_us=self.clock_us, delay_us=delay,
+                running_depth=len(self.running), waiting_depth=len(self.wait_queue),
+                kv_used_blocks=self.kv.used_blocks, kv_total_blocks=self.kv.total_blocks,
+                prompt_tokens=req.input_tokens,
+                prefix_cached_blocks=len(self.kv.cached_blocks(req)),
+                preemption_ema=self.preemption_ema)
+        return delay
+
+    def _model_queueing_delay_us(self, req) -> int:
         if not self.stateful_latency:
             return self.latency.queueing_delay_us(req.input_tokens)
         from blisjax.latency.physics import PhysicsQueueInputs
@@ -307,6 +322,14 @@ class Instance:
             d = max(1, self.latency.step_time_us(inputs))
         else:
             d = max(1, self.latency.step_time_us(batch))
+        if self.observer is not None:
+            self.observer.on_step(
+                instance=self.index, time_us=now_us, duration_us=d, batch=batch,
+                prefix_cached_tokens=[self._admitted_cached_tokens.get(r.index, 0)
+                                      for r in scheduled],
+                running_depth=len(self.running), waiting_depth=len(self.wait_queue),
+                kv_used_blocks=self.kv.used_blocks, kv_total_blocks=self.kv.total_blocks,
+                num_preempted=self._preempted_count_step, preemption_ema=self.preemption_ema)
         itl = d + self.otp_us
         for r in self.running:
             if r.progress_index < r.input_tokens:
