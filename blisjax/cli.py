@@ -1,4 +1,4 @@
-"""`blisjax` command line: run | replay | trace | parity.
+"""`blisjax` command line: run | replay | trace | parity | fit-latency.
 
 Thin by design: parse arguments, build a validated configuration and workload, call an engine,
 print aggregate metrics JSON on stdout (logs go to stderr). Flags use BLIS's names and units so a
@@ -104,6 +104,40 @@ def build_parser() -> argparse.ArgumentParser:
     _add_distribution_flags(trace)
     trace.add_argument("--out-header", required=True, metavar="FILE")
     trace.add_argument("--out-data", required=True, metavar="FILE")
+
+    fit = sub.add_parser(
+        "fit-latency",
+        help="fit physics (and blackbox) latency coefficients from step/journey tables, or "
+             "export such tables from a simulation (--export-from-config)")
+    fit.add_argument("--steps", metavar="FILE", help="step table (CSV or JSON lines)")
+    fit.add_argument("--journeys", metavar="FILE", help="request-journey table (CSV or JSONL)")
+    fit.add_argument("--config", metavar="FILE",
+                     help="experiment YAML describing the traced deployment (model, hardware, "
+                          "TP, engine knobs; default: the shipped default.yaml)")
+    fit.add_argument("--out", metavar="FILE", help="write the coefficient YAML (atomically)")
+    fit.add_argument("--report", metavar="FILE", help="also write the JSON report to FILE")
+    fit.add_argument("--lambdas", nargs="+", metavar="X",
+                     help="ridge λ grid (default 0.001 0.01 0.1 1 10 100)")
+    fit.add_argument("--gammas", nargs="+", metavar="G",
+                     help="preemption-EMA γ grid (default 0.1 0.3 0.5)")
+    fit.add_argument("--folds", type=int, default=5, help="CV folds (default 5)")
+    fit.add_argument("--holdout", type=float, default=0.2,
+                     help="share of each instance's samples held out, in time (default 0.2)")
+    fit.add_argument("--warmup-steps", type=int, default=10,
+                     help="steps per instance excluded from the beta fit (default 10)")
+    fit.add_argument("--outlier-factor", type=float, default=5.0,
+                     help="drop samples with target > factor x median (default 5; 0 = off)")
+    fit.add_argument("--alpha-target", choices=("queued", "scheduled"), default="queued",
+                     help="alpha target: queued = ts.QUEUED - ts.ARRIVED (blisjax's α delay, "
+                          "default); scheduled = ts.SCHEDULED - ts.QUEUED (spec 004 §1)")
+    fit.add_argument("--export-from-config", metavar="CONFIG",
+                     help="instead of fitting: simulate CONFIG (reference engine) and write "
+                          "its tables to --out-steps and --out-journeys")
+    fit.add_argument("--out-steps", metavar="FILE", help="export: step table path (.csv/.jsonl)")
+    fit.add_argument("--out-journeys", metavar="FILE", help="export: journey table path")
+    fit.add_argument("--trace-start", metavar="ISO",
+                     help="export: wall-clock time of simulated t=0 (e.g. 2026-01-15T00:00:00Z); "
+                          "default: none (timestamps count from 0 ns)")
     return parser
 
 
@@ -232,7 +266,105 @@ def cmd_trace(args) -> int:
     return 0
 
 
-COMMANDS = {"run": cmd_run, "replay": cmd_replay, "trace": cmd_trace, "parity": cmd_parity}
+def _number_list(flag: str, values: list[str] | None) -> tuple[float, ...] | None:
+    if values is None:
+        return None
+    out = []
+    for token in values:
+        for part in token.split(","):
+            if not part.strip():
+                continue
+            try:
+                out.append(float(part))
+            except ValueError:
+                raise ConfigError(flag, f"must be numbers, got {part!r}") from None
+    if not out:
+        raise ConfigError(flag, "needs at least one value")
+    return tuple(out)
+
+
+def _fit_export(args) -> int:
+    import datetime
+
+    from blisjax.latency.fit_export import export_latency_tables
+
+    for flag, value in (("--out-steps", args.out_steps), ("--out-journeys", args.out_journeys)):
+        if not value:
+            raise ConfigError(flag, "is required with --export-from-config")
+    for flag in ("steps", "journeys", "out", "report"):
+        if getattr(args, flag):
+            raise ConfigError(f"--{flag}", "cannot be combined with --export-from-config")
+    start_ns = 0
+    if args.trace_start:
+        try:
+            t = datetime.datetime.fromisoformat(args.trace_start.replace("Z", "+00:00"))
+        except ValueError:
+            raise ConfigError("--trace-start", f"must be an ISO date/time, got "
+                              f"{args.trace_start!r}") from None
+        if t.tzinfo is None:
+            t = t.replace(tzinfo=datetime.timezone.utc)
+        start_ns = int(round(t.timestamp())) * 10**9
+    cfg = load_config(args.export_from_config)
+    workload = _generated_workload(args, cfg)
+    n_steps, n_journeys, _ = export_latency_tables(
+        resolve_config(cfg), workload, args.out_steps, args.out_journeys, start_ns=start_ns)
+    _log(f"wrote {n_steps} steps to {args.out_steps} and {n_journeys} journeys to "
+         f"{args.out_journeys}")
+    return 0
+
+
+def cmd_fit_latency(args) -> int:
+    """Fit latency coefficients (JSON report on stdout), or export tables from a simulation."""
+    if args.export_from_config:
+        return _fit_export(args)
+    from blisjax.latency.fit import (
+        FitOptions,
+        coefficients_yaml,
+        fit_latency,
+        physics_config_from_sim,
+        read_journey_table,
+        read_step_table,
+        write_text_atomic,
+    )
+
+    for flag, value in (("--steps", args.steps), ("--journeys", args.journeys)):
+        if not value:
+            raise ConfigError(flag, "is required (or use --export-from-config)")
+    for flag in ("out_steps", "out_journeys", "trace_start"):
+        if getattr(args, flag):
+            raise ConfigError(f"--{flag.replace('_', '-')}", "is only used with "
+                              "--export-from-config")
+    kw = {}
+    lambdas = _number_list("--lambdas", args.lambdas)
+    gammas = _number_list("--gammas", args.gammas)
+    if lambdas is not None:
+        kw["lambdas"] = lambdas
+    if gammas is not None:
+        kw["gammas"] = gammas
+    options = FitOptions(folds=args.folds, holdout=args.holdout, warmup_steps=args.warmup_steps,
+                         outlier_factor=args.outlier_factor, alpha_target=args.alpha_target, **kw)
+    config_path = args.config or str(default_config_path())
+    pc, model, hardware, tp = physics_config_from_sim(load_config(config_path))
+    start = time.perf_counter()
+    steps = read_step_table(args.steps)
+    journeys = read_journey_table(args.journeys)
+    sources = {"steps": args.steps, "journeys": args.journeys, "config": config_path}
+    result = fit_latency(steps, journeys, pc, model=model, hardware=hardware, tp=tp,
+                         options=options, sources=sources)
+    report = {**result.report, "output": args.out}
+    if args.out:
+        write_text_atomic(args.out, coefficients_yaml(result))
+    if args.report:
+        write_json_atomic(args.report, report)
+    _log(f"fit {len(steps)} steps, {len(journeys)} journeys in "
+         f"{time.perf_counter() - start:.2f} s; v1 acceptance: "
+         f"{'pass' if report['acceptance']['pass'] else 'FAIL'}")
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+COMMANDS = {"run": cmd_run, "replay": cmd_replay, "trace": cmd_trace, "parity": cmd_parity,
+            "fit-latency": cmd_fit_latency}
 
 
 def main(argv: list[str] | None = None) -> int:
