@@ -39,13 +39,16 @@ def _lexmin_offset(valid, keys, tiebreak):
 def head_offset(s: SimState, st, c, p, i, now):
     """Queue offset of the next request to admit: fcfs = the head; priority-fcfs =
     (priority desc, arrival, index); sjf = (input length, arrival, index)."""
-    k = jnp.arange(st.queue_slots)
-    valid = k < s.q_len[i]
-    r = jnp.where(valid, q_at(s, st, i, k), st.num_requests)
-    arrival = c.arrival_us[r]
-    by_priority = _lexmin_offset(valid, (-priority_score(p, c, r, now), arrival), r)
-    by_length = _lexmin_offset(valid, (c.input_tokens[r], arrival), r)
-    return jnp.stack([jnp.asarray(0, jnp.int32), by_priority, by_length])[p.scheduler]
+    def scan():  # O(queue slots): only compiled-in work when some lane is not fcfs
+        k = jnp.arange(st.queue_slots)
+        valid = k < s.q_len[i]
+        r = jnp.where(valid, q_at(s, st, i, k), st.num_requests)
+        arrival = c.arrival_us[r]
+        by_priority = _lexmin_offset(valid, (-priority_score(p, c, r, now), arrival), r)
+        by_length = _lexmin_offset(valid, (c.input_tokens[r], arrival), r)
+        return jnp.stack([jnp.asarray(0, jnp.int32), by_priority, by_length])[p.scheduler]
+
+    return kv.lane_cond(p.scheduler != 0, scan, lambda: jnp.asarray(0, jnp.int32))
 
 
 def clamp_prefill(st, n, start, budget):
@@ -171,8 +174,8 @@ def phase2(s: SimState, st, c, p, i, now, budget, preempted, active):
         n = clamp_prefill(st, c.input_tokens[r] - start, start, budget)
         sb = jnp.argmax(s.slot_req[i] == NIL).astype(jnp.int32)
         ok = go & kv.can_allocate(s, st, c, i, sb, r, start, start + n, cached, n_cached)
+        s, r = q_remove_at(s, st, i, k, ok, through=r)  # r read before the queue moves
         s = kv.allocate(s, st, c, i, sb, r, start, start + n, cached, n_cached, ok)
-        s = q_remove_at(s, st, i, k, ok)
         rr = jnp.where(ok, r, st.num_requests)
         s = s.replace(
             order=upd(s.order, (i, s.n_run[i]), sb, ok), n_run=add(s.n_run, i, 1, ok),

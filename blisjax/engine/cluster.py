@@ -276,12 +276,14 @@ def lane_step(s: SimState, st, c, p) -> SimState:
     kind_step = ins & ~kind_enq & (ts[i_star] == best_t)
     kind_to = ins & ~kind_enq & ~kind_step
     s = s.replace(clock=upd(s.clock, i_star, t_evt, ins))
-    s = admission(s, st, c, p, t_evt, cl & (cl_kind == 0))
-    s = routing(s, st, c, p, t_evt, cl & (cl_kind == 1))
-    s = enqueue(s, st, c, i_star, e_star[i_star], t_evt, kind_enq)
-    s = batch.step(s, st, c, p, i_star, t_evt, kind_step)
+    # each handler is skipped outright when no lane has that kind of event
+    once = kv.lane_once
+    s = once(cl & (cl_kind == 0), lambda s, go: admission(s, st, c, p, t_evt, go), s)
+    s = once(cl & (cl_kind == 1), lambda s, go: routing(s, st, c, p, t_evt, go), s)
+    s = once(kind_enq, lambda s, go: enqueue(s, st, c, i_star, e_star[i_star], t_evt, go), s)
+    s = once(kind_step, lambda s, go: batch.step(s, st, c, p, i_star, t_evt, go), s)
     to_r = wr[jnp.argmin(to_seq[i_star])]
-    s = timeout(s, st, c, i_star, to_r, t_evt, kind_to)
+    s = once(kind_to, lambda s, go: timeout(s, st, c, i_star, to_r, t_evt, go), s)
     # a handled deadline (timeout or no-op) is marked done; the cursor skips handled entries
     noop_r = wr[jnp.argmax(noop)]
     handled = jnp.where(kind_to, to_r, jnp.where(cl & (cl_kind == 2), noop_r, n))

@@ -41,6 +41,27 @@ def lane_while(cond_fn, body_fn, init):
     return lax.while_loop(cond, lambda carry: body_fn(carry, cond_fn(carry)), init)
 
 
+def lane_any(pred):
+    """True (unbatched) when ``pred`` holds in any lane."""
+    return lax.pmax(pred.astype(jnp.int32), LANES) > 0
+
+
+def lane_cond(pred, true_fn, false_fn, *operands):
+    """``lax.cond`` on whether *any* lane's ``pred`` holds: the branch is skipped entirely (not
+    run masked) when no lane needs it. ``true_fn`` must itself mask lanes where ``pred`` is
+    False, like every handler."""
+    return lax.cond(lane_any(pred), true_fn, false_fn, *operands)
+
+
+def lane_once(active, handler, s):
+    """``handler(s, active)`` run once if any lane is ``active``, skipped otherwise. For
+    populations small enough that an event kind is often absent from every lane (P = 1)."""
+    def body(carry, go):
+        return handler(carry[0], go), jnp.zeros_like(go)
+
+    return lane_while(lambda carry: carry[1], body, (s, active))[0]
+
+
 def upd(arr, idx, val, active):
     """``arr[idx] = val`` where ``active``; otherwise unchanged (one gather + one scatter)."""
     return arr.at[idx].set(jnp.where(active, val, arr[idx]))

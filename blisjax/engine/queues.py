@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from blisjax.engine.kv import add, upd
+from blisjax.engine.kv import add, lane_once, upd
 from blisjax.engine.state import NIL, SimState
 
 
@@ -30,15 +30,26 @@ def q_push_front(s: SimState, st, i, r, active) -> SimState:
                      ovf_queue=s.ovf_queue + (active & full).astype(jnp.int32))
 
 
-def q_remove_at(s: SimState, st, i, k, active) -> SimState:
-    """Remove the entry at offset k, closing the gap (O(queue slots), vectorised)."""
+def q_remove_at(s: SimState, st, i, k, active, through=None):
+    """Remove the entry at offset k: the k entries before it move back by one and the head
+    advances (O(1) at the head, as fcfs always is; O(queue slots) otherwise, and then only run
+    when some lane needs it). Entries past the queue length are never read."""
     q = st.queue_slots
-    idx = jnp.arange(q)
-    off = (idx - s.q_head[i]) % q
-    src = jnp.where(off >= k, off + 1, off)
-    row = s.q_buf[i, (s.q_head[i] + src) % q]
-    return s.replace(q_buf=s.q_buf.at[i].set(jnp.where(active, row, s.q_buf[i])),
-                     q_len=add(s.q_len, i, -1, active))
+    mid = active & (k > 0)
+
+    def shift(carry, go):
+        q_buf, kept = carry
+        idx = jnp.arange(q)
+        off = (idx - s.q_head[i]) % q
+        src = jnp.where((off >= 1) & (off <= k), idx - 1, idx) % q
+        return q_buf.at[i].set(jnp.where(go, q_buf[i, src], q_buf[i])), kept
+
+    # A one-shot loop updates in place (a cond copies). Values read from the queue before
+    # (``through``) ride in its carry, so nothing re-reads the old queue afterwards.
+    q_buf, through_out = lane_once(mid, shift, (s.q_buf, through))
+    s = s.replace(q_buf=q_buf, q_head=upd(s.q_head, i, (s.q_head[i] + 1) % q, active),
+                  q_len=add(s.q_len, i, -1, active))
+    return s if through is None else (s, through_out)
 
 
 def q_offset_of(s: SimState, st, i, r):

@@ -26,6 +26,9 @@ from blisjax.metrics import records  # noqa: E402
 _RATE_LIMIT = ADMISSION_POLICIES.index("rate-limit")
 
 
+# Not used: XLA's ``xla_cpu_copy_insertion_use_region_analysis`` removes most full-array copies
+# in inner loops (2x faster per event) but produced wrong results on parity edge cases
+# (preemption-storm, horizon-cut) with jax 0.10.2 — an unsafe in-place update. Parity first.
 @functools.partial(jax.jit, static_argnums=(0,))
 def run_lanes(st: EngineStatic, consts, params: PolicyParams):
     """Simulate a population: ``params`` has a leading lane axis. Returns the final states."""

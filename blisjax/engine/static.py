@@ -102,8 +102,9 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
                  keep_itl_entries: bool = True) -> EngineStatic:
     """Capacities derived from the configuration and the workload (see README, Capacities).
 
-    Defaults are safe upper bounds: the queue can hold every request and the pending window
-    every request (so they never overflow); pass smaller values to save memory.
+    Defaults are safe upper bounds: the queue can hold every request, and the pending window
+    the most requests whose α-delay windows overlap in time (so neither can overflow); pass
+    smaller values to save memory.
     """
     cfg = resolved.config
     eng = cfg.engine
@@ -123,7 +124,7 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
         num_instances=cfg.cluster.num_instances,
         num_tenants=len(workload.tenant_names),
         queue_slots=int(queue_slots or max(n, 1)),
-        pending_slots=int(pending_slots or max(n, 1)),
+        pending_slots=int(pending_slots or _max_pending(resolved, workload)),
         batch_slots=eng.max_num_running_reqs,
         max_blocks_per_request=int(_ceil_div(int(total.max()) + 1, bs)) if n else 1,
         max_prompt_blocks=int(full.max()) if n else 0,
@@ -149,6 +150,31 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
     )
 
 
+def _queue_delays(resolved, workload) -> np.ndarray:
+    alpha = tuple(resolved.alpha)
+    return np.array([blackbox_queueing_delay_us(alpha, int(x)) for x in workload.input_tokens],
+                    dtype=np.int64)
+
+
+def _max_pending(resolved, workload) -> int:
+    """Most requests that can be between routing and enqueue at once, on any instance.
+
+    Request r is routed at arrival + admission + routing latency (fixed offsets) and enqueued
+    exactly ``queue_delay_us[r]`` later; both ends count (routing precedes enqueue at equal
+    times). The slots the kernel scans per event are this bound, not the request count.
+    """
+    if workload.num_requests == 0 or resolved.config.latency.model != "blackbox":
+        return max(workload.num_requests, 1)
+    cl = resolved.config.cluster
+    start = np.asarray(workload.arrival_us, np.int64) + cl.admission_latency_us \
+        + cl.routing_latency_us
+    end = np.sort(start + _queue_delays(resolved, workload))
+    start = np.sort(start)
+    # overlap peaks at some start: routed by then minus enqueued strictly before then
+    live = np.searchsorted(start, start, "right") - np.searchsorted(end, start, "left")
+    return int(live.max()) + 1
+
+
 def _group_blocks(workload, bs: int) -> np.ndarray:
     grp = np.asarray(workload.prefix_group)
     pl = np.asarray(workload.prefix_length, dtype=np.int64)
@@ -167,9 +193,9 @@ def build_consts(resolved, workload, st: EngineStatic) -> WorkloadConsts:
     full = inp // bs
     own_count = full - gb
     own_start = np.concatenate([[0], np.cumsum(own_count)[:-1]]) if st.num_requests else own_count
-    alpha, beta = tuple(resolved.alpha), tuple(resolved.beta)
+    beta = tuple(resolved.beta)
     # Queueing delay and step-time terms with the reference's own float formulas, on the host.
-    qdelay = np.array([blackbox_queueing_delay_us(alpha, int(x)) for x in inp], dtype=np.int64)
+    qdelay = _queue_delays(resolved, workload)
     step_prefill = np.array([(0.0 + beta[0]) + beta[1] * float(c)
                              for c in range(st.token_budget + 1)], dtype=np.float64)
     step_decode = np.array([beta[2] * float(c) for c in range(st.batch_slots + 1)],

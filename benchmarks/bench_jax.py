@@ -1,0 +1,124 @@
+"""Throughput of the JAX engine on populations of policies, next to the reference engine.
+
+Scenario S: 4 instances, 2,000 requests, blackbox llama-3.1-8b-instruct / H100 (``SimConfig()``
+defaults, KV capacity computed as BLIS does), weighted routing, one shared prefix group, constant
+arrivals; prompts 256 ± 256 tokens (+128 shared prefix tokens), outputs 64 ± 16. Each lane gets
+its own random scorer weights, so lanes are distinct policies. Prints one JSON line per run:
+
+* compile_s: lowering + XLA compilation (once per shapes, reported apart);
+* run_s: wall time of one compiled call; lane_events: events summed over lanes;
+* us_per_lane_event, evals_per_s (policy evaluations = lanes per second), requests_per_s
+  (simulated requests per wall-second, summed over lanes);
+* state_bytes_per_lane, peak_rss_mb (process high-water mark so far), busy (load: busy time /
+  simulated time, lane 0).
+
+    python benchmarks/bench_jax.py                     # scenario S at P = 1, 64, 256, 1024
+    python benchmarks/bench_jax.py --lanes 1,64 --reference
+    python benchmarks/bench_jax.py --scaling           # vs N (1k, 10k), instances (1, 4, 16)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import resource
+import time
+
+import jax
+import numpy as np
+
+from blisjax.config import ClusterConfig, RoutingConfig, ScorerWeight, SimConfig, resolve_config
+from blisjax.engine.params import params_from_config, stack_params
+from blisjax.engine.run import lane_result, run_lanes
+from blisjax.engine.static import build_consts, build_static
+from blisjax.reference import simulate as reference
+from blisjax.workload import distribution_spec, generate_workload
+
+SCORERS = ("prefix-affinity", "queue-depth", "kv-utilization", "load-balance")
+
+
+def scenario(num_requests: int, instances: int, rate_per_instance: float):
+    cfg = SimConfig(cluster=ClusterConfig(num_instances=instances), seed=42)
+    cfg = _with_routing(cfg, (3.0, 2.0, 2.0, 1.0))
+    spec = distribution_spec(rate_per_instance * instances, num_requests, prompt_mean=256,
+                             prompt_std=256, output_mean=64, output_std=16, prefix_tokens=128)
+    return resolve_config(cfg), generate_workload(spec, seed=42)
+
+
+def _with_routing(cfg: SimConfig, weights) -> SimConfig:
+    routing = RoutingConfig(policy="weighted", scorers=tuple(
+        ScorerWeight(n, float(w)) for n, w in zip(SCORERS, weights, strict=True)))
+    policy = cfg.policy.__class__(**{**cfg.policy.__dict__, "routing": routing})
+    return cfg.__class__(**{**cfg.__dict__, "policy": policy})
+
+
+def population(cfg: SimConfig, tenants, lanes: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    configs = [_with_routing(cfg, rng.uniform(0.1, 3.0, size=4)) for _ in range(lanes)]
+    return stack_params([params_from_config(c, tenants) for c in configs])
+
+
+def run_jax(resolved, workload, lanes: int) -> dict:
+    st = build_static(resolved, workload)
+    consts = build_consts(resolved, workload, st)
+    params = population(resolved.config, workload.tenant_names, lanes)
+    start = time.perf_counter()
+    compiled = run_lanes.lower(st, consts, params).compile()
+    compile_s = time.perf_counter() - start
+    start = time.perf_counter()
+    final = compiled(consts, params)
+    jax.block_until_ready(final)
+    run_s = time.perf_counter() - start
+    events = int(np.asarray(final.iters).sum())
+    first = lane_result(st, consts, final, 0)
+    state_bytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(final)) // lanes
+    return {
+        "engine": "jax", "requests": st.num_requests, "instances": st.num_instances,
+        "lanes": lanes, "devices": jax.local_device_count(), "compile_s": round(compile_s, 2),
+        "run_s": round(run_s, 3), "lane_events": events,
+        "us_per_lane_event": round(run_s / events * 1e6, 2),
+        "evals_per_s": round(lanes / run_s, 2),
+        "requests_per_s": round(lanes * st.num_requests / run_s, 1),
+        "state_bytes_per_lane": int(state_bytes),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "completed_lane0": int(first.completed.sum()),
+        "busy": round(float(first.busy_time_us.mean()) / max(first.sim_ended_us, 1), 3),
+    }
+
+
+def run_reference(resolved, workload) -> dict:
+    start = time.perf_counter()
+    result = reference(resolved, workload)
+    wall = time.perf_counter() - start
+    n = workload.num_requests
+    return {"engine": "reference", "requests": n, "instances": resolved.config.cluster.num_instances,
+            "lanes": 1, "run_s": round(wall, 3), "evals_per_s": round(1 / wall, 3),
+            "requests_per_s": round(n / wall, 1), "completed": int(result.completed.sum())}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--lanes", default="1,64,256,1024", help="population sizes for scenario S")
+    ap.add_argument("--requests", type=int, default=2_000)
+    ap.add_argument("--instances", type=int, default=4)
+    ap.add_argument("--rate-per-instance", type=float, default=8.0)
+    ap.add_argument("--reference", action="store_true", help="also time the reference engine")
+    ap.add_argument("--scaling", action="store_true",
+                    help="P = 64 at N = 1k/10k (4 instances) and instances 1/4/16 (N = 2k)")
+    args = ap.parse_args()
+    print(json.dumps({"machine": platform.machine(), "python": platform.python_version(),
+                      "jax": jax.__version__, "devices": jax.local_device_count()}), flush=True)
+    runs = [(args.requests, args.instances, int(p)) for p in args.lanes.split(",")]
+    if args.scaling:
+        runs = [(1_000, 4, 64), (10_000, 4, 64), (2_000, 1, 64), (2_000, 16, 64)]
+    for n, inst, lanes in runs:
+        resolved, workload = scenario(n, inst, args.rate_per_instance)
+        print(json.dumps(run_jax(resolved, workload, lanes)), flush=True)
+    if args.reference:
+        resolved, workload = scenario(args.requests, args.instances, args.rate_per_instance)
+        print(json.dumps(run_reference(resolved, workload)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
