@@ -9,7 +9,6 @@ from __future__ import annotations
 import chex
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from blisjax.config.sim import (
     ADMISSION_POLICIES,
@@ -93,7 +92,3 @@ def stack_params(params: list[PolicyParams]) -> PolicyParams:
 def lane(params: PolicyParams, k: int) -> PolicyParams:
     """The k-th lane of a stacked population."""
     return jax.tree_util.tree_map(lambda x: x[k], params)
-
-
-def population_size(params: PolicyParams) -> int:
-    return int(np.shape(params.admission)[0]) if np.ndim(params.admission) else 1

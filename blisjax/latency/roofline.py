@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 from blisjax.config import ConfigError, HardwareConfig, ModelConfig
 from blisjax.latency.base import StepBatch, float_to_ticks
+from blisjax.latency.blackbox import blackbox_queueing_delay_us
 
 #: Tera (FLOP/s and B/s scale of the hardware table).
 TERA = 1e12
@@ -443,8 +444,9 @@ class RooflineLatency:
         )
 
     def queueing_delay_us(self, input_tokens: int) -> int:
-        """trunc(α0 + α1·L_in) µs, ``input_tokens`` including any shared prefix."""
-        return float_to_ticks(self.alpha[0] + self.alpha[1] * float(input_tokens))
+        """trunc(α0 + α1·L_in) µs, ``input_tokens`` including any shared prefix (the same
+        formula as blackbox, semantics note §4.3)."""
+        return blackbox_queueing_delay_us(self.alpha, input_tokens)
 
     def step_time_us(self, batch: StepBatch) -> int:
         prefill, decode = split_roofline_requests(batch)
