@@ -30,7 +30,7 @@ import numpy as np
 
 from blisjax.config import ClusterConfig, RoutingConfig, ScorerWeight, SimConfig, resolve_config
 from blisjax.engine.params import params_from_config, stack_params
-from blisjax.engine.run import lane_result, run_lanes
+from blisjax.engine.run import compile_lanes, lane_result
 from blisjax.engine.static import build_consts, build_static
 from blisjax.reference import simulate as reference
 from blisjax.workload import distribution_spec, generate_workload
@@ -64,7 +64,7 @@ def run_jax(resolved, workload, lanes: int) -> dict:
     consts = build_consts(resolved, workload, st)
     params = population(resolved.config, workload.tenant_names, lanes)
     start = time.perf_counter()
-    compiled = run_lanes.lower(st, consts, params).compile()
+    compiled = compile_lanes(st, consts, params)
     compile_s = time.perf_counter() - start
     start = time.perf_counter()
     final = compiled(consts, params)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from blisjax.engine import kv
+from blisjax.engine import hostlatency, kv
 from blisjax.engine.kv import add, upd
 from blisjax.engine.queues import order_remove_at, q_at, q_push_front, q_remove_at
 from blisjax.engine.state import COMPLETED, INT64_MAX, NIL, QUEUED, RUNNING, SimState
@@ -121,38 +121,76 @@ def preempt_for_tokens(s: SimState, st, c, p, i, sb, r, n, pos, budget, active):
     return s, success, pos, budget, pre
 
 
+def _continue_wants(s: SimState, st, c, r):
+    """Tokens each running request r[k] asks for in phase 1, before the token budget: its
+    prefill chunk (long-prefill threshold, max-model-len cap) or one decode token; 0 for a
+    request that gets nothing (length-capped decode, or no output tokens)."""
+    l_in, pi = c.input_tokens[r], s.pi[r]
+    prefill = pi < l_in
+    decode = ~prefill & (c.output_tokens[r] > 0)
+    if st.max_model_len > 0:
+        decode = decode & ~(pi + 1 > st.max_model_len - 1)
+    chunk = clamp_prefill(st, l_in - pi, pi, jnp.asarray(st.token_budget, jnp.int32))
+    return prefill | decode, jnp.where(prefill, chunk, 1), prefill
+
+
+def phase1_fast(s: SimState, st, c, i, active):
+    """Phase 1 for the leading running requests whose KV fits without preemption, all at once.
+
+    Sequentially, request k gets ``min(want_k, budget left)`` tokens while the budget is
+    positive, so with prefix sums of the wants: k is served iff the wants before it sum to less
+    than the budget. Each pre-check ``fresh_k <= free blocks left`` holds for every k up to
+    the first k whose running sum of fresh blocks exceeds the free count; from there on the
+    sequential loop (with preemption) takes over. Returns (state, that position, budget left).
+    """
+    valid, slots, reqs = _running(s, st, i)
+    r = jnp.where(valid & active, reqs, st.num_requests)
+    needs, want, prefill = _continue_wants(s, st, c, r)
+    needs = needs & valid & active
+    want = jnp.where(needs, want, 0)
+    before = jnp.cumsum(want) - want
+    served = needs & (before < st.token_budget)
+    n = jnp.where(served, jnp.minimum(want, st.token_budget - before), 0).astype(jnp.int32)
+    blen, _, filled = kv.last_block_fill(s, st, i, slots)
+    fresh = jnp.where(served, kv.blocks_needed(st, blen, filled, n), 0)
+    short = served & (jnp.cumsum(fresh) > s.kv_free[i])
+    stop = jnp.where(jnp.any(short), jnp.argmax(short), st.batch_slots).astype(jnp.int32)
+    ok = served & (jnp.arange(st.batch_slots) < stop)
+    s = kv.grant_tokens(s, st, c, i, slots, r, n, prefill, ok)
+    rr = jnp.where(ok, r, st.num_requests)
+    s = s.replace(num_new=s.num_new.at[rr].set(n), computed=s.computed.at[rr].add(n))
+    budget = (st.token_budget - jnp.sum(jnp.where(ok, n, 0))).astype(jnp.int32)
+    return s, stop, budget
+
+
 def phase1(s: SimState, st, c, p, i, active):
-    """Continue running requests in batch order: prefill chunks, then one decode token each."""
+    """Continue running requests in batch order: prefill chunks, then one decode token each.
+    The vectorized prefix (``phase1_fast``) first; the loop below only runs from the first
+    request that needs preemption (usually never)."""
+    s, stop, budget = phase1_fast(s, st, c, i, active)
 
     def cond(carry):
-        s, pos, budget, pre, stop = carry
-        return active & ~stop & (pos < s.n_run[i]) & (budget > 0)
+        s, pos, budget, pre, halt = carry
+        return active & ~halt & (pos < s.n_run[i]) & (budget > 0)
 
     def body(carry, go):
-        s, pos, budget, pre, stop = carry
+        s, pos, budget, pre, halt = carry
         sb = s.order[i, jnp.minimum(pos, st.batch_slots - 1)]
         r = jnp.where(go, s.slot_req[i, jnp.maximum(sb, 0)], st.num_requests)
-        l_in, pi = c.input_tokens[r], s.pi[r]
-        prefill = pi < l_in
-        decode = ~prefill & (c.output_tokens[r] > 0)
-        if st.max_model_len > 0:
-            decode_capped = decode & (pi + 1 > st.max_model_len - 1)
-        else:
-            decode_capped = jnp.asarray(False)
-        need = go & (prefill | (decode & ~decode_capped))
-        n = jnp.where(prefill, clamp_prefill(st, l_in - pi, pi, budget), 1).astype(jnp.int32)
+        needs, want, _ = _continue_wants(s, st, c, r)
+        need = go & needs
+        n = jnp.minimum(want, budget).astype(jnp.int32)
         s, ok, pos, budget, pre_now = preempt_for_tokens(s, st, c, p, i, jnp.maximum(sb, 0), r,
                                                          n, pos, budget, need)
         granted = need & ok
         rr = jnp.where(granted, r, st.num_requests)
         s = s.replace(num_new=s.num_new.at[rr].set(n), computed=s.computed.at[rr].add(n))
         budget = jnp.where(granted, budget - n, budget).astype(jnp.int32)
-        stop_now = need & ~ok
-        pos = jnp.where(go & ~stop_now, pos + 1, pos)
-        return s, pos, budget, pre | pre_now, stop | stop_now
+        halt_now = need & ~ok
+        pos = jnp.where(go & ~halt_now, pos + 1, pos)
+        return s, pos, budget, pre | pre_now, halt | halt_now
 
-    init = (s, jnp.asarray(0, jnp.int32), jnp.asarray(st.token_budget, jnp.int32),
-            jnp.asarray(False), jnp.asarray(False))
+    init = (s, stop, budget, jnp.asarray(False), jnp.asarray(False))
     s, _, budget, pre, _ = kv.lane_while(cond, body, init)
     return s, budget, pre
 
@@ -179,6 +217,7 @@ def phase2(s: SimState, st, c, p, i, now, budget, preempted, active):
         rr = jnp.where(ok, r, st.num_requests)
         s = s.replace(
             order=upd(s.order, (i, s.n_run[i]), sb, ok), n_run=add(s.n_run, i, 1, ok),
+            step_cached=upd(s.step_cached, (i, sb), start, ok),
             slot_req=upd(s.slot_req, (i, sb), r, ok), status=s.status.at[rr].set(RUNNING),
             num_new=s.num_new.at[rr].set(n), computed=s.computed.at[rr].set(n + start),
             sched=s.sched.at[rr].set(now - c.arrival_us[r]),
@@ -204,14 +243,20 @@ def step_duration(c, cm, dc):
     return jnp.maximum(1, jnp.where(big, INT64_MAX, x.astype(jnp.int64)))
 
 
-def execute(s: SimState, st, c, i, now, active):
+def execute(s: SimState, st, c, i, now, n_preempted, active):
     """Step time from the scheduled requests; then progress, ITL and TTFT (§2.6)."""
-    valid, _, reqs = _running(s, st, i)
+    valid, slots, reqs = _running(s, st, i)
     nn = jnp.where(valid, s.num_new[reqs], 0)
     pi, l_in, out = s.pi[reqs], c.input_tokens[reqs], c.output_tokens[reqs]
-    cm = jnp.sum(jnp.where((nn > 0) & (pi < l_in), nn, 0))
-    dc = jnp.sum(jnp.where((nn > 0) & (pi >= l_in) & (out > 0), nn, 0))
-    d = step_duration(c, cm, dc)
+    if st.latency is None:
+        cm = jnp.sum(jnp.where((nn > 0) & (pi < l_in), nn, 0))
+        dc = jnp.sum(jnp.where((nn > 0) & (pi >= l_in) & (out > 0), nn, 0))
+        d = step_duration(c, cm, dc)
+    else:
+        cached = jnp.where(valid, s.step_cached[i, slots], 0)
+        d, ema = hostlatency.step_time(st.latency, active, nn, pi, l_in, out, cached, s.ema[i],
+                                       n_preempted, s.n_run[i])
+        s = s.replace(ema=upd(s.ema, i, ema, active))
     itl = d + st.otp_us
     on = valid & active
     dec = on & (pi >= l_in) & (nn > 0)
@@ -293,9 +338,12 @@ def step(s: SimState, st, c, p, i, now, active):
     # reset this step's token grants of running requests
     valid, _, reqs = _running(s, st, i)
     s = s.replace(num_new=s.num_new.at[jnp.where(valid & go, reqs, st.num_requests)].set(0))
+    preempted_before = s.preempt_count[i]
     s, budget, pre = phase1(s, st, c, p, i, go)
+    if st.stateful_latency:
+        s = s.replace(step_cached=s.step_cached.at[i].set(jnp.where(go, 0, s.step_cached[i])))
     s = phase2(s, st, c, p, i, now, budget, pre, go)
-    s, d = execute(s, st, c, i, now, go)
+    s, d = execute(s, st, c, i, now, s.preempt_count[i] - preempted_before, go)
     s = complete(s, st, c, i, now, d, go)
     more = (s.n_run[i] > 0) | (s.q_len[i] > 0)
     return s.replace(step_time=upd(s.step_time, i, jnp.where(more, now + d, -1), go))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from blisjax.engine import batch, kv
+from blisjax.engine import batch, hostlatency, kv
 from blisjax.engine.exactfloat import exact_mul
 from blisjax.engine.kv import add, upd
 from blisjax.engine.queues import order_remove_at, q_offset_of, q_push_back, q_remove_at
@@ -154,6 +154,12 @@ def routing(s: SimState, st, c, p, now, active) -> SimState:
     e = jnp.argmax(s.pend_req[target] == NIL)
     has_room = s.pend_req[target, e] == NIL
     ok = go & has_room
+    if st.stateful_latency:  # physics α reads the receiving instance's state now
+        delay = hostlatency.queueing_delay(
+            st.latency, go, s.n_run[target], s.q_len[target], st.kv_blocks - s.kv_free[target],
+            c.input_tokens[r], kv.cached_blocks(s, st, c, target, r)[1], s.ema[target])
+    else:
+        delay = c.queue_delay_us[r]
     rr = jnp.where(go, r, st.num_requests)
     return s.replace(
         rr=s.rr + (go & (p.routing == RT_ROUND_ROBIN)).astype(jnp.int32),
@@ -162,7 +168,7 @@ def routing(s: SimState, st, c, p, now, active) -> SimState:
         status=s.status.at[rr].set(ROUTED),
         clock=upd(s.clock, target, now, go),
         pend_req=upd(s.pend_req, (target, e), r, ok),
-        pend_time=upd(s.pend_time, (target, e), now + c.queue_delay_us[r], ok),
+        pend_time=upd(s.pend_time, (target, e), now + delay, ok),
         pend_seq=upd(s.pend_seq, (target, e), s.route_seq, ok),
         route_seq=s.route_seq + go.astype(jnp.int64),
         route_cursor=s.route_cursor + active.astype(jnp.int32),

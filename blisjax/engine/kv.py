@@ -1,19 +1,31 @@
 """KV-cache operations on one lane's state: free list, prefix lookup, allocate, release.
 
-Same semantics as ``blisjax.reference.kvcache`` (read its docstring first). Block hashes are
-replaced by *hash slots* — dense indices of a block's content identity — which the reference's
-64-bit chained hashes identify one to one:
+Same semantics as ``blisjax.reference.kvcache`` (read its docstring first), with data structures
+chosen so that every operation is a handful of vector gathers and scatters rather than a loop
+over blocks:
 
-* block j of a request in prefix group g, lying inside the shared prefix → slot (instance, g, j);
-* any other full prompt block j of request r → slot ``group_slots + own_base[r] + j``;
-* blocks holding output tokens are never looked up (lookups walk full prompt blocks only), so
-  they are not registered.
-
-``slot_block[slot]`` plays ``hash_to_block``: registration overwrites, lazy deletion on reuse
-clears the slot whatever block it points to (as BLIS deletes by hash value).
+* **Free list.** The reference keeps a doubly linked LRU list: allocation pops the head, release
+  appends to the tail, claiming a cached free block unlinks it from the middle. Here every
+  append gets the next *key* of an instance-wide counter and is written to a ring buffer
+  ``fifo[key % R]``; ``fkey[block]`` holds the key of the block's live entry (-1 while the block
+  is in use). Free blocks ordered by key are exactly the reference's list, head first. Unlinking
+  from the middle is lazy (``fkey = -1`` leaves a stale ring entry); popping m blocks reads a
+  window from the head and keeps the first m live entries. When stale entries would overflow
+  the ring (R = 2·K) it is compacted, renumbering keys from 0 (order kept).
+* **Hash slots.** Block hashes are replaced by *hash slots* — dense indices of a block's content
+  identity — which the reference's 64-bit chained hashes identify one to one:
+  block j of a request in prefix group g, inside the shared prefix → slot (instance, g, j); any
+  other full prompt block j of request r → slot ``group_slots + own_base[r] + j``. Blocks
+  holding output tokens are never looked up, so they are not registered.
+  ``slot_block[slot]`` plays ``hash_to_block``: registration overwrites, and reusing a block
+  clears the slot it was registered under whatever block that slot now points to (as BLIS
+  deletes by hash value). One allocation may write a slot several times (clear, then register);
+  ``apply_slot_ops`` resolves such writes in sequence order with a persistent per-slot
+  "last write" stamp, so the result never depends on scatter order.
 
 Every function takes ``active``: when False it must leave the state unchanged (the kernel runs
 all handlers for all lanes in lockstep and masks the writes instead of selecting whole states).
+Masked scatters send their writes out of bounds with ``mode="drop"``.
 """
 
 from __future__ import annotations
@@ -24,6 +36,7 @@ from jax import lax
 from blisjax.engine.state import NIL, SimState
 
 LANES = "lanes"  # the vmap axis name of a population
+_KEY_LIMIT = 1 << 30  # ring keys are renumbered from 0 before they could overflow int32
 
 
 def lane_while(cond_fn, body_fn, init):
@@ -54,8 +67,8 @@ def lane_cond(pred, true_fn, false_fn, *operands):
 
 
 def lane_once(active, handler, s):
-    """``handler(s, active)`` run once if any lane is ``active``, skipped otherwise. For
-    populations small enough that an event kind is often absent from every lane (P = 1)."""
+    """``handler(s, active)`` run once if any lane is ``active``, skipped otherwise. A one-shot
+    loop rather than a ``cond``: XLA updates a loop's carry in place, a ``cond`` may copy it."""
     def body(carry, go):
         return handler(carry[0], go), jnp.zeros_like(go)
 
@@ -71,44 +84,107 @@ def add(arr, idx, delta, active):
     return arr.at[idx].add(jnp.where(active, delta, 0).astype(arr.dtype))
 
 
-# ---- free list -------------------------------------------------------------------------------
+def after_reads(values, old):
+    """``values``, made data-dependent on ``old`` (same shape) without changing them.
+
+    XLA updates an array in place inside a loop only when every read of its old value is an
+    ancestor of the update; a read that feeds only *other* arrays (here: a block's old hash
+    slot, read to clear ``slot_block``) is unordered with the write, and XLA then copies the
+    whole array at every iteration. ``old`` holds values >= -1, so the test never fires, but
+    XLA cannot know that. (An optimization barrier does not order them; measured.)
+    """
+    return jnp.where(old < -1, old, values)
 
 
-def unlink(s: SimState, st, i, b, active) -> SimState:
-    k = st.kv_blocks
-    p, n = s.kv_prev[i, b], s.kv_next[i, b]
-    nxt = s.kv_next.at[i, jnp.where(active & (p != NIL), p, k)].set(n)
-    prv = s.kv_prev.at[i, jnp.where(active & (n != NIL), n, k)].set(p)
-    nxt = upd(nxt, (i, b), NIL, active)
-    prv = upd(prv, (i, b), NIL, active)
+def ring_size(st) -> int:
+    return max(2 * st.kv_blocks, 1)
+
+
+# ---- free list (ring of keys) ---------------------------------------------------------------
+
+
+def pop_blocks(s: SimState, st, i, m, active, max_count: int):
+    """Take the ``m`` least recently freed blocks of instance i (``m <= max_count``).
+
+    Returns ``(state, blocks[max_count], taken[max_count])``: ``blocks[k]`` for ``k < m`` in
+    LRU order. The blocks leave the free list; their hash slots are *not* touched here (the
+    caller orders those writes with its registrations, see ``apply_slot_ops``).
+    """
+    r_size, k_blocks = ring_size(st), st.kv_blocks
+    scan = max(max_count, 16)
+    m = jnp.where(active, m, 0).astype(jnp.int32)
+    tail = s.ftail[i]
+
+    def cond(carry):
+        head, _, got = carry
+        return (got < m) & (head < tail)  # the second test only guards a corrupt state
+
+    def body(carry, go):
+        head, out, got = carry
+        pos = head + jnp.arange(scan, dtype=jnp.int32)
+        blk = s.fifo[i, pos % r_size]
+        live = (pos < tail) & (blk >= 0) & (s.fkey[i, jnp.clip(blk, 0, k_blocks - 1)] == pos)
+        rank = got + jnp.cumsum(live.astype(jnp.int32)) - 1
+        take = go & live & (rank < m)
+        out = out.at[jnp.where(take, rank, max_count)].set(blk, mode="drop")
+        n_take = jnp.sum(take, dtype=jnp.int32)
+        last = jnp.max(jnp.where(take, pos, -1))
+        head_next = jnp.where(got + n_take >= m, last + 1, head + scan).astype(jnp.int32)
+        return jnp.where(go, head_next, head), out, (got + n_take).astype(jnp.int32)
+
+    init = (s.fhead[i], jnp.full(max_count, NIL, jnp.int32), jnp.asarray(0, jnp.int32))
+    head, blocks, _ = lane_while(cond, body, init)
+    taken = jnp.arange(max_count) < m
+    s = s.replace(
+        fkey=s.fkey.at[i, jnp.where(taken, blocks, k_blocks)].set(NIL, mode="drop"),
+        fhead=upd(s.fhead, i, head, active),
+        kv_free=add(s.kv_free, i, -m, active))
+    return s, blocks, taken
+
+
+def _compact(s: SimState, st, i, go) -> SimState:
+    """Rewrite instance i's ring with only live entries, keys renumbered 0, 1, … (order kept)."""
+    r_size, k_blocks = ring_size(st), st.kv_blocks
+    pos = s.fhead[i] + jnp.arange(r_size, dtype=jnp.int32)
+    blk = s.fifo[i, pos % r_size]
+    live = go & (pos < s.ftail[i]) & (blk >= 0) \
+        & (s.fkey[i, jnp.clip(blk, 0, k_blocks - 1)] == pos)
+    key = jnp.cumsum(live.astype(jnp.int32)) - 1
+    row = jnp.full(r_size, NIL, jnp.int32).at[jnp.where(live, key, r_size)].set(blk, mode="drop")
     return s.replace(
-        kv_next=nxt, kv_prev=prv,
-        kv_head=upd(s.kv_head, i, jnp.where(p == NIL, n, s.kv_head[i]), active),
-        kv_tail=upd(s.kv_tail, i, jnp.where(n == NIL, p, s.kv_tail[i]), active),
-        kv_free=add(s.kv_free, i, -1, active))
+        fifo=s.fifo.at[i].set(jnp.where(go, row, s.fifo[i])),
+        fkey=s.fkey.at[i, jnp.where(live, blk, k_blocks)].set(key, mode="drop"),
+        fhead=upd(s.fhead, i, 0, go),
+        ftail=upd(s.ftail, i, jnp.sum(live, dtype=jnp.int32), go))
 
 
-def append_tail(s: SimState, st, i, b, active) -> SimState:
-    k = st.kv_blocks
-    t = s.kv_tail[i]
-    nxt = s.kv_next.at[i, jnp.where(active & (t != NIL), t, k)].set(b)
-    nxt = upd(nxt, (i, b), NIL, active)
-    prv = upd(s.kv_prev, (i, b), t, active)
+def append_blocks(s: SimState, st, i, blocks, mask) -> SimState:
+    """Append ``blocks[k]`` where ``mask[k]``, in order, to instance i's free-list tail."""
+    r_size, k_blocks = ring_size(st), st.kv_blocks
+    count = jnp.sum(mask, dtype=jnp.int32)
+    full = (s.ftail[i] - s.fhead[i] + count > r_size) | (s.ftail[i] + count > _KEY_LIMIT)
+    s = lane_once(full, lambda s, go: _compact(s, st, i, go), s)
+    key = s.ftail[i] + jnp.cumsum(mask.astype(jnp.int32)) - 1
     return s.replace(
-        kv_next=nxt, kv_prev=prv,
-        kv_head=upd(s.kv_head, i, jnp.where(t == NIL, b, s.kv_head[i]), active),
-        kv_tail=upd(s.kv_tail, i, b, active),
-        kv_free=add(s.kv_free, i, 1, active))
+        fifo=s.fifo.at[i, jnp.where(mask, key % r_size, r_size)].set(blocks, mode="drop"),
+        fkey=s.fkey.at[i, jnp.where(mask, blocks, k_blocks)].set(key, mode="drop"),
+        ftail=s.ftail.at[i].add(count),
+        kv_free=s.kv_free.at[i].add(count))
 
 
-def pop_head(s: SimState, st, i, active):
-    """Take the LRU head block; forget its old hash slot (lazy deletion)."""
-    b = jnp.maximum(s.kv_head[i], 0)
-    s = unlink(s, st, i, b, active)
-    old = s.kv_slot[i, b]
-    sink = st.hash_slots
-    slot_block = s.slot_block.at[jnp.where(active & (old != NIL), old, sink)].set(NIL)
-    return s.replace(slot_block=slot_block, kv_slot=upd(s.kv_slot, (i, b), NIL, active)), b
+def free_list(s: SimState, st, i):
+    """Instance i's free blocks head first (host-side helper for tests; not jittable)."""
+    import numpy as np
+
+    fifo, fkey = np.asarray(s.fifo[i]), np.asarray(s.fkey[i])
+    head, tail = int(s.fhead[i]), int(s.ftail[i])
+    r_size = ring_size(st)
+    out = []
+    for pos in range(head, tail):
+        b = int(fifo[pos % r_size])
+        if 0 <= b < st.kv_blocks and int(fkey[b]) == pos:
+            out.append(b)
+    return out
 
 
 # ---- hash slots --------------------------------------------------------------------------------
@@ -121,12 +197,19 @@ def hash_slot(st, c, i, r, j):
     return jnp.where(in_group, group_slot, st.group_slots + c.own_base[r] + j)
 
 
-def register(s: SimState, st, c, i, r, j, b, active) -> SimState:
-    """A full prompt block gets its identity registered (output blocks are never looked up)."""
-    on = active & st.prefix_caching & (j < c.full_blocks[r])
-    sl = hash_slot(st, c, i, r, j)
-    return s.replace(slot_block=upd(s.slot_block, jnp.where(on, sl, st.hash_slots), b, on),
-                     kv_slot=upd(s.kv_slot, (i, b), sl, on))
+def apply_slot_ops(s: SimState, st, slots, values, seq, mask) -> SimState:
+    """Write ``slot_block[slots[k]] = values[k]`` where ``mask``, as if in increasing ``seq``
+    order (``seq >= 0``, distinct among masked entries): the last write to a slot wins whatever
+    order the scatter applies duplicates in. Stamps are ``slot_clock + seq``; the clock then
+    moves past the largest stamp used, so later calls always win over earlier ones."""
+    sink = st.hash_slots
+    stamp = s.slot_clock + seq.astype(jnp.int64)
+    target = jnp.where(mask, slots, sink)
+    slot_seq = s.slot_seq.at[target].max(jnp.where(mask, stamp, -1))
+    win = mask & (slot_seq[target] == stamp)
+    return s.replace(slot_seq=slot_seq,
+                     slot_block=s.slot_block.at[jnp.where(win, slots, sink)].set(values),
+                     slot_clock=jnp.maximum(s.slot_clock, jnp.max(jnp.where(mask, stamp + 1, 0))))
 
 
 def cached_blocks(s: SimState, st, c, i, r):
@@ -145,85 +228,153 @@ def cached_blocks(s: SimState, st, c, i, r):
 # ---- allocation --------------------------------------------------------------------------------
 
 
+def last_block_fill(s: SimState, st, i, sb):
+    """(blocks held, last block, tokens in it) of batch slot(s) sb; tokens 0 if none held."""
+    blen = s.blen[i, sb]
+    last = jnp.maximum(s.bt[i, sb, jnp.maximum(blen - 1, 0)], 0)
+    filled = jnp.where(blen > 0, s.kv_tok[i, last], 0)
+    return blen, last, filled
+
+
+def blocks_needed(st, blen, filled, n):
+    """Fresh blocks for n more tokens after the spare room of the last block (BLIS)."""
+    bs = st.block_size
+    spare = jnp.where((blen > 0) & (filled >= 1), bs - filled, 0)
+    return (jnp.maximum(0, n - spare) + bs - 1) // bs
+
+
 def can_allocate(s: SimState, st, c, i, sb, r, start, end, cached, n_cached):
     """BLIS's check-then-act pre-check (prefill vs decode by the request's PI)."""
     bs = st.block_size
-    blen = s.blen[i, sb]
-    last = s.bt[i, sb, jnp.maximum(blen - 1, 0)]
-    filled = jnp.where(blen > 0, s.kv_tok[i, jnp.maximum(last, 0)], 0)
-    spare = jnp.where((blen > 0) & (filled >= 1), bs - filled, 0)
-    need = (jnp.maximum(0, (end - start) - spare) + bs - 1) // bs
+    blen, _, filled = last_block_fill(s, st, i, sb)
+    need = blocks_needed(st, blen, filled, end - start)
     k = jnp.arange(cached.shape[0])
-    not_in_use = (k < n_cached) & ~s.kv_used[i, jnp.maximum(cached, 0)]
+    not_in_use = (k < n_cached) & (s.kv_ref[i, jnp.maximum(cached, 0)] == 0)
     prefill_ok = need + jnp.sum(not_in_use) <= s.kv_free[i]
     decode_ok = jnp.where((blen == 0) | (filled >= bs), s.kv_free[i] > 0, True)
     return jnp.where(s.pi[r] < c.input_tokens[r], prefill_ok, decode_ok)
 
 
-def allocate(s: SimState, st, c, i, sb, r, start, end, cached, n_cached, active):
-    """Allocate token positions [start, end) of request r in batch slot sb. Assumes the
-    pre-check passed; does nothing unless ``active``."""
-    bs, mb = st.block_size, st.max_blocks_per_request
-    prefill = s.pi[r] < c.input_tokens[r]
-    remaining = jnp.where(active, end - start, 0)
-    # 1. First allocation of the request: claim its cached prefix blocks.
-    claim = (remaining > 0) & (s.blen[i, sb] == 0)
-    n_claim = jnp.where(claim, n_cached, 0)
+def claim_cached(s: SimState, st, i, sb, cached, n_claim, active) -> SimState:
+    """First allocation of a request: take its cached prefix blocks (refcount +1; free ones
+    leave the free list) as the first entries of its block table; each counts as a hit."""
+    k_blocks = st.kv_blocks
+    k = jnp.arange(cached.shape[0])
+    on = active & (k < n_claim)
+    b = jnp.maximum(cached, 0)
+    ref = s.kv_ref[i, b]
+    was_free = on & (ref == 0)
+    return s.replace(
+        kv_ref=s.kv_ref.at[i, jnp.where(on, b, k_blocks)].set(ref + 1, mode="drop"),
+        fkey=s.fkey.at[i, jnp.where(was_free, b, k_blocks)].set(NIL, mode="drop"),
+        kv_free=add(s.kv_free, i, -jnp.sum(was_free, dtype=jnp.int32), active),
+        bt=s.bt.at[i, sb, jnp.where(on, k, st.max_blocks_per_request)].set(b, mode="drop"),
+        blen=upd(s.blen, (i, sb), n_claim, active),
+        hits=add(s.hits, i, n_claim.astype(jnp.int64), active))
 
-    def claim_body(carry, go):
+
+POP_CHUNK = 16  # fresh blocks handled per inner iteration (most steps need fewer)
+
+
+def grant_tokens(s: SimState, st, c, i, sb, r, n, prefill, mask) -> SimState:
+    """Allocate ``n[k]`` more tokens for request ``r[k]`` in batch slot ``sb[k]``, for every k
+    where ``mask``, in k order — as consecutive reference ``allocate`` calls whose pre-checks
+    passed: top up the partially filled last block, then take fresh blocks from the LRU head.
+    ``prefill[k]``: the request was in prefill when the call was made (fresh full blocks are
+    then registered).
+
+    Fresh blocks are taken ``POP_CHUNK`` at a time. Hash-slot writes keep the reference order:
+    request k's top-up registration (op ``base_k``), then per fresh block "forget its old
+    slot" and "register" (ops ``base_k + 1 + 2m``, ``base_k + 2 + 2m``); a top-up
+    registration is applied with the chunk holding its request's first fresh block, and every
+    chunk's ops come after the previous chunk's, so per-chunk resolution is exact.
+    """
+    bs = st.block_size
+    blen, last, filled = last_block_fill(s, st, i, sb)
+    partial = mask & (n > 0) & (blen > 0) & (filled >= 1) & (filled < bs)
+    fill = jnp.where(partial, jnp.minimum(bs - filled, n), 0)
+    rest = jnp.where(mask, n - fill, 0)
+    fresh = (rest + bs - 1) // bs
+    cum = jnp.cumsum(fresh).astype(jnp.int32)
+    before = cum - fresh
+    total = cum[-1]
+    s = s.replace(kv_tok=s.kv_tok.at[i, jnp.where(partial, last, st.kv_blocks)]
+                  .add(fill, mode="drop"))
+    reg_partial = partial & (filled + fill == bs) & (blen - 1 < c.full_blocks[r])
+    if not st.prefix_caching:
+        reg_partial = jnp.zeros_like(reg_partial)
+    n_chunks = jnp.maximum((total + POP_CHUNK - 1) // POP_CHUNK, jnp.any(reg_partial))
+    chunk_of = jnp.minimum(before // POP_CHUNK, n_chunks - 1)
+    info = (sb, r, prefill, blen, last, rest, cum, before, reg_partial, chunk_of)
+
+    def body(carry, go):
         s, k = carry
-        b = cached[jnp.minimum(k, cached.shape[0] - 1)]
-        was_free = ~s.kv_used[i, b]
-        s = unlink(s, st, i, b, go & was_free)
-        s = s.replace(
-            kv_ref=add(s.kv_ref, (i, b), 1, go), kv_used=upd(s.kv_used, (i, b), True, go),
-            bt=upd(s.bt, (i, sb, jnp.minimum(k, mb - 1)), b, go))
-        return s, k + go.astype(k.dtype)
+        return _grant_chunk(s, st, c, i, info, k, total, go), k + go.astype(k.dtype)
 
-    s, _ = lane_while(lambda c: c[1] < n_claim, claim_body, (s, jnp.asarray(0, jnp.int32)))
-    s = s.replace(blen=upd(s.blen, (i, sb), n_cached, claim),
-                  hits=add(s.hits, i, n_cached, claim))
-    # 2. Fill the partially filled last block, if any.
-    blen = s.blen[i, sb]
-    last = jnp.maximum(s.bt[i, sb, jnp.maximum(blen - 1, 0)], 0)
-    filled = s.kv_tok[i, last]
-    partial = (remaining > 0) & (blen > 0) & (filled >= 1) & (filled < bs)
-    k = jnp.minimum(bs - filled, remaining)
-    s = s.replace(kv_tok=add(s.kv_tok, (i, last), k, partial))
-    s = register(s, st, c, i, r, blen - 1, last, partial & (filled + k == bs))
-    remaining = jnp.where(partial, remaining - k, remaining)
+    s, _ = lane_while(lambda carry: carry[1] < n_chunks, body, (s, jnp.asarray(0, jnp.int32)))
+    return s.replace(
+        blen=s.blen.at[i, jnp.where(mask, sb, st.batch_slots)].add(fresh, mode="drop"),
+        misses=s.misses.at[i].add(total.astype(jnp.int64)))
 
-    # 3. Fresh blocks from the LRU head.
-    def fresh_body(carry, go):
-        s, remaining = carry
-        s, b = pop_head(s, st, i, go)
-        k = jnp.minimum(bs, remaining)
-        blen = s.blen[i, sb]
-        s = s.replace(
-            kv_tok=upd(s.kv_tok, (i, b), k, go), kv_ref=upd(s.kv_ref, (i, b), 1, go),
-            kv_used=upd(s.kv_used, (i, b), True, go), misses=add(s.misses, i, 1, go),
-            bt=upd(s.bt, (i, sb, jnp.minimum(blen, mb - 1)), b, go),
-            blen=upd(s.blen, (i, sb), blen + 1, go),
-            ovf_blocks=s.ovf_blocks + (go & (blen >= mb)).astype(jnp.int32))
-        s = register(s, st, c, i, r, blen, b, go & (k == bs) & prefill)
-        return s, jnp.where(go, remaining - k, remaining)
 
-    s, _ = lane_while(lambda c: c[1] > 0, fresh_body, (s, remaining))
-    return s
+def _grant_chunk(s: SimState, st, c, i, info, k, total, go) -> SimState:
+    """Chunk k of ``grant_tokens``: fresh blocks g in [k·C, k·C + C)."""
+    sb, r, prefill, blen, last, rest, cum, before, reg_partial, chunk_of = info
+    bs, mb, k_blocks, chunk = st.block_size, st.max_blocks_per_request, st.kv_blocks, POP_CHUNK
+    g0 = k * chunk
+    s, blocks, taken = pop_blocks(s, st, i, jnp.clip(total - g0, 0, chunk), go, chunk)
+    g = g0 + jnp.arange(chunk, dtype=jnp.int32)
+    owner = jnp.minimum(jnp.searchsorted(cum, g, side="right"), sb.shape[0] - 1)
+    m = g - before[owner]  # index among the owner's fresh blocks
+    tok = jnp.minimum(bs, rest[owner] - m * bs)
+    j = blen[owner] + m  # position in the owner's block table
+    b_safe = jnp.where(taken, blocks, k_blocks)
+    old_slot = s.kv_slot[i, jnp.clip(blocks, 0, k_blocks - 1)]
+    s = s.replace(
+        kv_tok=s.kv_tok.at[i, b_safe].set(tok, mode="drop"),
+        kv_ref=s.kv_ref.at[i, b_safe].set(1, mode="drop"),
+        bt=s.bt.at[i, sb[owner], jnp.where(taken, j, mb)].set(blocks, mode="drop"),
+        ovf_blocks=s.ovf_blocks + jnp.sum(taken & (j >= mb), dtype=jnp.int32))
+    if not st.prefix_caching:
+        return s
+    full = c.full_blocks[r]
+    reg_top = go & reg_partial & (chunk_of == k)
+    slot_top = hash_slot(st, c, i, r, blen - 1)
+    reg_fresh = taken & (tok == bs) & prefill[owner] & (j < full[owner])
+    slot_fresh = hash_slot(st, c, i, r[owner], j)
+    base = jnp.arange(sb.shape[0], dtype=jnp.int32) + 2 * before  # first op of request k
+    seq = jnp.concatenate([base, base[owner] + 1 + 2 * m, base[owner] + 2 + 2 * m])
+    slots = jnp.concatenate([slot_top, old_slot, slot_fresh])
+    values = jnp.concatenate([last, jnp.full(chunk, NIL, jnp.int32), blocks])
+    ops = jnp.concatenate([reg_top, taken & (old_slot >= 0), reg_fresh])
+    s = apply_slot_ops(s, st, slots, values, seq, ops)
+    # the write that depends on old_slot goes first, so every write follows that read
+    fresh_slot = after_reads(jnp.where(reg_fresh, slot_fresh, NIL), old_slot)
+    return s.replace(kv_slot=s.kv_slot
+                     .at[i, b_safe].set(fresh_slot, mode="drop")
+                     .at[i, jnp.where(reg_top, last, k_blocks)].set(slot_top, mode="drop"))
+
+
+def allocate(s: SimState, st, c, i, sb, r, start, end, cached, n_cached, active):
+    """One reference ``allocate`` of positions [start, end) of request r in batch slot sb,
+    whose pre-check passed; does nothing unless ``active``."""
+    n = jnp.where(active, end - start, 0).astype(jnp.int32)
+    if not (isinstance(n_cached, int) and n_cached == 0):  # statically no cached prefix
+        claim = active & (n > 0) & (s.blen[i, sb] == 0) & (n_cached > 0)
+        s = claim_cached(s, st, i, sb, cached, n_cached, claim)
+    prefill = s.pi[r] < c.input_tokens[r]
+    one = lambda x: jnp.reshape(x, (1,))  # noqa: E731
+    return grant_tokens(s, st, c, i, one(sb), one(r), one(n), one(prefill), one(active & (n > 0)))
 
 
 def release(s: SimState, st, i, sb, active) -> SimState:
     """Free a slot's blocks last to first; blocks reaching refcount 0 go to the LRU tail."""
+    mb, k_blocks = st.max_blocks_per_request, st.kv_blocks
     n = jnp.where(active, s.blen[i, sb], 0)
-
-    def body(carry, go):
-        s, k = carry
-        b = jnp.maximum(s.bt[i, sb, jnp.clip(n - 1 - k, 0, st.max_blocks_per_request - 1)], 0)
-        ref = s.kv_ref[i, b] - 1
-        s = s.replace(kv_ref=upd(s.kv_ref, (i, b), ref, go))
-        freed = go & (ref == 0)
-        s = s.replace(kv_used=upd(s.kv_used, (i, b), False, freed))
-        return append_tail(s, st, i, b, freed), k + go.astype(k.dtype)
-
-    s, _ = lane_while(lambda c: c[1] < n, body, (s, jnp.asarray(0, n.dtype)))
-    return s.replace(blen=upd(s.blen, (i, sb), 0, active))
+    k = jnp.arange(mb)
+    on = k < n
+    b = jnp.where(on, s.bt[i, sb, jnp.clip(n - 1 - k, 0, mb - 1)], 0)
+    ref = s.kv_ref[i, b] - 1
+    s = s.replace(kv_ref=s.kv_ref.at[i, jnp.where(on, b, k_blocks)].set(ref, mode="drop"),
+                  blen=upd(s.blen, (i, sb), 0, active))
+    return append_blocks(s, st, i, b, on & (ref == 0))

@@ -14,6 +14,7 @@ jax.config.update("jax_enable_x64", True)
 
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from jax.sharding import Mesh, PartitionSpec  # noqa: E402
 
 from blisjax.config.sim import ADMISSION_POLICIES  # noqa: E402
 from blisjax.engine.cluster import lane_step  # noqa: E402
@@ -26,12 +27,8 @@ from blisjax.metrics import records  # noqa: E402
 _RATE_LIMIT = ADMISSION_POLICIES.index("rate-limit")
 
 
-# Not used: XLA's ``xla_cpu_copy_insertion_use_region_analysis`` removes most full-array copies
-# in inner loops (2x faster per event) but produced wrong results on parity edge cases
-# (preemption-storm, horizon-cut) with jax 0.10.2 — an unsafe in-place update. Parity first.
-@functools.partial(jax.jit, static_argnums=(0,))
-def run_lanes(st: EngineStatic, consts, params: PolicyParams):
-    """Simulate a population: ``params`` has a leading lane axis. Returns the final states."""
+def _run_local(st: EngineStatic, consts, params: PolicyParams):
+    """The lanes of one device: one ``while_loop`` advancing every lane by one event."""
     init = jax.vmap(lambda p: init_state(st, p.tb_capacity, p.rl_burst, p.admission,
                                          _RATE_LIMIT))(params)
     step_all = jax.vmap(lambda s, p: lane_step(s, st, consts, p), axis_name=LANES)
@@ -40,6 +37,54 @@ def run_lanes(st: EngineStatic, consts, params: PolicyParams):
         return ~jnp.all(s.done)
 
     return jax.lax.while_loop(cond, lambda s: step_all(s, params), init)
+
+
+# Not used: XLA's ``xla_cpu_copy_insertion_use_region_analysis`` removes most full-array copies
+# in inner loops but produced wrong results on parity edge cases (preemption-storm, horizon-cut)
+# with jax 0.10.2 — an unsafe in-place update. Parity first; kv.after_reads avoids the copies.
+@functools.partial(jax.jit, static_argnums=(0, 3))
+def _run_sharded(st: EngineStatic, consts, params: PolicyParams, devices: tuple):
+    if len(devices) == 1:
+        return _run_local(st, consts, params)
+    mesh = Mesh(np.array(devices), ("devices",))
+    # Each device runs its own event loop over its share of the lanes (no per-event sync).
+    return jax.shard_map(functools.partial(_run_local, st), mesh=mesh,
+                         in_specs=(PartitionSpec(), PartitionSpec("devices")),
+                         out_specs=PartitionSpec("devices"), check_vma=False)(consts, params)
+
+
+def _placement(params: PolicyParams, devices):
+    """(devices used, padded params, lane count): lanes split evenly over the devices; a
+    population is padded to a multiple of the device count with copies of its last lane."""
+    devices = tuple(jax.local_devices() if devices is None else devices)
+    lanes = int(np.shape(params.admission)[0])
+    devices = devices[:max(min(lanes, len(devices)), 1)]
+    pad = -lanes % len(devices)
+    if pad:
+        params = jax.tree_util.tree_map(
+            lambda x: jnp.concatenate([x, jnp.repeat(x[-1:], pad, axis=0)]), params)
+    return devices, params, lanes
+
+
+def run_lanes(st: EngineStatic, consts, params: PolicyParams, devices=None):
+    """Simulate a population (``params`` has a leading lane axis) on ``devices`` (default: all
+    local devices). Returns the final states, one per lane."""
+    devices, padded, lanes = _placement(params, devices)
+    final = _run_sharded(st, consts, padded, devices)
+    return jax.tree_util.tree_map(lambda x: x[:lanes], final)
+
+
+def compile_lanes(st: EngineStatic, consts, params: PolicyParams, devices=None):
+    """Compile once for these shapes (for timing compilation apart); returns ``run(consts,
+    params)`` that behaves like ``run_lanes`` for populations of the same size."""
+    devices, padded, lanes = _placement(params, devices)
+    compiled = _run_sharded.lower(st, consts, padded, devices).compile()
+
+    def run(consts, params):
+        _, padded, n = _placement(params, devices)
+        return jax.tree_util.tree_map(lambda x: x[:n], compiled(consts, padded))
+
+    return run
 
 
 def _status_codes(status: np.ndarray) -> np.ndarray:

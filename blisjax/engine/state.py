@@ -72,16 +72,19 @@ class SimState:
     slot_req: chex.Array  # [I, B] request in slot, -1 = free
     bt: chex.Array  # [I, B, MB] block table per slot
     blen: chex.Array  # [I, B]
-    kv_ref: chex.Array  # [I, K]
-    kv_used: chex.Array
-    kv_tok: chex.Array
-    kv_slot: chex.Array  # hash slot registered for the block, -1 = none
-    kv_prev: chex.Array  # [I, K+1] doubly linked free list (column K is a scratch sink)
-    kv_next: chex.Array
-    kv_head: chex.Array  # [I]
-    kv_tail: chex.Array
-    kv_free: chex.Array
+    step_cached: chex.Array  # [I, B] prefix tokens of the slot's request if admitted this step
+    ema: chex.Array  # [I] physics preemption EMA
+    kv_ref: chex.Array  # [I, K] refcount (in use iff > 0)
+    kv_tok: chex.Array  # [I, K] tokens in the block
+    kv_slot: chex.Array  # [I, K] hash slot registered for the block, -1 = none
+    fifo: chex.Array  # [I, R] free-list ring of block ids (see kv.py), R = 2K
+    fkey: chex.Array  # [I, K] ring key of the block's live entry, -1 = in use
+    fhead: chex.Array  # [I] key of the free-list head (entries before it are consumed)
+    ftail: chex.Array  # [I] next key to append
+    kv_free: chex.Array  # [I]
     slot_block: chex.Array  # [S+1] hash slot -> block (-1 = absent); last entry is a sink
+    slot_seq: chex.Array  # [S+1] stamp of the last write to the slot (see kv.apply_slot_ops)
+    slot_clock: chex.Array  # next stamp
     # ---- counters [I] ----
     hits: chex.Array
     misses: chex.Array
@@ -113,9 +116,9 @@ def init_state(st: EngineStatic, tb_capacity, rl_burst, admission_code, rate_lim
     i32, i64, f64 = jnp.int32, jnp.int64, jnp.float64
     zi = lambda *shape: jnp.zeros(shape, i64)  # noqa: E731
     zi32 = lambda *shape: jnp.zeros(shape, i32)  # noqa: E731
-    prev = jnp.broadcast_to(jnp.arange(-1, k, dtype=i32), (i, k + 1))
-    nxt = jnp.broadcast_to(jnp.where(jnp.arange(k + 1) + 1 < k, jnp.arange(1, k + 2), NIL)
-                           .astype(i32), (i, k + 1))
+    ring = max(2 * k, 1)
+    fifo = jnp.broadcast_to(jnp.where(jnp.arange(ring) < k, jnp.arange(ring), NIL).astype(i32),
+                            (i, ring))  # blocks 0..K-1 in id order, keys 0..K-1
     bucket = jnp.where(admission_code == rate_limit_code, rl_burst, tb_capacity)
     return SimState(
         status=zi32(n).astype(jnp.int8), instance=jnp.full(n, NIL, i32), pi=zi32(n),
@@ -136,12 +139,13 @@ def init_state(st: EngineStatic, tb_capacity, rl_burst, admission_code, rate_lim
         step_time=jnp.full(i, -1, i64), clock=zi(i), last_left=zi(i),
         q_buf=jnp.full((i, q), NIL, i32), q_head=zi32(i), q_len=zi32(i),
         order=jnp.full((i, b), NIL, i32), n_run=zi32(i), slot_req=jnp.full((i, b), NIL, i32),
-        bt=jnp.full((i, b, mb), NIL, i32), blen=zi32(i, b),
-        kv_ref=zi32(i, k), kv_used=jnp.zeros((i, k), bool), kv_tok=zi32(i, k),
-        kv_slot=jnp.full((i, k), NIL, i32), kv_prev=prev, kv_next=nxt,
-        kv_head=jnp.zeros(i, i32) if k else jnp.full(i, NIL, i32),
-        kv_tail=jnp.full(i, k - 1, i32), kv_free=jnp.full(i, k, i32),
+        bt=jnp.full((i, b, mb), NIL, i32), blen=zi32(i, b), step_cached=zi32(i, b),
+        ema=jnp.zeros(i, f64),
+        kv_ref=zi32(i, k), kv_tok=zi32(i, k), kv_slot=jnp.full((i, k), NIL, i32),
+        fifo=fifo, fkey=jnp.broadcast_to(jnp.arange(k, dtype=i32), (i, k)),
+        fhead=zi32(i), ftail=jnp.full(i, k, i32), kv_free=jnp.full(i, k, i32),
         slot_block=jnp.full(st.hash_slots + 1, NIL, i32),
+        slot_seq=jnp.full(st.hash_slots + 1, -1, i64), slot_clock=jnp.asarray(0, i64),
         hits=zi(i), misses=zi(i), preempt_count=zi(i), completed=zi(i), dropped=zi(i),
         timed_out=zi(i), capped_count=zi(i), input_tokens=zi(i), steps=zi(i), busy=zi(i),
         qdepth_time=zi(i), peak_used=zi(i),

@@ -14,8 +14,8 @@ import chex
 import jax.numpy as jnp
 import numpy as np
 
-from blisjax.latency.base import float_to_ticks
 from blisjax.latency.blackbox import blackbox_queueing_delay_us
+from blisjax.latency.factory import make_latency_model
 
 INT64_MAX = (1 << 63) - 1
 
@@ -59,6 +59,14 @@ class EngineStatic:
     num_deadlines: int
     deadline_window: int
     itl_capacity: int  # 0 = raw ITL entries are not kept (no ITL percentiles)
+    # Roofline/physics model object (hashable), evaluated on the host per step (see
+    # ``blisjax.engine.hostlatency``); None = blackbox, computed in-graph from exact tables.
+    latency: object = None
+
+    @property
+    def stateful_latency(self) -> bool:
+        """Physics: the queueing delay and step time read instance state (and an EMA)."""
+        return hasattr(self.latency, "step_inputs")
 
     @property
     def group_slots(self) -> int:
@@ -119,6 +127,7 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
     horizon = int(cfg.horizon_us)
     dl = np.asarray(workload.deadline_us)
     num_deadlines = int(((dl > 0) & (dl <= horizon)).sum())
+    model = make_latency_model(resolved)
     return EngineStatic(
         num_requests=n,
         num_instances=cfg.cluster.num_instances,
@@ -142,15 +151,20 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
         group_blocks_max=max(int(gb.max()) if n else 0, 1),
         own_slots=max(int((full - gb).sum()) if n else 0, 1),
         prefix_index_capacity=cfg.cluster.prefix_index_capacity_blocks,
-        otp_us=float_to_ticks(resolved.alpha[2]),
-        post_decode_us=0,
+        otp_us=int(model.output_token_processing_us),
+        post_decode_us=int(model.post_decode_overhead_us),
         num_deadlines=num_deadlines,
         deadline_window=deadline_window,
         itl_capacity=int(np.maximum(out - 1, 0).sum()) if keep_itl_entries and n else 0,
+        latency=None if cfg.latency.model == "blackbox" else model,
     )
 
 
 def _queue_delays(resolved, workload) -> np.ndarray:
+    """Per-request α delay (blackbox and roofline: state-free; physics: computed per routing
+    event on the host, zeros here)."""
+    if resolved.config.latency.model == "physics":
+        return np.zeros(workload.num_requests, np.int64)
     alpha = tuple(resolved.alpha)
     return np.array([blackbox_queueing_delay_us(alpha, int(x)) for x in workload.input_tokens],
                     dtype=np.int64)
@@ -163,7 +177,7 @@ def _max_pending(resolved, workload) -> int:
     exactly ``queue_delay_us[r]`` later; both ends count (routing precedes enqueue at equal
     times). The slots the kernel scans per event are this bound, not the request count.
     """
-    if workload.num_requests == 0 or resolved.config.latency.model != "blackbox":
+    if workload.num_requests == 0 or resolved.config.latency.model == "physics":
         return max(workload.num_requests, 1)
     cl = resolved.config.cluster
     start = np.asarray(workload.arrival_us, np.int64) + cl.admission_latency_us \
@@ -183,9 +197,6 @@ def _group_blocks(workload, bs: int) -> np.ndarray:
 
 def build_consts(resolved, workload, st: EngineStatic) -> WorkloadConsts:
     """Host-side preparation of per-request constants and exact float tables."""
-    if resolved.config.latency.model != "blackbox":
-        raise ValueError(f"latency.model: the JAX engine supports 'blackbox' so far, got "
-                         f"{resolved.config.latency.model!r} (use --engine reference)")
     bs = st.block_size
     inp = np.asarray(workload.input_tokens, dtype=np.int64)
     out = np.asarray(workload.output_tokens, dtype=np.int64)
@@ -193,7 +204,7 @@ def build_consts(resolved, workload, st: EngineStatic) -> WorkloadConsts:
     full = inp // bs
     own_count = full - gb
     own_start = np.concatenate([[0], np.cumsum(own_count)[:-1]]) if st.num_requests else own_count
-    beta = tuple(resolved.beta)
+    beta = tuple(resolved.beta) if st.latency is None else (0.0, 0.0, 0.0)  # tables unused
     # Queueing delay and step-time terms with the reference's own float formulas, on the host.
     qdelay = _queue_delays(resolved, workload)
     step_prefill = np.array([(0.0 + beta[0]) + beta[1] * float(c)
