@@ -15,25 +15,39 @@ its own random scorer weights, so lanes are distinct policies. Prints one JSON l
     python benchmarks/bench_jax.py                     # scenario S at P = 1, 64, 256, 1024
     python benchmarks/bench_jax.py --lanes 1,64 --reference
     python benchmarks/bench_jax.py --scaling           # vs N (1k, 10k), instances (1, 4, 16)
+    python benchmarks/bench_jax.py --cpu-devices 2     # both cores: lanes sharded over 2 devices
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import resource
+import sys
 import time
 
-import jax
-import numpy as np
+if "--cpu-devices" in sys.argv:  # must be set before JAX starts: split the CPU into N devices
+    _n = sys.argv[sys.argv.index("--cpu-devices") + 1]
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                               + f" --xla_force_host_platform_device_count={_n}")
 
-from blisjax.config import ClusterConfig, RoutingConfig, ScorerWeight, SimConfig, resolve_config
-from blisjax.engine.params import params_from_config, stack_params
-from blisjax.engine.run import compile_lanes, lane_result
-from blisjax.engine.static import build_consts, build_static
-from blisjax.reference import simulate as reference
-from blisjax.workload import distribution_spec, generate_workload
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+from blisjax.config import (  # noqa: E402
+    ClusterConfig,
+    RoutingConfig,
+    ScorerWeight,
+    SimConfig,
+    resolve_config,
+)
+from blisjax.engine.params import params_from_config, stack_params  # noqa: E402
+from blisjax.engine.run import compile_lanes, lane_result  # noqa: E402
+from blisjax.engine.static import build_consts, build_static  # noqa: E402
+from blisjax.reference import simulate as reference  # noqa: E402
+from blisjax.workload import distribution_spec, generate_workload  # noqa: E402
 
 SCORERS = ("prefix-affinity", "queue-depth", "kv-utilization", "load-balance")
 
@@ -102,16 +116,22 @@ def main() -> None:
     ap.add_argument("--lanes", default="1,64,256,1024", help="population sizes for scenario S")
     ap.add_argument("--requests", type=int, default=2_000)
     ap.add_argument("--instances", type=int, default=4)
-    ap.add_argument("--rate-per-instance", type=float, default=8.0)
+    ap.add_argument("--rate-per-instance", type=float, default=24.0,
+                    help="arrivals per second per instance (24: ~80%% busy on scenario S)")
+    ap.add_argument("--cpu-devices", type=int, default=1,
+                    help="split the CPU into this many JAX devices (lanes sharded over them)")
     ap.add_argument("--reference", action="store_true", help="also time the reference engine")
     ap.add_argument("--scaling", action="store_true",
-                    help="P = 64 at N = 1k/10k (4 instances) and instances 1/4/16 (N = 2k)")
+                    help="P = --scaling-lanes at N = 1k/10k (4 instances) and instances 1/16 "
+                         "(N = 2k)")
+    ap.add_argument("--scaling-lanes", type=int, default=64)
     args = ap.parse_args()
     print(json.dumps({"machine": platform.machine(), "python": platform.python_version(),
                       "jax": jax.__version__, "devices": jax.local_device_count()}), flush=True)
     runs = [(args.requests, args.instances, int(p)) for p in args.lanes.split(",")]
     if args.scaling:
-        runs = [(1_000, 4, 64), (10_000, 4, 64), (2_000, 1, 64), (2_000, 16, 64)]
+        p = args.scaling_lanes
+        runs = [(1_000, 4, p), (10_000, 4, p), (2_000, 1, p), (2_000, 16, p)]
     for n, inst, lanes in runs:
         resolved, workload = scenario(n, inst, args.rate_per_instance)
         print(json.dumps(run_jax(resolved, workload, lanes)), flush=True)

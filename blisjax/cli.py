@@ -1,4 +1,4 @@
-"""`blisjax` command line: run | replay | trace | parity | fit-latency.
+"""`blisjax` command line: run | replay | trace | parity | fit-latency | sweep | search.
 
 Thin by design: parse arguments, build a validated configuration and workload, call an engine,
 print aggregate metrics JSON on stdout (logs go to stderr). Flags use BLIS's names and units so a
@@ -138,7 +138,16 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument("--trace-start", metavar="ISO",
                      help="export: wall-clock time of simulated t=0 (e.g. 2026-01-15T00:00:00Z); "
                           "default: none (timestamps count from 0 ns)")
+    _add_search_parsers(sub)
     return parser
+
+
+def _add_search_parsers(sub) -> None:
+    """`sweep` and `search` (the policy-search package ``search/``)."""
+    from search.cli import add_search_parser, add_sweep_parser
+
+    add_sweep_parser(sub)
+    add_search_parser(sub)
 
 
 # ---- configuration and workload ---------------------------------------------------------------
@@ -363,8 +372,22 @@ def cmd_fit_latency(args) -> int:
     return 0
 
 
+def cmd_sweep(args) -> int:
+    """Evaluate a grid of policy knobs (``search.cli.cmd_sweep``)."""
+    from search.cli import cmd_sweep as sweep
+
+    return sweep(args)
+
+
+def cmd_search(args) -> int:
+    """Population-based policy search (``search.cli.cmd_search``)."""
+    from search.cli import cmd_search as search
+
+    return search(args)
+
+
 COMMANDS = {"run": cmd_run, "replay": cmd_replay, "trace": cmd_trace, "parity": cmd_parity,
-            "fit-latency": cmd_fit_latency}
+            "fit-latency": cmd_fit_latency, "sweep": cmd_sweep, "search": cmd_search}
 
 
 def main(argv: list[str] | None = None) -> int:

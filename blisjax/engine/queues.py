@@ -39,9 +39,12 @@ def q_remove_at(s: SimState, st, i, k, active, through=None):
 
     def shift(carry, go):
         q_buf, kept = carry
+        # Offsets are computed from ``go`` (a loop variable) so that XLA cannot hoist this
+        # O(queue slots) work out of the loop and run it even when no lane needs it.
+        head, kk = jnp.where(go, s.q_head[i], 0), jnp.where(go, k, 0)
         idx = jnp.arange(q)
-        off = (idx - s.q_head[i]) % q
-        src = jnp.where((off >= 1) & (off <= k), idx - 1, idx) % q
+        off = (idx - head) % q
+        src = jnp.where((off >= 1) & (off <= kk), idx - 1, idx) % q
         return q_buf.at[i].set(jnp.where(go, q_buf[i, src], q_buf[i])), kept
 
     # A one-shot loop updates in place (a cond copies). Values read from the queue before

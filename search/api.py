@@ -1,0 +1,450 @@
+"""High-level policy search and sweeps: validate everything, then run, then write the outputs.
+
+:func:`prepare` checks every input (configuration, space, strategy settings, expressions
+against the configuration's real metric keys, seeds, the results directory and — when resuming —
+the checkpoint's settings) *without writing anything*, and returns a :class:`Plan`.
+:func:`execute` runs the plan and writes the results directory:
+
+* ``history.csv`` — one row per evaluated candidate (see :func:`search.runner.history_columns`);
+* ``checkpoint.npz`` — strategy state + history, rewritten after every generation;
+* ``summary.json`` — best candidate (knobs, objectives, metrics per seed), baseline (the
+  configuration's own policy on the same seeds), Pareto front, held-out comparison;
+* ``best_policy.yaml`` — the best policy as a BLIS policy bundle
+  (``blisjax run --config CONFIG --policy-config best_policy.yaml``), and ``best_config.yaml``
+  — the whole experiment with that policy (``blisjax run --config best_config.yaml``);
+* ``pareto.csv`` (several objectives), ``convergence.png``, ``pareto.png`` (several
+  objectives), ``sweep.png`` (sweeps over 1–2 knobs; more: the first two, best over the rest).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+
+from blisjax.config import ConfigError, SimConfig, config_to_dict, load_config, resolve_config
+from search.evaluate import SimulationProblem, apply_knobs, make_workload, probe_metrics
+from search.expr import compile_constraint, compile_expression, flatten_metrics
+from search.io import (
+    CHECKPOINT,
+    json_safe,
+    load_checkpoint,
+    write_csv_atomic,
+    write_json_atomic,
+    write_policy_exports,
+)
+from search.objectives import CONSTRAINT_MODES, ROBUST_STATISTICS, Robust, Scoring
+from search.plots import plot_convergence, plot_pareto, plot_sweep
+from search.runner import (
+    GenerationReport,
+    Record,
+    SearchResult,
+    diff_keys,
+    fingerprint_text,
+    run_search,
+)
+from search.space import ChoiceKnob, SearchSpace, load_space
+from search.strategies import STRATEGIES, GridSweep, make_strategy
+
+__all__ = ["MAX_POPULATION", "Plan", "execute", "prepare"]
+
+MAX_POPULATION = 4096
+MAX_GENERATIONS = 100_000
+MAX_SEEDS = 64
+MAX_GRID_POINTS = 100_000
+SEED_MAX = 2**63 - 1
+
+
+@dataclass
+class Plan:
+    """A validated search or sweep, ready to run (nothing written yet)."""
+
+    kind: str  # "search" | "sweep"
+    config: SimConfig
+    resolved: Any
+    space: SearchSpace
+    scoring: Scoring
+    strategy: str
+    population: int
+    generations: int
+    seed: int
+    seeds: tuple[int, ...]
+    holdout_seeds: tuple[int, ...] = ()
+    out_dir: Path | None = None
+    resume: bool = False
+    sigma: float | None = None
+    learning_rate: float | None = None
+    grid: list[dict] = field(default_factory=list)
+    config_label: str = ""
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def fingerprint(self) -> dict:
+        """Settings that must match to resume (everything but the generation count and the
+        held-out seeds, which only affect post-processing)."""
+        return {"kind": self.kind, "config": config_to_dict(self.config),
+                "space": self.space.to_mapping(), "strategy": self.strategy,
+                "population": self.population, "seed": self.seed, "seeds": list(self.seeds),
+                "objectives": list(self.scoring.objective_texts),
+                "constraints": list(self.scoring.constraint_texts),
+                "robust": self.scoring.robust.statistic, "cvar_alpha": self.scoring.robust.alpha,
+                "constraint_mode": self.scoring.constraint_mode,
+                "penalty": self.scoring.penalty, "sigma": self.sigma,
+                "learning_rate": self.learning_rate}
+
+
+# ---- validation helpers ----------------------------------------------------------------------
+
+
+def check_int(flag: str, value: Any, low: int, high: int) -> int:
+    """An integer in [low, high] (strings are parsed), else ConfigError naming ``flag``."""
+    text = value
+    if isinstance(value, str):
+        try:
+            value = int(value.strip())
+        except ValueError:
+            raise ConfigError(flag, f"must be an integer in [{low}, {high}], got {text!r}") \
+                from None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) \
+            or not low <= int(value) <= high:
+        raise ConfigError(flag, f"must be an integer in [{low}, {high}], got {text!r}")
+    return int(value)
+
+
+def check_float(flag: str, value: Any, low: float, high: float, low_open: bool = False) -> float:
+    """A finite number in [low, high] (or (low, high]), else ConfigError naming ``flag``."""
+    text = value
+    if isinstance(value, str):
+        try:
+            value = float(value.strip())
+        except ValueError:
+            value = None
+    rng = f"{'(' if low_open else '['}{low:g}, {high:g}]"
+    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value) or value > high or value < low \
+            or (low_open and value == low):
+        raise ConfigError(flag, f"must be a number in {rng}, got {text!r}")
+    return float(value)
+
+
+def parse_seed_list(flag: str, text: str | Sequence[int]) -> tuple[int, ...]:
+    """``"1,2,3"`` (or a sequence) → distinct seeds in [0, 2^63 − 1], at most 64."""
+    items = text.split(",") if isinstance(text, str) else list(text)
+    seeds = []
+    for item in items:
+        if isinstance(item, str) and not item.strip():
+            raise ConfigError(flag, f"must be a comma-separated list of integers, got {text!r}")
+        seeds.append(check_int(flag, item, 0, SEED_MAX))
+    if not seeds or len(seeds) > MAX_SEEDS:
+        raise ConfigError(flag, f"needs 1 to {MAX_SEEDS} seeds, got {len(seeds)}")
+    if len(set(seeds)) != len(seeds):
+        raise ConfigError(flag, f"must not repeat a seed, got {text!r}")
+    return tuple(seeds)
+
+
+def _load(config: str | Path | SimConfig) -> tuple[SimConfig, str]:
+    if isinstance(config, SimConfig):
+        return config, "<config>"
+    path = Path(config)
+    if not path.is_file():
+        raise ConfigError("CONFIG", f"no such file: {str(config)!r}")
+    return load_config(path), path.name
+
+
+def _check_out_dir(out_dir: Path | None, resume: bool, fingerprint: dict,
+                   generations: int) -> None:
+    if out_dir is None:
+        if resume:
+            raise ConfigError("--resume", "needs --out DIR (the directory of the run)")
+        return
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ConfigError("--out", f"{str(out_dir)!r} exists and is not a directory")
+    ckpt = out_dir / CHECKPOINT
+    if resume:
+        if not ckpt.is_file():
+            raise ConfigError("--resume", f"no checkpoint in {str(out_dir)!r} (start without "
+                              "--resume)")
+        try:
+            _, meta = load_checkpoint(ckpt)
+        except (OSError, ValueError, KeyError) as err:
+            raise ConfigError("--resume", f"unreadable checkpoint {str(ckpt)!r}: {err}") \
+                from None
+        stored = meta.get("fingerprint", {})
+        if fingerprint_text(stored) != fingerprint_text(fingerprint):
+            raise ConfigError("--resume", f"the run in {str(out_dir)!r} used different "
+                              f"settings ({', '.join(diff_keys(stored, fingerprint))}); give "
+                              "the original arguments or a new --out")
+        done = int(meta.get("generation", 0))
+        if generations < done:
+            raise ConfigError("--generations", f"the run in {str(out_dir)!r} already has {done}"
+                              f" generations; give at least {done}")
+    elif ckpt.exists():
+        raise ConfigError("--out", f"{str(out_dir)!r} already holds a run; use --resume to "
+                          "continue it or choose a new directory")
+
+
+def _scoring(config: SimConfig, objectives: Sequence[str] | None,
+             constraints: Sequence[str], robust: str, cvar_alpha: Any, constraint_mode: str,
+             penalty: Any) -> Scoring:
+    if not objectives:
+        if not config.metrics.fitness_weights:
+            raise ConfigError("--objective", "not given, and the configuration has no "
+                              "metrics.fitness_weights for the default objective 'fitness'; "
+                              "give an expression, e.g. --objective=-ttft_p99_ms")
+        objectives = ["fitness"]
+    if robust not in ROBUST_STATISTICS:
+        raise ConfigError("--robust", f"must be one of {', '.join(ROBUST_STATISTICS)}, got "
+                          f"{robust!r}")
+    if constraint_mode not in CONSTRAINT_MODES:
+        raise ConfigError("--constraint-mode", f"must be one of {', '.join(CONSTRAINT_MODES)},"
+                          f" got {constraint_mode!r}")
+    alpha = check_float("--cvar-alpha", cvar_alpha, 0.0, 1.0, low_open=True)
+    pen = check_float("--penalty", penalty, 0.0, 1e15)
+    objs = tuple(compile_expression(o, "--objective") for o in objectives)
+    texts = [o.text for o in objs]
+    if len(set(texts)) != len(texts):
+        raise ConfigError("--objective", f"repeats an expression: {texts}")
+    cons = tuple(compile_constraint(c, "--constraint") for c in constraints)
+    return Scoring(objs, cons, Robust(robust, alpha), constraint_mode, pen)
+
+
+def prepare(kind: str, config: str | Path | SimConfig, *, space: SearchSpace | str | Path | None
+            = None, grid: Sequence[tuple[str, Sequence[Any]]] = (), strategy: str = "cma",
+            population: Any = 8, generations: Any = 10, seed: Any = 0,
+            objectives: Sequence[str] | None = None, constraints: Sequence[str] = (),
+            seeds: str | Sequence[int] | None = None, holdout_seeds: str | Sequence[int] | None
+            = None, robust: str = "mean", cvar_alpha: Any = 0.25, constraint_mode: str =
+            "filter", penalty: Any = 1000.0, out_dir: str | Path | None = None,
+            resume: bool = False, sigma: Any = None, learning_rate: Any = None,
+            batch: Any = None) -> Plan:
+    """Validate a search (``kind="search"``, with ``space``) or a sweep (``kind="sweep"``, with
+    ``grid`` = [(knob, values), ...]) and return its :class:`Plan`. Writes nothing.
+
+    Raises:
+      ConfigError: the first invalid input, naming the argument and the allowed values.
+    """
+    if kind not in ("search", "sweep"):
+        raise ValueError(f"kind must be 'search' or 'sweep', got {kind!r}")
+    cfg, label = _load(config)
+    resolved = resolve_config(cfg)
+    train_seeds = parse_seed_list("--seeds", seeds) if seeds is not None else (cfg.seed,)
+    held = parse_seed_list("--holdout-seeds", holdout_seeds) if holdout_seeds else ()
+    overlap = sorted(set(held) & set(train_seeds))
+    if overlap:
+        raise ConfigError("--holdout-seeds", f"must not repeat a training seed (--seeds), got "
+                          f"{overlap}")
+    grid_points: list[dict] = []
+    if kind == "search":
+        if space is None:
+            raise ConfigError("--space", "is required")
+        space_obj = space if isinstance(space, SearchSpace) else load_space(space)
+        if strategy not in STRATEGIES:
+            raise ConfigError("--strategy", f"must be one of {', '.join(STRATEGIES)}, got "
+                              f"{strategy!r}")
+        pop = check_int("--population", population, 2, MAX_POPULATION)
+        if strategy == "openes" and pop % 2:
+            raise ConfigError("--population", f"must be even for openes (antithetic pairs), "
+                              f"got {pop}")
+        gens = check_int("--generations", generations, 1, MAX_GENERATIONS)
+    else:
+        if not grid:
+            raise ConfigError("--grid", "needs at least one knob=values axis")
+        space_obj = SearchSpace(tuple(ChoiceKnob(name, tuple(values)) for name, values in grid))
+        total = math.prod(len(v) for _, v in grid)
+        if total > MAX_GRID_POINTS:
+            raise ConfigError("--grid", f"has {total} points, at most {MAX_GRID_POINTS}")
+        grid_points = space_obj.grid_points()
+        pop = check_int("--batch", batch, 1, MAX_POPULATION) if batch is not None \
+            else min(len(grid_points), 64)
+        gens = math.ceil(len(grid_points) / pop)
+        strategy = "grid"
+    seed_value = check_int("--seed", seed, 0, SEED_MAX)
+    sig = check_float("--sigma", sigma, 0.0, 10.0, low_open=True) if sigma is not None else None
+    lr = (check_float("--learning-rate", learning_rate, 0.0, 10.0, low_open=True)
+          if learning_rate is not None else None)
+    space_obj.validate_against(cfg)
+    scoring = _scoring(cfg, objectives, constraints, robust, cvar_alpha, constraint_mode,
+                       penalty)
+    workload = make_workload(cfg, train_seeds[0])
+    scoring.check_names(probe_metrics(resolved, workload))
+    plan = Plan(kind, cfg, resolved, space_obj, scoring, strategy, pop, gens, seed_value,
+                train_seeds, held, Path(out_dir) if out_dir is not None else None, resume, sig,
+                lr, grid_points, label)
+    _check_out_dir(plan.out_dir, resume, plan.fingerprint, gens)
+    plan.warnings = _warnings(cfg, space_obj)
+    return plan
+
+
+def _warnings(cfg: SimConfig, space: SearchSpace) -> list[str]:
+    """Settings that are valid but probably not what was meant."""
+    out = []
+    scorers = [n for n in space.names if n.startswith("routing.scorers.")]
+    if scorers and "routing.policy" not in space.names \
+            and cfg.policy.routing.policy != "weighted":
+        out.append(f"routing.policy is {cfg.policy.routing.policy!r}, so the scorer weights "
+                   f"{', '.join(scorers)} have no effect (set policy.routing.policy: weighted)")
+    return out
+
+
+# ---- running ----------------------------------------------------------------------------------
+
+
+def _strategy(plan: Plan) -> Any:
+    template = plan.space.template()
+    if plan.kind == "sweep":
+        return GridSweep(template, plan.space.encode(plan.grid), plan.population)
+    return make_strategy(plan.strategy, template, plan.population,
+                         num_objectives=len(plan.scoring.objectives), sigma=plan.sigma,
+                         learning_rate=plan.learning_rate)
+
+
+def _chosen(result: SearchResult, scoring: Scoring) -> Record | None:
+    """The exported candidate: the best (one objective) or the front member with the highest
+    first objective (several objectives)."""
+    if not scoring.multi_objective or not result.front:
+        return result.best
+    return max((result.records[i] for i in result.front),
+               key=lambda r: (r.objectives[0], -r.generation, -r.candidate))
+
+
+def _metrics_of(result: SearchResult, chosen: Record | None) -> list:
+    return result.best_metrics if chosen is result.best else []
+
+
+def _named_values(e, names: Sequence[str]) -> dict:
+    """The metric values an evaluation's expressions read (first seed), e.g. slo_attainment."""
+    if not e.metrics:
+        return {}
+    flat = flatten_metrics(e.metrics[0])
+    return {n: flat[n] for n in dict.fromkeys(names) if n in flat}
+
+
+def holdout_comparison(problem: SimulationProblem, chosen: Record, seeds: Sequence[int]
+                       ) -> dict:
+    """Baseline (the configuration's policy) vs ``chosen`` on held-out seeds, per seed."""
+    per_seed: dict[str, Any] = {}
+    texts = problem.scoring.objective_texts
+    base_vals: list[list[float]] = []
+    best_vals: list[list[float]] = []
+    for s in seeds:
+        one = problem.with_seeds([s])
+        base, best = one.evaluate([{}, dict(chosen.knobs)])
+        base_vals.append(list(base.objectives))
+        best_vals.append(list(best.objectives))
+        cons = problem.scoring.constraint_texts
+        names = [n for e in (*problem.scoring.objectives, *problem.scoring.constraints)
+                 for n in e.names]
+        per_seed[str(s)] = {
+            "baseline_values": _named_values(base, names),
+            "best_values": _named_values(best, names),
+            "baseline": dict(zip(texts, base.objectives, strict=True)),
+            "best": dict(zip(texts, best.objectives, strict=True)),
+            "baseline_violations": dict(zip(cons, base.violations, strict=True)),
+            "best_violations": dict(zip(cons, best.violations, strict=True)),
+            "baseline_feasible": base.feasible, "best_feasible": best.feasible}
+    b, w = np.array(base_vals), np.array(best_vals)
+    return {"seeds": list(seeds), "per_seed": per_seed,
+            "baseline_mean": dict(zip(texts, b.mean(axis=0), strict=True)),
+            "best_mean": dict(zip(texts, w.mean(axis=0), strict=True)),
+            "best_wins": {t: int(np.sum(w[:, j] > b[:, j])) for j, t in enumerate(texts)}}
+
+
+def _record_summary(rec: Record, scoring: Scoring) -> dict:
+    return {"generation": rec.generation, "candidate": rec.candidate, "knobs": rec.knobs,
+            "fitness": rec.fitness,
+            "objectives": dict(zip(scoring.objective_texts, rec.objectives, strict=True)),
+            "violations": dict(zip(scoring.constraint_texts, rec.violations, strict=True)),
+            "feasible": rec.feasible, "note": rec.note}
+
+
+def finalize(plan: Plan, result: SearchResult, holdout: dict | None = None) -> dict:
+    """Write summary.json, the policy exports, pareto.csv and the plots; return the summary."""
+    scoring, space = plan.scoring, plan.space
+    chosen = _chosen(result, scoring)
+    summary: dict[str, Any] = {
+        "kind": plan.kind, "config": plan.config_label, "strategy": plan.strategy,
+        "population": plan.population, "generations": result.generations, "seed": plan.seed,
+        "workload_seeds": list(plan.seeds), "objectives": list(scoring.objective_texts),
+        "constraints": list(scoring.constraint_texts), "robust": scoring.robust.statistic,
+        "constraint_mode": scoring.constraint_mode, "evaluations": len(result.records),
+        "feasible_evaluations": sum(r.feasible for r in result.records),
+        "baseline": ({**result.baseline, "knobs": baseline_knobs(plan)}
+                     if result.baseline is not None else None),
+        "best": _record_summary(chosen, scoring) if chosen is not None else None,
+    }
+    if chosen is not None:
+        summary["best"]["metrics_per_seed"] = _metrics_of(result, chosen)
+    if scoring.multi_objective:
+        summary["pareto_front"] = [_record_summary(result.records[i], scoring)
+                                   for i in result.front]
+    if holdout is not None:
+        summary["holdout"] = holdout
+    out = plan.out_dir
+    if out is None:
+        return json_safe(summary)
+    files = {"history": "history.csv", "checkpoint": CHECKPOINT, "summary": "summary.json"}
+    if chosen is not None:
+        header = [f"blisjax {plan.kind} best policy ({plan.config_label}, strategy "
+                  f"{plan.strategy}, seed {plan.seed})",
+                  "objectives (maximised): " + "; ".join(
+                      f"{t} = {v!r}" for t, v in zip(scoring.objective_texts, chosen.objectives,
+                                                     strict=True)),
+                  "knobs: " + ", ".join(f"{k}={v!r}" for k, v in chosen.knobs.items())]
+        cfg = apply_knobs(plan.config, chosen.knobs)
+        write_policy_exports(out, cfg, header)
+        files.update(best_policy="best_policy.yaml", best_config="best_config.yaml")
+    if result.records:
+        plot_convergence(result.records, out / "convergence.png", scoring.objective_texts,
+                         result.baseline, title=f"{plan.kind} {plan.strategy}: "
+                                                f"{plan.config_label}")
+        files["convergence_plot"] = "convergence.png"
+    if scoring.multi_objective:
+        cols = [*space.names, *(f"objective[{t}]" for t in scoring.objective_texts)]
+        rows = [[*(result.records[i].knobs[n] for n in space.names),
+                 *result.records[i].objectives] for i in result.front]
+        write_csv_atomic(out / "pareto.csv", cols, rows)
+        files["pareto"] = "pareto.csv"
+        plot_pareto(result.records, result.front, out / "pareto.png", scoring.objective_texts,
+                    result.baseline, title=plan.config_label)
+        files["pareto_plot"] = "pareto.png"
+    if plan.kind == "sweep" and result.records:
+        plot_sweep(result.records, space.names[:2], out / "sweep.png",
+                   scoring.objective_texts[0], title=plan.config_label)
+        files["sweep_plot"] = "sweep.png"
+    summary["files"] = files
+    write_json_atomic(out / "summary.json", summary)
+    return json_safe(summary)
+
+
+def execute(plan: Plan, *, progress: bool | TextIO = True,
+            callback: Callable[[GenerationReport], None] | None = None,
+            problem: SimulationProblem | None = None) -> dict:
+    """Run a prepared plan and write its results directory; returns the summary dict."""
+    if problem is None:
+        problem = SimulationProblem(plan.resolved, plan.seeds, plan.scoring, plan.population)
+    result = run_search(plan.space, _strategy(plan), problem.evaluate, plan.scoring,
+                        generations=plan.generations, seed=plan.seed, out_dir=plan.out_dir,
+                        resume=plan.resume, fingerprint=plan.fingerprint,
+                        robust_columns=plan.scoring.robust if len(plan.seeds) > 1 else None,
+                        baseline={}, progress=progress, callback=callback, label=plan.kind)
+    holdout = None
+    chosen = _chosen(result, plan.scoring)
+    if plan.holdout_seeds and chosen is not None:
+        if progress:
+            print(f"{plan.kind}: comparing the best policy with the configured one on held-out "
+                  f"seeds {', '.join(map(str, plan.holdout_seeds))} (one compile each)",
+                  file=sys.stderr if progress is True else progress, flush=True)
+        holdout = holdout_comparison(problem, chosen, plan.holdout_seeds)
+    return finalize(plan, result, holdout)
+
+
+def baseline_knobs(plan: Plan) -> Mapping[str, Any]:
+    """The base configuration's values of the searched knobs (for reports)."""
+    from search.space import get_knob
+
+    return {name: get_knob(plan.config, name) for name in plan.space.names}

@@ -1,0 +1,223 @@
+"""``blisjax sweep`` and ``blisjax search``: argument parsers and commands.
+
+Every argument is validated (configuration, space, grid, numbers, expressions against the
+configuration's metric keys, seeds, results directory, resume settings) before the results
+directory is created; an invalid argument exits with status 2 and one message naming it and the
+allowed values. The summary JSON goes to stdout, progress and logs to stderr.
+
+Grid axes (``--grid``), one per knob:
+
+* ``knob=lo:hi:n`` — n evenly spaced values from lo to hi (integers when lo and hi are integers
+  and every value is whole);
+* ``knob=log:lo:hi:n`` — n log-spaced values (lo > 0);
+* ``knob=a,b,c`` — a list; numbers become numbers, anything else a string (categorical).
+
+Expressions starting with ``-`` need the ``=`` form: ``--objective=-ttft_p99_ms``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from blisjax.config import ConfigError
+from search.objectives import CONSTRAINT_MODES, ROBUST_STATISTICS
+
+__all__ = ["add_search_parser", "add_sweep_parser", "cmd_search", "cmd_sweep", "parse_grid_axis"]
+
+_INT = re.compile(r"^[+-]?\d+$")
+#: ``--strategy`` choices (= ``search.strategies.STRATEGIES``, kept here so that building the
+#: parser does not import JAX).
+STRATEGIES = ("cma", "openes", "ga", "random")
+#: Most points of one grid axis.
+MAX_AXIS_POINTS = 100_000
+
+
+def _scalar(text: str) -> Any:
+    """A list item: int, float, or the stripped string."""
+    t = text.strip()
+    if _INT.match(t):
+        return int(t)
+    try:
+        value = float(t)
+    except ValueError:
+        return t
+    if not math.isfinite(value):
+        raise ConfigError("--grid", f"values must be finite, got {text!r}")
+    return value
+
+
+def _grid_number(spec: str, part: str, what: str) -> float:
+    try:
+        value = float(part)
+    except ValueError:
+        raise ConfigError("--grid", f"{spec!r}: {what} must be a number, got {part!r}") from None
+    if not math.isfinite(value):
+        raise ConfigError("--grid", f"{spec!r}: {what} must be finite, got {part!r}")
+    return value
+
+
+def parse_grid_axis(spec: str) -> tuple[str, tuple[Any, ...]]:
+    """``knob=lo:hi:n`` | ``knob=log:lo:hi:n`` | ``knob=a,b,c`` → (knob, values).
+
+    Raises:
+      ConfigError: naming ``--grid``, the axis and what is wrong.
+    """
+    if "=" not in spec:
+        raise ConfigError("--grid", f"{spec!r}: must be knob=lo:hi:n, knob=log:lo:hi:n or "
+                          "knob=a,b,c")
+    name, _, body = spec.partition("=")
+    name, body = name.strip(), body.strip()
+    if not name or not body:
+        raise ConfigError("--grid", f"{spec!r}: needs a knob name and values")
+    log = body.startswith("log:")
+    if log or ":" in body:
+        parts = body[4:].split(":") if log else body.split(":")
+        if len(parts) != 3:
+            raise ConfigError("--grid", f"{spec!r}: a range is lo:hi:n or log:lo:hi:n")
+        lo = _grid_number(spec, parts[0], "lo")
+        hi = _grid_number(spec, parts[1], "hi")
+        if not _INT.match(parts[2].strip()) or not 1 <= int(parts[2]) <= MAX_AXIS_POINTS:
+            raise ConfigError("--grid", f"{spec!r}: n must be an integer in [1, "
+                              f"{MAX_AXIS_POINTS}], got {parts[2]!r}")
+        n = int(parts[2])
+        if not hi > lo and n > 1:
+            raise ConfigError("--grid", f"{spec!r}: hi must be > lo")
+        if log and lo <= 0:
+            raise ConfigError("--grid", f"{spec!r}: log spacing needs lo > 0, got {lo:g}")
+        if n == 1:
+            values: list[Any] = [lo]
+        elif log:
+            values = [math.exp(math.log(lo) + i * (math.log(hi) - math.log(lo)) / (n - 1))
+                      for i in range(n)]
+            values[0], values[-1] = lo, hi
+        else:
+            values = [lo + i * (hi - lo) / (n - 1) for i in range(n)]
+            values[-1] = hi
+        ints = _INT.match(parts[0].strip()) and _INT.match(parts[1].strip())
+        if ints and all(float(v).is_integer() for v in values):
+            values = [int(v) for v in values]
+    else:
+        values = [_scalar(p) for p in body.split(",")]
+        if any(v == "" for v in values):
+            raise ConfigError("--grid", f"{spec!r}: empty list item")
+    if len({(type(v), v) for v in values}) != len(values):
+        raise ConfigError("--grid", f"{spec!r}: gives repeated values {values}")
+    return name, tuple(values)
+
+
+def _add_scoring(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", metavar="CONFIG", help="blisjax experiment YAML (with a workload "
+                   "section)")
+    p.add_argument("--objective", action="append", metavar="EXPR",
+                   help="metric expression to maximise (repeat for multi-objective / Pareto "
+                        "mode); default 'fitness' (metrics.fitness_weights). Use "
+                        "--objective=-e2e_p99_ms for a leading minus")
+    p.add_argument("--constraint", action="append", default=[], metavar="EXPR",
+                   help="constraint such as 'slo_attainment >= 0.99' (repeatable)")
+    p.add_argument("--constraint-mode", default="filter", metavar="MODE",
+                   help=f"{' | '.join(CONSTRAINT_MODES)} (default filter: feasible candidates "
+                        "always rank first)")
+    p.add_argument("--penalty", default="1000", metavar="W",
+                   help="penalty mode: fitness = objective - W x total violation (default 1000)")
+    p.add_argument("--seeds", metavar="S1,S2,...",
+                   help="workload seeds; every candidate is simulated on each (default: the "
+                        "config's seed)")
+    p.add_argument("--robust", default="mean", metavar="STAT",
+                   help=f"combine seeds by {' | '.join(ROBUST_STATISTICS)} (default mean)")
+    p.add_argument("--cvar-alpha", default="0.25", metavar="A",
+                   help="tail fraction for --robust cvar, in (0, 1] (default 0.25)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run in --out from its last checkpoint")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def add_sweep_parser(sub: Any) -> argparse.ArgumentParser:
+    """Register ``blisjax sweep``."""
+    p = sub.add_parser("sweep", help="evaluate a grid of policy knobs (JAX engine, lanes in "
+                                     "parallel)")
+    _add_scoring(p)
+    p.add_argument("--grid", action="append", nargs="+", required=True, metavar="AXIS",
+                   help="knob=lo:hi:n | knob=log:lo:hi:n | knob=a,b,c (one per knob)")
+    p.add_argument("--batch", metavar="N",
+                   help="lanes per engine call (default: all points, at most 64)")
+    p.add_argument("--out", default="results/sweep", metavar="DIR",
+                   help="results directory (default results/sweep)")
+    return p
+
+
+def add_search_parser(sub: Any) -> argparse.ArgumentParser:
+    """Register ``blisjax search``."""
+    p = sub.add_parser("search", help="population-based policy search (JAX engine)")
+    _add_scoring(p)
+    p.add_argument("--space", required=True, metavar="SPACE.yaml", help="search space YAML")
+    p.add_argument("--strategy", required=True, choices=STRATEGIES,
+                   help="cma | openes | ga | random")
+    p.add_argument("--population", required=True, metavar="P",
+                   help="candidates per generation = lanes per engine call (>= 2; even for "
+                        "openes)")
+    p.add_argument("--generations", required=True, metavar="G", help="generations (>= 1)")
+    p.add_argument("--seed", default="0", metavar="S", help="strategy seed (default 0)")
+    p.add_argument("--holdout-seeds", metavar="S1,S2,...",
+                   help="after the search, compare the best policy with the config's policy "
+                        "on these workload seeds")
+    p.add_argument("--sigma", metavar="X",
+                   help="initial step / mutation scale in unit-cube coordinates (default cma "
+                        "0.3, openes 0.1, ga 0.1)")
+    p.add_argument("--learning-rate", metavar="X", help="openes Adam learning rate (0.05)")
+    p.add_argument("--out", default="results/search", metavar="DIR",
+                   help="results directory (default results/search)")
+    return p
+
+
+def _common(args: Any) -> dict:
+    return {"objectives": args.objective, "constraints": args.constraint,
+            "seeds": args.seeds, "robust": args.robust, "cvar_alpha": args.cvar_alpha,
+            "constraint_mode": args.constraint_mode, "penalty": args.penalty,
+            "out_dir": args.out, "resume": args.resume}
+
+
+def _run(plan: Any, args: Any) -> int:
+    from search.api import execute
+
+    for warning in plan.warnings:
+        print(f"blisjax: warning: {warning}", file=sys.stderr)
+    try:
+        summary = execute(plan, progress=not args.quiet)
+    except KeyboardInterrupt:
+        print(f"blisjax: interrupted; continue with the same arguments and --resume "
+              f"(checkpoint in {plan.out_dir})", file=sys.stderr)
+        return 130
+    print(f"blisjax: results in {plan.out_dir}/ ({', '.join(summary['files'].values())})",
+          file=sys.stderr)
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+def cmd_sweep(args: Any) -> int:
+    """``blisjax sweep``: validate, evaluate the grid, write the results directory."""
+    axes = [parse_grid_axis(spec) for group in args.grid for spec in group]
+    names = [n for n, _ in axes]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ConfigError("--grid", f"knob {dupes[0]!r} is given twice")
+    from search.api import prepare
+
+    plan = prepare("sweep", args.config, grid=axes, batch=args.batch, **_common(args))
+    return _run(plan, args)
+
+
+def cmd_search(args: Any) -> int:
+    """``blisjax search``: validate, run the strategy, write the results directory."""
+    from search.api import prepare
+
+    plan = prepare("search", args.config, space=Path(args.space), strategy=args.strategy,
+                   population=args.population, generations=args.generations, seed=args.seed,
+                   holdout_seeds=args.holdout_seeds, sigma=args.sigma,
+                   learning_rate=args.learning_rate, **_common(args))
+    return _run(plan, args)

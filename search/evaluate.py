@@ -1,0 +1,139 @@
+"""Evaluate knob sets by simulation: one ``evaluate_population`` call per workload seed.
+
+:class:`SimulationProblem` owns the resolved base configuration, one generated workload per seed
+(``blisjax.workload.generate_workload(parse_workload_spec(cfg.workload), seed)``, as ``blisjax
+run`` does) and the scoring. ``evaluate(knob_sets)`` pads the knob sets to a fixed number of
+lanes (the JAX program is compiled once per workload shape *and* lane count, so a fixed lane
+count means one compile per seed for a whole search), runs every seed, and scores each
+candidate. A knob set that is not a valid configuration (e.g. every routing weight 0) is not
+simulated: its lane runs the base configuration and the candidate is reported invalid; so is a
+lane whose engine capacities overflowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from blisjax.config import ConfigError, SimConfig
+from blisjax.engine.population import evaluate_population, set_knob
+from blisjax.workload import Workload, generate_workload, parse_workload_spec
+from search.expr import flatten_metrics
+from search.objectives import CandidateEval, Scoring, invalid_candidate, score_candidate
+
+__all__ = ["SimulationProblem", "apply_knobs", "make_workload", "probe_metrics"]
+
+
+def apply_knobs(config: SimConfig, knobs: Mapping[str, Any]) -> SimConfig:
+    """``config`` with every knob set (validated by ``set_knob``)."""
+    for name, value in knobs.items():
+        config = set_knob(config, name, value)
+    return config
+
+
+def make_workload(config: SimConfig, seed: int) -> Workload:
+    """The workload of ``config``'s ``workload:`` section generated with ``seed``."""
+    if config.workload is None:
+        raise ConfigError("workload", "the configuration has no workload section (policy "
+                          "search generates one workload per seed from it)")
+    return generate_workload(parse_workload_spec(config.workload), seed=seed)
+
+
+def _head(workload: Workload, n: int) -> Workload:
+    """The first ``n`` requests of a workload (arrival order), names kept."""
+    arrays = {f.name: getattr(workload, f.name)[:n] for f in dataclasses.fields(workload)
+              if f.name in ("request_id", "arrival_us", "input_tokens", "output_tokens",
+                            "prefix_group", "prefix_length", "tenant", "client", "slo_class",
+                            "deadline_us")}
+    return dataclasses.replace(workload, **arrays)
+
+
+def probe_metrics(resolved, workload: Workload, requests: int = 3) -> dict[str, float]:
+    """Flattened metric keys of this configuration, from a reference-engine run of the first
+    few requests (milliseconds; used to validate expressions before a search starts)."""
+    from blisjax.metrics import aggregate_metrics
+    from blisjax.reference import simulate
+
+    head = _head(workload, min(requests, workload.num_requests))
+    cfg = resolved.config
+    result = simulate(resolved, head)
+    return flatten_metrics(aggregate_metrics(result, head, cfg.metrics,
+                                             scheduler=cfg.policy.scheduler.policy))
+
+
+class SimulationProblem:
+    """Knob sets → :class:`CandidateEval` via the JAX engine.
+
+    Args:
+      resolved: ``resolve_config(base_config)``; its policy is what knobs modify.
+      seeds: workload seeds; every candidate is simulated on each.
+      scoring: objectives, constraints, robust statistic.
+      lanes: lanes per engine call (knob sets are padded to it, or split into chunks of it).
+      capacities: passed to ``evaluate_population`` (queue_slots, pending_slots, …).
+      keep_metrics: keep each candidate's per-seed metric dicts in its CandidateEval.
+    """
+
+    def __init__(self, resolved, seeds: Sequence[int], scoring: Scoring, lanes: int,
+                 capacities: Mapping[str, Any] | None = None, keep_metrics: bool = True) -> None:
+        if lanes < 1:
+            raise ValueError(f"lanes must be >= 1, got {lanes}")
+        if not seeds:
+            raise ValueError("at least one workload seed is needed")
+        self.resolved = resolved
+        self.seeds = tuple(int(s) for s in seeds)
+        self.scoring = scoring
+        self.lanes = int(lanes)
+        self.capacities = dict(capacities or {})
+        self.keep_metrics = keep_metrics
+        self.workloads = {s: make_workload(resolved.config, s) for s in self.seeds}
+        self.calls = 0
+
+    def with_seeds(self, seeds: Sequence[int]) -> SimulationProblem:
+        """The same problem on other workload seeds (e.g. held-out seeds)."""
+        return SimulationProblem(self.resolved, seeds, self.scoring, self.lanes,
+                                 self.capacities, self.keep_metrics)
+
+    def check_knobs(self, knobs: Mapping[str, Any]) -> str:
+        """'' when ``knobs`` form a valid configuration, else the reason."""
+        try:
+            apply_knobs(self.resolved.config, knobs)
+        except ConfigError as err:
+            return f"invalid: {err}"
+        return ""
+
+    def metrics(self, knob_sets: Sequence[Mapping[str, Any]]) -> list[list[dict | str]]:
+        """Per knob set, per seed: the metrics dict, or a reason string when not evaluated."""
+        reasons = [self.check_knobs(k) for k in knob_sets]
+        out: list[list[dict | str]] = [[] for _ in knob_sets]
+        for start in range(0, len(knob_sets), self.lanes):
+            chunk = list(range(start, min(start + self.lanes, len(knob_sets))))
+            lane_sets = [dict(knob_sets[i]) if not reasons[i] else {} for i in chunk]
+            lane_sets += [{}] * (self.lanes - len(lane_sets))
+            for seed in self.seeds:
+                pop = evaluate_population(self.resolved, self.workloads[seed], lane_sets,
+                                          **self.capacities)
+                self.calls += 1
+                for lane, i in enumerate(chunk):
+                    overflow = pop.results[lane].overflow
+                    if reasons[i]:
+                        out[i].append(reasons[i])
+                    elif overflow:
+                        out[i].append(f"engine overflow {dict(overflow)} (raise capacities)")
+                    else:
+                        out[i].append(pop.metrics[lane])
+        return out
+
+    def evaluate(self, knob_sets: Sequence[Mapping[str, Any]]) -> list[CandidateEval]:
+        """Score every knob set on every seed."""
+        results = []
+        for knobs, per_seed in zip(knob_sets, self.metrics(knob_sets), strict=True):
+            reasons = [m for m in per_seed if isinstance(m, str)]
+            if reasons:
+                results.append(invalid_candidate(self.scoring, knobs, reasons[0]))
+            else:
+                results.append(score_candidate(self.scoring, knobs, per_seed,
+                                               keep_metrics=self.keep_metrics))
+        return results
+
+    __call__ = evaluate

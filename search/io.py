@@ -1,0 +1,168 @@
+"""Files of a search run: atomic writes, the history CSV, checkpoints, policy export.
+
+Every file is written to a temporary file in the destination directory and ``os.replace``d into
+place, so a killed run never leaves a half-written file. Numbers are written with Python's
+shortest round-trip ``repr``, so the same run gives the same bytes.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from blisjax.config import SimConfig, config_to_dict, dump_config
+
+__all__ = ["CHECKPOINT", "HISTORY", "json_safe", "load_checkpoint", "policy_bundle_yaml",
+           "save_checkpoint", "write_bytes_atomic", "write_csv_atomic", "write_json_atomic",
+           "write_policy_exports", "write_text_atomic"]
+
+CHECKPOINT = "checkpoint.npz"
+HISTORY = "history.csv"
+_FORMAT = 1
+
+
+def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` via a temporary file + fsync + ``os.replace``."""
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
+                               dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """UTF-8 text, atomically."""
+    write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with numpy scalars/arrays as Python data and non-finite floats as strings
+    (``"inf"``, ``"-inf"``, ``"nan"``) so it is valid JSON."""
+    if isinstance(value, Mapping):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return [json_safe(v) for v in value.tolist()]
+    if isinstance(value, (np.bool_, bool)):
+        return bool(value)
+    if isinstance(value, (np.integer, int)):
+        return int(value)
+    if isinstance(value, (np.floating, float)):
+        f = float(value)
+        return f if math.isfinite(f) else repr(f)
+    return value
+
+
+def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
+    """JSON (indent 2, keys in insertion order), atomically; non-finite floats as strings."""
+    write_text_atomic(path, json.dumps(json_safe(obj), indent=2, allow_nan=False) + "\n")
+
+
+def format_cell(value: Any) -> str:
+    """One CSV cell: floats by ``repr`` (round-trip exact), booleans as 1/0."""
+    if isinstance(value, (bool, np.bool_)):
+        return "1" if value else "0"
+    if isinstance(value, (float, np.floating)):
+        return repr(float(value))
+    if isinstance(value, (int, np.integer)):
+        return str(int(value))
+    return str(value)
+
+
+def write_csv_atomic(path: str | os.PathLike, columns: Sequence[str],
+                     rows: Sequence[Sequence[Any]]) -> None:
+    """A CSV table (header + rows, ``\\n`` line ends), atomically."""
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(columns)
+    for row in rows:
+        writer.writerow([format_cell(v) for v in row])
+    write_text_atomic(path, buf.getvalue())
+
+
+def save_checkpoint(path: str | os.PathLike, leaves: Sequence[np.ndarray],
+                    meta: Mapping[str, Any]) -> None:
+    """Strategy-state arrays + JSON metadata in one ``.npz``, atomically.
+
+    ``meta`` may hold non-finite floats (stored as JSON ``Infinity``/``NaN``, read back exactly).
+    """
+    buf = io.BytesIO()
+    arrays = {f"state_{i}": np.asarray(leaf) for i, leaf in enumerate(leaves)}
+    text = json.dumps({"format": _FORMAT, **meta}, allow_nan=True)
+    np.savez(buf, meta=np.frombuffer(text.encode("utf-8"), dtype=np.uint8), **arrays)
+    write_bytes_atomic(path, buf.getvalue())
+
+
+def load_checkpoint(path: str | os.PathLike) -> tuple[list[np.ndarray], dict[str, Any]]:
+    """(state arrays, metadata) of a checkpoint written by :func:`save_checkpoint`."""
+    with np.load(path, allow_pickle=False) as data:
+        meta = json.loads(bytes(data["meta"]).decode("utf-8"))
+        n = sum(1 for k in data.files if k.startswith("state_"))
+        leaves = [data[f"state_{i}"] for i in range(n)]
+    if meta.get("format") != _FORMAT:
+        raise ValueError(f"{path}: unknown checkpoint format {meta.get('format')!r}")
+    return leaves, meta
+
+
+class _BundleDumper(yaml.SafeDumper):
+    """Writes the empty SLO-class key as ``'': 3.0`` instead of a ``? ''`` complex key."""
+
+    def check_simple_key(self) -> bool:
+        if isinstance(self.event, yaml.ScalarEvent) and self.event.value == "":
+            return True
+        return super().check_simple_key()
+
+
+def policy_bundle_yaml(config: SimConfig, header: Sequence[str] = ()) -> str:
+    """The policy of ``config`` as a BLIS policy bundle (``--policy-config`` YAML).
+
+    Every field of the four sections is written (not only the searched ones), so the bundle
+    reproduces the policy on top of any base configuration. ``engine.preemption_policy`` is not
+    part of a bundle; it is noted in the header when it differs from the default.
+    """
+    policy = config_to_dict(config)["policy"]
+    policy["scheduler"] = policy["scheduler"]["policy"]
+    lines = [f"# {h}" for h in header]
+    if config.engine.preemption_policy != "fcfs":
+        lines.append(f"# engine.preemption_policy: {config.engine.preemption_policy} is not "
+                     "part of a policy bundle; see best_config.yaml")
+    text = yaml.dump(policy, Dumper=_BundleDumper, sort_keys=False, default_flow_style=False)
+    return "\n".join(lines) + ("\n" if lines else "") + text
+
+
+def write_policy_exports(out_dir: Path, config: SimConfig, header: Sequence[str],
+                         stem: str = "best") -> tuple[Path, Path]:
+    """Write ``<stem>_policy.yaml`` (policy bundle) and ``<stem>_config.yaml`` (the full
+    experiment with that policy, for ``blisjax run --config``); returns both paths."""
+    bundle = out_dir / f"{stem}_policy.yaml"
+    full = out_dir / f"{stem}_config.yaml"
+    write_text_atomic(bundle, policy_bundle_yaml(config, header))
+    write_text_atomic(full, "".join(f"# {h}\n" for h in header) + dump_config(config))
+    return bundle, full

@@ -1,0 +1,198 @@
+"""PNG plots of a search or sweep (matplotlib, Agg backend, no global pyplot state).
+
+* :func:`plot_convergence` — fitness of every candidate per generation, the generation best and
+  the best so far (several objectives: the best so far of each objective);
+* :func:`plot_pareto` — two objectives: all feasible candidates, the Pareto front, the baseline;
+* :func:`plot_sweep` — a sweep over 1 knob (objective vs value) or 2 knobs (heatmap of the
+  objective; with more knobs, the best value over the others).
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from search.io import write_bytes_atomic
+from search.runner import Record
+
+__all__ = ["plot_convergence", "plot_pareto", "plot_sweep"]
+
+
+def _figure(width: float = 6.4, height: float = 4.2):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), dpi=100)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _save(fig, path: str | Path) -> Path:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", metadata={"Software": None})
+    write_bytes_atomic(path, buf.getvalue())
+    return Path(path)
+
+
+def _feasible(records: Sequence[Record]) -> list[Record]:
+    return [r for r in records if r.feasible and np.isfinite(r.fitness)]
+
+
+def plot_convergence(records: Sequence[Record], path: str | Path, objective_names: Sequence[str],
+                     baseline: dict | None = None, title: str = "") -> Path:
+    """Every candidate's objective per generation (feasible: dots, infeasible: crosses), the
+    generation best and the best so far (both over feasible candidates), and the baseline.
+
+    Several objectives: one panel per objective.
+    """
+    m = len(objective_names)
+    fig = _figure(6.4, 3.2 * m if m > 1 else 4.2)
+    gens = sorted({r.generation for r in records})
+    ok = _feasible(records)
+    bad = [r for r in records if r.valid and not r.feasible]
+    for j, name in enumerate(objective_names):
+        ax = fig.add_subplot(m, 1, j + 1)
+        ax.scatter([r.generation for r in ok], [r.objectives[j] for r in ok], s=10, alpha=0.4,
+                   color="tab:gray", label="feasible candidates")
+        shown = [r for r in bad if np.isfinite(r.objectives[j])]
+        if shown:
+            ax.scatter([r.generation for r in shown], [r.objectives[j] for r in shown], s=14,
+                       marker="x", alpha=0.6, color="tab:orange", label="infeasible candidates")
+        gen_best, so_far, running = [], [], -np.inf
+        for g in gens:
+            vals = [r.objectives[j] for r in ok if r.generation == g]
+            best_g = max(vals) if vals else np.nan
+            running = max(running, best_g) if vals else running
+            gen_best.append(best_g)
+            so_far.append(running if np.isfinite(running) else np.nan)
+        ax.plot(gens, gen_best, "o-", color="tab:blue", ms=3, lw=1, label="generation best")
+        ax.plot(gens, so_far, "-", color="tab:red", lw=2, label="best so far")
+        if baseline is not None and name in baseline.get("objectives", {}):
+            value = baseline["objectives"][name]
+            if isinstance(value, float) and np.isfinite(value):
+                ax.axhline(value, color="black", ls="--", lw=1, label="baseline (config policy)")
+        ax.set_xlabel("generation")
+        ax.set_ylabel(name)
+        ax.grid(alpha=0.3)
+        if j == 0:
+            ax.legend(fontsize=8, loc="best")
+            if title:
+                ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def plot_pareto(records: Sequence[Record], front: Sequence[int], path: str | Path,
+                objective_names: Sequence[str], baseline: dict | None = None,
+                title: str = "") -> Path:
+    """Objective 0 vs objective 1: feasible candidates, the front (connected), the baseline."""
+    fig = _figure()
+    ax = fig.add_subplot(1, 1, 1)
+    ok = _feasible(records)
+    ax.scatter([r.objectives[0] for r in ok], [r.objectives[1] for r in ok], s=12,
+               alpha=0.4, color="tab:gray", label="feasible candidates")
+    pts = sorted((records[i].objectives[0], records[i].objectives[1]) for i in front)
+    if pts:
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color="tab:red", ms=5,
+                label=f"Pareto front ({len(pts)})")
+    if baseline is not None:
+        vals = [baseline.get("objectives", {}).get(n) for n in objective_names[:2]]
+        if all(isinstance(v, float) and np.isfinite(v) for v in vals):
+            ax.scatter([vals[0]], [vals[1]], marker="*", s=150, color="black",
+                       label="baseline (config policy)")
+    ax.set_xlabel(f"{objective_names[0]} (maximised)")
+    ax.set_ylabel(f"{objective_names[1]} (maximised)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    if title:
+        ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def _axis_values(records: Sequence[Record], name: str) -> list[Any]:
+    values: list[Any] = []
+    for r in records:
+        v = r.knobs[name]
+        if not any(type(v) is type(u) and v == u for u in values):
+            values.append(v)
+    numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+    return sorted(values) if numeric else values
+
+
+def _label(v: Any) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def _cell_best(records: Sequence[Record], key) -> dict:
+    """Per grid cell (``key(record)``) the record that is best by (feasible, objective 0)."""
+    best: dict = {}
+    for r in records:
+        if not r.valid or not np.isfinite(r.objectives[0]):
+            continue
+        k = key(r)
+        cur = best.get(k)
+        if cur is None or (r.feasible, r.objectives[0]) > (cur.feasible, cur.objectives[0]):
+            best[k] = r
+    return best
+
+
+def plot_sweep(records: Sequence[Record], knob_names: Sequence[str], path: str | Path,
+               objective_name: str, title: str = "") -> Path:
+    """Objective 0 over a grid: line for one knob, heatmap for two (with more knobs, the best
+    over the others: feasible first, then by objective). Infeasible cells are marked ×,
+    invalid ones left blank.
+    """
+    fig = _figure()
+    ax = fig.add_subplot(1, 1, 1)
+    xs = _axis_values(records, knob_names[0])
+    index_x = {repr(v): i for i, v in enumerate(xs)}
+    if len(knob_names) == 1:
+        cells = _cell_best(records, lambda r: index_x[repr(r.knobs[knob_names[0]])])
+        numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in xs)
+        pos = np.asarray(xs, float) if numeric else np.arange(len(xs), dtype=float)
+        ys = np.array([cells[i].objectives[0] if i in cells else np.nan
+                       for i in range(len(xs))])
+        ax.plot(pos, ys, "-", color="tab:blue", lw=1)
+        feas = np.array([i in cells and cells[i].feasible for i in range(len(xs))])
+        ax.scatter(pos[feas], ys[feas], color="tab:blue", zorder=3, label="feasible")
+        if (~feas & np.isfinite(ys)).any():
+            ax.scatter(pos[~feas], ys[~feas], marker="x", color="tab:orange", zorder=3,
+                       label="infeasible")
+        if not numeric:
+            ax.set_xticks(pos, [_label(v) for v in xs])
+        ax.set_xlabel(knob_names[0])
+        ax.set_ylabel(objective_name)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    else:
+        ys_vals = _axis_values(records, knob_names[1])
+        index_y = {repr(v): i for i, v in enumerate(ys_vals)}
+        cells = _cell_best(records, lambda r: (index_y[repr(r.knobs[knob_names[1]])],
+                                               index_x[repr(r.knobs[knob_names[0]])]))
+        grid = np.full((len(ys_vals), len(xs)), np.nan)
+        for (i, j), r in cells.items():
+            grid[i, j] = r.objectives[0]
+        im = ax.imshow(grid, origin="lower", aspect="auto", cmap="viridis")
+        fig.colorbar(im, ax=ax, label=objective_name)
+        ax.set_xticks(np.arange(len(xs)), [_label(v) for v in xs], rotation=45, fontsize=8)
+        ax.set_yticks(np.arange(len(ys_vals)), [_label(v) for v in ys_vals], fontsize=8)
+        ax.set_xlabel(knob_names[0])
+        ax.set_ylabel(knob_names[1])
+        finite = grid[np.isfinite(grid)]
+        mid = (finite.max() + finite.min()) / 2 if finite.size else 0.0
+        if len(xs) * len(ys_vals) <= 100:
+            for (i, j), r in cells.items():
+                v = r.objectives[0]
+                text = f"{v:.3g}" if r.feasible else f"× {v:.3g}"
+                ax.text(j, i, text, ha="center", va="center", fontsize=7,
+                        color="white" if v < mid else "black")
+        ax.text(1.0, -0.2, "× = infeasible", transform=ax.transAxes, ha="right", fontsize=7)
+    if title:
+        ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    return _save(fig, path)

@@ -1,0 +1,164 @@
+"""Search spaces: YAML parsing and errors, unit-cube mapping (bounds, log, int, categorical,
+reflection), round trips, validation against a configuration, get_knob."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from blisjax.config import ConfigError, load_config
+from blisjax.engine.population import set_knob
+from search.space import (
+    ChoiceKnob,
+    NumericKnob,
+    SearchSpace,
+    get_knob,
+    load_space,
+    reflect_unit,
+    space_from_mapping,
+)
+from tests.search.conftest import TINY_CONFIG, TINY_SPACE
+
+SPACE = {"knobs": {
+    "routing.scorers.prefix-affinity": {"low": 0.01, "high": 100, "scale": "log"},
+    "admission.token_bucket_capacity": {"low": 1000, "high": 5000, "type": "int"},
+    "admission.token_bucket_refill_rate": {"low": 10.0, "high": 20.0},
+    "scheduler.policy": {"choices": ["fcfs", "priority-fcfs", "sjf"]},
+}}
+
+
+def test_linear_log_and_int_mapping_hand_values():
+    s = space_from_mapping(SPACE)
+    lin = s.knob("admission.token_bucket_refill_rate")
+    assert lin.from_unit(0.0) == 10.0 and lin.from_unit(1.0) == 20.0
+    assert lin.from_unit(0.25) == 12.5
+    log = s.knob("routing.scorers.prefix-affinity")
+    assert log.from_unit(0.5) == pytest.approx(1.0, rel=1e-12)  # geometric middle of 1e-2, 1e2
+    assert log.from_unit(0.75) == pytest.approx(10.0, rel=1e-12)
+    assert log.from_unit(0.0) == 0.01 and log.from_unit(1.0) == 100.0
+    cap = s.knob("admission.token_bucket_capacity")
+    assert cap.from_unit(0.5) == 3000 and isinstance(cap.from_unit(0.3), int)
+    assert cap.from_unit(0.3) == 2200  # 1000 + 0.3 * 4000
+
+
+def test_categorical_bins_and_centres():
+    k = ChoiceKnob("scheduler.policy", ("fcfs", "priority-fcfs", "sjf"))
+    assert [k.from_unit(u) for u in (0.0, 0.33, 0.34, 0.66, 0.67, 1.0)] == \
+        ["fcfs", "fcfs", "priority-fcfs", "priority-fcfs", "sjf", "sjf"]
+    assert k.to_unit("fcfs") == pytest.approx(1 / 6) and k.to_unit("sjf") == pytest.approx(5 / 6)
+    with pytest.raises(ConfigError, match="not one of the choices"):
+        k.to_unit("lifo")
+
+
+def test_reflection_keeps_every_value_in_bounds():
+    assert reflect_unit(1.2) == pytest.approx(0.8)
+    assert reflect_unit(-0.1) == pytest.approx(0.1)
+    assert reflect_unit(2.3) == pytest.approx(0.3)
+    assert reflect_unit(-1.75) == pytest.approx(0.25)
+    assert reflect_unit(float("nan")) == 0.5 and reflect_unit(float("inf")) == 0.5
+    s = space_from_mapping(SPACE)
+    rng = np.random.default_rng(0)
+    pop = {n: rng.normal(0.5, 3.0, 200) for n in s.names}
+    for knobs in s.decode(pop):
+        for name, value in knobs.items():
+            knob = s.knob(name)
+            assert knob.contains(value), (name, value)
+
+
+def test_round_trip_encode_decode():
+    s = space_from_mapping(SPACE)
+    sets = [{"routing.scorers.prefix-affinity": 0.37, "admission.token_bucket_capacity": 4321,
+             "admission.token_bucket_refill_rate": 17.5, "scheduler.policy": "sjf"},
+            {"routing.scorers.prefix-affinity": 100.0, "admission.token_bucket_capacity": 1000,
+             "admission.token_bucket_refill_rate": 10.0, "scheduler.policy": "fcfs"}]
+    back = s.decode(s.encode(sets))
+    for a, b in zip(sets, back, strict=True):
+        assert b["scheduler.policy"] == a["scheduler.policy"]
+        assert b["admission.token_bucket_capacity"] == a["admission.token_bucket_capacity"]
+        for name in ("routing.scorers.prefix-affinity", "admission.token_bucket_refill_rate"):
+            assert b[name] == pytest.approx(a[name], rel=1e-12)
+    assert space_from_mapping(s.to_mapping()) == s
+
+
+def test_template_uses_init_or_centre():
+    s = space_from_mapping({"knobs": {
+        "routing.scorers.queue-depth": {"low": 0, "high": 4, "init": 1},
+        "scheduler.policy": {"choices": ["fcfs", "sjf"], "init": "sjf"}}})
+    t = s.template()
+    assert float(t["routing.scorers.queue-depth"]) == 0.25
+    assert float(t["scheduler.policy"]) == 0.75
+    assert s.decode_one(t) == {"routing.scorers.queue-depth": 1.0, "scheduler.policy": "sjf"}
+
+
+@pytest.mark.parametrize("knobs, match", [
+    ({"a.b": {"low": 1, "high": 1}}, r"space.knobs.a.b.high: must be > low"),
+    ({"a.b": {"low": 0, "high": 1, "scale": "log"}}, r"low: must be > 0 with scale 'log'"),
+    ({"a.b": {"low": 0, "high": 1, "scale": "cubic"}}, r"scale: must be 'linear' or 'log'"),
+    ({"a.b": {"low": 0, "high": 1, "step": 2}}, r"a.b.step: unknown key"),
+    ({"a.b": {"high": 1}}, r"a.b.low: is required"),
+    ({"a.b": {"choices": []}}, r"choices: must be a non-empty list"),
+    ({"a.b": {"choices": ["x", "x"]}}, r"must not repeat"),
+    ({"a.b": {"low": 0, "high": 1, "init": 2}}, r"init: must be a float in \[0.0, 1.0\]"),
+    ({"a.b": {"low": 0.2, "high": 0.8, "type": "int"}}, r"no integer"),
+    ({"a.b": "fast"}, r"must be a mapping"),
+])
+def test_space_errors_name_the_field(knobs, match):
+    with pytest.raises(ConfigError, match=match):
+        space_from_mapping({"knobs": knobs})
+
+
+def test_space_top_level_errors():
+    with pytest.raises(ConfigError, match="space.knobs: must be a non-empty mapping"):
+        space_from_mapping({"knobs": {}})
+    with pytest.raises(ConfigError, match="space.grid: unknown key"):
+        space_from_mapping({"knobs": {"a.b": [1, 2]}, "grid": 3})
+    with pytest.raises(ConfigError, match="duplicate knob"):
+        SearchSpace((NumericKnob("a", 0, 1), NumericKnob("a", 0, 2)))
+
+
+def test_validate_against_config_rejects_bad_knobs():
+    cfg = load_config(TINY_CONFIG)
+    load_space(TINY_SPACE).validate_against(cfg)
+    bad_name = space_from_mapping({"knobs": {"routing.scorer.x": {"low": 0, "high": 1}}})
+    with pytest.raises(ConfigError, match="routing.scorer.x"):
+        bad_name.validate_against(cfg)
+    bad_value = space_from_mapping({"knobs": {"scheduler.policy": {"choices": ["fcfs", "lifo"]}}})
+    with pytest.raises(ConfigError, match="'lifo' is rejected"):
+        bad_value.validate_against(cfg)
+    negative = space_from_mapping({"knobs": {"admission.token_bucket_capacity":
+                                             {"low": -5, "high": 5}}})
+    with pytest.raises(ConfigError, match="-5.0 is rejected"):
+        negative.validate_against(cfg)
+
+
+def test_get_knob_inverts_set_knob():
+    cfg = load_config(TINY_CONFIG)
+    assert get_knob(cfg, "routing.scorers.load-balance") == 1.0
+    assert get_knob(cfg, "routing.scorers.kv-utilization") == 0.0  # absent scorer = weight 0
+    for name, value in (("routing.scorers.queue-depth", 2.5), ("scheduler.policy", "sjf"),
+                        ("admission.token_bucket_capacity", 1234.0),
+                        ("engine.preemption_policy", "priority"), ("priority.policy", "slo-class")):
+        assert get_knob(set_knob(cfg, name, value), name) == value
+    with pytest.raises(ConfigError, match="not a per-lane"):
+        get_knob(cfg, "engine.max_num_running_reqs")
+
+
+def test_load_space_reports_unreadable_file(tmp_path):
+    with pytest.raises(ConfigError, match="--space: cannot read"):
+        load_space(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("knobs: [unclosed")
+    with pytest.raises(ConfigError, match="--space: cannot read"):
+        load_space(bad)
+
+
+def test_grid_points_cover_every_combination():
+    s = space_from_mapping({"knobs": {"a.x": {"low": 0, "high": 1},
+                                      "a.y": {"choices": ["p", "q"]}}})
+    pts = s.grid_points(3)
+    assert len(pts) == 6
+    assert {(p["a.x"], p["a.y"]) for p in pts} == {(x, y) for x in (0.0, 0.5, 1.0)
+                                                  for y in ("p", "q")}
+    assert math.isclose(s.knob("a.x").grid(1)[0], 0.5)
