@@ -52,8 +52,10 @@ from blisjax.workload import distribution_spec, generate_workload  # noqa: E402
 SCORERS = ("prefix-affinity", "queue-depth", "kv-utilization", "load-balance")
 
 
-def scenario(num_requests: int, instances: int, rate_per_instance: float):
-    cfg = SimConfig(cluster=ClusterConfig(num_instances=instances), seed=42)
+def scenario(num_requests: int, instances: int, rate_per_instance: float,
+             horizon_s: float | None = None):
+    cfg = SimConfig(cluster=ClusterConfig(num_instances=instances), seed=42,
+                    **({"horizon_us": int(horizon_s * 1e6)} if horizon_s else {}))
     cfg = _with_routing(cfg, (3.0, 2.0, 2.0, 1.0))
     spec = distribution_spec(rate_per_instance * instances, num_requests, prompt_mean=256,
                              prompt_std=256, output_mean=64, output_std=16, prefix_tokens=128)
@@ -117,10 +119,12 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=2_000)
     ap.add_argument("--instances", type=int, default=4)
     ap.add_argument("--rate-per-instance", type=float, default=24.0,
-                    help="arrivals per second per instance (24: ~80%% busy on scenario S)")
+                    help="arrivals per second per instance (24: 50%% busy on scenario S)")
     ap.add_argument("--cpu-devices", type=int, default=1,
                     help="split the CPU into this many JAX devices (lanes sharded over them)")
     ap.add_argument("--reference", action="store_true", help="also time the reference engine")
+    ap.add_argument("--horizon-s", type=float, default=None,
+                    help="stop each simulation at this simulated time (memory checks at large P)")
     ap.add_argument("--scaling", action="store_true",
                     help="P = --scaling-lanes at N = 1k/10k (4 instances) and instances 1/16 "
                          "(N = 2k)")
@@ -133,7 +137,7 @@ def main() -> None:
         p = args.scaling_lanes
         runs = [(1_000, 4, p), (10_000, 4, p), (2_000, 1, p), (2_000, 16, p)]
     for n, inst, lanes in runs:
-        resolved, workload = scenario(n, inst, args.rate_per_instance)
+        resolved, workload = scenario(n, inst, args.rate_per_instance, args.horizon_s)
         print(json.dumps(run_jax(resolved, workload, lanes)), flush=True)
     if args.reference:
         resolved, workload = scenario(args.requests, args.instances, args.rate_per_instance)

@@ -12,7 +12,6 @@ import io
 import json
 import math
 import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from blisjax.atomicio import write_bytes_atomic, write_text_atomic
 from blisjax.config import SimConfig, config_to_dict, dump_config
 
 __all__ = ["CHECKPOINT", "HISTORY", "json_safe", "load_checkpoint", "policy_bundle_yaml",
@@ -29,36 +29,6 @@ __all__ = ["CHECKPOINT", "HISTORY", "json_safe", "load_checkpoint", "policy_bund
 CHECKPOINT = "checkpoint.npz"
 HISTORY = "history.csv"
 _FORMAT = 1
-
-
-def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temporary file + fsync + ``os.replace``."""
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
-                               dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def write_text_atomic(path: str | os.PathLike, text: str) -> None:
-    """UTF-8 text, atomically."""
-    write_bytes_atomic(path, text.encode("utf-8"))
 
 
 def json_safe(value: Any) -> Any:

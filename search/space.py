@@ -46,6 +46,7 @@ __all__ = ["ChoiceKnob", "NumericKnob", "SearchSpace", "get_knob", "load_space",
            "space_from_mapping"]
 
 _NUMERIC_KEYS = ("low", "high", "scale", "type", "init")
+_CHOICE_KEYS = ("choices", "init")
 
 
 def reflect_unit(u: float) -> float:
@@ -55,7 +56,6 @@ def reflect_unit(u: float) -> float:
         return 0.5
     r = math.fmod(abs(u), 2.0)
     return 2.0 - r if r > 1.0 else r
-_CHOICE_KEYS = ("choices", "init")
 
 
 @dataclass(frozen=True)

@@ -62,12 +62,12 @@ def clamp_prefill(st, n, start, budget):
     return n.astype(jnp.int32)
 
 
-def victim_position(s: SimState, st, c, p, i):
+def victim_position(s: SimState, st, c, p, i, width: int):
     """fcfs: the tail; priority: least urgent, latest arrival, tail-most among equals."""
     n = s.n_run[i]
-    pos = jnp.arange(st.batch_slots)
+    pos = jnp.arange(width)
     valid = pos < n
-    r = jnp.where(valid, s.slot_req[i, jnp.maximum(s.order[i], 0)], st.num_requests)
+    r = jnp.where(valid, s.slot_req[i, jnp.maximum(s.order[i, :width], 0)], st.num_requests)
     neg = -s.prio[r]
     m1 = jnp.max(jnp.where(valid, neg, -jnp.inf))
     cand = valid & (neg == m1)
@@ -94,7 +94,7 @@ def evict(s: SimState, st, c, p, i, vpos, budget, active):
     return s, budget, sb
 
 
-def preempt_for_tokens(s: SimState, st, c, p, i, sb, r, n, pos, budget, active):
+def preempt_for_tokens(s: SimState, st, c, p, i, sb, r, n, pos, budget, active, width: int):
     """Evict victims until n tokens of running request r fit, then allocate them (§2.5).
 
     Returns (state, success, cursor, budget, preempted_any)."""
@@ -106,7 +106,7 @@ def preempt_for_tokens(s: SimState, st, c, p, i, sb, r, n, pos, budget, active):
         ok = kv.can_allocate(s, st, c, i, sb, r, pi, pi + n, empty, 0)
         no_one = s.n_run[i] == 0
         do_evict = going & ~ok & ~no_one
-        vpos = victim_position(s, st, c, p, i)
+        vpos = victim_position(s, st, c, p, i, width)
         s, budget, vslot = evict(s, st, c, p, i, vpos, budget, do_evict)
         self_evicted = do_evict & (vslot == sb)
         pos = jnp.where(do_evict & ~self_evicted & (vpos < pos), pos - 1, pos)
@@ -134,7 +134,7 @@ def _continue_wants(s: SimState, st, c, r):
     return prefill | decode, jnp.where(prefill, chunk, 1), prefill
 
 
-def phase1_fast(s: SimState, st, c, i, active):
+def phase1_fast(s: SimState, st, c, i, active, width: int):
     """Phase 1 for the leading running requests whose KV fits without preemption, all at once.
 
     Sequentially, request k gets ``min(want_k, budget left)`` tokens while the budget is
@@ -143,7 +143,7 @@ def phase1_fast(s: SimState, st, c, i, active):
     the first k whose running sum of fresh blocks exceeds the free count; from there on the
     sequential loop (with preemption) takes over. Returns (state, that position, budget left).
     """
-    valid, slots, reqs = _running(s, st, i)
+    valid, slots, reqs = _running(s, st, i, width)
     r = jnp.where(valid & active, reqs, st.num_requests)
     needs, want, prefill = _continue_wants(s, st, c, r)
     needs = needs & valid & active
@@ -154,8 +154,8 @@ def phase1_fast(s: SimState, st, c, i, active):
     blen, _, filled = kv.last_block_fill(s, st, i, slots)
     fresh = jnp.where(served, kv.blocks_needed(st, blen, filled, n), 0)
     short = served & (jnp.cumsum(fresh) > s.kv_free[i])
-    stop = jnp.where(jnp.any(short), jnp.argmax(short), st.batch_slots).astype(jnp.int32)
-    ok = served & (jnp.arange(st.batch_slots) < stop)
+    stop = jnp.where(jnp.any(short), jnp.argmax(short), width).astype(jnp.int32)
+    ok = served & (jnp.arange(width) < stop)
     s = kv.grant_tokens(s, st, c, i, slots, r, n, prefill, ok)
     rr = jnp.where(ok, r, st.num_requests)
     s = s.replace(num_new=s.num_new.at[rr].set(n), computed=s.computed.at[rr].add(n))
@@ -163,11 +163,11 @@ def phase1_fast(s: SimState, st, c, i, active):
     return s, stop, budget
 
 
-def phase1(s: SimState, st, c, p, i, active):
+def phase1(s: SimState, st, c, p, i, active, width: int):
     """Continue running requests in batch order: prefill chunks, then one decode token each.
     The vectorized prefix (``phase1_fast``) first; the loop below only runs from the first
     request that needs preemption (usually never)."""
-    s, stop, budget = phase1_fast(s, st, c, i, active)
+    s, stop, budget = phase1_fast(s, st, c, i, active, width)
 
     def cond(carry):
         s, pos, budget, pre, halt = carry
@@ -181,7 +181,7 @@ def phase1(s: SimState, st, c, p, i, active):
         need = go & needs
         n = jnp.minimum(want, budget).astype(jnp.int32)
         s, ok, pos, budget, pre_now = preempt_for_tokens(s, st, c, p, i, jnp.maximum(sb, 0), r,
-                                                         n, pos, budget, need)
+                                                         n, pos, budget, need, width)
         granted = need & ok
         rr = jnp.where(granted, r, st.num_requests)
         s = s.replace(num_new=s.num_new.at[rr].set(n), computed=s.computed.at[rr].add(n))
@@ -228,10 +228,11 @@ def phase2(s: SimState, st, c, p, i, now, budget, preempted, active):
     return s
 
 
-def _running(s: SimState, st, i):
-    pos = jnp.arange(st.batch_slots)
+def _running(s: SimState, st, i, width: int):
+    """(valid, batch slots, requests) of running positions 0..width-1 (width >= n_run)."""
+    pos = jnp.arange(width)
     valid = pos < s.n_run[i]
-    slots = jnp.maximum(s.order[i], 0)
+    slots = jnp.maximum(s.order[i, :width], 0)
     reqs = jnp.where(valid, s.slot_req[i, slots], st.num_requests)
     return valid, slots, reqs
 
@@ -243,9 +244,9 @@ def step_duration(c, cm, dc):
     return jnp.maximum(1, jnp.where(big, INT64_MAX, x.astype(jnp.int64)))
 
 
-def execute(s: SimState, st, c, i, now, n_preempted, active):
+def execute(s: SimState, st, c, i, now, n_preempted, active, width: int):
     """Step time from the scheduled requests; then progress, ITL and TTFT (§2.6)."""
-    valid, slots, reqs = _running(s, st, i)
+    valid, slots, reqs = _running(s, st, i, width)
     nn = jnp.where(valid, s.num_new[reqs], 0)
     pi, l_in, out = s.pi[reqs], c.input_tokens[reqs], c.output_tokens[reqs]
     if st.latency is None:
@@ -281,9 +282,9 @@ def execute(s: SimState, st, c, i, now, n_preempted, active):
     return s, d
 
 
-def complete(s: SimState, st, c, i, now, d, active):
+def complete(s: SimState, st, c, i, now, d, active, width: int):
     """Completions and length caps, accounted at the step start (§2.7), in batch order."""
-    valid, slots, reqs = _running(s, st, i)
+    valid, slots, reqs = _running(s, st, i, width)
     pi, l_in, out = s.pi[reqs], c.input_tokens[reqs], c.output_tokens[reqs]
     done = pi >= l_in + jnp.maximum(out, 1) - 1
     capped = ~done & (st.max_model_len > 0) & (pi >= st.max_model_len - 1)
@@ -300,7 +301,7 @@ def complete(s: SimState, st, c, i, now, d, active):
         p_r, l_r, o_r = s.pi[r], c.input_tokens[r], c.output_tokens[r]
         final = go & done[pos] & (o_r > 0) & (p_r < l_r + o_r)
         ok = final & kv.can_allocate(s, st, c, i, sb, r, p_r, p_r + 1, empty, 0)
-        s = kv.allocate(s, st, c, i, sb, r, p_r, p_r + 1, empty, 0, ok)
+        s = kv.allocate(s, st, c, i, sb, r, p_r, p_r + 1, empty, 0, ok, chunk=1)
         s = kv.release(s, st, i, sb, go)
         kk = p_r - l_r
         t = c.tenant[r]
@@ -316,10 +317,10 @@ def complete(s: SimState, st, c, i, now, d, active):
 
     s, _ = kv.lane_while(lambda cr: cr[1] < count, body, (s, jnp.asarray(0, jnp.int32)))
     keep = valid & ~fin
-    dest = jnp.where(keep, jnp.cumsum(keep) - 1, st.batch_slots)
-    row = jnp.full(st.batch_slots + 1, NIL, jnp.int32).at[dest].set(s.order[i])[:-1]
+    dest = jnp.where(keep, jnp.cumsum(keep) - 1, width)
+    row = jnp.full(width + 1, NIL, jnp.int32).at[dest].set(s.order[i, :width])[:-1]
     s = s.replace(
-        order=s.order.at[i].set(jnp.where(active, row, s.order[i])),
+        order=s.order.at[i, :width].set(jnp.where(active, row, s.order[i, :width])),
         n_run=add(s.n_run, i, -count, active),
         completed=add(s.completed, i, count.astype(jnp.int64), active),  # capped ones too
         capped_count=add(s.capped_count, i, jnp.sum((fin & capped).astype(jnp.int64)), active),
@@ -329,21 +330,38 @@ def complete(s: SimState, st, c, i, now, d, active):
     return s
 
 
-def step(s: SimState, st, c, p, i, now, active):
-    """The instance's StepEvent at ``now``."""
+def _step(s: SimState, st, c, p, i, now, active, width: int):
+    """The instance's StepEvent at ``now``, with running positions 0..width-1 (>= n_run)."""
     idle = (s.n_run[i] == 0) & (s.q_len[i] == 0)
     go = active & ~idle
     s = s.replace(step_time=upd(s.step_time, i, -1, active & idle),
                   steps=add(s.steps, i, 1, go))
     # reset this step's token grants of running requests
-    valid, _, reqs = _running(s, st, i)
+    valid, _, reqs = _running(s, st, i, width)
     s = s.replace(num_new=s.num_new.at[jnp.where(valid & go, reqs, st.num_requests)].set(0))
     preempted_before = s.preempt_count[i]
-    s, budget, pre = phase1(s, st, c, p, i, go)
+    s, budget, pre = phase1(s, st, c, p, i, go, width)
     if st.stateful_latency:
         s = s.replace(step_cached=s.step_cached.at[i].set(jnp.where(go, 0, s.step_cached[i])))
     s = phase2(s, st, c, p, i, now, budget, pre, go)
-    s, d = execute(s, st, c, i, now, s.preempt_count[i] - preempted_before, go)
-    s = complete(s, st, c, i, now, d, go)
+    s, d = execute(s, st, c, i, now, s.preempt_count[i] - preempted_before, go, width)
+    s = complete(s, st, c, i, now, d, go, width)
     more = (s.n_run[i] > 0) | (s.q_len[i] > 0)
     return s.replace(step_time=upd(s.step_time, i, jnp.where(more, now + d, -1), go))
+
+
+def step(s: SimState, st, c, p, i, now, active):
+    """The instance's StepEvent at ``now``.
+
+    Work over the running batch is vectorized over positions, so its cost follows the vector
+    width. With many batch slots (``st.running_width`` < batch slots) a narrow program over the
+    first ``running_width`` positions runs whenever no lane can exceed it this step (running +
+    queued <= width: admissions come from the queue, preemptions move requests back to it);
+    otherwise every lane takes the full-width program. Both give identical results.
+    """
+    narrow_w, full_w = st.running_width, st.batch_slots
+    if narrow_w >= full_w:
+        return _step(s, st, c, p, i, now, active, full_w)
+    wide = kv.lane_any(active & (s.n_run[i] + s.q_len[i] > narrow_w))
+    s = kv.lane_once(active & ~wide, lambda s, go: _step(s, st, c, p, i, now, go, narrow_w), s)
+    return kv.lane_once(active & wide, lambda s, go: _step(s, st, c, p, i, now, go, full_w), s)

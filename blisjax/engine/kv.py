@@ -273,17 +273,18 @@ def claim_cached(s: SimState, st, i, sb, cached, n_claim, active) -> SimState:
         hits=add(s.hits, i, n_claim.astype(jnp.int64), active))
 
 
-POP_CHUNK = 16  # fresh blocks handled per inner iteration (most steps need fewer)
+POP_CHUNK = 16  # fresh blocks per inner iteration when a whole batch allocates (phase 1)
 
 
-def grant_tokens(s: SimState, st, c, i, sb, r, n, prefill, mask) -> SimState:
+def grant_tokens(s: SimState, st, c, i, sb, r, n, prefill, mask,
+                 chunk: int = POP_CHUNK) -> SimState:
     """Allocate ``n[k]`` more tokens for request ``r[k]`` in batch slot ``sb[k]``, for every k
     where ``mask``, in k order — as consecutive reference ``allocate`` calls whose pre-checks
     passed: top up the partially filled last block, then take fresh blocks from the LRU head.
     ``prefill[k]``: the request was in prefill when the call was made (fresh full blocks are
     then registered).
 
-    Fresh blocks are taken ``POP_CHUNK`` at a time. Hash-slot writes keep the reference order:
+    Fresh blocks are taken ``chunk`` at a time. Hash-slot writes keep the reference order:
     request k's top-up registration (op ``base_k``), then per fresh block "forget its old
     slot" and "register" (ops ``base_k + 1 + 2m``, ``base_k + 2 + 2m``); a top-up
     registration is applied with the chunk holding its request's first fresh block, and every
@@ -303,13 +304,13 @@ def grant_tokens(s: SimState, st, c, i, sb, r, n, prefill, mask) -> SimState:
     reg_partial = partial & (filled + fill == bs) & (blen - 1 < c.full_blocks[r])
     if not st.prefix_caching:
         reg_partial = jnp.zeros_like(reg_partial)
-    n_chunks = jnp.maximum((total + POP_CHUNK - 1) // POP_CHUNK, jnp.any(reg_partial))
-    chunk_of = jnp.minimum(before // POP_CHUNK, n_chunks - 1)
+    n_chunks = jnp.maximum((total + chunk - 1) // chunk, jnp.any(reg_partial))
+    chunk_of = jnp.minimum(before // chunk, n_chunks - 1)
     info = (sb, r, prefill, blen, last, rest, cum, before, reg_partial, chunk_of)
 
     def body(carry, go):
         s, k = carry
-        return _grant_chunk(s, st, c, i, info, k, total, go), k + go.astype(k.dtype)
+        return _grant_chunk(s, st, c, i, info, k, total, go, chunk), k + go.astype(k.dtype)
 
     s, _ = lane_while(lambda carry: carry[1] < n_chunks, body, (s, jnp.asarray(0, jnp.int32)))
     return s.replace(
@@ -317,10 +318,10 @@ def grant_tokens(s: SimState, st, c, i, sb, r, n, prefill, mask) -> SimState:
         misses=s.misses.at[i].add(total.astype(jnp.int64)))
 
 
-def _grant_chunk(s: SimState, st, c, i, info, k, total, go) -> SimState:
+def _grant_chunk(s: SimState, st, c, i, info, k, total, go, chunk: int) -> SimState:
     """Chunk k of ``grant_tokens``: fresh blocks g in [k·C, k·C + C)."""
     sb, r, prefill, blen, last, rest, cum, before, reg_partial, chunk_of = info
-    bs, mb, k_blocks, chunk = st.block_size, st.max_blocks_per_request, st.kv_blocks, POP_CHUNK
+    bs, mb, k_blocks = st.block_size, st.max_blocks_per_request, st.kv_blocks
     g0 = k * chunk
     s, blocks, taken = pop_blocks(s, st, i, jnp.clip(total - g0, 0, chunk), go, chunk)
     g = g0 + jnp.arange(chunk, dtype=jnp.int32)
@@ -355,16 +356,22 @@ def _grant_chunk(s: SimState, st, c, i, info, k, total, go) -> SimState:
                      .at[i, jnp.where(reg_top, last, k_blocks)].set(slot_top, mode="drop"))
 
 
-def allocate(s: SimState, st, c, i, sb, r, start, end, cached, n_cached, active):
+def allocate(s: SimState, st, c, i, sb, r, start, end, cached, n_cached, active,
+             chunk: int | None = None):
     """One reference ``allocate`` of positions [start, end) of request r in batch slot sb,
-    whose pre-check passed; does nothing unless ``active``."""
+    whose pre-check passed; does nothing unless ``active``. ``chunk``: fresh blocks per inner
+    iteration (default: a whole token budget's worth, up to 64 — one iteration for most
+    prompts; pass 1 for a single decode token)."""
+    if chunk is None:
+        chunk = max(1, min(64, -(-st.token_budget // st.block_size)))
     n = jnp.where(active, end - start, 0).astype(jnp.int32)
     if not (isinstance(n_cached, int) and n_cached == 0):  # statically no cached prefix
         claim = active & (n > 0) & (s.blen[i, sb] == 0) & (n_cached > 0)
         s = claim_cached(s, st, i, sb, cached, n_cached, claim)
     prefill = s.pi[r] < c.input_tokens[r]
     one = lambda x: jnp.reshape(x, (1,))  # noqa: E731
-    return grant_tokens(s, st, c, i, one(sb), one(r), one(n), one(prefill), one(active & (n > 0)))
+    return grant_tokens(s, st, c, i, one(sb), one(r), one(n), one(prefill), one(active & (n > 0)),
+                        chunk)
 
 
 def release(s: SimState, st, i, sb, active) -> SimState:

@@ -30,6 +30,8 @@ class EngineStatic:
       batch_slots: running-batch slots per instance (= max_num_running_reqs).
       max_blocks_per_request: KV blocks one request can hold (prompt + output).
       deadline_window: requests sharing one deadline that can be ordered exactly.
+      running_width: vector width of the narrow step program (see ``batch.step``); not a
+        capacity — a step that could exceed it runs the full-width program.
     """
 
     num_requests: int
@@ -59,6 +61,7 @@ class EngineStatic:
     num_deadlines: int
     deadline_window: int
     itl_capacity: int  # 0 = raw ITL entries are not kept (no ITL percentiles)
+    running_width: int = 64
     # Roofline/physics model object (hashable), evaluated on the host per step (see
     # ``blisjax.engine.hostlatency``); None = blackbox, computed in-graph from exact tables.
     latency: object = None
@@ -107,7 +110,7 @@ def _ceil_div(a: int, b: int) -> int:
 
 def build_static(resolved, workload, *, queue_slots: int | None = None,
                  pending_slots: int | None = None, deadline_window: int = 8,
-                 keep_itl_entries: bool = True) -> EngineStatic:
+                 keep_itl_entries: bool = True, running_width: int = 64) -> EngineStatic:
     """Capacities derived from the configuration and the workload (see README, Capacities).
 
     Defaults are safe upper bounds: the queue can hold every request, and the pending window
@@ -156,6 +159,7 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
         num_deadlines=num_deadlines,
         deadline_window=deadline_window,
         itl_capacity=int(np.maximum(out - 1, 0).sum()) if keep_itl_entries and n else 0,
+        running_width=max(1, min(int(running_width), eng.max_num_running_reqs)),
         latency=None if cfg.latency.model == "blackbox" else model,
     )
 

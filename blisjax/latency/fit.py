@@ -25,7 +25,6 @@ import datetime as _dt
 import json
 import math
 import os
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +33,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from blisjax.atomicio import write_text_atomic  # noqa: F401  (re-exported for the CLI)
 from blisjax.config._checks import ConfigError
 from blisjax.latency.base import StepBatch
 from blisjax.latency.blackbox import blackbox_queueing_delay_us, blackbox_step_time_us
@@ -945,27 +945,6 @@ def _acceptance(hold_a: dict, hold_b: dict, beta: Sequence[float], Xb: np.ndarra
 
 
 # ---------------------------------------------------------------------------------- output
-
-
-def write_text_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` to a temporary file beside ``path``, then rename it into place."""
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
-                               dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def coefficients_yaml(result: FitResult) -> str:

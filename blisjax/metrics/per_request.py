@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from typing import Any
 
 import numpy as np
 
+from blisjax.atomicio import write_text_atomic
 from blisjax.metrics.formulas import request_tpot_us
 from blisjax.metrics.records import COMPLETED, NOT_RECORDED, STATUS_NAMES, RunResult
 from blisjax.workload.types import SLO_CLASSES, Workload
@@ -90,23 +90,5 @@ def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
     and fsynced, then ``os.replace``d over ``path``; on any error the temporary file is removed
     and ``path`` is untouched. NaN/inf are rejected (they are not valid JSON).
     """
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
     text = json.dumps(obj, indent=2, allow_nan=False, default=_json_default) + "\n"
-    fd, tmp_path = tempfile.mkstemp(
-        prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory
-    )
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        # mkstemp creates 0600; results are meant to be shared like any other output file.
-        os.chmod(tmp_path, 0o644)
-        os.replace(tmp_path, path)
-    except BaseException:
-        try:
-            os.unlink(tmp_path)
-        except FileNotFoundError:
-            pass
-        raise
+    write_text_atomic(path, text)

@@ -27,8 +27,9 @@ from blisjax.workload import read_trace
 from tests.paths import GOLDEN_DIR
 from tests.reference.conftest import make_resolved, make_workload
 
-# Golden cases whose KV cache is small enough for the default tier.
-SMALL_GOLDEN = [0, 1, 4]
+# Golden cases whose KV cache is small enough for a test; each is one ~35 s compile, so the
+# default tier keeps case 0 and the slow tier (-m slow) adds the others.
+SMALL_GOLDEN = [0, pytest.param(1, marks=pytest.mark.slow), pytest.param(4, marks=pytest.mark.slow)]
 
 
 @pytest.mark.parametrize("case", SMALL_GOLDEN)
@@ -72,7 +73,13 @@ EDGE_CASES = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(EDGE_CASES))
+# Features of these cases are also covered in the default tier by the population test
+# (chunked prefill under a token budget, token-bucket admission among its random policies).
+SLOW_EDGE_CASES = {"chunked-budget", "token-bucket"}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_EDGE_CASES
+                                  else n for n in sorted(EDGE_CASES)])
 def test_edge_case_parity(name):
     resolved = make_resolved(**EDGE_CASES[name])
     w = make_workload(EDGE_ROWS, ("a", "b"), ("g",))
@@ -120,8 +127,22 @@ def test_population_lanes_match_independent_reference_runs():
                   deadline=r["deadline"] + 9500 if r.get("deadline") else 0) for r in EDGE_ROWS]
     w = make_workload(EDGE_ROWS + later, ("a", "b"), ("g",))
     configs = _random_policy_configs(base.config, w.tenant_names, 12, seed=3)
+    assert {"token-bucket", "rate-limit", "tenant-quota"} <= {c.policy.admission.policy
+                                                             for c in configs}
     params = stack_params([params_from_config(c, w.tenant_names) for c in configs])
     lanes = simulate_population(base, w, params)
     for k, cfg in enumerate(configs):
         want = reference(resolve_config(cfg), w)
         assert first_divergence(want, lanes[k]) is None, (k, cfg.policy)
+
+
+@pytest.mark.parametrize("name", ["preemption-storm",
+                                  pytest.param("full-kv-priority-preemption",
+                                               marks=pytest.mark.slow)])
+def test_narrow_step_program_parity(name):
+    # running_width 2 < batch slots: steps alternate between the narrow program (running +
+    # queued <= 2) and the full-width one; both must reproduce the reference exactly.
+    resolved = make_resolved(**EDGE_CASES[name])
+    w = make_workload(EDGE_ROWS, ("a", "b"), ("g",))
+    got = simulate(resolved, w, running_width=2)
+    assert first_divergence(reference(resolved, w), got) is None
