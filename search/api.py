@@ -331,8 +331,9 @@ def holdout_comparison(problem: SimulationProblem, chosen: Record, seeds: Sequen
     texts = problem.scoring.objective_texts
     base_vals: list[list[float]] = []
     best_vals: list[list[float]] = []
+    held = problem.with_seeds(list(seeds))  # one engine program covers every held-out seed
     for s in seeds:
-        one = problem.with_seeds([s])
+        one = held.with_seeds([s], same_program=True)
         base, best = one.evaluate([{}, dict(chosen.knobs)])
         base_vals.append(list(base.objectives))
         best_vals.append(list(best.objectives))

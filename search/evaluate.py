@@ -18,6 +18,7 @@ from typing import Any
 
 from blisjax.config import ConfigError, SimConfig
 from blisjax.engine.population import evaluate_population, set_knob
+from blisjax.engine.static import build_static_shared
 from blisjax.workload import Workload, generate_workload, parse_workload_spec
 from search.expr import flatten_metrics
 from search.objectives import CandidateEval, Scoring, invalid_candidate, score_candidate
@@ -75,7 +76,8 @@ class SimulationProblem:
     """
 
     def __init__(self, resolved, seeds: Sequence[int], scoring: Scoring, lanes: int,
-                 capacities: Mapping[str, Any] | None = None, keep_metrics: bool = True) -> None:
+                 capacities: Mapping[str, Any] | None = None, keep_metrics: bool = True,
+                 shape_workloads: Sequence[Workload] = (), static=None) -> None:
         if lanes < 1:
             raise ValueError(f"lanes must be >= 1, got {lanes}")
         if not seeds:
@@ -87,12 +89,22 @@ class SimulationProblem:
         self.capacities = dict(capacities or {})
         self.keep_metrics = keep_metrics
         self.workloads = {s: make_workload(resolved.config, s) for s in self.seeds}
+        # One engine program for every seed (capacities cover all of them, and
+        # ``shape_workloads`` too): a seed then costs a run, not a 30-40 s compile.
+        self.static = static if static is not None else build_static_shared(
+            resolved, [*self.workloads.values(), *shape_workloads], **self.capacities)
         self.calls = 0
 
-    def with_seeds(self, seeds: Sequence[int]) -> SimulationProblem:
-        """The same problem on other workload seeds (e.g. held-out seeds)."""
+    def with_seeds(self, seeds: Sequence[int], same_program: bool = False) -> SimulationProblem:
+        """The same problem on other workload seeds (e.g. held-out seeds). ``same_program``:
+        reuse this problem's engine program (its capacities must cover ``seeds``, as for a
+        subset of a problem built over a superset of seeds)."""
+        if same_program:
+            return SimulationProblem(self.resolved, seeds, self.scoring, self.lanes,
+                                     self.capacities, self.keep_metrics, static=self.static)
         return SimulationProblem(self.resolved, seeds, self.scoring, self.lanes,
-                                 self.capacities, self.keep_metrics)
+                                 self.capacities, self.keep_metrics,
+                                 shape_workloads=tuple(self.workloads.values()))
 
     def check_knobs(self, knobs: Mapping[str, Any]) -> str:
         """'' when ``knobs`` form a valid configuration, else the reason."""
@@ -112,7 +124,7 @@ class SimulationProblem:
             lane_sets += [{}] * (self.lanes - len(lane_sets))
             for seed in self.seeds:
                 pop = evaluate_population(self.resolved, self.workloads[seed], lane_sets,
-                                          **self.capacities)
+                                          static=self.static)
                 self.calls += 1
                 for lane, i in enumerate(chunk):
                     overflow = pop.results[lane].overflow

@@ -237,7 +237,9 @@ def _deadline_window(s: SimState, st, c):
     valid = (idx < st.num_deadlines) & (wr >= 0)
     wr_safe = jnp.where(valid, wr, st.num_requests)
     first = c.deadline_order[jnp.minimum(s.dl_cursor, st.num_deadlines)]
-    t = jnp.where(s.dl_cursor < st.num_deadlines, c.deadline_us[jnp.maximum(first, 0)], INT64_MAX)
+    # entries past the workload's own deadlines are -1 padding (shapes shared across workloads)
+    t = jnp.where((s.dl_cursor < st.num_deadlines) & (first >= 0),
+                  c.deadline_us[jnp.maximum(first, 0)], INT64_MAX)
     member = valid & (c.deadline_us[wr_safe] == t) & ~s.tdone[wr_safe]
     on = member & ((s.status[wr_safe] == QUEUED) | (s.status[wr_safe] == RUNNING))
     overflow = member[w]  # more same-time deadlines than the window holds

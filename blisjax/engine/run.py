@@ -146,9 +146,11 @@ def simulate(resolved, workload, params: PolicyParams | None = None, **capacitie
     return lane_result(st, consts, final, 0)
 
 
-def simulate_population(resolved, workload, params: PolicyParams, **capacities):
-    """Run a stacked population of params; returns one ``RunResult`` per lane."""
-    st = build_static(resolved, workload, **capacities)
+def simulate_population(resolved, workload, params: PolicyParams, static=None, **capacities):
+    """Run a stacked population of params; returns one ``RunResult`` per lane. ``static``: a
+    prebuilt ``EngineStatic`` (e.g. ``build_static_shared`` over several workloads, so they
+    share one compiled program); default: built for this workload from ``capacities``."""
+    st = static if static is not None else build_static(resolved, workload, **capacities)
     consts = build_consts(resolved, workload, st)
     final = run_lanes(st, consts, params)
     lanes = int(np.shape(params.admission)[0])

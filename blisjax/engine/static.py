@@ -8,6 +8,7 @@ cannot constant-fold or rewrite the arithmetic that touches them.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import chex
@@ -164,6 +165,28 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
     )
 
 
+# Capacities that may be raised above what one workload needs (upper bounds, never semantics).
+_SHAREABLE = ("queue_slots", "pending_slots", "max_blocks_per_request", "max_prompt_blocks",
+              "num_groups", "group_blocks_max", "own_slots", "num_deadlines", "itl_capacity")
+
+
+def build_static_shared(resolved, workloads, **capacities) -> EngineStatic:
+    """One ``EngineStatic`` whose capacities cover every workload (e.g. several seeds of one
+    workload spec), so a single compiled program serves them all. Workloads must agree on
+    everything that is not a capacity (request count, tenants, ...)."""
+    statics = [build_static(resolved, w, **capacities) for w in workloads]
+    if not statics:
+        raise ValueError("build_static_shared: no workloads given")
+    base = statics[0]
+    for other in statics[1:]:
+        for f in dataclasses.fields(EngineStatic):
+            if f.name not in _SHAREABLE and getattr(other, f.name) != getattr(base, f.name):
+                raise ValueError(f"workloads differ in {f.name} ({getattr(base, f.name)} vs "
+                                 f"{getattr(other, f.name)}); they cannot share one program")
+    return dataclasses.replace(base, **{name: max(getattr(s, name) for s in statics)
+                                        for name in _SHAREABLE})
+
+
 def _queue_delays(resolved, workload) -> np.ndarray:
     """Per-request α delay (blackbox and roofline: state-free; physics: computed per routing
     event on the host, zeros here)."""
@@ -233,7 +256,8 @@ def build_consts(resolved, workload, st: EngineStatic) -> WorkloadConsts:
         group=pad(workload.prefix_group, -1, i32), group_blocks=pad(gb, 0, i32),
         full_blocks=pad(full, 0, i32), own_base=pad(own_start - gb, 0, i32),
         queue_delay_us=pad(qdelay, 0, i64), itl_offset=pad(itl_off, 0, i64),
-        deadline_order=jnp.asarray(np.concatenate([order, [-1]]), dtype=i32),
+        deadline_order=jnp.asarray(np.concatenate(
+            [order, np.full(st.num_deadlines + 1 - order.size, -1)]), dtype=i32),
         step_prefill=jnp.asarray(step_prefill), step_decode=jnp.asarray(step_decode),
         one_e6=jnp.asarray(1e6), one_e_6=jnp.asarray(1e-6),
         kv_blocks_f=jnp.asarray(float(st.kv_blocks)),

@@ -6,10 +6,19 @@ import numpy as np
 import pytest
 
 from blisjax.config import ConfigError, MetricsConfig, resolve_config
-from blisjax.engine import evaluate_population, grid, random_knobs, set_knob
+from blisjax.engine import (
+    evaluate_population,
+    grid,
+    params_from_config,
+    random_knobs,
+    set_knob,
+    simulate_population,
+    stack_params,
+)
 from blisjax.engine.parity import first_divergence
+from blisjax.engine.static import build_static, build_static_shared
 from blisjax.reference import simulate as reference
-from tests.engine.test_parity import EDGE_ROWS
+from tests.engine.test_parity import EDGE_ROWS, _random_policy_configs
 from tests.reference.conftest import make_resolved, make_workload
 
 
@@ -49,3 +58,25 @@ def test_evaluate_population_matches_separate_reference_runs():
     assert len(pop.results) == 6 and np.all(np.isfinite(pop.fitness))
     for cfg, res in zip(pop.configs, pop.results, strict=True):
         assert first_divergence(reference(resolve_config(cfg), w), res) is None
+
+
+def test_workloads_share_one_program_with_raised_capacities():
+    # Two workloads of the same size but different lengths, prefixes and deadlines run with one
+    # EngineStatic whose capacities cover both (deadline list padded, more own hash slots, ...);
+    # every lane still equals its own reference run.
+
+    base = make_resolved(instances=2, block_size=4, kv_blocks=40, max_running=4, max_tokens=64)
+    other_rows = [dict(r, input=max(r["input"] // 2 + 3, r.get("prefix", 0)),
+                       output=r["output"] + 2, deadline=0) for r in EDGE_ROWS]
+    other_rows[4] = dict(other_rows[4], deadline=7_000)
+    wa = make_workload(EDGE_ROWS, ("a", "b"), ("g",))
+    wb = make_workload(other_rows, ("a", "b"), ("g",))
+    shared = build_static_shared(base, [wa, wb])
+    own_b = build_static(base, wb)
+    assert shared.num_deadlines > own_b.num_deadlines and shared.own_slots > own_b.own_slots
+    configs = _random_policy_configs(base.config, wa.tenant_names, 4, seed=5)
+    params = stack_params([params_from_config(c, wa.tenant_names) for c in configs])
+    for w in (wa, wb):
+        lanes = simulate_population(base, w, params, static=shared)
+        for k, cfg in enumerate(configs):
+            assert first_divergence(reference(resolve_config(cfg), w), lanes[k]) is None, (k,)
