@@ -215,9 +215,10 @@ def phase2(s: SimState, st, c, p, i, now, budget, preempted, active):
         s, r = q_remove_at(s, st, i, k, ok, through=r)  # r read before the queue moves
         s = kv.allocate(s, st, c, i, sb, r, start, start + n, cached, n_cached, ok)
         rr = jnp.where(ok, r, st.num_requests)
+        if st.stateful_latency:  # physics reads the prefix tokens of this step's admissions
+            s = s.replace(step_cached=upd(s.step_cached, (i, sb), start, ok))
         s = s.replace(
             order=upd(s.order, (i, s.n_run[i]), sb, ok), n_run=add(s.n_run, i, 1, ok),
-            step_cached=upd(s.step_cached, (i, sb), start, ok),
             slot_req=upd(s.slot_req, (i, sb), r, ok), status=s.status.at[rr].set(RUNNING),
             num_new=s.num_new.at[rr].set(n), computed=s.computed.at[rr].set(n + start),
             sched=s.sched.at[rr].set(now - c.arrival_us[r]),
