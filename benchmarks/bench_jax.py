@@ -3,10 +3,15 @@
 Scenario S: 4 instances, 2,000 requests, blackbox llama-3.1-8b-instruct / H100 (``SimConfig()``
 defaults, KV capacity computed as BLIS does), weighted routing, one shared prefix group, constant
 arrivals; prompts 256 ± 256 tokens (+128 shared prefix tokens), outputs 64 ± 16. Each lane gets
-its own random scorer weights, so lanes are distinct policies. Prints one JSON line per run:
+its own random scorer weights, so lanes are distinct policies. Load is the arrival rate over the
+saturation throughput (``--saturation`` measures it with the reference engine: ~132 completions/s
+per instance), so the default 106 req/s per instance is ~80 % load. ``--targets`` runs the
+design-doc scenarios (BLIS's anchor workload: Poisson 8 req/s per instance, 512 ± 256 tokens) at
+1k/1, 10k/4 and 100k/16. Prints one JSON line per run:
 
 * compile_s: lowering + XLA compilation (once per shapes, reported apart);
-* run_s: wall time of one compiled call; lane_events: events summed over lanes;
+* run_s: wall time of one compiled call; s_per_sim: run_s / lanes (amortized per simulation);
+  lane_events: events summed over lanes;
 * us_per_lane_event, evals_per_s (policy evaluations = lanes per second), requests_per_s
   (simulated requests per wall-second, summed over lanes);
 * state_bytes_per_lane, peak_rss_mb (process high-water mark so far), busy (load: busy time /
@@ -16,6 +21,8 @@ its own random scorer weights, so lanes are distinct policies. Prints one JSON l
     python benchmarks/bench_jax.py --lanes 1,64 --reference
     python benchmarks/bench_jax.py --scaling           # vs N (1k, 10k), instances (1, 4, 16)
     python benchmarks/bench_jax.py --cpu-devices 2     # both cores: lanes sharded over 2 devices
+    python benchmarks/bench_jax.py --targets --cpu-devices 2  # P = 64, 64, 2
+    python benchmarks/bench_jax.py --saturation        # reference throughput at overload
 """
 
 from __future__ import annotations
@@ -49,6 +56,9 @@ from blisjax.engine.static import build_consts, build_static  # noqa: E402
 from blisjax.reference import simulate as reference  # noqa: E402
 from blisjax.workload import distribution_spec, generate_workload  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_reference  # noqa: E402
+
 SCORERS = ("prefix-affinity", "queue-depth", "kv-utilization", "load-balance")
 
 
@@ -75,6 +85,12 @@ def population(cfg: SimConfig, tenants, lanes: int, seed: int = 0):
     return stack_params([params_from_config(c, tenants) for c in configs])
 
 
+def anchor(num_requests: int, instances: int):
+    """BLIS's anchor workload (``bench_reference``) with weighted routing (lanes vary weights)."""
+    resolved, workload = bench_reference.scenario(num_requests, instances, 8.0)
+    return resolve_config(_with_routing(resolved.config, (3.0, 2.0, 2.0, 1.0))), workload
+
+
 def run_jax(resolved, workload, lanes: int) -> dict:
     st = build_static(resolved, workload)
     consts = build_consts(resolved, workload, st)
@@ -92,7 +108,7 @@ def run_jax(resolved, workload, lanes: int) -> dict:
     return {
         "engine": "jax", "requests": st.num_requests, "instances": st.num_instances,
         "lanes": lanes, "devices": jax.local_device_count(), "compile_s": round(compile_s, 2),
-        "run_s": round(run_s, 3), "lane_events": events,
+        "run_s": round(run_s, 3), "s_per_sim": round(run_s / lanes, 4), "lane_events": events,
         "us_per_lane_event": round(run_s / events * 1e6, 2),
         "evals_per_s": round(lanes / run_s, 2),
         "requests_per_s": round(lanes * st.num_requests / run_s, 1),
@@ -101,6 +117,15 @@ def run_jax(resolved, workload, lanes: int) -> dict:
         "completed_lane0": int(first.completed.sum()),
         "busy": round(float(first.busy_time_us.mean()) / max(first.sim_ended_us, 1), 3),
     }
+
+
+def saturation(instances: int = 4, rate_per_instance: float = 300.0) -> dict:
+    """Completions per second per instance of scenario S under overload (reference engine)."""
+    resolved, workload = scenario(2_000, instances, rate_per_instance)
+    result = reference(resolved, workload)
+    per_instance = workload.num_requests / (result.sim_ended_us / 1e6) / instances
+    return {"saturation_per_instance": round(per_instance, 1),
+            "rate_for_80pct": round(0.8 * per_instance, 1)}
 
 
 def run_reference(resolved, workload) -> dict:
@@ -118,8 +143,8 @@ def main() -> None:
     ap.add_argument("--lanes", default="1,64,256,1024", help="population sizes for scenario S")
     ap.add_argument("--requests", type=int, default=2_000)
     ap.add_argument("--instances", type=int, default=4)
-    ap.add_argument("--rate-per-instance", type=float, default=24.0,
-                    help="arrivals per second per instance (24: 50%% busy on scenario S)")
+    ap.add_argument("--rate-per-instance", type=float, default=106.0,
+                    help="arrivals per second per instance (106: ~80%% of saturation)")
     ap.add_argument("--cpu-devices", type=int, default=1,
                     help="split the CPU into this many JAX devices (lanes sharded over them)")
     ap.add_argument("--reference", action="store_true", help="also time the reference engine")
@@ -129,16 +154,37 @@ def main() -> None:
                     help="P = --scaling-lanes at N = 1k/10k (4 instances) and instances 1/16 "
                          "(N = 2k)")
     ap.add_argument("--scaling-lanes", type=int, default=64)
+    ap.add_argument("--scaling-n", default="1000,10000,100000",
+                    help="request counts of the N sweep (4 instances)")
+    ap.add_argument("--targets", action="store_true",
+                    help="design-doc scenarios 1k/1, 10k/4, 100k/16 (anchor workload)")
+    ap.add_argument("--target-lanes", default="64,64,2",
+                    help="P for each target scenario (0 skips it)")
+    ap.add_argument("--saturation", action="store_true",
+                    help="measure scenario S's saturation throughput (reference engine)")
     args = ap.parse_args()
     print(json.dumps({"machine": platform.machine(), "python": platform.python_version(),
                       "jax": jax.__version__, "devices": jax.local_device_count()}), flush=True)
+    if args.saturation:
+        print(json.dumps(saturation(args.instances)), flush=True)
+        return
+    if args.targets:
+        lanes = [int(p) for p in args.target_lanes.split(",")]
+        for (n, inst), p in zip(bench_reference.SCENARIOS, lanes, strict=True):
+            if p < 1:  # 0 skips a scenario
+                continue
+            resolved, workload = anchor(n, inst)
+            print(json.dumps({"workload": "anchor", **run_jax(resolved, workload, p)}), flush=True)
+        return
     runs = [(args.requests, args.instances, int(p)) for p in args.lanes.split(",")]
     if args.scaling:
         p = args.scaling_lanes
-        runs = [(1_000, 4, p), (10_000, 4, p), (2_000, 1, p), (2_000, 16, p)]
+        runs = [(int(n), 4, p) for n in args.scaling_n.split(",")]
+        runs += [(2_000, 1, p), (2_000, 16, p)]
     for n, inst, lanes in runs:
         resolved, workload = scenario(n, inst, args.rate_per_instance, args.horizon_s)
-        print(json.dumps(run_jax(resolved, workload, lanes)), flush=True)
+        print(json.dumps({"rate_per_instance": args.rate_per_instance,
+                          **run_jax(resolved, workload, lanes)}), flush=True)
     if args.reference:
         resolved, workload = scenario(args.requests, args.instances, args.rate_per_instance)
         print(json.dumps(run_reference(resolved, workload)), flush=True)
