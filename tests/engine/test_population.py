@@ -95,3 +95,14 @@ def test_lane_blocks_match_independent_reference_runs():
         assert first_divergence(reference(resolve_config(cfg), w), lanes[k]) is None, (k,)
     with pytest.raises(ValueError, match="lane_block"):
         simulate_population(base, w, params, lane_block=0)
+
+
+def test_lane_block_sizes_cover_lanes_with_little_padding():
+    from blisjax.engine.run import _lane_blocks
+
+    for block in (1, 2, 7, 64):
+        for lanes in range(1, 300):
+            count, size = _lane_blocks(lanes, block)
+            assert size <= block and count * size >= lanes
+            assert count == -(-lanes // block)  # as few blocks as the block size allows
+            assert count * size - lanes < count  # padding under one lane per block

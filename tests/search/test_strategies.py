@@ -131,6 +131,16 @@ def test_seeded_reproducibility_and_pure_ask(name):
     assert np.array_equal(_matrix(a), _matrix(b))
 
 
+def _assert_restored_runs_alike(strategy, state, restored, generations: int) -> None:
+    """A state and its restored copy ask identical populations for ``generations`` rounds."""
+    for _ in range(generations):
+        p1, state = strategy.ask(state)
+        p2, restored = strategy.ask(restored)
+        assert np.array_equal(_matrix(p1), _matrix(p2))
+        state = strategy.tell(state, p1, sphere(p1))
+        restored = strategy.tell(restored, p2, sphere(p2))
+
+
 @pytest.mark.parametrize("name", STRATEGIES)
 def test_checkpoint_restore_continues_bit_for_bit(name):
     s = make_strategy(name, _template(3), 6)
@@ -139,13 +149,7 @@ def test_checkpoint_restore_continues_bit_for_bit(name):
         pop, state = s.ask(state)
         state = s.tell(state, pop, sphere(pop))
     leaves = [leaf.copy() for leaf in state_leaves(state)]
-    restored = restore_state(s.init(99), leaves)
-    for _ in range(3):
-        p1, state = s.ask(state)
-        p2, restored = s.ask(restored)
-        assert np.array_equal(_matrix(p1), _matrix(p2))
-        state = s.tell(state, p1, sphere(p1))
-        restored = s.tell(restored, p2, sphere(p2))
+    _assert_restored_runs_alike(s, state, restore_state(s.init(99), leaves), 3)
     with pytest.raises(ValueError, match="state arrays"):
         restore_state(s.init(0), leaves[:-1])
 
@@ -258,9 +262,4 @@ def test_evosax_population_based_and_checkpoint():
     archive_best = -float(state.algo_state.best_fitness)  # evosax minimises -fitness
     assert archive_best > first and archive_best > -1e-3
     restored = restore_state(es.init(5), [leaf.copy() for leaf in state_leaves(state)])
-    for _ in range(2):
-        p1, state = es.ask(state)
-        p2, restored = es.ask(restored)
-        assert np.array_equal(_matrix(p1), _matrix(p2))
-        state = es.tell(state, p1, sphere(p1))
-        restored = es.tell(restored, p2, sphere(p2))
+    _assert_restored_runs_alike(es, state, restored, 2)
