@@ -61,7 +61,7 @@ class EngineStatic:
     post_decode_us: int
     num_deadlines: int
     deadline_window: int
-    itl_capacity: int  # 0 = raw ITL entries are not kept (no ITL percentiles)
+    itl_capacity: int  # raw ITL entries of all requests (0 only when no request has any)
     running_width: int = 64
     # Roofline/physics model object (hashable), evaluated on the host per step (see
     # ``blisjax.engine.hostlatency``); None = blackbox, computed in-graph from exact tables.
@@ -111,7 +111,7 @@ def _ceil_div(a: int, b: int) -> int:
 
 def build_static(resolved, workload, *, queue_slots: int | None = None,
                  pending_slots: int | None = None, deadline_window: int = 8,
-                 keep_itl_entries: bool = True, running_width: int = 64) -> EngineStatic:
+                 running_width: int = 64) -> EngineStatic:
     """Capacities derived from the configuration and the workload (see README, Capacities).
 
     Defaults are safe upper bounds: the queue can hold every request, and the pending window
@@ -159,7 +159,7 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
         post_decode_us=int(model.post_decode_overhead_us),
         num_deadlines=num_deadlines,
         deadline_window=deadline_window,
-        itl_capacity=int(np.maximum(out - 1, 0).sum()) if keep_itl_entries and n else 0,
+        itl_capacity=int(np.maximum(out - 1, 0).sum()) if n else 0,
         running_width=max(1, min(int(running_width), eng.max_num_running_reqs)),
         latency=None if cfg.latency.model == "blackbox" else model,
     )
