@@ -19,7 +19,7 @@ design-doc scenarios (BLIS's anchor workload: Poisson 8 req/s per instance, 512 
 
     python benchmarks/bench_jax.py                     # scenario S at P = 1, 64, 256, 1024
     python benchmarks/bench_jax.py --lanes 1,64 --reference
-    python benchmarks/bench_jax.py --scaling           # vs N (1k, 10k), instances (1, 4, 16)
+    python benchmarks/bench_jax.py --scaling           # vs N (1k, 10k, 100k), instances (1, 4, 16)
     python benchmarks/bench_jax.py --cpu-devices 2     # both cores: lanes sharded over 2 devices
     python benchmarks/bench_jax.py --targets --cpu-devices 2  # P = 64, 64, 2
     python benchmarks/bench_jax.py --saturation        # reference throughput at overload
@@ -151,7 +151,7 @@ def main() -> None:
     ap.add_argument("--horizon-s", type=float, default=None,
                     help="stop each simulation at this simulated time (memory checks at large P)")
     ap.add_argument("--scaling", action="store_true",
-                    help="P = --scaling-lanes at N = 1k/10k (4 instances) and instances 1/16 "
+                    help="P = --scaling-lanes at N = --scaling-n (4 instances) and instances 1/16 "
                          "(N = 2k)")
     ap.add_argument("--scaling-lanes", type=int, default=64)
     ap.add_argument("--scaling-n", default="1000,10000,100000",
