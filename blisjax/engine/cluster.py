@@ -10,6 +10,9 @@ lanes can run the same program in lockstep.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
+import jax
 import jax.numpy as jnp
 
 from blisjax.engine import batch, hostlatency, kv
@@ -246,8 +249,24 @@ def _deadline_window(s: SimState, st, c):
     return member[:w], on[:w], wr_safe[:w], t, overflow
 
 
-def lane_step(s: SimState, st, c, p) -> SimState:
-    """Advance one lane by exactly one event (no-op once the lane is done)."""
+class NextEvent(NamedTuple):
+    """The lane's next event as the reference's shared-clock loop would pop it."""
+    t_us: jax.Array  # its time (INT64_MAX when there is none)
+    live: jax.Array  # it exists, the lane is not done, and it is within the horizon
+    cluster_kind: jax.Array  # -1 (instance event), 0 admission, 1 routing, 2 deadline no-op
+    instance: jax.Array  # i*: the instance of an instance event
+    kind_enqueue: jax.Array
+    kind_step: jax.Array
+    kind_timeout: jax.Array
+    pending_entry: jax.Array  # e*: instance i*'s earliest pending enqueue
+    timeout_req: jax.Array  # the request of a timeout event
+    noop_req: jax.Array  # the request of a deadline no-op
+    deadline_overflow: jax.Array
+
+
+def next_event(s: SimState, st, c) -> NextEvent:
+    """Cluster events precede instance events at equal times (admission, routing, no-op);
+    among instances the lowest index; within one, enqueue, step, timeout."""
     n = st.num_requests
     la, lr = st.admission_latency_us, st.routing_latency_us
     ac, rc = s.adm_cursor, s.route_cursor
@@ -276,27 +295,67 @@ def lane_step(s: SimState, st, c, p) -> SimState:
     use_cluster = cl_t <= best_t
     t_evt = jnp.minimum(cl_t, best_t)
     live = ~s.done & (t_evt <= st.horizon_us) & (t_evt < INT64_MAX)
-    s = s.replace(done=s.done | ~live, iters=s.iters + live.astype(jnp.int64),
-                  ovf_deadline=s.ovf_deadline + (live & dl_overflow).astype(jnp.int32))
-    cl = live & use_cluster
     ins = live & ~use_cluster
     kind_enq = ins & (pmin[i_star] == best_t)
     kind_step = ins & ~kind_enq & (ts[i_star] == best_t)
-    kind_to = ins & ~kind_enq & ~kind_step
+    return NextEvent(
+        t_us=t_evt, live=live, cluster_kind=jnp.where(use_cluster, cl_kind, -1),
+        instance=i_star, kind_enqueue=kind_enq, kind_step=kind_step,
+        kind_timeout=ins & ~kind_enq & ~kind_step, pending_entry=e_star[i_star],
+        timeout_req=wr[jnp.argmin(to_seq[i_star])], noop_req=wr[jnp.argmax(noop)],
+        deadline_overflow=dl_overflow)
+
+
+def _dispatch(s: SimState, st, c, p, ev: NextEvent, go, steps: bool) -> SimState:
+    """Run event ``ev`` where ``go``; ``steps=False`` compiles the step handler out (the caller
+    guarantees no lane's event is a step). Each handler is skipped outright when no lane has
+    that kind of event."""
+    n = st.num_requests
+    live = go & ev.live
+    s = s.replace(done=s.done | (go & ~ev.live), iters=s.iters + live.astype(jnp.int64),
+                  ovf_deadline=s.ovf_deadline + (live & ev.deadline_overflow).astype(jnp.int32))
+    cl = live & (ev.cluster_kind >= 0)
+    ins = live & (ev.cluster_kind < 0)
+    i_star, t_evt = ev.instance, ev.t_us
     s = s.replace(clock=upd(s.clock, i_star, t_evt, ins))
-    # each handler is skipped outright when no lane has that kind of event
     once = kv.lane_once
-    s = once(cl & (cl_kind == 0), lambda s, go: admission(s, st, c, p, t_evt, go), s)
-    s = once(cl & (cl_kind == 1), lambda s, go: routing(s, st, c, p, t_evt, go), s)
-    s = once(kind_enq, lambda s, go: enqueue(s, st, c, i_star, e_star[i_star], t_evt, go), s)
-    s = once(kind_step, lambda s, go: batch.step(s, st, c, p, i_star, t_evt, go), s)
-    to_r = wr[jnp.argmin(to_seq[i_star])]
+    s = once(cl & (ev.cluster_kind == 0), lambda s, go: admission(s, st, c, p, t_evt, go), s)
+    s = once(cl & (ev.cluster_kind == 1), lambda s, go: routing(s, st, c, p, t_evt, go), s)
+    s = once(live & ev.kind_enqueue,
+             lambda s, go: enqueue(s, st, c, i_star, ev.pending_entry, t_evt, go), s)
+    if steps:
+        s = once(live & ev.kind_step, lambda s, go: batch.step(s, st, c, p, i_star, t_evt, go), s)
+    to_r = ev.timeout_req
+    kind_to = live & ev.kind_timeout
     s = once(kind_to, lambda s, go: timeout(s, st, c, i_star, to_r, t_evt, go), s)
     # a handled deadline (timeout or no-op) is marked done; the cursor skips handled entries
-    noop_r = wr[jnp.argmax(noop)]
-    handled = jnp.where(kind_to, to_r, jnp.where(cl & (cl_kind == 2), noop_r, n))
+    handled = jnp.where(kind_to, to_r, jnp.where(cl & (ev.cluster_kind == 2), ev.noop_req, n))
     s = s.replace(tdone=s.tdone.at[handled].set(True))
     return _advance_deadline_cursor(s, st, c)
+
+
+def lane_step(s: SimState, st, c, p) -> SimState:
+    """Advance one lane by exactly one event (no-op once the lane is done)."""
+    return _dispatch(s, st, c, p, next_event(s, st, c), jnp.asarray(True), steps=True)
+
+
+def lane_advance(s: SimState, st, c, p) -> SimState:
+    """Advance one lane through every event before its next step, then by one more event.
+
+    Same events in the same order as repeated ``lane_step``; the grouping is for lockstep
+    populations. There each iteration runs every handler that *any* lane needs, and steps are
+    by far the costliest handler while arrivals bring ~3 cheap events per request (admission,
+    routing, enqueue). One event per iteration would run the step program (masked) in nearly
+    every iteration; draining the cheap events first in an inner loop runs it about once per
+    step of the lane."""
+    def before_step(s):
+        ev = next_event(s, st, c)
+        return ev.live & ~ev.kind_step
+
+    def cheap(s, go):
+        return _dispatch(s, st, c, p, next_event(s, st, c), go, steps=False)
+
+    return lane_step(kv.lane_while(before_step, cheap, s), st, c, p)
 
 
 def _advance_deadline_cursor(s: SimState, st, c) -> SimState:

@@ -19,7 +19,7 @@ import numpy as np  # noqa: E402
 from jax.sharding import Mesh, PartitionSpec  # noqa: E402
 
 from blisjax.config.sim import ADMISSION_POLICIES  # noqa: E402
-from blisjax.engine.cluster import lane_step  # noqa: E402
+from blisjax.engine.cluster import lane_advance  # noqa: E402
 from blisjax.engine.kv import LANES  # noqa: E402
 from blisjax.engine.params import PolicyParams, params_from_config, stack_params  # noqa: E402
 from blisjax.engine.state import COMPLETED, DROPPED, REJECTED, TIMED_OUT, init_state  # noqa: E402
@@ -55,7 +55,7 @@ def _run_block(st: EngineStatic, consts, params: PolicyParams):
     """One block of lanes: one ``while_loop`` advancing every lane by one event."""
     init = jax.vmap(lambda p: init_state(st, p.tb_capacity, p.rl_burst, p.admission,
                                          _RATE_LIMIT))(params)
-    step_all = jax.vmap(lambda s, p: lane_step(s, st, consts, p), axis_name=LANES)
+    step_all = jax.vmap(lambda s, p: lane_advance(s, st, consts, p), axis_name=LANES)
 
     def cond(s):
         return ~jnp.all(s.done)
