@@ -351,18 +351,33 @@ def _step(s: SimState, st, c, p, i, now, active, width: int):
     return s.replace(step_time=upd(s.step_time, i, jnp.where(more, now + d, -1), go))
 
 
+def step_widths(st) -> tuple[int, ...]:
+    """Vector widths of the step programs: ``running_width`` doubled while below the batch
+    slots, then the batch slots (e.g. 64, 128, 256)."""
+    widths, w = [], max(1, st.running_width)
+    while w < st.batch_slots:
+        widths.append(w)
+        w *= 2
+    return (*widths, st.batch_slots)
+
+
 def step(s: SimState, st, c, p, i, now, active):
     """The instance's StepEvent at ``now``.
 
     Work over the running batch is vectorized over positions, so its cost follows the vector
-    width. With many batch slots (``st.running_width`` < batch slots) a narrow program over the
-    first ``running_width`` positions runs whenever no lane can exceed it this step (running +
-    queued <= width: admissions come from the queue, preemptions move requests back to it);
-    otherwise every lane takes the full-width program. Both give identical results.
+    width. The step runs one of a few programs of doubling width (``step_widths``): the
+    narrowest that no lane can exceed this step (running + queued: admissions come from the
+    queue, preemptions move requests back to it). All lanes of a lockstep loop take the same
+    program, so only one runs; all widths give identical results.
     """
-    narrow_w, full_w = st.running_width, st.batch_slots
-    if narrow_w >= full_w:
-        return _step(s, st, c, p, i, now, active, full_w)
-    wide = kv.lane_any(active & (s.n_run[i] + s.q_len[i] > narrow_w))
-    s = kv.lane_once(active & ~wide, lambda s, go: _step(s, st, c, p, i, now, go, narrow_w), s)
-    return kv.lane_once(active & wide, lambda s, go: _step(s, st, c, p, i, now, go, full_w), s)
+    widths = step_widths(st)
+    if len(widths) == 1:
+        return _step(s, st, c, p, i, now, active, widths[0])
+    need = kv.lane_max(jnp.where(active, s.n_run[i] + s.q_len[i], 0))
+    for k, w in enumerate(widths):
+        fits = need > (widths[k - 1] if k else -1)
+        if k < len(widths) - 1:
+            fits = fits & (need <= w)
+        s = kv.lane_once(active & fits,
+                         lambda s, go, w=w: _step(s, st, c, p, i, now, go, w), s)
+    return s

@@ -334,28 +334,24 @@ def _dispatch(s: SimState, st, c, p, ev: NextEvent, go, steps: bool) -> SimState
     return _advance_deadline_cursor(s, st, c)
 
 
-def lane_step(s: SimState, st, c, p) -> SimState:
-    """Advance one lane by exactly one event (no-op once the lane is done)."""
-    return _dispatch(s, st, c, p, next_event(s, st, c), jnp.asarray(True), steps=True)
-
-
-def lane_advance(s: SimState, st, c, p) -> SimState:
+def lane_advance(s: SimState, ev: NextEvent, st, c, p) -> tuple[SimState, NextEvent]:
     """Advance one lane through every event before its next step, then by one more event.
+    ``ev`` is ``next_event(s)``; returns the new state and its next event.
 
-    Same events in the same order as repeated ``lane_step``; the grouping is for lockstep
+    Same events in the same order as one event at a time; the grouping is for lockstep
     populations. There each iteration runs every handler that *any* lane needs, and steps are
     by far the costliest handler while arrivals bring ~3 cheap events per request (admission,
     routing, enqueue). One event per iteration would run the step program (masked) in nearly
     every iteration; draining the cheap events first in an inner loop runs it about once per
-    step of the lane."""
-    def before_step(s):
-        ev = next_event(s, st, c)
-        return ev.live & ~ev.kind_step
+    step of the lane. A lane that is not advanced keeps its state, so recomputing its next
+    event gives the same value."""
+    def cheap(carry, go):
+        s = _dispatch(s=carry[0], st=st, c=c, p=p, ev=carry[1], go=go, steps=False)
+        return s, next_event(s, st, c)
 
-    def cheap(s, go):
-        return _dispatch(s, st, c, p, next_event(s, st, c), go, steps=False)
-
-    return lane_step(kv.lane_while(before_step, cheap, s), st, c, p)
+    s, ev = kv.lane_while(lambda carry: carry[1].live & ~carry[1].kind_step, cheap, (s, ev))
+    s = _dispatch(s, st, c, p, ev, jnp.asarray(True), steps=True)
+    return s, next_event(s, st, c)
 
 
 def _advance_deadline_cursor(s: SimState, st, c) -> SimState:

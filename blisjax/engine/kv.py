@@ -59,6 +59,11 @@ def lane_any(pred):
     return lax.pmax(pred.astype(jnp.int32), LANES) > 0
 
 
+def lane_max(x):
+    """Maximum of ``x`` over all lanes (unbatched)."""
+    return lax.pmax(x, LANES)
+
+
 def lane_cond(pred, true_fn, false_fn, *operands):
     """``lax.cond`` on whether *any* lane's ``pred`` holds: the branch is skipped entirely (not
     run masked) when no lane needs it. ``true_fn`` must itself mask lanes where ``pred`` is

@@ -1,7 +1,8 @@
 """Host API of the JAX engine: run one lane or a population of lanes in lockstep.
 
-The compiled program is one ``lax.while_loop`` whose body advances every lane by one event
-(``vmap`` of ``lane_step``); finished lanes idle until the slowest lane is done. A device with
+The compiled program is one ``lax.while_loop`` whose body advances every lane through its
+cheap events up to and including its next step (``vmap`` of ``lane_advance``); finished lanes
+idle until the slowest lane is done. A device with
 more than ``LANE_BLOCK`` lanes runs them as consecutive blocks (``lax.map``), each its own loop:
 a block's state stays cache-sized and its lanes idle only until the block's slowest is done.
 """
@@ -19,7 +20,7 @@ import numpy as np  # noqa: E402
 from jax.sharding import Mesh, PartitionSpec  # noqa: E402
 
 from blisjax.config.sim import ADMISSION_POLICIES  # noqa: E402
-from blisjax.engine.cluster import lane_advance  # noqa: E402
+from blisjax.engine.cluster import lane_advance, next_event  # noqa: E402
 from blisjax.engine.kv import LANES  # noqa: E402
 from blisjax.engine.params import PolicyParams, params_from_config, stack_params  # noqa: E402
 from blisjax.engine.state import COMPLETED, DROPPED, REJECTED, TIMED_OUT, init_state  # noqa: E402
@@ -52,15 +53,17 @@ def _run_local(st: EngineStatic, lane_block: int, consts, params: PolicyParams):
 
 
 def _run_block(st: EngineStatic, consts, params: PolicyParams):
-    """One block of lanes: one ``while_loop`` advancing every lane by one event."""
+    """One block of lanes: one ``while_loop``; each iteration advances every lane through its
+    next step (``lane_advance``)."""
     init = jax.vmap(lambda p: init_state(st, p.tb_capacity, p.rl_burst, p.admission,
                                          _RATE_LIMIT))(params)
-    step_all = jax.vmap(lambda s, p: lane_advance(s, st, consts, p), axis_name=LANES)
+    advance = jax.vmap(lambda s, ev, p: lane_advance(s, ev, st, consts, p), axis_name=LANES)
 
-    def cond(s):
-        return ~jnp.all(s.done)
+    def cond(carry):
+        return ~jnp.all(carry[0].done)
 
-    return jax.lax.while_loop(cond, lambda s: step_all(s, params), init)
+    first = jax.vmap(lambda s: next_event(s, st, consts))(init)
+    return jax.lax.while_loop(cond, lambda carry: advance(*carry, params), (init, first))[0]
 
 
 # Not used: XLA's ``xla_cpu_copy_insertion_use_region_analysis`` removes most full-array copies
