@@ -278,7 +278,7 @@ def claim_cached(s: SimState, st, i, sb, cached, n_claim, active) -> SimState:
         hits=add(s.hits, i, n_claim.astype(jnp.int64), active))
 
 
-POP_CHUNK = 16  # fresh blocks per inner iteration when a whole batch allocates (phase 1)
+POP_CHUNK = 16  # fresh blocks per inner iteration of an allocation (phase 1, admissions)
 
 
 def grant_tokens(s: SimState, st, c, i, sb, r, n, prefill, mask,
@@ -365,10 +365,11 @@ def allocate(s: SimState, st, c, i, sb, r, start, end, cached, n_cached, active,
              chunk: int | None = None):
     """One reference ``allocate`` of positions [start, end) of request r in batch slot sb,
     whose pre-check passed; does nothing unless ``active``. ``chunk``: fresh blocks per inner
-    iteration (default: a whole token budget's worth, up to 64 — one iteration for most
-    prompts; pass 1 for a single decode token)."""
+    iteration (default ``POP_CHUNK``, or fewer if the token budget needs fewer; pass 1 for a
+    single decode token). Measured on scenario S: 16 per iteration beat 8, 32 and 64 — a wider
+    window costs every admission, more iterations only the long prompts)."""
     if chunk is None:
-        chunk = max(1, min(64, -(-st.token_budget // st.block_size)))
+        chunk = max(1, min(POP_CHUNK, -(-st.token_budget // st.block_size)))
     n = jnp.where(active, end - start, 0).astype(jnp.int32)
     if not (isinstance(n_cached, int) and n_cached == 0):  # statically no cached prefix
         claim = active & (n > 0) & (s.blen[i, sb] == 0) & (n_cached > 0)
@@ -390,3 +391,4 @@ def release(s: SimState, st, i, sb, active) -> SimState:
     s = s.replace(kv_ref=s.kv_ref.at[i, jnp.where(on, b, k_blocks)].set(ref, mode="drop"),
                   blen=upd(s.blen, (i, sb), 0, active))
     return append_blocks(s, st, i, b, on & (ref == 0))
+
