@@ -346,7 +346,7 @@ def lane_advance(s: SimState, ev: NextEvent, st, c, p) -> tuple[SimState, NextEv
     step of the lane. A lane that is not advanced keeps its state, so recomputing its next
     event gives the same value."""
     def cheap(carry, go):
-        s = _dispatch(s=carry[0], st=st, c=c, p=p, ev=carry[1], go=go, steps=False)
+        s = _dispatch(carry[0], st, c, p, carry[1], go, steps=False)
         return s, next_event(s, st, c)
 
     s, ev = kv.lane_while(lambda carry: carry[1].live & ~carry[1].kind_step, cheap, (s, ev))

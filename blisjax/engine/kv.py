@@ -366,7 +366,7 @@ def allocate(s: SimState, st, c, i, sb, r, start, end, cached, n_cached, active,
     """One reference ``allocate`` of positions [start, end) of request r in batch slot sb,
     whose pre-check passed; does nothing unless ``active``. ``chunk``: fresh blocks per inner
     iteration (default ``POP_CHUNK``, or fewer if the token budget needs fewer; pass 1 for a
-    single decode token). Measured on scenario S: 16 per iteration beat 8, 32 and 64 — a wider
+    single decode token). Measured on scenario S: 16 per iteration beat 8, 32 and 64 (a wider
     window costs every admission, more iterations only the long prompts)."""
     if chunk is None:
         chunk = max(1, min(POP_CHUNK, -(-st.token_budget // st.block_size)))
@@ -391,4 +391,3 @@ def release(s: SimState, st, i, sb, active) -> SimState:
     s = s.replace(kv_ref=s.kv_ref.at[i, jnp.where(on, b, k_blocks)].set(ref, mode="drop"),
                   blen=upd(s.blen, (i, sb), 0, active))
     return append_blocks(s, st, i, b, on & (ref == 0))
-

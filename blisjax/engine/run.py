@@ -2,9 +2,9 @@
 
 The compiled program is one ``lax.while_loop`` whose body advances every lane through its
 cheap events up to and including its next step (``vmap`` of ``lane_advance``); finished lanes
-idle until the slowest lane is done. A device with
-more than ``LANE_BLOCK`` lanes runs them as consecutive blocks (``lax.map``), each its own loop:
-a block's state stays cache-sized and its lanes idle only until the block's slowest is done.
+idle until the slowest lane is done. A device with more than ``LANE_BLOCK`` lanes runs them as
+consecutive blocks (``lax.map``), each its own loop: a block's state stays cache-sized and its
+lanes idle only until the block's slowest is done.
 """
 
 from __future__ import annotations

@@ -136,12 +136,22 @@ def test_population_lanes_match_independent_reference_runs():
         assert first_divergence(want, lanes[k]) is None, (k, cfg.policy)
 
 
+@pytest.mark.parametrize(("narrowest", "slots", "widths"), [
+    (64, 256, (64, 128, 256)), (2, 6, (2, 4, 6)), (2, 8, (2, 4, 8)), (64, 64, (64,)),
+    (64, 16, (16,))])
+def test_step_widths_double_up_to_batch_slots(narrowest, slots, widths):
+    from types import SimpleNamespace
+
+    from blisjax.engine.batch import step_widths
+    assert step_widths(SimpleNamespace(running_width=narrowest, batch_slots=slots)) == widths
+
+
 @pytest.mark.parametrize("name", ["preemption-storm",
                                   pytest.param("full-kv-priority-preemption",
                                                marks=pytest.mark.slow)])
 def test_narrow_step_program_parity(name):
-    # running_width 2 < batch slots: steps alternate between the narrow program (running +
-    # queued <= 2) and the full-width one; both must reproduce the reference exactly.
+    # running_width 2 < 6 batch slots: steps run programs of width 2, 4 or 6 (the narrowest
+    # that running + queued fits); every one must reproduce the reference exactly.
     resolved = make_resolved(**EDGE_CASES[name])
     w = make_workload(EDGE_ROWS, ("a", "b"), ("g",))
     got = simulate(resolved, w, running_width=2)
