@@ -306,25 +306,28 @@ def next_event(s: SimState, st, c) -> NextEvent:
         deadline_overflow=dl_overflow)
 
 
-def _dispatch(s: SimState, st, c, p, ev: NextEvent, go, steps: bool) -> SimState:
-    """Run event ``ev`` where ``go``; ``steps=False`` compiles the step handler out (the caller
-    guarantees no lane's event is a step). Each handler is skipped outright when no lane has
-    that kind of event."""
-    n = st.num_requests
+def _begin(s: SimState, ev: NextEvent, go):
+    """Bookkeeping of every event: a lane with no live event is done; counters; the clock of
+    the event's instance. Returns (state, whether the lane handles ``ev``)."""
     live = go & ev.live
     s = s.replace(done=s.done | (go & ~ev.live), iters=s.iters + live.astype(jnp.int64),
                   ovf_deadline=s.ovf_deadline + (live & ev.deadline_overflow).astype(jnp.int32))
-    cl = live & (ev.cluster_kind >= 0)
     ins = live & (ev.cluster_kind < 0)
+    return s.replace(clock=upd(s.clock, ev.instance, ev.t_us, ins)), live
+
+
+def _dispatch_cheap(s: SimState, st, c, p, ev: NextEvent, go) -> SimState:
+    """Run ``ev`` where ``go``, for every kind but a step (the caller guarantees no lane's
+    event is one). Each handler is skipped outright when no lane has that kind of event."""
+    n = st.num_requests
+    s, live = _begin(s, ev, go)
+    cl = live & (ev.cluster_kind >= 0)
     i_star, t_evt = ev.instance, ev.t_us
-    s = s.replace(clock=upd(s.clock, i_star, t_evt, ins))
     once = kv.lane_once
     s = once(cl & (ev.cluster_kind == 0), lambda s, go: admission(s, st, c, p, t_evt, go), s)
     s = once(cl & (ev.cluster_kind == 1), lambda s, go: routing(s, st, c, p, t_evt, go), s)
     s = once(live & ev.kind_enqueue,
              lambda s, go: enqueue(s, st, c, i_star, ev.pending_entry, t_evt, go), s)
-    if steps:
-        s = once(live & ev.kind_step, lambda s, go: batch.step(s, st, c, p, i_star, t_evt, go), s)
     to_r = ev.timeout_req
     kind_to = live & ev.kind_timeout
     s = once(kind_to, lambda s, go: timeout(s, st, c, i_star, to_r, t_evt, go), s)
@@ -332,6 +335,15 @@ def _dispatch(s: SimState, st, c, p, ev: NextEvent, go, steps: bool) -> SimState
     handled = jnp.where(kind_to, to_r, jnp.where(cl & (ev.cluster_kind == 2), ev.noop_req, n))
     s = s.replace(tdone=s.tdone.at[handled].set(True))
     return _advance_deadline_cursor(s, st, c)
+
+
+def _dispatch_step(s: SimState, st, c, p, ev: NextEvent) -> SimState:
+    """Run ``ev``, which is a step or no event at all (the cheap ones were drained): only the
+    step handler is compiled here. A step marks no deadline handled, so the deadline cursor
+    stays where it is."""
+    s, live = _begin(s, ev, jnp.asarray(True))
+    return kv.lane_once(live & ev.kind_step,
+                        lambda s, go: batch.step(s, st, c, p, ev.instance, ev.t_us, go), s)
 
 
 def lane_advance(s: SimState, ev: NextEvent, st, c, p) -> tuple[SimState, NextEvent]:
@@ -346,11 +358,11 @@ def lane_advance(s: SimState, ev: NextEvent, st, c, p) -> tuple[SimState, NextEv
     step of the lane. A lane that is not advanced keeps its state, so recomputing its next
     event gives the same value."""
     def cheap(carry, go):
-        s = _dispatch(carry[0], st, c, p, carry[1], go, steps=False)
+        s = _dispatch_cheap(carry[0], st, c, p, carry[1], go)
         return s, next_event(s, st, c)
 
     s, ev = kv.lane_while(lambda carry: carry[1].live & ~carry[1].kind_step, cheap, (s, ev))
-    s = _dispatch(s, st, c, p, ev, jnp.asarray(True), steps=True)
+    s = _dispatch_step(s, st, c, p, ev)
     return s, next_event(s, st, c)
 
 
