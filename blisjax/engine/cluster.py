@@ -5,7 +5,9 @@ among instances the lowest index goes first; within an instance (time, priority,
 Events: admission (cursor over requests in arrival order), routing (cursor; rejected requests are
 skipped), a deadline no-op (a deadline whose request is not queued or running), and per instance
 enqueue (end of the α delay), step, and timeout. Every handler is masked by ``active`` so all
-lanes can run the same program in lockstep.
+lanes can run the same program in lockstep; ``lane_advance`` groups a lane's events as "all
+cheap events before its next step, then the step" so lockstep runs the step program about once
+per real step.
 """
 
 from __future__ import annotations

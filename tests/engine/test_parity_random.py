@@ -56,8 +56,8 @@ def test_random_population_parity(seed):
         configs = [c.__class__(**{**c.__dict__, "horizon_us": 2_000_000}) for c in configs]
     base = resolve_config(configs[0])
     params = stack_params([params_from_config(c, w.tenant_names) for c in configs])
-    # odd seeds: a narrow step program of width 2 (< batch slots when max_running > 2), so
-    # steps switch between the narrow and the full-width program
+    # odd seeds: the narrowest step program has width 2, so with max_running > 2 steps switch
+    # between programs of width 2, 4, ... up to the batch slots (batch.step_widths)
     lanes = simulate_population(base, w, params, **({"running_width": 2} if seed % 2 else {}))
     for k, cfg in enumerate(configs):
         want = reference(resolve_config(cfg), w)
