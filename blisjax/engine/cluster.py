@@ -274,10 +274,13 @@ def next_event(s: SimState, st, c) -> NextEvent:
     ac, rc = s.adm_cursor, s.route_cursor
     adm_t = jnp.where(ac < n, c.arrival_us[jnp.minimum(ac, n)] + la, INT64_MAX)
     rt_t = jnp.where(rc < ac, c.arrival_us[jnp.minimum(rc, n)] + la + lr, INT64_MAX)
-    member, on, wr, dl_t, dl_overflow = _deadline_window(s, st, c)
-    noop = member & ~on
-    noop_t = jnp.where(jnp.any(noop), dl_t, INT64_MAX)
-    cl_times = jnp.stack([adm_t, rt_t, noop_t])
+    if st.num_deadlines > 0:
+        member, on, wr, dl_t, dl_overflow = _deadline_window(s, st, c)
+        noop = member & ~on
+        noop_t = jnp.where(jnp.any(noop), dl_t, INT64_MAX)
+        cl_times = jnp.stack([adm_t, rt_t, noop_t])
+    else:  # no workload of this program has a deadline: statically no timeouts, no no-ops
+        cl_times = jnp.stack([adm_t, rt_t])
     cl_kind = jnp.argmin(cl_times)  # ties: admission, then routing, then the no-op
     cl_t = cl_times[cl_kind]
     # instance candidates
@@ -286,12 +289,14 @@ def next_event(s: SimState, st, c) -> NextEvent:
     pseq = jnp.where(pt == pmin[:, None], s.pend_seq, INT64_MAX)
     e_star = jnp.argmin(pseq, axis=1)
     ts = jnp.where(s.step_time >= 0, s.step_time, INT64_MAX)
-    inst_of = s.instance[wr]
-    to_seq = jnp.where(on[None, :] & (inst_of[None, :] == jnp.arange(st.num_instances)[:, None]),
-                       s.enq_seq[wr][None, :], INT64_MAX)  # [I, W]
-    has_to = jnp.min(to_seq, axis=1) < INT64_MAX
-    tt = jnp.where(has_to, dl_t, INT64_MAX)
-    inst_t = jnp.minimum(jnp.minimum(pmin, ts), tt)
+    inst_t = jnp.minimum(pmin, ts)
+    if st.num_deadlines > 0:
+        inst_of = s.instance[wr]
+        to_seq = jnp.where(on[None, :]
+                           & (inst_of[None, :] == jnp.arange(st.num_instances)[:, None]),
+                           s.enq_seq[wr][None, :], INT64_MAX)  # [I, W]
+        has_to = jnp.min(to_seq, axis=1) < INT64_MAX
+        inst_t = jnp.minimum(inst_t, jnp.where(has_to, dl_t, INT64_MAX))
     i_star = jnp.argmin(inst_t).astype(jnp.int32)
     best_t = inst_t[i_star]
     use_cluster = cl_t <= best_t
@@ -300,12 +305,16 @@ def next_event(s: SimState, st, c) -> NextEvent:
     ins = live & ~use_cluster
     kind_enq = ins & (pmin[i_star] == best_t)
     kind_step = ins & ~kind_enq & (ts[i_star] == best_t)
+    if st.num_deadlines > 0:
+        timeout_req, noop_req = wr[jnp.argmin(to_seq[i_star])], wr[jnp.argmax(noop)]
+    else:
+        timeout_req = noop_req = jnp.asarray(st.num_requests, jnp.int32)
+        dl_overflow = jnp.asarray(False)
     return NextEvent(
         t_us=t_evt, live=live, cluster_kind=jnp.where(use_cluster, cl_kind, -1),
         instance=i_star, kind_enqueue=kind_enq, kind_step=kind_step,
         kind_timeout=ins & ~kind_enq & ~kind_step, pending_entry=e_star[i_star],
-        timeout_req=wr[jnp.argmin(to_seq[i_star])], noop_req=wr[jnp.argmax(noop)],
-        deadline_overflow=dl_overflow)
+        timeout_req=timeout_req, noop_req=noop_req, deadline_overflow=dl_overflow)
 
 
 def _begin(s: SimState, ev: NextEvent, go):
@@ -330,6 +339,8 @@ def _dispatch_cheap(s: SimState, st, c, p, ev: NextEvent, go) -> SimState:
     s = once(cl & (ev.cluster_kind == 1), lambda s, go: routing(s, st, c, p, t_evt, go), s)
     s = once(live & ev.kind_enqueue,
              lambda s, go: enqueue(s, st, c, i_star, ev.pending_entry, t_evt, go), s)
+    if st.num_deadlines == 0:  # no timeouts or deadline no-ops exist (see ``next_event``)
+        return s
     to_r = ev.timeout_req
     kind_to = live & ev.kind_timeout
     s = once(kind_to, lambda s, go: timeout(s, st, c, i_star, to_r, t_evt, go), s)
