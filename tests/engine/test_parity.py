@@ -74,8 +74,10 @@ EDGE_CASES = {
 
 
 # Features of these cases are also covered in the default tier by the population test
-# (chunked prefill under a token budget, token-bucket admission among its random policies).
-SLOW_EDGE_CASES = {"chunked-budget", "token-bucket"}
+# (chunked prefill under a token budget, token-bucket admission and weighted routing over
+# periodic snapshots among its random policies). Each case compiles its own program (~45 s on
+# 2 cores), so the default tier keeps the ones nothing else covers.
+SLOW_EDGE_CASES = {"chunked-budget", "token-bucket", "stale-snapshots-weighted"}
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_EDGE_CASES
@@ -129,6 +131,7 @@ def test_population_lanes_match_independent_reference_runs():
     configs = _random_policy_configs(base.config, w.tenant_names, 12, seed=3)
     assert {"token-bucket", "rate-limit", "tenant-quota"} <= {c.policy.admission.policy
                                                              for c in configs}
+    assert "weighted" in {c.policy.routing.policy for c in configs}  # over stale snapshots
     params = stack_params([params_from_config(c, w.tenant_names) for c in configs])
     lanes = simulate_population(base, w, params)
     for k, cfg in enumerate(configs):
