@@ -251,6 +251,25 @@ def _deadline_window(s: SimState, st, c):
     return member[:w], on[:w], wr_safe[:w], t, overflow
 
 
+def _deadline_events(s: SimState, st, c):
+    """Deadline candidates: (no-op time, per-instance timeout time [I], per-instance timeout
+    request [I], no-op request, window overflow). A timeout goes to the request enqueued first
+    among those due on the instance. When no workload of the program has a deadline there are
+    statically none (constants, nothing compiled in)."""
+    n_inst, none = st.num_instances, jnp.asarray(INT64_MAX, jnp.int64)
+    if st.num_deadlines == 0:
+        sink = jnp.asarray(st.num_requests, jnp.int32)
+        return (none, jnp.full(n_inst, INT64_MAX, jnp.int64), jnp.full(n_inst, sink),
+                sink, jnp.asarray(False))
+    member, on, wr, dl_t, overflow = _deadline_window(s, st, c)
+    noop = member & ~on
+    to_seq = jnp.where(on[None, :] & (s.instance[wr][None, :] == jnp.arange(n_inst)[:, None]),
+                       s.enq_seq[wr][None, :], INT64_MAX)  # [I, W]
+    timeout_t = jnp.where(jnp.min(to_seq, axis=1) < INT64_MAX, dl_t, INT64_MAX)
+    return (jnp.where(jnp.any(noop), dl_t, none), timeout_t, wr[jnp.argmin(to_seq, axis=1)],
+            wr[jnp.argmax(noop)], overflow)
+
+
 class NextEvent(NamedTuple):
     """The lane's next event as the reference's shared-clock loop would pop it."""
     t_us: jax.Array  # its time (INT64_MAX when there is none)
@@ -274,13 +293,8 @@ def next_event(s: SimState, st, c) -> NextEvent:
     ac, rc = s.adm_cursor, s.route_cursor
     adm_t = jnp.where(ac < n, c.arrival_us[jnp.minimum(ac, n)] + la, INT64_MAX)
     rt_t = jnp.where(rc < ac, c.arrival_us[jnp.minimum(rc, n)] + la + lr, INT64_MAX)
-    if st.num_deadlines > 0:
-        member, on, wr, dl_t, dl_overflow = _deadline_window(s, st, c)
-        noop = member & ~on
-        noop_t = jnp.where(jnp.any(noop), dl_t, INT64_MAX)
-        cl_times = jnp.stack([adm_t, rt_t, noop_t])
-    else:  # no workload of this program has a deadline: statically no timeouts, no no-ops
-        cl_times = jnp.stack([adm_t, rt_t])
+    noop_t, timeout_t, timeout_req, noop_req, dl_overflow = _deadline_events(s, st, c)
+    cl_times = jnp.stack([adm_t, rt_t, noop_t])
     cl_kind = jnp.argmin(cl_times)  # ties: admission, then routing, then the no-op
     cl_t = cl_times[cl_kind]
     # instance candidates
@@ -289,14 +303,7 @@ def next_event(s: SimState, st, c) -> NextEvent:
     pseq = jnp.where(pt == pmin[:, None], s.pend_seq, INT64_MAX)
     e_star = jnp.argmin(pseq, axis=1)
     ts = jnp.where(s.step_time >= 0, s.step_time, INT64_MAX)
-    inst_t = jnp.minimum(pmin, ts)
-    if st.num_deadlines > 0:
-        inst_of = s.instance[wr]
-        to_seq = jnp.where(on[None, :]
-                           & (inst_of[None, :] == jnp.arange(st.num_instances)[:, None]),
-                           s.enq_seq[wr][None, :], INT64_MAX)  # [I, W]
-        has_to = jnp.min(to_seq, axis=1) < INT64_MAX
-        inst_t = jnp.minimum(inst_t, jnp.where(has_to, dl_t, INT64_MAX))
+    inst_t = jnp.minimum(jnp.minimum(pmin, ts), timeout_t)
     i_star = jnp.argmin(inst_t).astype(jnp.int32)
     best_t = inst_t[i_star]
     use_cluster = cl_t <= best_t
@@ -305,16 +312,11 @@ def next_event(s: SimState, st, c) -> NextEvent:
     ins = live & ~use_cluster
     kind_enq = ins & (pmin[i_star] == best_t)
     kind_step = ins & ~kind_enq & (ts[i_star] == best_t)
-    if st.num_deadlines > 0:
-        timeout_req, noop_req = wr[jnp.argmin(to_seq[i_star])], wr[jnp.argmax(noop)]
-    else:
-        timeout_req = noop_req = jnp.asarray(st.num_requests, jnp.int32)
-        dl_overflow = jnp.asarray(False)
     return NextEvent(
         t_us=t_evt, live=live, cluster_kind=jnp.where(use_cluster, cl_kind, -1),
         instance=i_star, kind_enqueue=kind_enq, kind_step=kind_step,
         kind_timeout=ins & ~kind_enq & ~kind_step, pending_entry=e_star[i_star],
-        timeout_req=timeout_req, noop_req=noop_req, deadline_overflow=dl_overflow)
+        timeout_req=timeout_req[i_star], noop_req=noop_req, deadline_overflow=dl_overflow)
 
 
 def _begin(s: SimState, ev: NextEvent, go):
