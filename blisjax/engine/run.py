@@ -98,11 +98,48 @@ def _placement(params: PolicyParams, devices, lane_block: int):
     return devices, params, lanes
 
 
+_MAPS = "/proc/self/maps"
+_MAP_LIMIT = "/proc/sys/vm/max_map_count"
+
+
+def _count_lines(path: str) -> int | None:
+    try:
+        with open(path) as f:
+            return sum(1 for _ in f)
+    except OSError:  # not Linux, or /proc not mounted: nothing to guard
+        return None
+
+
+def mapping_headroom_guard(fraction: float = 0.5) -> bool:
+    """Drop JAX's compiled programs when the process holds more than ``fraction`` of Linux's
+    memory-mapping limit; returns whether it did.
+
+    Each engine program XLA:CPU compiles keeps ~2,000–3,000 memory mappings, and past
+    ``vm.max_map_count`` (65,530 by default) XLA aborts the whole process inside the next
+    compilation (measured: the ~25th program of one process). Programs are cheap to rebuild
+    next to an abort, so a long-lived process (a search loop over many shapes, a test
+    session) is guarded before every engine run; reading the map costs a few milliseconds.
+    """
+    used = _count_lines(_MAPS)
+    if used is None:
+        return False
+    try:
+        with open(_MAP_LIMIT) as f:
+            limit = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        limit = 65_530  # Linux's default
+    if used <= fraction * limit:
+        return False
+    jax.clear_caches()
+    return True
+
+
 def run_lanes(st: EngineStatic, consts, params: PolicyParams, devices=None,
               lane_block: int = LANE_BLOCK):
     """Simulate a population (``params`` has a leading lane axis) on ``devices`` (default: all
     local devices), at most ``lane_block`` lanes per lockstep loop. Returns the final states,
     one per lane."""
+    mapping_headroom_guard()
     devices, padded, lanes = _placement(params, devices, lane_block)
     final = _run_sharded(st, consts, padded, devices, lane_block)
     return jax.tree_util.tree_map(lambda x: x[:lanes], final)
@@ -112,6 +149,7 @@ def compile_lanes(st: EngineStatic, consts, params: PolicyParams, devices=None,
                   lane_block: int = LANE_BLOCK):
     """Compile once for these shapes (for timing compilation apart); returns ``run(consts,
     params)`` that behaves like ``run_lanes`` for populations of the same size."""
+    mapping_headroom_guard()
     devices, padded, lanes = _placement(params, devices, lane_block)
     compiled = _run_sharded.lower(st, consts, padded, devices, lane_block).compile()
 
