@@ -8,7 +8,7 @@ import jax.numpy as jnp
 
 from blisjax.engine import hostlatency, kv
 from blisjax.engine.kv import add, upd
-from blisjax.engine.queues import order_remove_at, q_at, q_push_front, q_remove_at
+from blisjax.engine.queues import order_remove_at, q_at, q_fold, q_push_front, q_remove_at
 from blisjax.engine.state import COMPLETED, INT64_MAX, NIL, QUEUED, RUNNING, SimState
 
 F64 = jnp.float64
@@ -25,30 +25,36 @@ def priority_score(p, c, r, now):
     return jnp.stack([jnp.zeros_like(slo_based), slo_based, slo_class, tenant, deadline])[p.priority]
 
 
-def _lexmin_offset(valid, keys, tiebreak):
-    """Offset of the lexicographically smallest (keys..., tiebreak) among valid entries."""
-    cand = valid
-    for key in keys:
-        pad = jnp.inf if jnp.issubdtype(key.dtype, jnp.floating) else jnp.iinfo(key.dtype).max
-        m = jnp.min(jnp.where(cand, key, pad))
-        cand = cand & (key == m)
-    m = jnp.min(jnp.where(cand, tiebreak, jnp.iinfo(tiebreak.dtype).max))
-    return jnp.argmax(cand & (tiebreak == m)).astype(jnp.int32)
-
-
-def head_offset(s: SimState, st, c, p, i, now):
+def head_offset(s: SimState, st, c, p, i, now, active):
     """Queue offset of the next request to admit: fcfs = the head; priority-fcfs =
-    (priority desc, arrival, index); sjf = (input length, arrival, index)."""
-    def scan():  # O(queue slots): only compiled-in work when some lane is not fcfs
-        k = jnp.arange(st.queue_slots)
-        valid = k < s.q_len[i]
-        r = jnp.where(valid, q_at(s, st, i, k), st.num_requests)
-        arrival = c.arrival_us[r]
-        by_priority = _lexmin_offset(valid, (-priority_score(p, c, r, now), arrival), r)
-        by_length = _lexmin_offset(valid, (c.input_tokens[r], arrival), r)
-        return jnp.stack([jnp.asarray(0, jnp.int32), by_priority, by_length])[p.scheduler]
+    (priority desc, arrival, index); sjf = (input length, arrival, index) — the
+    lexicographically smallest key, folded over the queue ``q_chunk`` entries at a time (work
+    follows the queue's length; nothing runs when every lane is fcfs)."""
+    by_priority = p.scheduler == 1
+    inf = jnp.asarray(jnp.inf, F64)
+    imax = jnp.iinfo(jnp.int64).max
 
-    return kv.lane_cond(p.scheduler != 0, scan, lambda: jnp.asarray(0, jnp.int32))
+    def fold(best, off, reqs, valid):
+        b_key, b_arrival, b_req, b_off = best
+        # sjf's integer lengths are exact in float64, so one key type serves both orders
+        key = jnp.where(by_priority, -priority_score(p, c, reqs, now),
+                        c.input_tokens[reqs].astype(F64))
+        arrival = c.arrival_us[reqs]
+        key_min = jnp.min(jnp.where(valid, key, inf))
+        cand = valid & (key == key_min)
+        arrival_min = jnp.min(jnp.where(cand, arrival, imax))
+        cand = cand & (arrival == arrival_min)
+        j = jnp.argmin(jnp.where(cand, reqs, st.num_requests + 1))
+        better = jnp.any(valid) & (
+            (key[j] < b_key) | ((key[j] == b_key) & ((arrival[j] < b_arrival)
+                                                     | ((arrival[j] == b_arrival)
+                                                        & (reqs[j] < b_req)))))
+        return (jnp.where(better, key[j], b_key), jnp.where(better, arrival[j], b_arrival),
+                jnp.where(better, reqs[j], b_req), jnp.where(better, off[j], b_off))
+
+    init = (inf, jnp.asarray(imax, jnp.int64), jnp.asarray(st.num_requests + 1, jnp.int32),
+            jnp.asarray(0, jnp.int32))
+    return q_fold(s, st, i, active & (p.scheduler != 0), fold, init)[3]
 
 
 def clamp_prefill(st, n, start, budget):
@@ -205,7 +211,7 @@ def phase2(s: SimState, st, c, p, i, now, budget, preempted, active):
 
     def body(carry, go):
         s, budget, stop = carry
-        k = head_offset(s, st, c, p, i, now)
+        k = head_offset(s, st, c, p, i, now, go)
         r = q_at(s, st, i, k)
         cached, n_cached = kv.cached_blocks(s, st, c, i, r)
         start = n_cached * st.block_size

@@ -222,7 +222,7 @@ def timeout(s: SimState, st, c, i, r, now, active) -> SimState:
     s = kv.release(s, st, i, sb, running)
     s = order_remove_at(s, st, i, pos, running)
     s = s.replace(slot_req=upd(s.slot_req, (i, sb), NIL, running))
-    s = q_remove_at(s, st, i, q_offset_of(s, st, i, r), queued)
+    s = q_remove_at(s, st, i, q_offset_of(s, st, i, r, queued), queued)
     s = s.replace(status=s.status.at[r].set(jnp.where(active, TIMED_OUT, s.status[r])
                                             .astype(s.status.dtype)),
                   timed_out=add(s.timed_out, i, 1, active), computed=s.computed.at[r].set(0))
@@ -331,14 +331,21 @@ def _begin(s: SimState, ev: NextEvent, go):
 
 def _dispatch_cheap(s: SimState, st, c, p, ev: NextEvent, go) -> SimState:
     """Run ``ev`` where ``go``, for every kind but a step (the caller guarantees no lane's
-    event is one). Each handler is skipped outright when no lane has that kind of event."""
+    event is one), and after an admission the same request's routing when that is the lane's
+    next event (``_routing_follows``). Each handler is skipped outright when no lane needs it."""
     n = st.num_requests
     s, live = _begin(s, ev, go)
     cl = live & (ev.cluster_kind >= 0)
     i_star, t_evt = ev.instance, ev.t_us
     once = kv.lane_once
-    s = once(cl & (ev.cluster_kind == 0), lambda s, go: admission(s, st, c, p, t_evt, go), s)
-    s = once(cl & (ev.cluster_kind == 1), lambda s, go: routing(s, st, c, p, t_evt, go), s)
+    admit = cl & (ev.cluster_kind == 0)
+    s = once(admit, lambda s, go: admission(s, st, c, p, t_evt, go), s)
+    route = cl & (ev.cluster_kind == 1)
+    if st.routing_latency_us == 0:
+        fused = _routing_follows(s, st, c, admit)
+        s = s.replace(iters=s.iters + fused.astype(jnp.int64))  # an event of its own
+        route = route | fused
+    s = once(route, lambda s, go: routing(s, st, c, p, t_evt, go), s)
     s = once(live & ev.kind_enqueue,
              lambda s, go: enqueue(s, st, c, i_star, ev.pending_entry, t_evt, go), s)
     if st.num_deadlines == 0:  # no timeouts or deadline no-ops exist (see ``next_event``)
@@ -350,6 +357,20 @@ def _dispatch_cheap(s: SimState, st, c, p, ev: NextEvent, go) -> SimState:
     handled = jnp.where(kind_to, to_r, jnp.where(cl & (ev.cluster_kind == 2), ev.noop_req, n))
     s = s.replace(tdone=s.tdone.at[handled].set(True))
     return _advance_deadline_cursor(s, st, c)
+
+
+def _routing_follows(s: SimState, st, c, admitted):
+    """Where a lane has just handled an admission: is the routing of that same request its
+    very next event? With no routing latency that routing is due at the admission's own time,
+    and cluster events precede instance events at equal times; only an earlier unrouted
+    request or another admission at the same time (admissions precede routings) comes first.
+    Handling both in one pass of the cheap-event loop saves an iteration — an arrival's
+    admission and routing in one iteration, its enqueue in another."""
+    n = st.num_requests
+    r = s.adm_cursor - 1
+    nxt = jnp.minimum(s.adm_cursor, n)
+    alone = (s.adm_cursor >= n) | (c.arrival_us[nxt] > c.arrival_us[jnp.maximum(r, 0)])
+    return admitted & (s.route_cursor == r) & alone
 
 
 def _dispatch_step(s: SimState, st, c, p, ev: NextEvent) -> SimState:

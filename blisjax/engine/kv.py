@@ -54,21 +54,9 @@ def lane_while(cond_fn, body_fn, init):
     return lax.while_loop(cond, lambda carry: body_fn(carry, cond_fn(carry)), init)
 
 
-def lane_any(pred):
-    """True (unbatched) when ``pred`` holds in any lane."""
-    return lax.pmax(pred.astype(jnp.int32), LANES) > 0
-
-
 def lane_max(x):
     """Maximum of ``x`` over all lanes (unbatched)."""
     return lax.pmax(x, LANES)
-
-
-def lane_cond(pred, true_fn, false_fn, *operands):
-    """``lax.cond`` on whether *any* lane's ``pred`` holds: the branch is skipped entirely (not
-    run masked) when no lane needs it. ``true_fn`` must itself mask lanes where ``pred`` is
-    False, like every handler."""
-    return lax.cond(lane_any(pred), true_fn, false_fn, *operands)
 
 
 def lane_once(active, handler, s):

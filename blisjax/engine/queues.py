@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from blisjax.engine.kv import add, lane_once, upd
+from blisjax.engine.kv import add, lane_while, upd
 from blisjax.engine.state import NIL, SimState
 
 
@@ -30,37 +30,63 @@ def q_push_front(s: SimState, st, i, r, active) -> SimState:
                      ovf_queue=s.ovf_queue + (active & full).astype(jnp.int32))
 
 
+Q_CHUNK = 64  # queue entries per iteration of a scan or shift (work follows the queue length)
+
+
+def q_chunk(st) -> int:
+    return max(1, min(Q_CHUNK, st.queue_slots))
+
+
+def q_fold(s: SimState, st, i, active, fold, acc):
+    """Fold instance i's queued requests into ``acc``, ``q_chunk`` entries per iteration, head
+    first: ``fold(acc, offsets[C], requests[C], valid[C]) -> acc`` must return ``acc``
+    unchanged where ``valid`` is all False. Iterations follow the longest queue of the lanes
+    that fold, so a scan costs O(queue length), not O(queue slots)."""
+    c, n_len = q_chunk(st), jnp.where(active, s.q_len[i], 0)
+
+    def body(carry, go):
+        start, acc = carry
+        off = start + jnp.arange(c, dtype=jnp.int32)
+        valid = go & (off < n_len)
+        reqs = jnp.where(valid, q_at(s, st, i, jnp.minimum(off, st.queue_slots - 1)),
+                         st.num_requests)
+        return start + go.astype(jnp.int32) * c, fold(acc, off, reqs, valid)
+
+    return lane_while(lambda carry: carry[0] < n_len, body, (jnp.asarray(0, jnp.int32), acc))[1]
+
+
 def q_remove_at(s: SimState, st, i, k, active, through=None):
     """Remove the entry at offset k: the k entries before it move back by one and the head
-    advances (O(1) at the head, as fcfs always is; O(queue slots) otherwise, and then only run
-    when some lane needs it). Entries past the queue length are never read."""
-    q = st.queue_slots
-    mid = active & (k > 0)
+    advances (O(1) at the head, as fcfs always is; otherwise ``q_chunk`` entries per loop
+    iteration, from offset k - 1 down to 0). Entries past the queue length are never read."""
+    q, c = st.queue_slots, q_chunk(st)
+    hi0 = jnp.where(active, k, 0).astype(jnp.int32)
 
     def shift(carry, go):
-        q_buf, kept = carry
-        # Offsets are computed from ``go`` (a loop variable) so that XLA cannot hoist this
-        # O(queue slots) work out of the loop and run it even when no lane needs it.
-        head, kk = jnp.where(go, s.q_head[i], 0), jnp.where(go, k, 0)
-        idx = jnp.arange(q)
-        off = (idx - head) % q
-        src = jnp.where((off >= 1) & (off <= kk), idx - 1, idx) % q
-        return q_buf.at[i].set(jnp.where(go, q_buf[i, src], q_buf[i])), kept
+        # top-down: each chunk reads its sources before any lower chunk overwrites them
+        q_buf, hi, kept = carry
+        off = hi - 1 - jnp.arange(c, dtype=jnp.int32)
+        move = go & (off >= 0)
+        src = (s.q_head[i] + jnp.maximum(off, 0)) % q
+        dst = jnp.where(move, (src + 1) % q, q)
+        q_buf = q_buf.at[i, dst].set(q_buf[i, src], mode="drop")
+        return q_buf, jnp.where(go, jnp.maximum(hi - c, 0), hi), kept
 
-    # A one-shot loop updates in place (a cond copies). Values read from the queue before
-    # (``through``) ride in its carry, so nothing re-reads the old queue afterwards.
-    q_buf, through_out = lane_once(mid, shift, (s.q_buf, through))
+    # Values read from the queue before (``through``) ride in the loop's carry, so nothing
+    # re-reads the old queue afterwards and XLA updates it in place.
+    q_buf, _, through_out = lane_while(lambda carry: carry[1] > 0, shift,
+                                       (s.q_buf, hi0, through))
     s = s.replace(q_buf=q_buf, q_head=upd(s.q_head, i, (s.q_head[i] + 1) % q, active),
                   q_len=add(s.q_len, i, -1, active))
     return s if through is None else (s, through_out)
 
 
-def q_offset_of(s: SimState, st, i, r):
+def q_offset_of(s: SimState, st, i, r, active):
     """Offset of request r in instance i's wait queue (queue_slots if absent)."""
-    q = st.queue_slots
-    off = (jnp.arange(q) - s.q_head[i]) % q
-    here = (s.q_buf[i] == r) & (off < s.q_len[i])
-    return jnp.min(jnp.where(here, off, q))
+    def fold(best, off, reqs, valid):
+        return jnp.minimum(best, jnp.min(jnp.where(valid & (reqs == r), off, st.queue_slots)))
+
+    return q_fold(s, st, i, active, fold, jnp.asarray(st.queue_slots, jnp.int32))
 
 
 def order_remove_at(s: SimState, st, i, pos, active) -> SimState:
