@@ -71,6 +71,11 @@ EDGE_CASES = {
                                                    token_bucket_refill_rate=20_000.0)),
     "stale-snapshots-weighted": dict(instances=3, refresh_us=2000, alpha=(120.5, 1.5, 30.0),
                                      routing=RoutingConfig(policy="weighted")),
+    # routing decided 700 µs after admission (other arrivals and steps interleave; an
+    # admission is never fused with its routing), admission itself 300 µs after arrival
+    "cluster-latencies": dict(instances=2, admission_latency_us=300, routing_latency_us=700,
+                              alpha=(95.5, 1.25, 21.7),
+                              routing=RoutingConfig(policy="least-loaded")),
 }
 
 

@@ -40,7 +40,9 @@ def random_engine(rng):
                float(rng.choice([0.0, 21.7]))),
         beta=(float(rng.choice([700.0, 5752.705191348184])), float(rng.choice([4.5, 17.25])),
               float(rng.choice([55.0, 5.999143920128404]))),
-        horizon_us=int(rng.choice([300_000, 2**63 - 1])))
+        horizon_us=int(rng.choice([300_000, 2**63 - 1])),
+        admission_latency_us=int(rng.choice([0, 0, 250])),
+        routing_latency_us=int(rng.choice([0, 0, 400])))
 
 
 @pytest.mark.slow
