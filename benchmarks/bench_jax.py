@@ -22,6 +22,8 @@ design-doc scenarios (BLIS's anchor workload: Poisson 8 req/s per instance, 512 
     python benchmarks/bench_jax.py --scaling           # vs N (1k, 10k, 100k), instances (1, 4, 16)
     python benchmarks/bench_jax.py --cpu-devices 2     # both cores: lanes sharded over 2 devices
     python benchmarks/bench_jax.py --targets --cpu-devices 2  # P = 64, 64, 2
+    python benchmarks/bench_jax.py --workers 2 --cpu-devices 2 --lanes 256,1024
+                                                       # end to end: devices vs pinned workers
     python benchmarks/bench_jax.py --saturation        # reference throughput at overload
 """
 
@@ -51,8 +53,9 @@ from blisjax.config import (  # noqa: E402
     resolve_config,
 )
 from blisjax.engine.params import params_from_config, stack_params  # noqa: E402
-from blisjax.engine.run import compile_lanes, lane_result  # noqa: E402
+from blisjax.engine.run import compile_lanes, lane_result, simulate_population  # noqa: E402
 from blisjax.engine.static import build_consts, build_static  # noqa: E402
+from blisjax.engine.workers import WorkerPool  # noqa: E402
 from blisjax.reference import simulate as reference  # noqa: E402
 from blisjax.workload import distribution_spec, generate_workload  # noqa: E402
 
@@ -119,6 +122,35 @@ def run_jax(resolved, workload, lanes: int) -> dict:
     }
 
 
+def run_end_to_end(resolved, workload, lanes: int, workers: int):
+    """Rows of whole population calls, as a user makes them (``simulate_population``: engine run and
+    one ``RunResult`` per lane), in this process (its devices) and in a ``WorkerPool`` of
+    ``workers`` pinned processes. Each is called twice; the first call compiles (and starts
+    the workers), the second is timed."""
+    params = population(resolved.config, workload.tenant_names, lanes)
+    n = workload.num_requests
+
+    def timed(call):
+        start = time.perf_counter()
+        call()
+        first = time.perf_counter() - start
+        start = time.perf_counter()
+        call()
+        return first, time.perf_counter() - start
+
+    first, wall = timed(lambda: simulate_population(resolved, workload, params))
+    yield {"engine": "jax-in-process", "devices": jax.local_device_count(), "lanes": lanes,
+           "first_call_s": round(first, 2), "call_s": round(wall, 3),
+           "requests_per_s": round(lanes * n / wall, 1),
+           "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+    with WorkerPool(workers) as pool:
+        first, wall = timed(lambda: pool.simulate_population(resolved, workload, params))
+        yield {"engine": "jax-workers", "workers": pool.size, "lanes": lanes,
+               "first_call_s": round(first, 2), "call_s": round(wall, 3),
+               "worker_s": [round(t, 3) for t in pool.last_worker_s],
+               "requests_per_s": round(lanes * n / wall, 1)}
+
+
 def saturation(instances: int = 4, rate_per_instance: float = 300.0) -> dict:
     """Completions per second per instance of scenario S under overload (reference engine)."""
     resolved, workload = scenario(2_000, instances, rate_per_instance)
@@ -160,6 +192,9 @@ def main() -> None:
                     help="design-doc scenarios 1k/1, 10k/4, 100k/16 (anchor workload)")
     ap.add_argument("--target-lanes", default="64,64,2",
                     help="P for each target scenario (0 skips it)")
+    ap.add_argument("--workers", type=int, default=0,
+                    help="scenario S end to end (engine + per-lane results): this process vs a "
+                         "WorkerPool of this many pinned processes")
     ap.add_argument("--saturation", action="store_true",
                     help="measure scenario S's saturation throughput (reference engine)")
     args = ap.parse_args()
@@ -175,6 +210,12 @@ def main() -> None:
                 continue
             resolved, workload = anchor(n, inst)
             print(json.dumps({"workload": "anchor", **run_jax(resolved, workload, p)}), flush=True)
+        return
+    if args.workers:
+        resolved, workload = scenario(args.requests, args.instances, args.rate_per_instance)
+        for p in args.lanes.split(","):
+            for row in run_end_to_end(resolved, workload, int(p), args.workers):
+                print(json.dumps(row), flush=True)
         return
     runs = [(args.requests, args.instances, int(p)) for p in args.lanes.split(",")]
     if args.scaling:

@@ -247,6 +247,13 @@ class ModelConfig:
         default_factory=lambda: MappingProxyType({}), compare=False, hash=False, repr=False
     )
 
+    def __getstate__(self) -> dict:
+        # a read-only mapping does not pickle; worker processes receive configs by pickle
+        return {**self.__dict__, "raw": dict(self.raw)}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update({**state, "raw": MappingProxyType(state["raw"])})
+
     def __post_init__(self) -> None:
         if self.num_kv_heads == 0:
             # BLIS: no KV-head key means multi-head attention.

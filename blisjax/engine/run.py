@@ -169,10 +169,17 @@ def _status_codes(status: np.ndarray) -> np.ndarray:
     return out
 
 
+def host_states(final):
+    """Final states as NumPy arrays (for a CPU device, views of the same memory). Reading
+    lanes from these is cheap; indexing device arrays lane by lane dispatches one slice per
+    field and lane (measured: 52 ms per lane of scenario S, against 3 ms)."""
+    return jax.tree_util.tree_map(np.asarray, final)
+
+
 def lane_result(st: EngineStatic, consts, final, k: int) -> records.RunResult:
     """The k-th lane of a final state as a ``RunResult`` (same fields as the reference)."""
     n = st.num_requests
-    g = jax.tree_util.tree_map(lambda x: np.asarray(x[k]), final)
+    g = jax.tree_util.tree_map(lambda x: x[k], host_states(final))
     status = _status_codes(g.status[:n])
     done = status == records.COMPLETED
     itl_count = np.where(done, g.itl_count[:n], 0).astype(np.int64)
@@ -229,4 +236,5 @@ def simulate_population(resolved, workload, params: PolicyParams, static=None,
     consts = build_consts(resolved, workload, st)
     final = run_lanes(st, consts, params, lane_block=lane_block)
     lanes = int(np.shape(params.admission)[0])
-    return [lane_result(st, consts, final, k) for k in range(lanes)]
+    host = host_states(final)
+    return [lane_result(st, consts, host, k) for k in range(lanes)]

@@ -119,6 +119,11 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
     the most requests whose α-delay windows overlap in time (so neither can overflow); pass
     smaller values to save memory.
     """
+    for name, value in (("queue_slots", queue_slots), ("pending_slots", pending_slots),
+                        ("deadline_window", deadline_window), ("running_width", running_width)):
+        if value is not None and (isinstance(value, bool) or int(value) != value or value < 1):
+            raise ValueError(f"{name} must be an integer >= 1 (or left to its default), "
+                             f"got {value!r}")
     cfg = resolved.config
     eng = cfg.engine
     bs = eng.block_size_tokens
@@ -137,8 +142,9 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
         num_requests=n,
         num_instances=cfg.cluster.num_instances,
         num_tenants=len(workload.tenant_names),
-        queue_slots=int(queue_slots or max(n, 1)),
-        pending_slots=int(pending_slots or _max_pending(resolved, workload)),
+        queue_slots=int(max(n, 1) if queue_slots is None else queue_slots),
+        pending_slots=int(_max_pending(resolved, workload) if pending_slots is None
+                          else pending_slots),
         batch_slots=eng.max_num_running_reqs,
         max_blocks_per_request=int(_ceil_div(int(total.max()) + 1, bs)) if n else 1,
         max_prompt_blocks=int(full.max()) if n else 0,

@@ -97,6 +97,18 @@ def test_lane_blocks_match_independent_reference_runs():
         simulate_population(base, w, params, lane_block=0)
 
 
+def test_capacities_below_one_are_refused_with_their_name():
+    base = make_resolved(instances=2)
+    w = make_workload(EDGE_ROWS, ("a", "b"), ("g",))
+    for name, bad in (("queue_slots", 0), ("queue_slots", -1), ("pending_slots", -3),
+                      ("deadline_window", 0), ("running_width", 2.5)):
+        with pytest.raises(ValueError, match=f"{name} must be an integer >= 1"):
+            build_static(base, w, **{name: bad})
+    st = build_static(base, w, queue_slots=3, pending_slots=2)
+    assert (st.queue_slots, st.pending_slots) == (3, 2)
+    assert build_static(base, w).queue_slots == w.num_requests  # the default: every request
+
+
 def test_lane_block_sizes_cover_lanes_with_little_padding():
     from blisjax.engine.run import _lane_blocks
 
