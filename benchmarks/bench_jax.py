@@ -15,15 +15,17 @@ design-doc scenarios (BLIS's anchor workload: Poisson 8 req/s per instance, 512 
 * us_per_lane_event, evals_per_s (policy evaluations = lanes per second), requests_per_s
   (simulated requests per wall-second, summed over lanes);
 * state_bytes_per_lane, peak_rss_mb (process high-water mark so far), busy (load: busy time /
-  simulated time, lane 0).
+  simulated time, lane 0);
+* with ``--end-to-end``: first_call_s (compile + run + results) and call_s (the second call) of
+  ``simulate_population`` — the engine run plus one ``RunResult`` per lane.
 
     python benchmarks/bench_jax.py                     # scenario S at P = 1, 64, 256, 1024
     python benchmarks/bench_jax.py --lanes 1,64 --reference
     python benchmarks/bench_jax.py --scaling           # vs N (1k, 10k, 100k), instances (1, 4, 16)
     python benchmarks/bench_jax.py --cpu-devices 2     # both cores: lanes sharded over 2 devices
     python benchmarks/bench_jax.py --targets --cpu-devices 2  # P = 64, 64, 2
-    python benchmarks/bench_jax.py --workers 2 --cpu-devices 2 --lanes 256,1024
-                                                       # end to end: devices vs pinned workers
+    python benchmarks/bench_jax.py --end-to-end --cpu-devices 2 --lanes 1024
+                                                       # whole calls: engine + per-lane results
     python benchmarks/bench_jax.py --saturation        # reference throughput at overload
 """
 
@@ -55,7 +57,6 @@ from blisjax.config import (  # noqa: E402
 from blisjax.engine.params import params_from_config, stack_params  # noqa: E402
 from blisjax.engine.run import compile_lanes, lane_result, simulate_population  # noqa: E402
 from blisjax.engine.static import build_consts, build_static  # noqa: E402
-from blisjax.engine.workers import WorkerPool  # noqa: E402
 from blisjax.reference import simulate as reference  # noqa: E402
 from blisjax.workload import distribution_spec, generate_workload  # noqa: E402
 
@@ -122,33 +123,20 @@ def run_jax(resolved, workload, lanes: int) -> dict:
     }
 
 
-def run_end_to_end(resolved, workload, lanes: int, workers: int):
-    """Rows of whole population calls, as a user makes them (``simulate_population``: engine run and
-    one ``RunResult`` per lane), in this process (its devices) and in a ``WorkerPool`` of
-    ``workers`` pinned processes. Each is called twice; the first call compiles (and starts
-    the workers), the second is timed."""
+def run_end_to_end(resolved, workload, lanes: int) -> dict:
+    """A whole population call as a user makes it (``simulate_population``: engine run and one
+    ``RunResult`` per lane), called twice: the first compiles, the second is timed."""
     params = population(resolved.config, workload.tenant_names, lanes)
-    n = workload.num_requests
-
-    def timed(call):
-        start = time.perf_counter()
-        call()
-        first = time.perf_counter() - start
-        start = time.perf_counter()
-        call()
-        return first, time.perf_counter() - start
-
-    first, wall = timed(lambda: simulate_population(resolved, workload, params))
-    yield {"engine": "jax-in-process", "devices": jax.local_device_count(), "lanes": lanes,
-           "first_call_s": round(first, 2), "call_s": round(wall, 3),
-           "requests_per_s": round(lanes * n / wall, 1),
-           "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
-    with WorkerPool(workers) as pool:
-        first, wall = timed(lambda: pool.simulate_population(resolved, workload, params))
-        yield {"engine": "jax-workers", "workers": pool.size, "lanes": lanes,
-               "first_call_s": round(first, 2), "call_s": round(wall, 3),
-               "worker_s": [round(t, 3) for t in pool.last_worker_s],
-               "requests_per_s": round(lanes * n / wall, 1)}
+    start = time.perf_counter()
+    simulate_population(resolved, workload, params)
+    first = time.perf_counter() - start
+    start = time.perf_counter()
+    simulate_population(resolved, workload, params)
+    wall = time.perf_counter() - start
+    return {"engine": "jax-end-to-end", "devices": jax.local_device_count(), "lanes": lanes,
+            "first_call_s": round(first, 2), "call_s": round(wall, 3),
+            "requests_per_s": round(lanes * workload.num_requests / wall, 1),
+            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
 
 
 def saturation(instances: int = 4, rate_per_instance: float = 300.0) -> dict:
@@ -192,9 +180,9 @@ def main() -> None:
                     help="design-doc scenarios 1k/1, 10k/4, 100k/16 (anchor workload)")
     ap.add_argument("--target-lanes", default="64,64,2",
                     help="P for each target scenario (0 skips it)")
-    ap.add_argument("--workers", type=int, default=0,
-                    help="scenario S end to end (engine + per-lane results): this process vs a "
-                         "WorkerPool of this many pinned processes")
+    ap.add_argument("--end-to-end", action="store_true",
+                    help="scenario S as whole simulate_population calls (engine + per-lane "
+                         "results)")
     ap.add_argument("--saturation", action="store_true",
                     help="measure scenario S's saturation throughput (reference engine)")
     args = ap.parse_args()
@@ -211,11 +199,10 @@ def main() -> None:
             resolved, workload = anchor(n, inst)
             print(json.dumps({"workload": "anchor", **run_jax(resolved, workload, p)}), flush=True)
         return
-    if args.workers:
+    if args.end_to_end:
         resolved, workload = scenario(args.requests, args.instances, args.rate_per_instance)
         for p in args.lanes.split(","):
-            for row in run_end_to_end(resolved, workload, int(p), args.workers):
-                print(json.dumps(row), flush=True)
+            print(json.dumps(run_end_to_end(resolved, workload, int(p))), flush=True)
         return
     runs = [(args.requests, args.instances, int(p)) for p in args.lanes.split(",")]
     if args.scaling:

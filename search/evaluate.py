@@ -73,13 +73,11 @@ class SimulationProblem:
       lanes: lanes per engine call (knob sets are padded to it, or split into chunks of it).
       capacities: passed to ``evaluate_population`` (queue_slots, pending_slots, …).
       keep_metrics: keep each candidate's per-seed metric dicts in its CandidateEval.
-      pool: a ``blisjax.engine.workers.WorkerPool``: lanes run in its pinned worker processes
-        (each compiles once per shape, then serves every call).
     """
 
     def __init__(self, resolved, seeds: Sequence[int], scoring: Scoring, lanes: int,
                  capacities: Mapping[str, Any] | None = None, keep_metrics: bool = True,
-                 shape_workloads: Sequence[Workload] = (), static=None, pool=None) -> None:
+                 shape_workloads: Sequence[Workload] = (), static=None) -> None:
         if lanes < 1:
             raise ValueError(f"lanes must be >= 1, got {lanes}")
         if not seeds:
@@ -90,7 +88,6 @@ class SimulationProblem:
         self.lanes = int(lanes)
         self.capacities = dict(capacities or {})
         self.keep_metrics = keep_metrics
-        self.pool = pool
         self.workloads = {s: make_workload(resolved.config, s) for s in self.seeds}
         # One engine program for every seed (capacities cover all of them, and
         # ``shape_workloads`` too): a seed then costs a run, not a 30-40 s compile.
@@ -104,11 +101,10 @@ class SimulationProblem:
         subset of a problem built over a superset of seeds)."""
         if same_program:
             return SimulationProblem(self.resolved, seeds, self.scoring, self.lanes,
-                                     self.capacities, self.keep_metrics, static=self.static,
-                                     pool=self.pool)
+                                     self.capacities, self.keep_metrics, static=self.static)
         return SimulationProblem(self.resolved, seeds, self.scoring, self.lanes,
                                  self.capacities, self.keep_metrics,
-                                 shape_workloads=tuple(self.workloads.values()), pool=self.pool)
+                                 shape_workloads=tuple(self.workloads.values()))
 
     def check_knobs(self, knobs: Mapping[str, Any]) -> str:
         """'' when ``knobs`` form a valid configuration, else the reason."""
@@ -128,7 +124,7 @@ class SimulationProblem:
             lane_sets += [{}] * (self.lanes - len(lane_sets))
             for seed in self.seeds:
                 pop = evaluate_population(self.resolved, self.workloads[seed], lane_sets,
-                                          static=self.static, pool=self.pool)
+                                          static=self.static)
                 self.calls += 1
                 for lane, i in enumerate(chunk):
                     overflow = pop.results[lane].overflow

@@ -91,11 +91,9 @@ class PopulationResult:
     fitness: np.ndarray
 
 
-def evaluate_population(resolved, workload, knob_sets: list[dict], static=None, pool=None,
-                        **capacities):
+def evaluate_population(resolved, workload, knob_sets: list[dict], static=None, **capacities):
     """Evaluate one lane per knob set in a single compiled call of the JAX engine (``static``:
-    see ``simulate_population``; ``pool``: a ``blisjax.engine.workers.WorkerPool`` to spread
-    the lanes over pinned worker processes instead of this process's devices)."""
+    see ``simulate_population``)."""
     configs = []
     for knobs in knob_sets:
         cfg = resolved.config
@@ -103,8 +101,7 @@ def evaluate_population(resolved, workload, knob_sets: list[dict], static=None, 
             cfg = set_knob(cfg, name, value)
         configs.append(cfg)
     params = stack_params([params_from_config(c, workload.tenant_names) for c in configs])
-    run = simulate_population if pool is None else pool.simulate_population
-    results = run(resolved, workload, params, static=static, **capacities)
+    results = simulate_population(resolved, workload, params, static=static, **capacities)
     metrics = [aggregate_metrics(r, workload, c.metrics, scheduler=c.policy.scheduler.policy)
                for r, c in zip(results, configs, strict=True)]
     fitness = np.array([m.get("fitness", np.nan) for m in metrics], dtype=np.float64)

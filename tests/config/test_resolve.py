@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import pickle
 
 import pytest
 
@@ -30,6 +31,16 @@ def test_defaults_resolve():
     assert r.model_config.num_layers == 32 and r.hardware_config.name == "H100"
     assert r.engine is r.config.engine and r.policy is r.config.policy
     assert hash(r) == hash(resolve_config(SimConfig()))
+
+
+def test_resolved_configs_pickle_with_a_read_only_raw_model_mapping():
+    # for user code that sends configurations to other processes (multiprocessing)
+    r = resolve_config(SimConfig())
+    copy = pickle.loads(pickle.dumps(r))
+    assert copy == r and hash(copy) == hash(r)
+    assert dict(copy.model_config.raw) == dict(r.model_config.raw) and copy.model_config.raw
+    with pytest.raises(TypeError):
+        copy.model_config.raw["num_hidden_layers"] = 1
 
 
 def test_explicit_values_win():

@@ -1,7 +1,8 @@
 """Populations sharded over several local devices (here: two CPU devices forced by XLA_FLAGS).
 
 JAX fixes the device count when it starts, so the check runs in a fresh interpreter. Three
-lanes on two devices also exercises padding to a multiple of the device count.
+lanes on two devices also exercise padding to a multiple of the device count; four lanes are
+read back from each device's own share (``run.HostLanes``).
 """
 
 from __future__ import annotations
@@ -25,13 +26,14 @@ SCRIPT = textwrap.dedent("""
     assert jax.local_device_count() == 2, jax.local_devices()
     base = make_resolved(instances=2, block_size=4, kv_blocks=40, max_running=4, max_tokens=64)
     w = make_workload(EDGE_ROWS, ("a", "b"), ("g",))
-    configs = _random_policy_configs(base.config, w.tenant_names, 3, seed=11)
-    params = stack_params([params_from_config(c, w.tenant_names) for c in configs])
-    lanes = simulate_population(base, w, params)
-    assert len(lanes) == 3
-    for k, cfg in enumerate(configs):
-        d = first_divergence(reference(resolve_config(cfg), w), lanes[k])
-        assert d is None, (k, d)
+    configs = _random_policy_configs(base.config, w.tenant_names, 4, seed=11)
+    for count in (3, 4):  # padded to 4 lanes, then 4 lanes read from each device's share
+        params = stack_params([params_from_config(c, w.tenant_names) for c in configs[:count]])
+        lanes = simulate_population(base, w, params)
+        assert len(lanes) == count
+        for k, cfg in enumerate(configs[:count]):
+            d = first_divergence(reference(resolve_config(cfg), w), lanes[k])
+            assert d is None, (count, k, d)
     print("OK two devices")
 """)
 
