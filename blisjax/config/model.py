@@ -248,7 +248,7 @@ class ModelConfig:
     )
 
     def __getstate__(self) -> dict:
-        # a read-only mapping does not pickle; worker processes receive configs by pickle
+        # a read-only mapping does not pickle (configs sent to other processes are pickled)
         return {**self.__dict__, "raw": dict(self.raw)}
 
     def __setstate__(self, state: dict) -> None:

@@ -145,8 +145,8 @@ def run_lanes(st: EngineStatic, consts, params: PolicyParams, devices=None,
 
 
 def _drop_padding(final, lanes: int):
-    """The first ``lanes`` lanes; without padding the states themselves (slicing would copy
-    every field: at P = 1,024 another 4 GB)."""
+    """The first ``lanes`` lanes; without padding the states themselves (a slice copies every
+    field)."""
     if int(final.done.shape[0]) == lanes:
         return final
     return jax.tree_util.tree_map(lambda x: x[:lanes], final)
@@ -181,7 +181,7 @@ class HostLanes:
 
     Indexing device arrays lane by lane dispatches one slice per field and lane (measured:
     52 ms per lane of scenario S, against 3 ms here); converting a sharded array whole would
-    first gather every device's share into one host copy (P = 1,024: +4 GB at the peak).
+    first gather every device's share into one host copy (P = 1,024: +3.4 GB at the peak).
     """
 
     def __init__(self, final) -> None:

@@ -121,7 +121,8 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
     """
     for name, value in (("queue_slots", queue_slots), ("pending_slots", pending_slots),
                         ("deadline_window", deadline_window), ("running_width", running_width)):
-        if value is not None and (isinstance(value, bool) or int(value) != value or value < 1):
+        if value is not None and (isinstance(value, bool)
+                                  or not isinstance(value, int | np.integer) or value < 1):
             raise ValueError(f"{name} must be an integer >= 1 (or left to its default), "
                              f"got {value!r}")
     cfg = resolved.config

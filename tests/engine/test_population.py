@@ -101,7 +101,8 @@ def test_capacities_below_one_are_refused_with_their_name():
     base = make_resolved(instances=2)
     w = make_workload(EDGE_ROWS, ("a", "b"), ("g",))
     for name, bad in (("queue_slots", 0), ("queue_slots", -1), ("pending_slots", -3),
-                      ("deadline_window", 0), ("running_width", 2.5)):
+                      ("deadline_window", 0), ("running_width", 2.5),
+                      ("queue_slots", "many")):
         with pytest.raises(ValueError, match=f"{name} must be an integer >= 1"):
             build_static(base, w, **{name: bad})
     st = build_static(base, w, queue_slots=3, pending_slots=2)
