@@ -20,7 +20,13 @@ from blisjax.config import (
     apply_blis_flag_values,
     resolve_config,
 )
-from blisjax.engine import params_from_config, simulate, simulate_population, stack_params
+from blisjax.engine import (
+    params_from_config,
+    set_knob,
+    simulate,
+    simulate_population,
+    stack_params,
+)
 from blisjax.engine.parity import first_divergence
 from blisjax.metrics import records
 from blisjax.reference import simulate as reference
@@ -202,15 +208,11 @@ def test_long_queue_schedulers_match_reference():
     rows = _long_queue_rows(160, seed=11)
     w = make_workload(rows)
     base = make_resolved(max_running=2, max_tokens=64, kv_blocks=400, block_size=4)
-    configs = []
-    for scheduler, priority in [("fcfs", "constant"), ("sjf", "constant"),
-                                ("priority-fcfs", "slo-class"),
-                                ("priority-fcfs", "deadline-aware")]:
-        policy = base.config.policy.__class__(**{
-            **base.config.policy.__dict__,
-            "priority": PriorityConfig(policy=priority),
-            "scheduler": base.config.policy.scheduler.__class__(policy=scheduler)})
-        configs.append(base.config.__class__(**{**base.config.__dict__, "policy": policy}))
+    configs = [set_knob(set_knob(base.config, "scheduler.policy", scheduler),
+                        "priority.policy", priority)
+               for scheduler, priority in [("fcfs", "constant"), ("sjf", "constant"),
+                                           ("priority-fcfs", "slo-class"),
+                                           ("priority-fcfs", "deadline-aware")]]
     params = stack_params([params_from_config(c, w.tenant_names) for c in configs])
     lanes = simulate_population(base, w, params)
     orders, wants = set(), []
