@@ -82,17 +82,27 @@ def test_workloads_share_one_program_with_raised_capacities():
             assert first_divergence(reference(resolve_config(cfg), w), lanes[k]) is None, (k,)
 
 
-def test_lane_blocks_match_independent_reference_runs():
-    # 5 lanes in blocks of at most 2: three consecutive lockstep loops (one padded lane whose
-    # result is dropped); every lane still equals its own reference run.
+def _lane_block_case():
     base = make_resolved(instances=2, block_size=4, kv_blocks=40, max_running=4, max_tokens=64)
     w = make_workload(EDGE_ROWS, ("a", "b"), ("g",))
     configs = _random_policy_configs(base.config, w.tenant_names, 5, seed=11)
-    params = stack_params([params_from_config(c, w.tenant_names) for c in configs])
+    return base, w, configs, stack_params([params_from_config(c, w.tenant_names)
+                                           for c in configs])
+
+
+@pytest.mark.slow  # the default tier runs lane blocks in the population parity test
+def test_lane_blocks_match_independent_reference_runs():
+    # 5 lanes in blocks of at most 2: three consecutive lockstep loops (one padded lane whose
+    # result is dropped); every lane still equals its own reference run.
+    base, w, configs, params = _lane_block_case()
     lanes = simulate_population(base, w, params, lane_block=2)
     assert len(lanes) == 5
     for k, cfg in enumerate(configs):
         assert first_divergence(reference(resolve_config(cfg), w), lanes[k]) is None, (k,)
+
+
+def test_lane_block_below_one_is_refused():
+    base, w, _, params = _lane_block_case()
     with pytest.raises(ValueError, match="lane_block"):
         simulate_population(base, w, params, lane_block=0)
 
