@@ -172,7 +172,7 @@ def test_step_widths_double_up_to_batch_slots(narrowest, slots, widths):
 def test_narrow_step_program_parity(name):
     # running_width 2 < 6 batch slots: steps run programs of width 2, 4 or 6 (the narrowest
     # that running + queued fits); every one must reproduce the reference exactly. (The
-    # default tier runs the preemption storm only here: the 6-wide program is among them.)
+    # default tier runs the preemption storm only here.)
     resolved = make_resolved(**EDGE_CASES[name])
     w = make_workload(EDGE_ROWS, ("a", "b"), ("g",))
     got = simulate(resolved, w, running_width=2)
