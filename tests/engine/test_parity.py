@@ -166,6 +166,15 @@ def test_step_widths_double_up_to_batch_slots(narrowest, slots, widths):
     assert step_widths(SimpleNamespace(running_width=narrowest, batch_slots=slots)) == widths
 
 
+@pytest.mark.parametrize(("table", "widths"), [
+    (85, (32, 64, 85)), (64, (32, 64)), (20, (20,)), (33, (32, 33)), (0, (1,))])
+def test_release_widths_double_up_to_block_table(table, widths):
+    from types import SimpleNamespace
+
+    from blisjax.engine.kv import release_widths
+    assert release_widths(SimpleNamespace(max_blocks_per_request=table)) == widths
+
+
 @pytest.mark.parametrize("name", ["preemption-storm",
                                   pytest.param("full-kv-priority-preemption",
                                                marks=pytest.mark.slow)])
