@@ -1,0 +1,100 @@
+"""A/B wall time of the JAX engine against a git revision of itself, in one process.
+
+This machine's speed drifts by up to ~30 % within an hour, so timings from separate processes
+(or separate sittings) cannot resolve changes of a few percent. This script exports the base
+revision's ``blisjax`` package from git under another name (``blisjax_base``), compiles scenario
+S (``bench_jax.py``) with both engines in the same process, checks that both produce the same
+per-request results, and then alternates timed calls (A B, B A, …) so drift hits both alike.
+Prints one JSON line: each side's wall times, medians, and the per-round ratios new / base.
+
+    python benchmarks/ab_engine.py --base HEAD~1             # P = 64, 6 rounds, one device
+    taskset -c 0 python benchmarks/ab_engine.py --base main --lanes 64 --rounds 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import io
+import json
+import re
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+BASE_NAME = "blisjax_base"
+# per-request outputs compared between the two engines (the last row is a write sink)
+OUTPUT_FIELDS = ("status", "ttft", "e2e", "sched", "itl_sum", "preempt", "out_done")
+
+
+def export_base(rev: str, into: Path) -> None:
+    """Write revision ``rev``'s ``blisjax`` package to ``into/blisjax_base`` with every
+    self-import renamed, so both versions can be imported side by side."""
+    blob = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "blisjax"],
+                          check=True, capture_output=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(blob)) as tar:
+        tar.extractall(into, filter="data")
+    (into / "blisjax").rename(into / BASE_NAME)
+    own = re.compile(r"\bblisjax(?=[. ]|$)", re.MULTILINE)
+    for path in (into / BASE_NAME).rglob("*.py"):
+        path.write_text(own.sub(BASE_NAME, path.read_text()))
+
+
+def timed(run, consts, params) -> float:
+    t0 = time.perf_counter()
+    jax.block_until_ready(run(consts, params))
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--base", required=True, help="git revision to compare the working tree with")
+    ap.add_argument("--lanes", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--lane-block", type=int, default=64)
+    args = ap.parse_args()
+    if args.lanes < 1 or args.rounds < 1:
+        ap.error("--lanes and --rounds must be >= 1")
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    sys.path.insert(0, str(ROOT))
+    from bench_jax import population, scenario  # noqa: E402
+
+    from blisjax.engine.static import build_consts, build_static  # noqa: E402
+
+    resolved, wl = scenario(2_000, 4, 106.0)
+    st = build_static(resolved, wl)
+    consts = build_consts(resolved, wl, st)
+    params = population(resolved.config, wl.tenant_names, args.lanes)
+    with tempfile.TemporaryDirectory() as tmp:
+        export_base(args.base, Path(tmp))
+        sys.path.insert(0, tmp)
+        runs = {name: importlib.import_module(f"{name}.engine.run").compile_lanes(
+            st, consts, params, lane_block=args.lane_block) for name in (BASE_NAME, "blisjax")}
+        finals = {name: run(consts, params) for name, run in runs.items()}
+    same = all(np.array_equal(np.asarray(getattr(finals[BASE_NAME], f))[:, :-1],
+                              np.asarray(getattr(finals["blisjax"], f))[:, :-1])
+               for f in OUTPUT_FIELDS)
+    walls: dict[str, list[float]] = {name: [] for name in runs}
+    for k in range(args.rounds):
+        for name in (list(runs) if k % 2 == 0 else list(runs)[::-1]):
+            walls[name].append(timed(runs[name], consts, params))
+    base, new = walls[BASE_NAME], walls["blisjax"]
+    print(json.dumps({
+        "base": args.base, "lanes": args.lanes, "same_results": bool(same),
+        "base_s": [round(x, 3) for x in base], "new_s": [round(x, 3) for x in new],
+        "base_median_s": round(float(np.median(base)), 3),
+        "new_median_s": round(float(np.median(new)), 3),
+        "ratio_new_over_base_median": round(float(np.median(new) / np.median(base)), 3),
+        "ratio_per_round": [round(b / a, 3) for a, b in zip(base, new, strict=True)]}))
+
+
+if __name__ == "__main__":
+    main()
