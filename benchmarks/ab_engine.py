@@ -9,6 +9,11 @@ Prints one JSON line: each side's wall times, medians, and the per-round ratios 
 
     python benchmarks/ab_engine.py --base HEAD~1             # P = 64, 6 rounds, one device
     taskset -c 0 python benchmarks/ab_engine.py --base main --lanes 64 --rounds 8
+    python benchmarks/ab_engine.py --base main --cpu-devices 2 --lanes 256 --rounds 5
+
+Confirm a change with ``--cpu-devices 2``, the configuration of the headline benchmark: XLA:CPU
+schedules kernels differently there, and a whole-array copy removed in the eleventh session gave
+0.955 with one device but 0.995–1.014 with two.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import argparse
 import importlib
 import io
 import json
+import os
 import re
 import subprocess
 import sys
@@ -25,8 +31,13 @@ import tempfile
 import time
 from pathlib import Path
 
-import jax
-import numpy as np
+if "--cpu-devices" in sys.argv:  # must be set before JAX starts: split the CPU into N devices
+    _n = sys.argv[sys.argv.index("--cpu-devices") + 1]
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                               + f" --xla_force_host_platform_device_count={_n}")
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE_NAME = "blisjax_base"
@@ -59,9 +70,14 @@ def main() -> None:
     ap.add_argument("--lanes", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--lane-block", type=int, default=64)
+    ap.add_argument("--cpu-devices", type=int, default=1,
+                    help="split the CPU into this many devices; lanes are sharded over them")
     args = ap.parse_args()
-    if args.lanes < 1 or args.rounds < 1:
-        ap.error("--lanes and --rounds must be >= 1")
+    if args.lanes < 1 or args.rounds < 1 or args.cpu_devices < 1:
+        ap.error("--lanes, --rounds and --cpu-devices must be >= 1")
+    if len(jax.local_devices()) != args.cpu_devices:
+        ap.error(f"--cpu-devices {args.cpu_devices}: JAX sees {len(jax.local_devices())} "
+                 "devices (is XLA_FLAGS already setting a device count?)")
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
     sys.path.insert(0, str(ROOT))
@@ -88,7 +104,8 @@ def main() -> None:
             walls[name].append(timed(runs[name], consts, params))
     base, new = walls[BASE_NAME], walls["blisjax"]
     print(json.dumps({
-        "base": args.base, "lanes": args.lanes, "same_results": bool(same),
+        "base": args.base, "lanes": args.lanes, "devices": args.cpu_devices,
+        "same_results": bool(same),
         "base_s": [round(x, 3) for x in base], "new_s": [round(x, 3) for x in new],
         "base_median_s": round(float(np.median(base)), 3),
         "new_median_s": round(float(np.median(new)), 3),

@@ -408,6 +408,10 @@ def _release(s: SimState, st, i, sb, active, width: int) -> SimState:
     on = k < n
     b = jnp.where(on, s.bt[i, sb, jnp.clip(n - 1 - k, 0, mb - 1)], 0)
     ref = s.kv_ref[i, b] - 1
-    s = s.replace(kv_ref=s.kv_ref.at[i, jnp.where(on, b, k_blocks)].set(ref, mode="drop"),
-                  blen=upd(s.blen, (i, sb), 0, active))
-    return append_blocks(s, st, i, b, on & (ref == 0))
+    s = s.replace(kv_ref=s.kv_ref.at[i, jnp.where(on, b, k_blocks)].set(ref, mode="drop"))
+    s = append_blocks(s, st, i, b, on & (ref == 0))
+    # The block count is reset last, with a value tied to both writes above: fusion re-reads
+    # the count inside each kernel that uses it, and unless every such read is an ancestor of
+    # the reset, XLA copies the whole [instances, slots] array at every release.
+    tie = s.kv_ref[i, b[0]] | s.ftail[i]  # never negative
+    return s.replace(blen=upd(s.blen, (i, sb), after_reads(jnp.int32(0), tie), active))
