@@ -23,6 +23,7 @@ from blisjax.config import (
     load_config,
     resolve_config,
 )
+from blisjax.devices import use_cpu_cores
 from blisjax.metrics import aggregate_metrics, kv_cache_summary, per_request_rows, write_json_atomic
 from blisjax.workload import (
     distribution_spec,
@@ -38,6 +39,16 @@ ENGINES = ("reference", "jax")
 def default_config_path() -> Path:
     """The shipped default experiment (package data, so it works from any install)."""
     return Path(str(resources.files("blisjax") / "data" / "default.yaml"))
+
+
+def _cpu_devices(text: str) -> int:
+    try:
+        count = int(text)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return count
 
 
 def _log(msg: str) -> None:
@@ -78,6 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="blisjax",
         description="Simulate LLM-inference serving clusters (BLIS-compatible).")
     parser.add_argument("--version", action="version", version=f"blisjax {__version__}")
+    parser.add_argument("--cpu-devices", type=_cpu_devices, metavar="N",
+                        help="split the CPU into N XLA devices for the JAX engine, which runs "
+                             "one event loop per device (default: one per usable core; 1 keeps "
+                             "XLA's single device; an XLA_FLAGS device count takes precedence)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="simulate a generated workload (default: shipped experiment)")
@@ -392,6 +407,7 @@ COMMANDS = {"run": cmd_run, "replay": cmd_replay, "trace": cmd_trace, "parity": 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    use_cpu_cores(args.cpu_devices)  # before any command imports JAX
     try:
         return COMMANDS[args.command](args)
     except (ConfigError, ValueError, FileNotFoundError, OSError) as exc:
