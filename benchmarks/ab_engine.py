@@ -20,6 +20,7 @@ never made it.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import io
 import json
@@ -71,11 +72,13 @@ def main() -> None:
     ap.add_argument("--lanes", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--lane-block", type=int, default=64)
+    ap.add_argument("--kv-blocks", type=int, default=0,
+                    help="KV blocks per instance instead of the model's (e.g. 500: preemptions)")
     ap.add_argument("--cpu-devices", type=int, default=1,
                     help="split the CPU into this many devices; lanes are sharded over them")
     args = ap.parse_args()
-    if args.lanes < 1 or args.rounds < 1 or args.cpu_devices < 1:
-        ap.error("--lanes, --rounds and --cpu-devices must be >= 1")
+    if args.lanes < 1 or args.rounds < 1 or args.cpu_devices < 1 or args.kv_blocks < 0:
+        ap.error("--lanes, --rounds and --cpu-devices must be >= 1, --kv-blocks >= 0")
     if len(jax.local_devices()) != args.cpu_devices:
         ap.error(f"--cpu-devices {args.cpu_devices}: JAX sees {len(jax.local_devices())} "
                  "devices (is XLA_FLAGS already setting a device count?)")
@@ -84,9 +87,14 @@ def main() -> None:
     sys.path.insert(0, str(ROOT))
     from bench_jax import population, scenario  # noqa: E402
 
+    from blisjax.config import resolve_config  # noqa: E402
     from blisjax.engine.static import build_consts, build_static  # noqa: E402
 
     resolved, wl = scenario(2_000, 4, 106.0)
+    if args.kv_blocks:  # a smaller cache: steps preempt (500 blocks: ~75 per instance)
+        cfg = resolved.config
+        engine = dataclasses.replace(cfg.engine, total_kv_blocks=args.kv_blocks)
+        resolved = resolve_config(dataclasses.replace(cfg, engine=engine))
     st = build_static(resolved, wl)
     consts = build_consts(resolved, wl, st)
     params = population(resolved.config, wl.tenant_names, args.lanes)
@@ -106,6 +114,7 @@ def main() -> None:
     base, new = walls[BASE_NAME], walls["blisjax"]
     print(json.dumps({
         "base": args.base, "lanes": args.lanes, "devices": args.cpu_devices,
+        "kv_blocks": args.kv_blocks or None,
         "same_results": bool(same),
         "base_s": [round(x, 3) for x in base], "new_s": [round(x, 3) for x in new],
         "base_median_s": round(float(np.median(base)), 3),

@@ -86,16 +86,26 @@ def victim_position(s: SimState, st, c, p, i, width: int):
 def evict(s: SimState, st, c, p, i, vpos, budget, active):
     """Preempt the request at running position vpos: progress lost, KV freed, queue front."""
     sb = s.order[i, jnp.maximum(vpos, 0)]
-    r = jnp.where(active, s.slot_req[i, jnp.maximum(sb, 0)], st.num_requests)
+    sb0 = jnp.maximum(sb, 0)
+    r = jnp.where(active, s.slot_req[i, sb0], st.num_requests)
     budget = (budget + jnp.where(active & (s.num_new[r] > 0), s.num_new[r], 0)).astype(jnp.int32)
-    s = kv.release(s, st, i, jnp.maximum(sb, 0), active)
+    s = kv.release(s, st, i, sb0, active)
+    # Each write below is tied (kv.after_reads) to results of what read its array's old value
+    # — the victim's request and grant, then the release and slot writes that used its slot —
+    # so XLA updates num_new, slot_req and order in place; otherwise it copies them whole at
+    # every eviction (fusion re-reads the slot inside each kernel that uses it). All tie
+    # values are >= 0: r, the budget, ftail, a block count, a slot's request + 1.
+    tie = jnp.minimum(r, jnp.maximum(budget, 0))
     s = s.replace(
-        num_new=s.num_new.at[r].set(0), status=s.status.at[r].set(QUEUED),
+        num_new=s.num_new.at[r].set(kv.after_reads(jnp.int32(0), tie)),
+        status=s.status.at[r].set(QUEUED),
         pi=s.pi.at[r].set(0), itl_sum=s.itl_sum.at[r].set(0), itl_count=s.itl_count.at[r].set(0),
         ttft_set=s.ttft_set.at[r].set(False), computed=s.computed.at[r].set(0),
         preempt=s.preempt.at[r].add(1), preempt_count=add(s.preempt_count, i, 1, active),
-        slot_req=upd(s.slot_req, (i, jnp.maximum(sb, 0)), NIL, active))
-    s = order_remove_at(s, st, i, vpos, active)
+        slot_req=upd(s.slot_req, (i, sb0), kv.after_reads(NIL, tie), active))
+    done = jnp.minimum(jnp.minimum(tie, s.ftail[i]),
+                       jnp.minimum(s.blen[i, sb0], s.slot_req[i, sb0] + 1))
+    s = order_remove_at(s, st, i, kv.after_reads(vpos, done), active)
     s = q_push_front(s, st, i, r, active)
     return s, budget, sb
 

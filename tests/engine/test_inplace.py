@@ -1,11 +1,12 @@
-"""KV-cache updates inside the engine's loops stay in place in the compiled program.
+"""State updates inside the engine's loops stay in place in the compiled program.
 
 XLA updates a loop-carried array in place only when every read of its old value is an
 ancestor of the update (``kv.after_reads``); otherwise it copies the whole array at every
 iteration. For a release that copy was twice the [lanes, instances, batch slots] block-count
 array per completion, ~4 % of scenario S's wall time. These tests compile a loop of releases
-(as a step's completion loop runs them) and a loop of allocations, and look for whole-array
-copies of per-slot or per-block arrays inside the loop bodies of the optimized program.
+(as a step's completion loop runs them), a loop of allocations and a loop of evictions (as
+phase 1 preempts), and look for whole-array copies of per-slot, per-block or per-request
+arrays inside the loop bodies of the optimized program.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ import re
 import jax
 import jax.numpy as jnp
 
-from blisjax.engine import kv
+from blisjax.engine import batch, kv
 from blisjax.engine.kv import LANES
+from blisjax.engine.params import params_from_config
 from blisjax.engine.state import init_state
 from blisjax.engine.static import build_consts, build_static
 from tests.reference.conftest import make_resolved, make_workload
@@ -26,25 +28,25 @@ LANES_N, SLOTS, BLOCKS = 3, 24, 40  # distinct sizes, so array shapes are easy t
 
 
 def _setup():
-    resolved = make_resolved(block_size=4, kv_blocks=BLOCKS, max_running=SLOTS)
+    resolved = make_resolved(instances=2, block_size=4, kv_blocks=BLOCKS, max_running=SLOTS)
     rows = [dict(input=30, output=10, group=0, prefix=16), dict(input=22, output=6)]
     w = make_workload(rows, ("",), ("g",))
     st = build_static(resolved, w)
     consts = build_consts(resolved, w, st)
     s = jax.vmap(functools.partial(init_state, st), in_axes=(0, 0, 0, None))(
         jnp.zeros(LANES_N), jnp.zeros(LANES_N), jnp.zeros(LANES_N, jnp.int32), 3)
-    return st, consts, s
+    return st, consts, s, (resolved, w)
 
 
 def _loop_copies(compiled_text: str, dims: tuple[int, ...]) -> list[str]:
-    """Copies of arrays shaped [LANES_N, *dims] outside the entry computation (i.e. in loop
-    bodies and other sub-computations)."""
+    """Copies of arrays shaped [LANES_N, *dims] made directly in a while loop's body."""
     shape = ",".join(str(d) for d in (LANES_N, *dims))
-    found, entry = [], False
+    bodies = set(re.findall(r"body=(%[\w.\-]+)", compiled_text))
+    found, in_body = [], False
     for line in compiled_text.splitlines():
         if line and not line.startswith(" "):
-            entry = line.startswith("ENTRY")
-        elif not entry and re.search(rf"= \w+\[{shape}\]\S* copy\(", line):
+            in_body = line.split(" ")[0] in bodies
+        elif in_body and re.search(rf"= \w+\[{shape}\]\S* copy\(", line):
             found.append(line.strip()[:160])
     return found
 
@@ -55,7 +57,7 @@ def _compile(st, s, lane):
 
 
 def test_release_in_a_loop_updates_block_counts_in_place():
-    st, _, s = _setup()
+    st, _, s, _ = _setup()
 
     def lane(s, sb):
         def body(carry, go):
@@ -72,7 +74,7 @@ def test_release_in_a_loop_updates_block_counts_in_place():
 
 
 def test_allocation_in_a_loop_updates_hash_slots_in_place():
-    st, consts, s = _setup()
+    st, consts, s, _ = _setup()
     empty = jnp.zeros(1, jnp.int32)
 
     def lane(s, sb):
@@ -86,3 +88,23 @@ def test_allocation_in_a_loop_updates_hash_slots_in_place():
     text = _compile(st, s, lane)
     assert " while(" in text
     assert _loop_copies(text, (st.num_instances, st.kv_blocks)) == []
+
+
+def test_eviction_in_a_loop_updates_order_slots_and_grants_in_place():
+    st, consts, s, (resolved, w) = _setup()
+    p = params_from_config(resolved.config, w.tenant_names)
+
+    def lane(s, vpos):
+        def body(carry, go):
+            s, budget, k = carry
+            s, budget, _ = batch.evict(s, st, consts, p, 0, vpos, budget, go)
+            return s, budget, k + go.astype(k.dtype)
+
+        init = (s, jnp.int32(0), jnp.int32(0))
+        return kv.lane_while(lambda c: c[2] < 3, body, init)[0]
+
+    text = _compile(st, s, lane)
+    assert " while(" in text
+    copies = _loop_copies(text, (st.num_instances, SLOTS)) \
+        + _loop_copies(text, (st.num_requests + 1,))
+    assert copies == [], "\n".join(copies)
