@@ -24,7 +24,6 @@ import dataclasses
 import importlib
 import io
 import json
-import os
 import re
 import subprocess
 import sys
@@ -33,10 +32,10 @@ import tempfile
 import time
 from pathlib import Path
 
-if "--cpu-devices" in sys.argv:  # must be set before JAX starts: split the CPU into N devices
-    _n = sys.argv[sys.argv.index("--cpu-devices") + 1]
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                               + f" --xla_force_host_platform_device_count={_n}")
+from blisjax.devices import use_cpu_cores  # noqa: E402  (imports no JAX)
+
+if "--cpu-devices" in sys.argv:  # must come before JAX starts: split the CPU into N devices
+    use_cpu_cores(int(sys.argv[sys.argv.index("--cpu-devices") + 1]))
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402

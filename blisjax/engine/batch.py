@@ -150,8 +150,9 @@ def _continue_wants(s: SimState, st, c, r):
     return prefill | decode, jnp.where(prefill, chunk, 1), prefill
 
 
-def phase1_fast(s: SimState, st, c, i, active, width: int):
-    """Phase 1 for the leading running requests whose KV fits without preemption, all at once.
+def phase1_fast(s: SimState, st, c, i, active, width: int, start=0, budget=None):
+    """Phase 1 for the running requests from position ``start`` on whose KV fits without
+    preemption, all at once; ``budget``: tokens left (default: the whole step budget).
 
     Sequentially, request k gets ``min(want_k, budget left)`` tokens while the budget is
     positive, so with prefix sums of the wants: k is served iff the wants before it sum to less
@@ -159,14 +160,17 @@ def phase1_fast(s: SimState, st, c, i, active, width: int):
     the first k whose running sum of fresh blocks exceeds the free count; from there on the
     sequential loop (with preemption) takes over. Returns (state, that position, budget left).
     """
+    if budget is None:
+        budget = jnp.asarray(st.token_budget, jnp.int32)
     valid, slots, reqs = _running(s, st, i, width)
+    valid = valid & (jnp.arange(width) >= start)
     r = jnp.where(valid & active, reqs, st.num_requests)
     needs, want, prefill = _continue_wants(s, st, c, r)
     needs = needs & valid & active
     want = jnp.where(needs, want, 0)
     before = jnp.cumsum(want) - want
-    served = needs & (before < st.token_budget)
-    n = jnp.where(served, jnp.minimum(want, st.token_budget - before), 0).astype(jnp.int32)
+    served = needs & (before < budget)
+    n = jnp.where(served, jnp.minimum(want, budget - before), 0).astype(jnp.int32)
     blen, _, filled = kv.last_block_fill(s, st, i, slots)
     fresh = jnp.where(served, kv.blocks_needed(st, blen, filled, n), 0)
     short = served & (jnp.cumsum(fresh) > s.kv_free[i])
@@ -175,14 +179,18 @@ def phase1_fast(s: SimState, st, c, i, active, width: int):
     s = kv.grant_tokens(s, st, c, i, slots, r, n, prefill, ok)
     rr = jnp.where(ok, r, st.num_requests)
     s = s.replace(num_new=s.num_new.at[rr].set(n), computed=s.computed.at[rr].add(n))
-    budget = (st.token_budget - jnp.sum(jnp.where(ok, n, 0))).astype(jnp.int32)
+    budget = (budget - jnp.sum(jnp.where(ok, n, 0))).astype(jnp.int32)
     return s, stop, budget
 
 
 def phase1(s: SimState, st, c, p, i, active, width: int):
     """Continue running requests in batch order: prefill chunks, then one decode token each.
-    The vectorized prefix (``phase1_fast``) first; the loop below only runs from the first
-    request that needs preemption (usually never)."""
+
+    The vectorized pass (``phase1_fast``) serves every request up to the first one whose KV
+    does not fit; the loop below serves that one with preemption, then resumes the vectorized
+    pass after it. Its trip count is the number of such shortfalls in the step (usually none),
+    not the number of requests after the first one — which kept every lane of a lockstep block
+    waiting whenever one lane preempted."""
     s, stop, budget = phase1_fast(s, st, c, i, active, width)
 
     def cond(carry):
@@ -204,6 +212,9 @@ def phase1(s: SimState, st, c, p, i, active, width: int):
         budget = jnp.where(granted, budget - n, budget).astype(jnp.int32)
         halt_now = need & ~ok
         pos = jnp.where(go & ~halt_now, pos + 1, pos)
+        more = go & ~halt_now & (budget > 0)
+        s, stop, budget = phase1_fast(s, st, c, i, more, width, pos, budget)
+        pos = jnp.where(more, stop, pos)
         return s, pos, budget, pre | pre_now, halt | halt_now
 
     init = (s, stop, budget, jnp.asarray(False), jnp.asarray(False))
