@@ -32,7 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from blisjax.devices import use_cpu_cores  # noqa: E402  (imports no JAX)
+from blisjax.devices import use_cpu_cores  # imports no JAX
 
 if "--cpu-devices" in sys.argv:  # must come before JAX starts: split the CPU into N devices
     use_cpu_cores(int(sys.argv[sys.argv.index("--cpu-devices") + 1]))

@@ -39,7 +39,7 @@ import resource
 import sys
 import time
 
-from blisjax.devices import use_cpu_cores  # noqa: E402  (imports no JAX)
+from blisjax.devices import use_cpu_cores  # imports no JAX
 
 if "--cpu-devices" in sys.argv:  # must come before JAX starts: split the CPU into N devices
     use_cpu_cores(int(sys.argv[sys.argv.index("--cpu-devices") + 1]))
