@@ -20,7 +20,6 @@ never made it.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib
 import io
 import json
@@ -86,14 +85,9 @@ def main() -> None:
     sys.path.insert(0, str(ROOT))
     from bench_jax import population, scenario  # noqa: E402
 
-    from blisjax.config import resolve_config  # noqa: E402
     from blisjax.engine.static import build_consts, build_static  # noqa: E402
 
-    resolved, wl = scenario(2_000, 4, 106.0)
-    if args.kv_blocks:  # a smaller cache: steps preempt (500 blocks: ~75 per instance)
-        cfg = resolved.config
-        engine = dataclasses.replace(cfg.engine, total_kv_blocks=args.kv_blocks)
-        resolved = resolve_config(dataclasses.replace(cfg, engine=engine))
+    resolved, wl = scenario(2_000, 4, 106.0, kv_blocks=args.kv_blocks)
     st = build_static(resolved, wl)
     consts = build_consts(resolved, wl, st)
     params = population(resolved.config, wl.tenant_names, args.lanes)

@@ -27,11 +27,14 @@ design-doc scenarios (BLIS's anchor workload: Poisson 8 req/s per instance, 512 
     python benchmarks/bench_jax.py --end-to-end --cpu-devices 2 --lanes 1024
                                                        # whole calls: engine + per-lane results
     python benchmarks/bench_jax.py --saturation        # reference throughput at overload
+    python benchmarks/bench_jax.py --cpu-devices 2 --kv-blocks 500 --lanes 64,256 --reference
+                                                       # a small KV cache: steps preempt
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -67,9 +70,14 @@ SCORERS = ("prefix-affinity", "queue-depth", "kv-utilization", "load-balance")
 
 
 def scenario(num_requests: int, instances: int, rate_per_instance: float,
-             horizon_s: float | None = None):
+             horizon_s: float | None = None, kv_blocks: int | None = None):
+    """Scenario S; ``kv_blocks``: KV blocks per instance instead of the model's (a small cache
+    makes steps preempt: 500 blocks give ~75 preemptions per instance)."""
     cfg = SimConfig(cluster=ClusterConfig(num_instances=instances), seed=42,
                     **({"horizon_us": int(horizon_s * 1e6)} if horizon_s else {}))
+    if kv_blocks:
+        cfg = dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine,
+                                                                  total_kv_blocks=kv_blocks))
     cfg = _with_routing(cfg, (3.0, 2.0, 2.0, 1.0))
     spec = distribution_spec(rate_per_instance * instances, num_requests, prompt_mean=256,
                              prompt_std=256, output_mean=64, output_std=16, prefix_tokens=128)
@@ -155,7 +163,8 @@ def run_reference(resolved, workload) -> dict:
     n = workload.num_requests
     return {"engine": "reference", "requests": n, "instances": resolved.config.cluster.num_instances,
             "lanes": 1, "run_s": round(wall, 3), "evals_per_s": round(1 / wall, 3),
-            "requests_per_s": round(n / wall, 1), "completed": int(result.completed.sum())}
+            "requests_per_s": round(n / wall, 1), "completed": int(result.completed.sum()),
+            "preemptions": int(result.preemption_count.sum())}
 
 
 def main() -> None:
@@ -168,6 +177,8 @@ def main() -> None:
     ap.add_argument("--cpu-devices", type=int, default=1,
                     help="split the CPU into this many JAX devices (lanes sharded over them)")
     ap.add_argument("--reference", action="store_true", help="also time the reference engine")
+    ap.add_argument("--kv-blocks", type=int, default=None,
+                    help="scenario S with this many KV blocks per instance (500: preemptions)")
     ap.add_argument("--horizon-s", type=float, default=None,
                     help="stop each simulation at this simulated time (memory checks at large P)")
     ap.add_argument("--scaling", action="store_true",
@@ -209,13 +220,16 @@ def main() -> None:
         p = args.scaling_lanes
         runs = [(int(n), 4, p) for n in args.scaling_n.split(",")]
         runs += [(2_000, 1, p), (2_000, 16, p)]
+    kv = {"kv_blocks": args.kv_blocks} if args.kv_blocks else {}
     for n, inst, lanes in runs:
-        resolved, workload = scenario(n, inst, args.rate_per_instance, args.horizon_s)
-        print(json.dumps({"rate_per_instance": args.rate_per_instance,
+        resolved, workload = scenario(n, inst, args.rate_per_instance, args.horizon_s,
+                                      args.kv_blocks)
+        print(json.dumps({"rate_per_instance": args.rate_per_instance, **kv,
                           **run_jax(resolved, workload, lanes)}), flush=True)
     if args.reference:
-        resolved, workload = scenario(args.requests, args.instances, args.rate_per_instance)
-        print(json.dumps(run_reference(resolved, workload)), flush=True)
+        resolved, workload = scenario(args.requests, args.instances, args.rate_per_instance,
+                                      kv_blocks=args.kv_blocks)
+        print(json.dumps({**kv, **run_reference(resolved, workload)}), flush=True)
 
 
 if __name__ == "__main__":
