@@ -392,10 +392,21 @@ def lane_advance(s: SimState, ev: NextEvent, st, c, p) -> tuple[SimState, NextEv
     routing, enqueue). One event per iteration would run the step program (masked) in nearly
     every iteration; draining the cheap events first in an inner loop runs it about once per
     step of the lane. A lane that is not advanced keeps its state, so recomputing its next
-    event gives the same value."""
-    def cheap(carry, go):
+    event gives the same value.
+
+    A pass of the inner loop handles the lane's next cheap event and then, if the event after
+    it is an enqueue, that one too. The loop runs as many passes as the busiest lane of the
+    block needs, and an arrival's events are an admission with its routing, then its enqueue
+    about 1 ms later, usually before the next arrival: on scenario S (64 lanes) pairing them
+    takes the passes per step from 6.7 to 3.7 (a lane's own mean is 2.2), and the second half
+    of a pass runs only the (cheap) enqueue handler and the next-event selection."""
+    def one_event(carry, go):
         s = _dispatch_cheap(carry[0], st, c, p, carry[1], go)
         return s, next_event(s, st, c)
+
+    def cheap(carry, go):
+        s, ev = one_event(carry, go)
+        return kv.lane_once(go & ev.live & ev.kind_enqueue, one_event, (s, ev))
 
     s, ev = kv.lane_while(lambda carry: carry[1].live & ~carry[1].kind_step, cheap, (s, ev))
     s = _dispatch_step(s, st, c, p, ev)
