@@ -188,6 +188,20 @@ def test_narrow_step_program_parity(name):
     assert first_divergence(reference(resolved, w), got) is None
 
 
+def test_enqueue_paired_with_the_event_before_it_is_a_whole_event():
+    # The cheap-event loop handles an enqueue in the same pass as the event before it
+    # (cluster.lane_advance); that enqueue must do an event's bookkeeping too. Here it is the
+    # run's last event: r1 is routed at 5,000 µs and enqueued after the 500 µs α delay, while
+    # r0's first step (500 µs + 1,000 + 10 × 1,000 µs) ends after the 8,000 µs horizon, so the
+    # run ends at that enqueue's time.
+    resolved = make_resolved(alpha=(500.0, 0.0, 0.0), horizon_us=8_000)
+    w = make_workload([dict(arrival=0, input=1000, output=4),
+                       dict(arrival=5_000, input=10, output=2)])
+    want = reference(resolved, w)
+    assert want.sim_ended_us == 5_500 and want.still_queued.tolist() == [1]
+    assert first_divergence(want, simulate(resolved, w)) is None
+
+
 def _long_queue_rows(count: int, seed: int) -> list[dict]:
     """A burst of ``count`` requests within 2 ms for one instance that runs two at a time:
     the wait queue grows far past one scan chunk (``queues.Q_CHUNK``), lengths vary (sjf),
