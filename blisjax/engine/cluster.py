@@ -405,7 +405,7 @@ def lane_advance(s: SimState, ev: NextEvent, st, c, p) -> tuple[SimState, NextEv
     def cheap(carry, go):
         s = _dispatch_cheap(carry[0], st, c, p, carry[1], go)
         ev = next_event(s, st, c)
-        return kv.lane_once(go & ev.live & ev.kind_enqueue, enqueue_next, (s, ev))
+        return kv.lane_once(go & ev.kind_enqueue, enqueue_next, (s, ev))  # implies live
 
     def enqueue_next(carry, go):
         s, ev = carry
