@@ -31,9 +31,9 @@ class EngineStatic:
       batch_slots: running-batch slots per instance (= max_num_running_reqs).
       max_blocks_per_request: KV blocks one request can hold (prompt + output).
       deadline_window: requests sharing one deadline that can be ordered exactly.
-      running_width: vector width of the narrowest step program; wider ones double it up to
-        the batch slots (``batch.step_widths``). Not a capacity: a step runs the narrowest
-        program that no lane can exceed.
+      running_width: vector width of the narrowest step program; wider ones grow from it up
+        to the batch slots (``batch.step_widths``). Not a capacity: a step runs the narrowest
+        program that holds every lane's running batch.
     """
 
     num_requests: int

@@ -166,6 +166,17 @@ def test_step_widths_double_up_to_batch_slots(narrowest, slots, widths):
     assert step_widths(SimpleNamespace(running_width=narrowest, batch_slots=slots)) == widths
 
 
+@pytest.mark.parametrize(("narrowest", "slots", "widths"), [
+    (64, 256, (64, 96, 128, 192, 256)), (2, 6, (2, 3, 4, 6)), (2, 8, (2, 3, 4, 6, 8)),
+    (1, 3, (1, 2, 3)), (64, 64, (64,))])
+def test_step_widths_two_per_doubling(narrowest, slots, widths):
+    from types import SimpleNamespace
+
+    from blisjax.engine.batch import step_widths
+    st = SimpleNamespace(running_width=narrowest, batch_slots=slots)
+    assert step_widths(st, per_octave=2) == widths
+
+
 @pytest.mark.parametrize(("table", "widths"), [
     (85, (32, 64, 85)), (64, (32, 64)), (20, (20,)), (33, (32, 33)), (0, (1,))])
 def test_release_widths_double_up_to_block_table(table, widths):
