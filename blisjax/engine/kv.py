@@ -301,18 +301,33 @@ def grant_tokens(s: SimState, st, c, i, sb, r, n, prefill, mask,
     chunk_of = jnp.minimum(before // chunk, n_chunks - 1)
     info = (sb, r, prefill, blen, last, rest, cum, before, reg_partial, chunk_of)
 
-    def body(carry, go):
-        s, k = carry
-        return _grant_chunk(s, st, c, i, info, k, total, go, chunk), k + go.astype(k.dtype)
+    def chunks(s, top_ups: bool):
+        def body(carry, go):
+            s, k = carry
+            s = _grant_chunk(s, st, c, i, info, k, total, go, chunk, top_ups)
+            return s, k + go.astype(k.dtype)
 
-    s, _ = lane_while(lambda carry: carry[1] < n_chunks, body, (s, jnp.asarray(0, jnp.int32)))
+        init = (s, jnp.asarray(0, jnp.int32))
+        return lane_while(lambda carry: carry[1] < n_chunks, body, init)[0]
+
+    if sb.shape[0] == 1 or not st.prefix_caching:
+        s = chunks(s, st.prefix_caching)
+    else:
+        # Top-up registrations add a hash-slot op per request (a vector as wide as the
+        # running batch) to every chunk; phase 1 rarely has one (a prefill chunk completing a
+        # prompt block), so without any in the block a program without them runs.
+        any_top = lane_max(jnp.any(reg_partial).astype(jnp.int32)) > 0
+        s = lane_once(any_top, lambda s, go: chunks(s, True), s)
+        s = lane_once(~any_top, lambda s, go: chunks(s, False), s)
     return s.replace(
         blen=s.blen.at[i, jnp.where(mask, sb, st.batch_slots)].add(fresh, mode="drop"),
         misses=s.misses.at[i].add(total.astype(jnp.int64)))
 
 
-def _grant_chunk(s: SimState, st, c, i, info, k, total, go, chunk: int) -> SimState:
-    """Chunk k of ``grant_tokens``: fresh blocks g in [k·C, k·C + C)."""
+def _grant_chunk(s: SimState, st, c, i, info, k, total, go, chunk: int,
+                 top_ups: bool = True) -> SimState:
+    """Chunk k of ``grant_tokens``: fresh blocks g in [k·C, k·C + C). ``top_ups=False``: no
+    request registers a topped-up block (its hash-slot ops would all be masked)."""
     sb, r, prefill, blen, last, rest, cum, before, reg_partial, chunk_of = info
     bs, mb, k_blocks = st.block_size, st.max_blocks_per_request, st.kv_blocks
     g0 = k * chunk
@@ -332,21 +347,27 @@ def _grant_chunk(s: SimState, st, c, i, info, k, total, go, chunk: int) -> SimSt
     if not st.prefix_caching:
         return s
     full = c.full_blocks[r]
-    reg_top = go & reg_partial & (chunk_of == k)
-    slot_top = hash_slot(st, c, i, r, blen - 1)
     reg_fresh = taken & (tok == bs) & prefill[owner] & (j < full[owner])
     slot_fresh = hash_slot(st, c, i, r[owner], j)
-    base = jnp.arange(sb.shape[0], dtype=jnp.int32) + 2 * before  # first op of request k
-    seq = jnp.concatenate([base, base[owner] + 1 + 2 * m, base[owner] + 2 + 2 * m])
-    slots = jnp.concatenate([slot_top, old_slot, slot_fresh])
-    values = jnp.concatenate([last, jnp.full(chunk, NIL, jnp.int32), blocks])
-    ops = jnp.concatenate([reg_top, taken & (old_slot >= 0), reg_fresh])
+    base_owner = owner + 2 * before[owner]  # first op of the owner (see grant_tokens)
+    seq = jnp.concatenate([base_owner + 1 + 2 * m, base_owner + 2 + 2 * m])
+    slots = jnp.concatenate([old_slot, slot_fresh])
+    values = jnp.concatenate([jnp.full(chunk, NIL, jnp.int32), blocks])
+    ops = jnp.concatenate([taken & (old_slot >= 0), reg_fresh])
+    if top_ups:
+        reg_top = go & reg_partial & (chunk_of == k)
+        slot_top = hash_slot(st, c, i, r, blen - 1)
+        base = jnp.arange(sb.shape[0], dtype=jnp.int32) + 2 * before
+        seq, slots = jnp.concatenate([base, seq]), jnp.concatenate([slot_top, slots])
+        values, ops = jnp.concatenate([last, values]), jnp.concatenate([reg_top, ops])
     s = apply_slot_ops(s, st, slots, values, seq, ops)
     # the write that depends on old_slot goes first, so every write follows that read
     fresh_slot = after_reads(jnp.where(reg_fresh, slot_fresh, NIL), old_slot)
-    return s.replace(kv_slot=s.kv_slot
-                     .at[i, b_safe].set(fresh_slot, mode="drop")
-                     .at[i, jnp.where(reg_top, last, k_blocks)].set(slot_top, mode="drop"))
+    s = s.replace(kv_slot=s.kv_slot.at[i, b_safe].set(fresh_slot, mode="drop"))
+    if top_ups:
+        s = s.replace(kv_slot=s.kv_slot.at[i, jnp.where(reg_top, last, k_blocks)]
+                      .set(slot_top, mode="drop"))
+    return s
 
 
 def allocate(s: SimState, st, c, i, sb, r, start, end, cached, n_cached, active,
