@@ -391,26 +391,12 @@ def step_widths(st, per_octave: int = 1) -> tuple[int, ...]:
     return (*widths, st.batch_slots)
 
 
-def by_width(widths, need, active, program, carry):
-    """``program(carry, go, w)`` at the narrowest width ``w`` of ``widths`` that is >= ``need``
-    (a lockstep maximum: every lane takes the same program, so only one runs). The program
-    must leave the carry unchanged where ``go`` is False."""
-    if len(widths) == 1:
-        return program(carry, active, widths[0])
-    for k, w in enumerate(widths):
-        fits = need > (widths[k - 1] if k else -1)
-        if k < len(widths) - 1:
-            fits = fits & (need <= w)
-        carry = kv.lane_once(active & fits, lambda cr, go, w=w: program(cr, go, w), carry)
-    return carry
-
-
 def step(s: SimState, st, c, p, i, now, active):
     """The instance's StepEvent at ``now``.
 
     Work over the running batch is vectorized over positions, so its cost follows the vector
     width. Each width-dependent part runs as one of a few programs of fixed width
-    (``by_width``): phase 1 at the narrowest that holds the block's largest running batch,
+    (``kv.by_width``): phase 1 at the narrowest that holds the block's largest running batch,
     execute and completions at the narrowest that holds it after admissions; admissions
     (phase 2) do not depend on the width and are compiled once. All widths give identical
     results.
@@ -435,12 +421,12 @@ def step(s: SimState, st, c, p, i, now, active):
 
     init = (s, jnp.asarray(st.token_budget, jnp.int32), jnp.asarray(False))
     running = kv.lane_max(jnp.where(go, s.n_run[i], 0))
-    s, budget, pre = by_width(step_widths(st, PHASE1_PER_OCTAVE), running, go, phase1_program,
+    s, budget, pre = kv.by_width(step_widths(st, PHASE1_PER_OCTAVE), running, go, phase1_program,
                               init)
     if st.stateful_latency:
         s = s.replace(step_cached=s.step_cached.at[i].set(jnp.where(go, 0, s.step_cached[i])))
     s = phase2(s, st, c, p, i, now, budget, pre, go)
     n_preempted = s.preempt_count[i] - preempted_before
     running = kv.lane_max(jnp.where(go, s.n_run[i], 0))
-    return by_width(step_widths(st, FINISH_PER_OCTAVE), running, go,
+    return kv.by_width(step_widths(st, FINISH_PER_OCTAVE), running, go,
                     lambda s, go, w: _finish_at(s, st, c, i, now, n_preempted, go, w), s)

@@ -68,6 +68,20 @@ def lane_once(active, handler, s):
     return lane_while(lambda carry: carry[1], body, (s, active))[0]
 
 
+def by_width(widths, need, active, program, carry):
+    """``program(carry, go, w)`` at the narrowest width ``w`` of ``widths`` that is >= ``need``
+    (a lockstep maximum: every lane takes the same program, so only one runs). The program
+    must leave the carry unchanged where ``go`` is False."""
+    if len(widths) == 1:
+        return program(carry, active, widths[0])
+    for k, w in enumerate(widths):
+        fits = need > (widths[k - 1] if k else -1)
+        if k < len(widths) - 1:
+            fits = fits & (need <= w)
+        carry = lane_once(active & fits, lambda cr, go, w=w: program(cr, go, w), carry)
+    return carry
+
+
 def upd(arr, idx, val, active):
     """``arr[idx] = val`` where ``active``; otherwise unchanged (one gather + one scatter)."""
     return arr.at[idx].set(jnp.where(active, val, arr[idx]))
@@ -409,16 +423,9 @@ def release(s: SimState, st, i, sb, active) -> SimState:
     the table's width (on scenario S ~30 of 85; a masked entry costs ~40 % of a live one). So
     it runs at the narrowest of ``release_widths`` that holds every active lane's block count
     — the same width for all lanes of a lockstep loop, so only one program runs."""
-    widths = release_widths(st)
-    if len(widths) == 1:
-        return _release(s, st, i, sb, active, widths[0])
     need = lane_max(jnp.where(active, s.blen[i, sb], 0))
-    for k, w in enumerate(widths):
-        fits = need > (widths[k - 1] if k else -1)
-        if k < len(widths) - 1:
-            fits = fits & (need <= w)
-        s = lane_once(active & fits, lambda s, go, w=w: _release(s, st, i, sb, go, w), s)
-    return s
+    return by_width(release_widths(st), need, active,
+                    lambda s, go, w: _release(s, st, i, sb, go, w), s)
 
 
 def _release(s: SimState, st, i, sb, active, width: int) -> SimState:
