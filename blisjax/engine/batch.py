@@ -150,9 +150,12 @@ def _continue_wants(s: SimState, st, c, r):
     return prefill | decode, jnp.where(prefill, chunk, 1), prefill
 
 
-def phase1_fast(s: SimState, st, c, i, active, width: int, start=0, budget=None):
+def phase1_fast(s: SimState, st, c, i, active, width: int, start=0, budget=None,
+                reset: bool = False):
     """Phase 1 for the running requests from position ``start`` on whose KV fits without
     preemption, all at once; ``budget``: tokens left (default: the whole step budget).
+    ``reset``: the step's first pass; every running request's grant is written (0 if not
+    served), which is the step's reset of last step's grants in the same scatter.
 
     Sequentially, request k gets ``min(want_k, budget left)`` tokens while the budget is
     positive, so with prefix sums of the wants: k is served iff the wants before it sum to less
@@ -178,20 +181,23 @@ def phase1_fast(s: SimState, st, c, i, active, width: int, start=0, budget=None)
     ok = served & (jnp.arange(width) < stop)
     s = kv.grant_tokens(s, st, c, i, slots, r, n, prefill, ok)
     rr = jnp.where(ok, r, st.num_requests)
-    s = s.replace(num_new=s.num_new.at[rr].set(n), computed=s.computed.at[rr].add(n))
+    granted = s.num_new.at[r].set(jnp.where(ok, n, 0)) if reset else s.num_new.at[rr].set(n)
+    s = s.replace(num_new=granted, computed=s.computed.at[rr].add(n))
     budget = (budget - jnp.sum(jnp.where(ok, n, 0))).astype(jnp.int32)
     return s, stop, budget
 
 
 def phase1(s: SimState, st, c, p, i, active, width: int):
-    """Continue running requests in batch order: prefill chunks, then one decode token each.
+    """Continue running requests in batch order: prefill chunks, then one decode token each;
+    positions 0..width-1 (>= n_run). Resets last step's grants. Returns (state, budget left,
+    whether anything was preempted).
 
     The vectorized pass (``phase1_fast``) serves every request up to the first one whose KV
     does not fit; the loop below serves that one with preemption, then resumes the vectorized
     pass after it. Its trip count is the number of such shortfalls in the step (usually none),
     not the number of requests after the first one — which kept every lane of a lockstep block
     waiting whenever one lane preempted."""
-    s, stop, budget = phase1_fast(s, st, c, i, active, width)
+    s, stop, budget = phase1_fast(s, st, c, i, active, width, reset=True)
 
     def cond(carry):
         s, pos, budget, pre, halt = carry
@@ -358,14 +364,6 @@ def complete(s: SimState, st, c, i, now, d, active, width: int):
     return s
 
 
-def _phase1_at(s: SimState, st, c, p, i, go, width: int):
-    """This step's grants reset, then phase 1, over running positions 0..width-1 (>= n_run).
-    Returns (state, budget left, whether anything was preempted)."""
-    valid, _, reqs = _running(s, st, i, width)
-    s = s.replace(num_new=s.num_new.at[jnp.where(valid & go, reqs, st.num_requests)].set(0))
-    return phase1(s, st, c, p, i, go, width)
-
-
 def _finish_at(s: SimState, st, c, i, now, n_preempted, go, width: int):
     """Execute and complete over running positions 0..width-1 (>= n_run); the next step."""
     s, d = execute(s, st, c, i, now, n_preempted, go, width)
@@ -416,7 +414,7 @@ def step(s: SimState, st, c, p, i, now, active):
 
     def phase1_program(carry, go, w):
         s, budget, pre = carry
-        s, budget_w, pre_w = _phase1_at(s, st, c, p, i, go, w)
+        s, budget_w, pre_w = phase1(s, st, c, p, i, go, w)
         return s, jnp.where(go, budget_w, budget), pre | (go & pre_w)
 
     init = (s, jnp.asarray(st.token_budget, jnp.int32), jnp.asarray(False))
