@@ -419,12 +419,12 @@ def step(s: SimState, st, c, p, i, now, active):
 
     init = (s, jnp.asarray(st.token_budget, jnp.int32), jnp.asarray(False))
     running = kv.lane_max(jnp.where(go, s.n_run[i], 0))
-    s, budget, pre = kv.by_width(step_widths(st, PHASE1_PER_OCTAVE), running, go, phase1_program,
-                              init)
+    s, budget, pre = kv.by_width(step_widths(st, PHASE1_PER_OCTAVE), running, go,
+                                 phase1_program, init)
     if st.stateful_latency:
         s = s.replace(step_cached=s.step_cached.at[i].set(jnp.where(go, 0, s.step_cached[i])))
     s = phase2(s, st, c, p, i, now, budget, pre, go)
     n_preempted = s.preempt_count[i] - preempted_before
     running = kv.lane_max(jnp.where(go, s.n_run[i], 0))
     return kv.by_width(step_widths(st, FINISH_PER_OCTAVE), running, go,
-                    lambda s, go, w: _finish_at(s, st, c, i, now, n_preempted, go, w), s)
+                       lambda s, go, w: _finish_at(s, st, c, i, now, n_preempted, go, w), s)
