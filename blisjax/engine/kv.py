@@ -324,8 +324,8 @@ def grant_tokens(s: SimState, st, c, i, sb, r, n, prefill, mask,
         init = (s, jnp.asarray(0, jnp.int32))
         return lane_while(lambda carry: carry[1] < n_chunks, body, init)[0]
 
-    if sb.shape[0] == 1 or not st.prefix_caching:
-        s = chunks(s, st.prefix_caching)
+    if sb.shape[0] == 1 or not st.prefix_caching:  # one request, or no hash slots at all
+        s = chunks(s, True)
     else:
         # Top-up registrations add a hash-slot op per request (a vector as wide as the
         # running batch) to every chunk; phase 1 rarely has one (a prefill chunk completing a

@@ -156,25 +156,18 @@ def test_population_lanes_match_independent_reference_runs():
     assert unfinished > 0  # some lane is cut off by the horizon with requests in flight
 
 
-@pytest.mark.parametrize(("narrowest", "slots", "widths"), [
-    (64, 256, (64, 128, 256)), (2, 6, (2, 4, 6)), (2, 8, (2, 4, 8)), (64, 64, (64,)),
-    (64, 16, (16,))])
-def test_step_widths_double_up_to_batch_slots(narrowest, slots, widths):
-    from types import SimpleNamespace
-
-    from blisjax.engine.batch import step_widths
-    assert step_widths(SimpleNamespace(running_width=narrowest, batch_slots=slots)) == widths
-
-
-@pytest.mark.parametrize(("narrowest", "slots", "widths"), [
-    (64, 256, (64, 96, 128, 192, 256)), (2, 6, (2, 3, 4, 6)), (2, 8, (2, 3, 4, 6, 8)),
-    (1, 3, (1, 2, 3)), (64, 64, (64,))])
-def test_step_widths_two_per_doubling(narrowest, slots, widths):
+@pytest.mark.parametrize(("narrowest", "slots", "per_octave", "widths"), [
+    (64, 256, 1, (64, 128, 256)), (2, 6, 1, (2, 4, 6)), (2, 8, 1, (2, 4, 8)),
+    (64, 64, 1, (64,)), (64, 16, 1, (16,)),
+    (64, 256, 2, (64, 96, 128, 192, 256)), (2, 6, 2, (2, 3, 4, 6)), (2, 8, 2, (2, 3, 4, 6, 8)),
+    (1, 3, 2, (1, 2, 3)), (64, 64, 2, (64,))])
+def test_step_widths_grow_from_the_narrowest_to_batch_slots(narrowest, slots, per_octave,
+                                                            widths):
     from types import SimpleNamespace
 
     from blisjax.engine.batch import step_widths
     st = SimpleNamespace(running_width=narrowest, batch_slots=slots)
-    assert step_widths(st, per_octave=2) == widths
+    assert step_widths(st, per_octave) == widths
 
 
 @pytest.mark.parametrize(("table", "widths"), [
