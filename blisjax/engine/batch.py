@@ -10,6 +10,7 @@ from blisjax.engine import hostlatency, kv
 from blisjax.engine.kv import add, upd
 from blisjax.engine.queues import order_remove_at, q_at, q_fold, q_push_front, q_remove_at
 from blisjax.engine.state import COMPLETED, INT64_MAX, NIL, QUEUED, RUNNING, SimState
+from blisjax.engine.vec import prefix_sum
 
 F64 = jnp.float64
 
@@ -171,12 +172,12 @@ def phase1_fast(s: SimState, st, c, i, active, width: int, start=0, budget=None,
     needs, want, prefill = _continue_wants(s, st, c, r)
     needs = needs & valid & active
     want = jnp.where(needs, want, 0)
-    before = jnp.cumsum(want) - want
+    before = prefix_sum(want) - want
     served = needs & (before < budget)
     n = jnp.where(served, jnp.minimum(want, budget - before), 0).astype(jnp.int32)
     blen, _, filled = kv.last_block_fill(s, st, i, slots)
     fresh = jnp.where(served, kv.blocks_needed(st, blen, filled, n), 0)
-    short = served & (jnp.cumsum(fresh) > s.kv_free[i])
+    short = served & (prefix_sum(fresh) > s.kv_free[i])
     stop = jnp.where(jnp.any(short), jnp.argmax(short), width).astype(jnp.int32)
     ok = served & (jnp.arange(width) < stop)
     s = kv.grant_tokens(s, st, c, i, slots, r, n, prefill, ok)
@@ -324,7 +325,8 @@ def complete(s: SimState, st, c, i, now, d, active, width: int):
     capped = ~done & (st.max_model_len > 0) & (pi >= st.max_model_len - 1)
     fin = valid & active & (done | capped)
     count = jnp.sum(fin.astype(jnp.int32)).astype(jnp.int32)
-    rank = jnp.cumsum(fin) - 1  # k-th finishing position has rank k
+    fin_through = prefix_sum(fin)  # finishing positions at or before each position
+    rank = fin_through - 1  # k-th finishing position has rank k
     empty = jnp.zeros(1, jnp.int32)
     left = now + d
 
@@ -351,7 +353,9 @@ def complete(s: SimState, st, c, i, now, d, active, width: int):
 
     s, _ = kv.lane_while(lambda cr: cr[1] < count, body, (s, jnp.asarray(0, jnp.int32)))
     keep = valid & ~fin
-    dest = jnp.where(keep, jnp.cumsum(keep) - 1, width)
+    # valid positions are 0 .. n_run - 1, so the kept ones up to position k number
+    # k + 1 - fin_through[k]
+    dest = jnp.where(keep, jnp.arange(width) - fin_through, width)
     row = jnp.full(width + 1, NIL, jnp.int32).at[dest].set(s.order[i, :width])[:-1]
     s = s.replace(
         order=s.order.at[i, :width].set(jnp.where(active, row, s.order[i, :width])),

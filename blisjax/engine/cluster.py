@@ -33,6 +33,7 @@ from blisjax.engine.state import (
     TIMED_OUT,
     SimState,
 )
+from blisjax.engine.vec import leading_count
 
 F64 = jnp.float64
 # admission codes follow ADMISSION_POLICIES; routing codes ROUTING_POLICIES; scorers SCORER_NAMES
@@ -105,7 +106,7 @@ def prefix_match(s: SimState, st, c, r):
     newer = (s.lru_own[:, None] - own_at) + newer_group
     j = jnp.arange(st.group_blocks_max)
     present = (pos >= 0) & (newer < st.prefix_index_capacity) & (j < c.group_blocks[r])
-    return jnp.sum(jnp.cumprod(present.astype(jnp.int32), axis=1), axis=1)
+    return leading_count(present, axis=1)
 
 
 def prefix_touch(s: SimState, st, c, r, target, active) -> SimState:

@@ -34,6 +34,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from blisjax.engine.state import NIL, SimState
+from blisjax.engine.vec import leading_count, prefix_sum
 
 LANES = "lanes"  # the vmap axis name of a population
 _KEY_LIMIT = 1 << 30  # ring keys are renumbered from 0 before they could overflow int32
@@ -131,7 +132,7 @@ def pop_blocks(s: SimState, st, i, m, active, max_count: int):
         pos = head + jnp.arange(scan, dtype=jnp.int32)
         blk = s.fifo[i, pos % r_size]
         live = (pos < tail) & (blk >= 0) & (s.fkey[i, jnp.clip(blk, 0, k_blocks - 1)] == pos)
-        rank = got + jnp.cumsum(live.astype(jnp.int32)) - 1
+        rank = got + prefix_sum(live) - 1
         take = go & live & (rank < m)
         out = out.at[jnp.where(take, rank, max_count)].set(blk, mode="drop")
         n_take = jnp.sum(take, dtype=jnp.int32)
@@ -171,7 +172,7 @@ def append_blocks(s: SimState, st, i, blocks, mask) -> SimState:
     count = jnp.sum(mask, dtype=jnp.int32)
     full = (s.ftail[i] - s.fhead[i] + count > r_size) | (s.ftail[i] + count > _KEY_LIMIT)
     s = lane_once(full, lambda s, go: _compact(s, st, i, go), s)
-    key = s.ftail[i] + jnp.cumsum(mask.astype(jnp.int32)) - 1
+    key = s.ftail[i] + prefix_sum(mask) - 1
     return s.replace(
         fifo=s.fifo.at[i, jnp.where(mask, key % r_size, r_size)].set(blocks, mode="drop"),
         fkey=s.fkey.at[i, jnp.where(mask, blocks, k_blocks)].set(key, mode="drop"),
@@ -226,7 +227,7 @@ def cached_blocks(s: SimState, st, c, i, r):
     valid = j < c.full_blocks[r]
     blocks = s.slot_block[jnp.where(valid, hash_slot(st, c, i, r, j), st.hash_slots)]
     hit = valid & (blocks >= 0)
-    count = jnp.sum(jnp.cumprod(hit.astype(jnp.int32))).astype(jnp.int32)
+    count = leading_count(hit)
     if not st.prefix_caching:
         count = jnp.zeros_like(count)
     return blocks, count
@@ -303,7 +304,7 @@ def grant_tokens(s: SimState, st, c, i, sb, r, n, prefill, mask,
     fill = jnp.where(partial, jnp.minimum(bs - filled, n), 0)
     rest = jnp.where(mask, n - fill, 0)
     fresh = (rest + bs - 1) // bs
-    cum = jnp.cumsum(fresh).astype(jnp.int32)
+    cum = prefix_sum(fresh.astype(jnp.int32))
     before = cum - fresh
     total = cum[-1]
     s = s.replace(kv_tok=s.kv_tok.at[i, jnp.where(partial, last, st.kv_blocks)]
@@ -347,7 +348,8 @@ def _grant_chunk(s: SimState, st, c, i, info, k, total, go, chunk: int,
     g0 = k * chunk
     s, blocks, taken = pop_blocks(s, st, i, jnp.clip(total - g0, 0, chunk), go, chunk)
     g = g0 + jnp.arange(chunk, dtype=jnp.int32)
-    owner = jnp.minimum(jnp.searchsorted(cum, g, side="right"), sb.shape[0] - 1)
+    owner = jnp.minimum(jnp.searchsorted(cum, g, side="right",
+                                         method="scan_unrolled"), sb.shape[0] - 1)
     m = g - before[owner]  # index among the owner's fresh blocks
     tok = jnp.minimum(bs, rest[owner] - m * bs)
     j = blen[owner] + m  # position in the owner's block table
