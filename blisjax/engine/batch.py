@@ -100,8 +100,7 @@ def evict(s: SimState, st, c, p, i, vpos, budget, active):
     s = s.replace(
         num_new=s.num_new.at[r].set(kv.after_reads(jnp.int32(0), tie)),
         status=s.status.at[r].set(QUEUED),
-        pi=s.pi.at[r].set(0), itl_sum=s.itl_sum.at[r].set(0), itl_count=s.itl_count.at[r].set(0),
-        ttft_set=s.ttft_set.at[r].set(False), computed=s.computed.at[r].set(0),
+        pi=s.pi.at[r].set(0), itl_sum=s.itl_sum.at[r].set(0), computed=s.computed.at[r].set(0),
         preempt=s.preempt.at[r].add(1), preempt_count=add(s.preempt_count, i, 1, active),
         slot_req=upd(s.slot_req, (i, sb0), kv.after_reads(NIL, tie), active))
     done = jnp.minimum(jnp.minimum(tie, s.ftail[i]),
@@ -297,30 +296,34 @@ def execute(s: SimState, st, c, i, now, n_preempted, active, width: int):
     on = valid & active
     dec = on & (pi >= l_in) & (nn > 0)
     new_pi = jnp.where(pi < l_in, s.computed[reqs], jnp.where(nn > 0, pi + 1, pi))
-    first = on & (new_pi == l_in) & ~s.ttft_set[reqs]
+    # Progress alone says what BLIS keeps flags and counters for: a prefill chunk ends at
+    # most at the prompt's end, and each decode step adds one token and one ITL entry, so
+    # "TTFT recorded" is pi >= l_in and the ITL count is pi - l_in (both reset on eviction
+    # with pi; input lengths are >= 1). No per-request flag or count to gather and scatter.
+    first = on & (pi < l_in) & (new_pi == l_in)
     sink = st.num_requests
     w = jnp.where(on, reqs, sink)
     s = s.replace(
         pi=s.pi.at[w].set(new_pi),
         itl_sum=s.itl_sum.at[jnp.where(dec, reqs, sink)].add(itl),
-        itl_count=s.itl_count.at[jnp.where(dec, reqs, sink)].add(1),
-        ttft=s.ttft.at[jnp.where(first, reqs, sink)].set(now + d + st.otp_us - c.arrival_us[reqs]),
-        ttft_set=s.ttft_set.at[jnp.where(first, reqs, sink)].set(True))
+        ttft=s.ttft.at[jnp.where(first, reqs, sink)].set(now + d + st.otp_us - c.arrival_us[reqs]))
     if st.itl_capacity > 0:
-        slot = c.itl_offset[reqs] + s.itl_count[reqs] - 1
+        slot = c.itl_offset[reqs] + new_pi - l_in - 1  # this entry's index among r's ITLs
         s = s.replace(itl_buf=s.itl_buf.at[jnp.where(dec, slot, st.itl_capacity)].set(
             itl.astype(jnp.int32), mode="drop"))
     used = (st.kv_blocks - s.kv_free[i]).astype(jnp.int64)
     s = s.replace(peak_used=upd(s.peak_used, i, jnp.maximum(s.peak_used[i], used), active),
                   busy=add(s.busy, i, d, active),
                   qdepth_time=add(s.qdepth_time, i, s.q_len[i].astype(jnp.int64) * d, active))
-    return s, d
+    return s, d, (valid, slots, reqs, new_pi, l_in, out)
 
 
-def complete(s: SimState, st, c, i, now, d, active, width: int):
-    """Completions and length caps, accounted at the step start (§2.7), in batch order."""
-    valid, slots, reqs = _running(s, st, i, width)
-    pi, l_in, out = s.pi[reqs], c.input_tokens[reqs], c.output_tokens[reqs]
+def complete(s: SimState, st, c, i, now, d, active, running):
+    """Completions and length caps, accounted at the step start (§2.7), in batch order.
+    ``running``: what ``execute`` read and wrote of the running positions (valid, slots,
+    requests, progress, input and output lengths), so it is not read again."""
+    valid, slots, reqs, pi, l_in, out = running
+    width = valid.shape[0]
     done = pi >= l_in + jnp.maximum(out, 1) - 1
     capped = ~done & (st.max_model_len > 0) & (pi >= st.max_model_len - 1)
     fin = valid & active & (done | capped)
@@ -370,8 +373,8 @@ def complete(s: SimState, st, c, i, now, d, active, width: int):
 
 def _finish_at(s: SimState, st, c, i, now, n_preempted, go, width: int):
     """Execute and complete over running positions 0..width-1 (>= n_run); the next step."""
-    s, d = execute(s, st, c, i, now, n_preempted, go, width)
-    s = complete(s, st, c, i, now, d, go, width)
+    s, d, running = execute(s, st, c, i, now, n_preempted, go, width)
+    s = complete(s, st, c, i, now, d, go, running)
     more = (s.n_run[i] > 0) | (s.q_len[i] > 0)
     return s.replace(step_time=upd(s.step_time, i, jnp.where(more, now + d, -1), go))
 

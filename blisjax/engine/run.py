@@ -219,7 +219,9 @@ def lane_result(st: EngineStatic, consts, final, k: int) -> records.RunResult:
     g = (final if isinstance(final, HostLanes) else HostLanes(final))(k)
     status = _status_codes(g.status[:n])
     done = status == records.COMPLETED
-    itl_count = np.where(done, g.itl_count[:n], 0).astype(np.int64)
+    # ITL entries are decode steps: one per token past the prompt (see batch.execute)
+    l_in = np.asarray(consts.input_tokens)[:n].astype(np.int64)
+    itl_count = np.where(done, np.maximum(g.pi[:n].astype(np.int64) - l_in, 0), 0)
     if st.itl_capacity > 0:
         off = np.asarray(consts.itl_offset)[:n]
         entries = [g.itl_buf[o:o + c] for o, c in zip(off[done], itl_count[done], strict=True)]

@@ -25,10 +25,8 @@ class SimState:
     computed: chex.Array  # ComputedTokens
     num_new: chex.Array  # tokens scheduled this step
     prio: chex.Array  # float64 priority score (stale while running, as in BLIS)
-    ttft_set: chex.Array
     ttft: chex.Array
     itl_sum: chex.Array
-    itl_count: chex.Array
     sched: chex.Array
     preempt: chex.Array
     e2e: chex.Array
@@ -123,8 +121,7 @@ def init_state(st: EngineStatic, tb_capacity, rl_burst, admission_code, rate_lim
     return SimState(
         status=zi32(n).astype(jnp.int8), instance=jnp.full(n, NIL, i32), pi=zi32(n),
         computed=zi32(n), num_new=zi32(n), prio=jnp.zeros(n, f64),
-        ttft_set=jnp.zeros(n, bool), ttft=jnp.full(n, -1, i64), itl_sum=zi(n),
-        itl_count=zi32(n), sched=jnp.full(n, -1, i64), preempt=zi32(n),
+        ttft=jnp.full(n, -1, i64), itl_sum=zi(n), sched=jnp.full(n, -1, i64), preempt=zi32(n),
         e2e=jnp.full(n, -1, i64), out_done=zi32(n), capped=jnp.zeros(n, bool),
         enq_seq=zi(n), tdone=jnp.zeros(n, bool), itl_buf=zi32(max(st.itl_capacity, 1)),
         adm_cursor=jnp.asarray(0, i32), route_cursor=jnp.asarray(0, i32),
