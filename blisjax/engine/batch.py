@@ -342,13 +342,11 @@ def complete(s: SimState, st, c, i, now, d, active, running):
         ok = final & kv.can_allocate(s, st, c, i, sb, r, p_r, p_r + 1, empty, 0)
         s = kv.allocate(s, st, c, i, sb, r, p_r, p_r + 1, empty, 0, ok, chunk=1)
         s = kv.release(s, st, i, sb, go)
-        kk = p_r - l_r
         t = c.tenant[r]
+        # E2E, output tokens done and the length-cap flag are functions of progress, TTFT
+        # and ITL sum, which no longer change: ``run.lane_result`` derives them.
         s = s.replace(
-            status=s.status.at[r].set(COMPLETED), capped=s.capped.at[r].set(capped[pos]),
-            out_done=s.out_done.at[r].set(jnp.where(kk < o_r, kk + 1, kk)),
-            e2e=s.e2e.at[r].set(s.ttft[r] + s.itl_sum[r]
-                                + jnp.where(o_r > 0, st.post_decode_us, 0)),
+            status=s.status.at[r].set(COMPLETED),
             slot_req=upd(s.slot_req, (i, sb), NIL, go),
             tenant_in_flight=upd(s.tenant_in_flight, t,
                                  jnp.maximum(s.tenant_in_flight[t] - 1, 0), go))

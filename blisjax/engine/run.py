@@ -212,6 +212,26 @@ class HostLanes:
         return jax.tree_util.tree_unflatten(self._treedef, fields)
 
 
+def _completion_fields(st: EngineStatic, consts, g, done):
+    """(E2E, output tokens done, length-capped, ITL count) per request, from one lane's final
+    state: for a completed request they are functions of its progress, TTFT and ITL sum,
+    which stop changing when it completes (``batch.complete``). ITL entries are decode
+    steps, one per token past the prompt (``batch.execute``)."""
+    n = st.num_requests
+    pi = g.pi[:n].astype(np.int64)
+    l_in = np.asarray(consts.input_tokens)[:n].astype(np.int64)
+    out = np.asarray(consts.output_tokens)[:n].astype(np.int64)
+    tokens_past_prompt = pi - l_in
+    e2e = g.ttft[:n].astype(np.int64) + g.itl_sum[:n].astype(np.int64) \
+        + np.where(out > 0, st.post_decode_us, 0)
+    out_done = np.where(tokens_past_prompt < out, tokens_past_prompt + 1, tokens_past_prompt)
+    finished = pi >= l_in + np.maximum(out, 1) - 1  # else it completed length-capped
+    capped = done & ~finished & (st.max_model_len > 0) & (pi >= st.max_model_len - 1)
+    return (np.where(done, e2e, records.NOT_RECORDED).astype(np.int64),
+            np.where(done, out_done, 0).astype(np.int64), capped,
+            np.where(done, np.maximum(tokens_past_prompt, 0), 0).astype(np.int64))
+
+
 def lane_result(st: EngineStatic, consts, final, k: int) -> records.RunResult:
     """The k-th lane of a final state (or of its ``HostLanes``) as a ``RunResult`` (same
     fields as the reference)."""
@@ -219,9 +239,7 @@ def lane_result(st: EngineStatic, consts, final, k: int) -> records.RunResult:
     g = (final if isinstance(final, HostLanes) else HostLanes(final))(k)
     status = _status_codes(g.status[:n])
     done = status == records.COMPLETED
-    # ITL entries are decode steps: one per token past the prompt (see batch.execute)
-    l_in = np.asarray(consts.input_tokens)[:n].astype(np.int64)
-    itl_count = np.where(done, np.maximum(g.pi[:n].astype(np.int64) - l_in, 0), 0)
+    e2e, out_done, capped, itl_count = _completion_fields(st, consts, g, done)
     if st.itl_capacity > 0:
         off = np.asarray(consts.itl_offset)[:n]
         entries = [g.itl_buf[o:o + c] for o, c in zip(off[done], itl_count[done], strict=True)]
@@ -235,11 +253,11 @@ def lane_result(st: EngineStatic, consts, final, k: int) -> records.RunResult:
     return records.RunResult(
         status=status, instance=g.instance[:n].astype(np.int32),
         ttft_us=g.ttft[:n].astype(np.int64),
-        e2e_us=np.where(done, g.e2e[:n], records.NOT_RECORDED).astype(np.int64),
+        e2e_us=e2e,
         scheduling_delay_us=g.sched[:n].astype(np.int64),
         itl_sum_us=np.where(done, g.itl_sum[:n], 0).astype(np.int64), itl_count=itl_count,
-        output_tokens_done=np.where(done, g.out_done[:n], 0).astype(np.int64),
-        preemptions=g.preempt[:n].astype(np.int32), length_capped=g.capped[:n].astype(bool),
+        output_tokens_done=out_done,
+        preemptions=g.preempt[:n].astype(np.int32), length_capped=capped,
         itl_entries_us=itl_entries, sim_ended_us=ended, horizon_us=st.horizon_us,
         num_instances=st.num_instances,
         cache_hits=g.hits.astype(np.int64), cache_misses=g.misses.astype(np.int64),

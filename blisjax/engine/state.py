@@ -29,9 +29,6 @@ class SimState:
     itl_sum: chex.Array
     sched: chex.Array
     preempt: chex.Array
-    e2e: chex.Array
-    out_done: chex.Array
-    capped: chex.Array
     enq_seq: chex.Array  # order of enqueue (ties of same-time timeouts)
     tdone: chex.Array  # deadline handled
     itl_buf: chex.Array  # raw ITL entries, request r at itl_offset[r] (optional)
@@ -122,7 +119,6 @@ def init_state(st: EngineStatic, tb_capacity, rl_burst, admission_code, rate_lim
         status=zi32(n).astype(jnp.int8), instance=jnp.full(n, NIL, i32), pi=zi32(n),
         computed=zi32(n), num_new=zi32(n), prio=jnp.zeros(n, f64),
         ttft=jnp.full(n, -1, i64), itl_sum=zi(n), sched=jnp.full(n, -1, i64), preempt=zi32(n),
-        e2e=jnp.full(n, -1, i64), out_done=zi32(n), capped=jnp.zeros(n, bool),
         enq_seq=zi(n), tdone=jnp.zeros(n, bool), itl_buf=zi32(max(st.itl_capacity, 1)),
         adm_cursor=jnp.asarray(0, i32), route_cursor=jnp.asarray(0, i32),
         dl_cursor=jnp.asarray(0, i32), route_seq=jnp.asarray(0, i64),

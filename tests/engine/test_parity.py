@@ -61,6 +61,8 @@ EDGE_ROWS = [  # simultaneous arrivals, ties, long prompts, a shared prefix, dea
     dict(arrival=4000, input=37, output=8, group=0, prefix=32, deadline=60_000, tenant="a"),
     dict(arrival=9000, input=200, output=5, tenant="b"),
     dict(arrival=9001, input=48, output=40, group=0, prefix=32, tenant="a"),
+    # under max-model-len 120 it finishes exactly at the cap (pi = 119): completed, not capped
+    dict(arrival=9500, input=100, output=20, tenant="b"),
 ]
 
 EDGE_CASES = {
