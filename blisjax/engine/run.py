@@ -221,15 +221,14 @@ def _completion_fields(st: EngineStatic, consts, g, done):
     pi = g.pi[:n].astype(np.int64)
     l_in = np.asarray(consts.input_tokens)[:n].astype(np.int64)
     out = np.asarray(consts.output_tokens)[:n].astype(np.int64)
-    tokens_past_prompt = pi - l_in
-    e2e = g.ttft[:n].astype(np.int64) + g.itl_sum[:n].astype(np.int64) \
-        + np.where(out > 0, st.post_decode_us, 0)
-    out_done = np.where(tokens_past_prompt < out, tokens_past_prompt + 1, tokens_past_prompt)
+    e2e = records.e2e_us(g.ttft[:n].astype(np.int64), g.itl_sum[:n].astype(np.int64), out,
+                         st.post_decode_us)
+    out_done = records.output_tokens_done(pi, l_in, out)
     finished = pi >= l_in + np.maximum(out, 1) - 1  # else it completed length-capped
     capped = done & ~finished & (st.max_model_len > 0) & (pi >= st.max_model_len - 1)
     return (np.where(done, e2e, records.NOT_RECORDED).astype(np.int64),
             np.where(done, out_done, 0).astype(np.int64), capped,
-            np.where(done, np.maximum(tokens_past_prompt, 0), 0).astype(np.int64))
+            np.where(done, np.maximum(pi - l_in, 0), 0).astype(np.int64))
 
 
 def lane_result(st: EngineStatic, consts, final, k: int) -> records.RunResult:

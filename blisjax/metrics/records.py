@@ -22,6 +22,21 @@ STATUS_NAMES = ("completed", "rejected", "timed-out", "unfinished", "dropped")
 NOT_RECORDED = -1
 
 
+# A completed request's outcome from its final progress, shared by both engines; each works
+# on Python ints (reference engine) and on NumPy arrays (JAX engine's per-lane results).
+def output_tokens_done(progress, input_tokens, output_tokens):
+    """Output tokens produced: tokens past the prompt, plus the final one if it is still
+    within the requested output (BLIS counts it when the request completes)."""
+    past_prompt = progress - input_tokens
+    return past_prompt + (past_prompt < output_tokens)
+
+
+def e2e_us(ttft_us, itl_sum_us, output_tokens, post_decode_us):
+    """End-to-end latency: TTFT, then every inter-token gap, then the post-decode overhead
+    for requests with output tokens."""
+    return ttft_us + itl_sum_us + post_decode_us * (output_tokens > 0)
+
+
 @dataclass(frozen=True, eq=False)
 class RunResult:
     """Outcome of one simulation (one lane), rows indexed like the ``Workload``.

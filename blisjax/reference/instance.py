@@ -11,6 +11,7 @@ import heapq
 from collections import deque
 
 from blisjax.latency.base import StepBatch
+from blisjax.metrics import records
 from blisjax.reference.kvcache import KVCache
 from blisjax.reference.policies import reorder_wait_queue
 from blisjax.reference.request import COMPLETED, DROPPED, QUEUED, RUNNING, TIMED_OUT
@@ -369,11 +370,9 @@ class Instance:
         r.length_capped = capped
         if capped:
             self.length_capped += 1
-        k = r.progress_index - r.input_tokens
-        r.output_tokens_done = k + 1 if k < r.output_tokens else k
-        itl_sum = sum(r.itl_us)
-        overhead = self.post_decode_us if r.output_tokens > 0 else 0
-        r.e2e_us = r.ttft_us + itl_sum + overhead
+        r.output_tokens_done = records.output_tokens_done(r.progress_index, r.input_tokens,
+                                                          r.output_tokens)
+        r.e2e_us = records.e2e_us(r.ttft_us, sum(r.itl_us), r.output_tokens, self.post_decode_us)
         self.itl_entries.extend(r.itl_us)
         self.completed += 1
         self.finished.append(r)
