@@ -174,12 +174,17 @@ def phase1_fast(s: SimState, st, c, i, active, width: int, start=0, budget=None,
     before = prefix_sum(want) - want
     served = needs & (before < budget)
     n = jnp.where(served, jnp.minimum(want, budget - before), 0).astype(jnp.int32)
-    blen, _, filled = kv.last_block_fill(s, st, i, slots)
-    fresh = jnp.where(served, kv.blocks_needed(st, blen, filled, n), 0)
-    short = served & (prefix_sum(fresh) > s.kv_free[i])
+    blen, last, filled = kv.last_block_fill(s, st, i, slots)
+    fresh = jnp.where(served, kv.blocks_needed(st, blen, filled, n), 0).astype(jnp.int32)
+    fresh_through = prefix_sum(fresh)
+    short = served & (fresh_through > s.kv_free[i])
     stop = jnp.where(jnp.any(short), jnp.argmax(short), width).astype(jnp.int32)
-    ok = served & (jnp.arange(width) < stop)
-    s = kv.grant_tokens(s, st, c, i, slots, r, n, prefill, ok)
+    before_stop = jnp.arange(width) < stop
+    ok = served & before_stop
+    # the grant's fresh blocks are these up to stop (the same formula), none after it
+    granted = jnp.where(stop > 0, fresh_through[jnp.maximum(stop - 1, 0)], 0)
+    known = (blen, last, filled, jnp.where(before_stop, fresh_through, granted))
+    s = kv.grant_tokens(s, st, c, i, slots, r, n, prefill, ok, known=known)
     rr = jnp.where(ok, r, st.num_requests)
     granted = s.num_new.at[r].set(jnp.where(ok, n, 0)) if reset else s.num_new.at[rr].set(n)
     s = s.replace(num_new=granted, computed=s.computed.at[rr].add(n))

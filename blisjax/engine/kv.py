@@ -285,7 +285,7 @@ POP_CHUNK = 16  # fresh blocks per inner iteration of an allocation (phase 1, ad
 
 
 def grant_tokens(s: SimState, st, c, i, sb, r, n, prefill, mask,
-                 chunk: int = POP_CHUNK) -> SimState:
+                 chunk: int = POP_CHUNK, known=None) -> SimState:
     """Allocate ``n[k]`` more tokens for request ``r[k]`` in batch slot ``sb[k]``, for every k
     where ``mask``, in k order — as consecutive reference ``allocate`` calls whose pre-checks
     passed: top up the partially filled last block, then take fresh blocks from the LRU head.
@@ -297,14 +297,21 @@ def grant_tokens(s: SimState, st, c, i, sb, r, n, prefill, mask,
     slot" and "register" (ops ``base_k + 1 + 2m``, ``base_k + 2 + 2m``); a top-up
     registration is applied with the chunk holding its request's first fresh block, and every
     chunk's ops come after the previous chunk's, so per-chunk resolution is exact.
+
+    ``known``: ``(blen, last, filled, cum)`` the caller already computed from this state —
+    ``last_block_fill(s, st, i, sb)`` and the prefix sum of each request's fresh blocks
+    where ``mask`` (``blocks_needed``, 0 elsewhere) — so they are not gathered again.
     """
     bs = st.block_size
-    blen, last, filled = last_block_fill(s, st, i, sb)
+    if known is None:
+        blen, last, filled = last_block_fill(s, st, i, sb)
+    else:
+        blen, last, filled, known_cum = known
     partial = mask & (n > 0) & (blen > 0) & (filled >= 1) & (filled < bs)
     fill = jnp.where(partial, jnp.minimum(bs - filled, n), 0)
     rest = jnp.where(mask, n - fill, 0)
     fresh = (rest + bs - 1) // bs
-    cum = prefix_sum(fresh.astype(jnp.int32))
+    cum = prefix_sum(fresh.astype(jnp.int32)) if known is None else known_cum
     before = cum - fresh
     total = cum[-1]
     s = s.replace(kv_tok=s.kv_tok.at[i, jnp.where(partial, last, st.kv_blocks)]
