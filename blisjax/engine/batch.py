@@ -245,13 +245,27 @@ def phase2(s: SimState, st, c, p, i, now, budget, preempted, active):
         s, budget, stop = carry
         k = head_offset(s, st, c, p, i, now, go)
         r = q_at(s, st, i, k)
-        cached, n_cached = kv.cached_blocks(s, st, c, i, r)
-        start = n_cached * st.block_size
-        n = clamp_prefill(st, c.input_tokens[r] - start, start, budget)
         sb = jnp.argmax(s.slot_req[i] == NIL).astype(jnp.int32)
-        ok = go & kv.can_allocate(s, st, c, i, sb, r, start, start + n, cached, n_cached)
+
+        def prefix(carry, go, w):
+            """Cached prefix (at width w), chunk, pre-check, and the claim of the cached
+            blocks — the part of the allocation that follows the prefix's width."""
+            s, start, n, ok = carry
+            cached, n_cached = kv.cached_blocks(s, st, c, i, r, w)
+            start_w = n_cached * st.block_size
+            n_w = clamp_prefill(st, c.input_tokens[r] - start_w, start_w, budget)
+            ok_w = go & kv.can_allocate(s, st, c, i, sb, r, start_w, start_w + n_w, cached,
+                                        n_cached)
+            claim = ok_w & (n_w > 0) & (s.blen[i, sb] == 0) & (n_cached > 0)
+            s = kv.claim_cached(s, st, i, sb, cached, n_cached, claim)
+            return (s, jnp.where(go, start_w, start), jnp.where(go, n_w, n), ok | ok_w)
+
+        widths = kv.prefix_widths(st)
+        need = kv.lane_max(jnp.where(go, jnp.where(s.preempt[r] > 0, widths[-1], widths[0]), 0))
+        zero = jnp.asarray(0, jnp.int32)
+        s, start, n, ok = kv.by_width(widths, need, go, prefix, (s, zero, zero, go & False))
         s, r = q_remove_at(s, st, i, k, ok, through=r)  # r read before the queue moves
-        s = kv.allocate(s, st, c, i, sb, r, start, start + n, cached, n_cached, ok)
+        s = kv.allocate(s, st, c, i, sb, r, start, start + n, jnp.zeros(1, jnp.int32), 0, ok)
         rr = jnp.where(ok, r, st.num_requests)
         if st.stateful_latency:  # physics reads the prefix tokens of this step's admissions
             s = s.replace(step_cached=upd(s.step_cached, (i, sb), start, ok))

@@ -220,9 +220,11 @@ def apply_slot_ops(s: SimState, st, slots, values, seq, mask) -> SimState:
                      slot_clock=jnp.maximum(s.slot_clock, jnp.max(jnp.where(mask, stamp + 1, 0))))
 
 
-def cached_blocks(s: SimState, st, c, i, r):
-    """(blocks[MPB], count): the longest chain of registered prompt blocks of r on instance i."""
-    mpb = max(st.max_prompt_blocks, 1)
+def cached_blocks(s: SimState, st, c, i, r, width: int | None = None):
+    """(blocks[width], count): the longest chain of registered prompt blocks of r on instance
+    i. ``width`` (default: the longest prompt's block count) may be smaller when the chain
+    cannot be longer (see ``prefix_widths``)."""
+    mpb = max(st.max_prompt_blocks, 1) if width is None else width
     j = jnp.arange(mpb, dtype=jnp.int32)
     valid = j < c.full_blocks[r]
     blocks = s.slot_block[jnp.where(valid, hash_slot(st, c, i, r, j), st.hash_slots)]
@@ -231,6 +233,17 @@ def cached_blocks(s: SimState, st, c, i, r):
     if not st.prefix_caching:
         count = jnp.zeros_like(count)
     return blocks, count
+
+
+def prefix_widths(st) -> tuple[int, ...]:
+    """Widths of a queued request's cached-prefix lookup: the prefix groups' block count, then
+    the longest prompt's. Only r itself registers r's own prompt blocks (their hash slots are
+    r's), so before r has ever run — it was never preempted — its chain is made of prefix-group
+    blocks and is at most ``group_blocks_max`` long; a preempted request's chain may cover its
+    whole prompt."""
+    mpb = max(st.max_prompt_blocks, 1)
+    narrow = min(st.group_blocks_max, mpb)
+    return (narrow, mpb) if narrow < mpb else (mpb,)
 
 
 # ---- allocation --------------------------------------------------------------------------------
