@@ -182,8 +182,8 @@ def phase1_fast(s: SimState, st, c, i, active, width: int, start=0, budget=None,
     before_stop = jnp.arange(width) < stop
     ok = served & before_stop
     # the grant's fresh blocks are these up to stop (the same formula), none after it
-    granted = jnp.where(stop > 0, fresh_through[jnp.maximum(stop - 1, 0)], 0)
-    known = (blen, last, filled, jnp.where(before_stop, fresh_through, granted))
+    through_stop = jnp.where(stop > 0, fresh_through[jnp.maximum(stop - 1, 0)], 0)
+    known = (blen, last, filled, jnp.where(before_stop, fresh_through, through_stop))
     s = kv.grant_tokens(s, st, c, i, slots, r, n, prefill, ok, known=known)
     rr = jnp.where(ok, r, st.num_requests)
     granted = s.num_new.at[r].set(jnp.where(ok, n, 0)) if reset else s.num_new.at[rr].set(n)

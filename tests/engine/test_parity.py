@@ -181,6 +181,17 @@ def test_release_widths_double_up_to_block_table(table, widths):
     assert release_widths(SimpleNamespace(max_blocks_per_request=table)) == widths
 
 
+@pytest.mark.parametrize(("prompt_blocks", "group_blocks", "widths"), [
+    (85, 8, (8, 85)), (8, 8, (8,)), (5, 8, (5,)), (0, 1, (1,))])
+def test_prefix_widths_narrow_to_the_prefix_groups(prompt_blocks, group_blocks, widths):
+    # a never-preempted request's cached chain is at most the prefix groups' block count
+    from types import SimpleNamespace
+
+    from blisjax.engine.kv import prefix_widths
+    st = SimpleNamespace(max_prompt_blocks=prompt_blocks, group_blocks_max=group_blocks)
+    assert prefix_widths(st) == widths
+
+
 @pytest.mark.parametrize("name", ["preemption-storm",
                                   pytest.param("full-kv-priority-preemption",
                                                marks=pytest.mark.slow)])
