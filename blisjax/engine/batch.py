@@ -263,7 +263,7 @@ def phase2(s: SimState, st, c, p, i, now, budget, preempted, active):
         widths = kv.prefix_widths(st)
         need = kv.lane_max(jnp.where(go, jnp.where(s.preempt[r] > 0, widths[-1], widths[0]), 0))
         zero = jnp.asarray(0, jnp.int32)
-        s, start, n, ok = kv.by_width(widths, need, go, prefix, (s, zero, zero, go & False))
+        s, start, n, ok = kv.by_width(widths, need, go, prefix, (s, zero, zero, jnp.zeros_like(go)))
         s, r = q_remove_at(s, st, i, k, ok, through=r)  # r read before the queue moves
         s = kv.allocate(s, st, c, i, sb, r, start, start + n, jnp.zeros(1, jnp.int32), 0, ok)
         rr = jnp.where(ok, r, st.num_requests)
@@ -356,7 +356,7 @@ def complete(s: SimState, st, c, i, now, d, active, running):
         s, k = carry
         pos = jnp.argmax(fin & (rank == k))
         sb, r = slots[pos], jnp.where(go, reqs[pos], st.num_requests)
-        p_r, l_r, o_r = s.pi[r], c.input_tokens[r], c.output_tokens[r]
+        p_r, l_r, o_r = pi[pos], l_in[pos], out[pos]  # as execute left them
         final = go & done[pos] & (o_r > 0) & (p_r < l_r + o_r)
         ok = final & kv.can_allocate(s, st, c, i, sb, r, p_r, p_r + 1, empty, 0)
         s = kv.allocate(s, st, c, i, sb, r, p_r, p_r + 1, empty, 0, ok, chunk=1)

@@ -5,7 +5,7 @@ fastest inside the engine's programs.
 is fixed (64 lanes × 16 positions: 2.4 µs, against 0.9 µs for four shifted adds), and the
 block pops that use one run thousands of times per simulation. Over longer vectors XLA's form
 stays: hand-written block scans were faster in isolation but slower in the engine (A/B 1.013
-against 0.954 with them only at <= 32 positions; ``benchmarks/RESULTS.md``, fourteenth
+against 0.951 with them only at <= 32 positions; ``benchmarks/RESULTS.md``, fourteenth
 session), as they fuse worse with their neighbours. Integer addition is associative, so every
 form gives the same values.
 """
