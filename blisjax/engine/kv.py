@@ -47,12 +47,24 @@ def lane_while(cond_fn, body_fn, init):
 
     A plain ``while_loop`` with a per-lane predicate under ``vmap`` selects between old and new
     values of its whole carry at every iteration — O(state size) per inner iteration. Reducing
-    the predicate over the lane axis keeps each iteration O(what it touches).
+    the predicate over the lane axis keeps each iteration O(what it touches). The lane's
+    ``go`` and the reduced flag are carried, computed once per iteration at the end of the
+    body: the loop's own condition then only reads a scalar (no kernel of its own), and
+    ``cond_fn`` runs once per iteration, not once in the condition and again in the body.
     """
-    def cond(carry):
-        return lax.pmax(cond_fn(carry).astype(jnp.int32), LANES) > 0
+    def step(carry):
+        inner, go, _ = carry
+        inner = body_fn(inner, go)
+        go = cond_fn(inner)
+        return inner, go, _any_lane(go)
 
-    return lax.while_loop(cond, lambda carry: body_fn(carry, cond_fn(carry)), init)
+    go = cond_fn(init)
+    return lax.while_loop(lambda carry: carry[2], step, (init, go, _any_lane(go)))[0]
+
+
+def _any_lane(flag):
+    """Whether ``flag`` holds in any lane (unbatched)."""
+    return lax.pmax(flag.astype(jnp.int32), LANES) > 0
 
 
 def lane_max(x):
@@ -62,24 +74,32 @@ def lane_max(x):
 
 def lane_once(active, handler, s):
     """``handler(s, active)`` run once if any lane is ``active``, skipped otherwise. A one-shot
-    loop rather than a ``cond``: XLA updates a loop's carry in place, a ``cond`` may copy it."""
-    def body(carry, go):
-        return handler(carry[0], go), jnp.zeros_like(go)
+    loop rather than a ``cond``: XLA updates a loop's carry in place, a ``cond`` may copy it
+    (measured: a ``lax.switch`` in place of ``by_width``'s loops made scenario S ~50x slower)."""
+    return _run_if(_any_lane(active), lambda s: handler(s, active), s)
 
-    return lane_while(lambda carry: carry[1], body, (s, active))[0]
+
+def _run_if(flag, fn, s):
+    """``fn(s)`` if the unbatched ``flag`` holds, else ``s`` (a one-shot loop, see
+    ``lane_once``)."""
+    def step(carry):
+        return fn(carry[0]), jnp.asarray(False)
+
+    return lax.while_loop(lambda carry: carry[1], step, (s, flag))[0]
 
 
 def by_width(widths, need, active, program, carry):
-    """``program(carry, go, w)`` at the narrowest width ``w`` of ``widths`` that is >= ``need``
-    (a lockstep maximum: every lane takes the same program, so only one runs). The program
-    must leave the carry unchanged where ``go`` is False."""
+    """``program(carry, go, w)`` at the narrowest width ``w`` of ``widths`` that is >= ``need``,
+    a lockstep maximum (unbatched: ``lane_max``), so every lane takes the same program and
+    only one runs. The program must leave the carry unchanged where ``go`` is False."""
     if len(widths) == 1:
         return program(carry, active, widths[0])
+    anyone = _any_lane(active)  # one reduction for all widths
     for k, w in enumerate(widths):
         fits = need > (widths[k - 1] if k else -1)
         if k < len(widths) - 1:
             fits = fits & (need <= w)
-        carry = lane_once(active & fits, lambda cr, go, w=w: program(cr, go, w), carry)
+        carry = _run_if(anyone & fits, lambda cr, w=w: program(cr, active, w), carry)
     return carry
 
 
