@@ -11,6 +11,7 @@ from blisjax.engine.kv import add, upd
 from blisjax.engine.queues import order_remove_at, q_at, q_fold, q_push_front, q_remove_at
 from blisjax.engine.state import COMPLETED, INT64_MAX, NIL, QUEUED, RUNNING, SimState
 from blisjax.engine.vec import prefix_sum
+from blisjax.metrics import records
 
 F64 = jnp.float64
 
@@ -343,8 +344,8 @@ def complete(s: SimState, st, c, i, now, d, active, running):
     requests, progress, input and output lengths), so it is not read again."""
     valid, slots, reqs, pi, l_in, out = running
     width = valid.shape[0]
-    done = pi >= l_in + jnp.maximum(out, 1) - 1
-    capped = ~done & (st.max_model_len > 0) & (pi >= st.max_model_len - 1)
+    done = records.output_finished(pi, l_in, out)
+    capped = ~done & records.at_length_cap(pi, st.max_model_len)
     fin = valid & active & (done | capped)
     count = jnp.sum(fin.astype(jnp.int32)).astype(jnp.int32)
     fin_through = prefix_sum(fin)  # finishing positions at or before each position

@@ -224,8 +224,8 @@ def _completion_fields(st: EngineStatic, consts, g, done):
     e2e = records.e2e_us(g.ttft[:n].astype(np.int64), g.itl_sum[:n].astype(np.int64), out,
                          st.post_decode_us)
     out_done = records.output_tokens_done(pi, l_in, out)
-    finished = pi >= l_in + np.maximum(out, 1) - 1  # else it completed length-capped
-    capped = done & ~finished & (st.max_model_len > 0) & (pi >= st.max_model_len - 1)
+    capped = done & ~records.output_finished(pi, l_in, out) \
+        & records.at_length_cap(pi, st.max_model_len)
     return (np.where(done, e2e, records.NOT_RECORDED).astype(np.int64),
             np.where(done, out_done, 0).astype(np.int64), capped,
             np.where(done, np.maximum(pi - l_in, 0), 0).astype(np.int64))

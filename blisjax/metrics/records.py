@@ -24,6 +24,18 @@ NOT_RECORDED = -1
 
 # A completed request's outcome from its final progress, shared by both engines; each works
 # on Python ints (reference engine) and on NumPy arrays (JAX engine's per-lane results).
+def output_finished(progress, input_tokens, output_tokens):
+    """The request has produced its output (the final token is accounted at completion);
+    a request with no output tokens completes after its prompt, like one with a single one."""
+    return progress >= input_tokens + output_tokens + (output_tokens < 1) - 1
+
+
+def at_length_cap(progress, max_model_len):
+    """Progress has reached the max-model-len cap (0: no cap); such a request completes
+    length-capped unless it finished its output first."""
+    return (max_model_len > 0) & (progress >= max_model_len - 1)
+
+
 def output_tokens_done(progress, input_tokens, output_tokens):
     """Output tokens produced: tokens past the prompt, plus the final one if it is still
     within the requested output (BLIS counts it when the request completes)."""

@@ -354,11 +354,11 @@ class Instance:
         left_us = now_us + d
         for r in self.running:
             l_in, n_out, pi = r.input_tokens, r.output_tokens, r.progress_index
-            if pi >= l_in + max(n_out, 1) - 1:
+            if records.output_finished(pi, l_in, n_out):
                 if n_out > 0 and pi < l_in + n_out:
                     self.kv.allocate(r, pi, pi + 1)  # the final token's KV slot
                 self._finish(r, left_us, capped=False)
-            elif mml > 0 and pi >= mml - 1:
+            elif records.at_length_cap(pi, mml):
                 self._finish(r, left_us, capped=True)
             else:
                 remaining.append(r)

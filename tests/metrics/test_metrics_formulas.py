@@ -70,3 +70,24 @@ def test_priority_inversions_match_brute_force(rows):
     e2e = [r[1] for r in rows]
     group = [r[2] for r in rows]
     assert priority_inversion_count(arrival, e2e, group) == _brute_inversions(arrival, e2e, group)
+
+
+@pytest.mark.parametrize(("progress", "l_in", "n_out", "finished"), [
+    # semantics §2.7: complete when PI >= L_in + max(N_out, 1) - 1
+    (10, 10, 0, True), (9, 10, 0, False),  # N_out = 0: after the prompt's last token
+    (10, 10, 1, True), (9, 10, 1, False),  # N_out = 1: in the prefill-finishing step
+    (14, 10, 5, True), (13, 10, 5, False),  # N_out = 5: after 4 decode steps
+])
+def test_output_finished(progress, l_in, n_out, finished):
+    from blisjax.metrics.records import output_finished
+
+    assert bool(output_finished(progress, l_in, n_out)) is finished
+    assert output_finished(np.array([progress]), np.array([l_in]), np.array([n_out]))[0] == finished
+
+
+@pytest.mark.parametrize(("progress", "cap", "capped"), [
+    (119, 120, True), (118, 120, False), (10_000, 0, False)])  # cap 0: no limit
+def test_at_length_cap(progress, cap, capped):
+    from blisjax.metrics.records import at_length_cap
+
+    assert bool(at_length_cap(progress, cap)) is capped
