@@ -138,10 +138,22 @@ def run_lanes(st: EngineStatic, consts, params: PolicyParams, devices=None,
               lane_block: int = LANE_BLOCK):
     """Simulate a population (``params`` has a leading lane axis) on ``devices`` (default: all
     local devices), at most ``lane_block`` lanes per lockstep loop. Returns the final states,
-    one per lane."""
+    one per lane.
+
+    When the population was padded (its size is not a whole number of equal lane blocks per
+    device) the padding is sliced off on the devices, which copies every lane's state
+    (measured: 4.3–5.2 s for 516 lanes of scenario S on two devices, on top of a 12.3 s
+    run); ``simulate_population`` reads the padded states in place instead."""
+    final, lanes = _run_padded(st, consts, params, devices, lane_block)
+    return _drop_padding(final, lanes)
+
+
+def _run_padded(st: EngineStatic, consts, params: PolicyParams, devices, lane_block: int):
+    """(final states including any padding lanes, the population's own lane count): its first
+    lanes are the population's."""
     mapping_headroom_guard()
     devices, padded, lanes = _placement(params, devices, lane_block)
-    return _drop_padding(_run_sharded(st, consts, padded, devices, lane_block), lanes)
+    return _run_sharded(st, consts, padded, devices, lane_block), lanes
 
 
 def _drop_padding(final, lanes: int):
@@ -290,7 +302,7 @@ def simulate_population(resolved, workload, params: PolicyParams, static=None,
     ``lane_block``: lanes per lockstep loop (see ``run_lanes``)."""
     st = static if static is not None else build_static(resolved, workload, **capacities)
     consts = build_consts(resolved, workload, st)
-    final = run_lanes(st, consts, params, lane_block=lane_block)
-    lanes = int(np.shape(params.admission)[0])
+    # padding lanes (if any) are skipped on the host, not sliced off on the devices
+    final, lanes = _run_padded(st, consts, params, None, lane_block)
     host = HostLanes(final)
     return [lane_result(st, consts, host, k) for k in range(lanes)]
