@@ -1,0 +1,56 @@
+"""The profiler attribution of ``benchmarks/profile_engine.py``: the hand-written decoding of a
+compiled module's stack-frame index, and exclusive times of nested trace events."""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import re
+
+import jax
+import jax.numpy as jnp
+
+from tests.paths import REPO
+
+
+def _tool():
+    spec = importlib.util.spec_from_file_location(
+        "profile_engine", REPO / "benchmarks" / "profile_engine.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _inner(x):
+    return jnp.sin(x) * 3.0
+
+
+def _outer(x):
+    return _inner(x) + 1.0
+
+
+def test_stack_frames_of_a_compiled_module_name_the_python_calls():
+    tool = _tool()
+    module = jax.jit(_outer).lower(jnp.ones(4)).compile().runtime_executable().hlo_modules()[0]
+    stack = tool.stack_resolver(module.as_serialized_hlo_module_proto())
+    sine_line = inspect.getsourcelines(_inner)[1] + 1  # the line of jnp.sin
+    outer_line = inspect.getsourcelines(_outer)[1] + 1
+    frames = {int(m) for m in re.findall(r"stack_frame_id=(\d+)", module.to_string())}
+    stacks = [stack(f) for f in frames]
+    here = "test_profile_tool.py"
+    assert [(here, "_inner", sine_line), (here, "_outer", outer_line)] in \
+        [s[:2] for s in stacks]
+
+
+def test_exclusive_times_subtract_nested_events_per_thread():
+    tool = _tool()
+    events = [  # a loop [0, 10) running kernels a [1, 3) and b [4, 8); c on another thread
+        dict(pid=1, tid=1, ts=0, dur=10, name="loop"),
+        dict(pid=1, tid=1, ts=1, dur=2, name="a"),
+        dict(pid=1, tid=1, ts=4, dur=4, name="b"),
+        dict(pid=1, tid=2, ts=2, dur=5, name="c"),
+        dict(pid=1, tid=1, ts=12, dur=1, name="a"),
+    ]
+    excl, count = tool.exclusive_times(events)
+    assert dict(excl) == {"loop": 4, "a": 3, "b": 4, "c": 5}
+    assert dict(count) == {"loop": 1, "a": 2, "b": 1, "c": 1}
