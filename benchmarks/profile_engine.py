@@ -46,7 +46,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_jax  # noqa: E402
 
 ENGINE_FILES = ("batch.py", "cluster.py", "kv.py", "queues.py", "vec.py", "exactfloat.py",
-                "hostlatency.py", "state.py")
+                "hostlatency.py", "state.py", "lanes.py")
 # HloModuleProto field numbers (xla/service/hlo.proto): the module's stack_frame_index, and
 # inside it file_names, function_names, file_locations, stack_frames.
 _MODULE_STACK_INDEX, _FILES, _FUNCS, _LOCATIONS, _FRAMES = 17, 1, 2, 3, 4

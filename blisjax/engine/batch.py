@@ -359,9 +359,13 @@ def complete(s: SimState, st, c, i, now, d, active, running):
         sb, r = slots[pos], jnp.where(go, reqs[pos], st.num_requests)
         p_r, l_r, o_r = pi[pos], l_in[pos], out[pos]  # as execute left them
         final = go & done[pos] & (o_r > 0) & (p_r < l_r + o_r)
+        # The releases of earlier completions are queued (``kv.defer_release``); the final
+        # token's block comes from the free list's head, which they would only reach empty.
+        s = kv.lane_once(final & (s.rel_count > 0) & (s.kv_free[i] == 0),
+                         lambda s, go: kv.flush_releases(s, st, go), s)
         ok = final & kv.can_allocate(s, st, c, i, sb, r, p_r, p_r + 1, empty, 0)
         s = kv.allocate(s, st, c, i, sb, r, p_r, p_r + 1, empty, 0, ok, chunk=1)
-        s = kv.release(s, st, i, sb, go)
+        s = kv.defer_release(s, st, i, sb, go)
         t = c.tenant[r]
         # E2E, output tokens done and the length-cap flag are functions of progress, TTFT
         # and ITL sum, which no longer change: ``run.lane_result`` derives them.

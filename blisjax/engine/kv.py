@@ -486,3 +486,36 @@ def _release(s: SimState, st, i, sb, active, width: int) -> SimState:
     # the reset, XLA copies the whole [instances, slots] array at every release.
     tie = s.kv_ref[i, b[0]] | s.ftail[i]  # never negative
     return s.replace(blen=upd(s.blen, (i, sb), after_reads(jnp.int32(0), tie), active))
+
+
+# ---- deferred releases (completions) -----------------------------------------------------------
+
+
+def defer_release(s: SimState, st, i, sb, active) -> SimState:
+    """Queue the release of batch slot sb of instance i (a completion) instead of running it.
+
+    Queued releases run in queue order — by ``flush_releases`` inside the lane, or for every
+    lane of a block at once by ``lanes.release_queued`` at the end of the lockstep iteration —
+    which is the reference's order. Running them later is exact while nothing in between
+    depends on them: within a step only a completion's final-token allocation could, and only
+    when the free list is empty (a release appends at the LRU tail, a pop takes the head), so
+    the caller flushes first in that case. A full queue is flushed before it grows."""
+    full = active & (s.rel_count >= s.rel_slots.shape[0])
+    s = lane_once(full, lambda s, go: flush_releases(s, st, go), s)
+    sb = jnp.asarray(sb, jnp.int32)
+    return s.replace(rel_slots=upd(s.rel_slots, s.rel_count, sb, active),
+                     rel_inst=jnp.where(active, jnp.asarray(i, jnp.int32), s.rel_inst),
+                     rel_count=s.rel_count + active.astype(jnp.int32))
+
+
+def flush_releases(s: SimState, st, active) -> SimState:
+    """Run the lane's queued releases in queue order and empty the queue (where ``active``)."""
+    count = jnp.where(active, s.rel_count, 0)
+
+    def body(carry, go):
+        s, k = carry
+        sb = s.rel_slots[jnp.minimum(k, s.rel_slots.shape[0] - 1)]
+        return release(s, st, s.rel_inst, sb, go), k + go.astype(k.dtype)
+
+    s, _ = lane_while(lambda carry: carry[1] < count, body, (s, jnp.asarray(0, jnp.int32)))
+    return s.replace(rel_count=jnp.where(active, 0, s.rel_count))

@@ -22,6 +22,7 @@ from jax.sharding import Mesh, PartitionSpec  # noqa: E402
 from blisjax.config.sim import ADMISSION_POLICIES  # noqa: E402
 from blisjax.engine.cluster import lane_advance, next_event  # noqa: E402
 from blisjax.engine.kv import LANES  # noqa: E402
+from blisjax.engine.lanes import release_queued  # noqa: E402
 from blisjax.engine.params import PolicyParams, params_from_config, stack_params  # noqa: E402
 from blisjax.engine.state import COMPLETED, DROPPED, REJECTED, TIMED_OUT, init_state  # noqa: E402
 from blisjax.engine.static import EngineStatic, build_consts, build_static  # noqa: E402
@@ -62,8 +63,12 @@ def _run_block(st: EngineStatic, consts, params: PolicyParams):
     def cond(carry):
         return ~jnp.all(carry[0].done)
 
+    def body(carry):
+        s, ev = advance(*carry, params)
+        return release_queued(s, st), ev  # the steps' completions, all lanes in one pass
+
     first = jax.vmap(lambda s: next_event(s, st, consts))(init)
-    return jax.lax.while_loop(cond, lambda carry: advance(*carry, params), (init, first))[0]
+    return jax.lax.while_loop(cond, body, (init, first))[0]
 
 
 # Not used: XLA's ``xla_cpu_copy_insertion_use_region_analysis`` removes most full-array copies

@@ -13,6 +13,7 @@ from blisjax.engine.static import EngineStatic
 
 PENDING, ADMITTED, ROUTED, QUEUED, RUNNING, COMPLETED, TIMED_OUT, DROPPED, REJECTED = range(9)
 NIL = -1
+DEFERRED_RELEASES = 16  # completions' releases a lane queues before it runs them itself
 INT64_MAX = (1 << 63) - 1
 
 
@@ -80,6 +81,9 @@ class SimState:
     slot_block: chex.Array  # [S+1] hash slot -> block (-1 = absent); last entry is a sink
     slot_seq: chex.Array  # [S+1] stamp of the last write to the slot (see kv.apply_slot_ops)
     slot_clock: chex.Array  # next stamp
+    rel_inst: chex.Array  # instance of the releases queued by this step's completions
+    rel_slots: chex.Array  # [D] their batch slots, in completion order (see kv.defer_release)
+    rel_count: chex.Array
     # ---- counters [I] ----
     hits: chex.Array
     misses: chex.Array
@@ -139,6 +143,8 @@ def init_state(st: EngineStatic, tb_capacity, rl_burst, admission_code, rate_lim
         fhead=zi32(i), ftail=jnp.full(i, k, i32), kv_free=jnp.full(i, k, i32),
         slot_block=jnp.full(st.hash_slots + 1, NIL, i32),
         slot_seq=jnp.full(st.hash_slots + 1, -1, i64), slot_clock=jnp.asarray(0, i64),
+        rel_inst=jnp.asarray(0, i32), rel_slots=zi32(DEFERRED_RELEASES),
+        rel_count=jnp.asarray(0, i32),
         hits=zi(i), misses=zi(i), preempt_count=zi(i), completed=zi(i), dropped=zi(i),
         timed_out=zi(i), capped_count=zi(i), input_tokens=zi(i), steps=zi(i), busy=zi(i),
         qdepth_time=zi(i), peak_used=zi(i),

@@ -146,3 +146,113 @@ def test_kv_cache_matches_reference_op_by_op(seed):
         _compare(s, st, ref, hash_of, reqs)
     # the sequence really exercised the cache, its lazy deletion and the ring's compaction
     assert ref.hits > 20 and ref.misses > 50 and compactions > 0
+
+
+def _queue_kernel(st, consts):
+    """Per-lane ops: allocate (op 0, with the prefix lookup on admission) or queue the
+    release of the request's slot (op 1, ``kv.defer_release``); op 2 does nothing."""
+    def lane(s, op, r, pi, start, end, lookup):
+        s = s.replace(pi=s.pi.at[r].set(pi))
+        cached, n_cached = kv.cached_blocks(s, st, consts, 0, r)
+        n_cached = jnp.where(lookup, n_cached, 0)
+        ok = kv.can_allocate(s, st, consts, 0, r, r, start, end, cached, n_cached)
+        s = kv.allocate(s, st, consts, 0, r, r, start, end, cached, n_cached, (op == 0) & ok)
+        return kv.defer_release(s, st, 0, r, op == 1), ok
+
+    return jax.jit(jax.vmap(lane, axis_name=LANES))
+
+
+@pytest.mark.parametrize("seed", [1])
+def test_queued_releases_of_all_lanes_match_reference(seed):
+    """Several lanes queue releases (up to four each, then a wave of allocations) and
+    ``lanes.release_queued`` runs them all at once: every lane's free list, refcounts and
+    counters must equal the reference cache's, which released them one by one in queue order.
+    Requests share prefix blocks (refcounts above one, a block freed at its last holder) and
+    the ring is tiny, so both the flat pass and the lanes' own loop (a ring that could need
+    compaction) are taken."""
+    from blisjax.engine.lanes import release_queued
+
+    lanes = 3
+    resolved = make_resolved(block_size=BS, kv_blocks=BLOCKS, max_running=len(ROWS))
+    w = make_workload(ROWS, ("",), ("g",))
+    st = build_static(resolved, w)
+    consts = build_consts(resolved, w, st)
+    hash_of = _slot_of(st, consts)
+    refs = [KVCache(BLOCKS, BS, hash_of, prefix_caching=True) for _ in range(lanes)]
+    reqs = [[_Req(k, row["input"]) for k, row in enumerate(ROWS)] for _ in range(lanes)]
+    total = [row["input"] + row["output"] for row in ROWS]
+    s = jax.vmap(functools.partial(init_state, st), in_axes=(0, 0, 0, None))(
+        jnp.zeros(lanes), jnp.zeros(lanes), jnp.zeros(lanes, jnp.int32), 3)
+    step, flush = _queue_kernel(st, consts), jax.jit(lambda s: release_queued(s, st))
+    rng = np.random.default_rng(seed)
+    active = [{} for _ in range(lanes)]
+    queued = [[] for _ in range(lanes)]
+    flat_ring = loop_ring = 0
+    # 400 random rounds; then every lane releases all it holds and 60 rounds alternate
+    # between admitting request 1 (claims its cached free blocks: stale ring entries) and
+    # queueing its release, which fills the ring
+    plan = [(rng.random() < 0.3, None) for _ in range(400)] + [(True, "all"), (False, None)]
+    plan += [(k % 2 == 1, 1) for k in range(60)] + [(False, None)]
+    for releasing, forced in plan:
+        while forced == "all" and any(active):  # queue every held request, one per call
+            args = np.zeros((6, lanes), np.int64)
+            args[0] = 2
+            for ln in range(lanes):
+                if active[ln]:
+                    r = next(iter(active[ln]))
+                    args[:2, ln] = 1, r
+                    queued[ln].append(r)
+                    del active[ln][r]
+            s, _ = step(s, *(jnp.asarray(a, jnp.int32) for a in args))
+        if forced == "all":
+            continue
+        if not releasing and any(queued):
+            # the queues run before this wave of allocations, as the engine runs them at
+            # the end of the lockstep iteration that queued them
+            room = [kv.ring_size(st) - int(s.ftail[ln, 0] - s.fhead[ln, 0]) for ln in range(lanes)]
+            held = [sum(int(s.blen[ln, 0, q]) for q in queued[ln]) for ln in range(lanes)]
+            fits = all(h <= rm for h, rm in zip(held, room, strict=True))
+            flat_ring += fits
+            loop_ring += not fits
+            s = flush(s)
+            for ln in range(lanes):
+                for q in queued[ln]:
+                    refs[ln].release(reqs[ln][q])
+                queued[ln] = []
+                one = jax.tree_util.tree_map(lambda x, ln=ln: x[ln:ln + 1], s)
+                _compare(one, st, refs[ln], hash_of, reqs[ln])
+                assert int(s.rel_count[ln]) == 0 and int(s.blen[ln, 0].sum()) == sum(
+                    -(-active[ln][q] // BS) for q in active[ln])
+        args = np.zeros((6, lanes), np.int64)  # op, r, pi, start, end, lookup
+        args[0] = 2
+        for ln in range(lanes):
+            r = int(rng.integers(len(ROWS))) if forced is None else forced
+            req = reqs[ln][r]
+            if releasing:
+                if r in active[ln] and len(queued[ln]) < 4:
+                    args[:2, ln] = 1, r
+                    queued[ln].append(r)
+                    del active[ln][r]
+            elif r not in active[ln] and r not in queued[ln]:
+                cached = refs[ln].cached_blocks(req)
+                start = len(cached) * BS
+                end = min(req.input_tokens, start + CHUNK)
+                req.progress_index = 0
+                if refs[ln].allocate(req, start, end, cached):
+                    active[ln][r] = end
+                args[:, ln] = 0, r, 0, start, end, 1
+            elif r in active[ln] and active[ln][r] < total[r]:
+                pi = active[ln][r]
+                end = min(req.input_tokens, pi + CHUNK) if pi < req.input_tokens else pi + 1
+                req.progress_index = pi
+                if refs[ln].allocate(req, pi, end, []):
+                    active[ln][r] = end
+                args[:, ln] = 0, r, pi, pi, end, 0
+        expect_ok = [bool(args[0, ln] == 0 and args[1, ln] in active[ln]
+                          and active[ln][int(args[1, ln])] == args[4, ln]) for ln in range(lanes)]
+        s, ok = step(s, *(jnp.asarray(a, jnp.int32) for a in args))
+        for ln in range(lanes):
+            if args[0, ln] == 0:
+                assert bool(ok[ln]) == expect_ok[ln], (ln, args[:, ln])
+    # both ways of running the queues were taken, more than a few times
+    assert flat_ring > 10 and loop_ring > 3

@@ -104,6 +104,34 @@ def test_edge_case_parity(name):
     assert first_divergence(reference(resolved, w), simulate(resolved, w)) is None
 
 
+def test_final_token_block_after_a_release_in_the_same_step():
+    """Two requests finish in one step, each needing a fresh block for its final token, and
+    the second finds the free list empty until the first has released its blocks: 5 blocks
+    of 4 tokens, two prompts of 8 (2 blocks each, one block left); A's final token takes it,
+    A's release frees 3, and B's final token takes one of those. The engine queues
+    completions' releases, so it must run them before B's allocation (cache misses and the
+    free list's order would differ otherwise; a third request reuses the freed blocks)."""
+    rows = [dict(arrival=0, input=8, output=1), dict(arrival=0, input=8, output=1),
+            dict(arrival=5000, input=12, output=3)]
+    resolved = make_resolved(block_size=4, kv_blocks=5, max_running=4)
+    w = make_workload(rows, ("a",), ("g",))
+    ref = reference(resolved, w)
+    assert ref.cache_misses[0] == 2 + 2 + 1 + 1 + 4  # prompts, both final tokens, the third
+    assert first_divergence(ref, simulate(resolved, w)) is None
+
+
+def test_more_completions_in_one_step_than_the_release_queue_holds():
+    """20 requests admitted together finish in the same step: more than the 16 releases a
+    lane queues (``state.DEFERRED_RELEASES``), so the queue is run inside the lane once and
+    filled again. A second wave needs 60 of the 64 blocks: a release lost on the way would
+    make it wait or preempt."""
+    rows = [dict(arrival=0, input=6 + k % 3, output=4) for k in range(20)]
+    rows += [dict(arrival=50_000 + 10 * k, input=9, output=2) for k in range(20)]
+    resolved = make_resolved(block_size=4, kv_blocks=64, max_running=32)
+    w = make_workload(rows, ("a",), ("g",))
+    assert first_divergence(reference(resolved, w), simulate(resolved, w)) is None
+
+
 def _random_policy_configs(base: SimConfig, tenants, count: int, seed: int):
     rng = np.random.default_rng(seed)
     out = []
