@@ -361,7 +361,7 @@ def complete(s: SimState, st, c, i, now, d, active, running):
         final = go & done[pos] & (o_r > 0) & (p_r < l_r + o_r)
         # The releases of earlier completions are queued (``kv.defer_release``); the final
         # token's block comes from the free list's head, which they would only reach empty.
-        s = kv.lane_once(final & (s.rel_count > 0) & (s.kv_free[i] == 0),
+        s = kv.lane_once(go & kv.must_flush(s, i, final),
                          lambda s, go: kv.flush_releases(s, st, go), s)
         ok = final & kv.can_allocate(s, st, c, i, sb, r, p_r, p_r + 1, empty, 0)
         s = kv.allocate(s, st, c, i, sb, r, p_r, p_r + 1, empty, 0, ok, chunk=1)

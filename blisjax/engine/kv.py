@@ -492,20 +492,26 @@ def _release(s: SimState, st, i, sb, active, width: int) -> SimState:
 
 
 def defer_release(s: SimState, st, i, sb, active) -> SimState:
-    """Queue the release of batch slot sb of instance i (a completion) instead of running it.
+    """Queue the release of batch slot sb of instance i (a completion) instead of running it;
+    the queue must have room (``must_flush``).
 
     Queued releases run in queue order — by ``flush_releases`` inside the lane, or for every
     lane of a block at once by ``lanes.release_queued`` at the end of the lockstep iteration —
     which is the reference's order. Running them later is exact while nothing in between
     depends on them: within a step only a completion's final-token allocation could, and only
-    when the free list is empty (a release appends at the LRU tail, a pop takes the head), so
-    the caller flushes first in that case. A full queue is flushed before it grows."""
-    full = active & (s.rel_count >= s.rel_slots.shape[0])
-    s = lane_once(full, lambda s, go: flush_releases(s, st, go), s)
+    when the free list is empty (a release appends at the LRU tail, a pop takes the head)."""
     sb = jnp.asarray(sb, jnp.int32)
     return s.replace(rel_slots=upd(s.rel_slots, s.rel_count, sb, active),
                      rel_inst=jnp.where(active, jnp.asarray(i, jnp.int32), s.rel_inst),
                      rel_count=s.rel_count + active.astype(jnp.int32))
+
+
+def must_flush(s: SimState, i, final_token):
+    """Whether the lane must run its queued releases before a completion on instance i: its
+    queue is full, or the completion's final token (``final_token``) may need a block from a
+    free list that is empty without them."""
+    full = s.rel_count >= s.rel_slots.shape[0]
+    return full | (final_token & (s.rel_count > 0) & (s.kv_free[i] == 0))
 
 
 def flush_releases(s: SimState, st, active) -> SimState:
