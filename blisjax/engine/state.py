@@ -13,7 +13,7 @@ from blisjax.engine.static import EngineStatic
 
 PENDING, ADMITTED, ROUTED, QUEUED, RUNNING, COMPLETED, TIMED_OUT, DROPPED, REJECTED = range(9)
 NIL = -1
-DEFERRED_RELEASES = 16  # completions' releases a lane queues before it runs them itself
+DEFERRED_RELEASES = 8  # completions' releases a lane queues before it runs them itself
 INT64_MAX = (1 << 63) - 1
 
 

@@ -121,7 +121,7 @@ def test_final_token_block_after_a_release_in_the_same_step():
 
 
 def test_more_completions_in_one_step_than_the_release_queue_holds():
-    """20 requests admitted together finish in the same step: more than the 16 releases a
+    """20 requests admitted together finish in the same step: more than the 8 releases a
     lane queues (``state.DEFERRED_RELEASES``), so the queue is run inside the lane once and
     filled again. A second wave needs 60 of the 64 blocks: a release lost on the way would
     make it wait or preempt."""
