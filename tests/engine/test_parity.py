@@ -122,8 +122,8 @@ def test_final_token_block_after_a_release_in_the_same_step():
 
 def test_more_completions_in_one_step_than_the_release_queue_holds():
     """20 requests admitted together finish in the same step: more than the 8 releases a
-    lane queues (``state.DEFERRED_RELEASES``), so the queue is run inside the lane once and
-    filled again. A second wave needs 60 of the 64 blocks: a release lost on the way would
+    lane queues (``state.DEFERRED_RELEASES``), so the lane runs its queue itself and queues
+    again. A second wave needs 60 of the 64 blocks: a release lost on the way would
     make it wait or preempt."""
     rows = [dict(arrival=0, input=6 + k % 3, output=4) for k in range(20)]
     rows += [dict(arrival=50_000 + 10 * k, input=9, output=2) for k in range(20)]
