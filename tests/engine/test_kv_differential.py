@@ -183,7 +183,8 @@ def test_queued_releases_of_all_lanes_match_reference(seed):
     total = [row["input"] + row["output"] for row in ROWS]
     s = jax.vmap(functools.partial(init_state, st), in_axes=(0, 0, 0, None))(
         jnp.zeros(lanes), jnp.zeros(lanes), jnp.zeros(lanes, jnp.int32), 3)
-    step, flush = _queue_kernel(st, consts), jax.jit(lambda s: release_queued(s, st))
+    step = _queue_kernel(st, consts)
+    flush = jax.jit(lambda s: release_queued(s, st, flat_min_lanes=1))  # 3 lanes: flat
     rng = np.random.default_rng(seed)
     active = [{} for _ in range(lanes)]
     queued = [[] for _ in range(lanes)]
