@@ -338,10 +338,12 @@ def execute(s: SimState, st, c, i, now, n_preempted, active, width: int):
     return s, d, (valid, slots, reqs, new_pi, l_in, out)
 
 
-def complete(s: SimState, st, c, i, now, d, active, running):
+def complete(s: SimState, st, c, i, now, d, active, running, defer: bool = False):
     """Completions and length caps, accounted at the step start (§2.7), in batch order.
     ``running``: what ``execute`` read and wrote of the running positions (valid, slots,
-    requests, progress, input and output lengths), so it is not read again."""
+    requests, progress, input and output lengths), so it is not read again. ``defer``: queue
+    the releases (``kv.defer_release``) for the block's pass across lanes instead of running
+    them here."""
     valid, slots, reqs, pi, l_in, out = running
     width = valid.shape[0]
     done = records.output_finished(pi, l_in, out)
@@ -359,13 +361,14 @@ def complete(s: SimState, st, c, i, now, d, active, running):
         sb, r = slots[pos], jnp.where(go, reqs[pos], st.num_requests)
         p_r, l_r, o_r = pi[pos], l_in[pos], out[pos]  # as execute left them
         final = go & done[pos] & (o_r > 0) & (p_r < l_r + o_r)
-        # The releases of earlier completions are queued (``kv.defer_release``); the final
-        # token's block comes from the free list's head, which they would only reach empty.
-        s = kv.lane_once(go & kv.must_flush(s, i, final),
-                         lambda s, go: kv.flush_releases(s, st, go), s)
+        if defer:
+            # The releases of earlier completions are queued; the final token's block comes
+            # from the free list's head, which they would only reach empty.
+            s = kv.lane_once(go & kv.must_flush(s, i, final),
+                             lambda s, go: kv.flush_releases(s, st, go), s)
         ok = final & kv.can_allocate(s, st, c, i, sb, r, p_r, p_r + 1, empty, 0)
         s = kv.allocate(s, st, c, i, sb, r, p_r, p_r + 1, empty, 0, ok, chunk=1)
-        s = kv.defer_release(s, st, i, sb, go)
+        s = kv.defer_release(s, st, i, sb, go) if defer else kv.release(s, st, i, sb, go)
         t = c.tenant[r]
         # E2E, output tokens done and the length-cap flag are functions of progress, TTFT
         # and ITL sum, which no longer change: ``run.lane_result`` derives them.
@@ -393,10 +396,10 @@ def complete(s: SimState, st, c, i, now, d, active, running):
     return s
 
 
-def _finish_at(s: SimState, st, c, i, now, n_preempted, go, width: int):
+def _finish_at(s: SimState, st, c, i, now, n_preempted, go, width: int, defer: bool = False):
     """Execute and complete over running positions 0..width-1 (>= n_run); the next step."""
     s, d, running = execute(s, st, c, i, now, n_preempted, go, width)
-    s = complete(s, st, c, i, now, d, go, running)
+    s = complete(s, st, c, i, now, d, go, running, defer)
     more = (s.n_run[i] > 0) | (s.q_len[i] > 0)
     return s.replace(step_time=upd(s.step_time, i, jnp.where(more, now + d, -1), go))
 
@@ -418,7 +421,7 @@ def step_widths(st, per_octave: int = 1) -> tuple[int, ...]:
     return (*widths, st.batch_slots)
 
 
-def step(s: SimState, st, c, p, i, now, active):
+def step(s: SimState, st, c, p, i, now, active, defer: bool = False):
     """The instance's StepEvent at ``now``.
 
     Work over the running batch is vectorized over positions, so its cost follows the vector
@@ -456,4 +459,4 @@ def step(s: SimState, st, c, p, i, now, active):
     n_preempted = s.preempt_count[i] - preempted_before
     running = kv.lane_max(jnp.where(go, s.n_run[i], 0))
     return kv.by_width(step_widths(st, FINISH_PER_OCTAVE), running, go,
-                       lambda s, go, w: _finish_at(s, st, c, i, now, n_preempted, go, w), s)
+                       lambda s, go, w: _finish_at(s, st, c, i, now, n_preempted, go, w, defer), s)

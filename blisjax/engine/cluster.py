@@ -374,16 +374,18 @@ def _routing_follows(s: SimState, st, c, admitted):
     return admitted & (s.route_cursor == r) & alone
 
 
-def _dispatch_step(s: SimState, st, c, p, ev: NextEvent) -> SimState:
+def _dispatch_step(s: SimState, st, c, p, ev: NextEvent, defer: bool = False) -> SimState:
     """Run ``ev``, which is a step or no event at all (the cheap ones were drained): only the
     step handler is compiled here. A step marks no deadline handled, so the deadline cursor
     stays where it is."""
     s, live = _begin(s, ev, jnp.asarray(True))
     return kv.lane_once(live & ev.kind_step,
-                        lambda s, go: batch.step(s, st, c, p, ev.instance, ev.t_us, go), s)
+                        lambda s, go: batch.step(s, st, c, p, ev.instance, ev.t_us, go,
+                                                 defer), s)
 
 
-def lane_advance(s: SimState, ev: NextEvent, st, c, p) -> tuple[SimState, NextEvent]:
+def lane_advance(s: SimState, ev: NextEvent, st, c, p,
+                 defer_releases: bool = False) -> tuple[SimState, NextEvent]:
     """Advance one lane through every event before its next step, then by one more event.
     ``ev`` is ``next_event(s)``; returns the new state and its next event.
 
@@ -402,7 +404,10 @@ def lane_advance(s: SimState, ev: NextEvent, st, c, p) -> tuple[SimState, NextEv
     takes the passes per step from 6.7 to 3.7 (a lane's own mean is 2.2), and the second half
     of a pass runs only the (cheap) enqueue handler and the next-event selection — what
     ``_dispatch_cheap`` does for an enqueue (an enqueue handles no deadline, so the deadline
-    cursor stays)."""
+    cursor stays).
+
+    ``defer_releases``: the step's completions queue their releases (``kv.defer_release``);
+    the caller must run the queue (``lanes.release_queued``) before the lane's next event."""
     def cheap(carry, go):
         s = _dispatch_cheap(carry[0], st, c, p, carry[1], go)
         ev = next_event(s, st, c)
@@ -415,7 +420,7 @@ def lane_advance(s: SimState, ev: NextEvent, st, c, p) -> tuple[SimState, NextEv
         return s, next_event(s, st, c)
 
     s, ev = kv.lane_while(lambda carry: carry[1].live & ~carry[1].kind_step, cheap, (s, ev))
-    s = _dispatch_step(s, st, c, p, ev)
+    s = _dispatch_step(s, st, c, p, ev, defer_releases)
     return s, next_event(s, st, c)
 
 

@@ -22,7 +22,7 @@ from jax.sharding import Mesh, PartitionSpec  # noqa: E402
 from blisjax.config.sim import ADMISSION_POLICIES  # noqa: E402
 from blisjax.engine.cluster import lane_advance, next_event  # noqa: E402
 from blisjax.engine.kv import LANES  # noqa: E402
-from blisjax.engine.lanes import release_queued  # noqa: E402
+from blisjax.engine.lanes import FLAT_MIN_LANES, release_queued  # noqa: E402
 from blisjax.engine.params import PolicyParams, params_from_config, stack_params  # noqa: E402
 from blisjax.engine.state import COMPLETED, DROPPED, REJECTED, TIMED_OUT, init_state  # noqa: E402
 from blisjax.engine.static import EngineStatic, build_consts, build_static  # noqa: E402
@@ -58,14 +58,18 @@ def _run_block(st: EngineStatic, consts, params: PolicyParams):
     next step (``lane_advance``)."""
     init = jax.vmap(lambda p: init_state(st, p.tb_capacity, p.rl_burst, p.admission,
                                          _RATE_LIMIT))(params)
-    advance = jax.vmap(lambda s, ev, p: lane_advance(s, ev, st, consts, p), axis_name=LANES)
+    # With enough lanes, completions queue their releases and the queues of all lanes run
+    # as one pass per iteration (``lanes.release_queued``); a few lanes release in place.
+    defer = int(params.admission.shape[0]) >= FLAT_MIN_LANES
+    advance = jax.vmap(lambda s, ev, p: lane_advance(s, ev, st, consts, p, defer),
+                       axis_name=LANES)
 
     def cond(carry):
         return ~jnp.all(carry[0].done)
 
     def body(carry):
         s, ev = advance(*carry, params)
-        return release_queued(s, st), ev  # the steps' completions, all lanes in one pass
+        return (release_queued(s, st) if defer else s), ev
 
     first = jax.vmap(lambda s: next_event(s, st, consts))(init)
     return jax.lax.while_loop(cond, body, (init, first))[0]
