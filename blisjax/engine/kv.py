@@ -37,7 +37,7 @@ from blisjax.engine.state import NIL, SimState
 from blisjax.engine.vec import leading_count, prefix_sum
 
 LANES = "lanes"  # the vmap axis name of a population
-_KEY_LIMIT = 1 << 30  # ring keys are renumbered from 0 before they could overflow int32
+KEY_LIMIT = 1 << 30  # ring keys are renumbered from 0 before they could overflow int32
 
 
 def lane_while(cond_fn, body_fn, init):
@@ -77,10 +77,10 @@ def lane_once(active, handler, s):
     loop rather than a ``cond``: XLA updates a loop's carry in place, a ``cond`` may copy it
     (measured: with a ``lax.switch`` in place of ``by_width``'s loops, 300 requests of
     scenario S took 29 s per call where 600 take ~1 s)."""
-    return _run_if(_any_lane(active), lambda s: handler(s, active), s)
+    return run_if(_any_lane(active), lambda s: handler(s, active), s)
 
 
-def _run_if(flag, fn, s):
+def run_if(flag, fn, s):
     """``fn(s)`` if the unbatched ``flag`` holds, else ``s`` (a one-shot loop, see
     ``lane_once``)."""
     def step(carry):
@@ -100,7 +100,7 @@ def by_width(widths, need, active, program, carry):
         fits = need > (widths[k - 1] if k else -1)
         if k < len(widths) - 1:
             fits = fits & (need <= w)
-        carry = _run_if(anyone & fits, lambda cr, w=w: program(cr, active, w), carry)
+        carry = run_if(anyone & fits, lambda cr, w=w: program(cr, active, w), carry)
     return carry
 
 
@@ -191,7 +191,7 @@ def append_blocks(s: SimState, st, i, blocks, mask) -> SimState:
     """Append ``blocks[k]`` where ``mask[k]``, in order, to instance i's free-list tail."""
     r_size, k_blocks = ring_size(st), st.kv_blocks
     count = jnp.sum(mask, dtype=jnp.int32)
-    full = (s.ftail[i] - s.fhead[i] + count > r_size) | (s.ftail[i] + count > _KEY_LIMIT)
+    full = (s.ftail[i] - s.fhead[i] + count > r_size) | (s.ftail[i] + count > KEY_LIMIT)
     s = lane_once(full, lambda s, go: _compact(s, st, i, go), s)
     key = s.ftail[i] + prefix_sum(mask) - 1
     return s.replace(

@@ -59,14 +59,14 @@ def release_queued(s: SimState, st, flat_min_lanes: int = FLAT_MIN_LANES) -> Sim
     per_lane = jnp.sum(held, axis=1)
     tail, head = s.ftail[lane, inst], s.fhead[lane, inst]
     ring_ok = jnp.all((tail - head + per_lane <= kv.ring_size(st))
-                      & (tail + per_lane <= kv._KEY_LIMIT))
+                      & (tail + per_lane <= kv.KEY_LIMIT))
     total = jnp.sum(per_lane)
     widths = flat_widths(lanes, queue, st.max_blocks_per_request)
     flat = ring_ok & (total <= widths[-1])
     for k, w in enumerate(widths):
         fits = flat & (total > (widths[k - 1] if k else -1)) & (total <= w)
-        s = kv._run_if(fits, lambda s, w=w: _flat_release(s, st, slots, held, w), s)
-    s = kv._run_if(~flat & jnp.any(s.rel_count > 0), lane_loop, s)
+        s = kv.run_if(fits, lambda s, w=w: _flat_release(s, st, slots, held, w), s)
+    s = kv.run_if(~flat & jnp.any(s.rel_count > 0), lane_loop, s)
     return s.replace(rel_count=jnp.zeros_like(s.rel_count))
 
 
