@@ -38,19 +38,14 @@ def flat_widths(lanes: int, queue: int, max_blocks: int) -> tuple[int, ...]:
     return (*widths, most)
 
 
-def release_queued(s: SimState, st, flat_min_lanes: int = FLAT_MIN_LANES) -> SimState:
-    """Run every lane's queued releases and empty the queues (``s`` stacked over lanes; a
-    block of fewer than ``flat_min_lanes`` lanes runs them in the lanes' own loop).
+def release_queued(s: SimState, st) -> SimState:
+    """Run every lane's queued releases and empty the queues (``s`` stacked over lanes).
 
     The flat pass is exact when no lane's free-list ring could need compaction on the way
     (``kv.append_blocks``): bounded by the blocks each lane releases, not the ones it frees.
     Otherwise, or when the blocks exceed the widest program, the lanes run their own queues
     (``kv.flush_releases``)."""
     lanes, queue = s.rel_slots.shape
-    lane_loop = jax.vmap(lambda s: kv.flush_releases(s, st, jnp.asarray(True)),
-                         axis_name=kv.LANES)
-    if lanes < flat_min_lanes:
-        return lane_loop(s)
     queued = jnp.arange(queue)[None, :] < s.rel_count[:, None]  # [L, D]
     lane = jnp.arange(lanes)
     inst = s.rel_inst
@@ -66,6 +61,8 @@ def release_queued(s: SimState, st, flat_min_lanes: int = FLAT_MIN_LANES) -> Sim
     for k, w in enumerate(widths):
         fits = flat & (total > (widths[k - 1] if k else -1)) & (total <= w)
         s = kv.run_if(fits, lambda s, w=w: _flat_release(s, st, slots, held, w), s)
+    lane_loop = jax.vmap(lambda s: kv.flush_releases(s, st, jnp.asarray(True)),
+                         axis_name=kv.LANES)
     s = kv.run_if(~flat & jnp.any(s.rel_count > 0), lane_loop, s)
     return s.replace(rel_count=jnp.zeros_like(s.rel_count))
 

@@ -184,7 +184,7 @@ def test_queued_releases_of_all_lanes_match_reference(seed):
     s = jax.vmap(functools.partial(init_state, st), in_axes=(0, 0, 0, None))(
         jnp.zeros(lanes), jnp.zeros(lanes), jnp.zeros(lanes, jnp.int32), 3)
     step = _queue_kernel(st, consts)
-    flush = jax.jit(lambda s: release_queued(s, st, flat_min_lanes=1))  # 3 lanes: flat
+    flush = jax.jit(lambda s: release_queued(s, st))
     rng = np.random.default_rng(seed)
     active = [{} for _ in range(lanes)]
     queued = [[] for _ in range(lanes)]
