@@ -57,7 +57,7 @@ def release_queued(s: SimState, st) -> SimState:
                       & (tail + per_lane <= kv.KEY_LIMIT))
     total = jnp.sum(per_lane)
     widths = flat_widths(lanes, queue, st.max_blocks_per_request)
-    flat = ring_ok & (total <= widths[-1])
+    flat = ring_ok & (total > 0) & (total <= widths[-1])  # nothing queued: no pass at all
     for k, w in enumerate(widths):
         fits = flat & (total > (widths[k - 1] if k else -1)) & (total <= w)
         s = kv.run_if(fits, lambda s, w=w: _flat_release(s, st, slots, held, w), s)
