@@ -355,6 +355,12 @@ def complete(s: SimState, st, c, i, now, d, active, running, defer: bool = False
     empty = jnp.zeros(1, jnp.int32)
     left = now + d
 
+    if defer:
+        s, fast = _complete_queued(s, st, c, i, fin, done, rank, count, running, active)
+    else:
+        fast = jnp.asarray(False)
+    count_loop = jnp.where(fast, 0, count)  # what the one-at-a-time loop below still does
+
     def body(carry, go):
         s, k = carry
         pos = jnp.argmax(fin & (rank == k))
@@ -379,7 +385,7 @@ def complete(s: SimState, st, c, i, now, d, active, running, defer: bool = False
                                  jnp.maximum(s.tenant_in_flight[t] - 1, 0), go))
         return s, k + go.astype(k.dtype)
 
-    s, _ = kv.lane_while(lambda cr: cr[1] < count, body, (s, jnp.asarray(0, jnp.int32)))
+    s, _ = kv.lane_while(lambda cr: cr[1] < count_loop, body, (s, jnp.asarray(0, jnp.int32)))
     keep = valid & ~fin
     # valid positions are 0 .. n_run - 1, so the kept ones up to position k number
     # k + 1 - fin_through[k]
@@ -394,6 +400,67 @@ def complete(s: SimState, st, c, i, now, d, active, running, defer: bool = False
         last_left=upd(s.last_left, i, jnp.maximum(s.last_left[i], left),
                       active & (count > 0) & (left <= st.horizon_us)))
     return s
+
+
+def _complete_queued(s: SimState, st, c, i, fin, done, rank, count, running, active):
+    """All of a step's completions at once, their releases queued (``kv.defer_release``);
+    returns ``(state, fast)``, ``fast`` False where the lane must take the one-at-a-time loop
+    instead (the state is then unchanged).
+
+    Exact where the release queue holds them all and the free list holds every final-token
+    block at the step's start: a completion's final token then tops up its own last block or
+    takes the block at the free list's head, which the earlier completions' releases (appended
+    at the tail) would not have reached, and its pre-check passes with or without them. So the
+    final tokens are one ``grant_tokens`` call in batch order, and the per-completion updates
+    are scatters. Inside ``vmap`` the loop runs as many trips as the block's busiest lane has
+    completions, each costing all lanes; this runs once, over the queue's few positions."""
+    valid, slots, reqs, pi, l_in, out = running
+    depth = s.rel_slots.shape[0]
+    k = jnp.arange(depth, dtype=jnp.int32)
+    width = fin.shape[0]
+    # the k-th finishing position, for k < count (count <= depth where it is used)
+    pos = jnp.zeros(depth, jnp.int32).at[jnp.where(fin & (rank < depth), rank, depth)].set(
+        jnp.arange(width, dtype=jnp.int32), mode="drop")
+    on = k < count
+    sb, r = slots[pos], jnp.where(on, reqs[pos], st.num_requests)
+    p_r, l_r, o_r = pi[pos], l_in[pos], out[pos]
+    final = on & done[pos] & (o_r > 0) & (p_r < l_r + o_r)
+    blen, last, filled = kv.last_block_fill(s, st, i, sb)
+    fresh = jnp.where(final, kv.blocks_needed(st, blen, filled, 1), 0).astype(jnp.int32)
+    room = (count <= depth - s.rel_count) & ((s.rel_count == 0) | (s.rel_inst == i))
+    fast = active & (count > 0) & room & (jnp.sum(fresh) <= s.kv_free[i])
+
+    # Most final tokens only top up their last block; fresh blocks (or a top-up that would
+    # register a prompt block, which a decode token never completes) take ``grant_tokens``.
+    top_reg = (filled + 1 == st.block_size) & (blen - 1 < c.full_blocks[r])
+    general = jnp.any(final & ((fresh > 0) | top_reg))
+
+    def grant(s, go):
+        return kv.grant_tokens(s, st, c, i, sb, r, jnp.ones(depth, jnp.int32), p_r < l_r,
+                               final & go, chunk=depth,
+                               known=(blen, last, filled, prefix_sum(jnp.where(go, fresh, 0))))
+
+    def queued(s, go):
+        m = on & go
+        s = kv.lane_once(go & general, grant, s)
+        top = final & go & ~general  # every final token of the lane tops up
+        s = s.replace(kv_tok=s.kv_tok.at[i, jnp.where(top, last, st.kv_blocks)].add(
+            1, mode="drop"))
+        t = c.tenant[r]
+        n_tenants = s.tenant_in_flight.shape[0]
+        # max(x - 1, 0) applied once per completion of the tenant = max(x - n, 0)
+        ended = jnp.zeros(n_tenants, jnp.int32).at[jnp.where(m, t, n_tenants)].add(
+            1, mode="drop")
+        left = s.tenant_in_flight
+        return s.replace(
+            status=s.status.at[jnp.where(m, r, st.num_requests)].set(COMPLETED, mode="drop"),
+            slot_req=s.slot_req.at[i, jnp.where(m, sb, st.batch_slots)].set(NIL, mode="drop"),
+            tenant_in_flight=jnp.where(ended > 0, jnp.maximum(left - ended, 0), left),
+            rel_slots=s.rel_slots.at[jnp.where(m, s.rel_count + k, depth)].set(sb, mode="drop"),
+            rel_inst=jnp.where(go, jnp.asarray(i, jnp.int32), s.rel_inst),
+            rel_count=s.rel_count + jnp.where(go, count, 0))
+
+    return kv.lane_once(fast, queued, s), fast
 
 
 def _finish_at(s: SimState, st, c, i, now, n_preempted, go, width: int, defer: bool = False):

@@ -134,6 +134,25 @@ def test_more_completions_in_one_step_than_the_release_queue_holds():
     _queued_release_lanes_match(resolved, w, reference(resolved, w))
 
 
+def test_completions_of_one_step_at_once_free_their_tenants_quota():
+    """Three requests of one tenant finish in the same step (so a lockstep block of lanes
+    completes them in one pass, ``batch._complete_queued``), each final token taking a fresh
+    block (prompts of exactly 2 blocks of 4). The tenant may have 3 requests in flight: the
+    next three arrivals are admitted only if all three completions left the count, and are
+    rejected if the pass decremented it once per step instead of once per request.
+    (An instance whose batch empties is idle at once — BLIS accounts completions at the step's
+    start — so the second wave's arrivals, all at one tick, share one step too.)"""
+    rows = [dict(arrival=0, input=8, output=1, tenant="a") for _ in range(3)]
+    rows += [dict(arrival=100_000, input=8, output=1, tenant="a") for _ in range(3)]
+    admission = AdmissionConfig(policy="tenant-quota", default_tenant_max_in_flight=3)
+    resolved = make_resolved(block_size=4, kv_blocks=20, admission=admission)
+    w = make_workload(rows, ("a",), ("g",))
+    want = reference(resolved, w)
+    assert want.rejected_admission == 0
+    assert want.cache_misses[0] == 2 * (3 * 2 + 3)  # two waves: prompts, then final tokens
+    _queued_release_lanes_match(resolved, w, want)
+
+
 def _queued_release_lanes_match(resolved, w, want):
     """16 lanes of one policy (a lockstep block of >= ``lanes.FLAT_MIN_LANES`` lanes on one or
     two devices, so completions queue their releases) each equal to the reference run."""
