@@ -4,6 +4,9 @@ Mirrors ``blisjax.reference.instance.Instance._step`` statement by statement."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
+import jax
 import jax.numpy as jnp
 
 from blisjax.engine import hostlatency, kv
@@ -343,7 +346,8 @@ def complete(s: SimState, st, c, i, now, d, active, running, defer: bool = False
     ``running``: what ``execute`` read and wrote of the running positions (valid, slots,
     requests, progress, input and output lengths), so it is not read again. ``defer``: queue
     the releases (``kv.defer_release``) for the block's pass across lanes instead of running
-    them here."""
+    them here, and return ``(state, plan)``: the lanes whose completions all go in one pass
+    are left to ``complete_planned`` (``_plan_queued``); the others took the loop here."""
     valid, slots, reqs, pi, l_in, out = running
     width = valid.shape[0]
     done = records.output_finished(pi, l_in, out)
@@ -356,7 +360,8 @@ def complete(s: SimState, st, c, i, now, d, active, running, defer: bool = False
     left = now + d
 
     if defer:
-        s, fast = _complete_queued(s, st, c, i, fin, done, rank, count, running, active)
+        plan = _plan_queued(s, st, c, i, fin, done, rank, count, running, active)
+        fast = plan.fast
     else:
         fast = jnp.asarray(False)
     count_loop = jnp.where(fast, 0, count)  # what the one-at-a-time loop below still does
@@ -399,13 +404,40 @@ def complete(s: SimState, st, c, i, now, d, active, running, defer: bool = False
         in_flight=s.in_flight.at[i].set(jnp.maximum(s.in_flight[i] - count, 0)),
         last_left=upd(s.last_left, i, jnp.maximum(s.last_left[i], left),
                       active & (count > 0) & (left <= st.horizon_us)))
-    return s
+    return (s, plan) if defer else s
 
 
-def _complete_queued(s: SimState, st, c, i, fin, done, rank, count, running, active):
-    """All of a step's completions at once, their releases queued (``kv.defer_release``);
-    returns ``(state, fast)``, ``fast`` False where the lane must take the one-at-a-time loop
-    instead (the state is then unchanged).
+class QueuedPlan(NamedTuple):
+    """A step's completions to run in one pass (``_plan_queued``), over the release queue's
+    positions k (``state.DEFERRED_RELEASES``): the k-th finishing request, its batch slot, the
+    block fill of its slot, whether its final token is allocated and needs a fresh block."""
+
+    fast: jax.Array  # the lane's completions all go in the pass
+    count: jax.Array
+    on: jax.Array  # [D] k < count
+    sb: jax.Array
+    r: jax.Array
+    prefill: jax.Array
+    final: jax.Array
+    blen: jax.Array
+    last: jax.Array
+    filled: jax.Array
+    fresh: jax.Array
+    general: jax.Array  # some final token takes a fresh block or registers its top-up
+
+
+def no_plan(s: SimState) -> QueuedPlan:
+    """A plan that does nothing (the carry's start value before the width programs)."""
+    depth = s.rel_slots.shape[0]
+    zeros, false = jnp.zeros(depth, jnp.int32), jnp.zeros(depth, bool)
+    return QueuedPlan(jnp.asarray(False), jnp.asarray(0, jnp.int32), false, zeros, zeros,
+                      false, false, zeros, zeros, zeros, zeros, jnp.asarray(False))
+
+
+def _plan_queued(s: SimState, st, c, i, fin, done, rank, count, running, active) -> QueuedPlan:
+    """Whether all of a step's completions can go in one pass, their releases queued
+    (``kv.defer_release``), and what that pass needs; ``fast`` False where the lane must take
+    the one-at-a-time loop instead.
 
     Exact where the release queue holds them all and the free list holds every final-token
     block at the step's start: a completion's final token then tops up its own last block or
@@ -413,7 +445,10 @@ def _complete_queued(s: SimState, st, c, i, fin, done, rank, count, running, act
     at the tail) would not have reached, and its pre-check passes with or without them. So the
     final tokens are one ``grant_tokens`` call in batch order, and the per-completion updates
     are scatters. Inside ``vmap`` the loop runs as many trips as the block's busiest lane has
-    completions, each costing all lanes; this runs once, over the queue's few positions."""
+    completions, each costing all lanes; the pass runs once, over the queue's few positions.
+    The plan is made inside the step's width programs (it reads their running positions) and
+    run once after them (``complete_planned``): it needs none of their width, and nothing in
+    between writes what it reads."""
     valid, slots, reqs, pi, l_in, out = running
     depth = s.rel_slots.shape[0]
     k = jnp.arange(depth, dtype=jnp.int32)
@@ -429,22 +464,33 @@ def _complete_queued(s: SimState, st, c, i, fin, done, rank, count, running, act
     fresh = jnp.where(final, kv.blocks_needed(st, blen, filled, 1), 0).astype(jnp.int32)
     room = (count <= depth - s.rel_count) & ((s.rel_count == 0) | (s.rel_inst == i))
     fast = active & (count > 0) & room & (jnp.sum(fresh) <= s.kv_free[i])
-
     # Most final tokens only top up their last block; fresh blocks (or a top-up that would
     # register a prompt block, which a decode token never completes) take ``grant_tokens``.
     top_reg = (filled + 1 == st.block_size) & (blen - 1 < c.full_blocks[r])
     general = jnp.any(final & ((fresh > 0) | top_reg))
+    return QueuedPlan(fast, count, on, sb, r, p_r < l_r, final, blen, last, filled, fresh,
+                      general)
+
+
+def complete_planned(s: SimState, st, c, i, plan: QueuedPlan) -> SimState:
+    """Run ``plan`` (``_plan_queued``) where its ``fast`` holds: the final tokens, then status,
+    slot, tenant in-flight and release-queue updates as scatters over the queue's positions."""
+    depth = s.rel_slots.shape[0]
+    k = jnp.arange(depth, dtype=jnp.int32)
+    on, sb, r, final, fresh, general = plan.on, plan.sb, plan.r, plan.final, plan.fresh, \
+        plan.general
 
     def grant(s, go):
-        return kv.grant_tokens(s, st, c, i, sb, r, jnp.ones(depth, jnp.int32), p_r < l_r,
+        return kv.grant_tokens(s, st, c, i, sb, r, jnp.ones(depth, jnp.int32), plan.prefill,
                                final & go, chunk=depth,
-                               known=(blen, last, filled, prefix_sum(jnp.where(go, fresh, 0))))
+                               known=(plan.blen, plan.last, plan.filled,
+                                      prefix_sum(jnp.where(go, fresh, 0))))
 
     def queued(s, go):
         m = on & go
         s = kv.lane_once(go & general, grant, s)
         top = final & go & ~general  # every final token of the lane tops up
-        s = s.replace(kv_tok=s.kv_tok.at[i, jnp.where(top, last, st.kv_blocks)].add(
+        s = s.replace(kv_tok=s.kv_tok.at[i, jnp.where(top, plan.last, st.kv_blocks)].add(
             1, mode="drop"))
         t = c.tenant[r]
         n_tenants = s.tenant_in_flight.shape[0]
@@ -458,17 +504,20 @@ def _complete_queued(s: SimState, st, c, i, fin, done, rank, count, running, act
             tenant_in_flight=jnp.where(ended > 0, jnp.maximum(left - ended, 0), left),
             rel_slots=s.rel_slots.at[jnp.where(m, s.rel_count + k, depth)].set(sb, mode="drop"),
             rel_inst=jnp.where(go, jnp.asarray(i, jnp.int32), s.rel_inst),
-            rel_count=s.rel_count + jnp.where(go, count, 0))
+            rel_count=s.rel_count + jnp.where(go, plan.count, 0))
 
-    return kv.lane_once(fast, queued, s), fast
+    return kv.lane_once(plan.fast, queued, s)
 
 
 def _finish_at(s: SimState, st, c, i, now, n_preempted, go, width: int, defer: bool = False):
-    """Execute and complete over running positions 0..width-1 (>= n_run); the next step."""
+    """Execute and complete over running positions 0..width-1 (>= n_run); the next step.
+    Returns the state, and with ``defer`` also the completions' one-pass plan."""
     s, d, running = execute(s, st, c, i, now, n_preempted, go, width)
-    s = complete(s, st, c, i, now, d, go, running, defer)
+    done = complete(s, st, c, i, now, d, go, running, defer)
+    s, plan = done if defer else (done, None)
     more = (s.n_run[i] > 0) | (s.q_len[i] > 0)
-    return s.replace(step_time=upd(s.step_time, i, jnp.where(more, now + d, -1), go))
+    s = s.replace(step_time=upd(s.step_time, i, jnp.where(more, now + d, -1), go))
+    return (s, plan) if defer else s
 
 
 PHASE1_PER_OCTAVE = 1  # widths per doubling of phase 1's programs (64, 128, 256)
@@ -525,5 +574,11 @@ def step(s: SimState, st, c, p, i, now, active, defer: bool = False):
     s = phase2(s, st, c, p, i, now, budget, pre, go)
     n_preempted = s.preempt_count[i] - preempted_before
     running = kv.lane_max(jnp.where(go, s.n_run[i], 0))
-    return kv.by_width(step_widths(st, FINISH_PER_OCTAVE), running, go,
-                       lambda s, go, w: _finish_at(s, st, c, i, now, n_preempted, go, w, defer), s)
+    widths = step_widths(st, FINISH_PER_OCTAVE)
+    if not defer:
+        return kv.by_width(widths, running, go,
+                           lambda s, go, w: _finish_at(s, st, c, i, now, n_preempted, go, w), s)
+    s, plan = kv.by_width(widths, running, go,
+                          lambda sp, go, w: _finish_at(sp[0], st, c, i, now, n_preempted, go, w,
+                                                       True), (s, no_plan(s)))
+    return complete_planned(s, st, c, i, plan)

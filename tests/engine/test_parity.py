@@ -136,7 +136,7 @@ def test_more_completions_in_one_step_than_the_release_queue_holds():
 
 def test_completions_of_one_step_at_once_free_their_tenants_quota():
     """Three requests of one tenant finish in the same step (so a lockstep block of lanes
-    completes them in one pass, ``batch._complete_queued``), each final token taking a fresh
+    completes them in one pass, ``batch.complete_planned``), each final token taking a fresh
     block (prompts of exactly 2 blocks of 4). The tenant may have 3 requests in flight: the
     next three arrivals are admitted only if all three completions left the count, and are
     rejected if the pass decremented it once per step instead of once per request.
