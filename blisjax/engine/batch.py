@@ -413,8 +413,7 @@ class QueuedPlan(NamedTuple):
     block fill of its slot, whether its final token is allocated and needs a fresh block."""
 
     fast: jax.Array  # the lane's completions all go in the pass
-    count: jax.Array
-    on: jax.Array  # [D] k < count
+    count: jax.Array  # completions; they sit at queue positions k < count
     sb: jax.Array
     r: jax.Array
     prefill: jax.Array
@@ -430,8 +429,8 @@ def no_plan(s: SimState) -> QueuedPlan:
     """A plan that does nothing (the carry's start value before the width programs)."""
     depth = s.rel_slots.shape[0]
     zeros, false = jnp.zeros(depth, jnp.int32), jnp.zeros(depth, bool)
-    return QueuedPlan(jnp.asarray(False), jnp.asarray(0, jnp.int32), false, zeros, zeros,
-                      false, false, zeros, zeros, zeros, zeros, jnp.asarray(False))
+    return QueuedPlan(jnp.asarray(False), jnp.asarray(0, jnp.int32), zeros, zeros, false,
+                      false, zeros, zeros, zeros, zeros, jnp.asarray(False))
 
 
 def _plan_queued(s: SimState, st, c, i, fin, done, rank, count, running, active) -> QueuedPlan:
@@ -468,8 +467,7 @@ def _plan_queued(s: SimState, st, c, i, fin, done, rank, count, running, active)
     # register a prompt block, which a decode token never completes) take ``grant_tokens``.
     top_reg = (filled + 1 == st.block_size) & (blen - 1 < c.full_blocks[r])
     general = jnp.any(final & ((fresh > 0) | top_reg))
-    return QueuedPlan(fast, count, on, sb, r, p_r < l_r, final, blen, last, filled, fresh,
-                      general)
+    return QueuedPlan(fast, count, sb, r, p_r < l_r, final, blen, last, filled, fresh, general)
 
 
 def complete_planned(s: SimState, st, c, i, plan: QueuedPlan) -> SimState:
@@ -477,8 +475,8 @@ def complete_planned(s: SimState, st, c, i, plan: QueuedPlan) -> SimState:
     slot, tenant in-flight and release-queue updates as scatters over the queue's positions."""
     depth = s.rel_slots.shape[0]
     k = jnp.arange(depth, dtype=jnp.int32)
-    on, sb, r, final, fresh, general = plan.on, plan.sb, plan.r, plan.final, plan.fresh, \
-        plan.general
+    sb, r, final, fresh, general = plan.sb, plan.r, plan.final, plan.fresh, plan.general
+    on = k < plan.count
 
     def grant(s, go):
         return kv.grant_tokens(s, st, c, i, sb, r, jnp.ones(depth, jnp.int32), plan.prefill,
