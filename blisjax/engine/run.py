@@ -75,18 +75,10 @@ def _run_block(st: EngineStatic, consts, params: PolicyParams):
     return jax.lax.while_loop(cond, body, (init, first))[0]
 
 
-# XLA splits every reduction over more than 32 elements into a reduce-window and a reduce
-# (``tree_reduction_rewriter``, for the accuracy of long float sums). The engine's reductions
-# run over lanes (64 per block: every lockstep loop's "any lane still going?") and over batch
-# positions; split, each costs three kernels instead of one. Its float reductions are maxima or
-# short sums whose order parity already fixes, so the pass buys nothing here.
-COMPILER_OPTIONS = {"xla_disable_hlo_passes": "tree_reduction_rewriter"}
-
-
 # Not used: XLA's ``xla_cpu_copy_insertion_use_region_analysis`` removes most full-array copies
 # in inner loops but produced wrong results on parity edge cases (preemption-storm, horizon-cut)
 # with jax 0.10.2 — an unsafe in-place update. Parity first; kv.after_reads avoids the copies.
-@functools.partial(jax.jit, static_argnums=(0, 3, 4), compiler_options=COMPILER_OPTIONS)
+@functools.partial(jax.jit, static_argnums=(0, 3, 4))
 def _run_sharded(st: EngineStatic, consts, params: PolicyParams, devices: tuple,
                  lane_block: int):
     if len(devices) == 1:

@@ -17,7 +17,7 @@ import re
 import jax
 import jax.numpy as jnp
 
-from blisjax.engine import batch, kv, run
+from blisjax.engine import batch, kv
 from blisjax.engine.kv import LANES
 from blisjax.engine.params import params_from_config
 from blisjax.engine.state import init_state
@@ -108,20 +108,3 @@ def test_eviction_in_a_loop_updates_order_slots_and_grants_in_place():
     copies = _loop_copies(text, (st.num_instances, SLOTS)) \
         + _loop_copies(text, (st.num_requests + 1,))
     assert copies == [], "\n".join(copies)
-
-
-def test_lane_reductions_compile_to_one_kernel():
-    """``run.COMPILER_OPTIONS`` keeps XLA from splitting a reduction over more than 32 lanes
-    into a reduce-window and a reduce (three kernels for every lockstep loop's "any lane
-    still going?"); without the options the split is there, so a renamed pass shows here."""
-    lanes = 40
-
-    def lane(x):
-        return kv.lane_while(lambda c: c < x, lambda c, go: c + go.astype(c.dtype), jnp.int32(0))
-
-    batched = jax.vmap(lane, axis_name=LANES)
-    x = jnp.arange(lanes, dtype=jnp.int32)
-    split = jax.jit(batched).lower(x).compile().as_text()
-    kept = jax.jit(batched, compiler_options=run.COMPILER_OPTIONS).lower(x).compile().as_text()
-    assert "reduce-window(" in split
-    assert "reduce-window(" not in kept
