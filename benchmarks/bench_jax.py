@@ -10,8 +10,13 @@ design-doc scenarios (BLIS's anchor workload: Poisson 8 req/s per instance, 512 
 1k/1, 10k/4 and 100k/16. Prints one JSON line per run:
 
 * compile_s: lowering + XLA compilation (once per shapes, reported apart);
-* run_s: wall time of one compiled call; s_per_sim: run_s / lanes (amortized per simulation);
-  lane_events: events summed over lanes;
+* run_s: wall time of the first call of the compiled program; s_per_sim: run_s / lanes
+  (amortized per simulation); lane_events: events summed over lanes;
+* warm_run_s, warm_requests_per_s: ``--warm-calls`` further calls of the same program (default
+  2) and the throughput of their median — what each generation of a search loop costs after
+  the first. On the benchmark machine (a VM) the first call at P = 1,024 took 5–9 s longer
+  than the next ones, at P = 64 ~0.15 s; the cause is not pinned down (the calls make the same
+  number of page faults, ~1.1 million);
 * us_per_lane_event, evals_per_s (policy evaluations = lanes per second), requests_per_s
   (simulated requests per wall-second, summed over lanes);
 * state_bytes_per_lane, peak_rss_mb (process high-water mark so far), busy (load: busy time /
@@ -103,7 +108,7 @@ def anchor(num_requests: int, instances: int):
     return resolve_config(_with_routing(resolved.config, (3.0, 2.0, 2.0, 1.0))), workload
 
 
-def run_jax(resolved, workload, lanes: int) -> dict:
+def run_jax(resolved, workload, lanes: int, warm_calls: int = 2) -> dict:
     st = build_static(resolved, workload)
     consts = build_consts(resolved, workload, st)
     params = population(resolved.config, workload.tenant_names, lanes)
@@ -117,6 +122,13 @@ def run_jax(resolved, workload, lanes: int) -> dict:
     events = int(np.asarray(final.iters).sum())
     first = lane_result(st, consts, final, 0)
     state_bytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(final)) // lanes
+    del final  # the warm calls must not hold two populations' states at once (peak RSS)
+    warm = []
+    for _ in range(warm_calls):
+        start = time.perf_counter()
+        jax.block_until_ready(compiled(consts, params))
+        warm.append(time.perf_counter() - start)
+    warm_s = float(np.median(warm)) if warm else float("nan")
     return {
         "engine": "jax", "requests": st.num_requests, "instances": st.num_instances,
         "lanes": lanes, "devices": jax.local_device_count(), "compile_s": round(compile_s, 2),
@@ -124,6 +136,8 @@ def run_jax(resolved, workload, lanes: int) -> dict:
         "us_per_lane_event": round(run_s / events * 1e6, 2),
         "evals_per_s": round(lanes / run_s, 2),
         "requests_per_s": round(lanes * st.num_requests / run_s, 1),
+        "warm_run_s": [round(x, 3) for x in warm],
+        "warm_requests_per_s": round(lanes * st.num_requests / warm_s, 1) if warm else None,
         "state_bytes_per_lane": int(state_bytes),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "completed_lane0": int(first.completed.sum()),
@@ -194,9 +208,13 @@ def main() -> None:
     ap.add_argument("--end-to-end", action="store_true",
                     help="scenario S as whole simulate_population calls (engine + per-lane "
                          "results)")
+    ap.add_argument("--warm-calls", type=int, default=2,
+                    help="timed calls after the first (same compiled program, warm memory)")
     ap.add_argument("--saturation", action="store_true",
                     help="measure scenario S's saturation throughput (reference engine)")
     args = ap.parse_args()
+    if args.warm_calls < 0:
+        ap.error(f"--warm-calls must be >= 0, got {args.warm_calls}")
     print(json.dumps({"machine": platform.machine(), "python": platform.python_version(),
                       "jax": jax.__version__, "devices": jax.local_device_count()}), flush=True)
     if args.saturation:
@@ -208,7 +226,8 @@ def main() -> None:
             if p < 1:  # 0 skips a scenario
                 continue
             resolved, workload = anchor(n, inst)
-            print(json.dumps({"workload": "anchor", **run_jax(resolved, workload, p)}), flush=True)
+            print(json.dumps({"workload": "anchor", **run_jax(resolved, workload, p, args.warm_calls)}),
+                             flush=True)
         return
     if args.end_to_end:
         resolved, workload = scenario(args.requests, args.instances, args.rate_per_instance)
@@ -225,7 +244,7 @@ def main() -> None:
         resolved, workload = scenario(n, inst, args.rate_per_instance, args.horizon_s,
                                       args.kv_blocks)
         print(json.dumps({"rate_per_instance": args.rate_per_instance, **kv,
-                          **run_jax(resolved, workload, lanes)}), flush=True)
+                          **run_jax(resolved, workload, lanes, args.warm_calls)}), flush=True)
     if args.reference:
         resolved, workload = scenario(args.requests, args.instances, args.rate_per_instance,
                                       kv_blocks=args.kv_blocks)

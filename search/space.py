@@ -40,6 +40,7 @@ import numpy as np
 import yaml
 
 from blisjax.config import ConfigError, SimConfig
+from blisjax.config.sim import KNOB_MAGNITUDE
 from blisjax.engine.population import set_knob
 
 __all__ = ["ChoiceKnob", "NumericKnob", "SearchSpace", "get_knob", "load_space", "reflect_unit",
@@ -82,6 +83,8 @@ class NumericKnob:
         x = min(max(x, self.low), self.high)
         if self.integer:
             return int(min(max(round(x), math.ceil(self.low)), math.floor(self.high)))
+        if abs(x) < KNOB_MAGNITUDE[0] and self.low <= 0 <= self.high:
+            x = 0.0  # nonzero knobs below this magnitude are refused (config.sim.check_knob)
         return float(x)
 
     def to_unit(self, value: Any) -> float:

@@ -65,6 +65,28 @@ def _finite(path: str, value: Any) -> float:
     return check_float(path, value)
 
 
+#: Nonzero policy weights, scores, rates and sizes lie within these magnitudes. The JAX engine
+#: runs on XLA:CPU, which treats subnormal floats (below ~2.2e-308) as zero; within this range
+#: no product or ratio of two knobs with the engine's other quantities comes near one, so both
+#: engines compute the same values.
+KNOB_MAGNITUDE = (1e-30, 1e30)
+
+
+def check_knob(path: str, value: Any, **bounds: Any) -> float:
+    """A finite policy knob within ``bounds`` (see ``check_float``) that is 0 or of a magnitude
+    in ``KNOB_MAGNITUDE``."""
+    value = check_float(path, value, **bounds)
+    low, high = KNOB_MAGNITUDE
+    if value != 0 and not low <= abs(value) <= high:
+        raise ConfigError(path, f"must be 0 or between {low:g} and {high:g} in magnitude "
+                                f"(the JAX engine flushes subnormal floats to zero), got {value!r}")
+    return value
+
+
+def _knob(path: str, value: Any) -> float:
+    return check_knob(path, value)
+
+
 def _name_key(path: str, value: Any) -> str:
     return check_str(f"{path} key", value, nonempty=False)
 
@@ -296,7 +318,7 @@ class AdmissionConfig:
             "rate_limit_rps",
             "rate_limit_burst",
         ):
-            set_field(self, name, check_float(f"{p}.{name}", getattr(self, name), min_value=0))
+            set_field(self, name, check_knob(f"{p}.{name}", getattr(self, name), min_value=0))
         limits = check_pairs(
             f"{p}.tenant_max_in_flight", self.tenant_max_in_flight, _name_key, _non_negative_int
         )
@@ -313,7 +335,7 @@ class AdmissionConfig:
 
 def _slo_score(path: str, value: Any) -> float:
     limit = SLO_CLASS_SCORE_LIMIT
-    return check_float(path, value, min_value=-limit, max_value=limit)
+    return check_knob(path, value, min_value=-limit, max_value=limit)
 
 
 @dataclass(frozen=True)
@@ -341,7 +363,7 @@ class PriorityConfig:
     def __post_init__(self) -> None:
         p = "policy.priority"
         check_choice(f"{p}.policy", self.policy, PRIORITY_POLICIES)
-        set_field(self, "age_weight", _finite(f"{p}.age_weight", self.age_weight))
+        set_field(self, "age_weight", _knob(f"{p}.age_weight", self.age_weight))
         scores = check_pairs(
             f"{p}.slo_class_scores", self.slo_class_scores, _choice_key(SLO_CLASS_NAMES), _slo_score
         )
@@ -349,14 +371,14 @@ class PriorityConfig:
         set_field(
             self,
             "tenant_scores",
-            check_pairs(f"{p}.tenant_scores", self.tenant_scores, _name_key, _finite),
+            check_pairs(f"{p}.tenant_scores", self.tenant_scores, _name_key, _knob),
         )
         set_field(
             self,
             "default_tenant_score",
-            _finite(f"{p}.default_tenant_score", self.default_tenant_score),
+            _knob(f"{p}.default_tenant_score", self.default_tenant_score),
         )
-        slack = check_float(
+        slack = check_knob(
             f"{p}.no_deadline_slack_s", self.no_deadline_slack_s, min_value=0, min_open=True
         )
         set_field(self, "no_deadline_slack_s", slack)
@@ -382,7 +404,7 @@ class ScorerWeight:
         set_field(
             self,
             "weight",
-            check_float(f"policy.routing.scorers[{self.name!r}].weight", self.weight, min_value=0),
+            check_knob(f"policy.routing.scorers[{self.name!r}].weight", self.weight, min_value=0),
         )
 
 

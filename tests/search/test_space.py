@@ -162,3 +162,11 @@ def test_grid_points_cover_every_combination():
     assert {(p["a.x"], p["a.y"]) for p in pts} == {(x, y) for x in (0.0, 0.5, 1.0)
                                                   for y in ("p", "q")}
     assert math.isclose(s.knob("a.x").grid(1)[0], 0.5)
+
+
+def test_decoded_knobs_below_the_configs_smallest_magnitude_are_zero():
+    # configs refuse nonzero policy floats below 1e-30 in magnitude (the JAX engine flushes
+    # subnormals); a unit coordinate that lands there decodes to 0 instead of an error
+    knob = NumericKnob("policy.routing.scorers.queue-depth", 0, 3)
+    assert knob.from_unit(1e-32) == 0.0
+    assert knob.from_unit(1e-20) == 0 + 1e-20 * 3  # the linear map, untouched
