@@ -61,10 +61,6 @@ def _non_negative_int(path: str, value: Any) -> int:
     return check_int(path, value, min_value=0)
 
 
-def _finite(path: str, value: Any) -> float:
-    return check_float(path, value)
-
-
 #: Nonzero policy weights, scores, rates and sizes lie within these magnitudes. The JAX engine
 #: runs on XLA:CPU, which treats subnormal floats (below ~2.2e-308) as zero; within this range
 #: no product or ratio of two knobs with the engine's other quantities comes near one, so both
