@@ -28,18 +28,27 @@ from blisjax.config._checks import (
     check_str,
     set_field,
 )
+from blisjax.config.codes import (
+    AdmissionPolicy,
+    PreemptionPolicy,
+    PriorityPolicy,
+    RoutingPolicy,
+    SchedulerPolicy,
+    Scorer,
+)
 from blisjax.metrics.formulas import FITNESS_KEYS  # the fitness formulas define the keys
 from blisjax.workload.types import SLO_CLASSES
 
 #: SLO classes a request can carry ("" = no class). Same names as ``blisjax.workload``.
 SLO_CLASS_NAMES = SLO_CLASSES
-PREEMPTION_POLICIES = ("fcfs", "priority")
 LATENCY_MODELS = ("blackbox", "roofline", "physics")
-ADMISSION_POLICIES = ("always-admit", "token-bucket", "reject-all", "rate-limit", "tenant-quota")
-PRIORITY_POLICIES = ("constant", "slo-based", "slo-class", "tenant-priority", "deadline-aware")
-ROUTING_POLICIES = ("round-robin", "least-loaded", "always-busiest", "weighted")
-SCORER_NAMES = ("prefix-affinity", "queue-depth", "kv-utilization", "load-balance")
-SCHEDULER_POLICIES = ("fcfs", "priority-fcfs", "sjf")
+# Accepted policy names, in code order (``blisjax.config.codes``).
+PREEMPTION_POLICIES = PreemptionPolicy.labels()
+ADMISSION_POLICIES = AdmissionPolicy.labels()
+PRIORITY_POLICIES = PriorityPolicy.labels()
+ROUTING_POLICIES = RoutingPolicy.labels()
+SCORER_NAMES = Scorer.labels()
+SCHEDULER_POLICIES = SchedulerPolicy.labels()
 #: SLO-target class names: "default" stands for the empty class "".
 SLO_TARGET_CLASSES = ("default",) + SLO_CLASS_NAMES[1:]
 #: BLIS's static SLO-class scores (semantics.md §5.5); higher = more urgent.
@@ -328,6 +337,10 @@ class AdmissionConfig:
         """In-flight cap of ``tenant`` under tenant-quota."""
         return dict(self.tenant_max_in_flight).get(tenant, self.default_tenant_max_in_flight)
 
+    def max_in_flight_table(self, tenants: tuple[str, ...]) -> tuple[int, ...]:
+        """``max_in_flight`` of each tenant, indexed by the workload's tenant code."""
+        return tuple(self.max_in_flight(t) for t in tenants)
+
 
 def _slo_score(path: str, value: Any) -> float:
     limit = SLO_CLASS_SCORE_LIMIT
@@ -386,6 +399,14 @@ class PriorityConfig:
     def tenant_score(self, tenant: str) -> float:
         """tenant-priority score of a tenant."""
         return dict(self.tenant_scores).get(tenant, self.default_tenant_score)
+
+    def slo_class_score_table(self) -> tuple[float, ...]:
+        """``slo_class_score`` of every SLO class, indexed by its code (``SLO_CLASS_NAMES``)."""
+        return tuple(float(self.slo_class_score(c)) for c in SLO_CLASS_NAMES)
+
+    def tenant_score_table(self, tenants: tuple[str, ...]) -> tuple[float, ...]:
+        """``tenant_score`` of each tenant, indexed by the workload's tenant code."""
+        return tuple(float(self.tenant_score(t)) for t in tenants)
 
 
 @dataclass(frozen=True)

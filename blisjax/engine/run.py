@@ -286,7 +286,7 @@ def lane_result(st: EngineStatic, consts, final, k: int) -> records.RunResult:
         dropped_unservable=g.dropped.astype(np.int64), timed_out=g.timed_out.astype(np.int64),
         length_capped_count=g.capped_count.astype(np.int64),
         completed=g.completed.astype(np.int64), total_input_tokens=g.input_tokens.astype(np.int64),
-        rejected_admission=int(g.rejected), rejected_routing=0,
+        rejected_admission=int(g.rejected),
         queue_depth_time_us=g.qdepth_time.astype(np.int64), busy_time_us=g.busy.astype(np.int64),
         step_count=g.steps.astype(np.int64), peak_kv_blocks_used=g.peak_used.astype(np.int64),
         overflow=overflow,

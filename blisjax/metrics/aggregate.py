@@ -207,9 +207,8 @@ def aggregate_metrics(
         ``"priority-fcfs"`` (0 otherwise).
 
     Returns:
-      A dict: ``BLIS_METRIC_KEYS`` in order, then ``rejected_requests``, ``routing_rejections``,
-      ``cache_hit_rate``, ``preemption_rate``, ``kv_peak_blocks``, ``per_slo_class``,
-      ``per_tenant``, [``slo_attainment``], ``jain_fairness``, ``hol_blocking_instances``,
+      A dict: ``BLIS_METRIC_KEYS`` in order, then ``rejected_requests``, ``cache_hit_rate``,
+      ``preemption_rate``, ``kv_peak_blocks``, ``per_slo_class``, ``per_tenant``, [``slo_attainment``], ``jain_fairness``, ``hol_blocking_instances``,
       ``priority_inversions``, [``fitness``, ``fitness_components``], [``overflow``]. Bracketed keys
       appear only when SLO targets / fitness weights are configured / the engine overflowed.
     """
@@ -268,7 +267,6 @@ def aggregate_metrics(
     # ---- blisjax extras -------------------------------------------------------------------
     pre_rate, hit_rate, _ = kv_cache_rates(result)
     out["rejected_requests"] = int(result.rejected_admission)
-    out["routing_rejections"] = int(result.rejected_routing)
     out["cache_hit_rate"] = hit_rate
     out["preemption_rate"] = pre_rate
     peak = np.asarray(result.peak_kv_blocks_used, dtype=np.int64)

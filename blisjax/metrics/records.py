@@ -7,16 +7,51 @@ turns it into BLIS-named aggregate metrics. All times are integer microseconds.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import IntEnum
 
 import numpy as np
 
-# Request status codes (``RunResult.status``).
-COMPLETED = 0
-REJECTED = 1  # refused by the admission policy (or no routable instance)
-TIMED_OUT = 2  # deadline reached before completion (including past-due at enqueue)
-UNFINISHED = 3  # still in the pipeline, queued or running at the horizon
-DROPPED = 4  # dropped as unservable at enqueue (length / KV capacity guards)
-STATUS_NAMES = ("completed", "rejected", "timed-out", "unfinished", "dropped")
+
+class Outcome(IntEnum):
+    """A request's status in ``RunResult.status`` (its label is the per-request row's
+    ``status``)."""
+
+    COMPLETED = 0
+    REJECTED = 1  # refused by the admission policy
+    TIMED_OUT = 2  # deadline reached before completion (including past-due at enqueue)
+    UNFINISHED = 3  # still in the pipeline, queued or running at the horizon
+    DROPPED = 4  # dropped as unservable at enqueue (length / KV capacity guards)
+
+    @property
+    def label(self) -> str:
+        return self.name.lower().replace("_", "-")
+
+
+COMPLETED, REJECTED, TIMED_OUT, UNFINISHED, DROPPED = Outcome
+STATUS_NAMES = tuple(o.label for o in Outcome)
+
+
+class Stage(IntEnum):
+    """Where a request is during a run (docs/semantics.md §9, INV-2); both engines use these
+    codes. The reference engine keeps admitted and routed requests as ``PENDING`` until they
+    reach the wait queue; the JAX engine tells the three apart."""
+
+    PENDING = 0  # not yet arrived or not yet admitted
+    ADMITTED = 1  # admitted, waiting for its routing decision
+    ROUTED = 2  # routed, inside its instance's queueing (α) delay
+    QUEUED = 3  # in an instance's wait queue
+    RUNNING = 4  # in an instance's running batch
+    COMPLETED = 5
+    TIMED_OUT = 6
+    DROPPED = 7
+    REJECTED = 8
+
+
+#: ``Outcome`` of each ``Stage`` at the end of a run, indexed by stage code.
+OUTCOME_OF_STAGE = np.array(
+    [UNFINISHED, UNFINISHED, UNFINISHED, UNFINISHED, UNFINISHED, COMPLETED, TIMED_OUT, DROPPED,
+     REJECTED], dtype=np.int8)
+
 
 #: Sentinel for "not recorded" in int64 time fields.
 NOT_RECORDED = -1
@@ -28,6 +63,27 @@ def output_finished(progress, input_tokens, output_tokens):
     """The request has produced its output (the final token is accounted at completion);
     a request with no output tokens completes after its prompt, like one with a single one."""
     return progress >= input_tokens + output_tokens + (output_tokens < 1) - 1
+
+
+def unservable(input_tokens, output_tokens, max_model_len: int, kv_blocks: int,
+               block_size: int):
+    """BLIS's enqueue guards (docs/semantics.md §2.1): the request can never be served, so it is
+    dropped instead of queued. ``max_model_len`` (0 = no cap), ``kv_blocks`` and ``block_size``
+    are plain ints; the token counts are ints or integer arrays.
+
+    With a cap, a request whose prompt reaches it, or whose prompt plus output budget passes it,
+    is unservable (no output budget means "up to the cap"). Without one, prompt plus output must
+    still fit in the KV cache: BLIS always derives a cap no larger than the cache, so such a
+    request is dropped there too, and admitted it would preempt itself and restart forever.
+    A prompt that needs more blocks than the cache has is unservable in any case."""
+    if max_model_len > 0:
+        budget = output_tokens + (output_tokens == 0) * (input_tokens < max_model_len) * (
+            max_model_len - input_tokens)
+        too_long = (input_tokens >= max_model_len) | (
+            (budget > 0) & (input_tokens + budget > max_model_len))
+    else:
+        too_long = input_tokens + output_tokens > kv_blocks * block_size
+    return too_long | ((input_tokens + block_size - 1) // block_size > kv_blocks)
 
 
 def at_length_cap(progress, max_model_len):
@@ -76,7 +132,7 @@ class RunResult:
       still_queued, still_running: int64 per instance at the end.
       dropped_unservable, timed_out, length_capped_count, completed: int64 per instance.
       total_input_tokens: int64 per instance (counted at enqueue, BLIS semantics).
-      rejected_admission: requests refused by admission; rejected_routing: no routable instance.
+      rejected_admission: requests refused by admission.
       queue_depth_time_us: int64 per instance, Σ(wait-queue length × step duration) (HOL metric).
       busy_time_us: int64 per instance, Σ step durations.
       step_count: int64 per instance.
@@ -109,7 +165,6 @@ class RunResult:
     completed: np.ndarray
     total_input_tokens: np.ndarray
     rejected_admission: int
-    rejected_routing: int
     queue_depth_time_us: np.ndarray
     busy_time_us: np.ndarray
     step_count: np.ndarray

@@ -12,31 +12,15 @@ import heapq
 import numpy as np
 
 from blisjax.blockhash import CHAIN_SEED, block_code, chain
+from blisjax.config.codes import SchedulerPolicy
 from blisjax.latency import make_latency_model
-from blisjax.metrics.records import (
-    COMPLETED,
-    DROPPED,
-    NOT_RECORDED,
-    REJECTED,
-    TIMED_OUT,
-    UNFINISHED,
-    RunResult,
-)
-from blisjax.reference import request as rq
+from blisjax.metrics.records import COMPLETED, NOT_RECORDED, OUTCOME_OF_STAGE, RunResult, Stage
 from blisjax.reference.instance import Instance
 from blisjax.reference.policies import Admission, Priority, Router
 from blisjax.reference.request import SimRequest
 
 # Cluster event priorities (§5.2).
 EV_CLUSTER_ARRIVAL, EV_ADMISSION, EV_ROUTING = 0, 1, 2
-
-_STATUS_OF_STATE = {
-    rq.COMPLETED: COMPLETED,
-    rq.TIMED_OUT: TIMED_OUT,
-    rq.DROPPED: DROPPED,
-    rq.REJECTED: REJECTED,
-}
-
 
 class ClusterSimulator:
     """Reference simulation of one configuration on one workload.
@@ -60,7 +44,7 @@ class ClusterSimulator:
         self.instances = [
             Instance(i, engine=cfg.engine, total_kv_blocks=resolved.total_kv_blocks,
                      max_model_len=resolved.max_model_len, latency=latency, priority=priority,
-                     scheduler=cfg.policy.scheduler.policy, horizon_us=self.horizon_us,
+                     scheduler=SchedulerPolicy.of(cfg.policy.scheduler.policy), horizon_us=self.horizon_us,
                      hash_of=self._hash_of)
             for i in range(n_inst)
         ]
@@ -75,7 +59,6 @@ class ClusterSimulator:
         self.in_flight = [0] * n_inst
         self.tenant_in_flight = [0] * len(workload.tenant_names)
         self.rejected_admission = 0
-        self.rejected_routing = 0
         # Periodic snapshot cache: all zeros until the first refresh (§5.4).
         self._snap_last_refresh_us = 0
         self._snap_qd = [0] * n_inst
@@ -137,7 +120,7 @@ class ClusterSimulator:
                 self.tenant_in_flight[req.tenant] += 1
                 self._push(time_us + self.routing_latency_us, EV_ROUTING, req)
             else:
-                req.state = rq.REJECTED
+                req.state = Stage.REJECTED
                 self.rejected_admission += 1
         else:
             qd, bs, kv = self._snapshots(time_us)
@@ -187,13 +170,13 @@ class ClusterSimulator:
             assert len(x.running) <= x.max_running, "BC-12: batch exceeds max running requests"
             assert not x.wait_queue or x.step_pending, "INV-8: queued work without a pending step"
             mine = [r for r in self.requests if r.instance == x.index]
-            live = sum(1 for r in mine if r.state in (rq.PENDING, rq.QUEUED, rq.RUNNING))
+            live = sum(1 for r in mine if r.state in (Stage.PENDING, Stage.QUEUED, Stage.RUNNING))
             # completed requests may leave one lazily cancelled timeout behind
-            stale = sum(1 for r in mine if r.state == rq.COMPLETED
+            stale = sum(1 for r in mine if r.state == Stage.COMPLETED
                         and x.clock_us <= r.deadline_us <= self.horizon_us)
             assert len(x.events) <= 2 * live + stale + 1, "BC-14: instance event queue unbounded"
             for r in x.running:
-                assert r.state == rq.RUNNING and r.progress_index <= r.input_tokens + r.output_tokens
+                assert r.state == Stage.RUNNING and r.progress_index <= r.input_tokens + r.output_tokens
         assert len(self.events) <= 3 * len(self.requests), "BC-14: cluster event queue unbounded"
 
     def _settle_finished(self, inst: Instance) -> None:
@@ -209,19 +192,19 @@ class ClusterSimulator:
     def _result(self) -> RunResult:
         reqs = self.requests
         n = len(reqs)
-        status = np.full(n, UNFINISHED, dtype=np.int8)
+        stage = np.zeros(n, dtype=np.int8)
         for r in reqs:
-            if r.state in _STATUS_OF_STATE:
-                status[r.index] = _STATUS_OF_STATE[r.state]
+            stage[r.index] = r.state
+        status = OUTCOME_OF_STAGE[stage]
         done = status == COMPLETED
 
         def col(attr, dtype=np.int64):
             return np.fromiter((getattr(r, attr) for r in reqs), dtype=dtype, count=n)
 
         e2e = np.where(done, col("e2e_us"), NOT_RECORDED)
-        itl_sum = np.fromiter((sum(r.itl_us) if r.state == rq.COMPLETED else 0 for r in reqs),
+        itl_sum = np.fromiter((sum(r.itl_us) if r.state == Stage.COMPLETED else 0 for r in reqs),
                               dtype=np.int64, count=n)
-        itl_count = np.fromiter((len(r.itl_us) if r.state == rq.COMPLETED else 0 for r in reqs),
+        itl_count = np.fromiter((len(r.itl_us) if r.state == Stage.COMPLETED else 0 for r in reqs),
                                 dtype=np.int64, count=n)
         insts = self.instances
 
@@ -255,7 +238,6 @@ class ClusterSimulator:
             completed=per_inst("completed"),
             total_input_tokens=per_inst("total_input_tokens"),
             rejected_admission=self.rejected_admission,
-            rejected_routing=self.rejected_routing,
             queue_depth_time_us=per_inst("queue_depth_time_us"),
             busy_time_us=per_inst("busy_time_us"),
             step_count=per_inst("step_count"),

@@ -10,11 +10,12 @@ from __future__ import annotations
 import heapq
 from collections import deque
 
+from blisjax.config.codes import PreemptionPolicy, SchedulerPolicy
 from blisjax.latency.base import StepBatch
 from blisjax.metrics import records
+from blisjax.metrics.records import Stage
 from blisjax.reference.kvcache import KVCache
 from blisjax.reference.policies import reorder_wait_queue
-from blisjax.reference.request import COMPLETED, DROPPED, QUEUED, RUNNING, TIMED_OUT
 
 # Instance event priorities (§1.2).
 EV_ARRIVAL, EV_QUEUED, EV_STEP, EV_TIMEOUT = 0, 1, 3, 6
@@ -24,13 +25,13 @@ class Instance:
     """Plain-Python instance simulator; the cluster drives it one event at a time."""
 
     def __init__(self, index: int, *, engine, total_kv_blocks: int, max_model_len: int,
-                 latency, priority, scheduler: str, horizon_us: int, hash_of) -> None:
+                 latency, priority, scheduler: SchedulerPolicy, horizon_us: int, hash_of) -> None:
         self.index = index
         self.max_running = engine.max_num_running_reqs
         self.max_batched_tokens = engine.max_num_scheduled_tokens
         self.block_size = engine.block_size_tokens
         self.long_prefill_threshold = engine.long_prefill_token_threshold
-        self.preemption_policy = engine.preemption_policy
+        self.preemption_policy = PreemptionPolicy.of(engine.preemption_policy)
         self.max_model_len = max_model_len
         self.latency = latency
         self.otp_us = latency.output_token_processing_us
@@ -58,7 +59,6 @@ class Instance:
         self.busy_time_us = 0
         self.queue_depth_time_us = 0
         self.peak_kv_blocks_used = 0
-        self.kv_block_time = 0
         self.itl_entries: list[int] = []
         self._budget = 0
         self._preempted_this_step = False
@@ -86,7 +86,7 @@ class Instance:
 
     def process_next_event(self) -> None:
         time_us, prio, _, req = heapq.heappop(self.events)
-        if prio == EV_TIMEOUT and req.state in (COMPLETED, TIMED_OUT):
+        if prio == EV_TIMEOUT and req.state in (Stage.COMPLETED, Stage.TIMED_OUT):
             return  # lazily cancelled: the clock does not advance (§1.4)
         self.clock_us = time_us
         if prio == EV_ARRIVAL:
@@ -129,38 +129,27 @@ class Instance:
     # ---- enqueue (§2.1) ----------------------------------------------------------------------
     def _enqueue(self, req, now_us: int) -> None:
         l_in = req.input_tokens
-        max_out = req.output_tokens
-        mml = self.max_model_len
-        if max_out == 0 and mml > 0 and l_in < mml:
-            max_out = mml - l_in
-        if mml > 0:
-            unservable = l_in >= mml or (max_out > 0 and l_in + max_out > mml)
-        else:
-            # "Unlimited" length still cannot exceed what the KV cache holds: BLIS's CLI always
-            # derives max_model_len <= total_kv_blocks·bs, so such a request is dropped there
-            # too; admitted, it would preempt itself and restart forever.
-            unservable = l_in + req.output_tokens > self.kv.total_blocks * self.block_size
-        if unservable or -(-l_in // self.block_size) > self.kv.total_blocks:
-            req.state = DROPPED
+        if records.unservable(l_in, req.output_tokens, self.max_model_len, self.kv.total_blocks,
+                              self.block_size):
+            req.state = Stage.DROPPED
             self.dropped_unservable += 1
             self.finished.append(req)
             return
         self.total_input_tokens += l_in
         if 0 < req.deadline_us <= now_us:
-            req.state = TIMED_OUT
+            req.state = Stage.TIMED_OUT
             self.timed_out += 1
             self.finished.append(req)
             return
-        req.state = QUEUED
-        req.enqueue_us = now_us
+        req.state = Stage.QUEUED
         self.wait_queue.append(req)
         if 0 < req.deadline_us <= self.horizon_us:
             self.push(req.deadline_us, EV_TIMEOUT, req)
 
     # ---- timeout (§2.9) ----------------------------------------------------------------------
     def _timeout(self, req, now_us: int) -> None:
-        was_running = req.state == RUNNING
-        req.state = TIMED_OUT
+        was_running = req.state == Stage.RUNNING
+        req.state = Stage.TIMED_OUT
         self.timed_out += 1
         self.kv.release(req)
         req.computed_tokens = 0
@@ -182,7 +171,7 @@ class Instance:
         if not self.priority.is_constant:
             for r in self.wait_queue:
                 r.priority = self.priority.score(r, now_us)
-        if self.scheduler != "fcfs":
+        if self.scheduler != SchedulerPolicy.FCFS:
             self.wait_queue = deque(reorder_wait_queue(self.scheduler, list(self.wait_queue)))
         self._form_batch(now_us)
         if self.stateful_latency:  # one EMA step per step, before this step's features
@@ -241,7 +230,7 @@ class Instance:
                 break  # the head blocks everything behind it
             self.wait_queue.popleft()
             running.append(head)
-            head.state = RUNNING
+            head.state = Stage.RUNNING
             head.num_new_tokens = n
             self._budget -= n
             head.computed_tokens = n + start
@@ -277,7 +266,7 @@ class Instance:
                 cursor -= 1
 
     def _victim_index(self) -> int:
-        if self.preemption_policy == "fcfs":
+        if self.preemption_policy == PreemptionPolicy.FCFS:
             return len(self.running) - 1  # the most recently admitted request
         # "priority": least urgent (lowest score), latest arrival among equals; scan tail→head,
         # replacing only on strictly "more evictable".
@@ -297,7 +286,7 @@ class Instance:
         if victim.num_new_tokens > 0:
             self._budget += victim.num_new_tokens  # refund what it got earlier in this step
         victim.num_new_tokens = 0
-        victim.state = QUEUED
+        victim.state = Stage.QUEUED
         victim.progress_index = 0
         victim.itl_us = []
         victim.ttft_set = False
@@ -343,7 +332,6 @@ class Instance:
                 r.ttft_us = now_us + d + self.otp_us - r.arrival_us
         used = self.kv.used_blocks
         self.peak_kv_blocks_used = max(self.peak_kv_blocks_used, used)
-        self.kv_block_time += used * d
         self.busy_time_us += d
         return d
 
@@ -366,7 +354,7 @@ class Instance:
 
     def _finish(self, r, left_us: int, capped: bool) -> None:
         self.kv.release(r)
-        r.state = COMPLETED
+        r.state = Stage.COMPLETED
         r.length_capped = capped
         if capped:
             self.length_capped += 1

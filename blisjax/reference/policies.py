@@ -1,15 +1,22 @@
 """Cluster and instance policy templates of the reference engine (plain Python).
 
 Every knob is a plain number from ``blisjax.config.PolicyConfig`` so the JAX engine can carry the
-same knobs as arrays. Conventions (semantics note, decisions 5–6): priority scores are float64 with
-higher = more urgent; routing ties go to the lowest instance index.
+same knobs as arrays; templates are the codes of ``blisjax.config.codes``, as in the JAX engine.
+Conventions (docs/semantics.md Decisions 5–6): priority scores are float64 with higher = more
+urgent; routing ties go to the lowest instance index.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 
-from blisjax.workload.types import SLO_CLASSES
+from blisjax.config.codes import (
+    AdmissionPolicy,
+    PriorityPolicy,
+    RoutingPolicy,
+    SchedulerPolicy,
+    Scorer,
+)
 
 # ---------------------------------------------------------------------------------------------
 # Admission
@@ -47,28 +54,26 @@ class Admission:
     """
 
     def __init__(self, cfg, tenant_names: tuple[str, ...]) -> None:
-        self.policy = cfg.policy
+        self.policy = AdmissionPolicy.of(cfg.policy)
         self.bucket = None
-        if self.policy == "token-bucket":
+        if self.policy == AdmissionPolicy.TOKEN_BUCKET:
             self.bucket = TokenBucket(cfg.token_bucket_capacity, cfg.token_bucket_refill_rate)
-        elif self.policy == "rate-limit":
+        elif self.policy == AdmissionPolicy.RATE_LIMIT:
             self.bucket = TokenBucket(cfg.rate_limit_burst, cfg.rate_limit_rps)
-        overrides = dict(cfg.tenant_max_in_flight)
-        self.tenant_quota = [overrides.get(t, cfg.default_tenant_max_in_flight) for t in tenant_names]
+        self.tenant_quota = cfg.max_in_flight_table(tenant_names)
 
     def admit(self, req, now_us: int, tenant_in_flight: list[int]) -> bool:
         p = self.policy
-        if p == "always-admit":
+        if p == AdmissionPolicy.ALWAYS_ADMIT:
             return True
-        if p == "reject-all":
+        if p == AdmissionPolicy.REJECT_ALL:
             return False
-        if p == "token-bucket":
+        if p == AdmissionPolicy.TOKEN_BUCKET:
             return self.bucket.try_take(float(req.input_tokens), now_us)
-        if p == "rate-limit":
+        if p == AdmissionPolicy.RATE_LIMIT:
             return self.bucket.try_take(1.0, now_us)
-        if p == "tenant-quota":
-            return tenant_in_flight[req.tenant] < self.tenant_quota[req.tenant]
-        raise ValueError(f"policy.admission.policy: unknown template {p!r}")
+        # tenant-quota
+        return tenant_in_flight[req.tenant] < self.tenant_quota[req.tenant]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -91,30 +96,25 @@ class Priority:
     """
 
     def __init__(self, cfg, tenant_names: tuple[str, ...]) -> None:
-        self.policy = cfg.policy
+        self.policy = PriorityPolicy.of(cfg.policy)
         self.age_weight = cfg.age_weight
-        class_scores = dict(cfg.slo_class_scores)
-        self.class_score = [float(class_scores.get(c, class_scores.get("", 0.0))) for c in SLO_CLASSES]
-        tenant_scores = dict(cfg.tenant_scores)
-        self.tenant_score = [float(tenant_scores.get(t, cfg.default_tenant_score)) for t in tenant_names]
+        self.class_score = cfg.slo_class_score_table()
+        self.tenant_score = cfg.tenant_score_table(tenant_names)
         self.no_deadline_score = -float(cfg.no_deadline_slack_s)
-        if self.policy not in ("constant", "slo-based", "slo-class", "tenant-priority",
-                               "deadline-aware"):
-            raise ValueError(f"policy.priority.policy: unknown template {self.policy!r}")
 
     @property
     def is_constant(self) -> bool:
-        return self.policy == "constant"
+        return self.policy == PriorityPolicy.CONSTANT
 
     def score(self, req, now_us: int) -> float:
         p = self.policy
-        if p == "constant":
+        if p == PriorityPolicy.CONSTANT:
             return 0.0
-        if p == "slo-based":
+        if p == PriorityPolicy.SLO_BASED:
             return self.age_weight * (0.0 + 1e-6 * float(now_us - req.arrival_us))
-        if p == "slo-class":
+        if p == PriorityPolicy.SLO_CLASS:
             return self.class_score[req.slo_class]
-        if p == "tenant-priority":
+        if p == PriorityPolicy.TENANT_PRIORITY:
             return self.tenant_score[req.tenant]
         # deadline-aware
         if req.deadline_us > 0:
@@ -127,19 +127,18 @@ class Priority:
 # ---------------------------------------------------------------------------------------------
 
 
-def reorder_wait_queue(policy: str, queue: list) -> list:
+def reorder_wait_queue(policy: SchedulerPolicy, queue: list) -> list:
     """Return the wait queue in scheduling order.
 
     ``fcfs`` keeps enqueue order (preempted requests sit at the front); ``priority-fcfs`` sorts by
     (priority desc, arrival asc, index asc); ``sjf`` by (input length asc, arrival asc, index asc).
     """
-    if policy == "fcfs":
+    if policy == SchedulerPolicy.FCFS:
         return queue
-    if policy == "priority-fcfs":
+    if policy == SchedulerPolicy.PRIORITY_FCFS:
         return sorted(queue, key=lambda r: (-r.priority, r.arrival_us, r.index))
-    if policy == "sjf":
-        return sorted(queue, key=lambda r: (r.input_tokens, r.arrival_us, r.index))
-    raise ValueError(f"policy.scheduler.policy: unknown template {policy!r}")
+    # sjf
+    return sorted(queue, key=lambda r: (r.input_tokens, r.arrival_us, r.index))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -190,32 +189,30 @@ class Router:
 
     def __init__(self, cfg, num_instances: int, block_size_tokens: int,
                  prefix_index_capacity_blocks: int) -> None:
-        self.policy = cfg.policy
+        self.policy = RoutingPolicy.of(cfg.policy)
         self.num_instances = num_instances
         self.block_size = block_size_tokens
         self.counter = 0
-        self.scorer_names = [s.name for s in cfg.scorers]
+        self.scorers = [Scorer.of(s.name) for s in cfg.scorers]
         self.weights = normalized_weights([float(s.weight) for s in cfg.scorers])
         self.prefix_index = None
-        if self.policy == "weighted" and "prefix-affinity" in self.scorer_names:
+        if self.policy == RoutingPolicy.WEIGHTED and Scorer.PREFIX_AFFINITY in self.scorers:
             self.prefix_index = [PrefixIndex(prefix_index_capacity_blocks)
                                  for _ in range(num_instances)]
-        if self.policy not in ("round-robin", "least-loaded", "always-busiest", "weighted"):
-            raise ValueError(f"policy.routing.policy: unknown template {self.policy!r}")
 
     def route(self, req, prompt_hashes: list[int], queue_depth: list[int], batch_size: list[int],
               kv_util: list[float], in_flight: list[int]) -> int:
         """Target instance for ``req``; ``prompt_hashes`` are its full prompt blocks' hashes."""
         n = self.num_instances
         p = self.policy
-        if p == "round-robin":
+        if p == RoutingPolicy.ROUND_ROBIN:
             target = self.counter % n
             self.counter += 1
             return target
         load = [queue_depth[i] + batch_size[i] + in_flight[i] for i in range(n)]
-        if p == "least-loaded":
+        if p == RoutingPolicy.LEAST_LOADED:
             return min(range(n), key=lambda i: (load[i], i))
-        if p == "always-busiest":
+        if p == RoutingPolicy.ALWAYS_BUSIEST:
             return min(range(n), key=lambda i: (-load[i], i))
         scores = self.weighted_scores(req, prompt_hashes, queue_depth, kv_util, load)
         best, target = -1.0, 0
@@ -229,27 +226,27 @@ class Router:
     def weighted_scores(self, req, prompt_hashes, queue_depth, kv_util, load) -> list[float]:
         n = self.num_instances
         total = [0.0] * n
-        for name, w in zip(self.scorer_names, self.weights, strict=True):
-            s = self.scorer(name, req, prompt_hashes, queue_depth, kv_util, load)
+        for scorer, w in zip(self.scorers, self.weights, strict=True):
+            s = self.scorer(scorer, req, prompt_hashes, queue_depth, kv_util, load)
             for i in range(n):
                 total[i] += min(1.0, max(0.0, s[i])) * w
         return total
 
-    def scorer(self, name: str, req, prompt_hashes, queue_depth, kv_util, load) -> list[float]:
+    def scorer(self, scorer: Scorer, req, prompt_hashes, queue_depth, kv_util,
+               load) -> list[float]:
         n = self.num_instances
-        if name == "queue-depth":
+        if scorer == Scorer.QUEUE_DEPTH:
             lo, hi = min(queue_depth), max(queue_depth)
             if lo == hi:
                 return [1.0] * n
             return [float(hi - q) / float(hi - lo) for q in queue_depth]
-        if name == "kv-utilization":
+        if scorer == Scorer.KV_UTILIZATION:
             return [1.0 - u for u in kv_util]
-        if name == "load-balance":
+        if scorer == Scorer.LOAD_BALANCE:
             return [1.0 / float(1 + x) for x in load]
-        if name == "prefix-affinity":
-            full_blocks = req.input_tokens // self.block_size
-            if full_blocks == 0:
-                return [0.0] * n
-            return [float(self.prefix_index[i].match_length(prompt_hashes)) / float(full_blocks)
-                    for i in range(n)]
-        raise ValueError(f"policy.routing.scorers: unknown scorer {name!r}")
+        # prefix-affinity
+        full_blocks = req.input_tokens // self.block_size
+        if full_blocks == 0:
+            return [0.0] * n
+        return [float(self.prefix_index[i].match_length(prompt_hashes)) / float(full_blocks)
+                for i in range(n)]

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-from blisjax.metrics.records import NOT_RECORDED
-
-# Lifecycle states (semantics note INV-2).
-PENDING, QUEUED, RUNNING, COMPLETED, TIMED_OUT, DROPPED, REJECTED = range(7)
+from blisjax.metrics.records import NOT_RECORDED, Stage
 
 
 class SimRequest:
@@ -16,7 +13,7 @@ class SimRequest:
         "tenant", "slo_class", "deadline_us", "state", "instance", "progress_index",
         "num_new_tokens", "computed_tokens", "priority", "ttft_set", "ttft_us", "itl_us",
         "scheduling_delay_us", "preemptions", "e2e_us", "output_tokens_done", "length_capped",
-        "block_hashes", "enqueue_us",
+        "block_hashes",
     )
 
     def __init__(self, index: int, arrival_us: int, input_tokens: int, output_tokens: int,
@@ -31,7 +28,7 @@ class SimRequest:
         self.tenant = tenant
         self.slo_class = slo_class
         self.deadline_us = deadline_us
-        self.state = PENDING
+        self.state = Stage.PENDING
         self.instance = -1
         self.progress_index = 0  # BLIS ProgressIndex: tokens processed (prompt, then outputs)
         self.num_new_tokens = 0  # tokens scheduled in the current step
@@ -46,4 +43,3 @@ class SimRequest:
         self.output_tokens_done = 0
         self.length_capped = False
         self.block_hashes: list[int] | None = None  # filled lazily by the cluster
-        self.enqueue_us = NOT_RECORDED

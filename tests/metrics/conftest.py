@@ -102,7 +102,6 @@ def build_result(n: int, num_instances: int = 1, **overrides) -> RunResult:
         completed=per_instance("completed", count_by_instance(done)),
         total_input_tokens=per_instance("total_input_tokens"),
         rejected_admission=int(f.pop("rejected_admission", 0)),
-        rejected_routing=int(f.pop("rejected_routing", 0)),
         queue_depth_time_us=per_instance("queue_depth_time_us"),
         busy_time_us=per_instance("busy_time_us"),
         step_count=per_instance("step_count"),

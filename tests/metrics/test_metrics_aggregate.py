@@ -25,9 +25,8 @@ def test_blis_keys_come_first_in_blis_order(make_workload, make_result):
     assert tuple(m)[: len(BLIS_METRIC_KEYS)] == BLIS_METRIC_KEYS
     assert m["instance_id"] == "cluster"
     extras = tuple(m)[len(BLIS_METRIC_KEYS) :]
-    assert extras[:5] == (
+    assert extras[:4] == (
         "rejected_requests",
-        "routing_rejections",
         "cache_hit_rate",
         "preemption_rate",
         "kv_peak_blocks",
@@ -80,12 +79,11 @@ def test_injected_is_derived_from_counters(make_workload, make_result):
         still_queued=[1, 0],
         still_running=[0, 1],
         rejected_admission=1,
-        rejected_routing=3,
     )
     m = aggregate_metrics(result, make_workload(7))
     assert m["injected_requests"] == 2 + 1 + 1 + 1 + 1  # rejections are not injected
     assert m["still_queued"] == 1 and m["still_running"] == 1
-    assert m["rejected_requests"] == 1 and m["routing_rejections"] == 3
+    assert m["rejected_requests"] == 1 and "routing_rejections" not in m
 
 
 def test_throughput_and_duration(make_workload, make_result):

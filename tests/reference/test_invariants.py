@@ -99,7 +99,7 @@ def check_end_of_run(res, sim, rows):
     assert counts[COMPLETED] == res.completed.sum()
     assert counts[TIMED_OUT] == res.timed_out.sum()
     assert counts[DROPPED] == res.dropped_unservable.sum()
-    assert counts[REJECTED] == res.rejected_admission + res.rejected_routing
+    assert counts[REJECTED] == res.rejected_admission
     assert sum(counts.values()) + int((status == UNFINISHED).sum()) == n
     assert res.still_queued.sum() + res.still_running.sum() <= (status == UNFINISHED).sum()
     # INV-5 / BC-8: causality for completed requests.

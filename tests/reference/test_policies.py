@@ -5,6 +5,7 @@ from types import SimpleNamespace
 import pytest
 
 from blisjax.config import AdmissionConfig, PriorityConfig, RoutingConfig, ScorerWeight
+from blisjax.config.codes import SchedulerPolicy, Scorer
 from blisjax.metrics.records import COMPLETED, REJECTED
 from blisjax.reference.policies import (
     PrefixIndex,
@@ -94,9 +95,9 @@ def test_scheduler_orders():
     b = _req(index=1, arrival_us=3, input_tokens=10, priority=1.0)
     c = _req(index=2, arrival_us=9, input_tokens=10, priority=2.0)
     q = [a, b, c]
-    assert reorder_wait_queue("fcfs", q) == [a, b, c]
-    assert reorder_wait_queue("priority-fcfs", q) == [c, b, a]
-    assert reorder_wait_queue("sjf", q) == [b, c, a]
+    assert reorder_wait_queue(SchedulerPolicy.FCFS, q) == [a, b, c]
+    assert reorder_wait_queue(SchedulerPolicy.PRIORITY_FCFS, q) == [c, b, a]
+    assert reorder_wait_queue(SchedulerPolicy.SJF, q) == [b, c, a]
 
 
 def test_priority_fcfs_with_slo_class_admits_critical_first():
@@ -104,6 +105,26 @@ def test_priority_fcfs_with_slo_class_admits_critical_first():
             dict(arrival=20, input=100, slo="critical")]
     res, _ = run(rows, max_running=1, scheduler="priority-fcfs",
                  priority=PriorityConfig(policy="slo-class"))
+    assert res.scheduling_delay_us[2] < res.scheduling_delay_us[1]
+
+
+def test_slo_classes_missing_from_the_score_table_score_as_standard():
+    # Only "critical" is listed (1.0): every other class, "" included, scores 3.0 — BLIS scores
+    # unknown classes as "standard" (docs/semantics.md §5.5) — not 0.0 or the "" entry.
+    cls = Priority(PriorityConfig(policy="slo-class", slo_class_scores={"critical": 1.0}), ("",))
+    assert [cls.score(_req(slo_class=code), 0) for code in range(6)] == [
+        3.0, 1.0, 3.0, 3.0, 3.0, 3.0]
+    listed_empty = PriorityConfig(policy="slo-class", slo_class_scores={"": -5.0})
+    assert Priority(listed_empty, ("",)).score(_req(slo_class=4), 0) == 3.0  # batch
+
+
+def test_unlisted_slo_class_outranks_a_lower_listed_one():
+    # One slot; request 0 runs first. Then a batch request (unlisted: 3.0) and a critical one
+    # (listed at 1.0) wait: priority-fcfs must take the batch request first.
+    rows = [dict(arrival=0, input=100, output=2), dict(arrival=10, input=100, slo="critical"),
+            dict(arrival=20, input=100, slo="batch")]
+    res, _ = run(rows, max_running=1, scheduler="priority-fcfs",
+                 priority=PriorityConfig(policy="slo-class", slo_class_scores={"critical": 1.0}))
     assert res.scheduling_delay_us[2] < res.scheduling_delay_us[1]
 
 
@@ -118,10 +139,10 @@ def _router(policy="weighted", scorers=(), n=3, bs=16):
 def test_scorers_by_hand():
     r = _router(scorers=(("queue-depth", 1.0),))
     req = _req(input_tokens=48)
-    assert r.scorer("queue-depth", req, [], [3, 1, 2], [0, 0, 0], [0, 0, 0]) == [0.0, 1.0, 0.5]
-    assert r.scorer("queue-depth", req, [], [2, 2, 2], [0, 0, 0], [0, 0, 0]) == [1.0] * 3
-    assert r.scorer("kv-utilization", req, [], [0] * 3, [0.25, 0.5, 1.0], [0] * 3) == [0.75, 0.5, 0.0]
-    assert r.scorer("load-balance", req, [], [0] * 3, [0.0] * 3, [0, 3, 1]) == [1.0, 0.25, 0.5]
+    assert r.scorer(Scorer.QUEUE_DEPTH, req, [], [3, 1, 2], [0, 0, 0], [0, 0, 0]) == [0.0, 1.0, 0.5]
+    assert r.scorer(Scorer.QUEUE_DEPTH, req, [], [2, 2, 2], [0, 0, 0], [0, 0, 0]) == [1.0] * 3
+    assert r.scorer(Scorer.KV_UTILIZATION, req, [], [0] * 3, [0.25, 0.5, 1.0], [0] * 3) == [0.75, 0.5, 0.0]
+    assert r.scorer(Scorer.LOAD_BALANCE, req, [], [0] * 3, [0.0] * 3, [0, 3, 1]) == [1.0, 0.25, 0.5]
 
 
 def test_prefix_affinity_scorer_and_observer():
@@ -130,8 +151,8 @@ def test_prefix_affinity_scorer_and_observer():
     hashes = [11, 12, 13]
     assert r.route(req, hashes, [0, 0], [0, 0], [0.0, 0.0], [0, 0]) == 0  # tie → lowest index
     # instance 0 now holds all 3 hashes; a request sharing the first two scores 2/3 there.
-    assert r.scorer("prefix-affinity", req, [11, 12, 99], [0, 0], [0.0] * 2, [0, 0]) == [2 / 3, 0.0]
-    assert r.scorer("prefix-affinity", _req(input_tokens=10), [], [0, 0], [0.0] * 2, [0, 0]) == [0.0, 0.0]
+    assert r.scorer(Scorer.PREFIX_AFFINITY, req, [11, 12, 99], [0, 0], [0.0] * 2, [0, 0]) == [2 / 3, 0.0]
+    assert r.scorer(Scorer.PREFIX_AFFINITY, _req(input_tokens=10), [], [0, 0], [0.0] * 2, [0, 0]) == [0.0, 0.0]
 
 
 def test_prefix_index_lru_eviction():

@@ -1,0 +1,87 @@
+"""Policy templates, routing scorers and request stages as integer codes.
+
+One enumeration per choice, shared by the configuration (which accepts and reports the names),
+the reference engine (which branches on the members) and the JAX engine (whose per-lane knobs
+are the codes, so one compiled program evaluates any mix of templates). A member's *label* is the
+name used in YAML files, on the command line and in BLIS policy bundles: the member name in
+lower case with ``_`` written as ``-`` (``AdmissionPolicy.TOKEN_BUCKET`` is ``token-bucket``).
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class Code(IntEnum):
+    """An integer code with a configuration label."""
+
+    @property
+    def label(self) -> str:
+        """The configuration name of this member (``TOKEN_BUCKET`` → ``token-bucket``)."""
+        return self.name.lower().replace("_", "-")
+
+    @classmethod
+    def labels(cls) -> tuple[str, ...]:
+        """Every label, in code order."""
+        return tuple(member.label for member in cls)
+
+    @classmethod
+    def of(cls, label: str) -> Code:
+        """The member whose label is ``label``; ``ValueError`` naming the choices otherwise."""
+        for member in cls:
+            if member.label == label:
+                return member
+        raise ValueError(f"{label!r} is not one of {', '.join(cls.labels())}")
+
+
+class AdmissionPolicy(Code):
+    """Admission templates (docs/semantics.md §5.3)."""
+
+    ALWAYS_ADMIT = 0
+    TOKEN_BUCKET = 1
+    REJECT_ALL = 2
+    RATE_LIMIT = 3
+    TENANT_QUOTA = 4
+
+
+class PriorityPolicy(Code):
+    """Priority templates (docs/semantics.md §5.5, Part B B.2, Decision 5)."""
+
+    CONSTANT = 0
+    SLO_BASED = 1
+    SLO_CLASS = 2
+    TENANT_PRIORITY = 3
+    DEADLINE_AWARE = 4
+
+
+class RoutingPolicy(Code):
+    """Routing templates (docs/semantics.md §5.6)."""
+
+    ROUND_ROBIN = 0
+    LEAST_LOADED = 1
+    ALWAYS_BUSIEST = 2
+    WEIGHTED = 3
+
+
+class Scorer(Code):
+    """Scorers of the weighted routing policy (docs/semantics.md §5.6)."""
+
+    PREFIX_AFFINITY = 0
+    QUEUE_DEPTH = 1
+    KV_UTILIZATION = 2
+    LOAD_BALANCE = 3
+
+
+class SchedulerPolicy(Code):
+    """Instance wait-queue orders (docs/semantics.md §5.9)."""
+
+    FCFS = 0
+    PRIORITY_FCFS = 1
+    SJF = 2
+
+
+class PreemptionPolicy(Code):
+    """Which running request a step evicts when KV blocks run out (docs/semantics.md §2.5)."""
+
+    FCFS = 0
+    PRIORITY = 1

@@ -1,0 +1,38 @@
+"""Per-lane policy arrays: the JAX engine's knobs say what the configuration says."""
+
+import numpy as np
+
+from blisjax.config import AdmissionConfig, PriorityConfig, RoutingConfig, ScorerWeight
+from blisjax.config.codes import AdmissionPolicy, RoutingPolicy, Scorer
+from blisjax.engine.params import params_from_config
+from tests.reference.conftest import make_resolved
+
+
+def test_unlisted_slo_classes_score_as_standard():
+    # Classes missing from slo_class_scores score 3.0 (docs/semantics.md §5.5), "" included.
+    cfg = make_resolved(priority=PriorityConfig(policy="slo-class",
+                                                slo_class_scores={"critical": 1.0})).config
+    p = params_from_config(cfg, ("",))
+    np.testing.assert_array_equal(np.asarray(p.class_score), [3.0, 1.0, 3.0, 3.0, 3.0, 3.0])
+
+
+def test_tenant_tables_follow_the_workload_tenant_order():
+    adm = AdmissionConfig(policy="tenant-quota", tenant_max_in_flight={"b": 2},
+                          default_tenant_max_in_flight=7)
+    pri = PriorityConfig(policy="tenant-priority", tenant_scores={"a": 1.5},
+                         default_tenant_score=-2.0)
+    cfg = make_resolved(admission=adm, priority=pri).config
+    p = params_from_config(cfg, ("a", "b", "c"))
+    np.testing.assert_array_equal(np.asarray(p.tenant_quota), [7, 2, 7])
+    np.testing.assert_array_equal(np.asarray(p.tenant_score), [1.5, -2.0, -2.0])
+    assert int(p.admission) == AdmissionPolicy.TENANT_QUOTA
+
+
+def test_scorers_keep_configuration_order_padded_with_minus_one():
+    rt = RoutingConfig(policy="weighted", scorers=(ScorerWeight("load-balance", 1.0),
+                                                   ScorerWeight("prefix-affinity", 2.0)))
+    p = params_from_config(make_resolved(routing=rt).config, ("",))
+    assert int(p.routing) == RoutingPolicy.WEIGHTED
+    assert list(np.asarray(p.scorer_order)) == [Scorer.LOAD_BALANCE, Scorer.PREFIX_AFFINITY, -1, -1]
+    assert list(np.asarray(p.scorer_weight)) == [1.0, 2.0, 0.0, 0.0]
+    assert bool(p.prefix_index_on)
