@@ -1,0 +1,74 @@
+"""The shipped JSON Schemas describe what the CLI writes: every key of real output is declared,
+typed and, where the schema says so, required."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+
+import jsonschema
+import pytest
+
+from blisjax.cli import main
+from blisjax.config import AdmissionConfig
+from blisjax.metrics import aggregate_metrics, per_request_rows
+from tests.reference.conftest import make_workload, run
+
+
+def _schema(name: str) -> dict:
+    text = (resources.files("blisjax") / "data" / "schema" / f"{name}.schema.json").read_text()
+    schema = json.loads(text)
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return schema
+
+
+def _validate(instance, name: str) -> None:
+    jsonschema.validate(instance, _schema(name), cls=jsonschema.Draft202012Validator)
+
+
+def test_default_experiment_output_matches_the_schemas(tmp_path, capsys):
+    # The default experiment configures SLO targets and fitness weights, so the optional
+    # slo_attainment and fitness blocks are present.
+    metrics_path, results_path = tmp_path / "m.json", tmp_path / "r.json"
+    assert main(["run", "--metrics-path", str(metrics_path),
+                 "--results-path", str(results_path)]) == 0
+    metrics = json.loads(metrics_path.read_text())
+    assert "slo_attainment" in metrics and "fitness" in metrics
+    _validate(metrics, "metrics")
+    _validate(json.loads(results_path.read_text()), "results")
+    assert json.loads(capsys.readouterr().out) == metrics
+
+
+def test_every_request_status_matches_the_results_schema():
+    # A token bucket of 10,150 tokens that never refills: request 1 (20,000 tokens) is rejected;
+    # request 2 (10,000 tokens, more than 100 blocks of 16 hold) is admitted and dropped as
+    # unservable; request 3 times out; request 4 is unfinished at the horizon.
+    rows = [dict(arrival=0, input=100, output=4), dict(arrival=1, input=20_000),
+            dict(arrival=2_000_000, input=10_000), dict(arrival=2_000_001, input=16, output=50,
+                                                      deadline=2_000_002),
+            dict(arrival=2_500_000, input=16, output=1_000)]
+    adm = AdmissionConfig(policy="token-bucket", token_bucket_capacity=10_150.0,
+                          token_bucket_refill_rate=0.0)
+    res, _ = run(rows, admission=adm, kv_blocks=100, horizon_us=2_600_000)
+    workload = make_workload(rows)
+    records = per_request_rows(res, workload)
+    assert [r["status"] for r in records] == [
+        "completed", "rejected", "dropped", "timed-out", "unfinished"]
+    _validate(records, "results")
+    _validate(aggregate_metrics(res, workload), "metrics")
+
+
+@pytest.mark.parametrize("mutate", [
+    lambda m: m.pop("ttft_p99_ms"),
+    lambda m: m.update(unknown_key=1),
+    lambda m: m.update(completed_requests=-1),
+    lambda m: m["per_tenant"]["t"].pop("itl_mean_ms"),
+])
+def test_the_metrics_schema_rejects_malformed_output(mutate):
+    res, _ = run([dict(arrival=0, input=32, output=3, tenant="t")], tenants=("t",))
+    metrics = aggregate_metrics(res, make_workload([dict(arrival=0, input=32, output=3,
+                                                         tenant="t")], tenants=("t",)))
+    _validate(metrics, "metrics")
+    mutate(metrics)
+    with pytest.raises(jsonschema.ValidationError):
+        _validate(metrics, "metrics")
