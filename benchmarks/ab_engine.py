@@ -1,7 +1,8 @@
 """A/B wall time of the JAX engine against a git revision of itself, in one process.
 
-This machine's speed drifts by up to ~30 % within an hour, so timings from separate processes
-(or separate sittings) cannot resolve changes of a few percent. This script exports the base
+A shared or virtual machine's speed can drift by up to ~30 % within an hour (measured on the
+2-core benchmark VM), so timings from separate processes cannot resolve changes of a few
+percent. This script exports the base
 revision's ``blisjax`` package from git under another name (``blisjax_base``), compiles scenario
 S (``bench_jax.py``) with both engines in the same process, checks that both produce the same
 per-request results, and then alternates timed calls (A B, B A, …) so drift hits both alike.
@@ -12,9 +13,9 @@ Prints one JSON line: each side's wall times, medians, and the per-round ratios 
     python benchmarks/ab_engine.py --base main --cpu-devices 2 --lanes 256 --rounds 5
 
 Confirm a change with ``--cpu-devices 2``, the configuration of the headline benchmark: that
-program goes through XLA's SPMD partitioner and is fused differently. A whole-array copy removed
-in the eleventh session gave 0.955 with one device and 0.995–1.014 with two, where XLA had
-never made it.
+program goes through XLA's SPMD partitioner and is fused differently. Removing a whole-array
+copy of the per-slot block counts from the release program gave 0.955 with one device and
+0.995–1.014 with two, where XLA never made that copy.
 """
 
 from __future__ import annotations

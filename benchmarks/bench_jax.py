@@ -6,8 +6,8 @@ arrivals; prompts 256 ± 256 tokens (+128 shared prefix tokens), outputs 64 ± 1
 its own random scorer weights, so lanes are distinct policies. Load is the arrival rate over the
 saturation throughput (``--saturation`` measures it with the reference engine: ~132 completions/s
 per instance), so the default 106 req/s per instance is ~80 % load. ``--targets`` runs the
-design-doc scenarios (BLIS's anchor workload: Poisson 8 req/s per instance, 512 ± 256 tokens) at
-1k/1, 10k/4 and 100k/16. Prints one JSON line per run:
+per-simulation target scenarios (BLIS's anchor workload: Poisson 8 req/s per instance,
+512 ± 256 tokens) at 1k/1, 10k/4 and 100k/16. Prints one JSON line per run:
 
 * compile_s: lowering + XLA compilation (once per shapes, reported apart);
 * run_s: wall time of the first call of the compiled program; s_per_sim: run_s / lanes
@@ -202,7 +202,8 @@ def main() -> None:
     ap.add_argument("--scaling-n", default="1000,10000,100000",
                     help="request counts of the N sweep (4 instances)")
     ap.add_argument("--targets", action="store_true",
-                    help="design-doc scenarios 1k/1, 10k/4, 100k/16 (anchor workload)")
+                    help="per-simulation target scenarios 1k/1, 10k/4, 100k/16 "
+                         "(anchor workload)")
     ap.add_argument("--target-lanes", default="64,64,2",
                     help="P for each target scenario (0 skips it)")
     ap.add_argument("--end-to-end", action="store_true",

@@ -3,7 +3,7 @@
 Scenarios (blackbox llama-3.1-8b-instruct / H100 / TP1 with the shipped coefficients, round-robin
 routing, Poisson arrivals at ~8 req/s per instance, BLIS's default Gaussian lengths 512 ± 256):
 1,000 requests / 1 instance, 10,000 / 4, 100,000 / 16. Prints one JSON line per scenario with
-wall seconds and simulated requests per wall-second; see benchmarks/RESULTS.md.
+wall seconds and simulated requests per wall-second; figures in docs/performance.md.
 
     python benchmarks/bench_reference.py [--only 1000x1,10000x4] [--rate-per-instance 8]
 """

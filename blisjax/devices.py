@@ -1,9 +1,9 @@
 """One XLA CPU device per usable core, requested before JAX starts.
 
 XLA gives a process a single CPU device unless told otherwise, and the JAX engine runs one
-lockstep event loop per device. On one device a multi-core CPU is poorly used: on the project's
-2-core machine, 64 lanes of scenario S took 4.1 s on one device and 1.8–2.0 s split over two
-(``benchmarks/RESULTS.md``, eleventh session), with identical results. The device count is read
+lockstep event loop per device. On one device a multi-core CPU is poorly used: on a 2-core
+machine, 64 lanes of scenario S take 4.1 s on one device and 1.8–2.0 s split over two
+(``docs/performance.md``), with identical results. The device count is read
 once, when JAX initialises its CPU backend, from ``XLA_FLAGS`` — so this module must not import
 JAX, and its request only counts if it comes first.
 """

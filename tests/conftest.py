@@ -1,4 +1,4 @@
-"""Test-session guard for JAX's compiled programs.
+"""Guard for JAX's compiled programs across a test run.
 
 Engine runs already guard themselves (``blisjax.engine.run.mapping_headroom_guard``: each
 program XLA:CPU compiles keeps ~2,000–3,000 memory mappings, and past ``vm.max_map_count``

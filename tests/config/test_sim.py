@@ -297,10 +297,9 @@ def test_config_error_single_message():
 ])
 @pytest.mark.parametrize("value", [1.1125369292536007e-308, 5e-324, 9.9e-31, 1.01e30])
 def test_policy_knobs_outside_the_engines_float_range_are_refused(make, path, value):
-    # XLA:CPU flushes subnormal floats to zero, so a subnormal tenant score made the JAX
-    # engine order a queue differently from the reference (found by hypothesis); knobs are 0
-    # or of a magnitude in [1e-30, 1e30], where no product with the engine's quantities is
-    # subnormal.
+    # XLA:CPU flushes subnormal floats to zero, so a subnormal tenant score (1e-308) makes the
+    # JAX engine order a queue differently from the reference; knobs are 0 or of a magnitude
+    # in [1e-30, 1e30], where no product with the engine's quantities is subnormal.
     with pytest.raises(ConfigError, match=rf"^{path}: must be 0 or between 1e-30 and 1e\+30"):
         make(value)
     for fine in (0.0, 1e-30, 1e30):

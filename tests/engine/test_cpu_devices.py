@@ -33,7 +33,7 @@ def test_bad_count_is_refused_by_name():
 
 
 def test_too_late_once_jax_is_imported(monkeypatch):
-    import jax  # noqa: F401  (the test session has it loaded anyway)
+    import jax  # noqa: F401  (the test process has it loaded anyway)
 
     monkeypatch.delenv("XLA_FLAGS", raising=False)
     assert use_cpu_cores(2) is None
