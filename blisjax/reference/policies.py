@@ -1,7 +1,7 @@
 """Cluster and instance policy templates of the reference engine (plain Python).
 
 Every knob is a plain number from ``blisjax.config.PolicyConfig`` so the JAX engine can carry the
-same knobs as arrays. Conventions (semantics note, decisions 5–6): priority scores are float64 with
+same knobs as arrays. Conventions (docs/semantics.md Decisions 5–6): priority scores are float64 with
 higher = more urgent; routing ties go to the lowest instance index.
 """
 

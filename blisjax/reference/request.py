@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from blisjax.metrics.records import NOT_RECORDED
 
-# Lifecycle states (semantics note INV-2).
+# Lifecycle states (docs/semantics.md INV-2).
 PENDING, QUEUED, RUNNING, COMPLETED, TIMED_OUT, DROPPED, REJECTED = range(7)
 
 
