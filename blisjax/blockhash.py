@@ -1,8 +1,8 @@
 """Prefix-cache block identity: 64-bit chained hashes shared by both engines.
 
 BLIS hashes a full KV block as SHA-256 of the previous block's hash and the block's token ids.
-Our requests carry no token ids, so a block is identified by *what its tokens are* (semantics
-note, decision 9): a block lying entirely inside a request's shared prefix is the same content for
+Our requests carry no token ids, so a block is identified by *what its tokens are* (docs/semantics.md
+Decision 9): a block lying entirely inside a request's shared prefix is the same content for
 every request of that prefix group, so it is keyed by ``(group, block index)``; any other block
 (prompt tail, or output tokens written during decode) is unique to its request, keyed by
 ``(request, block index)``. Chaining each block's hash with its predecessor's gives the same

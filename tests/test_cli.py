@@ -18,7 +18,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_default_run_and_byte_identical_repeat(tmp_path):
-    # INV-6 / BC-9: same config and seed → byte-identical stdout and results file.
+    # docs/semantics.md INV-6 / BC-9: same config and seed → byte-identical stdout and results file.
     a = _cli("run", "--results-path", str(tmp_path / "a.json"))
     b = _cli("run", "--results-path", str(tmp_path / "b.json"))
     assert a.returncode == 0, a.stderr

@@ -1,4 +1,4 @@
-"""GPU specifications in BLIS's ``hardware_config.json`` format (roofline.md §1.5)."""
+"""GPU specifications in BLIS's ``hardware_config.json`` format (docs/roofline.md §1.5)."""
 
 from __future__ import annotations
 

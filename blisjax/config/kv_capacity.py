@@ -1,4 +1,4 @@
-"""KV-cache capacity of one instance, bit-exact with BLIS ``CalculateKVBlocks`` (roofline.md §4).
+"""KV-cache capacity of one instance, bit-exact with BLIS ``CalculateKVBlocks`` (docs/roofline.md §4).
 
 Every float operation below is one binary64 operation in the order BLIS evaluates it; integer
 steps use Python ints (BLIS int64; all realistic values are far below 2^63).
@@ -143,7 +143,7 @@ def compute_total_kv_blocks(
 
     Raises:
       KVCapacityParamsError: the config looks MoE but has no expert count.
-      ValueError: any other check of roofline.md §4.2–§4.5 fails (message says which).
+      ValueError: any other check of docs/roofline.md §4.2–§4.5 fails (message says which).
     """
     _check_capacity_params(model)
     _check_inputs(model, hardware, dp, block_size_tokens, gpu_memory_utilization)

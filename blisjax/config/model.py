@@ -1,8 +1,8 @@
 """Model architecture parsed from a Hugging Face ``config.json`` exactly as BLIS does.
 
-Parsing follows ``notes/roofline.md`` §1.1–§1.3 (BLIS ``ParseHFConfig`` / ``GetModelConfigFromHF``
+Parsing follows ``docs/roofline.md`` §1.1–§1.3 (BLIS ``ParseHFConfig`` / ``GetModelConfigFromHF``
 at f90a1e3a, plus the CLI's model-name quantization fallback); validation follows BC-1 of spec 001
-and the model checks of roofline.md §1.4. Parsing never rejects a config except for the four
+and the model checks of docs/roofline.md §1.4. Parsing never rejects a config except for the four
 fields BLIS rejects when negative; call :meth:`ModelConfig.validate` before simulating.
 """
 
@@ -115,7 +115,7 @@ def _go_atoi(text: str) -> int:
 
 
 def weight_bytes_from_quantization(quant: Any) -> float:
-    """Bytes per weight from a ``quantization_config`` object (roofline.md §1.3); 0 = unknown."""
+    """Bytes per weight from a ``quantization_config`` object (docs/roofline.md §1.3); 0 = unknown."""
     if not isinstance(quant, dict):
         return 0.0
     bits_value = quant.get("bits")
@@ -179,7 +179,7 @@ class MoEConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Transformer architecture, with BLIS's field semantics (roofline.md §1.1).
+    """Transformer architecture, with BLIS's field semantics (docs/roofline.md §1.1).
 
     Dimensions are counts (layers, heads) or widths in elements; byte widths are bytes per
     parameter. Zero means "absent from config.json" unless stated otherwise.
@@ -206,7 +206,7 @@ class ModelConfig:
       num_experts_per_tok: ``num_experts_per_tok``.
       moe_expert_ffn_dim: ``moe_intermediate_size`` (0 = use intermediate_dim).
       num_shared_experts: ``n_shared_experts``.
-      shared_expert_ffn_dim: total shared-expert FFN width (roofline.md §1.1 rule).
+      shared_expert_ffn_dim: total shared-expert FFN width (docs/roofline.md §1.1 rule).
       capacity_shared_expert_ffn_dim: the shared width BLIS's KV-capacity estimate uses (it reads
         only ``intermediate_size``, never ``ffn_hidden_size``); None = shared_expert_ffn_dim.
       interleave_moe_layer_step: ``interleave_moe_layer_step``.
@@ -263,7 +263,7 @@ class ModelConfig:
 
     @classmethod
     def from_hf(cls, hf: Mapping[str, Any], name: str = "") -> ModelConfig:
-        """Parse a decoded config.json (roofline.md §1.1–§1.3).
+        """Parse a decoded config.json (docs/roofline.md §1.1–§1.3).
 
         ``name`` is the ``--model`` string; when config.json gives no weight quantization, the
         name's ``w<bits>a<bits>`` / ``fp8`` hint is used, as the BLIS CLI does.
@@ -349,8 +349,8 @@ class ModelConfig:
     def head_dim(self) -> int:
         """Width of one attention head: explicit ``head_dim``, else hidden_dim // num_heads.
 
-        This is the KV-cache head width (roofline.md §4.3). The roofline *step time* instead uses
-        the float ``hidden_dim / num_heads`` regardless of ``head_dim`` (roofline.md §1.7).
+        This is the KV-cache head width (docs/roofline.md §4.3). The roofline *step time* instead uses
+        the float ``hidden_dim / num_heads`` regardless of ``head_dim`` (docs/roofline.md §1.7).
         """
         if self.config_head_dim > 0:
             return self.config_head_dim
@@ -377,7 +377,7 @@ class ModelConfig:
 
     @property
     def total_parameters(self) -> int:
-        """Parameter count as BLIS estimates it for weight memory (roofline.md §4.4).
+        """Parameter count as BLIS estimates it for weight memory (docs/roofline.md §4.4).
 
         Embeddings + per layer (attention, 3-matrix SwiGLU MLP or all routed experts + shared
         experts + router, 2 norms) + lm_head (unless tied) + final norm.
@@ -426,7 +426,7 @@ class ModelConfig:
     # ----------------------------------------------------------------- validation
 
     def validate(self) -> None:
-        """Check BC-1 (spec 001) and BLIS's model checks (roofline.md §1.4).
+        """Check BC-1 (spec 001) and BLIS's model checks (docs/roofline.md §1.4).
 
         Raises:
           ConfigError: naming the first invalid field (``model.<field>``) and its allowed range.

@@ -23,7 +23,7 @@ from blisjax.config.sim import (
 
 #: KV blocks BLIS keeps when it cannot size the cache (unknown GPU memory, odd MoE config).
 BLIS_FALLBACK_TOTAL_KV_BLOCKS = 1_000_000
-#: Roofline α when none is given: every overhead is 0 (roofline.md §1.6).
+#: Roofline α when none is given: every overhead is 0 (docs/roofline.md §1.6).
 ROOFLINE_DEFAULT_ALPHA = (0.0, 0.0, 0.0)
 
 

@@ -51,7 +51,7 @@ SCORER_NAMES = Scorer.labels()
 SCHEDULER_POLICIES = SchedulerPolicy.labels()
 #: SLO-target class names: "default" stands for the empty class "".
 SLO_TARGET_CLASSES = ("default",) + SLO_CLASS_NAMES[1:]
-#: BLIS's static SLO-class scores (semantics.md §5.5); higher = more urgent.
+#: BLIS's static SLO-class scores (docs/semantics.md §5.5); higher = more urgent.
 DEFAULT_SLO_CLASS_SCORES: tuple[tuple[str, float], ...] = (
     ("critical", 4.0),
     ("standard", 3.0),
@@ -123,7 +123,7 @@ class EngineConfig:
       max_num_scheduled_tokens: token budget per step [--max-num-scheduled-tokens], >= 1.
       block_size_tokens: tokens per KV block [--block-size-in-tokens], >= 1.
       total_kv_blocks: KV blocks per instance [--total-kv-blocks]; None = computed from the model
-        and hardware (roofline.md §4).
+        and hardware (docs/roofline.md §4).
       gpu_memory_utilization: HBM fraction vLLM may use, in (0, 1].
       long_prefill_token_threshold: max prefill tokens per request per step, 0 = off.
       max_model_len: max input + output tokens per request, 0 = unlimited.
@@ -206,7 +206,7 @@ class LatencyConfig:
     """Latency model and its coefficients.
 
     Attributes:
-      model: "blackbox" (α/β linear model, semantics.md B.1), "roofline" (roofline.md) or
+      model: "blackbox" (α/β linear model, docs/semantics.md B.1), "roofline" (docs/roofline.md) or
         "physics" (spec 004 physics-normalized model).
       alpha_coeffs: α coefficients (µs); blackbox/roofline: (α0, α1 per input token, α2 per output
         token). None = shipped defaults (blackbox: looked up by model/hardware/TP; roofline: zeros).
@@ -294,7 +294,7 @@ class ClusterConfig:
 
 @dataclass(frozen=True)
 class AdmissionConfig:
-    """Admission policy (semantics.md §5.3).
+    """Admission policy (docs/semantics.md §5.3).
 
     Attributes:
       policy: always-admit | token-bucket | reject-all | rate-limit | tenant-quota.
@@ -349,7 +349,7 @@ def _slo_score(path: str, value: Any) -> float:
 
 @dataclass(frozen=True)
 class PriorityConfig:
-    """Request priority, recomputed each step; higher = more urgent (semantics.md Decision 5).
+    """Request priority, recomputed each step; higher = more urgent (docs/semantics.md Decision 5).
 
     Attributes:
       policy: constant | slo-based | slo-class | tenant-priority | deadline-aware.
@@ -452,7 +452,7 @@ def _as_scorer(value: Any) -> ScorerWeight:
 
 @dataclass(frozen=True)
 class RoutingConfig:
-    """Routing policy (semantics.md §5.6).
+    """Routing policy (docs/semantics.md §5.6).
 
     Attributes:
       policy: round-robin | least-loaded | always-busiest | weighted.
@@ -486,7 +486,7 @@ class RoutingConfig:
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    """Instance wait-queue order (semantics.md §5.9): fcfs | priority-fcfs | sjf."""
+    """Instance wait-queue order (docs/semantics.md §5.9): fcfs | priority-fcfs | sjf."""
 
     policy: str = "fcfs"
 
@@ -515,7 +515,7 @@ class PolicyConfig:
 
 @dataclass(frozen=True)
 class SLOTarget:
-    """Per-class latency targets in milliseconds; 0 = not checked (semantics.md §6.4)."""
+    """Per-class latency targets in milliseconds; 0 = not checked (docs/semantics.md §6.4)."""
 
     ttft_ms: float = 0.0
     itl_ms: float = 0.0
@@ -555,7 +555,7 @@ class MetricsConfig:
 
     Attributes:
       slo_targets: SLO class → targets; class "default" is the empty class "".
-      fitness_weights: fitness component → weight >= 0 (not normalized, semantics.md §6.5).
+      fitness_weights: fitness component → weight >= 0 (not normalized, docs/semantics.md §6.5).
     """
 
     slo_targets: tuple[tuple[str, SLOTarget], ...] = ()

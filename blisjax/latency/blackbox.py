@@ -1,4 +1,4 @@
-"""BLIS's blackbox latency model (semantics note Part B.1).
+"""BLIS's blackbox latency model (docs/semantics.md B.1).
 
 queueing delay = trunc(α0 + α1·L_in); step time = max(1, trunc(β0 + β1·prefill_tokens +
 β2·decode_tokens)); α2 is a per-token output-processing time added only to metrics.

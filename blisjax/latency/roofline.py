@@ -1,15 +1,15 @@
-"""BLIS's roofline latency model, bit-exact (notes/roofline.md §2–§3, semantics.md A §4.3).
+"""BLIS's roofline latency model, bit-exact (docs/roofline.md §2–§3, docs/semantics.md §4.3).
 
 A step takes ``max(compute seconds, memory seconds)``: compute is the batch's FLOPs over the
 GPU's peak rate scaled by an MFU, memory is the bytes moved (weights once per step, plus each
 request's KV reads/writes and activations) over the HBM bandwidth. The result is truncated to
 integer µs and floored at 1.
 
-Exactness rules (roofline.md §7), followed everywhere below:
+Exactness rules (docs/roofline.md §7), followed everywhere below:
 
 * every quantity is an IEEE binary64 Python float; every operation is evaluated left to right
-  exactly as the note writes it, one rounding per operation, never fused or reassociated;
-* integers (layer split, token totals) stay integers until the note converts them;
+  exactly as docs/roofline.md writes it, one rounding per operation, never fused or reassociated;
+* integers (layer split, token totals) stay integers until docs/roofline.md converts them;
 * sub-expressions that do not depend on the batch (``d·d + 2d·dKV``, ``4·H``, …) are evaluated
   once in :func:`roofline_arch`, with the same operations in the same order, so using them is
   bit-identical to recomputing them per request.
@@ -43,7 +43,7 @@ ROOFLINE_MLP_MATRICES = 2.0
 
 @dataclass(frozen=True, slots=True)
 class RooflineArch:
-    """Model constants of the roofline from a :class:`ModelConfig` (roofline.md §2.1–§2.2).
+    """Model constants of the roofline from a :class:`ModelConfig` (docs/roofline.md §2.1–§2.2).
 
     Floats are binary64; widths are in elements, byte widths in bytes per element.
 
@@ -93,7 +93,7 @@ class RooflineArch:
 
 
 def moe_layer_split(num_layers: int, num_experts: int, interleave_step: int) -> tuple[int, int]:
-    """(nMoE, nDense) integer layer counts (roofline.md §2.2).
+    """(nMoE, nDense) integer layer counts (docs/roofline.md §2.2).
 
     Interleaved MoE (``interleave_moe_layer_step`` > 0): nMoE = L div (step + 1). Otherwise every
     layer of an MoE model (N >= 2) is MoE and every layer of a dense model is dense.
@@ -109,7 +109,7 @@ def moe_layer_split(num_layers: int, num_experts: int, interleave_step: int) -> 
 
 
 def roofline_arch(model: ModelConfig) -> RooflineArch:
-    """The roofline constants of ``model`` (roofline.md §2.1, §2.2, §2.5 batch-free parts)."""
+    """The roofline constants of ``model`` (docs/roofline.md §2.1, §2.2, §2.5 batch-free parts)."""
     layers = float(model.num_layers)
     d = float(model.hidden_dim)
     heads = float(model.num_heads)
@@ -153,7 +153,7 @@ def roofline_arch(model: ModelConfig) -> RooflineArch:
 
 @dataclass(frozen=True, slots=True)
 class RooflineRates:
-    """Per-GPU rates of the roofline (roofline.md §3.2).
+    """Per-GPU rates of the roofline (docs/roofline.md §3.2).
 
     Attributes:
       tp: float(TP); FLOPs and per-request bytes are divided by it.
@@ -195,7 +195,7 @@ def go_pow(x: float, n: int) -> float:
 
     Go does not call libm: for an integer exponent it multiplies frexp mantissas by repeated
     squaring, renormalising after every square, and applies the binary exponent at the end
-    (roofline.md §2.4). The result can differ from ``x ** n`` in the last ulps.
+    (docs/roofline.md §2.4). The result can differ from ``x ** n`` in the last ulps.
     """
     if n == 0 or x == 1.0:
         return 1.0
@@ -236,7 +236,7 @@ def expected_distinct_experts(num_experts: float, top_k: float, tokens: int) -> 
 
 
 def transformer_flops(a: RooflineArch, s: int, t: int) -> float:
-    """FLOPs to process ``t`` new tokens after ``s`` tokens of context (roofline.md §2.3).
+    """FLOPs to process ``t`` new tokens after ``s`` tokens of context (docs/roofline.md §2.3).
 
     Attention (QKV + output projections, score/value GEMMs, vector work) over all layers plus the
     2-matrix MLP of every dense layer and the top-k experts of every MoE layer. The attention
@@ -261,7 +261,7 @@ def transformer_flops(a: RooflineArch, s: int, t: int) -> float:
 
 
 def weight_bytes(a: RooflineArch, t: int) -> float:
-    """Weight bytes read to process ``t`` tokens (roofline.md §2.5 "ModelWeights").
+    """Weight bytes read to process ``t`` tokens (docs/roofline.md §2.5 "ModelWeights").
 
     Attention of all layers, plus dense MLPs, plus for MoE layers the expected number of distinct
     experts hit by ``t`` tokens; times EffWBpp. Excludes embeddings, lm_head, norms, routers and
@@ -280,7 +280,7 @@ def memory_access_bytes(a: RooflineArch, s: int, t: int, with_kv: bool) -> tuple
     """(weights W, total bytes) moved to process ``t`` new tokens after ``s`` of context.
 
     Total = ((W + KV write of t tokens) + KV read of s tokens) + activations of t tokens, in bytes
-    (roofline.md §2.5); the KV terms are 0.0 when ``with_kv`` is false.
+    (docs/roofline.md §2.5); the KV terms are 0.0 when ``with_kv`` is false.
     """
     w = weight_bytes(a, t)
     tf = float(t)
@@ -295,7 +295,7 @@ def memory_access_bytes(a: RooflineArch, s: int, t: int, with_kv: bool) -> tuple
 
 
 def split_roofline_requests(batch: StepBatch) -> tuple[list[tuple[int, int]], list[int]]:
-    """(prefill (s, t) pairs, decode contexts s), each in batch order (roofline.md §3.1).
+    """(prefill (s, t) pairs, decode contexts s), each in batch order (docs/roofline.md §3.1).
 
     Prefill: start-of-step PI < L_in, s = PI, t = new tokens (cache hits of a newly admitted
     request are not context: its PI is still 0). Decode: PI >= L_in with output tokens, s = PI,
@@ -317,7 +317,7 @@ def split_roofline_requests(batch: StepBatch) -> tuple[list[tuple[int, int]], li
 def roofline_step_seconds(
     a: RooflineArch, r: RooflineRates, prefill: list[tuple[int, int]], decode: list[int]
 ) -> tuple[float, float]:
-    """(compute seconds, memory seconds) of one step (roofline.md §3.3–§3.4).
+    """(compute seconds, memory seconds) of one step (docs/roofline.md §3.3–§3.4).
 
     compute = Σ_prefill (FLOPs(s,t)/TP)/(peak·mfuPrefill) + Σ_decode (FLOPs(s,1)/TP)/
     (peak·mfuDecode), accumulated left to right over the prefill requests then the decode
@@ -347,7 +347,7 @@ def roofline_step_seconds(
 def roofline_step_time_us(
     a: RooflineArch, r: RooflineRates, prefill: list[tuple[int, int]], decode: list[int]
 ) -> int:
-    """Step time in integer µs (roofline.md §3.5): max(1, trunc(max(compute, memory)·1e6)).
+    """Step time in integer µs (docs/roofline.md §3.5): max(1, trunc(max(compute, memory)·1e6)).
 
     Truncation, not rounding; an empty batch gives 1. See :func:`roofline_step_seconds`.
     """
@@ -359,7 +359,7 @@ def roofline_step_time_us(
 
 
 def check_roofline_inputs(model: ModelConfig, hardware: HardwareConfig, tp: int) -> None:
-    """BLIS ``ValidateRooflineConfig`` plus TP > 0 (roofline.md §1.4).
+    """BLIS ``ValidateRooflineConfig`` plus TP > 0 (docs/roofline.md §1.4).
 
     Raises:
       ConfigError: naming the first field BLIS would reject.
@@ -445,7 +445,7 @@ class RooflineLatency:
 
     def queueing_delay_us(self, input_tokens: int) -> int:
         """trunc(α0 + α1·L_in) µs, ``input_tokens`` including any shared prefix (the same
-        formula as blackbox, semantics note §4.3)."""
+        formula as blackbox, docs/semantics.md §4.3)."""
         return blackbox_queueing_delay_us(self.alpha, input_tokens)
 
     def step_time_us(self, batch: StepBatch) -> int:

@@ -1,7 +1,7 @@
 """Turn a ``RunResult`` into BLIS's aggregate metrics JSON (plus blisjax extras).
 
 The first block of keys is exactly BLIS's ``MetricsOutput`` for the cluster, in BLIS's order and
-with BLIS's populations (semantics Part A §2.8, §6):
+with BLIS's populations (docs/semantics.md §2.8, §6):
 
 * TTFT statistics cover every request with a recorded TTFT (including unfinished and timed-out
   requests that produced a first token); E2E statistics cover completed requests; ITL statistics
@@ -15,7 +15,7 @@ with BLIS's populations (semantics Part A §2.8, §6):
 
 The extras that follow (admission/routing rejections, cache and preemption rates, per-class and
 per-tenant breakdowns, SLO attainment, fairness, anomaly counters, fitness) are blisjax additions
-whose formulas follow BLIS's ``RawMetrics`` (semantics §6.4–6.5).
+whose formulas follow BLIS's ``RawMetrics`` (docs/semantics.md §6.4–§6.5).
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ BLIS_METRIC_KEYS: tuple[str, ...] = (
     "timed_out_requests",
 )
 
-#: Schedulers for which priority inversions are meaningful (semantics §6.5).
+#: Schedulers for which priority inversions are meaningful (docs/semantics.md §6.5).
 _INVERSION_SCHEDULERS = frozenset({"priority-fcfs"})
 
 

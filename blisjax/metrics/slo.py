@@ -1,4 +1,4 @@
-"""SLO attainment (semantics Part A §6.4).
+"""SLO attainment (docs/semantics.md §6.4).
 
 For each configured SLO class a *completed* request is good only if it meets every non-zero
 threshold of its class: ``TTFT_ms ≤ ttft``, ``ITL_ms ≤ itl`` (the request's mean ITL, i.e. TPOT)

@@ -1,4 +1,6 @@
-"""Shared-clock cluster loop: arrival → admission → routing → instances (semantics §1.5, §5).
+"""Shared-clock cluster loop: arrival → admission → routing → instances.
+
+Implements docs/semantics.md §1.5 and §5; section numbers in comments refer to it.
 
 Cluster events are ordered by (time, priority, sequence) with a counter starting at 0; at equal
 times cluster events run before instance events, and among instances the lowest index first.

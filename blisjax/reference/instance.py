@@ -1,6 +1,6 @@
 """One vLLM-style instance: α delay, wait queue, continuous batching, KV cache, preemption.
 
-Implements the semantics note Part A §1.2–§2.9 literally; section numbers in comments refer to it.
+Implements docs/semantics.md §1.2–§2.9 literally; section numbers in comments refer to it.
 Instance events are ordered by (time, event priority, sequence number), sequence numbers per
 instance starting at 1.
 """

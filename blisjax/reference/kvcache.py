@@ -1,4 +1,4 @@
-"""Block-level KV cache with prefix caching, as BLIS models vLLM (semantics note Part A §3).
+"""Block-level KV cache with prefix caching, as BLIS models vLLM (docs/semantics.md §3).
 
 State: blocks 0..N-1 with a refcount, an in-use flag, a token count and an optional hash; a
 per-request ordered block list; ``hash → block`` for prefix lookup; and a doubly linked free list

@@ -1,9 +1,14 @@
 """Cluster and instance policy templates of the reference engine (plain Python).
 
 Every knob is a plain number from ``blisjax.config.PolicyConfig`` so the JAX engine can carry the
+<<<<<<< HEAD
 same knobs as arrays; templates are the codes of ``blisjax.config.codes``, as in the JAX engine.
 Conventions (docs/semantics.md Decisions 5–6): priority scores are float64 with higher = more
 urgent; routing ties go to the lowest instance index.
+=======
+same knobs as arrays. Conventions (docs/semantics.md Decisions 5–6): priority scores are float64 with
+higher = more urgent; routing ties go to the lowest instance index.
+>>>>>>> wt-docs-sem
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Synthetic workload generation from a ``WorkloadSpec`` (semantics note Part A §8).
+"""Synthetic workload generation from a ``WorkloadSpec`` (docs/semantics.md §8).
 
 Per client ``c`` (rate share ``aggregate_rate * fraction_c / sum(fractions) / 1e6`` req/µs):
 
@@ -13,7 +13,7 @@ client's token distribution never moves an arrival, and appending a client never
 draw of the existing ones. All requests are then stably sorted by arrival (ties in client
 order), truncated to ``num_requests`` and numbered 0..N-1 in that order.
 
-Statistical parity with BLIS only (numpy streams, not Go's ``math/rand``; Decision 10).
+Statistical parity with BLIS only (numpy streams, not Go's ``math/rand``; docs/semantics.md Decision 10).
 """
 
 from __future__ import annotations

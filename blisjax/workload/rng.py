@@ -2,7 +2,7 @@
 
 BLIS gives every subsystem its own Go ``math/rand`` source seeded with ``seed XOR FNV-1a-64(name)``
 so that drawing in one subsystem never shifts another (design doc 000 §E.2, contract BC-10).
-blisjax keeps the idea but not Go's generator (semantics Decision 10: statistical parity only).
+blisjax keeps the idea but not Go's generator (docs/semantics.md Decision 10: statistical parity only).
 
 Derivation of the stream for a name path ``(n_1, ..., n_k)`` under master seed ``s``::
 

@@ -2,7 +2,7 @@
 
 A spec lists clients; each client has a share of the aggregate request rate, an arrival process,
 input/output token-length distributions, an optional shared-prefix group, a tenant, an SLO class
-and an optional timeout. ``parse_workload_spec`` reads BLIS YAML (semantics note Part A §8.1);
+and an optional timeout. ``parse_workload_spec`` reads BLIS YAML (docs/semantics.md §8.1);
 ``distribution_spec`` builds the spec of BLIS's ``--workload distribution`` CLI mode.
 
 Units: rates in requests/second, times in integer microseconds, lengths in tokens.
@@ -255,7 +255,7 @@ def gaussian_dist(mean: float, std_dev: float, min_tokens: int, max_tokens: int)
 
 
 def _default_dist() -> DistSpec:
-    # BLIS CLI defaults for prompt and output lengths (semantics Part A §8.3).
+    # BLIS CLI defaults for prompt and output lengths (docs/semantics.md §8.3).
     return gaussian_dist(512, 256, 2, 7000)
 
 
@@ -385,7 +385,7 @@ def distribution_spec(
 
     Arrivals are ``constant`` (what BLIS's ``--rate`` uses); prompt and output lengths are
     clamped Gaussians; ``prefix_tokens`` > 0 adds one shared prefix group named "shared" (as in
-    BLIS traces) whose tokens are prepended to every prompt. No deadline (semantics Decision 11).
+    BLIS traces) whose tokens are prepended to every prompt. No deadline (docs/semantics.md Decision 11).
     """
     _check_number("prefix_tokens", prefix_tokens, ge=0, integral=True)
     client = ClientSpec(

@@ -1,4 +1,4 @@
-"""GPU table loading and validation (roofline.md §1.5)."""
+"""GPU table loading and validation (docs/roofline.md §1.5)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""KV-block capacity: every worked number of roofline.md §5 and §6."""
+"""KV-block capacity: every worked number of docs/roofline.md §5 and §6."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""HF config.json parsing (roofline.md §1.1–§1.3) and BC-1 validation (spec 001)."""
+"""HF config.json parsing (docs/roofline.md §1.1–§1.3) and BC-1 validation (spec 001)."""
 
 from __future__ import annotations
 
@@ -79,7 +79,7 @@ def test_active_parameters_less_than_total_for_moe():
 
 def test_dense_active_equals_total_and_matches_blis_weight_count():
     m = load_model_config(LLAMA_8B)
-    # roofline.md §5: params = 8030261248 for Llama-3.1-8B.
+    # docs/roofline.md §5: params = 8030261248 for Llama-3.1-8B.
     assert m.total_parameters == m.active_parameters_per_token == 8_030_261_248
 
 

@@ -1,6 +1,6 @@
-"""Roofline latency model: every worked number of roofline.md §5 and §6, exact.
+"""Roofline latency model: every worked number of docs/roofline.md §5 and §6, exact.
 
-The expected values below are copied from the note (verified there against BLIS compiled from
+The expected values below are copied from docs/roofline.md (verified there against BLIS compiled from
 Go); none is produced by the code under test.
 """
 
@@ -100,7 +100,7 @@ def test_llama_8b_closed_forms(s, t):
 def test_example_1_pure_prefill():
     m = roofline()
     assert transformer_flops(m.arch, 0, 512) == 5292069486592
-    assert 5291265490944 + 803995648 == 5292069486592  # gemm + sram as the note splits it
+    assert 5291265490944 + 803995648 == 5292069486592  # gemm + sram as docs/roofline.md splits it
     w, total = memory_access_bytes(m.arch, 0, 512, True)
     assert total - w == 201326592
     comp, mem = seconds(m, [(0, 512)], [])
@@ -250,7 +250,7 @@ def _square_and_multiply(x: float, n: int) -> float:
 def test_go_pow_is_go_not_libm(p):
     exps = range(1, 2000)
     assert all(go_pow(p, n) == _square_and_multiply(p, n) for n in exps if p**n > 1e-300)
-    # roofline.md §2.4: Go's result differs from libm's pow in the last bits for these bases
+    # docs/roofline.md §2.4: Go's result differs from libm's pow in the last bits for these bases
     # (the rounding of repeated squaring grows with the exponent, at most ~n ulps).
     differs = [n for n in exps if go_pow(p, n) != p**n]
     assert differs

@@ -73,7 +73,7 @@ def test_priority_inversions_match_brute_force(rows):
 
 
 @pytest.mark.parametrize(("progress", "l_in", "n_out", "finished"), [
-    # semantics §2.7: complete when PI >= L_in + max(N_out, 1) - 1
+    # docs/semantics.md §2.7: complete when PI >= L_in + max(N_out, 1) - 1
     (10, 10, 0, True), (9, 10, 0, False),  # N_out = 0: after the prompt's last token
     (10, 10, 1, True), (9, 10, 1, False),  # N_out = 1: in the prefill-finishing step
     (14, 10, 5, True), (13, 10, 5, False),  # N_out = 5: after 4 decode steps

@@ -1,4 +1,4 @@
-"""Invariants of the semantics note on randomized scenarios, and determinism (INV-6 / BC-9).
+"""Invariants of docs/semantics.md §9 on randomized scenarios, and determinism (INV-6 / BC-9).
 
 Per-event invariants (KV conservation INV-4/BC-13, batch limit BC-12, work conservation INV-8,
 clock monotonicity INV-3/BC-5, bounded event queues BC-14) are asserted inside the engine when
