@@ -144,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="drop samples with target > factor x median (default 5; 0 = off)")
     fit.add_argument("--alpha-target", choices=("queued", "scheduled"), default="queued",
                      help="alpha target: queued = ts.QUEUED - ts.ARRIVED (blisjax's α delay, "
-                          "default); scheduled = ts.SCHEDULED - ts.QUEUED (spec 004 §1)")
+                          "default); scheduled = ts.SCHEDULED - ts.QUEUED (vLLM's queue wait)")
     fit.add_argument("--export-from-config", metavar="CONFIG",
                      help="instead of fitting: simulate CONFIG (reference engine) and write "
                           "its tables to --out-steps and --out-journeys")

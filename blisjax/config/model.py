@@ -1,9 +1,10 @@
 """Model architecture parsed from a Hugging Face ``config.json`` exactly as BLIS does.
 
 Parsing follows ``docs/roofline.md`` §1.1–§1.3 (BLIS ``ParseHFConfig`` / ``GetModelConfigFromHF``
-at f90a1e3a, plus the CLI's model-name quantization fallback); validation follows BC-1 of spec 001
-and the model checks of docs/roofline.md §1.4. Parsing never rejects a config except for the four
-fields BLIS rejects when negative; call :meth:`ModelConfig.validate` before simulating.
+at f90a1e3a, plus the CLI's model-name quantization fallback); validation follows contract BC-1
+(docs/semantics.md §11) and the model checks of docs/roofline.md §1.4. Parsing never rejects a
+config except for the four fields BLIS rejects when negative; call :meth:`ModelConfig.validate`
+before simulating.
 """
 
 from __future__ import annotations
@@ -155,7 +156,7 @@ def weight_bytes_from_model_name(model_name: str) -> float:
 
 @dataclass(frozen=True)
 class MoEConfig:
-    """Mixture-of-experts view of a :class:`ModelConfig` (spec 001 ``MoEConfig``).
+    """Mixture-of-experts view of a :class:`ModelConfig`.
 
     Attributes:
       num_local_experts: routed experts per MoE layer (>= 2).
@@ -426,7 +427,8 @@ class ModelConfig:
     # ----------------------------------------------------------------- validation
 
     def validate(self) -> None:
-        """Check BC-1 (spec 001) and BLIS's model checks (docs/roofline.md §1.4).
+        """Check contract BC-1 (docs/semantics.md §11) and BLIS's model checks (docs/roofline.md
+        §1.4).
 
         Raises:
           ConfigError: naming the first invalid field (``model.<field>``) and its allowed range.

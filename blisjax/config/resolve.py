@@ -155,8 +155,9 @@ def resolve_config(cfg: SimConfig, hardware_path: str | Path | None = None) -> R
     ``hardware_path``: a user hardware JSON (BLIS format) instead of the shipped table.
 
     Raises:
-      ConfigError: naming the field at fault (unknown model/GPU, BC-1 model check, KV capacity
-        failure, missing coefficients, max_model_len larger than the KV cache).
+      ConfigError: naming the field at fault (unknown model/GPU, the model check of contract
+        BC-1 in docs/semantics.md §11, KV capacity failure, missing coefficients, max_model_len
+        larger than the KV cache).
     """
     if not isinstance(cfg, SimConfig):
         raise ConfigError("config", f"must be a SimConfig, got {type(cfg).__name__}")

@@ -207,7 +207,7 @@ class LatencyConfig:
 
     Attributes:
       model: "blackbox" (α/β linear model, docs/semantics.md B.1), "roofline" (docs/roofline.md) or
-        "physics" (spec 004 physics-normalized model).
+        "physics" (physics-normalized model, docs/latency-models.md §P).
       alpha_coeffs: α coefficients (µs); blackbox/roofline: (α0, α1 per input token, α2 per output
         token). None = shipped defaults (blackbox: looked up by model/hardware/TP; roofline: zeros).
       beta_coeffs: β coefficients (µs); blackbox: (β0, β1 per prefill token, β2 per decode token).

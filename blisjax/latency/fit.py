@@ -1,7 +1,7 @@
-"""Fit latency coefficients from vLLM-style traces (spec 004 §1–§2 and the training pipeline).
+"""Fit latency coefficients from vLLM-style traces (docs/latency-models.md §P.9–§P.10).
 
 Inputs are two tables, CSV or JSON lines (``.jsonl``/``.ndjson``), whose column names are the
-vLLM tracing attribute names of spec 004:
+vLLM's tracing attribute names:
 
 * **step table** — one row per scheduler step (``step.BATCH_SUMMARY``) with the rich-mode
   ``step.REQUEST_SNAPSHOT`` fields of the step's scheduled requests as per-row lists
@@ -60,7 +60,7 @@ from blisjax.latency.physics import (
 #: vLLM attribute: a trace file holds one instance, a table may concatenate several.
 INSTANCE_COLUMN = "instance.id"
 
-#: Required step-summary columns (``step.BATCH_SUMMARY``, spec 004 §2).
+#: Required step-summary columns (vLLM ``step.BATCH_SUMMARY``, docs/latency-models.md §P.9).
 STEP_COLUMNS = (
     "step.id",
     "step.duration_us",
@@ -88,13 +88,13 @@ SNAPSHOT_COLUMNS = (
 )
 SNAPSHOT_OPTIONAL = ("request.id",)
 
-#: Required journey columns (spec 004 §1): timestamps in ns, ``scheduler.step`` = the id of the
-#: instance's latest step when the request arrived (0 = none yet).
+#: Required journey columns (vLLM request journey, §P.9): timestamps in ns, ``scheduler.step`` =
+#: the id of the instance's latest step when the request arrived (0 = none yet).
 JOURNEY_COLUMNS = ("request.id", "ts.ARRIVED", "ts.QUEUED", "prefill_total_tokens",
                    "scheduler.step")
 #: Queue-time state at arrival. When absent, taken from the step summary ``scheduler.step``
-#: (spec 004: "features from the step.BATCH_SUMMARY event preceding the QUEUED event") and
-#: ``kv.blocks_cached_gpu`` = 0 (spec iteration 6: non-rich prefix_hit_ratio is 0).
+#: (the latest step before the request arrived) and ``kv.blocks_cached_gpu`` = 0 (no prefix hit
+#: known); docs/latency-models.md §P.9 step 2.
 JOURNEY_STATE = ("queue.running_depth", "queue.waiting_depth", "kv.blocks_total_gpu",
                  "kv.blocks_free_gpu")
 JOURNEY_OPTIONAL = ("kv.blocks_cached_gpu", "ts.SCHEDULED", "ts.FIRST_TOKEN", "ts.FINISHED",
@@ -103,7 +103,8 @@ JOURNEY_OPTIONAL = ("kv.blocks_cached_gpu", "ts.SCHEDULED", "ts.FIRST_TOKEN", "t
 PHASES = ("PREFILL", "DECODE")
 ALPHA_TARGETS = ("queued", "scheduled")
 
-#: Spec defaults (iterations 2–3): λ grid, γ grid, folds, hold-out share, warm-up, outliers.
+#: Defaults of docs/latency-models.md §P.9: λ grid, γ grid, folds, hold-out share, warm-up,
+#: outliers, weight of preemption-heavy steps.
 DEFAULT_LAMBDAS = (0.001, 0.01, 0.1, 1.0, 10.0, 100.0)
 DEFAULT_GAMMAS = (0.1, 0.3, 0.5)
 DEFAULT_FOLDS = 5
@@ -114,12 +115,12 @@ DEFAULT_PREEMPTION_WEIGHT = 0.5
 #: Integer µs targets are truncations of a time in [y, y + 1): fit the midpoint.
 DEFAULT_TRUNCATION_OFFSET = 0.5
 
-#: v1 acceptance criteria (spec 004 iteration 9, implementation note 4; provisional).
+#: Acceptance criteria (docs/latency-models.md §P.10; provisional).
 ACCEPTANCE = {
     "alpha": {"mape_pct": 25.0, "max_error_median_factor": 5.0},
     "beta": {"mape_pct": 15.0, "max_error_median_factor": 3.0},
 }
-#: Physically plausible signs (same note): β1 prefill compute > 0, β3 decode weight loading
+#: Physically plausible signs (§P.10): β1 prefill compute > 0, β3 decode weight loading
 #: > 0, β11 fixed overhead > 0, β16 bias >= 0.
 PLAUSIBLE_BETA = ((0, ">0"), (2, ">0"), (10, ">0"), (15, ">=0"))
 ALPHA_BIAS, BETA_BIAS = 3, 15
@@ -290,8 +291,8 @@ def read_step_table(path: str | os.PathLike) -> list[StepRecord]:
         missing = [c for c in SNAPSHOT_COLUMNS if c not in columns]
         raise FitDataError(
             f"{path}: row 1: missing rich-mode snapshot column(s) {', '.join(missing)}: "
-            "per-request context lengths are required (spec 004 iteration 6: chunked-prefill "
-            "training data without REQUEST_SNAPSHOT is rejected)")
+            "per-request context lengths are required (chunked-prefill training data "
+            "without REQUEST_SNAPSHOT is rejected, docs/latency-models.md §P.9)")
     out = []
     for n, r in rows:
         prompt = _int_list(path, n, r, "request.num_prompt_tokens")
@@ -476,7 +477,7 @@ def alpha_design(pc: PhysicsConfig, journeys: Sequence[JourneyRecord],
     row, or else from that step's summary.
 
     ``target``: ``"queued"`` = ts.QUEUED − ts.ARRIVED (the delay blisjax's α model adds before
-    the wait queue); ``"scheduled"`` = ts.SCHEDULED − ts.QUEUED (spec 004 §1 literal).
+    the wait queue); ``"scheduled"`` = ts.SCHEDULED − ts.QUEUED (vLLM's wait in its queue).
     """
     emas = step_emas(steps, gamma)
     by_key = {(s.instance, s.step_id): (s, e) for s, e in zip(steps, emas, strict=True)}
@@ -545,7 +546,7 @@ def ridge_path(X: np.ndarray, y: np.ndarray, lambdas: Sequence[float],
     """Weighted ridge solutions for each λ: ``argmin Σ wᵢ(yᵢ − xᵢ·β)² + λ‖Dβ‖²``.
 
     Closed form through one SVD of the weighted, RMS-scaled design ``Z = W^½ X D⁻¹``
-    (D = per-column RMS): ``β = D⁻¹ V diag(s/(s²+λ)) Uᵀ W^½ y`` — the spec's
+    (D = per-column RMS): ``β = D⁻¹ V diag(s/(s²+λ)) Uᵀ W^½ y`` — the ridge solution
     ``(XᵀX + λI)⁻¹Xᵀy`` in scaled coordinates, so one λ grid suits features in seconds and
     ratios alike. λ = 0 gives the minimum-norm least-squares solution. Columns that are not
     :func:`identifiable_columns` get coefficient 0.
@@ -574,7 +575,7 @@ def ridge(X, y, lam: float, weights=None, bias: int | None = None) -> np.ndarray
 
 
 def effective_dof(X: np.ndarray, lam: float, weights=None, bias: int | None = None) -> float:
-    """``trace(Z(ZᵀZ + λI)⁻¹Zᵀ)`` of the scaled design (spec iteration 3 dimensionality check)."""
+    """``trace(Z(ZᵀZ + λI)⁻¹Zᵀ)`` of the scaled design (§P.9 step 9, to compare with n)."""
     w = np.ones(len(X)) if weights is None else np.asarray(weights, dtype=float)
     keep = identifiable_columns(X, bias)
     if not keep.any():
@@ -629,7 +630,7 @@ def cv_rmse(d: Design, index: np.ndarray, lambdas: Sequence[float], folds: int,
             bias: int | None) -> list[float]:
     """Mean validation RMSE per λ over ``folds`` forward-chaining folds.
 
-    Stratified and time-ordered (spec iteration 2): each stratum's rows are cut into an
+    Stratified and time-ordered (§P.9 step 7): each stratum's rows are cut into an
     initial window (its first half) and ``folds`` consecutive blocks after it; fold k trains on
     the window and blocks 1..k−1 of every stratum and validates on block k of every stratum, so
     no fold trains on the future of its validation and every fold trains on >= half the data.
@@ -683,7 +684,7 @@ def _regime_metrics(d: Design, idx: np.ndarray, pred: np.ndarray, target: np.nda
 
 @dataclass(frozen=True)
 class FitOptions:
-    """Fitting knobs; defaults are the spec's (iterations 2–3 and 6)."""
+    """Fitting knobs; defaults as in docs/latency-models.md §P.9."""
 
     lambdas: tuple[float, ...] = DEFAULT_LAMBDAS
     gammas: tuple[float, ...] = DEFAULT_GAMMAS
@@ -731,7 +732,7 @@ class FitResult:
 
 
 def _clean(d: Design, keep: np.ndarray, factor: float) -> tuple[np.ndarray, int]:
-    """Rows kept after outlier removal (target > factor × median, spec iteration 2)."""
+    """Rows kept after outlier removal (target > factor × median, §P.9 step 4)."""
     if factor <= 0 or not keep.any():
         return keep, 0
     med = float(np.median(d.y[keep]))
@@ -756,7 +757,7 @@ def fit_latency(steps: Sequence[StepRecord], journeys: Sequence[JourneyRecord],
                 ) -> FitResult:
     """Fit α (11) and β (16) with (λ, γ) chosen by cross-validation; evaluate on the hold-out.
 
-    Pipeline (spec 004 iterations 2–3, 6, 9): features per γ (EMA recomputed along each
+    Pipeline (docs/latency-models.md §P.9–§P.10): features per γ (EMA recomputed along each
     instance's steps) → cleaning (warm-up steps dropped from β, preemption-heavy steps weighted
     ``preemption_weight``, outliers above ``outlier_factor`` × median dropped) → temporal
     hold-out (last ``holdout`` of each instance) → forward-chaining stratified CV on the rest
@@ -904,7 +905,7 @@ def fit_latency(steps: Sequence[StepRecord], journeys: Sequence[JourneyRecord],
                      "note": "alpha2 (output-token processing) is not identifiable from these "
                              "tables and is reported as 0",
                      "hold_out": {"alpha": error_metrics(pab, ya), "beta": error_metrics(pbb, yb)}},
-        "acceptance": {"criteria": "spec 004 v1 provisional (iteration 9, note 4)",
+        "acceptance": {"criteria": "provisional, docs/latency-models.md §P.10",
                        "checks": checks, "pass": accepted},
     }
     return FitResult(coefficients=coeffs, report=report, blackbox_alpha=ab_t,
@@ -948,7 +949,7 @@ def _acceptance(hold_a: dict, hold_b: dict, beta: Sequence[float], Xb: np.ndarra
 
 
 def coefficients_yaml(result: FitResult) -> str:
-    """The coefficient file text (spec 004 observation G format, with a header comment)."""
+    """The coefficient file text (docs/latency-models.md §P.8 format, with a header comment)."""
     c = result.coefficients
     trained_on = {"model": c.model, "hardware": c.hardware, "tp": c.tp,
                   "vllm_version": None, "training_date": None}

@@ -165,8 +165,8 @@ class ClusterSimulator:
 
     def _check_invariants(self) -> None:
         """Per-event invariants (tests only): KV conservation, batch limit, work conservation,
-        bounded event queues (BC-14: per request on an instance at most one pending
-        arrival/enqueue and one timeout, plus one step)."""
+        bounded event queues (§11 BC-12, BC-13, BC-14; BC-14: per live request on an instance at
+        most one pending arrival/enqueue and one timeout, plus one step)."""
         for x in self.instances:
             x.kv.check_conservation()
             assert len(x.running) <= x.max_running, "BC-12: batch exceeds max running requests"

@@ -1,7 +1,7 @@
 """Partitioned random streams: one independent numpy ``Generator`` per named subsystem.
 
 BLIS gives every subsystem its own Go ``math/rand`` source seeded with ``seed XOR FNV-1a-64(name)``
-so that drawing in one subsystem never shifts another (design doc 000 §E.2, contract BC-10).
+so that drawing in one subsystem never shifts another (docs/semantics.md §8.6, §11 BC-10).
 blisjax keeps the idea but not Go's generator (docs/semantics.md Decision 10: statistical parity only).
 
 Derivation of the stream for a name path ``(n_1, ..., n_k)`` under master seed ``s``::

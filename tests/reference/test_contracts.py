@@ -85,9 +85,9 @@ def hash_sensitive_result():
     for i in range(60):
         t += int(rng.integers(0, 400))
         g = int(rng.integers(-1, 3))
-        rows.append(dict(arrival=t, input=int(rng.integers(60, 300)), output=int(rng.integers(1, 20)),
-                         group=g, prefix=48 if g >= 0 else 0, tenant=tenants[i % 3],
-                         slo=("critical", "standard", "batch")[i % 3]))
+        rows.append(dict(arrival=t, input=int(rng.integers(60, 300)),
+                         output=int(rng.integers(1, 20)), group=g, prefix=48 if g >= 0 else 0,
+                         tenant=tenants[i % 3], slo=("critical", "standard", "batch")[i % 3]))
     res, _ = run(rows, instances=3, tenants=tenants, groups=groups, kv_blocks=80, max_running=4,
                  admission=AdmissionConfig(policy="tenant-quota", default_tenant_max_in_flight=4),
                  priority=PriorityConfig(policy="slo-class"),

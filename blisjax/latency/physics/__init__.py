@@ -1,4 +1,4 @@
-"""Physics-normalized latency model (design spec 004, final specification of iterations 5–10).
+"""Physics-normalized latency model, as specified in docs/latency-models.md §P.
 
 queueing delay = ``max(0, trunc(α·F_queue))`` with 11 alpha features, step time =
 ``max(1, trunc(β·F_step))`` with 16 beta features; every feature is a physics-normalized,

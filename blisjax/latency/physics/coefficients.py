@@ -1,4 +1,4 @@
-"""Physics coefficient files: YAML with provenance metadata (spec 004, observation G).
+"""Physics coefficient files: YAML with provenance metadata (docs/latency-models.md §P.8).
 
 Format (one file per trained set)::
 
@@ -40,7 +40,8 @@ from blisjax.config._data import data_root
 from blisjax.latency.physics.features import NUM_ALPHA_FEATURES, NUM_BETA_FEATURES
 from blisjax.latency.physics.inputs import DEFAULT_PREEMPTION_EMA_GAMMA
 
-#: Version of the frozen feature specification this implementation computes.
+#: Version of the feature specification this implementation computes
+#: (docs/latency-models.md §P.1).
 SPEC_VERSION = "1.0"
 COEFFICIENT_STATUSES = ("trained", "illustrative")
 

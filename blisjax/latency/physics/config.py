@@ -1,8 +1,8 @@
-"""Configuration of the physics-normalized latency model (spec 004, iterations 4–9).
+"""Configuration of the physics-normalized latency model (docs/latency-models.md §P.2–§P.3).
 
-* :class:`VLLMKnobs` — the vLLM settings the features depend on (spec iteration 5).
+* :class:`VLLMKnobs` — the vLLM settings the features depend on (§P.2).
 * :class:`PhysicsHardwareExtras` — the hardware figures the shipped GPU table lacks (PCIe and
-  interconnect bandwidth, PCIe efficiency; spec iterations 2 and 4).
+  interconnect bandwidth, PCIe efficiency; §P.2).
 * :class:`PhysicsConfig` — every derived constant, computed once per simulation.
 
 Every constant is a float64 computed by the exact sequence of operations written in its comment
@@ -34,13 +34,13 @@ GATED_HIDDEN_ACTS = ("silu", "swiglu", "geglu", "situ", "")
 
 @dataclass(frozen=True)
 class VLLMKnobs:
-    """vLLM configuration the physics features read (spec iteration 5 ``VLLMKnobs``).
+    """vLLM configuration the physics features read (docs/latency-models.md §P.2).
 
     Attributes:
       max_num_seqs: max running requests (vLLM ``--max-num-seqs``, blisjax
         ``engine.max_num_running_reqs``), >= 1.
       max_num_batched_tokens: token budget per step (``--max-num-batched-tokens``, blisjax
-        ``engine.max_num_scheduled_tokens``), > 0 (spec iteration 9, note 2).
+        ``engine.max_num_scheduled_tokens``), > 0: several features divide by it (§P.2).
       chunked_prefill_enabled: ``--enable-chunked-prefill``; blisjax always schedules vLLM-v1
         style chunked prefill, hence the default True.
       cpu_offloading: ``--cpu-offloading``; gates alpha feature 10 and beta features 13-14.
@@ -100,7 +100,7 @@ class VLLMKnobs:
         total_kv_blocks_cpu: int = 0,
         chunked_prefill_enabled: bool = True,
     ) -> VLLMKnobs:
-        """Map a ``blisjax.config.EngineConfig`` (spec iteration 5 field mapping).
+        """Map a ``blisjax.config.EngineConfig`` (field mapping of docs/latency-models.md §P.2).
 
         ``total_kv_blocks_gpu`` is the resolved block count (``engine.total_kv_blocks`` may be
         None until the capacity formula has run).
@@ -125,7 +125,7 @@ class PhysicsHardwareExtras:
     Attributes:
       pcie_bandwidth_gb_s: host-device PCIe bandwidth, GB/s (1e9 bytes/s), > 0.
       interconnect_bandwidth_gb_s: GPU-GPU link bandwidth used by TP all-reduce, GB/s, > 0.
-      pcie_efficiency: achieved fraction of PCIe bandwidth, in (0, 1] (spec default 0.75).
+      pcie_efficiency: achieved fraction of PCIe bandwidth, in (0, 1] (default 0.75).
     """
 
     pcie_bandwidth_gb_s: float
@@ -143,9 +143,10 @@ class PhysicsHardwareExtras:
         set_field(self, "pcie_efficiency", eff)
 
 
-#: Defaults per GPU name. H100: the spec's fixture values (iteration 5: PCIe 64 GB/s, efficiency
-#: 0.75, NVLink 900 GB/s). A100: NVIDIA A100 SXM datasheet in the same convention (PCIe Gen4
-#: x16 32 GB/s per direction, NVLink 600 GB/s). Other GPUs need explicit values.
+#: Defaults per GPU name (docs/latency-models.md §P.2). H100: PCIe 64 GB/s, efficiency 0.75,
+#: NVLink 900 GB/s, the figures of the model's worked example (§P.11). A100: NVIDIA A100 SXM
+#: datasheet in the same convention (PCIe Gen4 x16 32 GB/s per direction, NVLink 600 GB/s).
+#: Other GPUs need explicit values.
 DEFAULT_HARDWARE_EXTRAS: Mapping[str, PhysicsHardwareExtras] = MappingProxyType(
     {
         "H100": PhysicsHardwareExtras(64.0, 900.0, 0.75),
@@ -169,7 +170,7 @@ def default_hardware_extras(gpu: str) -> PhysicsHardwareExtras:
 
 
 def mlp_projection_count(model: ModelConfig) -> int:
-    """``n_mlp_proj``: 3 for gated MLPs (SwiGLU/GeGLU: gate, up, down), else 2 (spec it. 2)."""
+    """``n_mlp_proj``: 3 for gated MLPs (SwiGLU/GeGLU: gate, up, down), else 2 (§P.2)."""
     return 3 if model.hidden_act in GATED_HIDDEN_ACTS else 2
 
 
@@ -198,9 +199,9 @@ def _check_model(model: ModelConfig) -> None:
 
 @dataclass(frozen=True)
 class PhysicsConfig:
-    """Derived constants of one (model, hardware, TP, vLLM knobs) deployment (spec PR1).
+    """Derived constants of one (model, hardware, TP, vLLM knobs) deployment (§P.3).
 
-    Build with :meth:`build`. Model quantities (spec iterations 2 and 5), with ``h`` = hidden
+    Build with :meth:`build`. Model quantities (docs/latency-models.md §P.3), with ``h`` = hidden
     size, ``L`` = layers, ``I`` = FFN width (per expert for MoE), ``V`` = vocabulary, ``b`` =
     ``dtype_bytes``, ``n`` = ``n_mlp_proj``, ``k``/``E`` = experts per token / experts:
 
@@ -208,7 +209,7 @@ class PhysicsConfig:
       kv_dim: ``(h·num_kv_heads) / num_heads`` (elements).
       flops_attn_linear: ``(4·h)·(h + kv_dim)`` FLOPs per token per layer (Q, K, V, O).
       flops_mlp: ``(((n·2)·h)·I)·moe_factor`` FLOPs per token per layer; ``moe_factor`` = k/E
-        for MoE, 1 for dense (the spec's definition).
+        for MoE, 1 for dense (as defined, §P.3).
       flops_lm_head: ``(2·h)·V`` FLOPs per token.
       flops_linear_per_token: ``(L·(flops_attn_linear + flops_mlp)) + flops_lm_head`` FLOPs.
       weight_bytes_attn: ``(((2·h)·h) + ((2·h)·kv_dim))·b`` bytes per layer.
@@ -216,11 +217,11 @@ class PhysicsConfig:
       weight_bytes_total: ``L·(weight_bytes_attn + weight_bytes_mlp)`` bytes.
       mlp_weight_elems_per_expert: ``(n·h)·I`` parameters of one expert's MLP per layer (used by
         the batch-aware MoE weight bytes of beta feature 3).
-      kv_bytes_per_token: ``(((2·L)·kv_dim)·2)·b`` bytes, exactly the spec's formula (which has
-        a second factor 2 beyond K and V; the spec's golden value 262,144 for Llama-3.1-8B).
+      kv_bytes_per_token: ``(((2·L)·kv_dim)·2)·b`` bytes, as defined in §P.3 (a second factor 2
+        beyond K and V: 262,144 for Llama-3.1-8B in bf16).
       attn_flops_per_work_unit: ``(L·2)·h`` FLOPs per (query token × key token); beta features
         2 and 4 (``num_layers × 2h``).
-      hw_peak_flops: ``(TFlopsPeak·1e12)/tp`` FLOP/s (spec: per-device ceiling after TP split).
+      hw_peak_flops: ``(TFlopsPeak·1e12)/tp`` FLOP/s (per-device ceiling after the TP split).
       hw_peak_bandwidth: ``(BwPeakTBs·1e12)/tp`` bytes/s.
       hw_pcie_bandwidth_eff: ``(pcie_gb_s·1e9)·pcie_efficiency`` bytes/s (not split by TP).
       hw_interconnect_bw: ``interconnect_gb_s·1e9`` bytes/s.
@@ -293,7 +294,7 @@ class PhysicsConfig:
         *,
         n_mlp_proj: int | None = None,
     ) -> PhysicsConfig:
-        """Compute every constant (spec ``NewPhysicsConfig``).
+        """Compute every constant of docs/latency-models.md §P.3.
 
         Args:
           model: architecture; MoE models use the per-expert FFN width for ``I``.

@@ -1,4 +1,5 @@
-"""The 11 alpha and 16 beta features of the physics-normalized model (spec 004, final).
+"""The 11 alpha and 16 beta features of the physics-normalized model (docs/latency-models.md
+§P.5–§P.7).
 
 Rules every function here follows, so the JAX engine can reproduce it bit for bit:
 
@@ -10,7 +11,7 @@ Rules every function here follows, so the JAX engine can reproduce it bit for bi
 * the only transcendental functions, ``ln(1 + waiting_depth)`` and ``(1 − k/E)**B``, are
   computed by :func:`log1p_int` and :func:`pow_int`, fixed sequences of +, −, ×, ÷ and
   ``frexp`` (no libm call whose last bit could differ between Python and XLA);
-* every feature is finally clamped to ``[0, 100]`` (spec iteration 2): ``min(100, max(0, x))``.
+* every feature is finally clamped to ``[0, 100]`` (§P.7): ``min(100, max(0, x))``.
 
 Units: "s" features are times in seconds (work / hardware ceiling), the others are
 dimensionless ratios or indicators. Coefficients are therefore µs per feature unit.
@@ -27,7 +28,7 @@ from blisjax.latency.physics.inputs import EPSILON, PhysicsQueueInputs, PhysicsS
 
 NUM_ALPHA_FEATURES = 11
 NUM_BETA_FEATURES = 16
-#: Upper clamp of every feature (spec iteration 2: "clamped to [0, C] where C = 100").
+#: Upper clamp of every feature (docs/latency-models.md §P.7).
 FEATURE_MAX = 100.0
 
 ALPHA_FEATURE_NAMES = (
@@ -117,7 +118,7 @@ def pow_int(base: float, n: int) -> float:
 
 
 def congestion_gate(cfg: PhysicsConfig, running_depth: int, kv_usage_ratio: float) -> float:
-    """Probabilistic-OR gate ``g = (s + m) − (s·m)`` in [0, 1] (spec iterations 4 and 9).
+    """Probabilistic-OR gate ``g = (s + m) − (s·m)`` in [0, 1] (docs/latency-models.md §P.5).
 
     ``s = min(1.0, float(running_depth)/max(ε, float(max_num_seqs)))``,
     ``m = min(1.0, max(0.0, kv_usage_ratio))``.
@@ -129,14 +130,14 @@ def congestion_gate(cfg: PhysicsConfig, running_depth: int, kv_usage_ratio: floa
 
 def moe_activation(cfg: PhysicsConfig, scheduled_tokens: int) -> float:
     """``1.0 − pow_int(1.0 − k/E, max(1, B))`` with B = scheduled tokens; 0.0 for dense
-    models and for an empty step (spec iteration 5 guard)."""
+    models and for an empty step (§P.6)."""
     if not cfg.is_moe or scheduled_tokens <= 0:
         return 0.0
     return 1.0 - pow_int(1.0 - cfg.moe_top_k_fraction, max(1, scheduled_tokens))
 
 
 def effective_weight_bytes(cfg: PhysicsConfig, scheduled_tokens: int) -> float:
-    """Weight bytes streamed in a step, bytes (spec iterations 3–4).
+    """Weight bytes streamed in a step, bytes (docs/latency-models.md §P.6).
 
     Dense: ``weight_bytes_total``. MoE: ``L·(weight_bytes_attn + ((mlp_weight_elems_per_expert
     ·unique)·dtype_bytes))`` with ``unique = float(E)·(1.0 − pow_int(1.0 − k/E, max(1, B)))``.
@@ -207,7 +208,7 @@ def alpha_cpu_offload_expansion(cfg: PhysicsConfig, q: PhysicsQueueInputs, g: fl
 
 
 def alpha_features(cfg: PhysicsConfig, q: PhysicsQueueInputs) -> tuple[float, ...]:
-    """The 11 clamped alpha features, in spec order (a1 … a11; a4 = 1.0, a11 = g·1.0)."""
+    """The 11 clamped alpha features in §P.5 order (a1 … a11; a4 = 1.0, a11 = g·1.0)."""
     g = congestion_gate(cfg, q.running_depth, q.kv_usage_ratio)
     c = clamp_feature
     return (
@@ -303,7 +304,7 @@ def beta_chunked_prefill_indicator(cfg: PhysicsConfig, s: PhysicsStepInputs) -> 
 
 
 def beta_features(cfg: PhysicsConfig, s: PhysicsStepInputs) -> tuple[float, ...]:
-    """The 16 clamped beta features, in spec order (b8 = :func:`moe_activation`,
+    """The 16 clamped beta features in §P.6 order (b8 = :func:`moe_activation`,
     b10 = gqa_ratio, b12 = preemption_ema, b16 = 1.0)."""
     c = clamp_feature
     return (

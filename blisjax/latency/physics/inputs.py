@@ -1,4 +1,4 @@
-"""Simulator-state inputs of the physics features (spec ``AlphaInput`` / ``BetaInput``).
+"""Simulator-state inputs of the physics features (docs/latency-models.md §P.4).
 
 The engine fills these from its state; every field says what it is and when it is measured.
 Counts are Python ints (int64 in the JAX engine): the per-request aggregation below is integer
@@ -15,9 +15,9 @@ from blisjax.config._checks import ConfigError, set_field
 from blisjax.latency.base import StepBatch
 from blisjax.latency.physics.config import PhysicsConfig
 
-#: ε of every guarded denominator (spec iteration 2; "standardize ε = 1e-6", iteration 6).
+#: ε of every guarded denominator (docs/latency-models.md §P.7).
 EPSILON = 1e-6
-#: Spec default of the preemption-EMA decay γ (iteration 3).
+#: Default preemption-EMA decay γ (docs/latency-models.md §P.4).
 DEFAULT_PREEMPTION_EMA_GAMMA = 0.3
 
 
@@ -39,7 +39,7 @@ def _ratio(path: str, value: object, hi: float | None = None) -> float:
 
 @dataclass(frozen=True)
 class PhysicsQueueInputs:
-    """Instance state when a request arrives (alpha features; spec ``AlphaInput``).
+    """Instance state when a request arrives (alpha features; docs/latency-models.md §P.4).
 
     Measured once per request, at the moment the instance receives it (before the α delay and
     before the request joins the wait queue), as BLIS evaluates ``QueueingTime(req)``.
@@ -48,12 +48,12 @@ class PhysicsQueueInputs:
       running_depth: requests in the running batch (``len(RunningBatch)``).
       waiting_depth: requests in the wait queue, this request excluded.
       kv_usage_ratio: used GPU KV blocks / total blocks (cached-but-free blocks count as free).
-        Gate input; values above 1 are clamped inside the gate (spec iteration 9, note 1).
+        Gate input; values above 1 are clamped inside the gate (§P.5).
       prompt_tokens: the request's input tokens (shared prefix included).
       prefix_hit_ratio: fraction of the prompt served from the prefix cache, in [0, 1]:
-        ``(cached_blocks·block_size)/max(1, prompt_tokens)`` (spec iteration 6); 0 without
+        ``(cached_blocks·block_size)/max(1, prompt_tokens)`` (§P.4); 0 without
         prefix caching.
-      kv_free_bytes: free GPU KV bytes (spec iteration 2:
+      kv_free_bytes: free GPU KV bytes (§P.4:
         ``total_blocks·block_size_bytes·max(ε, 1 − kv_usage_ratio)``).
       preemption_ema: the preemption EMA after the latest step (:func:`update_preemption_ema`).
     """
@@ -88,7 +88,7 @@ class PhysicsQueueInputs:
         prefix_cached_blocks: int,
         preemption_ema: float,
     ) -> PhysicsQueueInputs:
-        """Derive the ratios from block counts exactly as the spec sources them.
+        """Derive the ratios from block counts as docs/latency-models.md §P.4 defines them.
 
         ``kv_used_blocks`` = total − free GPU blocks; ``prefix_cached_blocks`` = length of the
         cached prefix chain of the request's prompt (``GetCachedBlocks``), ignored when prefix
@@ -118,7 +118,7 @@ class PhysicsQueueInputs:
 
 @dataclass(frozen=True)
 class PhysicsStepInputs:
-    """Aggregates of one step's scheduled batch (beta features; spec ``BetaInput``).
+    """Aggregates of one step's scheduled batch (beta features; docs/latency-models.md §P.4).
 
     Measured after the step's batch formation (scheduled requests = those with new tokens > 0),
     before its progress update. A request is *prefill* if its progress index at the start of the
@@ -130,7 +130,7 @@ class PhysicsStepInputs:
       num_prefill_reqs, num_decode_reqs: request counts of each kind.
       sum_prefill_attn_work: Σ over prefill requests of ``context_len × chunk_len`` with
         ``chunk_len`` = new tokens and ``context_len`` = tokens already computed + chunk_len
-        (spec iteration 5).
+        (§P.4).
       decode_context_tokens: Σ over decode requests of their context length (tokens already in
         KV + the new token).
       sum_decode_kv_blocks: Σ of KV blocks held by decode requests this step.
@@ -242,7 +242,7 @@ class PhysicsStepInputs:
 def update_preemption_ema(
     previous: float, num_preempted: int, running_depth: int, gamma: float
 ) -> float:
-    """One EMA step (spec iteration 3): ``(γ·rate) + ((1 − γ)·previous)``.
+    """One EMA step (docs/latency-models.md §P.4): ``(γ·rate) + ((1 − γ)·previous)``.
 
     ``rate = float(num_preempted)/float(max(1, running_depth))`` where ``num_preempted`` is the
     number of requests the step's batch formation preempted and ``running_depth`` the running

@@ -28,7 +28,7 @@ class PhysicsLatency:
     """Queueing delay ``max(0, trunc(α·F_queue))`` and step time ``max(1, trunc(β·F_step))``.
 
     Stateless: the engine owns the preemption EMA (:meth:`update_preemption_ema`) and passes
-    it in the inputs. The model has no metric-only terms (spec 004 defines none), so
+    it in the inputs. The model has no metric-only terms (docs/latency-models.md §P.1), so
     ``output_token_processing_us`` and ``post_decode_overhead_us`` are 0.
     """
 
