@@ -1,4 +1,5 @@
-"""HF config.json parsing (docs/roofline.md §1.1–§1.3) and BC-1 validation (spec 001)."""
+"""HF config.json parsing (docs/roofline.md §1.1–§1.3) and contract BC-1 validation
+(docs/semantics.md §11)."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ def _dense(**overrides) -> ModelConfig:
     return ModelConfig(**fields)
 
 
-# ----------------------------------------------------------------------------- spec 001 scenarios
+# ----------------------------------------------------------------------------- dense and MoE models
 
 
 def test_load_dense_llama_config():

@@ -1,4 +1,5 @@
-"""SimConfig dataclasses: defaults, BC-2, and field-naming validation errors."""
+"""SimConfig dataclasses: defaults, BC-2 (docs/semantics.md §11), and field-naming validation
+errors."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from blisjax.config import (
     SLOTarget,
 )
 
-# ----------------------------------------------------------------------------- spec 001 / BC-2
+# ----------------------------------------------------------------------------- defaults / BC-2
 
 
 def test_default_engine_config_values():

@@ -1,4 +1,4 @@
-"""Physics-normalized latency model against the golden fixture (spec 004 iterations 5–10).
+"""Physics-normalized latency model against the golden fixture (docs/latency-models.md §P).
 
 ``tests/data/physics_features_golden.json`` holds inputs and expected values computed by the
 independent exact oracle of ``test_physics_oracle.py`` (see the fixture's ``provenance``).
@@ -63,7 +63,7 @@ def build_physics_config(config: dict) -> PhysicsConfig:
     hw = config["hardware"]
     if hw["name"] in available_hardware():
         hardware = load_hardware(hw["name"])
-    else:  # the spec's iteration-6 GPU (TFlopsPeak 989); MFU and memory are unused here
+    else:  # the worked example's GPU (TFlopsPeak 989); MFU and memory are unused here
         hardware = HardwareConfig(
             name=hw["name"],
             tflops_peak=hw["TFlopsPeak"],
@@ -121,7 +121,7 @@ def test_fixture_coverage():
     assert len(set(IDS)) == len(IDS)
     groups = {c["group"] for c in CASES}
     for needed in (
-        "spec iteration 6",
+        "worked example",
         "pure prefill",
         "pure decode",
         "mixed",
@@ -131,8 +131,8 @@ def test_fixture_coverage():
         "MoE activation",
         "CPU offload on",
         "CPU offload off",
-        "transcendental (observation D)",
-        "oversubscribed gate (note 1)",
+        "transcendental boundaries",
+        "oversubscribed gate",
     ):
         assert needed in groups, needed
     models = {c["config"]["model"] for c in CASES}
@@ -143,8 +143,8 @@ def test_fixture_coverage():
     } <= models
     assert {c["config"]["hardware"]["name"] for c in CASES} >= {"H100", "A100-SXM"}
     assert {c["config"]["tp"] for c in CASES} >= {1, 2, 4}
-    spec6 = [c for c in CASES if c["provenance"] == "spec iteration 6"]
-    assert len(spec6) == 1 and "spec_iteration_6" in spec6[0]
+    worked = [c for c in CASES if c["provenance"] == "worked example"]
+    assert len(worked) == 1 and "printed_worked_example" in worked[0]
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
@@ -256,10 +256,10 @@ def test_regression_bits(case):
         assert step_time_from_features(co["beta"], beta) == bits["step_time_us"]
 
 
-# --------------------------------------------------------------------------- spec iteration 6
+# ------------------------------------------------ worked example (docs/latency-models.md §P.11)
 
-SPEC6 = next((c for c in CASES if c["provenance"] == "spec iteration 6"), {})
-PRINTED = SPEC6.get("spec_iteration_6", {})
+WORKED = next((c for c in CASES if c["provenance"] == "worked example"), {})
+PRINTED = WORKED.get("printed_worked_example", {})
 
 
 def _half_unit_of_last_digit(printed: float) -> float:
@@ -276,26 +276,26 @@ def _check_printed(entry: dict, actual: float) -> None:
     elif status == "rounded":
         assert abs(actual - printed) <= _half_unit_of_last_digit(printed), (entry, actual)
     else:
-        assert status == "spec_arithmetic_error"
+        assert status == "printed_arithmetic_error"
         assert abs(actual - printed) > _half_unit_of_last_digit(printed), (entry, actual)
 
 
-def test_spec_iteration_6_constants():
-    cfg = build_physics_config(SPEC6["config"])
+def test_worked_example_constants():
+    cfg = build_physics_config(WORKED["config"])
     for entry in PRINTED["constants"]:
         _check_printed(entry, getattr(cfg, entry["name"]))
     _check_printed(
         PRINTED["roofline_weight_branch"], cfg.weight_bytes_total / cfg.hw_peak_bandwidth
     )
-    # The exact values asserted to 1e-10 (spec statement, not just the oracle).
+    # The exact values asserted to 1e-10 (stated in §P.11, not just the oracle).
     assert cfg.kv_dim == 1024 and cfg.kv_bytes_per_token == 262_144
     assert cfg.flops_attn_linear == 83_886_080 == cfg.weight_bytes_attn
     assert cfg.hw_peak_flops == 9.89e14 and cfg.hw_peak_bandwidth == 3.35e12
     assert cfg.comm_bytes_per_token == 0.0
 
 
-def test_spec_iteration_6_slips_are_the_specs_not_ours():
-    """Each value marked spec_arithmetic_error is reproduced from the spec's own slip."""
+def test_worked_example_printed_slips_are_not_ours():
+    """Each value marked printed_arithmetic_error is reproduced from the printed arithmetic."""
     wrong_flops, wrong_roofline = 15_025_995_776, 0.12435
     assert 7.778e-3 <= 512 * wrong_flops / 9.89e14 < 7.779e-3  # 7.7789e-3, truncated
     assert 0.74625 * math.log(9) * wrong_roofline == pytest.approx(0.20389, abs=5e-6)
@@ -304,9 +304,9 @@ def test_spec_iteration_6_slips_are_the_specs_not_ours():
     assert 68_719_476_736 / 9.89e14 == pytest.approx(6.948e-5, abs=5e-9)
 
 
-def test_spec_iteration_6_features():
-    cfg = build_physics_config(SPEC6["config"])
-    q = queue_inputs_of(SPEC6)
+def test_worked_example_features():
+    cfg = build_physics_config(WORKED["config"])
+    q = queue_inputs_of(WORKED)
     gate = PRINTED["gate"]
     s = min(1.0, q.running_depth / cfg.max_num_seqs)
     assert close(s, gate["s"]) and close(q.kv_usage_ratio, gate["m"])
@@ -314,18 +314,18 @@ def test_spec_iteration_6_features():
     alpha = alpha_features(cfg, q)
     for entry in PRINTED["alpha"]:
         _check_printed(entry, alpha[entry["index"] - 1])
-    beta = beta_features(cfg, step_inputs_of(SPEC6))
+    beta = beta_features(cfg, step_inputs_of(WORKED))
     for entry in PRINTED["beta"]:
         _check_printed(entry, beta[entry["index"] - 1])
     exact = [e for e in PRINTED["alpha"] + PRINTED["beta"] if e["status"] == "exact"]
-    assert len(exact) == 20  # + 2 rounded + 5 spec_arithmetic_error = 27
+    assert len(exact) == 20  # + 2 rounded + 5 printed_arithmetic_error = 27
 
 
 def test_chunk_differs_from_full_prefill():
-    """Spec iteration 5: a 512 chunk at 1024 has attention work 1536·512, not 4096²."""
+    """§P.4: a 512 chunk at 1024 has attention work 1536·512, not 4096²."""
     by_id = {c["id"]: c for c in CASES}
-    full = by_id["spec6_config_prefill_full_4096"]
-    chunk = by_id["spec6_config_prefill_chunk_512_at_1024"]
+    full = by_id["worked_example_config_prefill_full_4096"]
+    chunk = by_id["worked_example_config_prefill_chunk_512_at_1024"]
     assert full["beta_input"]["sum_prefill_attn_work"] == 4096 * 4096
     assert chunk["beta_input"]["sum_prefill_attn_work"] == 1536 * 512
     assert full["expected_beta_features"][1] > 20 * chunk["expected_beta_features"][1]
@@ -341,13 +341,13 @@ def test_log1p_int_accuracy(w):
     assert abs(Fraction(got) - exact) <= Fraction(2) * Fraction(math.ulp(got) if got else 0)
 
 
-def test_log1p_int_boundaries_observation_d():
+def test_log1p_int_boundaries():
     assert log1p_int(0) == 0.0
     assert log1p_int(1) == math.log(2.0)
     assert log1p_int(1000) == pytest.approx(6.9087547793152204, rel=1e-15)
 
 
-def test_pow_int_boundaries_observation_d():
+def test_pow_int_boundaries():
     assert pow_int(0.75, 0) == 1.0
     assert pow_int(0.75, 1) == 0.75
     assert pow_int(0.75, 50) == pytest.approx(float(Fraction(3, 4) ** 50), rel=1e-14)
@@ -364,9 +364,9 @@ def test_update_preemption_ema():
 
 
 def test_queue_inputs_from_state():
-    cfg = build_physics_config(SPEC6["config"])
+    cfg = build_physics_config(WORKED["config"])
     cfg_prefix = build_physics_config(
-        {**SPEC6["config"], "vllm": {**SPEC6["config"]["vllm"], "prefix_caching_enabled": True}}
+        {**WORKED["config"], "vllm": {**WORKED["config"]["vllm"], "prefix_caching_enabled": True}}
     )
     q = PhysicsQueueInputs.from_state(
         cfg_prefix,
@@ -389,7 +389,7 @@ def test_queue_inputs_from_state():
         prefix_cached_blocks=4,
         preemption_ema=0.0,
     )
-    assert full.prefix_hit_ratio == 0.0  # prefix caching off in the spec config
+    assert full.prefix_hit_ratio == 0.0  # prefix caching off in the worked example
     assert full.kv_free_bytes == 4000 * cfg.block_size_bytes * 1e-6
 
 

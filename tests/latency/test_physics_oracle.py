@@ -1,8 +1,8 @@
 """Independent exact re-derivation of the physics features, and the golden-fixture generator.
 
 This module does NOT import ``blisjax.latency.physics`` to compute expected values. It re-derives
-every constant and feature straight from spec 004 (iterations 2–9 formulas, final spec of
-iterations 5–10) in exact rational arithmetic (``fractions.Fraction``): float inputs are taken
+every constant and feature straight from its definition in docs/latency-models.md §P.3–§P.7, in
+exact rational arithmetic (``fractions.Fraction``): float inputs are taken
 at their exact binary64 value, products and quotients are exact, ``ln(1 + w)`` comes from
 ``decimal`` at 60 significant digits, and ``(1 − k/E)**B`` is an exact rational power. The
 result is rounded once to binary64. An implementation evaluating the same formulas in float64
@@ -59,7 +59,7 @@ def _ceil_div(a: int, b: int) -> int:
 
 
 def oracle_constants(config: dict) -> dict[str, Fraction]:
-    """Spec iterations 2, 3, 5 (derived constants), exactly."""
+    """Derived constants (docs/latency-models.md §P.3), exactly."""
     md, hw, vl = config["model_dims"], config["hardware"], config["vllm"]
     tp = config["tp"]
     h, layers = md["hidden_size"], md["num_hidden_layers"]
@@ -111,7 +111,7 @@ def oracle_constants(config: dict) -> dict[str, Fraction]:
 
 
 def oracle_alpha(config: dict, c: dict[str, Fraction], a: dict) -> list[Fraction]:
-    """The 11 alpha features (spec iteration 4 table, iteration 9 gate clamping)."""
+    """The 11 alpha features (§P.5, gate inputs clamped)."""
     seqs = config["vllm"]["max_num_seqs"]
     mbt = config["vllm"]["max_num_batched_tokens"]
     rd, wd, prompt = a["running_depth"], a["waiting_depth"], a["prompt_tokens"]
@@ -138,7 +138,7 @@ def oracle_alpha(config: dict, c: dict[str, Fraction], a: dict) -> list[Fraction
 
 
 def oracle_aggregate(batch: dict, block_size: int) -> dict:
-    """Spec iteration 5 sourcing: chunk = new tokens, context = computed before + chunk."""
+    """Step aggregates (§P.4): chunk = new tokens, context = computed before + chunk."""
     out = dict.fromkeys(
         (
             "prefill_tokens",
@@ -176,7 +176,7 @@ def oracle_aggregate(batch: dict, block_size: int) -> dict:
 
 
 def oracle_beta(config: dict, c: dict[str, Fraction], bi: dict) -> list[Fraction]:
-    """The 16 beta features (spec iterations 4–5 table, MoE empty-step guard)."""
+    """The 16 beta features (§P.6, MoE empty-step guard)."""
     md, vl = config["model_dims"], config["vllm"]
     layers, h = md["num_hidden_layers"], md["hidden_size"]
     moe = md["num_experts"] >= 2
@@ -324,13 +324,13 @@ def _config(model: str, gpu: str, tp: int, **vllm) -> dict:
     }
 
 
-def _spec6_config() -> dict:
-    """Spec iteration 5/6 fixture config, verbatim (TFlopsPeak 989, not the shipped 989.5)."""
+def _worked_example_config() -> dict:
+    """The worked example's deployment (§P.11), verbatim (TFlopsPeak 989, not the shipped 989.5)."""
     return {
         "model": "meta-llama/llama-3.1-8b-instruct",
         "model_dims": _model_dims("llama-3.1-8b-instruct"),
         "hardware": {
-            "name": "spec-iteration-6 H100",
+            "name": "worked-example H100",
             "TFlopsPeak": 989,
             "BwPeakTBs": 3.35,
             "pcie_bandwidth_gb_s": 64,
@@ -482,15 +482,16 @@ COEFFS_A = {
 }
 COEFFS_NEGATIVE = {"alpha": [1000.0] * 3 + [-1.0e6] + [0.0] * 7, "beta": [1000.0] * 15 + [-1.0e9]}
 
-SPEC6_PRINTED = {
-    "source": "spec 004 iteration 6, Refinement 3 (hand-computed test case)",
+WORKED_EXAMPLE_PRINTED = {
+    "source": "docs/latency-models.md §P.11 worked example, values as printed (hand-computed) in "
+    "BLIS's design document of the physics model",
     "status_legend": {
         "exact": "printed value is exact; asserted to 1e-10 relative (1e-15 absolute for 0)",
         "rounded": "printed value is the correct value rounded to the printed digits; "
         "asserted to half a unit of the last printed digit",
-        "spec_arithmetic_error": "printed value contradicts the spec's own formula (hand "
-        "arithmetic slip, see note); cannot be reproduced; the "
-        "expected_* arrays hold the formula's correct value",
+        "printed_arithmetic_error": "printed value contradicts the formula it was computed "
+        "from (hand arithmetic slip, see note); cannot be reproduced; the expected_* arrays hold "
+        "the formula's correct value",
     },
     "constants": [
         {"name": "kv_dim", "printed": 1024, "status": "exact"},
@@ -498,19 +499,19 @@ SPEC6_PRINTED = {
         {
             "name": "flops_mlp",
             "printed": 352845824,
-            "status": "spec_arithmetic_error",
+            "status": "printed_arithmetic_error",
             "note": "3 x 2 x 4096 x 14336 = 352,321,536",
         },
         {
             "name": "flops_lm_head",
             "printed": 1050574848,
-            "status": "spec_arithmetic_error",
+            "status": "printed_arithmetic_error",
             "note": "2 x 4096 x 128256 = 1,050,673,152",
         },
         {
             "name": "flops_linear_per_token",
             "printed": 15025995776,
-            "status": "spec_arithmetic_error",
+            "status": "printed_arithmetic_error",
             "note": "32 x (83,886,080 + 352,321,536) + 1,050,673,152 = 15,009,316,864; the printed "
             "value propagates the flops_mlp and flops_lm_head slips",
         },
@@ -518,13 +519,13 @@ SPEC6_PRINTED = {
         {
             "name": "weight_bytes_mlp",
             "printed": 352845824,
-            "status": "spec_arithmetic_error",
+            "status": "printed_arithmetic_error",
             "note": "3 x 4096 x 14336 x 1 x 2 = 352,321,536",
         },
         {
             "name": "weight_bytes_total",
             "printed": 13975420928,
-            "status": "spec_arithmetic_error",
+            "status": "printed_arithmetic_error",
             "note": "32 x (83,886,080 + 352,321,536) = 13,958,643,712",
         },
         {"name": "kv_bytes_per_token", "printed": 262144, "status": "exact"},
@@ -534,8 +535,8 @@ SPEC6_PRINTED = {
         {
             "name": "roofline_step_time",
             "printed": 0.12435,
-            "status": "spec_arithmetic_error",
-            "note": "8192 x 15,009,316,864 / 9.89e14 = 0.124323...; even the spec's own "
+            "status": "printed_arithmetic_error",
+            "note": "8192 x 15,009,316,864 / 9.89e14 = 0.124323...; even the printed "
             "15,025,995,776 gives 0.124462..., not 0.12435",
         },
     ],
@@ -551,7 +552,7 @@ SPEC6_PRINTED = {
         {
             "index": 3,
             "printed": 7.778e-3,
-            "status": "spec_arithmetic_error",
+            "status": "printed_arithmetic_error",
             "note": "512 x 15,009,316,864 / 9.89e14 = 7.7704e-3 (printed value uses the wrong "
             "flops_linear_per_token)",
         },
@@ -559,7 +560,7 @@ SPEC6_PRINTED = {
         {
             "index": 5,
             "printed": 0.20389,
-            "status": "spec_arithmetic_error",
+            "status": "printed_arithmetic_error",
             "note": "0.74625 x ln 9 x 0.124323 = 0.20385 (printed value uses roofline 0.12435)",
         },
         {"index": 6, "printed": 0.01679, "status": "rounded"},
@@ -567,7 +568,7 @@ SPEC6_PRINTED = {
         {
             "index": 8,
             "printed": 54.584,
-            "status": "spec_arithmetic_error",
+            "status": "printed_arithmetic_error",
             "note": "0.74625 x 512 x 262144 / 1835008 = 54.582857...; printed value is a "
             "rounding slip (0.74625 x 73.143 = 54.583)",
         },
@@ -579,13 +580,13 @@ SPEC6_PRINTED = {
         {
             "index": 1,
             "printed": 7.778e-3,
-            "status": "spec_arithmetic_error",
+            "status": "printed_arithmetic_error",
             "note": "same as alpha feature 3",
         },
         {
             "index": 2,
             "printed": 6.949e-5,
-            "status": "spec_arithmetic_error",
+            "status": "printed_arithmetic_error",
             "note": "68,719,476,736 / 9.89e14 = 6.94838e-5 (rounds to 6.948e-5)",
         },
         {"index": 3, "printed": 0.0, "status": "exact"},
@@ -608,10 +609,10 @@ SPEC6_PRINTED = {
 
 def build_cases() -> list[dict]:
     cases = []
-    spec6 = _case(
-        "spec_iteration_6_llama8b_h100_tp1_pure_prefill",
-        "spec iteration 6",
-        _spec6_config(),
+    worked = _case(
+        "worked_example_llama8b_h100_tp1_pure_prefill",
+        "worked example",
+        _worked_example_config(),
         "typical",
         beta_input={
             "prefill_tokens": 512,
@@ -625,23 +626,24 @@ def build_cases() -> list[dict]:
             "transfer_blocks": 0,
             "cpu_resident_read_blocks": 0,
         },
-        provenance="spec iteration 6",
-        description="The spec's hand-computed case (iteration 6, Refinement 3), inputs verbatim. "
-        "expected_* = exact formula values; spec_iteration_6 = the printed values.",
+        provenance="worked example",
+        description="The worked example of docs/latency-models.md §P.11, inputs verbatim. "
+        "expected_* = exact formula values; printed_worked_example = the values as printed in "
+        "BLIS's design document of the model.",
     )
-    spec6["spec_iteration_6"] = SPEC6_PRINTED
-    spec6["batch"] = _batch(BATCHES["prefill_single"])
-    cases.append(spec6)
+    worked["printed_worked_example"] = WORKED_EXAMPLE_PRINTED
+    worked["batch"] = _batch(BATCHES["prefill_single"])
+    cases.append(worked)
     for name in ("prefill_full_4096", "prefill_chunk_512_at_1024"):
         cases.append(
             _case(
-                f"spec6_config_{name}",
+                f"worked_example_config_{name}",
                 "chunked prefill",
-                _spec6_config(),
+                _worked_example_config(),
                 "typical",
                 name,
-                description="Spec iteration 5: a 512-token chunk at position 1024 "
-                "of a 4096 prompt vs the full 4096 prefill.",
+                description="A 512-token chunk at position 1024 of a 4096 prompt vs the "
+                "full 4096 prefill (docs/latency-models.md §P.4).",
             )
         )
 
@@ -719,7 +721,7 @@ def build_cases() -> list[dict]:
         cases.append(
             _case(
                 f"transcendental_{alpha_name}",
-                "transcendental (observation D)",
+                "transcendental boundaries",
                 llama,
                 alpha_name,
                 "decode_single",
@@ -728,8 +730,8 @@ def build_cases() -> list[dict]:
         )
     cases.append(
         _case(
-            "gate_oversubscribed_note1",
-            "oversubscribed gate (note 1)",
+            "gate_oversubscribed",
+            "oversubscribed gate",
             llama,
             "oversubscribed_gate",
             "decode_64",
@@ -763,7 +765,7 @@ def build_cases() -> list[dict]:
         )
     )
 
-    # MoE activation, small and large batches (observation D: 0.75^1, 0.75^50, 0.75^2048).
+    # MoE activation, small and large batches (pow_int boundaries: 0.75^1, 0.75^50, 0.75^2048).
     mixtral2 = _config("mixtral", "H100", 2)
     mixtral_big = _config("mixtral", "H100", 4, max_num_batched_tokens=8192)
     for batch_name, cfg in (
@@ -891,18 +893,21 @@ def build_fixture() -> dict:
         cases.append(case)
     return {
         "version": "1.0",
-        "spec": "shared/spec/004_83f6960ddd8a3508.txt, final specification (iterations 5-10)",
+        "definition": "docs/latency-models.md §P, physics model specification (feature "
+        "specification version 1.0)",
         "description": "Canonical inputs and expected physics features (11 alpha, 16 beta).",
         "tolerance_relative": TOLERANCE_RELATIVE,
         "tolerance_absolute_zero": TOLERANCE_ABSOLUTE_ZERO,
         "provenance": {
-            "spec iteration 6": "the spec's hand-computed case; its printed values are in the "
-            "case's spec_iteration_6 block with a status per value "
-            "(exact / rounded / spec_arithmetic_error)",
+            "worked example": "docs/latency-models.md §P.11; its values as printed in BLIS's "
+            "design document of the model are in the case's printed_worked_example block with a "
+            "status per value "
+            "(exact / rounded / printed_arithmetic_error)",
             "independent exact re-derivation": "expected_physics_config, "
             "expected_alpha_features, expected_beta_features, expected_queueing_delay_us "
             "and expected_step_time_us of EVERY case come from "
-            "tests/latency/test_physics_oracle.py: the spec formulas re-derived in exact "
+            "tests/latency/test_physics_oracle.py: the formulas of docs/latency-models.md §P "
+            "re-derived in exact "
             "rational arithmetic (ln via 60-digit decimal), rounded once to binary64; the "
             "oracle shares no code with blisjax.latency.physics",
             "regression-only cases": "none: every case's expected values come from the "
@@ -916,7 +921,7 @@ def build_fixture() -> dict:
             "config.model_dims": "read from the shipped config.json (the test checks "
             "blisjax.config.load_model_config agrees)",
             "config.hardware": "shipped hardware_config.json entry + PCIe/interconnect extras "
-            "(H100: spec iteration 5 values; A100: datasheet)",
+            "(H100: the worked example's figures; A100: datasheet)",
             "beta_input": "aggregates; when a case has a per-request 'batch', they are its "
             "aggregation by the oracle (the test checks "
             "PhysicsStepInputs.from_batch gives the same)",
@@ -943,9 +948,9 @@ def main(argv: list[str]) -> int:
 # --------------------------------------------------------------------------- oracle self-tests
 
 
-def test_oracle_reproduces_spec_iteration_6_exact_arithmetic():
-    """The oracle's constants equal the spec's correct integers (and not its slips)."""
-    c = oracle_constants(_spec6_config())
+def test_oracle_reproduces_worked_example_exact_arithmetic():
+    """The oracle's constants equal the worked example's correct integers, not the slips."""
+    c = oracle_constants(_worked_example_config())
     assert c["kv_dim"] == 1024
     assert c["flops_attn_linear"] == 83_886_080
     assert c["weight_bytes_attn"] == 83_886_080
@@ -957,7 +962,7 @@ def test_oracle_reproduces_spec_iteration_6_exact_arithmetic():
 
 
 def test_oracle_moe_activation_boundaries():
-    """Observation D: (3/4)^1, (3/4)^50, (3/4)^2048 through the MoE feature."""
+    """Power boundaries: (3/4)^1, (3/4)^50, (3/4)^2048 through the MoE feature."""
     config = _config("mixtral", "H100", 2)
     c = oracle_constants(config)
     base = {
