@@ -20,7 +20,7 @@ LLAMA_8B = "meta-llama/llama-3.1-8b-instruct"
 
 
 def _dense(**overrides) -> ModelConfig:
-    """Llama-3.1-8B-shaped config built by hand (BC-1 scenario numbers)."""
+    """Llama-3.1-8B-shaped config built by hand (its published dimensions)."""
     fields = dict(
         num_layers=32,
         hidden_dim=4096,

@@ -1,4 +1,5 @@
-"""PartitionedRNG: documented derivation, determinism and subsystem isolation (BC-10)."""
+"""PartitionedRNG: documented derivation, determinism and subsystem isolation (docs/semantics.md
+§8.6, §11 BC-10)."""
 
 import numpy as np
 import pytest
