@@ -484,7 +484,7 @@ COEFFS_NEGATIVE = {"alpha": [1000.0] * 3 + [-1.0e6] + [0.0] * 7, "beta": [1000.0
 
 WORKED_EXAMPLE_PRINTED = {
     "source": "docs/latency-models.md §P.11 worked example, values as printed (hand-computed) in "
-    "BLIS's design document of the physics model",
+    "the model's design document",
     "status_legend": {
         "exact": "printed value is exact; asserted to 1e-10 relative (1e-15 absolute for 0)",
         "rounded": "printed value is the correct value rounded to the printed digits; "
@@ -629,7 +629,7 @@ def build_cases() -> list[dict]:
         provenance="worked example",
         description="The worked example of docs/latency-models.md §P.11, inputs verbatim. "
         "expected_* = exact formula values; printed_worked_example = the values as printed in "
-        "BLIS's design document of the model.",
+        "the model's design document.",
     )
     worked["printed_worked_example"] = WORKED_EXAMPLE_PRINTED
     worked["batch"] = _batch(BATCHES["prefill_single"])
@@ -899,9 +899,9 @@ def build_fixture() -> dict:
         "tolerance_relative": TOLERANCE_RELATIVE,
         "tolerance_absolute_zero": TOLERANCE_ABSOLUTE_ZERO,
         "provenance": {
-            "worked example": "docs/latency-models.md §P.11; its values as printed in BLIS's "
-            "design document of the model are in the case's printed_worked_example block with a "
-            "status per value "
+            "worked example": "docs/latency-models.md §P.11; its values as printed in the model's "
+            "design document are in the case's printed_worked_example block with a status per "
+            "value "
             "(exact / rounded / printed_arithmetic_error)",
             "independent exact re-derivation": "expected_physics_config, "
             "expected_alpha_features, expected_beta_features, expected_queueing_delay_us "
