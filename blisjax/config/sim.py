@@ -214,7 +214,8 @@ class LatencyConfig:
         None = shipped defaults. The roofline model takes no β. Physics: 11 α and 16 β given
         inline, or ``coefficients_file``.
       coefficients_file: physics coefficient YAML (with provenance and the training γ).
-      preemption_ema_gamma: physics preemption-EMA decay in [0, 1]; None = the coefficients' γ.
+      preemption_ema_gamma: physics preemption-EMA decay in (0, 1] (as a coefficient file's
+        ``trained_on.gamma``); None = the coefficients' γ.
     """
 
     model: str = "blackbox"
@@ -232,7 +233,7 @@ class LatencyConfig:
         if self.preemption_ema_gamma is not None:
             set_field(self, "preemption_ema_gamma", check_float(
                 "latency.preemption_ema_gamma", self.preemption_ema_gamma, min_value=0.0,
-                max_value=1.0))
+                min_open=True, max_value=1.0))
         for name in ("alpha_coeffs", "beta_coeffs"):
             value = getattr(self, name)
             if value is not None:

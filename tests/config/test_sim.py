@@ -98,6 +98,8 @@ BAD_VALUES = [
     (LatencyConfig, "beta_coeffs", (1.0, 2.0, 3.0, 4.0), "latency.beta_coeffs"),
     (LatencyConfig, "beta_coeffs", "1,2,3", "latency.beta_coeffs"),
     (LatencyConfig, "beta_coeffs", (), "latency.beta_coeffs"),
+    (LatencyConfig, "preemption_ema_gamma", 0.0, "latency.preemption_ema_gamma"),
+    (LatencyConfig, "preemption_ema_gamma", 1.5, "latency.preemption_ema_gamma"),
     (ClusterConfig, "num_instances", 0, "cluster.num_instances"),
     (ClusterConfig, "admission_latency_us", -1, "cluster.admission_latency_us"),
     (ClusterConfig, "routing_latency_us", 1.5, "cluster.routing_latency_us"),
