@@ -891,7 +891,7 @@ def build_fixture() -> dict:
         cases.append(case)
     return {
         "version": "1.0",
-        "spec": "shared/spec/004_83f6960ddd8a3508.txt, final specification (iterations 5-10)",
+        "spec": "spec 004 (physics-normalized latency model), final specification (iterations 5-10)",
         "description": "Canonical inputs and expected physics features (11 alpha, 16 beta).",
         "tolerance_relative": TOLERANCE_RELATIVE,
         "tolerance_absolute_zero": TOLERANCE_ABSOLUTE_ZERO,
