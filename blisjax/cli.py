@@ -13,6 +13,7 @@ import sys
 import time
 from importlib import resources
 from pathlib import Path
+from typing import NamedTuple
 
 from blisjax import __version__
 from blisjax.config import (
@@ -41,14 +42,38 @@ def default_config_path() -> Path:
     return Path(str(resources.files("blisjax") / "data" / "default.yaml"))
 
 
-def _cpu_devices(text: str) -> int:
+class Capacity(NamedTuple):
+    """A fixed capacity of the JAX engine that the command line can set."""
+
+    flag: str  # the command-line flag
+    field: str  # the ``EngineStatic`` field and ``build_static`` argument
+    holds: str  # what it holds, for help and error messages
+    default: str  # how the default is chosen
+
+
+#: Capacities by their name in ``RunResult.overflow``.
+CAPACITIES = {
+    "queue": Capacity("--queue-slots", "queue_slots", "wait-queue slots per instance",
+                      "the request count, which cannot overflow"),
+    "pending": Capacity("--pending-slots", "pending_slots",
+                        "requests between routing and enqueue (the alpha delay) per instance",
+                        "the most whose alpha delays overlap, which cannot overflow"),
+    "deadline": Capacity("--deadline-window", "deadline_window",
+                         "requests sharing one deadline microsecond", "8"),
+    "blocks": Capacity("--max-blocks-per-request", "max_blocks_per_request",
+                       "KV blocks one request can hold",
+                       "the longest request's, which cannot overflow"),
+}
+
+
+def _positive_int(text: str) -> int:
     try:
-        count = int(text)
+        value = int(text)
     except ValueError:
-        count = 0
-    if count < 1:
+        value = 0
+    if value < 1:
         raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
-    return count
+    return value
 
 
 def _log(msg: str) -> None:
@@ -68,6 +93,15 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metrics-path", metavar="FILE",
                    help="also write the aggregate metrics JSON to FILE")
     add_blis_flags(p)
+    _add_capacity_flags(p)
+
+
+def _add_capacity_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group(
+        "JAX engine capacities (a run that exceeds one fails, naming its flag)")
+    for cap in CAPACITIES.values():
+        g.add_argument(cap.flag, type=_positive_int, metavar="N", dest=cap.field,
+                       help=f"{cap.holds} (default: {cap.default})")
 
 
 def _add_distribution_flags(p: argparse.ArgumentParser) -> None:
@@ -89,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="blisjax",
         description="Simulate LLM-inference serving clusters (BLIS-compatible).")
     parser.add_argument("--version", action="version", version=f"blisjax {__version__}")
-    parser.add_argument("--cpu-devices", type=_cpu_devices, metavar="N",
+    parser.add_argument("--cpu-devices", type=_positive_int, metavar="N",
                         help="split the CPU into N XLA devices for the JAX engine, which runs "
                              "one event loop per device (default: one per usable core; 1 keeps "
                              "XLA's single device; an XLA_FLAGS device count takes precedence)")
@@ -215,7 +249,8 @@ def _generated_workload(args, cfg: SimConfig):
 
 
 def _engine(name: str):
-    """The ``simulate(resolved, workload)`` of an engine (imported only when needed)."""
+    """The ``simulate(resolved, workload, **capacities)`` of an engine (imported only when
+    needed; the reference engine has no capacities)."""
     if name == "jax":
         from blisjax.engine import simulate
     else:
@@ -223,14 +258,49 @@ def _engine(name: str):
     return simulate
 
 
+def _capacities(args) -> dict[str, int]:
+    """The JAX engine capacities given on the command line (``build_static`` arguments)."""
+    return {cap.field: getattr(args, cap.field) for cap in CAPACITIES.values()
+            if getattr(args, cap.field, None) is not None}
+
+
+def _check_capacities_used(args) -> None:
+    if args.engine != "jax":
+        for cap in CAPACITIES.values():
+            if getattr(args, cap.field, None) is not None:
+                raise ConfigError(cap.flag, "is a JAX engine capacity: only used with "
+                                  "--engine jax")
+
+
+def _run_jax(resolved, workload, capacities: dict[str, int]):
+    """The JAX engine's result; a run that exceeded a capacity raises ``ConfigError`` naming
+    each exceeded capacity, its size and the flag that raises it (its numbers are not valid,
+    so none are returned)."""
+    from blisjax.engine.static import build_static
+
+    result = _engine("jax")(resolved, workload, **capacities)
+    if not result.overflow:
+        return result
+    static = build_static(resolved, workload, **capacities)
+    parts = []
+    for name, times in result.overflow.items():
+        cap = CAPACITIES[name]
+        size = getattr(static, cap.field)
+        parts.append(f"{cap.holds}: {size} exceeded {times} time(s); raise it with {cap.flag} "
+                     f"(> {size})")
+    raise ConfigError("JAX engine capacity exceeded, so this run's numbers are not valid and "
+                      "none are reported: " + "; ".join(parts))
+
+
 def _simulate(args, cfg: SimConfig, workload) -> int:
+    _check_capacities_used(args)
     resolved = resolve_config(cfg)
     start = time.perf_counter()
-    result = _engine(args.engine)(resolved, workload)
+    if args.engine == "jax":
+        result = _run_jax(resolved, workload, _capacities(args))
+    else:
+        result = _engine(args.engine)(resolved, workload)
     wall_s = time.perf_counter() - start
-    if result.overflow:
-        raise ConfigError(f"engine capacities: overflowed {result.overflow}; the numbers of this "
-                          "run are not valid (raise the capacities, see README)")
     metrics = aggregate_metrics(result, workload, cfg.metrics,
                                 scheduler=cfg.policy.scheduler.policy)
     if args.results_path:
@@ -272,7 +342,7 @@ def cmd_parity(args) -> int:
 
     resolved = resolve_config(cfg)
     ref = _engine("reference")(resolved, workload)
-    jx = _engine("jax")(resolved, workload)
+    jx = _run_jax(resolved, workload, _capacities(args))
     diff = first_divergence(ref, jx, workload.request_id)
     print(json.dumps({"requests": workload.num_requests,
                       "result": "identical" if diff is None else "divergent",

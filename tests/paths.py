@@ -1,10 +1,18 @@
-"""Where the tests find the shared reference data (``shared/`` beside the repository)."""
+"""Where the tests find BLIS's reference outputs: ``tests/data/`` inside the repository."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("BLISJAX_SHARED", REPO.parent / "shared"))
-GOLDEN_DIR = SHARED / "blis-golden"
+DATA_DIR = REPO / "tests" / "data"
+GOLDEN_DIR = DATA_DIR / "blis-golden"
+
+# The five BLIS golden-dataset cases. Tests enumerate them by number, never by listing the folder,
+# so a missing file fails its test instead of leaving nothing to run.
+GOLDEN_CASES = range(5)
+
+
+def golden_case(case: int, suffix: str = ".json") -> Path:
+    """Path of ``golden_case{case}{suffix}`` (``.json`` BLIS's output, ``.csv`` its trace)."""
+    return GOLDEN_DIR / f"golden_case{case}{suffix}"

@@ -2,7 +2,7 @@
 
 Every completed request's ttft_us / e2e_us / input and output tokens must be identical to BLIS's
 per-request output, and the aggregate metrics equal up to float round-off. Inputs and expected
-values come from ``shared/blis-golden`` (BLIS commit 4e179804), not from this code.
+values come from ``tests/data/blis-golden`` (BLIS commit 4e179804), not from this code.
 """
 
 from __future__ import annotations
@@ -15,12 +15,10 @@ from pathlib import Path
 import pytest
 
 from blisjax.cli import main
-from tests.paths import GOLDEN_DIR as _GOLDEN
+from tests.paths import GOLDEN_CASES, GOLDEN_DIR, golden_case
 
-GOLDEN = _GOLDEN
-CASES = sorted(GOLDEN.glob("golden_case*.json")) if GOLDEN.is_dir() else []
-
-pytestmark = pytest.mark.skipif(not CASES, reason="shared/blis-golden is not beside the repo")
+GOLDEN = GOLDEN_DIR
+CASES = [golden_case(n) for n in GOLDEN_CASES]
 
 
 def _replay(case: dict, tmp_path: Path, capsys) -> tuple[dict, list[dict]]:

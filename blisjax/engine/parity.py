@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
+
+from blisjax.metrics import records
 
 #: Per-request fields compared, in reporting order.
 REQUEST_FIELDS = ("status", "instance", "scheduling_delay_us", "ttft_us", "e2e_us", "itl_sum_us",
@@ -12,12 +16,75 @@ RUN_FIELDS = ("sim_ended_us", "cache_hits", "cache_misses", "preemption_count", 
               "still_running", "dropped_unservable", "timed_out", "length_capped_count",
               "completed", "total_input_tokens", "rejected_admission", "busy_time_us",
               "queue_depth_time_us", "step_count", "peak_kv_blocks_used", "itl_entries_us")
+#: Shape of the run: the same workload and cluster on both sides.
+SHAPE_FIELDS = ("num_requests", "num_instances", "horizon_us")
+
+
+class RequestCounts(NamedTuple):
+    """Requests of one run by final status (``requests`` is their sum)."""
+
+    requests: int
+    completed: int
+    rejected: int
+    timed_out: int
+    dropped: int
+    unfinished: int
+
+
+def request_counts(result) -> RequestCounts:
+    """The run's requests counted by their per-request ``status``."""
+    status = np.asarray(result.status)
+
+    def count(code: int) -> int:
+        return int(np.sum(status == code))
+
+    return RequestCounts(requests=int(status.shape[0]), completed=count(records.COMPLETED),
+                         rejected=count(records.REJECTED), timed_out=count(records.TIMED_OUT),
+                         dropped=count(records.DROPPED), unfinished=count(records.UNFINISHED))
+
+
+def count_mismatch(result) -> str | None:
+    """None when the run's counters agree with its per-request statuses; else what disagrees.
+
+    Every request ends in exactly one status, and the counters count the same events: the
+    instances' ``completed``, ``timed_out`` and ``dropped_unservable`` sum to the requests of
+    that status, ``rejected_admission`` is the rejected requests, and the requests still queued
+    or running at the end are among the unfinished ones (the others were still on their way to
+    an instance). A capacity that silently dropped or double-counted a request breaks these.
+    """
+    counts = request_counts(result)
+    pairs = (("completed", int(np.sum(result.completed)), counts.completed),
+             ("timed_out", int(np.sum(result.timed_out)), counts.timed_out),
+             ("dropped_unservable", int(np.sum(result.dropped_unservable)), counts.dropped),
+             ("rejected_admission", int(result.rejected_admission), counts.rejected))
+    for name, counter, by_status in pairs:
+        if counter != by_status:
+            return f"{name} counts {counter} requests but {by_status} have that status"
+    in_flight = int(np.sum(result.still_queued)) + int(np.sum(result.still_running))
+    if in_flight > counts.unfinished:
+        return (f"still_queued + still_running = {in_flight} exceed the {counts.unfinished} "
+                "unfinished requests")
+    return None
 
 
 def first_divergence(a, b, request_ids=None) -> str | None:
-    """None if identical; otherwise a sentence naming the first differing request and field."""
-    n = a.num_requests
-    for i in range(n):
+    """None if identical; otherwise a sentence naming the first difference.
+
+    Checked in order: a capacity overflow on either side (its numbers are not valid), the run's
+    shape, the request counts by status, every request's fields, the run-level counters, and
+    each side's counters against its own statuses (``count_mismatch``)."""
+    for side, result in (("first", a), ("second", b)):
+        if result.overflow:
+            return f"capacity overflow in the {side} run: {result.overflow}"
+    for f in SHAPE_FIELDS:
+        x, y = getattr(a, f), getattr(b, f)
+        if x != y:
+            return f"run shape {f}: {x} vs {y}"
+    ca, cb = request_counts(a), request_counts(b)
+    if ca != cb:
+        f = next(name for name in RequestCounts._fields if getattr(ca, name) != getattr(cb, name))
+        return f"request count {f}: {getattr(ca, f)} vs {getattr(cb, f)}"
+    for i in range(a.num_requests):
         for f in REQUEST_FIELDS:
             x, y = getattr(a, f)[i], getattr(b, f)[i]
             if x != y:
@@ -29,6 +96,8 @@ def first_divergence(a, b, request_ids=None) -> str | None:
             x, y = np.sort(x), np.sort(y)  # the engines collect entries in different orders
         if x.shape != y.shape or not np.array_equal(x, y):
             return f"run field {f}: {x.tolist()} vs {y.tolist()}"
-    if b.overflow:
-        return f"capacity overflow in the second run: {b.overflow}"
+    for side, result in (("first", a), ("second", b)):
+        mismatch = count_mismatch(result)
+        if mismatch is not None:
+            return f"{side} run's counters disagree with its statuses: {mismatch}"
     return None

@@ -112,15 +112,20 @@ def _ceil_div(a: int, b: int) -> int:
 
 def build_static(resolved, workload, *, queue_slots: int | None = None,
                  pending_slots: int | None = None, deadline_window: int = 8,
+                 max_blocks_per_request: int | None = None,
                  running_width: int = 64) -> EngineStatic:
     """Capacities derived from the configuration and the workload (see README, Capacities).
 
-    Defaults are safe upper bounds: the queue can hold every request, and the pending window
-    the most requests whose α-delay windows overlap in time (so neither can overflow); pass
-    smaller values to save memory.
+    Defaults are safe upper bounds: the queue can hold every request, the pending window the
+    most requests whose α-delay windows overlap in time, and the block table the blocks of the
+    longest request (prompt + output + 1 tokens), so none of them can overflow; pass smaller
+    values to save memory. The deadline window (8) overflows when more requests than it holds
+    share one deadline microsecond.
     """
     for name, value in (("queue_slots", queue_slots), ("pending_slots", pending_slots),
-                        ("deadline_window", deadline_window), ("running_width", running_width)):
+                        ("deadline_window", deadline_window),
+                        ("max_blocks_per_request", max_blocks_per_request),
+                        ("running_width", running_width)):
         if value is not None and (isinstance(value, bool)
                                   or not isinstance(value, int | np.integer) or value < 1):
             raise ValueError(f"{name} must be an integer >= 1 (or left to its default), "
@@ -147,7 +152,9 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
         pending_slots=int(_max_pending(resolved, workload) if pending_slots is None
                           else pending_slots),
         batch_slots=eng.max_num_running_reqs,
-        max_blocks_per_request=int(_ceil_div(int(total.max()) + 1, bs)) if n else 1,
+        max_blocks_per_request=int(
+            (_ceil_div(int(total.max()) + 1, bs) if n else 1) if max_blocks_per_request is None
+            else max_blocks_per_request),
         max_prompt_blocks=int(full.max()) if n else 0,
         kv_blocks=int(resolved.total_kv_blocks),
         block_size=bs,

@@ -6,7 +6,7 @@ import pytest
 
 from blisjax.config import lookup_blackbox_coefficients, shipped_blackbox_coefficients
 
-# Copied from ../blis-golden/golden_caseN.json `flags` (alpha-coeffs / beta-coeffs).
+# Copied from tests/data/blis-golden/golden_caseN.json `flags` (alpha-coeffs / beta-coeffs).
 GOLDEN = [
     (
         "meta-llama/llama-3.1-8b-instruct",

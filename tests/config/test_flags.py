@@ -17,9 +17,7 @@ from blisjax.config import (
     apply_blis_flags,
     resolve_config,
 )
-from tests.paths import GOLDEN_DIR as _GOLDEN
-
-GOLDEN_DIR = _GOLDEN
+from tests.paths import GOLDEN_CASES, GOLDEN_DIR
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -212,8 +210,7 @@ def test_flag_values_mapping_accepts_text_and_names():
         apply_blis_flag_values(SimConfig(), {"--results-path": "x"})
 
 
-@pytest.mark.skipif(not GOLDEN_DIR.is_dir(), reason="BLIS golden data not available")
-@pytest.mark.parametrize("case", range(5))
+@pytest.mark.parametrize("case", GOLDEN_CASES)
 def test_golden_flags_resolve(case):
     flags = json.loads((GOLDEN_DIR / f"golden_case{case}.json").read_text())["flags"]
     cfg = apply_blis_flag_values(SimConfig(), flags)

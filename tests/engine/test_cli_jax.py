@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
+import pytest
+
 from blisjax.cli import main
+from blisjax.workload import write_trace
+from tests.reference.conftest import make_workload
 
 SMALL = ["--workload", "distribution", "--rate", "20", "--num-requests", "30", "--num-instances",
          "2", "--total-kv-blocks", "400", "--max-num-running-reqs", "16", "--prompt-tokens", "96",
@@ -23,3 +28,86 @@ def test_parity_command_reports_identical(capsys):
     assert main(["parity", *SMALL]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report == {"requests": 30, "result": "identical", "first_divergence": None}
+
+
+# ---- capacities -------------------------------------------------------------------------------
+
+FLAGS = ("--queue-slots", "--pending-slots", "--deadline-window", "--max-blocks-per-request")
+
+
+@pytest.mark.parametrize("flag", FLAGS)
+@pytest.mark.parametrize("bad", ["0", "-2", "many", "1.5"])
+def test_capacity_flags_refuse_values_below_one(flag, bad, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["run", *SMALL, "--engine", "jax", flag, bad])
+    assert exit_info.value.code == 2
+    assert f"argument {flag}: must be an integer >= 1, got {bad!r}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", FLAGS)
+def test_capacity_flags_belong_to_the_jax_engine(flag, capsys):
+    assert main(["run", *SMALL, flag, "4"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and f"{flag}: is a JAX engine capacity: only used with --engine jax" in err
+
+
+@pytest.mark.parametrize(("capacity", "flag", "holds", "args", "size"), [
+    ("queue", "--queue-slots", "wait-queue slots per instance", [], 30),  # default: N
+    ("queue", "--queue-slots", "wait-queue slots per instance", ["--queue-slots", "5"], 5),
+    ("pending", "--pending-slots", "requests between routing and enqueue",
+     ["--pending-slots", "2"], 2),
+    ("deadline", "--deadline-window", "requests sharing one deadline microsecond", [], 8),
+    ("blocks", "--max-blocks-per-request", "KV blocks one request can hold",
+     ["--max-blocks-per-request", "3"], 3),
+])
+def test_an_overflowed_run_prints_no_numbers_and_names_the_flag(
+        capacity, flag, holds, args, size, monkeypatch, tmp_path, capsys):
+    # The engine's answer is replaced by one that reports the overflow (no compile here;
+    # tests/engine/test_capacities.py drives the engine into each capacity).
+    import blisjax.engine
+    from blisjax.reference import simulate as reference
+
+    seen = {}
+
+    def overflowed(resolved, workload, **capacities):
+        seen.update(capacities)
+        return dataclasses.replace(reference(resolved, workload), overflow={capacity: 3})
+
+    monkeypatch.setattr(blisjax.engine, "simulate", overflowed)
+    metrics, results = tmp_path / "m.json", tmp_path / "r.json"
+    assert main(["run", *SMALL, "--engine", "jax", *args, "--metrics-path", str(metrics),
+                 "--results-path", str(results)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and not metrics.exists() and not results.exists()
+    assert "numbers are not valid" in err
+    assert f"{holds}" in err and f"{size} exceeded 3 time(s); raise it with {flag} (> {size})" \
+        in err
+    assert seen == ({} if not args else {flag[2:].replace("-", "_"): int(args[1])})
+
+
+def _shared_deadline_replay(tmp_path, count: int) -> list[str]:
+    """`replay` of ``count`` requests 1 ms apart that share the deadline 3 s."""
+    rows = [dict(arrival=1000 * k, input=32, output=4, deadline=3_000_000) for k in range(count)]
+    header, data = tmp_path / "h.yaml", tmp_path / "d.csv"
+    write_trace(make_workload(rows), header, data)
+    return ["--trace-header", str(header), "--trace-data", str(data), "--model",
+            "meta-llama/llama-3.1-8b-instruct", "--hardware", "H100", "--tp", "1",
+            "--total-kv-blocks", "64", "--max-num-running-reqs", "4"]
+
+
+def test_deadline_window_overflow_is_refused_until_the_flag_raises_it(tmp_path, capsys):
+    # Nine requests share one deadline microsecond; the default window orders eight.
+    trace = _shared_deadline_replay(tmp_path, 9)
+    assert main(["replay", *trace, "--engine", "jax"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert "requests sharing one deadline microsecond: 8 exceeded" in err
+    assert "raise it with --deadline-window (> 8)" in err
+    assert main(["parity", *trace]) == 2  # parity refuses an overflowed JAX run the same way
+    assert "raise it with --deadline-window (> 8)" in capsys.readouterr().err
+    assert main(["replay", *trace]) == 0
+    want = capsys.readouterr().out
+    assert main(["replay", *trace, "--engine", "jax", "--deadline-window", "9"]) == 0
+    assert capsys.readouterr().out == want
+    assert main(["parity", *trace, "--deadline-window", "9"]) == 0
+    assert json.loads(capsys.readouterr().out)["result"] == "identical"

@@ -42,8 +42,6 @@ SMALL_GOLDEN = [0, pytest.param(1, marks=pytest.mark.slow), pytest.param(4, mark
 @pytest.mark.parametrize("case", SMALL_GOLDEN)
 def test_golden_case_parity(case):
     path = GOLDEN_DIR / f"golden_case{case}.json"
-    if not path.exists():
-        pytest.skip("shared/blis-golden is not beside the repo")
     flags = json.loads(path.read_text())["flags"]
     resolved = resolve_config(apply_blis_flag_values(SimConfig(), flags))
     w = read_trace(GOLDEN_DIR / "header.yaml", GOLDEN_DIR / f"golden_case{case}.csv")
@@ -193,20 +191,32 @@ def _random_policy_configs(base: SimConfig, tenants, count: int, seed: int):
     return out
 
 
+POPULATION_LANES, POPULATION_LANE_BLOCK = 16, 8
+
+
 def test_population_lanes_match_independent_reference_runs():
-    # One compiled program, many policies: each lane must equal its own reference run.
+    # What a search runs: one compiled program, 16 distinct random policies in two lockstep
+    # blocks of 8 lanes — enough lanes that completions queue their releases for one flat pass
+    # across the block (``lanes.release_queued``) and complete in one planned pass
+    # (``batch.complete_planned``). Each lane must equal its own reference run.
+    from blisjax.engine.lanes import FLAT_MIN_LANES
+
+    assert POPULATION_LANE_BLOCK >= FLAT_MIN_LANES  # else the blocks release in place
     base = make_resolved(instances=2, block_size=4, kv_blocks=40, max_running=4, max_tokens=64,
                          threshold=32, horizon_us=300_000, refresh_us=1500,
                          alpha=(80.25, 0.75, 12.5))
     later = [dict(r, arrival=r["arrival"] + 9500,
                   deadline=r["deadline"] + 9500 if r.get("deadline") else 0) for r in EDGE_ROWS]
     w = make_workload(EDGE_ROWS + later, ("a", "b"), ("g",))
-    configs = _random_policy_configs(base.config, w.tenant_names, 12, seed=3)
+    configs = _random_policy_configs(base.config, w.tenant_names, POPULATION_LANES, seed=3)
+    assert len({(c.policy, c.engine.preemption_policy) for c in configs}) == POPULATION_LANES
     assert {"token-bucket", "rate-limit", "tenant-quota"} <= {c.policy.admission.policy
                                                              for c in configs}
     assert "weighted" in {c.policy.routing.policy for c in configs}  # over stale snapshots
+    assert {"fcfs", "priority-fcfs", "sjf"} == {c.policy.scheduler.policy for c in configs}
+    assert {"fcfs", "priority"} == {c.engine.preemption_policy for c in configs}
     params = stack_params([params_from_config(c, w.tenant_names) for c in configs])
-    lanes = simulate_population(base, w, params, lane_block=5)  # 3 lockstep loops of 4 lanes
+    lanes = simulate_population(base, w, params, lane_block=POPULATION_LANE_BLOCK)
     unfinished = 0
     for k, cfg in enumerate(configs):
         want = reference(resolve_config(cfg), w)

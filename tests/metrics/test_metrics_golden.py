@@ -7,7 +7,6 @@ are not in the files. The comparison is exact: the percentile expression is BLIS
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 
@@ -15,10 +14,9 @@ import numpy as np
 import pytest
 
 from blisjax.metrics.aggregate import aggregate_metrics
-from tests.paths import GOLDEN_DIR as _GOLDEN
+from tests.paths import GOLDEN_CASES, GOLDEN_DIR, golden_case
 
-GOLDEN_DIR = str(_GOLDEN)
-GOLDEN_FILES = sorted(glob.glob(os.path.join(GOLDEN_DIR, "golden_case*.json")))
+GOLDEN_FILES = [str(golden_case(n)) for n in GOLDEN_CASES]
 
 CHECKED_KEYS = (
     "instance_id",
@@ -47,7 +45,8 @@ CHECKED_KEYS = (
 
 
 def test_golden_files_present():
-    assert len(GOLDEN_FILES) >= 5, f"expected golden cases in {GOLDEN_DIR}"
+    missing = [p for p in GOLDEN_FILES if not os.path.isfile(p)]
+    assert not missing, f"BLIS golden cases missing from {GOLDEN_DIR}: {missing}"
 
 
 @pytest.mark.parametrize("path", GOLDEN_FILES, ids=os.path.basename)

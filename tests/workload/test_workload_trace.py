@@ -19,14 +19,11 @@ from blisjax.workload import (
 from blisjax.workload import trace as trace_module
 from blisjax.workload.trace import TRACE_COLUMNS
 from blisjax.workload.types import NO_PREFIX_GROUP, SLO_CLASS_CODE
-from tests.paths import GOLDEN_DIR as _GOLDEN
+from tests.paths import GOLDEN_CASES, GOLDEN_DIR, golden_case
 
-GOLDEN = _GOLDEN
-CASES = sorted(GOLDEN.glob("golden_case*.csv"))
+GOLDEN = GOLDEN_DIR
+CASES = [golden_case(n, ".csv") for n in GOLDEN_CASES]
 HEADER = "trace_version: 2\ntime_unit: microseconds\nmode: generated\nwarm_up_requests: 0\n"
-
-needs_golden = pytest.mark.skipif(not CASES, reason="BLIS golden data not available")
-
 
 def row(**values):
     """A CSV data row with BLIS's neutral values, overridden by ``values``."""
@@ -47,7 +44,6 @@ def write_files(tmp_path, rows, header=HEADER, columns=TRACE_COLUMNS):
 # --------------------------------------------------------------------------- golden traces
 
 
-@needs_golden
 @pytest.mark.parametrize("csv_path", CASES, ids=lambda p: p.stem)
 def test_golden_token_counts_match_blis_results(csv_path):
     expected = json.loads(csv_path.with_suffix(".json").read_text())
@@ -61,7 +57,6 @@ def test_golden_token_counts_match_blis_results(csv_path):
         assert w.output_tokens[i] == result["output_tokens"], result["request_id"]
 
 
-@needs_golden
 @pytest.mark.parametrize("csv_path", CASES, ids=lambda p: p.stem)
 def test_golden_rewrite_is_byte_identical(csv_path, tmp_path):
     w = read_trace(GOLDEN / "header.yaml", csv_path)
@@ -70,7 +65,6 @@ def test_golden_rewrite_is_byte_identical(csv_path, tmp_path):
     assert (tmp_path / "d.csv").read_bytes() == csv_path.read_bytes()
 
 
-@needs_golden
 def test_golden_arrivals_are_blis_constant_rate_iats():
     # BLIS --rate 10 spaces requests by trunc(1/(10/1e6)) = 99999 µs
     w = read_trace(GOLDEN / "header.yaml", CASES[0])
