@@ -10,7 +10,15 @@ import jax
 import jax.numpy as jnp
 
 from blisjax.engine import hostlatency, kv
-from blisjax.engine.kv import add, upd
+from blisjax.engine.lockstep import (
+    add,
+    after_reads,
+    by_width,
+    lane_max,
+    lane_once,
+    lane_while,
+    upd,
+)
 from blisjax.engine.queues import order_remove_at, q_at, q_fold, q_push_front, q_remove_at
 from blisjax.engine.state import COMPLETED, INT64_MAX, NIL, QUEUED, RUNNING, SimState
 from blisjax.engine.vec import prefix_sum
@@ -95,21 +103,21 @@ def evict(s: SimState, st, c, p, i, vpos, budget, active):
     r = jnp.where(active, s.slot_req[i, sb0], st.num_requests)
     budget = (budget + jnp.where(active & (s.num_new[r] > 0), s.num_new[r], 0)).astype(jnp.int32)
     s = kv.release(s, st, i, sb0, active)
-    # Each write below is tied (kv.after_reads) to results of what read its array's old value
+    # Each write below is tied (``after_reads``) to results of what read its array's old value
     # — the victim's request and grant, then the release and slot writes that used its slot —
     # so XLA updates num_new, slot_req and order in place; otherwise it copies them whole at
     # every eviction (fusion re-reads the slot inside each kernel that uses it). All tie
     # values are >= 0: r, the budget, ftail, a block count, a slot's request + 1.
     tie = jnp.minimum(r, jnp.maximum(budget, 0))
     s = s.replace(
-        num_new=s.num_new.at[r].set(kv.after_reads(jnp.int32(0), tie)),
+        num_new=s.num_new.at[r].set(after_reads(jnp.int32(0), tie)),
         status=s.status.at[r].set(QUEUED),
         pi=s.pi.at[r].set(0), itl_sum=s.itl_sum.at[r].set(0), computed=s.computed.at[r].set(0),
         preempt=s.preempt.at[r].add(1), preempt_count=add(s.preempt_count, i, 1, active),
-        slot_req=upd(s.slot_req, (i, sb0), kv.after_reads(NIL, tie), active))
+        slot_req=upd(s.slot_req, (i, sb0), after_reads(NIL, tie), active))
     done = jnp.minimum(jnp.minimum(tie, s.ftail[i]),
                        jnp.minimum(s.blen[i, sb0], s.slot_req[i, sb0] + 1))
-    s = order_remove_at(s, st, i, kv.after_reads(vpos, done), active)
+    s = order_remove_at(s, st, i, after_reads(vpos, done), active)
     s = q_push_front(s, st, i, r, active)
     return s, budget, sb
 
@@ -134,7 +142,7 @@ def preempt_for_tokens(s: SimState, st, c, p, i, sb, r, n, pos, budget, active, 
         return s, pos, budget, pre | do_evict, failed, going & ~ok & ~failed
 
     init = (s, pos, budget, jnp.asarray(False), jnp.asarray(False), active)
-    s, pos, budget, pre, failed, _ = kv.lane_while(lambda c: c[5], body, init)
+    s, pos, budget, pre, failed, _ = lane_while(lambda c: c[5], body, init)
     success = active & ~failed
     pi = s.pi[r]
     s = kv.allocate(s, st, c, i, sb, r, pi, pi + n, empty, 0, success)
@@ -233,7 +241,7 @@ def phase1(s: SimState, st, c, p, i, active, width: int):
         return s, pos, budget, pre | pre_now, halt | halt_now
 
     init = (s, stop, budget, jnp.asarray(False), jnp.asarray(False))
-    s, _, budget, pre, _ = kv.lane_while(cond, body, init)
+    s, _, budget, pre, _ = lane_while(cond, body, init)
     return s, budget, pre
 
 
@@ -265,9 +273,9 @@ def phase2(s: SimState, st, c, p, i, now, budget, preempted, active):
             return (s, jnp.where(go, start_w, start), jnp.where(go, n_w, n), ok | ok_w)
 
         widths = kv.prefix_widths(st)
-        need = kv.lane_max(jnp.where(go, jnp.where(s.preempt[r] > 0, widths[-1], widths[0]), 0))
+        need = lane_max(jnp.where(go, jnp.where(s.preempt[r] > 0, widths[-1], widths[0]), 0))
         zero = jnp.asarray(0, jnp.int32)
-        s, start, n, ok = kv.by_width(widths, need, go, prefix, (s, zero, zero, jnp.zeros_like(go)))
+        s, start, n, ok = by_width(widths, need, go, prefix, (s, zero, zero, jnp.zeros_like(go)))
         s, r = q_remove_at(s, st, i, k, ok, through=r)  # r read before the queue moves
         s = kv.allocate(s, st, c, i, sb, r, start, start + n, jnp.zeros(1, jnp.int32), 0, ok)
         rr = jnp.where(ok, r, st.num_requests)
@@ -281,7 +289,7 @@ def phase2(s: SimState, st, c, p, i, now, budget, preempted, active):
             prio=s.prio.at[rr].set(priority_score(p, c, r, now)))
         return s, jnp.where(ok, budget - n, budget).astype(jnp.int32), stop | (go & ~ok)
 
-    s, _, _ = kv.lane_while(cond, body, (s, budget, jnp.asarray(False)))
+    s, _, _ = lane_while(cond, body, (s, budget, jnp.asarray(False)))
     return s
 
 
@@ -375,7 +383,7 @@ def complete(s: SimState, st, c, i, now, d, active, running, defer: bool = False
         if defer:
             # The releases of earlier completions are queued; the final token's block comes
             # from the free list's head, which they would only reach empty.
-            s = kv.lane_once(go & kv.must_flush(s, i, final),
+            s = lane_once(go & kv.must_flush(s, i, final),
                              lambda s, go: kv.flush_releases(s, st, go), s)
         ok = final & kv.can_allocate(s, st, c, i, sb, r, p_r, p_r + 1, empty, 0)
         s = kv.allocate(s, st, c, i, sb, r, p_r, p_r + 1, empty, 0, ok, chunk=1)
@@ -390,7 +398,7 @@ def complete(s: SimState, st, c, i, now, d, active, running, defer: bool = False
                                  jnp.maximum(s.tenant_in_flight[t] - 1, 0), go))
         return s, k + go.astype(k.dtype)
 
-    s, _ = kv.lane_while(lambda cr: cr[1] < count_loop, body, (s, jnp.asarray(0, jnp.int32)))
+    s, _ = lane_while(lambda cr: cr[1] < count_loop, body, (s, jnp.asarray(0, jnp.int32)))
     keep = valid & ~fin
     # valid positions are 0 .. n_run - 1, so the kept ones up to position k number
     # k + 1 - fin_through[k]
@@ -486,7 +494,7 @@ def complete_planned(s: SimState, st, c, i, plan: QueuedPlan) -> SimState:
 
     def queued(s, go):
         m = on & go
-        s = kv.lane_once(go & general, grant, s)
+        s = lane_once(go & general, grant, s)
         top = final & go & ~general  # every final token of the lane tops up
         s = s.replace(kv_tok=s.kv_tok.at[i, jnp.where(top, plan.last, st.kv_blocks)].add(
             1, mode="drop"))
@@ -504,7 +512,7 @@ def complete_planned(s: SimState, st, c, i, plan: QueuedPlan) -> SimState:
             rel_inst=jnp.where(go, jnp.asarray(i, jnp.int32), s.rel_inst),
             rel_count=s.rel_count + jnp.where(go, plan.count, 0))
 
-    return kv.lane_once(plan.fast, queued, s)
+    return lane_once(plan.fast, queued, s)
 
 
 def _finish_at(s: SimState, st, c, i, now, n_preempted, go, width: int, defer: bool = False):
@@ -540,7 +548,7 @@ def step(s: SimState, st, c, p, i, now, active, defer: bool = False):
 
     Work over the running batch is vectorized over positions, so its cost follows the vector
     width. Each width-dependent part runs as one of a few programs of fixed width
-    (``kv.by_width``): phase 1 at the narrowest that holds the block's largest running batch,
+    (``by_width``): phase 1 at the narrowest that holds the block's largest running batch,
     execute and completions at the narrowest that holds it after admissions; admissions
     (phase 2) do not depend on the width and are compiled once. All widths give identical
     results.
@@ -564,19 +572,19 @@ def step(s: SimState, st, c, p, i, now, active, defer: bool = False):
         return s, jnp.where(go, budget_w, budget), pre | (go & pre_w)
 
     init = (s, jnp.asarray(st.token_budget, jnp.int32), jnp.asarray(False))
-    running = kv.lane_max(jnp.where(go, s.n_run[i], 0))
-    s, budget, pre = kv.by_width(step_widths(st, PHASE1_PER_OCTAVE), running, go,
+    running = lane_max(jnp.where(go, s.n_run[i], 0))
+    s, budget, pre = by_width(step_widths(st, PHASE1_PER_OCTAVE), running, go,
                                  phase1_program, init)
     if st.stateful_latency:
         s = s.replace(step_cached=s.step_cached.at[i].set(jnp.where(go, 0, s.step_cached[i])))
     s = phase2(s, st, c, p, i, now, budget, pre, go)
     n_preempted = s.preempt_count[i] - preempted_before
-    running = kv.lane_max(jnp.where(go, s.n_run[i], 0))
+    running = lane_max(jnp.where(go, s.n_run[i], 0))
     widths = step_widths(st, FINISH_PER_OCTAVE)
     if not defer:
-        return kv.by_width(widths, running, go,
+        return by_width(widths, running, go,
                            lambda s, go, w: _finish_at(s, st, c, i, now, n_preempted, go, w), s)
-    s, plan = kv.by_width(widths, running, go,
+    s, plan = by_width(widths, running, go,
                           lambda sp, go, w: _finish_at(sp[0], st, c, i, now, n_preempted, go, w,
                                                        True), (s, no_plan(s)))
     return complete_planned(s, st, c, i, plan)

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 
 from blisjax.engine import batch, hostlatency, kv
 from blisjax.engine.exactfloat import exact_mul
-from blisjax.engine.kv import add, upd
+from blisjax.engine.lockstep import add, lane_once, lane_while, upd
 from blisjax.engine.queues import order_remove_at, q_offset_of, q_push_back, q_remove_at
 from blisjax.engine.state import (
     ADMITTED,
@@ -338,7 +338,7 @@ def _dispatch_cheap(s: SimState, st, c, p, ev: NextEvent, go) -> SimState:
     s, live = _begin(s, ev, go)
     cl = live & (ev.cluster_kind >= 0)
     i_star, t_evt = ev.instance, ev.t_us
-    once = kv.lane_once
+    once = lane_once
     admit = cl & (ev.cluster_kind == 0)
     s = once(admit, lambda s, go: admission(s, st, c, p, t_evt, go), s)
     route = cl & (ev.cluster_kind == 1)
@@ -379,7 +379,7 @@ def _dispatch_step(s: SimState, st, c, p, ev: NextEvent, defer: bool = False) ->
     step handler is compiled here. A step marks no deadline handled, so the deadline cursor
     stays where it is."""
     s, live = _begin(s, ev, jnp.asarray(True))
-    return kv.lane_once(live & ev.kind_step,
+    return lane_once(live & ev.kind_step,
                         lambda s, go: batch.step(s, st, c, p, ev.instance, ev.t_us, go,
                                                  defer), s)
 
@@ -411,7 +411,7 @@ def lane_advance(s: SimState, ev: NextEvent, st, c, p,
     def cheap(carry, go):
         s = _dispatch_cheap(carry[0], st, c, p, carry[1], go)
         ev = next_event(s, st, c)
-        return kv.lane_once(go & ev.kind_enqueue, enqueue_next, (s, ev))  # implies live
+        return lane_once(go & ev.kind_enqueue, enqueue_next, (s, ev))  # implies live
 
     def enqueue_next(carry, go):
         s, ev = carry
@@ -419,7 +419,7 @@ def lane_advance(s: SimState, ev: NextEvent, st, c, p,
         s = enqueue(s, st, c, ev.instance, ev.pending_entry, ev.t_us, live)
         return s, next_event(s, st, c)
 
-    s, ev = kv.lane_while(lambda carry: carry[1].live & ~carry[1].kind_step, cheap, (s, ev))
+    s, ev = lane_while(lambda carry: carry[1].live & ~carry[1].kind_step, cheap, (s, ev))
     s = _dispatch_step(s, st, c, p, ev, defer_releases)
     return s, next_event(s, st, c)
 
@@ -432,4 +432,4 @@ def _advance_deadline_cursor(s: SimState, st, c) -> SimState:
     def body(cur, go):
         return cur + go.astype(cur.dtype)
 
-    return s.replace(dl_cursor=kv.lane_while(cond, body, s.dl_cursor))
+    return s.replace(dl_cursor=lane_while(cond, body, s.dl_cursor))

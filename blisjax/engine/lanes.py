@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from blisjax.engine import kv
+from blisjax.engine.lockstep import LANES, run_if
 from blisjax.engine.state import NIL, SimState
 from blisjax.engine.vec import prefix_sum
 
@@ -60,10 +61,10 @@ def release_queued(s: SimState, st) -> SimState:
     flat = ring_ok & (total > 0) & (total <= widths[-1])  # nothing queued: no pass at all
     for k, w in enumerate(widths):
         fits = flat & (total > (widths[k - 1] if k else -1)) & (total <= w)
-        s = kv.run_if(fits, lambda s, w=w: _flat_release(s, st, slots, held, w), s)
+        s = run_if(fits, lambda s, w=w: _flat_release(s, st, slots, held, w), s)
     lane_loop = jax.vmap(lambda s: kv.flush_releases(s, st, jnp.asarray(True)),
-                         axis_name=kv.LANES)
-    s = kv.run_if(~flat & jnp.any(s.rel_count > 0), lane_loop, s)
+                         axis_name=LANES)
+    s = run_if(~flat & jnp.any(s.rel_count > 0), lane_loop, s)
     return s.replace(rel_count=jnp.zeros_like(s.rel_count))
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from blisjax.engine.kv import add, lane_while, upd
+from blisjax.engine.lockstep import add, lane_while, upd
 from blisjax.engine.state import NIL, SimState
 
 

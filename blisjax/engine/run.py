@@ -21,8 +21,8 @@ from jax.sharding import Mesh, PartitionSpec  # noqa: E402
 
 from blisjax.config.sim import ADMISSION_POLICIES  # noqa: E402
 from blisjax.engine.cluster import lane_advance, next_event  # noqa: E402
-from blisjax.engine.kv import LANES  # noqa: E402
 from blisjax.engine.lanes import FLAT_MIN_LANES, release_queued  # noqa: E402
+from blisjax.engine.lockstep import LANES  # noqa: E402
 from blisjax.engine.params import PolicyParams, params_from_config, stack_params  # noqa: E402
 from blisjax.engine.state import COMPLETED, DROPPED, REJECTED, TIMED_OUT, init_state  # noqa: E402
 from blisjax.engine.static import EngineStatic, build_consts, build_static  # noqa: E402
@@ -77,7 +77,8 @@ def _run_block(st: EngineStatic, consts, params: PolicyParams):
 
 # Not used: XLA's ``xla_cpu_copy_insertion_use_region_analysis`` removes most full-array copies
 # in inner loops but produced wrong results on parity edge cases (preemption-storm, horizon-cut)
-# with jax 0.10.2 — an unsafe in-place update. Parity first; kv.after_reads avoids the copies.
+# with jax 0.10.2 — an unsafe in-place update. Parity first; ``lockstep.after_reads`` avoids
+# the copies.
 @functools.partial(jax.jit, static_argnums=(0, 3, 4))
 def _run_sharded(st: EngineStatic, consts, params: PolicyParams, devices: tuple,
                  lane_block: int):

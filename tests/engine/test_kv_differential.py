@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from blisjax.engine import kv
-from blisjax.engine.kv import LANES
+from blisjax.engine.lockstep import LANES
 from blisjax.engine.state import init_state
 from blisjax.engine.static import build_consts, build_static
 from blisjax.reference.kvcache import KVCache
