@@ -1,6 +1,9 @@
 """Work done across the lanes of a lockstep block at once, on the stacked state (outside
 ``vmap``): every lane's queued releases (``kv.defer_release``) as one flat pass.
 
+Counterpart: none of its own — the releases are ``KVCache.release`` calls that
+``blisjax.reference.instance.Instance._finish`` makes one completion at a time, in this order.
+
 Inside ``vmap`` a lane's releases run one per loop trip, as many trips as the busiest lane of
 the block has completions, each as wide as the longest block table among the lanes; most of
 that work is masked. Here the blocks to release, of all lanes, are laid end to end — lane by
@@ -15,7 +18,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from blisjax.engine import kv
+from blisjax.engine import kvcache as kv
 from blisjax.engine.lockstep import LANES, run_if
 from blisjax.engine.state import NIL, SimState
 from blisjax.engine.vec import prefix_sum

@@ -5,6 +5,9 @@ cheap events up to and including its next step (``vmap`` of ``lane_advance``); f
 idle until the slowest lane is done. A device with more than ``LANE_BLOCK`` lanes runs them as
 consecutive blocks (``lax.map``), each its own loop: a block's state stays cache-sized and its
 lanes idle only until the block's slowest is done.
+
+Counterpart: ``blisjax.reference.cluster.simulate`` (``simulate`` here) and
+``ClusterSimulator._result`` (``lane_result``: the same ``RunResult`` fields).
 """
 
 from __future__ import annotations
@@ -237,8 +240,8 @@ class HostLanes:
 def _completion_fields(st: EngineStatic, consts, g, done):
     """(E2E, output tokens done, length-capped, ITL count) per request, from one lane's final
     state: for a completed request they are functions of its progress, TTFT and ITL sum,
-    which stop changing when it completes (``batch.complete``). ITL entries are decode
-    steps, one per token past the prompt (``batch.execute``)."""
+    which stop changing when it completes (``instance.complete``). ITL entries are decode
+    steps, one per token past the prompt (``instance.execute``)."""
     n = st.num_requests
     pi = g.pi[:n].astype(np.int64)
     l_in = np.asarray(consts.input_tokens)[:n].astype(np.int64)

@@ -1,5 +1,9 @@
 """``SimState``: everything that changes during one lane's simulation, as fixed-shape arrays.
 
+Counterpart: the mutable attributes of the reference engine's objects — ``SimRequest`` (per
+request), ``ClusterSimulator`` and its ``Router``/``Admission`` (cluster), ``Instance`` and its
+``KVCache`` (per instance) — as arrays indexed by request, instance, batch slot or block.
+
 Request status codes extend the reference engine's lifecycle with the pipeline stages the
 kernel needs to tell apart.
 """
@@ -73,7 +77,7 @@ class SimState:
     kv_ref: chex.Array  # [I, K] refcount (in use iff > 0)
     kv_tok: chex.Array  # [I, K] tokens in the block
     kv_slot: chex.Array  # [I, K] hash slot registered for the block, -1 = none
-    fifo: chex.Array  # [I, R] free-list ring of block ids (see kv.py), R = 2K
+    fifo: chex.Array  # [I, R] free-list ring of block ids (see kvcache.py), R = 2K
     fkey: chex.Array  # [I, K] ring key of the block's live entry, -1 = in use
     fhead: chex.Array  # [I] key of the free-list head (entries before it are consumed)
     ftail: chex.Array  # [I] next key to append

@@ -1,8 +1,10 @@
 """KV-cache operations on one lane's state: free list, prefix lookup, allocate, release.
 
-Same semantics as ``blisjax.reference.kvcache`` (read its docstring first), with data structures
-chosen so that every operation is a handful of vector gathers and scatters rather than a loop
-over blocks:
+Counterpart: ``blisjax.reference.kvcache.KVCache`` — ``cached_blocks``, ``can_allocate``,
+``allocate`` and ``release`` keep its names and meaning (read its docstring first; behaviour:
+docs/semantics.md §3). The reference's per-request block list is the block table of the
+request's batch slot (``SimState.bt``, ``blen``). The data structures differ so that every
+operation is a handful of vector gathers and scatters rather than a loop over blocks:
 
 * **Free list.** The reference keeps a doubly linked LRU list: allocation pops the head, release
   appends to the tail, claiming a cached free block unlinks it from the middle. Here every

@@ -1,6 +1,16 @@
-"""One instance step (semantics note Part A §2.2–§2.7) on one lane: FormBatch phase 1 and 2
-with chunked prefill and preemption, the step's duration and progress, and completions.
-Mirrors ``blisjax.reference.instance.Instance._step`` statement by statement."""
+"""One instance of one lane: its enqueue and timeout events and its step.
+
+Counterpart: ``blisjax.reference.instance.Instance`` — ``enqueue`` is ``_enqueue``, ``timeout``
+``_timeout``, and ``step`` is ``_step`` statement by statement: ``_form_batch`` as ``phase1``
+(continue the running requests, with chunked prefill and preemption: ``preempt_for_tokens``,
+``victim_position``, ``evict``) and ``phase2`` (admit from the wait queue), then ``execute``
+(``_execute``: the step's duration and progress) and ``complete`` (``_complete`` and
+``_finish``). Behaviour: docs/semantics.md §2.1–§2.9.
+
+The reference walks the running batch request by request; here work over the running batch is
+vectorized over its positions 0 .. width - 1 (``by_width`` picks the width), and loops remain
+only where one request's outcome changes the next one's (preemption, admissions, releases).
+"""
 
 from __future__ import annotations
 
@@ -9,7 +19,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from blisjax.engine import hostlatency, kv
+from blisjax.engine import hostlatency
+from blisjax.engine import kvcache as kv
 from blisjax.engine.lockstep import (
     add,
     after_reads,
@@ -19,55 +30,92 @@ from blisjax.engine.lockstep import (
     lane_while,
     upd,
 )
-from blisjax.engine.queues import order_remove_at, q_at, q_fold, q_push_front, q_remove_at
-from blisjax.engine.state import COMPLETED, INT64_MAX, NIL, QUEUED, RUNNING, SimState
+from blisjax.engine.policies import head_offset, priority_score
+from blisjax.engine.queues import (
+    order_remove_at,
+    q_at,
+    q_offset_of,
+    q_push_back,
+    q_push_front,
+    q_remove_at,
+)
+from blisjax.engine.state import (
+    COMPLETED,
+    DROPPED,
+    INT64_MAX,
+    NIL,
+    QUEUED,
+    RUNNING,
+    TIMED_OUT,
+    SimState,
+)
 from blisjax.engine.vec import prefix_sum
 from blisjax.metrics import records
 
 F64 = jnp.float64
 
 
-def priority_score(p, c, r, now):
-    """Priority of request(s) r at time now (higher = more urgent); see reference Priority."""
-    age = (now - c.arrival_us[r]).astype(F64)
-    slo_based = p.age_weight * (0.0 + c.one_e_6 * age)
-    slo_class = p.class_score[c.slo_class[r]]
-    tenant = p.tenant_score[c.tenant[r]]
-    slack = (c.deadline_us[r] - now).astype(F64)
-    deadline = jnp.where(c.deadline_us[r] > 0, -(c.one_e_6 * slack), p.no_deadline_score)
-    return jnp.stack([jnp.zeros_like(slo_based), slo_based, slo_class, tenant, deadline])[p.priority]
+# ---- enqueue and timeout -----------------------------------------------------------------------
 
 
-def head_offset(s: SimState, st, c, p, i, now, active):
-    """Queue offset of the next request to admit: fcfs = the head; priority-fcfs =
-    (priority desc, arrival, index); sjf = (input length, arrival, index) — the
-    lexicographically smallest key, folded over the queue ``q_chunk`` entries at a time (work
-    follows the queue's length; nothing runs when every lane is fcfs)."""
-    by_priority = p.scheduler == 1
-    inf = jnp.asarray(jnp.inf, F64)
-    imax = jnp.iinfo(jnp.int64).max
+def _finish_in_flight(s: SimState, c, i, r, active) -> SimState:
+    """A request left instance i (dropped, timed out): router in-flight counts go down."""
+    t = c.tenant[r]
+    return s.replace(
+        in_flight=upd(s.in_flight, i, jnp.maximum(s.in_flight[i] - 1, 0), active),
+        tenant_in_flight=upd(s.tenant_in_flight, t, jnp.maximum(s.tenant_in_flight[t] - 1, 0),
+                             active))
 
-    def fold(best, off, reqs, valid):
-        b_key, b_arrival, b_req, b_off = best
-        # sjf's integer lengths are exact in float64, so one key type serves both orders
-        key = jnp.where(by_priority, -priority_score(p, c, reqs, now),
-                        c.input_tokens[reqs].astype(F64))
-        arrival = c.arrival_us[reqs]
-        key_min = jnp.min(jnp.where(valid, key, inf))
-        cand = valid & (key == key_min)
-        arrival_min = jnp.min(jnp.where(cand, arrival, imax))
-        cand = cand & (arrival == arrival_min)
-        j = jnp.argmin(jnp.where(cand, reqs, st.num_requests + 1))
-        better = jnp.any(valid) & (
-            (key[j] < b_key) | ((key[j] == b_key) & ((arrival[j] < b_arrival)
-                                                     | ((arrival[j] == b_arrival)
-                                                        & (reqs[j] < b_req)))))
-        return (jnp.where(better, key[j], b_key), jnp.where(better, arrival[j], b_arrival),
-                jnp.where(better, reqs[j], b_req), jnp.where(better, off[j], b_off))
 
-    init = (inf, jnp.asarray(imax, jnp.int64), jnp.asarray(st.num_requests + 1, jnp.int32),
-            jnp.asarray(0, jnp.int32))
-    return q_fold(s, st, i, active & (p.scheduler != 0), fold, init)[3]
+def enqueue(s: SimState, st, c, i, e, now, active) -> SimState:
+    """End of the α delay: BLIS EnqueueRequest guards, then the wait queue (§2.1)."""
+    r = jnp.where(active, s.pend_req[i, e], st.num_requests)
+    s = s.replace(pend_req=upd(s.pend_req, (i, e), NIL, active))
+    l_in, out = c.input_tokens[r], c.output_tokens[r]
+    mml = st.max_model_len
+    if mml > 0:
+        max_out = jnp.where((out == 0) & (l_in < mml), mml - l_in, out)
+        unservable = (l_in >= mml) | ((max_out > 0) & (l_in + max_out > mml))
+    else:  # unlimited length is still bounded by the KV cache (see the reference engine)
+        unservable = l_in + out > st.kv_blocks * st.block_size
+    drop = active & (unservable | ((l_in + st.block_size - 1) // st.block_size > st.kv_blocks))
+    admitted = active & ~drop
+    due = admitted & (c.deadline_us[r] > 0) & (c.deadline_us[r] <= now)
+    queued = admitted & ~due
+    status = jnp.where(drop, DROPPED, jnp.where(due, TIMED_OUT, QUEUED)).astype(s.status.dtype)
+    s = s.replace(
+        status=s.status.at[r].set(jnp.where(active, status, s.status[r])),
+        dropped=add(s.dropped, i, 1, drop), timed_out=add(s.timed_out, i, 1, due),
+        input_tokens=add(s.input_tokens, i, l_in.astype(jnp.int64), admitted),
+        enq_seq=s.enq_seq.at[r].set(jnp.where(queued, s.enq_counter, s.enq_seq[r])),
+        enq_counter=s.enq_counter + queued.astype(jnp.int64))
+    s = _finish_in_flight(s, c, i, r, drop | due)
+    s = q_push_back(s, st, i, r, queued)
+    start_step = queued & (s.step_time[i] < 0)
+    return s.replace(step_time=upd(s.step_time, i, now, start_step))
+
+
+def timeout(s: SimState, st, c, i, r, now, active) -> SimState:
+    """Client deadline for a queued or running request (§2.9)."""
+    r = jnp.where(active, r, st.num_requests)
+    running = active & (s.status[r] == RUNNING)
+    queued = active & ~running
+    slots_of_r = (s.slot_req[i] == r) & running
+    sb = jnp.argmax(slots_of_r).astype(jnp.int32)
+    pos = jnp.argmax((s.order[i] == sb) & (jnp.arange(st.batch_slots) < s.n_run[i]))
+    s = kv.release(s, st, i, sb, running)
+    s = order_remove_at(s, st, i, pos, running)
+    s = s.replace(slot_req=upd(s.slot_req, (i, sb), NIL, running))
+    s = q_remove_at(s, st, i, q_offset_of(s, st, i, r, queued), queued)
+    s = s.replace(status=s.status.at[r].set(jnp.where(active, TIMED_OUT, s.status[r])
+                                            .astype(s.status.dtype)),
+                  timed_out=add(s.timed_out, i, 1, active), computed=s.computed.at[r].set(0))
+    s = _finish_in_flight(s, c, i, r, active)
+    wake = active & (s.n_run[i] == 0) & (s.q_len[i] > 0) & (s.step_time[i] < 0)
+    return s.replace(step_time=upd(s.step_time, i, now, wake))
+
+
+# ---- batch formation (FormBatch) --------------------------------------------------------------
 
 
 def clamp_prefill(st, n, start, budget):
@@ -197,9 +245,12 @@ def phase1_fast(s: SimState, st, c, i, active, width: int, start=0, budget=None,
     through_stop = jnp.where(stop > 0, fresh_through[jnp.maximum(stop - 1, 0)], 0)
     known = (blen, last, filled, jnp.where(before_stop, fresh_through, through_stop))
     s = kv.grant_tokens(s, st, c, i, slots, r, n, prefill, ok, known=known)
-    rr = jnp.where(ok, r, st.num_requests)
-    granted = s.num_new.at[r].set(jnp.where(ok, n, 0)) if reset else s.num_new.at[rr].set(n)
-    s = s.replace(num_new=granted, computed=s.computed.at[rr].add(n))
+    r_or_sink = jnp.where(ok, r, st.num_requests)
+    if reset:
+        granted = s.num_new.at[r].set(jnp.where(ok, n, 0))
+    else:
+        granted = s.num_new.at[r_or_sink].set(n)
+    s = s.replace(num_new=granted, computed=s.computed.at[r_or_sink].add(n))
     budget = (budget - jnp.sum(jnp.where(ok, n, 0))).astype(jnp.int32)
     return s, stop, budget
 
@@ -230,8 +281,9 @@ def phase1(s: SimState, st, c, p, i, active, width: int):
         s, ok, pos, budget, pre_now = preempt_for_tokens(s, st, c, p, i, jnp.maximum(sb, 0), r,
                                                          n, pos, budget, need, width)
         granted = need & ok
-        rr = jnp.where(granted, r, st.num_requests)
-        s = s.replace(num_new=s.num_new.at[rr].set(n), computed=s.computed.at[rr].add(n))
+        r_or_sink = jnp.where(granted, r, st.num_requests)
+        s = s.replace(num_new=s.num_new.at[r_or_sink].set(n),
+                      computed=s.computed.at[r_or_sink].add(n))
         budget = jnp.where(granted, budget - n, budget).astype(jnp.int32)
         halt_now = need & ~ok
         pos = jnp.where(go & ~halt_now, pos + 1, pos)
@@ -278,19 +330,23 @@ def phase2(s: SimState, st, c, p, i, now, budget, preempted, active):
         s, start, n, ok = by_width(widths, need, go, prefix, (s, zero, zero, jnp.zeros_like(go)))
         s, r = q_remove_at(s, st, i, k, ok, through=r)  # r read before the queue moves
         s = kv.allocate(s, st, c, i, sb, r, start, start + n, jnp.zeros(1, jnp.int32), 0, ok)
-        rr = jnp.where(ok, r, st.num_requests)
+        r_or_sink = jnp.where(ok, r, st.num_requests)
         if st.stateful_latency:  # physics reads the prefix tokens of this step's admissions
             s = s.replace(step_cached=upd(s.step_cached, (i, sb), start, ok))
         s = s.replace(
             order=upd(s.order, (i, s.n_run[i]), sb, ok), n_run=add(s.n_run, i, 1, ok),
-            slot_req=upd(s.slot_req, (i, sb), r, ok), status=s.status.at[rr].set(RUNNING),
-            num_new=s.num_new.at[rr].set(n), computed=s.computed.at[rr].set(n + start),
-            sched=s.sched.at[rr].set(now - c.arrival_us[r]),
-            prio=s.prio.at[rr].set(priority_score(p, c, r, now)))
+            slot_req=upd(s.slot_req, (i, sb), r, ok), status=s.status.at[r_or_sink].set(RUNNING),
+            num_new=s.num_new.at[r_or_sink].set(n),
+            computed=s.computed.at[r_or_sink].set(n + start),
+            sched=s.sched.at[r_or_sink].set(now - c.arrival_us[r]),
+            prio=s.prio.at[r_or_sink].set(priority_score(p, c, r, now)))
         return s, jnp.where(ok, budget - n, budget).astype(jnp.int32), stop | (go & ~ok)
 
     s, _, _ = lane_while(cond, body, (s, budget, jnp.asarray(False)))
     return s
+
+
+# ---- execute (the step's duration and progress) ----------------------------------------------
 
 
 def _running(s: SimState, st, i, width: int):
@@ -347,6 +403,9 @@ def execute(s: SimState, st, c, i, now, n_preempted, active, width: int):
                   busy=add(s.busy, i, d, active),
                   qdepth_time=add(s.qdepth_time, i, s.q_len[i].astype(jnp.int64) * d, active))
     return s, d, (valid, slots, reqs, new_pi, l_in, out)
+
+
+# ---- completions ------------------------------------------------------------------------------
 
 
 def complete(s: SimState, st, c, i, now, d, active, running, defer: bool = False):
@@ -513,6 +572,9 @@ def complete_planned(s: SimState, st, c, i, plan: QueuedPlan) -> SimState:
             rel_count=s.rel_count + jnp.where(go, plan.count, 0))
 
     return lane_once(plan.fast, queued, s)
+
+
+# ---- the step ---------------------------------------------------------------------------------
 
 
 def _finish_at(s: SimState, st, c, i, now, n_preempted, go, width: int, defer: bool = False):
