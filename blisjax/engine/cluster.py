@@ -43,7 +43,9 @@ F64 = jnp.float64
 
 
 def refresh_snapshots(s: SimState, st, c, now, active) -> SimState:
-    """Queue depth, batch size and KV utilisation: live (interval 0) or periodic (§5.4)."""
+    """Router snapshots of queue depth, batch size and KV utilisation, refreshed at every
+    decision (interval 0) or when the refresh interval has passed (docs/semantics.md §5.4;
+    ``ClusterSimulator._snapshots``)."""
     due = active & ((st.refresh_interval_us == 0) | (now - s.snap_last >= st.refresh_interval_us))
     kv_util = (st.kv_blocks - s.kv_free).astype(F64) / c.kv_blocks_f
     return s.replace(snap_qd=jnp.where(due, s.q_len, s.snap_qd),
@@ -53,8 +55,9 @@ def refresh_snapshots(s: SimState, st, c, now, active) -> SimState:
 
 
 def admission(s: SimState, st, c, p, now, active) -> SimState:
-    """Admission event of the request at the admission cursor (``ClusterSimulator.
-    _execute_cluster_event``): refresh stale snapshots, then admit or reject it (§5.3)."""
+    """Admission event of the request at the admission cursor
+    (``ClusterSimulator._execute_cluster_event``): refresh stale snapshots, then admit or
+    reject it (docs/semantics.md §5.3)."""
     r = jnp.where(active, s.adm_cursor, st.num_requests)
     s = refresh_snapshots(s, st, c, now, active)
     decision = policies.admit(s, c, p, r, now, active)
@@ -81,7 +84,7 @@ def routing(s: SimState, st, c, p, now, active) -> SimState:
     if st.stateful_latency:  # physics α reads the receiving instance's state now
         delay = hostlatency.queueing_delay(
             st.latency, go, s.n_run[target], s.q_len[target], st.kv_blocks - s.kv_free[target],
-            c.input_tokens[r], kv.cached_blocks(s, st, c, target, r)[1], s.ema[target])
+            c.input_tokens[r], kv.cached_blocks(s, st, c, target, r).count, s.ema[target])
     else:
         delay = c.queue_delay_us[r]
     r_or_sink = jnp.where(go, r, st.num_requests)
@@ -101,8 +104,19 @@ def routing(s: SimState, st, c, p, now, active) -> SimState:
 # ---- next-event selection and dispatch ----------------------------------------------------------
 
 
-def _deadline_window(s: SimState, st, c):
-    """Requests at the deadline cursor's time: (members, on-instance flags, their ids, time)."""
+class DeadlineWindow(NamedTuple):
+    """The requests whose deadline is the earliest not yet handled (``_deadline_window``):
+    up to W of them, in (deadline, index) order, from the deadline cursor on."""
+
+    member: jax.Array  # bool [W]: the entry's deadline is that time and is not yet handled
+    on_instance: jax.Array  # bool [W]: a member that is queued or running (its timeout is due)
+    requests: jax.Array  # int32 [W]: the entries' requests (N, the sink row, past the end)
+    time_us: jax.Array  # int64: the deadline (INT64_MAX when none is left)
+    overflow: jax.Array  # bool: more same-time deadlines than the window holds
+
+
+def _deadline_window(s: SimState, st, c) -> DeadlineWindow:
+    """The requests at the deadline cursor's time."""
     w = st.deadline_window
     idx = s.dl_cursor + jnp.arange(w + 1)
     wr = c.deadline_order[jnp.minimum(idx, st.num_deadlines)]
@@ -115,26 +129,37 @@ def _deadline_window(s: SimState, st, c):
     member = valid & (c.deadline_us[wr_safe] == t) & ~s.tdone[wr_safe]
     on = member & ((s.status[wr_safe] == QUEUED) | (s.status[wr_safe] == RUNNING))
     overflow = member[w]  # more same-time deadlines than the window holds
-    return member[:w], on[:w], wr_safe[:w], t, overflow
+    return DeadlineWindow(member[:w], on[:w], wr_safe[:w], t, overflow)
 
 
-def _deadline_events(s: SimState, st, c):
-    """Deadline candidates: (no-op time, per-instance timeout time [I], per-instance timeout
-    request [I], no-op request, window overflow). A timeout goes to the request enqueued first
-    among those due on the instance. When no workload of the program has a deadline there are
-    statically none (constants, nothing compiled in)."""
+class DeadlineEvents(NamedTuple):
+    """The lane's deadline event candidates (``_deadline_events``)."""
+
+    noop_t_us: jax.Array  # int64: time of a deadline no-op (INT64_MAX: none)
+    timeout_t_us: jax.Array  # int64 [I]: time of each instance's timeout (INT64_MAX: none)
+    timeout_req: jax.Array  # int32 [I]: the request each instance's timeout is for
+    noop_req: jax.Array  # int32: the request of the no-op
+    overflow: jax.Array  # bool: the deadline window overflowed
+
+
+def _deadline_events(s: SimState, st, c) -> DeadlineEvents:
+    """Deadline candidates. A timeout goes to the request enqueued first among those due on
+    the instance; a deadline whose request is no longer queued or running is a no-op. When no
+    workload of the program has a deadline there are statically none (constants, nothing
+    compiled in)."""
     n_inst, none = st.num_instances, jnp.asarray(INT64_MAX, jnp.int64)
     if st.num_deadlines == 0:
         sink = jnp.asarray(st.num_requests, jnp.int32)
-        return (none, jnp.full(n_inst, INT64_MAX, jnp.int64), jnp.full(n_inst, sink),
-                sink, jnp.asarray(False))
-    member, on, wr, dl_t, overflow = _deadline_window(s, st, c)
+        return DeadlineEvents(none, jnp.full(n_inst, INT64_MAX, jnp.int64),
+                              jnp.full(n_inst, sink), sink, jnp.asarray(False))
+    window = _deadline_window(s, st, c)
+    member, on, wr, dl_t = window.member, window.on_instance, window.requests, window.time_us
     noop = member & ~on
     to_seq = jnp.where(on[None, :] & (s.instance[wr][None, :] == jnp.arange(n_inst)[:, None]),
                        s.enq_seq[wr][None, :], INT64_MAX)  # [I, W]
     timeout_t = jnp.where(jnp.min(to_seq, axis=1) < INT64_MAX, dl_t, INT64_MAX)
-    return (jnp.where(jnp.any(noop), dl_t, none), timeout_t, wr[jnp.argmin(to_seq, axis=1)],
-            wr[jnp.argmax(noop)], overflow)
+    return DeadlineEvents(jnp.where(jnp.any(noop), dl_t, none), timeout_t,
+                          wr[jnp.argmin(to_seq, axis=1)], wr[jnp.argmax(noop)], window.overflow)
 
 
 class NextEvent(NamedTuple):
@@ -160,7 +185,8 @@ def next_event(s: SimState, st, c) -> NextEvent:
     ac, rc = s.adm_cursor, s.route_cursor
     adm_t = jnp.where(ac < n, c.arrival_us[jnp.minimum(ac, n)] + la, INT64_MAX)
     rt_t = jnp.where(rc < ac, c.arrival_us[jnp.minimum(rc, n)] + la + lr, INT64_MAX)
-    noop_t, timeout_t, timeout_req, noop_req, dl_overflow = _deadline_events(s, st, c)
+    deadlines = _deadline_events(s, st, c)
+    noop_t, timeout_t = deadlines.noop_t_us, deadlines.timeout_t_us
     cl_times = jnp.stack([adm_t, rt_t, noop_t])
     cl_kind = jnp.argmin(cl_times)  # ties: admission, then routing, then the no-op
     cl_t = cl_times[cl_kind]
@@ -183,7 +209,8 @@ def next_event(s: SimState, st, c) -> NextEvent:
         t_us=t_evt, live=live, cluster_kind=jnp.where(use_cluster, cl_kind, -1),
         instance=i_star, kind_enqueue=kind_enq, kind_step=kind_step,
         kind_timeout=ins & ~kind_enq & ~kind_step, pending_entry=e_star[i_star],
-        timeout_req=timeout_req[i_star], noop_req=noop_req, deadline_overflow=dl_overflow)
+        timeout_req=deadlines.timeout_req[i_star], noop_req=deadlines.noop_req,
+        deadline_overflow=deadlines.overflow)
 
 
 def _begin(s: SimState, ev: NextEvent, go):

@@ -68,7 +68,8 @@ def _finish_in_flight(s: SimState, c, i, r, active) -> SimState:
 
 
 def enqueue(s: SimState, st, c, i, e, now, active) -> SimState:
-    """End of the α delay: BLIS EnqueueRequest guards, then the wait queue (§2.1)."""
+    """End of the α delay (``Instance._enqueue``): BLIS EnqueueRequest guards, then the wait
+    queue (docs/semantics.md §2.1)."""
     r = jnp.where(active, s.pend_req[i, e], st.num_requests)
     s = s.replace(pend_req=upd(s.pend_req, (i, e), NIL, active))
     l_in, out = c.input_tokens[r], c.output_tokens[r]
@@ -96,7 +97,8 @@ def enqueue(s: SimState, st, c, i, e, now, active) -> SimState:
 
 
 def timeout(s: SimState, st, c, i, r, now, active) -> SimState:
-    """Client deadline for a queued or running request (§2.9)."""
+    """Client deadline for a queued or running request (``Instance._timeout``;
+    docs/semantics.md §2.9)."""
     r = jnp.where(active, r, st.num_requests)
     running = active & (s.status[r] == RUNNING)
     queued = active & ~running
@@ -170,10 +172,19 @@ def evict(s: SimState, st, c, p, i, vpos, budget, active):
     return s, budget, sb
 
 
-def preempt_for_tokens(s: SimState, st, c, p, i, sb, r, n, pos, budget, active, width: int):
-    """Evict victims until n tokens of running request r fit, then allocate them (§2.5).
+class PreemptOutcome(NamedTuple):
+    """What ``preempt_for_tokens`` did besides changing the state."""
 
-    Returns (state, success, cursor, budget, preempted_any)."""
+    success: jax.Array  # bool: the tokens were allocated (the request was not itself evicted)
+    pos: jax.Array  # int32: the cursor, moved back by one per victim evicted before it
+    budget: jax.Array  # int32: tokens left, with the victims' grants of this step refunded
+    preempted: jax.Array  # bool: some request was evicted
+
+
+def preempt_for_tokens(s: SimState, st, c, p, i, sb, r, n, pos, budget, active, width: int):
+    """Evict victims until n tokens of running request r fit, then allocate them
+    (``Instance._preempt_for_tokens``; docs/semantics.md §2.5). Returns
+    ``(state, PreemptOutcome)``."""
     empty = jnp.zeros(1, jnp.int32)
 
     def body(carry, go):
@@ -194,10 +205,18 @@ def preempt_for_tokens(s: SimState, st, c, p, i, sb, r, n, pos, budget, active, 
     success = active & ~failed
     pi = s.pi[r]
     s = kv.allocate(s, st, c, i, sb, r, pi, pi + n, empty, 0, success)
-    return s, success, pos, budget, pre
+    return s, PreemptOutcome(success, pos, budget, pre)
 
 
-def _continue_wants(s: SimState, st, c, r):
+class Wants(NamedTuple):
+    """What running requests ask for in phase 1 (``_continue_wants``); shapes of r."""
+
+    needs: jax.Array  # bool: the request is served this step if the budget allows
+    tokens: jax.Array  # int32: its prefill chunk, or 1 for a decode token
+    prefill: jax.Array  # bool: it is in prefill
+
+
+def _continue_wants(s: SimState, st, c, r) -> Wants:
     """Tokens each running request r[k] asks for in phase 1, before the token budget: its
     prefill chunk (long-prefill threshold, max-model-len cap) or one decode token; 0 for a
     request that gets nothing (length-capped decode, or no output tokens)."""
@@ -207,7 +226,7 @@ def _continue_wants(s: SimState, st, c, r):
     if st.max_model_len > 0:
         decode = decode & ~(pi + 1 > st.max_model_len - 1)
     chunk = clamp_prefill(st, l_in - pi, pi, jnp.asarray(st.token_budget, jnp.int32))
-    return prefill | decode, jnp.where(prefill, chunk, 1), prefill
+    return Wants(prefill | decode, jnp.where(prefill, chunk, 1), prefill)
 
 
 def phase1_fast(s: SimState, st, c, i, active, width: int, start=0, budget=None,
@@ -225,16 +244,19 @@ def phase1_fast(s: SimState, st, c, i, active, width: int, start=0, budget=None,
     """
     if budget is None:
         budget = jnp.asarray(st.token_budget, jnp.int32)
-    valid, slots, reqs = _running(s, st, i, width)
+    run_slots = _running(s, st, i, width)
+    valid, slots, reqs = run_slots.valid, run_slots.slots, run_slots.reqs
     valid = valid & (jnp.arange(width) >= start)
     r = jnp.where(valid & active, reqs, st.num_requests)
-    needs, want, prefill = _continue_wants(s, st, c, r)
+    wants = _continue_wants(s, st, c, r)
+    needs, want, prefill = wants.needs, wants.tokens, wants.prefill
     needs = needs & valid & active
     want = jnp.where(needs, want, 0)
     before = prefix_sum(want) - want
     served = needs & (before < budget)
     n = jnp.where(served, jnp.minimum(want, budget - before), 0).astype(jnp.int32)
-    blen, last, filled = kv.last_block_fill(s, st, i, slots)
+    fill = kv.last_block_fill(s, st, i, slots)
+    blen, last, filled = fill.blen, fill.last, fill.filled
     fresh = jnp.where(served, kv.blocks_needed(st, blen, filled, n), 0).astype(jnp.int32)
     fresh_through = prefix_sum(fresh)
     short = served & (fresh_through > s.kv_free[i])
@@ -243,7 +265,8 @@ def phase1_fast(s: SimState, st, c, i, active, width: int, start=0, budget=None,
     ok = served & before_stop
     # the grant's fresh blocks are these up to stop (the same formula), none after it
     through_stop = jnp.where(stop > 0, fresh_through[jnp.maximum(stop - 1, 0)], 0)
-    known = (blen, last, filled, jnp.where(before_stop, fresh_through, through_stop))
+    known = kv.KnownGrant(blen, last, filled,
+                          jnp.where(before_stop, fresh_through, through_stop))
     s = kv.grant_tokens(s, st, c, i, slots, r, n, prefill, ok, known=known)
     r_or_sink = jnp.where(ok, r, st.num_requests)
     if reset:
@@ -263,8 +286,8 @@ def phase1(s: SimState, st, c, p, i, active, width: int):
     The vectorized pass (``phase1_fast``) serves every request up to the first one whose KV
     does not fit; the loop below serves that one with preemption, then resumes the vectorized
     pass after it. Its trip count is the number of such shortfalls in the step (usually none),
-    not the number of requests after the first one — which kept every lane of a lockstep block
-    waiting whenever one lane preempted."""
+    not the number of requests after the first one, so one lane's preemption does not keep
+    every lane of a lockstep block waiting for a request-by-request loop."""
     s, stop, budget = phase1_fast(s, st, c, i, active, width, reset=True)
 
     def cond(carry):
@@ -275,11 +298,13 @@ def phase1(s: SimState, st, c, p, i, active, width: int):
         s, pos, budget, pre, halt = carry
         sb = s.order[i, jnp.minimum(pos, st.batch_slots - 1)]
         r = jnp.where(go, s.slot_req[i, jnp.maximum(sb, 0)], st.num_requests)
-        needs, want, _ = _continue_wants(s, st, c, r)
+        wants = _continue_wants(s, st, c, r)
+        needs, want = wants.needs, wants.tokens
         need = go & needs
         n = jnp.minimum(want, budget).astype(jnp.int32)
-        s, ok, pos, budget, pre_now = preempt_for_tokens(s, st, c, p, i, jnp.maximum(sb, 0), r,
-                                                         n, pos, budget, need, width)
+        s, outcome = preempt_for_tokens(s, st, c, p, i, jnp.maximum(sb, 0), r, n, pos, budget,
+                                        need, width)
+        ok, pos, budget, pre_now = outcome.success, outcome.pos, outcome.budget, outcome.preempted
         granted = need & ok
         r_or_sink = jnp.where(granted, r, st.num_requests)
         s = s.replace(num_new=s.num_new.at[r_or_sink].set(n),
@@ -315,7 +340,8 @@ def phase2(s: SimState, st, c, p, i, now, budget, preempted, active):
             """Cached prefix (at width w), chunk, pre-check, and the claim of the cached
             blocks — the part of the allocation that follows the prefix's width."""
             s, start, n, ok = carry
-            cached, n_cached = kv.cached_blocks(s, st, c, i, r, w)
+            prefix_found = kv.cached_blocks(s, st, c, i, r, w)
+            cached, n_cached = prefix_found.blocks, prefix_found.count
             start_w = n_cached * st.block_size
             n_w = clamp_prefill(st, c.input_tokens[r] - start_w, start_w, budget)
             ok_w = go & kv.can_allocate(s, st, c, i, sb, r, start_w, start_w + n_w, cached,
@@ -349,13 +375,34 @@ def phase2(s: SimState, st, c, p, i, now, budget, preempted, active):
 # ---- execute (the step's duration and progress) ----------------------------------------------
 
 
-def _running(s: SimState, st, i, width: int):
-    """(valid, batch slots, requests) of running positions 0..width-1 (width >= n_run)."""
+class RunningSlots(NamedTuple):
+    """Running positions 0 .. width - 1 of an instance (``_running``); each [width]."""
+
+    valid: jax.Array  # bool: position < n_run
+    slots: jax.Array  # int32: the position's batch slot (0 where not valid)
+    reqs: jax.Array  # int32: the slot's request (N, the sink row, where not valid)
+
+
+class Running(NamedTuple):
+    """What ``execute`` read and wrote of running positions 0 .. width - 1, for
+    ``complete``; each [width], request fields at N (the sink row) where not valid."""
+
+    valid: jax.Array  # bool: position < n_run
+    slots: jax.Array  # int32: batch slot
+    reqs: jax.Array  # int32: request
+    pi: jax.Array  # int32: progress after the step
+    l_in: jax.Array  # int32: input tokens
+    out: jax.Array  # int32: output tokens
+
+
+def _running(s: SimState, st, i, width: int) -> RunningSlots:
+    """Valid flags, batch slots and requests of running positions 0..width-1 (width >=
+    n_run)."""
     pos = jnp.arange(width)
     valid = pos < s.n_run[i]
     slots = jnp.maximum(s.order[i, :width], 0)
     reqs = jnp.where(valid, s.slot_req[i, slots], st.num_requests)
-    return valid, slots, reqs
+    return RunningSlots(valid, slots, reqs)
 
 
 def step_duration(c, cm, dc):
@@ -366,8 +413,10 @@ def step_duration(c, cm, dc):
 
 
 def execute(s: SimState, st, c, i, now, n_preempted, active, width: int):
-    """Step time from the scheduled requests; then progress, ITL and TTFT (§2.6)."""
-    valid, slots, reqs = _running(s, st, i, width)
+    """Step time from the scheduled requests; then progress, ITL and TTFT
+    (``Instance._execute``; docs/semantics.md §2.6)."""
+    run_slots = _running(s, st, i, width)
+    valid, slots, reqs = run_slots.valid, run_slots.slots, run_slots.reqs
     nn = jnp.where(valid, s.num_new[reqs], 0)
     pi, l_in, out = s.pi[reqs], c.input_tokens[reqs], c.output_tokens[reqs]
     if st.latency is None:
@@ -402,20 +451,22 @@ def execute(s: SimState, st, c, i, now, n_preempted, active, width: int):
     s = s.replace(peak_used=upd(s.peak_used, i, jnp.maximum(s.peak_used[i], used), active),
                   busy=add(s.busy, i, d, active),
                   qdepth_time=add(s.qdepth_time, i, s.q_len[i].astype(jnp.int64) * d, active))
-    return s, d, (valid, slots, reqs, new_pi, l_in, out)
+    return s, d, Running(valid, slots, reqs, new_pi, l_in, out)
 
 
 # ---- completions ------------------------------------------------------------------------------
 
 
-def complete(s: SimState, st, c, i, now, d, active, running, defer: bool = False):
-    """Completions and length caps, accounted at the step start (§2.7), in batch order.
-    ``running``: what ``execute`` read and wrote of the running positions (valid, slots,
-    requests, progress, input and output lengths), so it is not read again. ``defer``: queue
+def complete(s: SimState, st, c, i, now, d, active, running: Running, defer: bool = False):
+    """Completions and length caps, accounted at the step start, in batch order
+    (``Instance._complete`` and ``_finish``; docs/semantics.md §2.7).
+    ``running``: what ``execute`` read and wrote of the running positions, so it is not read
+    again. ``defer``: queue
     the releases (``kv.defer_release``) for the block's pass across lanes instead of running
     them here, and return ``(state, plan)``: the lanes whose completions all go in one pass
     are left to ``complete_planned`` (``_plan_queued``); the others took the loop here."""
-    valid, slots, reqs, pi, l_in, out = running
+    valid, slots, reqs = running.valid, running.slots, running.reqs
+    pi, l_in, out = running.pi, running.l_in, running.out
     width = valid.shape[0]
     done = records.output_finished(pi, l_in, out)
     capped = ~done & records.at_length_cap(pi, st.max_model_len)
@@ -500,7 +551,8 @@ def no_plan(s: SimState) -> QueuedPlan:
                       false, zeros, zeros, zeros, zeros, jnp.asarray(False))
 
 
-def _plan_queued(s: SimState, st, c, i, fin, done, rank, count, running, active) -> QueuedPlan:
+def _plan_queued(s: SimState, st, c, i, fin, done, rank, count, running: Running,
+                 active) -> QueuedPlan:
     """Whether all of a step's completions can go in one pass, their releases queued
     (``kv.defer_release``), and what that pass needs; ``fast`` False where the lane must take
     the one-at-a-time loop instead.
@@ -515,7 +567,8 @@ def _plan_queued(s: SimState, st, c, i, fin, done, rank, count, running, active)
     The plan is made inside the step's width programs (it reads their running positions) and
     run once after them (``complete_planned``): it needs none of their width, and nothing in
     between writes what it reads."""
-    valid, slots, reqs, pi, l_in, out = running
+    slots, reqs = running.slots, running.reqs
+    pi, l_in, out = running.pi, running.l_in, running.out
     depth = s.rel_slots.shape[0]
     k = jnp.arange(depth, dtype=jnp.int32)
     width = fin.shape[0]
@@ -526,7 +579,8 @@ def _plan_queued(s: SimState, st, c, i, fin, done, rank, count, running, active)
     sb, r = slots[pos], jnp.where(on, reqs[pos], st.num_requests)
     p_r, l_r, o_r = pi[pos], l_in[pos], out[pos]
     final = on & done[pos] & (o_r > 0) & (p_r < l_r + o_r)
-    blen, last, filled = kv.last_block_fill(s, st, i, sb)
+    fill = kv.last_block_fill(s, st, i, sb)
+    blen, last, filled = fill.blen, fill.last, fill.filled
     fresh = jnp.where(final, kv.blocks_needed(st, blen, filled, 1), 0).astype(jnp.int32)
     room = (count <= depth - s.rel_count) & ((s.rel_count == 0) | (s.rel_inst == i))
     fast = active & (count > 0) & room & (jnp.sum(fresh) <= s.kv_free[i])
@@ -548,8 +602,8 @@ def complete_planned(s: SimState, st, c, i, plan: QueuedPlan) -> SimState:
     def grant(s, go):
         return kv.grant_tokens(s, st, c, i, sb, r, jnp.ones(depth, jnp.int32), plan.prefill,
                                final & go, chunk=depth,
-                               known=(plan.blen, plan.last, plan.filled,
-                                      prefix_sum(jnp.where(go, fresh, 0))))
+                               known=kv.KnownGrant(plan.blen, plan.last, plan.filled,
+                                                   prefix_sum(jnp.where(go, fresh, 0))))
 
     def queued(s, go):
         m = on & go
@@ -615,8 +669,8 @@ def step(s: SimState, st, c, p, i, now, active, defer: bool = False):
     (phase 2) do not depend on the width and are compiled once. All widths give identical
     results.
 
-    Sizing each part by the running batch alone (the whole step once took the width of
-    running + queued) matters when queues are long: with 500 KV blocks per instance
+    Sizing each part by the running batch alone, rather than the whole step by running +
+    queued requests, matters when queues are long: with 500 KV blocks per instance
     (preemption, queues of hundreds) scenario S runs 1.5x faster. Execute and completions get
     finer widths (``FINISH_PER_OCTAVE``; on scenario S 62 % of steps need 89–104 positions);
     phase 1 keeps doubling widths because each of its copies carries the preemption loop and
