@@ -39,8 +39,10 @@ Glossary of the short names used throughout (arguments and locals):
 * ``pos``: a running position, an index into ``order[i, :n_run]`` (batch order); ``vpos``
   the position of a preemption victim.
 * ``k``: an offset from a wait queue's head, or a loop counter. ``e``: an entry of an
-  instance's α-delay window (``pend_*``). ``t``: a tenant. ``g``: a prefix group. ``j``: a
-  block's index within a request. ``b``: a KV block id of an instance. ``m``: a block count.
+  instance's α-delay window (``pend_*``). ``t``: a tenant. ``g``: a prefix group (in
+  ``kvcache._grant_chunk``: a fresh block's index within the grant). ``j``: a block's index
+  within a request's block table. ``b``: a KV block id of an instance. ``m``: a block count,
+  or a block's index among one request's fresh blocks.
 * ``pi``: a request's progress index (tokens processed; BLIS's ProgressIndex); ``l_in``,
   ``out``: its input and output token counts; ``nn``: tokens scheduled this step (``num_new``).
 * ``now``, ``d``: the event's time and a step's duration (int64 µs); ``cm``, ``dc``: a step's
@@ -48,6 +50,8 @@ Glossary of the short names used throughout (arguments and locals):
 * ``active``, ``go``: per-lane masks — the handler's writes take effect only where they hold
   (``lockstep``); ``ok``: a pre-check or an allocation passed.
 * ``w``, ``width``: a vector width of a fixed-width program (``lockstep.by_width``).
+* ``ev``: the lane's ``cluster.NextEvent``; ``plan``: a step's one-pass completion plan
+  (``instance.QueuedPlan``).
 * Array dimensions in comments: N requests, I instances, T tenants, B batch slots,
   MB blocks per request, K KV blocks per instance, R = 2K free-list ring keys, Q wait-queue
   slots, E α-delay window entries, G prefix groups, Jg blocks per prefix group, S hash slots,

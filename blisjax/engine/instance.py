@@ -438,9 +438,9 @@ def execute(s: SimState, st, c, i, now, n_preempted, active, width: int):
     # with pi; input lengths are >= 1). No per-request flag or count to gather and scatter.
     first = on & (pi < l_in) & (new_pi == l_in)
     sink = st.num_requests
-    w = jnp.where(on, reqs, sink)
+    r_or_sink = jnp.where(on, reqs, sink)
     s = s.replace(
-        pi=s.pi.at[w].set(new_pi),
+        pi=s.pi.at[r_or_sink].set(new_pi),
         itl_sum=s.itl_sum.at[jnp.where(dec, reqs, sink)].add(itl),
         ttft=s.ttft.at[jnp.where(first, reqs, sink)].set(now + d + st.otp_us - c.arrival_us[reqs]))
     if st.itl_capacity > 0:
