@@ -19,6 +19,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from blisjax.config.codes import PreemptionPolicy
 from blisjax.engine import hostlatency
 from blisjax.engine import kvcache as kv
 from blisjax.engine.lockstep import (
@@ -73,13 +74,7 @@ def enqueue(s: SimState, st, c, i, e, now, active) -> SimState:
     r = jnp.where(active, s.pend_req[i, e], st.num_requests)
     s = s.replace(pend_req=upd(s.pend_req, (i, e), NIL, active))
     l_in, out = c.input_tokens[r], c.output_tokens[r]
-    mml = st.max_model_len
-    if mml > 0:
-        max_out = jnp.where((out == 0) & (l_in < mml), mml - l_in, out)
-        unservable = (l_in >= mml) | ((max_out > 0) & (l_in + max_out > mml))
-    else:  # unlimited length is still bounded by the KV cache (see the reference engine)
-        unservable = l_in + out > st.kv_blocks * st.block_size
-    drop = active & (unservable | ((l_in + st.block_size - 1) // st.block_size > st.kv_blocks))
+    drop = active & records.unservable(l_in, out, st.max_model_len, st.kv_blocks, st.block_size)
     admitted = active & ~drop
     due = admitted & (c.deadline_us[r] > 0) & (c.deadline_us[r] <= now)
     queued = admitted & ~due
@@ -143,7 +138,7 @@ def victim_position(s: SimState, st, c, p, i, width: int):
     m2 = jnp.max(jnp.where(cand, c.arrival_us[r], -1))
     cand = cand & (c.arrival_us[r] == m2)
     by_priority = jnp.max(jnp.where(cand, pos, -1)).astype(jnp.int32)
-    return jnp.where(p.preemption == 0, n - 1, by_priority)
+    return jnp.where(p.preemption == PreemptionPolicy.FCFS, n - 1, by_priority)
 
 
 def evict(s: SimState, st, c, p, i, vpos, budget, active):

@@ -16,6 +16,14 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from blisjax.config.codes import (
+    AdmissionPolicy,
+    Code,
+    PriorityPolicy,
+    RoutingPolicy,
+    SchedulerPolicy,
+    Scorer,
+)
 from blisjax.engine.exactfloat import exact_mul
 from blisjax.engine.lockstep import add
 from blisjax.engine.queues import q_fold
@@ -23,10 +31,12 @@ from blisjax.engine.state import SimState
 from blisjax.engine.vec import leading_count
 
 F64 = jnp.float64
-# admission codes follow ADMISSION_POLICIES; routing codes ROUTING_POLICIES; scorers SCORER_NAMES
-ADM_ALWAYS, ADM_TOKEN_BUCKET, ADM_REJECT_ALL, ADM_RATE_LIMIT, ADM_TENANT_QUOTA = range(5)
-RT_ROUND_ROBIN, RT_LEAST_LOADED, RT_ALWAYS_BUSIEST, RT_WEIGHTED = range(4)
-SC_PREFIX, SC_QUEUE_DEPTH, SC_KV, SC_LOAD_BALANCE = range(4)
+
+
+def by_code(codes: type[Code], value_of: dict) -> jax.Array:
+    """The values of ``value_of`` stacked in code order of the enumeration ``codes`` (every
+    member must have one): indexing the result with a lane's code selects its template."""
+    return jnp.stack([jnp.asarray(value_of[member]) for member in codes])
 
 
 # ---- admission ---------------------------------------------------------------------------------
@@ -46,7 +56,7 @@ def admit(s: SimState, c, p, r, now, active) -> AdmitDecision:
     in-flight requests of r's tenant than its quota. The bucket changes only where ``active``
     and the lane's template uses it."""
     code = p.admission
-    limited = code == ADM_RATE_LIMIT
+    limited = code == AdmissionPolicy.RATE_LIMIT
     cap = jnp.where(limited, p.rl_burst, p.tb_capacity)
     rate = jnp.where(limited, p.rl_rate, p.tb_rate)
     elapsed = now - s.bucket_last
@@ -55,10 +65,13 @@ def admit(s: SimState, c, p, r, now, active) -> AdmitDecision:
                        s.bucket)
     cost = jnp.where(limited, 1.0, c.input_tokens[r].astype(F64))
     take = tokens >= cost
-    uses_bucket = active & ((code == ADM_TOKEN_BUCKET) | limited)
+    uses_bucket = active & ((code == AdmissionPolicy.TOKEN_BUCKET) | limited)
     t = c.tenant[r]
     quota_ok = s.tenant_in_flight[t] < p.tenant_quota[t]
-    admitted = jnp.stack([jnp.asarray(True), take, jnp.asarray(False), take, quota_ok])[code]
+    admitted = by_code(AdmissionPolicy, {
+        AdmissionPolicy.ALWAYS_ADMIT: True, AdmissionPolicy.TOKEN_BUCKET: take,
+        AdmissionPolicy.REJECT_ALL: False, AdmissionPolicy.RATE_LIMIT: take,
+        AdmissionPolicy.TENANT_QUOTA: quota_ok})[code]
     return AdmitDecision(
         admitted=admitted,
         bucket=jnp.where(uses_bucket, jnp.where(take, tokens - cost, tokens), s.bucket),
@@ -78,8 +91,10 @@ def priority_score(p, c, r, now):
     tenant = p.tenant_score[c.tenant[r]]
     slack = (c.deadline_us[r] - now).astype(F64)
     deadline = jnp.where(c.deadline_us[r] > 0, -(c.one_e_6 * slack), p.no_deadline_score)
-    scores = jnp.stack([jnp.zeros_like(slo_based), slo_based, slo_class, tenant, deadline])
-    return scores[p.priority]
+    return by_code(PriorityPolicy, {
+        PriorityPolicy.CONSTANT: jnp.zeros_like(slo_based), PriorityPolicy.SLO_BASED: slo_based,
+        PriorityPolicy.SLO_CLASS: slo_class, PriorityPolicy.TENANT_PRIORITY: tenant,
+        PriorityPolicy.DEADLINE_AWARE: deadline})[p.priority]
 
 
 class _QueueBest(NamedTuple):
@@ -97,7 +112,7 @@ def head_offset(s: SimState, st, c, p, i, now, active):
     (input length, arrival, index) — the lexicographically smallest key, folded over the queue
     ``q_chunk`` entries at a time (work follows the queue's length; nothing runs when every
     lane is fcfs)."""
-    by_priority = p.scheduler == 1
+    by_priority = p.scheduler == SchedulerPolicy.PRIORITY_FCFS
     inf = jnp.asarray(jnp.inf, F64)
     imax = jnp.iinfo(jnp.int64).max
 
@@ -122,7 +137,7 @@ def head_offset(s: SimState, st, c, p, i, now, active):
 
     init = _QueueBest(inf, jnp.asarray(imax, jnp.int64),
                       jnp.asarray(st.num_requests + 1, jnp.int32), jnp.asarray(0, jnp.int32))
-    return q_fold(s, st, i, active & (p.scheduler != 0), fold, init).offset
+    return q_fold(s, st, i, active & (p.scheduler != SchedulerPolicy.FCFS), fold, init).offset
 
 
 # ---- routing -----------------------------------------------------------------------------------
@@ -174,14 +189,16 @@ def weighted_scores(s: SimState, st, c, p, r, load):
     full = c.full_blocks[r]
     prefix = jnp.where(full > 0, prefix_match(s, st, c, r).astype(F64)
                        / jnp.maximum(full, 1).astype(F64), 0.0)
-    scores = jnp.stack([prefix, queue_depth, 1.0 - s.snap_kv, 1.0 / (1 + load).astype(F64)])
+    scores = by_code(Scorer, {
+        Scorer.PREFIX_AFFINITY: prefix, Scorer.QUEUE_DEPTH: queue_depth,
+        Scorer.KV_UTILIZATION: 1.0 - s.snap_kv, Scorer.LOAD_BALANCE: 1.0 / (1 + load).astype(F64)})
     w = p.scorer_weight
     total_w = 0.0
-    for k in range(4):
+    for k in range(len(Scorer)):  # left to right, as the reference sums
         total_w = total_w + w[k]
     norm = w / total_w
     total = jnp.zeros(st.num_instances, F64)
-    for k in range(4):
+    for k in range(len(Scorer)):
         code = p.scorer_order[k]
         sk = jnp.clip(scores[jnp.maximum(code, 0)], 0.0, 1.0)
         total = jnp.where(code >= 0, total + exact_mul(sk, norm[k]), total)
@@ -195,9 +212,13 @@ def route(s: SimState, st, c, p, r, active):
     advances and the prefix index records r. Returns ``(state, target)``."""
     load = s.snap_qd + s.snap_bs + s.in_flight
     weighted = jnp.argmax(weighted_scores(s, st, c, p, r, load)).astype(jnp.int32)
-    target = jnp.stack([
-        s.rr % st.num_instances, jnp.argmin(load).astype(jnp.int32),
-        jnp.argmax(load).astype(jnp.int32), weighted])[p.routing]
-    s = prefix_touch(s, st, c, r, target, active & p.prefix_index_on & (p.routing == RT_WEIGHTED))
-    s = s.replace(rr=s.rr + (active & (p.routing == RT_ROUND_ROBIN)).astype(jnp.int32))
+    target = by_code(RoutingPolicy, {
+        RoutingPolicy.ROUND_ROBIN: s.rr % st.num_instances,
+        RoutingPolicy.LEAST_LOADED: jnp.argmin(load).astype(jnp.int32),
+        RoutingPolicy.ALWAYS_BUSIEST: jnp.argmax(load).astype(jnp.int32),
+        RoutingPolicy.WEIGHTED: weighted})[p.routing]
+    weighted_lane = p.routing == RoutingPolicy.WEIGHTED
+    s = prefix_touch(s, st, c, r, target, active & p.prefix_index_on & weighted_lane)
+    round_robin = p.routing == RoutingPolicy.ROUND_ROBIN
+    s = s.replace(rr=s.rr + (active & round_robin).astype(jnp.int32))
     return s, target

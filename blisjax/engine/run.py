@@ -23,16 +23,15 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import Mesh, PartitionSpec  # noqa: E402
 
-from blisjax.config.sim import ADMISSION_POLICIES  # noqa: E402
+from blisjax.config.codes import AdmissionPolicy  # noqa: E402
 from blisjax.engine.cluster import lane_advance, next_event  # noqa: E402
 from blisjax.engine.lanes import FLAT_MIN_LANES, release_queued  # noqa: E402
 from blisjax.engine.lockstep import LANES  # noqa: E402
 from blisjax.engine.params import PolicyParams, params_from_config, stack_params  # noqa: E402
-from blisjax.engine.state import COMPLETED, DROPPED, REJECTED, TIMED_OUT, init_state  # noqa: E402
+from blisjax.engine.state import init_state  # noqa: E402
 from blisjax.engine.static import EngineStatic, build_consts, build_static  # noqa: E402
 from blisjax.metrics import records  # noqa: E402
 
-_RATE_LIMIT = ADMISSION_POLICIES.index("rate-limit")
 # Lanes per lockstep loop. Measured on scenario S: 32–128 lanes per device cost about the same
 # per lane-event; 512 in one loop was 1.38x slower than blocks of 64 (cache misses).
 LANE_BLOCK = 64
@@ -61,7 +60,7 @@ def _run_block(st: EngineStatic, consts, params: PolicyParams):
     """One block of lanes: one ``while_loop``; each iteration advances every lane through its
     next step (``lane_advance``)."""
     init = jax.vmap(lambda p: init_state(st, p.tb_capacity, p.rl_burst, p.admission,
-                                         _RATE_LIMIT))(params)
+                                         AdmissionPolicy.RATE_LIMIT))(params)
     # With enough lanes, completions queue their releases and the queues of all lanes run
     # as one pass per iteration (``lanes.release_queued``); a few lanes release in place.
     defer = int(params.admission.shape[0]) >= FLAT_MIN_LANES
@@ -202,12 +201,8 @@ def compile_lanes(st: EngineStatic, consts, params: PolicyParams, devices=None,
 
 
 def _status_codes(status: np.ndarray) -> np.ndarray:
-    out = np.full(status.shape, records.UNFINISHED, dtype=np.int8)
-    out[status == COMPLETED] = records.COMPLETED
-    out[status == TIMED_OUT] = records.TIMED_OUT
-    out[status == DROPPED] = records.DROPPED
-    out[status == REJECTED] = records.REJECTED
-    return out
+    """``RunResult.status`` (``Outcome``) of each request's final ``Stage``."""
+    return records.OUTCOME_OF_STAGE[status]
 
 
 class HostLanes:
@@ -332,7 +327,7 @@ def empty_result(st: EngineStatic) -> records.RunResult:
         "peak_kv_blocks_used")}
     return records.RunResult(**per_request, **per_instance, sim_ended_us=0,
                              horizon_us=st.horizon_us, num_instances=st.num_instances,
-                             rejected_admission=0, rejected_routing=0, overflow={})
+                             rejected_admission=0, overflow={})
 
 
 def simulate(resolved, workload, params: PolicyParams | None = None, **capacities):

@@ -14,8 +14,10 @@ import chex
 import jax.numpy as jnp
 
 from blisjax.engine.static import EngineStatic
+from blisjax.metrics.records import Stage
 
-PENDING, ADMITTED, ROUTED, QUEUED, RUNNING, COMPLETED, TIMED_OUT, DROPPED, REJECTED = range(9)
+# Request stages (``SimState.status``): the one enumeration both engines use.
+PENDING, ADMITTED, ROUTED, QUEUED, RUNNING, COMPLETED, TIMED_OUT, DROPPED, REJECTED = Stage
 NIL = -1
 DEFERRED_RELEASES = 8  # completions' releases a lane queues before it runs them itself
 INT64_MAX = (1 << 63) - 1
