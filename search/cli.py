@@ -134,7 +134,6 @@ def _add_scoring(p: argparse.ArgumentParser) -> None:
                    help="tail fraction for --robust cvar, in (0, 1] (default 0.25)")
     p.add_argument("--resume", action="store_true",
                    help="continue the run in --out from its last checkpoint")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
 def add_sweep_parser(sub: Any) -> argparse.ArgumentParser:
