@@ -293,10 +293,15 @@ _BY_NAME.update({f.dest: f for f in BLIS_FLAGS})
 _BY_TARGET = {f.target: f for f in BLIS_FLAGS if f.target}
 
 
+_METAVARS = {int: "N", float: "X"}
+
+
 def add_blis_flags(parser: argparse.ArgumentParser) -> None:
     """Add the BLIS flags (all defaulting to None) to ``parser``.
 
-    Numbers are parsed by argparse (a malformed ``--tp x`` exits with argparse's usage error);
+    Policy names are listed in the help and checked by the configuration (so an unknown name is
+    reported like any other bad value, naming the flag and the choices). Numbers are parsed by
+    argparse (a malformed ``--tp x`` exits with argparse's usage error);
     lists (``--alpha-coeffs``, ``--routing-scorers``) are parsed by :func:`apply_blis_flags`.
     """
     group = parser.add_argument_group("BLIS-compatible flags")
@@ -311,8 +316,7 @@ def add_blis_flags(parser: argparse.ArgumentParser) -> None:
             type=kind,
             default=None,
             help=help_text,
-            metavar=f.metavar or ("NAME" if f.choices else None),
-            choices=f.choices,
+            metavar=f.metavar or ("NAME" if f.choices else _METAVARS.get(kind)),
         )
 
 
