@@ -102,11 +102,15 @@ BAD_SEARCH = [
     (["--seeds", "x"], "--seeds: must be an integer"),
     (["--holdout-seeds", "7"], r"--holdout-seeds: must not repeat a training seed .*\[7\]"),
     (["--robust", "median"], "--robust: must be one of mean, worst, cvar"),
-    (["--cvar-alpha", "0"], r"--cvar-alpha: must be a number in \(0, 1\]"),
-    (["--penalty", "-3"], r"--penalty: must be a number in \[0, "),
+    (["--robust", "cvar", "--cvar-alpha", "0"], r"--cvar-alpha: must be a number in \(0, 1\]"),
+    (["--cvar-alpha", "0.5"], "--cvar-alpha: only used with --robust cvar"),
+    (["--constraint-mode", "penalty", "--penalty", "-3"], r"--penalty: must be a number in \[0, "),
+    (["--penalty", "10"], "--penalty: only used with --constraint-mode penalty"),
     (["--constraint-mode", "ignore"], "--constraint-mode: must be one of filter, penalty"),
     (["--sigma", "0"], r"--sigma: must be a number in \(0, 10\]"),
-    (["--learning-rate", "nan"], "--learning-rate: must be a number"),
+    (["--strategy", "openes", "--learning-rate", "nan"], "--learning-rate: must be a number"),
+    (["--learning-rate", "0.1"], "--learning-rate: only used with --strategy openes"),
+    (["--strategy", "random", "--sigma", "0.2"], "--sigma: only used with --strategy cma"),
     (["--resume"], "--resume: no checkpoint in"),
 ]
 
