@@ -221,7 +221,8 @@ def _add_distribution_flags(p: argparse.ArgumentParser) -> None:
                    help="synthesize a single-client workload from the flags below; replaces "
                         "the base configuration's workload")
     for f in DISTRIBUTION_FLAGS:
-        g.add_argument(f.flag, dest=f.dest, type=f.kind, help=f.help)
+        g.add_argument(f.flag, dest=f.dest, type=f.kind, help=f.help,
+                       metavar="N" if f.kind is int else "X")
 
 
 def _add_trace_inputs(p: argparse.ArgumentParser, required: bool) -> None:
@@ -434,6 +435,9 @@ def _config_from_args(args: Any) -> tuple[SimConfig, str]:
     if hasattr(args, "routing_policy"):
         try:
             cfg = apply_blis_flags(cfg, args)
+        except UnicodeDecodeError:
+            raise ConfigError("--policy-config", f"{args.policy_config!r} is not UTF-8 text") \
+                from None
         except ConfigError as err:
             if err.path == "policy-config":
                 raise ConfigError("--policy-config", f"{args.policy_config}: {err.problem}") \
@@ -928,6 +932,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("blisjax: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:  # stdout closed early (`blisjax run | head`): nothing to report
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 -- so the exit flush cannot fail
+        return 1
     except (ConfigError, ValueError, FileNotFoundError, OSError) as exc:
         print(f"blisjax: error: {exc}", file=sys.stderr)
         return EXIT_INVALID
