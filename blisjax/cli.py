@@ -629,10 +629,11 @@ def _run_jax(resolved: Any, workload: Any, capacities: dict[str, int],
     so none are returned)."""
     from blisjax.engine.static import build_static
 
-    phase = progress.phase if progress is not None and progress.enabled else None
-    if phase is not None:
-        phase("preparing the JAX engine")
-    result = _engine("jax")(resolved, workload, phase=phase, **capacities)
+    hooks = {}
+    if progress is not None and progress.enabled:
+        progress.phase("preparing the JAX engine")
+        hooks["phase"] = progress.phase  # told when compiling and running start
+    result = _engine("jax")(resolved, workload, **hooks, **capacities)
     if not result.overflow:
         return result
     static = build_static(resolved, workload, **capacities)

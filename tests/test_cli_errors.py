@@ -389,3 +389,23 @@ def test_progress_ticks_while_a_phase_lasts():
     with Progress(enabled=False, stream=off) as progress:
         progress.phase("compiling")
     assert off.getvalue() == ""
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_search_advises_resume_only_with_a_checkpoint(tmp_path):
+    from tests.search.conftest import TINY_CONFIG, TINY_SPACE
+
+    out = tmp_path / "out"
+    argv = [sys.executable, "-m", "blisjax.cli", "search", str(TINY_CONFIG), "--space",
+            str(TINY_SPACE), "--strategy", "random", "--population", "4", "--generations", "50",
+            "--out", str(out)]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=tmp_path, env=_env())
+    time.sleep(5)  # inside the search: validating, compiling or evaluating generation 1
+    proc.send_signal(signal.SIGINT)
+    stdout, err = proc.communicate(timeout=600)
+    assert proc.returncode == 130, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("blisjax: interrupted") and "Traceback" not in err
+    assert ("--resume" in last) == (out / "checkpoint.npz").is_file()
+    assert stdout == ""
