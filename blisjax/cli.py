@@ -263,6 +263,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_outputs(replay)
     _add_physics_flags(replay)
     add_blis_flags(replay)
+    _set_help(replay, "--seed", "accepted so BLIS replay command lines run unchanged; it changes "
+                                "nothing here (the trace fixes every request, and blisjax's "
+                                "engines draw no random numbers)")
     _add_capacity_flags(replay)
 
     parity = command("parity", "run both engines on one configuration and report "
@@ -293,6 +296,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "(--export-from-config)"))
     _add_search_parsers(sub, command)
     return parser
+
+
+def _set_help(parser: argparse.ArgumentParser, option: str, text: str) -> None:
+    next(a for a in parser._actions if option in a.option_strings).help = text
 
 
 def _add_fit_parser(fit: argparse.ArgumentParser) -> None:
@@ -359,6 +366,15 @@ def check_input_file(flag: str, path: str) -> None:
         raise ConfigError(flag, f"{path!r} is a directory, not a file")
     if not os.access(p, os.R_OK):
         raise ConfigError(flag, f"cannot read {path!r}: permission denied")
+
+
+def check_text_file(flag: str, path: str) -> None:
+    """``check_input_file``, and the file is UTF-8 text."""
+    check_input_file(flag, path)
+    try:
+        Path(path).read_bytes().decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(flag, f"{path!r} is not UTF-8 text") from None
 
 
 @contextlib.contextmanager
@@ -856,6 +872,7 @@ def cmd_sweep(args: Any) -> int:
     """Evaluate a grid of policy knobs (``search.cli.cmd_sweep``)."""
     from search.cli import cmd_sweep as sweep
 
+    check_text_file("CONFIG", args.config)
     check_output_dir("--out", args.out)
     _announce_compile_cache(args)
     return sweep(args)
@@ -865,6 +882,8 @@ def cmd_search(args: Any) -> int:
     """Population-based policy search (``search.cli.cmd_search``)."""
     from search.cli import cmd_search as search
 
+    check_text_file("CONFIG", args.config)
+    check_text_file("--space", args.space)
     check_output_dir("--out", args.out)
     _announce_compile_cache(args)
     return search(args)

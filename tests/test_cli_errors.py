@@ -409,3 +409,20 @@ def test_ctrl_c_in_search_advises_resume_only_with_a_checkpoint(tmp_path):
     assert last.startswith("blisjax: interrupted") and "Traceback" not in err
     assert ("--resume" in last) == (out / "checkpoint.npz").is_file()
     assert stdout == ""
+
+
+@pytest.mark.parametrize("command", ["sweep", "search"])
+def test_search_inputs_name_their_argument(capsys, tmp_path, command):
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(b"\xff\xfe\x00\x81 not text")
+    config = REPO / "configs/search/prefix-affinity.yaml"
+    rest = (["--grid", "routing.scorers.load-balance=1,2"] if command == "sweep" else
+            ["--space", binary, "--strategy", "random", "--population", "4",
+             "--generations", "1"])
+    if command == "sweep":
+        _assert_refused(*_main(capsys, command, binary, *rest, "--out", tmp_path / "o"),
+                        "CONFIG: ", str(binary), "not UTF-8")
+    else:
+        _assert_refused(*_main(capsys, command, config, *rest, "--out", tmp_path / "o"),
+                        "--space: ", str(binary), "not UTF-8")
+    assert not (tmp_path / "o").exists()

@@ -90,7 +90,7 @@ BAD_SEARCH = [
     (["--strategy", "openes", "--population", "3"], "--population: must be even for openes"),
     (["--generations", "0"], r"--generations: must be an integer in \[1, 100000\]"),
     (["--seed", "-1"], "--seed: must be an integer in"),
-    (["--space", "missing.yaml"], "--space: cannot read"),
+    (["--space", "missing.yaml"], "--space: no such file: .*missing.yaml"),
     (["--objective", "ttft_mean"], "--objective: unknown metric 'ttft_mean'.*ttft_mean_ms"),
     (["--objective", "ttft_mean_ms +"], "--objective: cannot parse"),
     (["--objective=__import__('os')"], "--objective: .*only the functions"),
