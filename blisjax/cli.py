@@ -942,16 +942,29 @@ def _announce_compile_cache(args: Any) -> None:
 # ---- entry point --------------------------------------------------------------------------------
 
 
+def _interrupted() -> int:
+    """The exit status after Ctrl-C (the one-line message is already printed)."""
+    if "jax" in sys.modules:
+        # XLA's compile and run threads may still be working; a normal interpreter exit would
+        # tear JAX down under them (observed: a segmentation fault after Ctrl-C during a
+        # compile), so leave at once. Outputs are written atomically: none is half-written.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_INTERRUPTED)
+    return EXIT_INTERRUPTED
+
+
 def main(argv: list[str] | None = None) -> int:
     global _compile_cache
     try:
         args = build_parser().parse_args(argv)
         use_cpu_cores(args.cpu_devices)  # before any command imports JAX
         _compile_cache = enable_compile_cache(args.no_compile_cache)
-        return COMMANDS[args.command](args)
+        code = COMMANDS[args.command](args)
+        return _interrupted() if code == EXIT_INTERRUPTED else code
     except KeyboardInterrupt:
         print("blisjax: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return _interrupted()
     except BrokenPipeError:  # stdout closed early (`blisjax run | head`): nothing to report
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 -- so the exit flush cannot fail
         return 1
