@@ -665,9 +665,7 @@ def _run_jax(resolved: Any, workload: Any, capacities: dict[str, int],
 
 def _simulate(args: Any, cfg: SimConfig, choice: WorkloadChoice, base: str) -> int:
     workload = choice.workload
-    _check_capacities_used(args)
     _check_latency_model(args, cfg)
-    _check_outputs(args, ("results_path", "metrics_path"))
     resolved = resolve_config(cfg)
     _log(args, f"base configuration: {base}; workload: {choice.source}")
     _check_capacity_for_workload(resolved, workload)
@@ -699,13 +697,21 @@ def _simulate(args: Any, cfg: SimConfig, choice: WorkloadChoice, base: str) -> i
     return 0
 
 
+def _check_run_flags(args: Any) -> None:
+    """Checks of `run` and `replay` that need no configuration (before any file is read)."""
+    _check_capacities_used(args)
+    _check_outputs(args, ("results_path", "metrics_path"))
+
+
 def cmd_run(args: Any) -> int:
     _check_workload_flags(args)
+    _check_run_flags(args)
     cfg, base = _config_from_args(args)
     return _simulate(args, cfg, _generated_workload(args, cfg), base)
 
 
 def cmd_replay(args: Any) -> int:
+    _check_run_flags(args)
     cfg, base = _config_from_args(args)
     return _simulate(args, cfg, _trace_workload(args), base)
 
