@@ -426,3 +426,41 @@ def test_search_inputs_name_their_argument(capsys, tmp_path, command):
         _assert_refused(*_main(capsys, command, config, *rest, "--out", tmp_path / "o"),
                         "--space: ", str(binary), "not UTF-8")
     assert not (tmp_path / "o").exists()
+
+
+# ---- item 1: the compile cache --------------------------------------------------------------------
+
+
+def test_compile_cache_defaults_to_a_private_user_directory(monkeypatch, tmp_path):
+    from blisjax.cli import enable_compile_cache
+
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+    monkeypatch.delenv("BLISJAX_COMPILE_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    cache = enable_compile_cache(disabled=False)
+    assert cache.path == tmp_path / "blisjax" / "xla" and cache.created
+    assert (cache.path.stat().st_mode & 0o777) == 0o700  # it holds executable code
+    assert os.environ["JAX_COMPILATION_CACHE_DIR"] == str(cache.path)
+    assert not enable_compile_cache(disabled=False).created  # announced once, when created
+
+
+@pytest.mark.parametrize("disabled, env", [(True, None), (False, "0")])
+def test_compile_cache_opt_out(monkeypatch, tmp_path, disabled, env):
+    from blisjax.cli import enable_compile_cache
+
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    if env is None:
+        monkeypatch.delenv("BLISJAX_COMPILE_CACHE", raising=False)
+    else:
+        monkeypatch.setenv("BLISJAX_COMPILE_CACHE", env)
+    assert enable_compile_cache(disabled=disabled).path is None
+    assert "JAX_COMPILATION_CACHE_DIR" not in os.environ and not list(tmp_path.iterdir())
+
+
+def test_an_explicit_jax_cache_directory_wins(monkeypatch, tmp_path):
+    from blisjax.cli import enable_compile_cache
+
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "mine"))
+    cache = enable_compile_cache(disabled=False)
+    assert cache.path == tmp_path / "mine" and not cache.created
