@@ -917,14 +917,16 @@ class CompileCache(NamedTuple):
 
 
 def enable_compile_cache(disabled: bool) -> CompileCache:
-    """Turn JAX's persistent compilation cache on (before JAX is imported) unless ``disabled``,
-    ``BLISJAX_COMPILE_CACHE=0``, or the user already chose a directory
-    (``JAX_COMPILATION_CACHE_DIR``). The directory is private (mode 700): it holds code."""
+    """Turn JAX's persistent compilation cache on (before JAX is imported) in
+    ``compile_cache_dir()``, or in ``JAX_COMPILATION_CACHE_DIR`` when the user set it; off when
+    ``disabled`` (``--no-compile-cache``) or ``BLISJAX_COMPILE_CACHE=0``, which win over that
+    variable. The directory is private (mode 700): it holds executable code."""
+    if disabled or os.environ.get("BLISJAX_COMPILE_CACHE", "1").strip() in ("0", "", "off"):
+        os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)  # the opt-out wins
+        return CompileCache(None, False)
     chosen = os.environ.get("JAX_COMPILATION_CACHE_DIR")
     if chosen:
         return CompileCache(Path(chosen), False)
-    if disabled or os.environ.get("BLISJAX_COMPILE_CACHE", "1").strip() in ("0", "", "off"):
-        return CompileCache(None, False)
     path = compile_cache_dir()
     created = not path.exists()
     try:

@@ -448,7 +448,7 @@ def test_compile_cache_defaults_to_a_private_user_directory(monkeypatch, tmp_pat
 def test_compile_cache_opt_out(monkeypatch, tmp_path, disabled, env):
     from blisjax.cli import enable_compile_cache
 
-    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "mine"))  # the opt-out wins
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     if env is None:
         monkeypatch.delenv("BLISJAX_COMPILE_CACHE", raising=False)
@@ -462,5 +462,6 @@ def test_an_explicit_jax_cache_directory_wins(monkeypatch, tmp_path):
     from blisjax.cli import enable_compile_cache
 
     monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "mine"))
+    monkeypatch.delenv("BLISJAX_COMPILE_CACHE", raising=False)
     cache = enable_compile_cache(disabled=False)
     assert cache.path == tmp_path / "mine" and not cache.created
