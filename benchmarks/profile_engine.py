@@ -8,7 +8,7 @@ are needed. Prints two tables:
 
 * innermost engine line: exclusive kernel time by the deepest frame in ``blisjax/engine``;
 * inclusive by function: kernels and time under each engine function (a kernel counts once for
-  every function on its stack), e.g. ``batch.py:complete`` = the completion loop with all it
+  every function on its stack), e.g. ``instance.py:complete`` = the completion loop with all it
   calls.
 
 The kernel counts are exact. Times are not: tracing adds a fixed cost to every kernel (a
@@ -45,8 +45,8 @@ from blisjax.engine.static import build_consts, build_static  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_jax  # noqa: E402
 
-ENGINE_FILES = ("batch.py", "cluster.py", "kv.py", "queues.py", "vec.py", "exactfloat.py",
-                "hostlatency.py", "state.py", "lanes.py")
+ENGINE_FILES = ("instance.py", "cluster.py", "kvcache.py", "policies.py", "lockstep.py",
+                "queues.py", "vec.py", "exactfloat.py", "hostlatency.py", "state.py", "lanes.py")
 # HloModuleProto field numbers (xla/service/hlo.proto): the module's stack_frame_index, and
 # inside it file_names, function_names, file_locations, stack_frames.
 _MODULE_STACK_INDEX, _FILES, _FUNCS, _LOCATIONS, _FRAMES = 17, 1, 2, 3, 4

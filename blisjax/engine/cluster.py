@@ -2,6 +2,11 @@
 would, and run it. Cluster events (admission, routing) precede instance events at equal times;
 among instances the lowest index goes first; within an instance (time, priority, sequence).
 
+Counterpart: ``blisjax.reference.cluster.ClusterSimulator`` — ``run``'s loop as
+``next_event`` and ``lane_advance``, ``_execute_cluster_event`` as ``admission`` and
+``routing``, ``_snapshots`` as ``refresh_snapshots``; the instances' own events are
+``blisjax.engine.instance``'s. Behaviour: docs/semantics.md §1.5, §5.
+
 Events: admission (cursor over requests in arrival order), routing (cursor; rejected requests are
 skipped), a deadline no-op (a deadline whose request is not queued or running), and per instance
 enqueue (end of the α delay), step, and timeout. Every handler is masked by ``active`` so all
@@ -17,45 +22,30 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from blisjax.engine import batch, hostlatency, kv
-from blisjax.engine.exactfloat import exact_mul
-from blisjax.engine.kv import add, upd
-from blisjax.engine.queues import order_remove_at, q_offset_of, q_push_back, q_remove_at
+from blisjax.engine import hostlatency, instance, policies
+from blisjax.engine import kvcache as kv
+from blisjax.engine.lockstep import add, lane_once, lane_while, upd
 from blisjax.engine.state import (
     ADMITTED,
-    DROPPED,
     INT64_MAX,
     NIL,
     QUEUED,
     REJECTED,
     ROUTED,
     RUNNING,
-    TIMED_OUT,
     SimState,
 )
-from blisjax.engine.vec import leading_count
 
 F64 = jnp.float64
-# admission codes follow ADMISSION_POLICIES; routing codes ROUTING_POLICIES; scorers SCORER_NAMES
-ADM_ALWAYS, ADM_TOKEN_BUCKET, ADM_REJECT_ALL, ADM_RATE_LIMIT, ADM_TENANT_QUOTA = range(5)
-RT_ROUND_ROBIN, RT_LEAST_LOADED, RT_ALWAYS_BUSIEST, RT_WEIGHTED = range(4)
-SC_PREFIX, SC_QUEUE_DEPTH, SC_KV, SC_LOAD_BALANCE = range(4)
 
 
-def _finish_in_flight(s: SimState, c, i, r, active) -> SimState:
-    """A request left instance i (dropped, timed out): router in-flight counts go down."""
-    t = c.tenant[r]
-    return s.replace(
-        in_flight=upd(s.in_flight, i, jnp.maximum(s.in_flight[i] - 1, 0), active),
-        tenant_in_flight=upd(s.tenant_in_flight, t, jnp.maximum(s.tenant_in_flight[t] - 1, 0),
-                             active))
-
-
-# ---- router state ----------------------------------------------------------------------------
+# ---- cluster events: admission and routing -----------------------------------------------------
 
 
 def refresh_snapshots(s: SimState, st, c, now, active) -> SimState:
-    """Queue depth, batch size and KV utilisation: live (interval 0) or periodic (§5.4)."""
+    """Router snapshots of queue depth, batch size and KV utilisation, refreshed at every
+    decision (interval 0) or when the refresh interval has passed (docs/semantics.md §5.4;
+    ``ClusterSimulator._snapshots``)."""
     due = active & ((st.refresh_interval_us == 0) | (now - s.snap_last >= st.refresh_interval_us))
     kv_util = (st.kv_blocks - s.kv_free).astype(F64) / c.kv_blocks_f
     return s.replace(snap_qd=jnp.where(due, s.q_len, s.snap_qd),
@@ -65,113 +55,43 @@ def refresh_snapshots(s: SimState, st, c, now, active) -> SimState:
 
 
 def admission(s: SimState, st, c, p, now, active) -> SimState:
+    """Admission event of the request at the admission cursor
+    (``ClusterSimulator._execute_cluster_event``): refresh stale snapshots, then admit or
+    reject it (docs/semantics.md §5.3)."""
     r = jnp.where(active, s.adm_cursor, st.num_requests)
     s = refresh_snapshots(s, st, c, now, active)
-    code = p.admission
-    limited = code == ADM_RATE_LIMIT
-    cap = jnp.where(limited, p.rl_burst, p.tb_capacity)
-    rate = jnp.where(limited, p.rl_rate, p.tb_rate)
-    elapsed = now - s.bucket_last
-    refill = elapsed > 0
-    tokens = jnp.where(refill, jnp.minimum(cap, s.bucket + elapsed.astype(F64) * rate / c.one_e6),
-                       s.bucket)
-    cost = jnp.where(limited, 1.0, c.input_tokens[r].astype(F64))
-    take = tokens >= cost
-    uses_bucket = active & ((code == ADM_TOKEN_BUCKET) | limited)
-    t = c.tenant[r]
-    quota_ok = s.tenant_in_flight[t] < p.tenant_quota[t]
-    admit = jnp.stack([jnp.asarray(True), take, jnp.asarray(False), take, quota_ok])[code]
+    decision = policies.admit(s, c, p, r, now, active)
+    admitted = decision.admitted
     return s.replace(
-        bucket=jnp.where(uses_bucket, jnp.where(take, tokens - cost, tokens), s.bucket),
-        bucket_last=jnp.where(uses_bucket & refill, now, s.bucket_last),
-        status=s.status.at[r].set(jnp.where(admit, ADMITTED, REJECTED).astype(s.status.dtype)),
-        rejected=s.rejected + (active & ~admit).astype(jnp.int32),
-        tenant_in_flight=add(s.tenant_in_flight, t, 1, active & admit),
+        bucket=decision.bucket, bucket_last=decision.bucket_last,
+        status=s.status.at[r].set(jnp.where(admitted, ADMITTED, REJECTED).astype(s.status.dtype)),
+        rejected=s.rejected + (active & ~admitted).astype(jnp.int32),
+        tenant_in_flight=add(s.tenant_in_flight, c.tenant[r], 1, active & admitted),
         adm_cursor=s.adm_cursor + active.astype(jnp.int32))
 
 
-def prefix_match(s: SimState, st, c, r):
-    """Matched leading prompt blocks of r in each instance's router-side LRU index [I].
-
-    Only prefix-group blocks can match (a request's own blocks are indexed after it is routed,
-    and it is routed once). An entry is present iff fewer than ``capacity`` distinct entries were
-    touched after it (LRU stack distance): own entries inserted since, plus group entries with
-    a later touch position.
-    """
-    g = jnp.maximum(c.group[r], 0)
-    pos = s.lru_pos[:, g, :]  # [I, Jg]
-    own_at = s.lru_own_at[:, g, :]
-    everything = s.lru_pos.reshape(st.num_instances, -1)  # [I, G·Jg]
-    newer_group = jnp.sum(everything[:, None, :] > pos[:, :, None], axis=-1)
-    newer = (s.lru_own[:, None] - own_at) + newer_group
-    j = jnp.arange(st.group_blocks_max)
-    present = (pos >= 0) & (newer < st.prefix_index_capacity) & (j < c.group_blocks[r])
-    return leading_count(present, axis=1)
-
-
-def prefix_touch(s: SimState, st, c, r, target, active) -> SimState:
-    """Observer: the routed request's prompt blocks become the most recent entries."""
-    g = jnp.maximum(c.group[r], 0)
-    j = jnp.arange(st.group_blocks_max)
-    mine = active & (j < c.group_blocks[r])
-    row = jnp.where(mine, s.lru_clock[target] + j, s.lru_pos[target, g])
-    row_own = jnp.where(mine, s.lru_own[target], s.lru_own_at[target, g])
-    full = c.full_blocks[r].astype(jnp.int64)
-    own = (c.full_blocks[r] - c.group_blocks[r]).astype(jnp.int64)
-    return s.replace(lru_pos=s.lru_pos.at[target, g].set(row),
-                     lru_own_at=s.lru_own_at.at[target, g].set(row_own),
-                     lru_clock=add(s.lru_clock, target, full, active),
-                     lru_own=add(s.lru_own, target, own, active))
-
-
-def weighted_scores(s: SimState, st, c, p, r, load):
-    """Σ clamp(score)·weight in configuration order, products formed exactly (no FMA)."""
-    qd = s.snap_qd
-    lo, hi = jnp.min(qd), jnp.max(qd)
-    queue_depth = jnp.where(hi == lo, 1.0, (hi - qd).astype(F64) / jnp.maximum(hi - lo, 1)
-                            .astype(F64))
-    full = c.full_blocks[r]
-    prefix = jnp.where(full > 0, prefix_match(s, st, c, r).astype(F64)
-                       / jnp.maximum(full, 1).astype(F64), 0.0)
-    scores = jnp.stack([prefix, queue_depth, 1.0 - s.snap_kv, 1.0 / (1 + load).astype(F64)])
-    w = p.scorer_weight
-    total_w = 0.0
-    for k in range(4):
-        total_w = total_w + w[k]
-    norm = w / total_w
-    total = jnp.zeros(st.num_instances, F64)
-    for k in range(4):
-        code = p.scorer_order[k]
-        sk = jnp.clip(scores[jnp.maximum(code, 0)], 0.0, 1.0)
-        total = jnp.where(code >= 0, total + exact_mul(sk, norm[k]), total)
-    return total
-
-
 def routing(s: SimState, st, c, p, now, active) -> SimState:
+    """Routing event of the request at the routing cursor, if it was admitted: the router
+    picks an instance (``policies.route``) and the request enters that instance's α-delay
+    window (``Instance.inject_arrival``)."""
     r = jnp.where(active, s.route_cursor, st.num_requests)
     go = active & (s.status[r] == ADMITTED)
     s = refresh_snapshots(s, st, c, now, go)
-    load = s.snap_qd + s.snap_bs + s.in_flight
-    weighted = jnp.argmax(weighted_scores(s, st, c, p, r, load)).astype(jnp.int32)
-    target = jnp.stack([
-        s.rr % st.num_instances, jnp.argmin(load).astype(jnp.int32),
-        jnp.argmax(load).astype(jnp.int32), weighted])[p.routing]
-    s = prefix_touch(s, st, c, r, target, go & p.prefix_index_on & (p.routing == RT_WEIGHTED))
+    s, target = policies.route(s, st, c, p, r, go)
     e = jnp.argmax(s.pend_req[target] == NIL)
     has_room = s.pend_req[target, e] == NIL
     ok = go & has_room
     if st.stateful_latency:  # physics α reads the receiving instance's state now
         delay = hostlatency.queueing_delay(
             st.latency, go, s.n_run[target], s.q_len[target], st.kv_blocks - s.kv_free[target],
-            c.input_tokens[r], kv.cached_blocks(s, st, c, target, r)[1], s.ema[target])
+            c.input_tokens[r], kv.cached_blocks(s, st, c, target, r).count, s.ema[target])
     else:
         delay = c.queue_delay_us[r]
-    rr = jnp.where(go, r, st.num_requests)
+    r_or_sink = jnp.where(go, r, st.num_requests)
     return s.replace(
-        rr=s.rr + (go & (p.routing == RT_ROUND_ROBIN)).astype(jnp.int32),
         in_flight=add(s.in_flight, target, 1, go),
-        instance=s.instance.at[rr].set(target),
-        status=s.status.at[rr].set(ROUTED),
+        instance=s.instance.at[r_or_sink].set(target),
+        status=s.status.at[r_or_sink].set(ROUTED),
         clock=upd(s.clock, target, now, go),
         pend_req=upd(s.pend_req, (target, e), r, ok),
         pend_time=upd(s.pend_time, (target, e), now + delay, ok),
@@ -181,62 +101,22 @@ def routing(s: SimState, st, c, p, now, active) -> SimState:
         ovf_pending=s.ovf_pending + (go & ~has_room).astype(jnp.int32))
 
 
-# ---- instance events ---------------------------------------------------------------------------
-
-
-def enqueue(s: SimState, st, c, i, e, now, active) -> SimState:
-    """End of the α delay: BLIS EnqueueRequest guards, then the wait queue (§2.1)."""
-    r = jnp.where(active, s.pend_req[i, e], st.num_requests)
-    s = s.replace(pend_req=upd(s.pend_req, (i, e), NIL, active))
-    l_in, out = c.input_tokens[r], c.output_tokens[r]
-    mml = st.max_model_len
-    if mml > 0:
-        max_out = jnp.where((out == 0) & (l_in < mml), mml - l_in, out)
-        unservable = (l_in >= mml) | ((max_out > 0) & (l_in + max_out > mml))
-    else:  # unlimited length is still bounded by the KV cache (see the reference engine)
-        unservable = l_in + out > st.kv_blocks * st.block_size
-    drop = active & (unservable | ((l_in + st.block_size - 1) // st.block_size > st.kv_blocks))
-    admitted = active & ~drop
-    due = admitted & (c.deadline_us[r] > 0) & (c.deadline_us[r] <= now)
-    queued = admitted & ~due
-    status = jnp.where(drop, DROPPED, jnp.where(due, TIMED_OUT, QUEUED)).astype(s.status.dtype)
-    s = s.replace(
-        status=s.status.at[r].set(jnp.where(active, status, s.status[r])),
-        dropped=add(s.dropped, i, 1, drop), timed_out=add(s.timed_out, i, 1, due),
-        input_tokens=add(s.input_tokens, i, l_in.astype(jnp.int64), admitted),
-        enq_seq=s.enq_seq.at[r].set(jnp.where(queued, s.enq_counter, s.enq_seq[r])),
-        enq_counter=s.enq_counter + queued.astype(jnp.int64))
-    s = _finish_in_flight(s, c, i, r, drop | due)
-    s = q_push_back(s, st, i, r, queued)
-    start_step = queued & (s.step_time[i] < 0)
-    return s.replace(step_time=upd(s.step_time, i, now, start_step))
-
-
-def timeout(s: SimState, st, c, i, r, now, active) -> SimState:
-    """Client deadline for a queued or running request (§2.9)."""
-    r = jnp.where(active, r, st.num_requests)
-    running = active & (s.status[r] == RUNNING)
-    queued = active & ~running
-    slots_of_r = (s.slot_req[i] == r) & running
-    sb = jnp.argmax(slots_of_r).astype(jnp.int32)
-    pos = jnp.argmax((s.order[i] == sb) & (jnp.arange(st.batch_slots) < s.n_run[i]))
-    s = kv.release(s, st, i, sb, running)
-    s = order_remove_at(s, st, i, pos, running)
-    s = s.replace(slot_req=upd(s.slot_req, (i, sb), NIL, running))
-    s = q_remove_at(s, st, i, q_offset_of(s, st, i, r, queued), queued)
-    s = s.replace(status=s.status.at[r].set(jnp.where(active, TIMED_OUT, s.status[r])
-                                            .astype(s.status.dtype)),
-                  timed_out=add(s.timed_out, i, 1, active), computed=s.computed.at[r].set(0))
-    s = _finish_in_flight(s, c, i, r, active)
-    wake = active & (s.n_run[i] == 0) & (s.q_len[i] > 0) & (s.step_time[i] < 0)
-    return s.replace(step_time=upd(s.step_time, i, now, wake))
-
-
 # ---- next-event selection and dispatch ----------------------------------------------------------
 
 
-def _deadline_window(s: SimState, st, c):
-    """Requests at the deadline cursor's time: (members, on-instance flags, their ids, time)."""
+class DeadlineWindow(NamedTuple):
+    """The requests whose deadline is the earliest not yet handled (``_deadline_window``):
+    up to W of them, in (deadline, index) order, from the deadline cursor on."""
+
+    member: jax.Array  # bool [W]: the entry's deadline is that time and is not yet handled
+    on_instance: jax.Array  # bool [W]: a member that is queued or running (its timeout is due)
+    requests: jax.Array  # int32 [W]: the entries' requests (N, the sink row, past the end)
+    time_us: jax.Array  # int64: the deadline (INT64_MAX when none is left)
+    overflow: jax.Array  # bool: more same-time deadlines than the window holds
+
+
+def _deadline_window(s: SimState, st, c) -> DeadlineWindow:
+    """The requests at the deadline cursor's time."""
     w = st.deadline_window
     idx = s.dl_cursor + jnp.arange(w + 1)
     wr = c.deadline_order[jnp.minimum(idx, st.num_deadlines)]
@@ -249,26 +129,37 @@ def _deadline_window(s: SimState, st, c):
     member = valid & (c.deadline_us[wr_safe] == t) & ~s.tdone[wr_safe]
     on = member & ((s.status[wr_safe] == QUEUED) | (s.status[wr_safe] == RUNNING))
     overflow = member[w]  # more same-time deadlines than the window holds
-    return member[:w], on[:w], wr_safe[:w], t, overflow
+    return DeadlineWindow(member[:w], on[:w], wr_safe[:w], t, overflow)
 
 
-def _deadline_events(s: SimState, st, c):
-    """Deadline candidates: (no-op time, per-instance timeout time [I], per-instance timeout
-    request [I], no-op request, window overflow). A timeout goes to the request enqueued first
-    among those due on the instance. When no workload of the program has a deadline there are
-    statically none (constants, nothing compiled in)."""
+class DeadlineEvents(NamedTuple):
+    """The lane's deadline event candidates (``_deadline_events``)."""
+
+    noop_t_us: jax.Array  # int64: time of a deadline no-op (INT64_MAX: none)
+    timeout_t_us: jax.Array  # int64 [I]: time of each instance's timeout (INT64_MAX: none)
+    timeout_req: jax.Array  # int32 [I]: the request each instance's timeout is for
+    noop_req: jax.Array  # int32: the request of the no-op
+    overflow: jax.Array  # bool: the deadline window overflowed
+
+
+def _deadline_events(s: SimState, st, c) -> DeadlineEvents:
+    """Deadline candidates. A timeout goes to the request enqueued first among those due on
+    the instance; a deadline whose request is no longer queued or running is a no-op. When no
+    workload of the program has a deadline there are statically none (constants, nothing
+    compiled in)."""
     n_inst, none = st.num_instances, jnp.asarray(INT64_MAX, jnp.int64)
     if st.num_deadlines == 0:
         sink = jnp.asarray(st.num_requests, jnp.int32)
-        return (none, jnp.full(n_inst, INT64_MAX, jnp.int64), jnp.full(n_inst, sink),
-                sink, jnp.asarray(False))
-    member, on, wr, dl_t, overflow = _deadline_window(s, st, c)
+        return DeadlineEvents(none, jnp.full(n_inst, INT64_MAX, jnp.int64),
+                              jnp.full(n_inst, sink), sink, jnp.asarray(False))
+    window = _deadline_window(s, st, c)
+    member, on, wr, dl_t = window.member, window.on_instance, window.requests, window.time_us
     noop = member & ~on
     to_seq = jnp.where(on[None, :] & (s.instance[wr][None, :] == jnp.arange(n_inst)[:, None]),
                        s.enq_seq[wr][None, :], INT64_MAX)  # [I, W]
     timeout_t = jnp.where(jnp.min(to_seq, axis=1) < INT64_MAX, dl_t, INT64_MAX)
-    return (jnp.where(jnp.any(noop), dl_t, none), timeout_t, wr[jnp.argmin(to_seq, axis=1)],
-            wr[jnp.argmax(noop)], overflow)
+    return DeadlineEvents(jnp.where(jnp.any(noop), dl_t, none), timeout_t,
+                          wr[jnp.argmin(to_seq, axis=1)], wr[jnp.argmax(noop)], window.overflow)
 
 
 class NextEvent(NamedTuple):
@@ -294,7 +185,8 @@ def next_event(s: SimState, st, c) -> NextEvent:
     ac, rc = s.adm_cursor, s.route_cursor
     adm_t = jnp.where(ac < n, c.arrival_us[jnp.minimum(ac, n)] + la, INT64_MAX)
     rt_t = jnp.where(rc < ac, c.arrival_us[jnp.minimum(rc, n)] + la + lr, INT64_MAX)
-    noop_t, timeout_t, timeout_req, noop_req, dl_overflow = _deadline_events(s, st, c)
+    deadlines = _deadline_events(s, st, c)
+    noop_t, timeout_t = deadlines.noop_t_us, deadlines.timeout_t_us
     cl_times = jnp.stack([adm_t, rt_t, noop_t])
     cl_kind = jnp.argmin(cl_times)  # ties: admission, then routing, then the no-op
     cl_t = cl_times[cl_kind]
@@ -317,7 +209,8 @@ def next_event(s: SimState, st, c) -> NextEvent:
         t_us=t_evt, live=live, cluster_kind=jnp.where(use_cluster, cl_kind, -1),
         instance=i_star, kind_enqueue=kind_enq, kind_step=kind_step,
         kind_timeout=ins & ~kind_enq & ~kind_step, pending_entry=e_star[i_star],
-        timeout_req=timeout_req[i_star], noop_req=noop_req, deadline_overflow=dl_overflow)
+        timeout_req=deadlines.timeout_req[i_star], noop_req=deadlines.noop_req,
+        deadline_overflow=deadlines.overflow)
 
 
 def _begin(s: SimState, ev: NextEvent, go):
@@ -338,22 +231,21 @@ def _dispatch_cheap(s: SimState, st, c, p, ev: NextEvent, go) -> SimState:
     s, live = _begin(s, ev, go)
     cl = live & (ev.cluster_kind >= 0)
     i_star, t_evt = ev.instance, ev.t_us
-    once = kv.lane_once
     admit = cl & (ev.cluster_kind == 0)
-    s = once(admit, lambda s, go: admission(s, st, c, p, t_evt, go), s)
+    s = lane_once(admit, lambda s, go: admission(s, st, c, p, t_evt, go), s)
     route = cl & (ev.cluster_kind == 1)
     if st.routing_latency_us == 0:
         fused = _routing_follows(s, st, c, admit)
         s = s.replace(iters=s.iters + fused.astype(jnp.int64))  # an event of its own
         route = route | fused
-    s = once(route, lambda s, go: routing(s, st, c, p, t_evt, go), s)
-    s = once(live & ev.kind_enqueue,
-             lambda s, go: enqueue(s, st, c, i_star, ev.pending_entry, t_evt, go), s)
+    s = lane_once(route, lambda s, go: routing(s, st, c, p, t_evt, go), s)
+    s = lane_once(live & ev.kind_enqueue,
+             lambda s, go: instance.enqueue(s, st, c, i_star, ev.pending_entry, t_evt, go), s)
     if st.num_deadlines == 0:  # no timeouts or deadline no-ops exist (see ``next_event``)
         return s
     to_r = ev.timeout_req
     kind_to = live & ev.kind_timeout
-    s = once(kind_to, lambda s, go: timeout(s, st, c, i_star, to_r, t_evt, go), s)
+    s = lane_once(kind_to, lambda s, go: instance.timeout(s, st, c, i_star, to_r, t_evt, go), s)
     # a handled deadline (timeout or no-op) is marked done; the cursor skips handled entries
     handled = jnp.where(kind_to, to_r, jnp.where(cl & (ev.cluster_kind == 2), ev.noop_req, n))
     s = s.replace(tdone=s.tdone.at[handled].set(True))
@@ -379,8 +271,8 @@ def _dispatch_step(s: SimState, st, c, p, ev: NextEvent, defer: bool = False) ->
     step handler is compiled here. A step marks no deadline handled, so the deadline cursor
     stays where it is."""
     s, live = _begin(s, ev, jnp.asarray(True))
-    return kv.lane_once(live & ev.kind_step,
-                        lambda s, go: batch.step(s, st, c, p, ev.instance, ev.t_us, go,
+    return lane_once(live & ev.kind_step,
+                        lambda s, go: instance.step(s, st, c, p, ev.instance, ev.t_us, go,
                                                  defer), s)
 
 
@@ -411,15 +303,15 @@ def lane_advance(s: SimState, ev: NextEvent, st, c, p,
     def cheap(carry, go):
         s = _dispatch_cheap(carry[0], st, c, p, carry[1], go)
         ev = next_event(s, st, c)
-        return kv.lane_once(go & ev.kind_enqueue, enqueue_next, (s, ev))  # implies live
+        return lane_once(go & ev.kind_enqueue, enqueue_next, (s, ev))  # implies live
 
     def enqueue_next(carry, go):
         s, ev = carry
         s, live = _begin(s, ev, go)
-        s = enqueue(s, st, c, ev.instance, ev.pending_entry, ev.t_us, live)
+        s = instance.enqueue(s, st, c, ev.instance, ev.pending_entry, ev.t_us, live)
         return s, next_event(s, st, c)
 
-    s, ev = kv.lane_while(lambda carry: carry[1].live & ~carry[1].kind_step, cheap, (s, ev))
+    s, ev = lane_while(lambda carry: carry[1].live & ~carry[1].kind_step, cheap, (s, ev))
     s = _dispatch_step(s, st, c, p, ev, defer_releases)
     return s, next_event(s, st, c)
 
@@ -432,4 +324,4 @@ def _advance_deadline_cursor(s: SimState, st, c) -> SimState:
     def body(cur, go):
         return cur + go.astype(cur.dtype)
 
-    return s.replace(dl_cursor=kv.lane_while(cond, body, s.dl_cursor))
+    return s.replace(dl_cursor=lane_while(cond, body, s.dl_cursor))

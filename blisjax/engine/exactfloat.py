@@ -1,11 +1,12 @@
 """IEEE float64 multiplication from integer operations, immune to FMA contraction.
 
 XLA (CPU and GPU) may fuse ``a*b + c`` into one fused multiply-add, which rounds once instead of
-twice and so can differ from Python in the last bit (``shared/notes/jax-engine.md``). No compiler
-flag is a reliable defence. Where a sum of products decides an outcome (weighted routing scores,
-fitness), the engine forms each product with :func:`exact_mul`: it builds the correctly rounded
-IEEE product from the operands' bits with 64-bit integer arithmetic, so there is no float multiply
-for the compiler to fuse with the following addition.
+twice and so can differ from Python in the last bit (docs/semantics.md, Bit parity between the
+two engines). No compiler flag is a reliable defence. Where a sum of products decides an
+outcome (weighted routing scores, fitness), the engine forms each product with
+:func:`exact_mul`: it builds the correctly rounded IEEE product from the operands' bits with
+64-bit integer arithmetic, so there is no float multiply for the compiler to fuse with the
+following addition. No reference counterpart (Python multiplies without contraction).
 """
 
 from __future__ import annotations

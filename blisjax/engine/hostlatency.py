@@ -8,6 +8,9 @@ the reference engine calls (``jax.pure_callback``), once per step for all lanes 
 and gets integer microseconds back. Results are exact by construction; the price is a host
 round trip per step (see README, latency models), so the JAX engine's throughput with these
 models is close to the reference engine's per simulation, amortized only over lanes.
+
+Counterpart: the latency-model calls of ``blisjax.reference.instance.Instance._step`` and
+``_execute`` (``step_time``) and of ``Instance._model_queueing_delay_us`` (``queueing_delay``).
 """
 
 from __future__ import annotations

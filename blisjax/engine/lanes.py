@@ -1,6 +1,9 @@
 """Work done across the lanes of a lockstep block at once, on the stacked state (outside
 ``vmap``): every lane's queued releases (``kv.defer_release``) as one flat pass.
 
+Counterpart: none of its own — the releases are ``KVCache.release`` calls that
+``blisjax.reference.instance.Instance._finish`` makes one completion at a time, in this order.
+
 Inside ``vmap`` a lane's releases run one per loop trip, as many trips as the busiest lane of
 the block has completions, each as wide as the longest block table among the lanes; most of
 that work is masked. Here the blocks to release, of all lanes, are laid end to end — lane by
@@ -15,7 +18,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from blisjax.engine import kv
+from blisjax.engine import kvcache as kv
+from blisjax.engine.lockstep import LANES, run_if
 from blisjax.engine.state import NIL, SimState
 from blisjax.engine.vec import prefix_sum
 
@@ -60,10 +64,10 @@ def release_queued(s: SimState, st) -> SimState:
     flat = ring_ok & (total > 0) & (total <= widths[-1])  # nothing queued: no pass at all
     for k, w in enumerate(widths):
         fits = flat & (total > (widths[k - 1] if k else -1)) & (total <= w)
-        s = kv.run_if(fits, lambda s, w=w: _flat_release(s, st, slots, held, w), s)
+        s = run_if(fits, lambda s, w=w: _flat_release(s, st, slots, held, w), s)
     lane_loop = jax.vmap(lambda s: kv.flush_releases(s, st, jnp.asarray(True)),
-                         axis_name=kv.LANES)
-    s = kv.run_if(~flat & jnp.any(s.rel_count > 0), lane_loop, s)
+                         axis_name=LANES)
+    s = run_if(~flat & jnp.any(s.rel_count > 0), lane_loop, s)
     return s.replace(rel_count=jnp.zeros_like(s.rel_count))
 
 

@@ -58,7 +58,8 @@ def set_knob(cfg: SimConfig, name: str, value) -> SimConfig:
 
 
 def grid(**axes) -> list[dict]:
-    """Cartesian product of knob values, e.g. ``grid(**{"routing.scorers.queue-depth": [1, 2]})``."""
+    """Cartesian product of knob values, e.g.
+    ``grid(**{"routing.scorers.queue-depth": [1, 2]})``."""
     names = list(axes)
     return [dict(zip(names, values, strict=True))
             for values in itertools.product(*(axes[n] for n in names))]

@@ -1,10 +1,17 @@
-"""Wait-queue ring buffer and running-batch order operations for one instance of one lane."""
+"""Wait-queue ring buffer and running-batch order operations for one instance of one lane.
+
+Counterpart: ``blisjax.reference.instance.Instance.wait_queue`` (a deque: ``q_push_back`` is
+``append``, ``q_push_front`` ``appendleft``, ``q_remove_at`` ``remove``/``popleft``) and
+``Instance.running`` (a list in batch order: ``order_remove_at`` is ``remove``/``pop``). The
+queue is a ring ``q_buf[i, (q_head + k) % Q]`` of ``q_len`` request ids; the running batch is
+``order[i, :n_run]``, batch slots in running order (a slot holds a request's block table).
+"""
 
 from __future__ import annotations
 
 import jax.numpy as jnp
 
-from blisjax.engine.kv import add, lane_while, upd
+from blisjax.engine.lockstep import add, lane_while, upd
 from blisjax.engine.state import NIL, SimState
 
 

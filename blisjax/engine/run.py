@@ -5,12 +5,16 @@ cheap events up to and including its next step (``vmap`` of ``lane_advance``); f
 idle until the slowest lane is done. A device with more than ``LANE_BLOCK`` lanes runs them as
 consecutive blocks (``lax.map``), each its own loop: a block's state stays cache-sized and its
 lanes idle only until the block's slowest is done.
+
+Counterpart: ``blisjax.reference.cluster.simulate`` (``simulate`` here) and
+``ClusterSimulator._result`` (``lane_result``: the same ``RunResult`` fields).
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 
@@ -22,8 +26,8 @@ from jax.sharding import Mesh, PartitionSpec  # noqa: E402
 
 from blisjax.config.sim import ADMISSION_POLICIES  # noqa: E402
 from blisjax.engine.cluster import lane_advance, next_event  # noqa: E402
-from blisjax.engine.kv import LANES  # noqa: E402
 from blisjax.engine.lanes import FLAT_MIN_LANES, release_queued  # noqa: E402
+from blisjax.engine.lockstep import LANES  # noqa: E402
 from blisjax.engine.params import PolicyParams, params_from_config, stack_params  # noqa: E402
 from blisjax.engine.state import COMPLETED, DROPPED, REJECTED, TIMED_OUT, init_state  # noqa: E402
 from blisjax.engine.static import EngineStatic, build_consts, build_static  # noqa: E402
@@ -78,7 +82,8 @@ def _run_block(st: EngineStatic, consts, params: PolicyParams):
 
 # Not used: XLA's ``xla_cpu_copy_insertion_use_region_analysis`` removes most full-array copies
 # in inner loops but produced wrong results on parity edge cases (preemption-storm, horizon-cut)
-# with jax 0.10.2 — an unsafe in-place update. Parity first; kv.after_reads avoids the copies.
+# with jax 0.10.2 — an unsafe in-place update. Parity first; ``lockstep.after_reads`` avoids
+# the copies.
 @functools.partial(jax.jit, static_argnums=(0, 3, 4))
 def _run_sharded(st: EngineStatic, consts, params: PolicyParams, devices: tuple,
                  lane_block: int):
@@ -91,10 +96,17 @@ def _run_sharded(st: EngineStatic, consts, params: PolicyParams, devices: tuple,
                          out_specs=PartitionSpec("devices"), check_vma=False)(consts, params)
 
 
-def _placement(params: PolicyParams, devices, lane_block: int):
-    """(devices used, padded params, lane count): lanes split evenly over the devices, each
-    device's share a whole number of lane blocks; a population is padded with copies of its
-    last lane (their results are dropped)."""
+class Placement(NamedTuple):
+    """Where a population runs (``_placement``)."""
+
+    devices: tuple  # the devices used
+    params: PolicyParams  # the population, padded to a whole number of lane blocks per device
+    lanes: int  # the population's own lane count (its first lanes)
+
+
+def _placement(params: PolicyParams, devices, lane_block: int) -> Placement:
+    """Lanes split evenly over the devices, each device's share a whole number of lane blocks;
+    a population is padded with copies of its last lane (their results are dropped)."""
     if lane_block < 1:
         raise ValueError(f"lane_block must be >= 1, got {lane_block}")
     devices = tuple(jax.local_devices() if devices is None else devices)
@@ -105,7 +117,7 @@ def _placement(params: PolicyParams, devices, lane_block: int):
     if pad:
         params = jax.tree_util.tree_map(
             lambda x: jnp.concatenate([x, jnp.repeat(x[-1:], pad, axis=0)]), params)
-    return devices, params, lanes
+    return Placement(devices, params, lanes)
 
 
 _MAPS = "/proc/self/maps"
@@ -127,8 +139,8 @@ def mapping_headroom_guard(fraction: float = 0.5) -> bool:
     Each engine program XLA:CPU compiles keeps ~2,000–3,000 memory mappings, and past
     ``vm.max_map_count`` (65,530 by default) XLA aborts the whole process inside the next
     compilation (measured: the ~25th program of one process). Programs are cheap to rebuild
-    next to an abort, so a long-lived process (a search loop over many shapes, a test
-    session) is guarded before every engine run; reading the map costs a few milliseconds.
+    next to an abort, so a long-lived process (a search loop over many shapes, a pytest
+    run) is guarded before every engine run; reading the map costs a few milliseconds.
     """
     used = _count_lines(_MAPS)
     if used is None:
@@ -164,13 +176,14 @@ def _run_padded(st: EngineStatic, consts, params: PolicyParams, devices, lane_bl
     lanes are the population's. ``phase``, if given, is told "compiling …" and then
     "running …" (the program is then lowered and compiled explicitly, so the two are apart)."""
     mapping_headroom_guard()
-    devices, padded, lanes = _placement(params, devices, lane_block)
+    placed = _placement(params, devices, lane_block)
     if phase is None:
-        return _run_sharded(st, consts, padded, devices, lane_block), lanes
+        return _run_sharded(st, consts, placed.params, placed.devices, lane_block), placed.lanes
     phase("compiling the JAX program (or loading it from the compile cache)")
-    compiled = _run_sharded.lower(st, consts, padded, devices, lane_block).compile()
+    compiled = _run_sharded.lower(st, consts, placed.params, placed.devices, lane_block).compile()
+    lanes = placed.lanes
     phase(f"running {lanes} lane{'s' if lanes != 1 else ''} of {st.num_requests} requests")
-    final = compiled(consts, padded)
+    final = compiled(consts, placed.params)
     jax.block_until_ready(final)
     return final, lanes
 
@@ -188,12 +201,13 @@ def compile_lanes(st: EngineStatic, consts, params: PolicyParams, devices=None,
     """Compile once for these shapes (for timing compilation apart); returns ``run(consts,
     params)`` that behaves like ``run_lanes`` for populations of the same size."""
     mapping_headroom_guard()
-    devices, padded, lanes = _placement(params, devices, lane_block)
-    compiled = _run_sharded.lower(st, consts, padded, devices, lane_block).compile()
+    placed = _placement(params, devices, lane_block)
+    compiled = _run_sharded.lower(st, consts, placed.params, placed.devices,
+                                  lane_block).compile()
 
     def run(consts, params):
-        _, padded, n = _placement(params, devices, lane_block)
-        return _drop_padding(compiled(consts, padded), n)
+        again = _placement(params, placed.devices, lane_block)
+        return _drop_padding(compiled(consts, again.params), again.lanes)
 
     return run
 
@@ -243,11 +257,20 @@ class HostLanes:
         return jax.tree_util.tree_unflatten(self._treedef, fields)
 
 
-def _completion_fields(st: EngineStatic, consts, g, done):
-    """(E2E, output tokens done, length-capped, ITL count) per request, from one lane's final
-    state: for a completed request they are functions of its progress, TTFT and ITL sum,
-    which stop changing when it completes (``batch.complete``). ITL entries are decode
-    steps, one per token past the prompt (``batch.execute``)."""
+class CompletionFields(NamedTuple):
+    """Per-request results derived from a lane's final state (``_completion_fields``); [N]."""
+
+    e2e_us: np.ndarray  # int64: end-to-end latency (NOT_RECORDED unless completed)
+    output_tokens_done: np.ndarray  # int64 (0 unless completed)
+    length_capped: np.ndarray  # bool: completed at the max-model-len cap
+    itl_count: np.ndarray  # int64: ITL entries (0 unless completed)
+
+
+def _completion_fields(st: EngineStatic, consts, g, done) -> CompletionFields:
+    """E2E, output tokens done, length-capped flag and ITL count per request, from one lane's
+    final state: for a completed request they are functions of its progress, TTFT and ITL sum,
+    which stop changing when it completes (``instance.complete``). ITL entries are decode
+    steps, one per token past the prompt (``instance.execute``)."""
     n = st.num_requests
     pi = g.pi[:n].astype(np.int64)
     l_in = np.asarray(consts.input_tokens)[:n].astype(np.int64)
@@ -257,9 +280,9 @@ def _completion_fields(st: EngineStatic, consts, g, done):
     out_done = records.output_tokens_done(pi, l_in, out)
     capped = done & ~records.output_finished(pi, l_in, out) \
         & records.at_length_cap(pi, st.max_model_len)
-    return (np.where(done, e2e, records.NOT_RECORDED).astype(np.int64),
-            np.where(done, out_done, 0).astype(np.int64), capped,
-            np.where(done, np.maximum(pi - l_in, 0), 0).astype(np.int64))
+    return CompletionFields(np.where(done, e2e, records.NOT_RECORDED).astype(np.int64),
+                            np.where(done, out_done, 0).astype(np.int64), capped,
+                            np.where(done, np.maximum(pi - l_in, 0), 0).astype(np.int64))
 
 
 def lane_result(st: EngineStatic, consts, final, k: int) -> records.RunResult:
@@ -269,7 +292,9 @@ def lane_result(st: EngineStatic, consts, final, k: int) -> records.RunResult:
     g = (final if isinstance(final, HostLanes) else HostLanes(final))(k)
     status = _status_codes(g.status[:n])
     done = status == records.COMPLETED
-    e2e, out_done, capped, itl_count = _completion_fields(st, consts, g, done)
+    derived = _completion_fields(st, consts, g, done)
+    e2e, out_done, capped = derived.e2e_us, derived.output_tokens_done, derived.length_capped
+    itl_count = derived.itl_count
     if st.itl_capacity > 0:
         off = np.asarray(consts.itl_offset)[:n]
         entries = [g.itl_buf[o:o + c] for o, c in zip(off[done], itl_count[done], strict=True)]

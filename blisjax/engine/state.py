@@ -1,5 +1,9 @@
 """``SimState``: everything that changes during one lane's simulation, as fixed-shape arrays.
 
+Counterpart: the mutable attributes of the reference engine's objects — ``SimRequest`` (per
+request), ``ClusterSimulator`` and its ``Router``/``Admission`` (cluster), ``Instance`` and its
+``KVCache`` (per instance) — as arrays indexed by request, instance, batch slot or block.
+
 Request status codes extend the reference engine's lifecycle with the pipeline stages the
 kernel needs to tell apart.
 """
@@ -19,91 +23,110 @@ INT64_MAX = (1 << 63) - 1
 
 @chex.dataclass(frozen=True)
 class SimState:
-    # ---- per request [N] ----
-    status: chex.Array
-    instance: chex.Array
-    pi: chex.Array  # ProgressIndex
-    computed: chex.Array  # ComputedTokens
-    num_new: chex.Array  # tokens scheduled this step
+    """One lane's mutable simulation state (stacked over lanes in a population).
+
+    Shapes: N requests (+1: row N is a sink that masked writes go to), I instances, T tenants,
+    B batch slots, MB blocks per request, K KV blocks per instance, R = 2K free-list ring keys,
+    Q wait-queue slots, E α-delay window entries, G prefix groups, Jg blocks per prefix group,
+    S hash slots (+1 sink), D deferred releases. Times are int64 µs; -1 (``NIL``) marks an
+    empty entry. The field order is the order of the compiled loops' carried arrays.
+    """
+
+    # ---- per request [N + 1] (SimRequest) ----
+    status: chex.Array  # int8: lifecycle code (PENDING .. REJECTED above)
+    instance: chex.Array  # int32: the instance it was routed to, -1 before routing
+    pi: chex.Array  # int32: ProgressIndex — prompt and output tokens processed
+    computed: chex.Array  # int32: ComputedTokens — pi plus this step's grant
+    num_new: chex.Array  # int32: tokens scheduled this step
     prio: chex.Array  # float64 priority score (stale while running, as in BLIS)
-    ttft: chex.Array
-    itl_sum: chex.Array
-    sched: chex.Array
-    preempt: chex.Array
-    enq_seq: chex.Array  # order of enqueue (ties of same-time timeouts)
-    tdone: chex.Array  # deadline handled
-    itl_buf: chex.Array  # raw ITL entries, request r at itl_offset[r] (optional)
-    # ---- cluster ----
-    adm_cursor: chex.Array
-    route_cursor: chex.Array
-    dl_cursor: chex.Array
-    route_seq: chex.Array
-    enq_counter: chex.Array
-    in_flight: chex.Array  # [I]
-    tenant_in_flight: chex.Array  # [T]
-    rr: chex.Array
-    bucket: chex.Array  # token / rate-limit bucket level
-    bucket_last: chex.Array
-    snap_qd: chex.Array  # [I]
-    snap_bs: chex.Array
-    snap_kv: chex.Array
-    snap_last: chex.Array
-    rejected: chex.Array
-    lru_pos: chex.Array  # [I, G, Jg] position of the last touch, -1 = never
-    lru_own_at: chex.Array  # [I, G, Jg] own entries inserted before that touch
-    lru_clock: chex.Array  # [I]
-    lru_own: chex.Array  # [I]
-    # ---- instances ----
-    pend_req: chex.Array  # [I, E] request in the α-delay window, -1 = free
-    pend_time: chex.Array
-    pend_seq: chex.Array
-    step_time: chex.Array  # [I] next step, -1 = none pending
-    clock: chex.Array  # [I] time of the last executed event
-    last_left: chex.Array  # [I]
-    q_buf: chex.Array  # [I, Q] ring buffer of request ids
-    q_head: chex.Array
-    q_len: chex.Array
-    order: chex.Array  # [I, B] batch slots in running order
-    n_run: chex.Array
-    slot_req: chex.Array  # [I, B] request in slot, -1 = free
-    bt: chex.Array  # [I, B, MB] block table per slot
-    blen: chex.Array  # [I, B]
-    step_cached: chex.Array  # [I, B] prefix tokens of the slot's request if admitted this step
-    ema: chex.Array  # [I] physics preemption EMA
-    kv_ref: chex.Array  # [I, K] refcount (in use iff > 0)
-    kv_tok: chex.Array  # [I, K] tokens in the block
-    kv_slot: chex.Array  # [I, K] hash slot registered for the block, -1 = none
-    fifo: chex.Array  # [I, R] free-list ring of block ids (see kv.py), R = 2K
-    fkey: chex.Array  # [I, K] ring key of the block's live entry, -1 = in use
-    fhead: chex.Array  # [I] key of the free-list head (entries before it are consumed)
-    ftail: chex.Array  # [I] next key to append
-    kv_free: chex.Array  # [I]
-    slot_block: chex.Array  # [S+1] hash slot -> block (-1 = absent); last entry is a sink
-    slot_seq: chex.Array  # [S+1] stamp of the last write to the slot (see kv.apply_slot_ops)
-    slot_clock: chex.Array  # next stamp
-    rel_inst: chex.Array  # instance of the releases queued by this step's completions
-    rel_slots: chex.Array  # [D] their batch slots, in completion order (see kv.defer_release)
-    rel_count: chex.Array
-    # ---- counters [I] ----
-    hits: chex.Array
-    misses: chex.Array
-    preempt_count: chex.Array
-    completed: chex.Array
-    dropped: chex.Array
-    timed_out: chex.Array
-    capped_count: chex.Array
-    input_tokens: chex.Array
-    steps: chex.Array
-    busy: chex.Array
-    qdepth_time: chex.Array
-    peak_used: chex.Array
-    # ---- run control and honest limits ----
-    done: chex.Array
-    iters: chex.Array
-    ovf_queue: chex.Array
-    ovf_pending: chex.Array
-    ovf_blocks: chex.Array
-    ovf_deadline: chex.Array
+    ttft: chex.Array  # int64 µs: time to first token, -1 until recorded
+    itl_sum: chex.Array  # int64 µs: sum of its inter-token latencies
+    sched: chex.Array  # int64 µs: scheduling delay (last admission to a batch), -1 until then
+    preempt: chex.Array  # int32: times preempted
+    enq_seq: chex.Array  # int64: order of enqueue (ties of same-time timeouts)
+    tdone: chex.Array  # bool: its deadline was handled (timeout or no-op)
+    itl_buf: chex.Array  # int32 µs [max(itl_capacity, 1)]: raw ITL entries, request r's from
+    #                      itl_offset[r] on (only filled when itl_capacity > 0)
+    # ---- cluster: event cursors and sequence numbers (ClusterSimulator) ----
+    adm_cursor: chex.Array  # int32: next request to admit (requests are in arrival order)
+    route_cursor: chex.Array  # int32: next request to route
+    dl_cursor: chex.Array  # int32: first entry of c.deadline_order not known to be handled
+    route_seq: chex.Array  # int64: routings so far (orders same-time enqueues, pend_seq)
+    enq_counter: chex.Array  # int64: enqueues so far (source of enq_seq)
+    # ---- cluster: router and admission state (Router, Admission) ----
+    in_flight: chex.Array  # int32 [I]: routed requests not yet finished, per instance
+    tenant_in_flight: chex.Array  # int32 [T]: admitted requests not yet finished, per tenant
+    rr: chex.Array  # int32: round-robin counter
+    bucket: chex.Array  # float64: token-bucket / rate-limit bucket level
+    bucket_last: chex.Array  # int64 µs: time of the bucket's last refill
+    snap_qd: chex.Array  # int32 [I]: router snapshot of queue depths
+    snap_bs: chex.Array  # int32 [I]: router snapshot of batch sizes
+    snap_kv: chex.Array  # float64 [I]: router snapshot of KV utilisation
+    snap_last: chex.Array  # int64 µs: time of the last snapshot refresh
+    rejected: chex.Array  # int32: requests rejected by admission
+    # ---- router-side prefix index per instance (PrefixIndex; see policies.prefix_match) ----
+    lru_pos: chex.Array  # int64 [I, G, Jg]: position of the group block's last touch, -1 = never
+    lru_own_at: chex.Array  # int64 [I, G, Jg]: own entries inserted before that touch
+    lru_clock: chex.Array  # int64 [I]: next touch position
+    lru_own: chex.Array  # int64 [I]: own (not prefix-group) entries inserted so far
+    # ---- instance: α-delay window, between routing and enqueue ----
+    pend_req: chex.Array  # int32 [I, E]: request in the window, -1 = free entry
+    pend_time: chex.Array  # int64 µs [I, E]: its enqueue time (routing time + α delay)
+    pend_seq: chex.Array  # int64 [I, E]: its route_seq (ties of same-time enqueues)
+    # ---- instance: event times ----
+    step_time: chex.Array  # int64 µs [I]: next step, -1 = none pending
+    clock: chex.Array  # int64 µs [I]: time of the last executed event
+    last_left: chex.Array  # int64 µs [I]: latest completion time within the horizon
+    # ---- instance: wait queue (Instance.wait_queue; see queues.py) ----
+    q_buf: chex.Array  # int32 [I, Q]: ring buffer of request ids
+    q_head: chex.Array  # int32 [I]: ring index of the queue's head
+    q_len: chex.Array  # int32 [I]: queued requests
+    # ---- instance: running batch (Instance.running) ----
+    order: chex.Array  # int32 [I, B]: batch slots in running order; the first n_run are valid
+    n_run: chex.Array  # int32 [I]: running requests
+    slot_req: chex.Array  # int32 [I, B]: request in the slot, -1 = free
+    bt: chex.Array  # int32 [I, B, MB]: block table per slot (the request's blocks, in order)
+    blen: chex.Array  # int32 [I, B]: blocks the slot holds
+    step_cached: chex.Array  # int32 [I, B]: prefix tokens of the slot's request if admitted
+    #                          this step (physics latency only)
+    ema: chex.Array  # float64 [I]: physics preemption EMA
+    # ---- instance: KV cache (KVCache; see kvcache.py) ----
+    kv_ref: chex.Array  # int32 [I, K]: refcount (in use iff > 0)
+    kv_tok: chex.Array  # int32 [I, K]: tokens in the block
+    kv_slot: chex.Array  # int32 [I, K]: hash slot registered for the block, -1 = none
+    fifo: chex.Array  # int32 [I, R]: free-list ring of block ids (see kvcache.py), R = 2K
+    fkey: chex.Array  # int32 [I, K]: ring key of the block's live entry, -1 = in use
+    fhead: chex.Array  # int32 [I]: key of the free-list head (entries before it are consumed)
+    ftail: chex.Array  # int32 [I]: next key to append
+    kv_free: chex.Array  # int32 [I]: free blocks
+    # ---- KV hash slots of all instances (KVCache.hash_to_block) ----
+    slot_block: chex.Array  # int32 [S+1]: hash slot -> block (-1 = absent); last entry a sink
+    slot_seq: chex.Array  # int64 [S+1]: stamp of the last write to the slot (apply_slot_ops)
+    slot_clock: chex.Array  # int64: next stamp
+    # ---- releases queued by this step's completions (kvcache.defer_release) ----
+    rel_inst: chex.Array  # int32: their instance
+    rel_slots: chex.Array  # int32 [D]: their batch slots, in completion order
+    rel_count: chex.Array  # int32: releases queued
+    # ---- counters per instance, int64 [I] (Instance's counters) ----
+    hits: chex.Array  # prefix-cache hits (cached blocks claimed)
+    misses: chex.Array  # fresh blocks allocated
+    preempt_count: chex.Array  # preemptions
+    completed: chex.Array  # completed requests, length-capped ones included
+    dropped: chex.Array  # requests dropped as unservable at enqueue
+    timed_out: chex.Array  # requests timed out
+    capped_count: chex.Array  # requests completed at the max-model-len cap
+    input_tokens: chex.Array  # prompt tokens of the requests enqueued (not dropped)
+    steps: chex.Array  # steps executed
+    busy: chex.Array  # µs: sum of step durations
+    qdepth_time: chex.Array  # µs·requests: sum of queue length × step duration
+    peak_used: chex.Array  # most KV blocks in use when a step executes
+    # ---- run control and capacity overflow (never silently wrong: flagged per lane) ----
+    done: chex.Array  # bool: the lane has no event left within the horizon
+    iters: chex.Array  # int64: events handled
+    ovf_queue: chex.Array  # int32: pushes refused by a full wait queue
+    ovf_pending: chex.Array  # int32: routings refused by a full α-delay window
+    ovf_blocks: chex.Array  # int32: blocks past a block table's width (max_blocks_per_request)
+    ovf_deadline: chex.Array  # int32: events with more same-time deadlines than the window
 
 
 def init_state(st: EngineStatic, tb_capacity, rl_burst, admission_code, rate_limit_code):

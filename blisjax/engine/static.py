@@ -4,6 +4,9 @@
 that is not searched over. ``WorkloadConsts`` holds per-request constants and host-precomputed
 float tables as *traced* arrays (passed as arguments, never baked into the program) so XLA
 cannot constant-fold or rewrite the arithmetic that touches them.
+
+Counterpart: the settings ``blisjax.reference.cluster.ClusterSimulator`` and ``Instance`` read
+from the configuration in their constructors, and the constant fields of each ``SimRequest``.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ class EngineStatic:
       max_blocks_per_request: KV blocks one request can hold (prompt + output).
       deadline_window: requests sharing one deadline that can be ordered exactly.
       running_width: vector width of the narrowest step program; wider ones grow from it up
-        to the batch slots (``batch.step_widths``). Not a capacity: a step runs the narrowest
+        to the batch slots (``instance.step_widths``). Not a capacity: a step runs the narrowest
         program that holds every lane's running batch.
     """
 

@@ -4,10 +4,11 @@ fastest inside the engine's programs.
 ``jnp.cumsum`` lowers to a two-level ``reduce-window``; over a short vector most of its cost
 is fixed (64 lanes × 16 positions: 2.4 µs, against 0.9 µs for four shifted adds), and the
 block pops that use one run thousands of times per simulation. Over longer vectors XLA's form
-stays: hand-written block scans were faster in isolation but slower in the engine (A/B 1.013
-against 0.951 with them only at <= 32 positions; ``benchmarks/RESULTS.md``, fourteenth
-session), as they fuse worse with their neighbours. Integer addition is associative, so every
-form gives the same values.
+stays: a scan by blocks of 8 was faster in isolation but slower in the engine, as it fuses
+worse with its neighbours (``benchmarks/ab_engine.py``, one device, 64 lanes of scenario S:
+1.013 against the previous revision, where shifted adds up to 32 positions and ``jnp.cumsum``
+beyond gave 0.951; docs/performance.md). Integer addition is associative, so every form gives
+the same values. No reference counterpart (plain Python loops there).
 """
 
 from __future__ import annotations

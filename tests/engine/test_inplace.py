@@ -1,12 +1,12 @@
 """State updates inside the engine's loops stay in place in the compiled program.
 
 XLA updates a loop-carried array in place only when every read of its old value is an
-ancestor of the update (``kv.after_reads``); otherwise it copies the whole array at every
-iteration. For a release that copy was twice the [lanes, instances, batch slots] block-count
-array per completion, ~4 % of scenario S's wall time. These tests compile a loop of releases
-(as a step's completion loop runs them), a loop of allocations and a loop of evictions (as
-phase 1 preempts), and look for whole-array copies of per-slot, per-block or per-request
-arrays inside the loop bodies of the optimized program.
+ancestor of the update (``lockstep.after_reads``); otherwise it copies the whole array at
+every iteration. For a release that copy was twice the [lanes, instances, batch slots]
+block-count array per completion, ~4 % of scenario S's wall time. These tests compile a loop
+of releases (as a step's completion loop runs them), a loop of allocations and a loop of
+evictions (as phase 1 preempts), and look for whole-array copies of per-slot, per-block or
+per-request arrays inside the loop bodies of the optimized program.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import re
 import jax
 import jax.numpy as jnp
 
-from blisjax.engine import batch, kv
-from blisjax.engine.kv import LANES
+from blisjax.engine import instance, kvcache
+from blisjax.engine.lockstep import LANES, lane_while
 from blisjax.engine.params import params_from_config
 from blisjax.engine.state import init_state
 from blisjax.engine.static import build_consts, build_static
@@ -62,9 +62,9 @@ def test_release_in_a_loop_updates_block_counts_in_place():
     def lane(s, sb):
         def body(carry, go):
             s, k = carry
-            return kv.release(s, st, 0, (sb + k) % SLOTS, go), k + go.astype(k.dtype)
+            return kvcache.release(s, st, 0, (sb + k) % SLOTS, go), k + go.astype(k.dtype)
 
-        return kv.lane_while(lambda c: c[1] < 3, body, (s, jnp.int32(0)))[0]
+        return lane_while(lambda c: c[1] < 3, body, (s, jnp.int32(0)))[0]
 
     text = _compile(st, s, lane)
     assert " while(" in text
@@ -80,10 +80,10 @@ def test_allocation_in_a_loop_updates_hash_slots_in_place():
     def lane(s, sb):
         def body(carry, go):
             s, k = carry
-            s = kv.allocate(s, st, consts, 0, sb, 0, 4 * k, 4 * k + 4, empty, 0, go)
+            s = kvcache.allocate(s, st, consts, 0, sb, 0, 4 * k, 4 * k + 4, empty, 0, go)
             return s, k + go.astype(k.dtype)
 
-        return kv.lane_while(lambda c: c[1] < 3, body, (s, jnp.int32(0)))[0]
+        return lane_while(lambda c: c[1] < 3, body, (s, jnp.int32(0)))[0]
 
     text = _compile(st, s, lane)
     assert " while(" in text
@@ -97,11 +97,11 @@ def test_eviction_in_a_loop_updates_order_slots_and_grants_in_place():
     def lane(s, vpos):
         def body(carry, go):
             s, budget, k = carry
-            s, budget, _ = batch.evict(s, st, consts, p, 0, vpos, budget, go)
+            s, budget, _ = instance.evict(s, st, consts, p, 0, vpos, budget, go)
             return s, budget, k + go.astype(k.dtype)
 
         init = (s, jnp.int32(0), jnp.int32(0))
-        return kv.lane_while(lambda c: c[2] < 3, body, init)[0]
+        return lane_while(lambda c: c[2] < 3, body, init)[0]
 
     text = _compile(st, s, lane)
     assert " while(" in text

@@ -17,8 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from blisjax.engine import kv
-from blisjax.engine.kv import LANES
+from blisjax.engine import kvcache
+from blisjax.engine.lockstep import LANES
 from blisjax.engine.state import init_state
 from blisjax.engine.static import build_consts, build_static
 from blisjax.reference.kvcache import KVCache
@@ -61,11 +61,11 @@ def _kernel(st, consts):
     """One jitted step: allocate (op 0, optionally with the prefix lookup) or release (op 1)."""
     def lane(s, op, sb, r, pi, start, end, lookup):
         s = s.replace(pi=s.pi.at[r].set(pi))
-        cached, n_cached = kv.cached_blocks(s, st, consts, 0, r)
+        cached, n_cached = kvcache.cached_blocks(s, st, consts, 0, r)
         n_cached = jnp.where(lookup, n_cached, 0)
-        ok = kv.can_allocate(s, st, consts, 0, sb, r, start, end, cached, n_cached)
-        s = kv.allocate(s, st, consts, 0, sb, r, start, end, cached, n_cached, (op == 0) & ok)
-        s = kv.release(s, st, 0, sb, op == 1)
+        ok = kvcache.can_allocate(s, st, consts, 0, sb, r, start, end, cached, n_cached)
+        s = kvcache.allocate(s, st, consts, 0, sb, r, start, end, cached, n_cached, (op == 0) & ok)
+        s = kvcache.release(s, st, 0, sb, op == 1)
         return s, ok
 
     batched = jax.vmap(lane, in_axes=(0,) + (None,) * 7, axis_name=LANES)
@@ -74,7 +74,7 @@ def _kernel(st, consts):
 
 def _compare(s, st, ref: KVCache, hash_of, reqs):
     lane = jax.tree_util.tree_map(lambda x: x[0], s)
-    assert kv.free_list(lane, st, 0) == ref.free_list()
+    assert kvcache.free_list(lane, st, 0) == ref.free_list()
     assert int(lane.kv_free[0]) == ref.free_count
     assert np.asarray(lane.kv_ref[0]).tolist() == ref.refcount
     used = np.asarray(lane.kv_ref[0]) > 0
@@ -150,14 +150,14 @@ def test_kv_cache_matches_reference_op_by_op(seed):
 
 def _queue_kernel(st, consts):
     """Per-lane ops: allocate (op 0, with the prefix lookup on admission) or queue the
-    release of the request's slot (op 1, ``kv.defer_release``); op 2 does nothing."""
+    release of the request's slot (op 1, ``kvcache.defer_release``); op 2 does nothing."""
     def lane(s, op, r, pi, start, end, lookup):
         s = s.replace(pi=s.pi.at[r].set(pi))
-        cached, n_cached = kv.cached_blocks(s, st, consts, 0, r)
+        cached, n_cached = kvcache.cached_blocks(s, st, consts, 0, r)
         n_cached = jnp.where(lookup, n_cached, 0)
-        ok = kv.can_allocate(s, st, consts, 0, r, r, start, end, cached, n_cached)
-        s = kv.allocate(s, st, consts, 0, r, r, start, end, cached, n_cached, (op == 0) & ok)
-        return kv.defer_release(s, st, 0, r, op == 1), ok
+        ok = kvcache.can_allocate(s, st, consts, 0, r, r, start, end, cached, n_cached)
+        s = kvcache.allocate(s, st, consts, 0, r, r, start, end, cached, n_cached, (op == 0) & ok)
+        return kvcache.defer_release(s, st, 0, r, op == 1), ok
 
     return jax.jit(jax.vmap(lane, axis_name=LANES))
 
@@ -210,7 +210,8 @@ def test_queued_releases_of_all_lanes_match_reference(seed):
         if not releasing and any(queued):
             # the queues run before this wave of allocations, as the engine runs them at
             # the end of the lockstep iteration that queued them
-            room = [kv.ring_size(st) - int(s.ftail[ln, 0] - s.fhead[ln, 0]) for ln in range(lanes)]
+            room = [kvcache.ring_size(st) - int(s.ftail[ln, 0] - s.fhead[ln, 0])
+                    for ln in range(lanes)]
             held = [sum(int(s.blen[ln, 0, q]) for q in queued[ln]) for ln in range(lanes)]
             fits = all(h <= rm for h, rm in zip(held, room, strict=True))
             flat_ring += fits

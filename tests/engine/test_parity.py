@@ -134,7 +134,7 @@ def test_more_completions_in_one_step_than_the_release_queue_holds():
 
 def test_completions_of_one_step_at_once_free_their_tenants_quota():
     """Three requests of one tenant finish in the same step (so a lockstep block of lanes
-    completes them in one pass, ``batch.complete_planned``), each final token taking a fresh
+    completes them in one pass, ``instance.complete_planned``), each final token taking a fresh
     block (prompts of exactly 2 blocks of 4). The tenant may have 3 requests in flight: the
     next three arrivals are admitted only if all three completions left the count, and are
     rejected if the pass decremented it once per step instead of once per request.
@@ -234,7 +234,7 @@ def test_step_widths_grow_from_the_narrowest_to_batch_slots(narrowest, slots, pe
                                                             widths):
     from types import SimpleNamespace
 
-    from blisjax.engine.batch import step_widths
+    from blisjax.engine.instance import step_widths
     st = SimpleNamespace(running_width=narrowest, batch_slots=slots)
     assert step_widths(st, per_octave) == widths
 
@@ -244,7 +244,7 @@ def test_step_widths_grow_from_the_narrowest_to_batch_slots(narrowest, slots, pe
 def test_release_widths_double_up_to_block_table(table, widths):
     from types import SimpleNamespace
 
-    from blisjax.engine.kv import release_widths
+    from blisjax.engine.kvcache import release_widths
     assert release_widths(SimpleNamespace(max_blocks_per_request=table)) == widths
 
 
@@ -254,7 +254,7 @@ def test_prefix_widths_narrow_to_the_prefix_groups(prompt_blocks, group_blocks, 
     # a never-preempted request's cached chain is at most the prefix groups' block count
     from types import SimpleNamespace
 
-    from blisjax.engine.kv import prefix_widths
+    from blisjax.engine.kvcache import prefix_widths
     st = SimpleNamespace(max_prompt_blocks=prompt_blocks, group_blocks_max=group_blocks)
     assert prefix_widths(st) == widths
 

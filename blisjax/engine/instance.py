@@ -1,6 +1,16 @@
-"""One instance step (semantics note Part A §2.2–§2.7) on one lane: FormBatch phase 1 and 2
-with chunked prefill and preemption, the step's duration and progress, and completions.
-Mirrors ``blisjax.reference.instance.Instance._step`` statement by statement."""
+"""One instance of one lane: its enqueue and timeout events and its step.
+
+Counterpart: ``blisjax.reference.instance.Instance`` — ``enqueue`` is ``_enqueue``, ``timeout``
+``_timeout``, and ``step`` is ``_step`` statement by statement: ``_form_batch`` as ``phase1``
+(continue the running requests, with chunked prefill and preemption: ``preempt_for_tokens``,
+``victim_position``, ``evict``) and ``phase2`` (admit from the wait queue), then ``execute``
+(``_execute``: the step's duration and progress) and ``complete`` (``_complete`` and
+``_finish``). Behaviour: docs/semantics.md §2.1–§2.9.
+
+The reference walks the running batch request by request; here work over the running batch is
+vectorized over its positions 0 .. width - 1 (``by_width`` picks the width), and loops remain
+only where one request's outcome changes the next one's (preemption, admissions, releases).
+"""
 
 from __future__ import annotations
 
@@ -9,57 +19,105 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from blisjax.engine import hostlatency, kv
-from blisjax.engine.kv import add, upd
-from blisjax.engine.queues import order_remove_at, q_at, q_fold, q_push_front, q_remove_at
-from blisjax.engine.state import COMPLETED, INT64_MAX, NIL, QUEUED, RUNNING, SimState
+from blisjax.engine import hostlatency
+from blisjax.engine import kvcache as kv
+from blisjax.engine.lockstep import (
+    add,
+    after_reads,
+    by_width,
+    lane_max,
+    lane_once,
+    lane_while,
+    upd,
+)
+from blisjax.engine.policies import head_offset, priority_score
+from blisjax.engine.queues import (
+    order_remove_at,
+    q_at,
+    q_offset_of,
+    q_push_back,
+    q_push_front,
+    q_remove_at,
+)
+from blisjax.engine.state import (
+    COMPLETED,
+    DROPPED,
+    INT64_MAX,
+    NIL,
+    QUEUED,
+    RUNNING,
+    TIMED_OUT,
+    SimState,
+)
 from blisjax.engine.vec import prefix_sum
 from blisjax.metrics import records
 
 F64 = jnp.float64
 
 
-def priority_score(p, c, r, now):
-    """Priority of request(s) r at time now (higher = more urgent); see reference Priority."""
-    age = (now - c.arrival_us[r]).astype(F64)
-    slo_based = p.age_weight * (0.0 + c.one_e_6 * age)
-    slo_class = p.class_score[c.slo_class[r]]
-    tenant = p.tenant_score[c.tenant[r]]
-    slack = (c.deadline_us[r] - now).astype(F64)
-    deadline = jnp.where(c.deadline_us[r] > 0, -(c.one_e_6 * slack), p.no_deadline_score)
-    return jnp.stack([jnp.zeros_like(slo_based), slo_based, slo_class, tenant, deadline])[p.priority]
+# ---- enqueue and timeout -----------------------------------------------------------------------
 
 
-def head_offset(s: SimState, st, c, p, i, now, active):
-    """Queue offset of the next request to admit: fcfs = the head; priority-fcfs =
-    (priority desc, arrival, index); sjf = (input length, arrival, index) — the
-    lexicographically smallest key, folded over the queue ``q_chunk`` entries at a time (work
-    follows the queue's length; nothing runs when every lane is fcfs)."""
-    by_priority = p.scheduler == 1
-    inf = jnp.asarray(jnp.inf, F64)
-    imax = jnp.iinfo(jnp.int64).max
+def _finish_in_flight(s: SimState, c, i, r, active) -> SimState:
+    """A request left instance i (dropped, timed out): router in-flight counts go down."""
+    t = c.tenant[r]
+    return s.replace(
+        in_flight=upd(s.in_flight, i, jnp.maximum(s.in_flight[i] - 1, 0), active),
+        tenant_in_flight=upd(s.tenant_in_flight, t, jnp.maximum(s.tenant_in_flight[t] - 1, 0),
+                             active))
 
-    def fold(best, off, reqs, valid):
-        b_key, b_arrival, b_req, b_off = best
-        # sjf's integer lengths are exact in float64, so one key type serves both orders
-        key = jnp.where(by_priority, -priority_score(p, c, reqs, now),
-                        c.input_tokens[reqs].astype(F64))
-        arrival = c.arrival_us[reqs]
-        key_min = jnp.min(jnp.where(valid, key, inf))
-        cand = valid & (key == key_min)
-        arrival_min = jnp.min(jnp.where(cand, arrival, imax))
-        cand = cand & (arrival == arrival_min)
-        j = jnp.argmin(jnp.where(cand, reqs, st.num_requests + 1))
-        better = jnp.any(valid) & (
-            (key[j] < b_key) | ((key[j] == b_key) & ((arrival[j] < b_arrival)
-                                                     | ((arrival[j] == b_arrival)
-                                                        & (reqs[j] < b_req)))))
-        return (jnp.where(better, key[j], b_key), jnp.where(better, arrival[j], b_arrival),
-                jnp.where(better, reqs[j], b_req), jnp.where(better, off[j], b_off))
 
-    init = (inf, jnp.asarray(imax, jnp.int64), jnp.asarray(st.num_requests + 1, jnp.int32),
-            jnp.asarray(0, jnp.int32))
-    return q_fold(s, st, i, active & (p.scheduler != 0), fold, init)[3]
+def enqueue(s: SimState, st, c, i, e, now, active) -> SimState:
+    """End of the α delay (``Instance._enqueue``): BLIS EnqueueRequest guards, then the wait
+    queue (docs/semantics.md §2.1)."""
+    r = jnp.where(active, s.pend_req[i, e], st.num_requests)
+    s = s.replace(pend_req=upd(s.pend_req, (i, e), NIL, active))
+    l_in, out = c.input_tokens[r], c.output_tokens[r]
+    mml = st.max_model_len
+    if mml > 0:
+        max_out = jnp.where((out == 0) & (l_in < mml), mml - l_in, out)
+        unservable = (l_in >= mml) | ((max_out > 0) & (l_in + max_out > mml))
+    else:  # unlimited length is still bounded by the KV cache (see the reference engine)
+        unservable = l_in + out > st.kv_blocks * st.block_size
+    drop = active & (unservable | ((l_in + st.block_size - 1) // st.block_size > st.kv_blocks))
+    admitted = active & ~drop
+    due = admitted & (c.deadline_us[r] > 0) & (c.deadline_us[r] <= now)
+    queued = admitted & ~due
+    status = jnp.where(drop, DROPPED, jnp.where(due, TIMED_OUT, QUEUED)).astype(s.status.dtype)
+    s = s.replace(
+        status=s.status.at[r].set(jnp.where(active, status, s.status[r])),
+        dropped=add(s.dropped, i, 1, drop), timed_out=add(s.timed_out, i, 1, due),
+        input_tokens=add(s.input_tokens, i, l_in.astype(jnp.int64), admitted),
+        enq_seq=s.enq_seq.at[r].set(jnp.where(queued, s.enq_counter, s.enq_seq[r])),
+        enq_counter=s.enq_counter + queued.astype(jnp.int64))
+    s = _finish_in_flight(s, c, i, r, drop | due)
+    s = q_push_back(s, st, i, r, queued)
+    start_step = queued & (s.step_time[i] < 0)
+    return s.replace(step_time=upd(s.step_time, i, now, start_step))
+
+
+def timeout(s: SimState, st, c, i, r, now, active) -> SimState:
+    """Client deadline for a queued or running request (``Instance._timeout``;
+    docs/semantics.md §2.9)."""
+    r = jnp.where(active, r, st.num_requests)
+    running = active & (s.status[r] == RUNNING)
+    queued = active & ~running
+    slots_of_r = (s.slot_req[i] == r) & running
+    sb = jnp.argmax(slots_of_r).astype(jnp.int32)
+    pos = jnp.argmax((s.order[i] == sb) & (jnp.arange(st.batch_slots) < s.n_run[i]))
+    s = kv.release(s, st, i, sb, running)
+    s = order_remove_at(s, st, i, pos, running)
+    s = s.replace(slot_req=upd(s.slot_req, (i, sb), NIL, running))
+    s = q_remove_at(s, st, i, q_offset_of(s, st, i, r, queued), queued)
+    s = s.replace(status=s.status.at[r].set(jnp.where(active, TIMED_OUT, s.status[r])
+                                            .astype(s.status.dtype)),
+                  timed_out=add(s.timed_out, i, 1, active), computed=s.computed.at[r].set(0))
+    s = _finish_in_flight(s, c, i, r, active)
+    wake = active & (s.n_run[i] == 0) & (s.q_len[i] > 0) & (s.step_time[i] < 0)
+    return s.replace(step_time=upd(s.step_time, i, now, wake))
+
+
+# ---- batch formation (FormBatch) --------------------------------------------------------------
 
 
 def clamp_prefill(st, n, start, budget):
@@ -95,29 +153,38 @@ def evict(s: SimState, st, c, p, i, vpos, budget, active):
     r = jnp.where(active, s.slot_req[i, sb0], st.num_requests)
     budget = (budget + jnp.where(active & (s.num_new[r] > 0), s.num_new[r], 0)).astype(jnp.int32)
     s = kv.release(s, st, i, sb0, active)
-    # Each write below is tied (kv.after_reads) to results of what read its array's old value
+    # Each write below is tied (``after_reads``) to results of what read its array's old value
     # — the victim's request and grant, then the release and slot writes that used its slot —
     # so XLA updates num_new, slot_req and order in place; otherwise it copies them whole at
     # every eviction (fusion re-reads the slot inside each kernel that uses it). All tie
     # values are >= 0: r, the budget, ftail, a block count, a slot's request + 1.
     tie = jnp.minimum(r, jnp.maximum(budget, 0))
     s = s.replace(
-        num_new=s.num_new.at[r].set(kv.after_reads(jnp.int32(0), tie)),
+        num_new=s.num_new.at[r].set(after_reads(jnp.int32(0), tie)),
         status=s.status.at[r].set(QUEUED),
         pi=s.pi.at[r].set(0), itl_sum=s.itl_sum.at[r].set(0), computed=s.computed.at[r].set(0),
         preempt=s.preempt.at[r].add(1), preempt_count=add(s.preempt_count, i, 1, active),
-        slot_req=upd(s.slot_req, (i, sb0), kv.after_reads(NIL, tie), active))
+        slot_req=upd(s.slot_req, (i, sb0), after_reads(NIL, tie), active))
     done = jnp.minimum(jnp.minimum(tie, s.ftail[i]),
                        jnp.minimum(s.blen[i, sb0], s.slot_req[i, sb0] + 1))
-    s = order_remove_at(s, st, i, kv.after_reads(vpos, done), active)
+    s = order_remove_at(s, st, i, after_reads(vpos, done), active)
     s = q_push_front(s, st, i, r, active)
     return s, budget, sb
 
 
-def preempt_for_tokens(s: SimState, st, c, p, i, sb, r, n, pos, budget, active, width: int):
-    """Evict victims until n tokens of running request r fit, then allocate them (§2.5).
+class PreemptOutcome(NamedTuple):
+    """What ``preempt_for_tokens`` did besides changing the state."""
 
-    Returns (state, success, cursor, budget, preempted_any)."""
+    success: jax.Array  # bool: the tokens were allocated (the request was not itself evicted)
+    pos: jax.Array  # int32: the cursor, moved back by one per victim evicted before it
+    budget: jax.Array  # int32: tokens left, with the victims' grants of this step refunded
+    preempted: jax.Array  # bool: some request was evicted
+
+
+def preempt_for_tokens(s: SimState, st, c, p, i, sb, r, n, pos, budget, active, width: int):
+    """Evict victims until n tokens of running request r fit, then allocate them
+    (``Instance._preempt_for_tokens``; docs/semantics.md §2.5). Returns
+    ``(state, PreemptOutcome)``."""
     empty = jnp.zeros(1, jnp.int32)
 
     def body(carry, go):
@@ -134,14 +201,22 @@ def preempt_for_tokens(s: SimState, st, c, p, i, sb, r, n, pos, budget, active, 
         return s, pos, budget, pre | do_evict, failed, going & ~ok & ~failed
 
     init = (s, pos, budget, jnp.asarray(False), jnp.asarray(False), active)
-    s, pos, budget, pre, failed, _ = kv.lane_while(lambda c: c[5], body, init)
+    s, pos, budget, pre, failed, _ = lane_while(lambda c: c[5], body, init)
     success = active & ~failed
     pi = s.pi[r]
     s = kv.allocate(s, st, c, i, sb, r, pi, pi + n, empty, 0, success)
-    return s, success, pos, budget, pre
+    return s, PreemptOutcome(success, pos, budget, pre)
 
 
-def _continue_wants(s: SimState, st, c, r):
+class Wants(NamedTuple):
+    """What running requests ask for in phase 1 (``_continue_wants``); shapes of r."""
+
+    needs: jax.Array  # bool: the request is served this step if the budget allows
+    tokens: jax.Array  # int32: its prefill chunk, or 1 for a decode token
+    prefill: jax.Array  # bool: it is in prefill
+
+
+def _continue_wants(s: SimState, st, c, r) -> Wants:
     """Tokens each running request r[k] asks for in phase 1, before the token budget: its
     prefill chunk (long-prefill threshold, max-model-len cap) or one decode token; 0 for a
     request that gets nothing (length-capped decode, or no output tokens)."""
@@ -151,7 +226,7 @@ def _continue_wants(s: SimState, st, c, r):
     if st.max_model_len > 0:
         decode = decode & ~(pi + 1 > st.max_model_len - 1)
     chunk = clamp_prefill(st, l_in - pi, pi, jnp.asarray(st.token_budget, jnp.int32))
-    return prefill | decode, jnp.where(prefill, chunk, 1), prefill
+    return Wants(prefill | decode, jnp.where(prefill, chunk, 1), prefill)
 
 
 def phase1_fast(s: SimState, st, c, i, active, width: int, start=0, budget=None,
@@ -169,16 +244,19 @@ def phase1_fast(s: SimState, st, c, i, active, width: int, start=0, budget=None,
     """
     if budget is None:
         budget = jnp.asarray(st.token_budget, jnp.int32)
-    valid, slots, reqs = _running(s, st, i, width)
+    run_slots = _running(s, st, i, width)
+    valid, slots, reqs = run_slots.valid, run_slots.slots, run_slots.reqs
     valid = valid & (jnp.arange(width) >= start)
     r = jnp.where(valid & active, reqs, st.num_requests)
-    needs, want, prefill = _continue_wants(s, st, c, r)
+    wants = _continue_wants(s, st, c, r)
+    needs, want, prefill = wants.needs, wants.tokens, wants.prefill
     needs = needs & valid & active
     want = jnp.where(needs, want, 0)
     before = prefix_sum(want) - want
     served = needs & (before < budget)
     n = jnp.where(served, jnp.minimum(want, budget - before), 0).astype(jnp.int32)
-    blen, last, filled = kv.last_block_fill(s, st, i, slots)
+    fill = kv.last_block_fill(s, st, i, slots)
+    blen, last, filled = fill.blen, fill.last, fill.filled
     fresh = jnp.where(served, kv.blocks_needed(st, blen, filled, n), 0).astype(jnp.int32)
     fresh_through = prefix_sum(fresh)
     short = served & (fresh_through > s.kv_free[i])
@@ -187,11 +265,15 @@ def phase1_fast(s: SimState, st, c, i, active, width: int, start=0, budget=None,
     ok = served & before_stop
     # the grant's fresh blocks are these up to stop (the same formula), none after it
     through_stop = jnp.where(stop > 0, fresh_through[jnp.maximum(stop - 1, 0)], 0)
-    known = (blen, last, filled, jnp.where(before_stop, fresh_through, through_stop))
+    known = kv.KnownGrant(blen, last, filled,
+                          jnp.where(before_stop, fresh_through, through_stop))
     s = kv.grant_tokens(s, st, c, i, slots, r, n, prefill, ok, known=known)
-    rr = jnp.where(ok, r, st.num_requests)
-    granted = s.num_new.at[r].set(jnp.where(ok, n, 0)) if reset else s.num_new.at[rr].set(n)
-    s = s.replace(num_new=granted, computed=s.computed.at[rr].add(n))
+    r_or_sink = jnp.where(ok, r, st.num_requests)
+    if reset:
+        granted = s.num_new.at[r].set(jnp.where(ok, n, 0))
+    else:
+        granted = s.num_new.at[r_or_sink].set(n)
+    s = s.replace(num_new=granted, computed=s.computed.at[r_or_sink].add(n))
     budget = (budget - jnp.sum(jnp.where(ok, n, 0))).astype(jnp.int32)
     return s, stop, budget
 
@@ -204,8 +286,8 @@ def phase1(s: SimState, st, c, p, i, active, width: int):
     The vectorized pass (``phase1_fast``) serves every request up to the first one whose KV
     does not fit; the loop below serves that one with preemption, then resumes the vectorized
     pass after it. Its trip count is the number of such shortfalls in the step (usually none),
-    not the number of requests after the first one — which kept every lane of a lockstep block
-    waiting whenever one lane preempted."""
+    not the number of requests after the first one, so one lane's preemption does not keep
+    every lane of a lockstep block waiting for a request-by-request loop."""
     s, stop, budget = phase1_fast(s, st, c, i, active, width, reset=True)
 
     def cond(carry):
@@ -216,14 +298,17 @@ def phase1(s: SimState, st, c, p, i, active, width: int):
         s, pos, budget, pre, halt = carry
         sb = s.order[i, jnp.minimum(pos, st.batch_slots - 1)]
         r = jnp.where(go, s.slot_req[i, jnp.maximum(sb, 0)], st.num_requests)
-        needs, want, _ = _continue_wants(s, st, c, r)
+        wants = _continue_wants(s, st, c, r)
+        needs, want = wants.needs, wants.tokens
         need = go & needs
         n = jnp.minimum(want, budget).astype(jnp.int32)
-        s, ok, pos, budget, pre_now = preempt_for_tokens(s, st, c, p, i, jnp.maximum(sb, 0), r,
-                                                         n, pos, budget, need, width)
+        s, outcome = preempt_for_tokens(s, st, c, p, i, jnp.maximum(sb, 0), r, n, pos, budget,
+                                        need, width)
+        ok, pos, budget, pre_now = outcome.success, outcome.pos, outcome.budget, outcome.preempted
         granted = need & ok
-        rr = jnp.where(granted, r, st.num_requests)
-        s = s.replace(num_new=s.num_new.at[rr].set(n), computed=s.computed.at[rr].add(n))
+        r_or_sink = jnp.where(granted, r, st.num_requests)
+        s = s.replace(num_new=s.num_new.at[r_or_sink].set(n),
+                      computed=s.computed.at[r_or_sink].add(n))
         budget = jnp.where(granted, budget - n, budget).astype(jnp.int32)
         halt_now = need & ~ok
         pos = jnp.where(go & ~halt_now, pos + 1, pos)
@@ -233,7 +318,7 @@ def phase1(s: SimState, st, c, p, i, active, width: int):
         return s, pos, budget, pre | pre_now, halt | halt_now
 
     init = (s, stop, budget, jnp.asarray(False), jnp.asarray(False))
-    s, _, budget, pre, _ = kv.lane_while(cond, body, init)
+    s, _, budget, pre, _ = lane_while(cond, body, init)
     return s, budget, pre
 
 
@@ -255,7 +340,8 @@ def phase2(s: SimState, st, c, p, i, now, budget, preempted, active):
             """Cached prefix (at width w), chunk, pre-check, and the claim of the cached
             blocks — the part of the allocation that follows the prefix's width."""
             s, start, n, ok = carry
-            cached, n_cached = kv.cached_blocks(s, st, c, i, r, w)
+            prefix_found = kv.cached_blocks(s, st, c, i, r, w)
+            cached, n_cached = prefix_found.blocks, prefix_found.count
             start_w = n_cached * st.block_size
             n_w = clamp_prefill(st, c.input_tokens[r] - start_w, start_w, budget)
             ok_w = go & kv.can_allocate(s, st, c, i, sb, r, start_w, start_w + n_w, cached,
@@ -265,33 +351,58 @@ def phase2(s: SimState, st, c, p, i, now, budget, preempted, active):
             return (s, jnp.where(go, start_w, start), jnp.where(go, n_w, n), ok | ok_w)
 
         widths = kv.prefix_widths(st)
-        need = kv.lane_max(jnp.where(go, jnp.where(s.preempt[r] > 0, widths[-1], widths[0]), 0))
+        need = lane_max(jnp.where(go, jnp.where(s.preempt[r] > 0, widths[-1], widths[0]), 0))
         zero = jnp.asarray(0, jnp.int32)
-        s, start, n, ok = kv.by_width(widths, need, go, prefix, (s, zero, zero, jnp.zeros_like(go)))
+        s, start, n, ok = by_width(widths, need, go, prefix, (s, zero, zero, jnp.zeros_like(go)))
         s, r = q_remove_at(s, st, i, k, ok, through=r)  # r read before the queue moves
         s = kv.allocate(s, st, c, i, sb, r, start, start + n, jnp.zeros(1, jnp.int32), 0, ok)
-        rr = jnp.where(ok, r, st.num_requests)
+        r_or_sink = jnp.where(ok, r, st.num_requests)
         if st.stateful_latency:  # physics reads the prefix tokens of this step's admissions
             s = s.replace(step_cached=upd(s.step_cached, (i, sb), start, ok))
         s = s.replace(
             order=upd(s.order, (i, s.n_run[i]), sb, ok), n_run=add(s.n_run, i, 1, ok),
-            slot_req=upd(s.slot_req, (i, sb), r, ok), status=s.status.at[rr].set(RUNNING),
-            num_new=s.num_new.at[rr].set(n), computed=s.computed.at[rr].set(n + start),
-            sched=s.sched.at[rr].set(now - c.arrival_us[r]),
-            prio=s.prio.at[rr].set(priority_score(p, c, r, now)))
+            slot_req=upd(s.slot_req, (i, sb), r, ok), status=s.status.at[r_or_sink].set(RUNNING),
+            num_new=s.num_new.at[r_or_sink].set(n),
+            computed=s.computed.at[r_or_sink].set(n + start),
+            sched=s.sched.at[r_or_sink].set(now - c.arrival_us[r]),
+            prio=s.prio.at[r_or_sink].set(priority_score(p, c, r, now)))
         return s, jnp.where(ok, budget - n, budget).astype(jnp.int32), stop | (go & ~ok)
 
-    s, _, _ = kv.lane_while(cond, body, (s, budget, jnp.asarray(False)))
+    s, _, _ = lane_while(cond, body, (s, budget, jnp.asarray(False)))
     return s
 
 
-def _running(s: SimState, st, i, width: int):
-    """(valid, batch slots, requests) of running positions 0..width-1 (width >= n_run)."""
+# ---- execute (the step's duration and progress) ----------------------------------------------
+
+
+class RunningSlots(NamedTuple):
+    """Running positions 0 .. width - 1 of an instance (``_running``); each [width]."""
+
+    valid: jax.Array  # bool: position < n_run
+    slots: jax.Array  # int32: the position's batch slot (0 where not valid)
+    reqs: jax.Array  # int32: the slot's request (N, the sink row, where not valid)
+
+
+class Running(NamedTuple):
+    """What ``execute`` read and wrote of running positions 0 .. width - 1, for
+    ``complete``; each [width], request fields at N (the sink row) where not valid."""
+
+    valid: jax.Array  # bool: position < n_run
+    slots: jax.Array  # int32: batch slot
+    reqs: jax.Array  # int32: request
+    pi: jax.Array  # int32: progress after the step
+    l_in: jax.Array  # int32: input tokens
+    out: jax.Array  # int32: output tokens
+
+
+def _running(s: SimState, st, i, width: int) -> RunningSlots:
+    """Valid flags, batch slots and requests of running positions 0..width-1 (width >=
+    n_run)."""
     pos = jnp.arange(width)
     valid = pos < s.n_run[i]
     slots = jnp.maximum(s.order[i, :width], 0)
     reqs = jnp.where(valid, s.slot_req[i, slots], st.num_requests)
-    return valid, slots, reqs
+    return RunningSlots(valid, slots, reqs)
 
 
 def step_duration(c, cm, dc):
@@ -302,8 +413,10 @@ def step_duration(c, cm, dc):
 
 
 def execute(s: SimState, st, c, i, now, n_preempted, active, width: int):
-    """Step time from the scheduled requests; then progress, ITL and TTFT (§2.6)."""
-    valid, slots, reqs = _running(s, st, i, width)
+    """Step time from the scheduled requests; then progress, ITL and TTFT
+    (``Instance._execute``; docs/semantics.md §2.6)."""
+    run_slots = _running(s, st, i, width)
+    valid, slots, reqs = run_slots.valid, run_slots.slots, run_slots.reqs
     nn = jnp.where(valid, s.num_new[reqs], 0)
     pi, l_in, out = s.pi[reqs], c.input_tokens[reqs], c.output_tokens[reqs]
     if st.latency is None:
@@ -325,9 +438,9 @@ def execute(s: SimState, st, c, i, now, n_preempted, active, width: int):
     # with pi; input lengths are >= 1). No per-request flag or count to gather and scatter.
     first = on & (pi < l_in) & (new_pi == l_in)
     sink = st.num_requests
-    w = jnp.where(on, reqs, sink)
+    r_or_sink = jnp.where(on, reqs, sink)
     s = s.replace(
-        pi=s.pi.at[w].set(new_pi),
+        pi=s.pi.at[r_or_sink].set(new_pi),
         itl_sum=s.itl_sum.at[jnp.where(dec, reqs, sink)].add(itl),
         ttft=s.ttft.at[jnp.where(first, reqs, sink)].set(now + d + st.otp_us - c.arrival_us[reqs]))
     if st.itl_capacity > 0:
@@ -338,17 +451,22 @@ def execute(s: SimState, st, c, i, now, n_preempted, active, width: int):
     s = s.replace(peak_used=upd(s.peak_used, i, jnp.maximum(s.peak_used[i], used), active),
                   busy=add(s.busy, i, d, active),
                   qdepth_time=add(s.qdepth_time, i, s.q_len[i].astype(jnp.int64) * d, active))
-    return s, d, (valid, slots, reqs, new_pi, l_in, out)
+    return s, d, Running(valid, slots, reqs, new_pi, l_in, out)
 
 
-def complete(s: SimState, st, c, i, now, d, active, running, defer: bool = False):
-    """Completions and length caps, accounted at the step start (§2.7), in batch order.
-    ``running``: what ``execute`` read and wrote of the running positions (valid, slots,
-    requests, progress, input and output lengths), so it is not read again. ``defer``: queue
+# ---- completions ------------------------------------------------------------------------------
+
+
+def complete(s: SimState, st, c, i, now, d, active, running: Running, defer: bool = False):
+    """Completions and length caps, accounted at the step start, in batch order
+    (``Instance._complete`` and ``_finish``; docs/semantics.md §2.7).
+    ``running``: what ``execute`` read and wrote of the running positions, so it is not read
+    again. ``defer``: queue
     the releases (``kv.defer_release``) for the block's pass across lanes instead of running
     them here, and return ``(state, plan)``: the lanes whose completions all go in one pass
     are left to ``complete_planned`` (``_plan_queued``); the others took the loop here."""
-    valid, slots, reqs, pi, l_in, out = running
+    valid, slots, reqs = running.valid, running.slots, running.reqs
+    pi, l_in, out = running.pi, running.l_in, running.out
     width = valid.shape[0]
     done = records.output_finished(pi, l_in, out)
     capped = ~done & records.at_length_cap(pi, st.max_model_len)
@@ -375,7 +493,7 @@ def complete(s: SimState, st, c, i, now, d, active, running, defer: bool = False
         if defer:
             # The releases of earlier completions are queued; the final token's block comes
             # from the free list's head, which they would only reach empty.
-            s = kv.lane_once(go & kv.must_flush(s, i, final),
+            s = lane_once(go & kv.must_flush(s, i, final),
                              lambda s, go: kv.flush_releases(s, st, go), s)
         ok = final & kv.can_allocate(s, st, c, i, sb, r, p_r, p_r + 1, empty, 0)
         s = kv.allocate(s, st, c, i, sb, r, p_r, p_r + 1, empty, 0, ok, chunk=1)
@@ -390,7 +508,7 @@ def complete(s: SimState, st, c, i, now, d, active, running, defer: bool = False
                                  jnp.maximum(s.tenant_in_flight[t] - 1, 0), go))
         return s, k + go.astype(k.dtype)
 
-    s, _ = kv.lane_while(lambda cr: cr[1] < count_loop, body, (s, jnp.asarray(0, jnp.int32)))
+    s, _ = lane_while(lambda cr: cr[1] < count_loop, body, (s, jnp.asarray(0, jnp.int32)))
     keep = valid & ~fin
     # valid positions are 0 .. n_run - 1, so the kept ones up to position k number
     # k + 1 - fin_through[k]
@@ -433,7 +551,8 @@ def no_plan(s: SimState) -> QueuedPlan:
                       false, zeros, zeros, zeros, zeros, jnp.asarray(False))
 
 
-def _plan_queued(s: SimState, st, c, i, fin, done, rank, count, running, active) -> QueuedPlan:
+def _plan_queued(s: SimState, st, c, i, fin, done, rank, count, running: Running,
+                 active) -> QueuedPlan:
     """Whether all of a step's completions can go in one pass, their releases queued
     (``kv.defer_release``), and what that pass needs; ``fast`` False where the lane must take
     the one-at-a-time loop instead.
@@ -448,7 +567,8 @@ def _plan_queued(s: SimState, st, c, i, fin, done, rank, count, running, active)
     The plan is made inside the step's width programs (it reads their running positions) and
     run once after them (``complete_planned``): it needs none of their width, and nothing in
     between writes what it reads."""
-    valid, slots, reqs, pi, l_in, out = running
+    slots, reqs = running.slots, running.reqs
+    pi, l_in, out = running.pi, running.l_in, running.out
     depth = s.rel_slots.shape[0]
     k = jnp.arange(depth, dtype=jnp.int32)
     width = fin.shape[0]
@@ -459,7 +579,8 @@ def _plan_queued(s: SimState, st, c, i, fin, done, rank, count, running, active)
     sb, r = slots[pos], jnp.where(on, reqs[pos], st.num_requests)
     p_r, l_r, o_r = pi[pos], l_in[pos], out[pos]
     final = on & done[pos] & (o_r > 0) & (p_r < l_r + o_r)
-    blen, last, filled = kv.last_block_fill(s, st, i, sb)
+    fill = kv.last_block_fill(s, st, i, sb)
+    blen, last, filled = fill.blen, fill.last, fill.filled
     fresh = jnp.where(final, kv.blocks_needed(st, blen, filled, 1), 0).astype(jnp.int32)
     room = (count <= depth - s.rel_count) & ((s.rel_count == 0) | (s.rel_inst == i))
     fast = active & (count > 0) & room & (jnp.sum(fresh) <= s.kv_free[i])
@@ -481,12 +602,12 @@ def complete_planned(s: SimState, st, c, i, plan: QueuedPlan) -> SimState:
     def grant(s, go):
         return kv.grant_tokens(s, st, c, i, sb, r, jnp.ones(depth, jnp.int32), plan.prefill,
                                final & go, chunk=depth,
-                               known=(plan.blen, plan.last, plan.filled,
-                                      prefix_sum(jnp.where(go, fresh, 0))))
+                               known=kv.KnownGrant(plan.blen, plan.last, plan.filled,
+                                                   prefix_sum(jnp.where(go, fresh, 0))))
 
     def queued(s, go):
         m = on & go
-        s = kv.lane_once(go & general, grant, s)
+        s = lane_once(go & general, grant, s)
         top = final & go & ~general  # every final token of the lane tops up
         s = s.replace(kv_tok=s.kv_tok.at[i, jnp.where(top, plan.last, st.kv_blocks)].add(
             1, mode="drop"))
@@ -504,7 +625,10 @@ def complete_planned(s: SimState, st, c, i, plan: QueuedPlan) -> SimState:
             rel_inst=jnp.where(go, jnp.asarray(i, jnp.int32), s.rel_inst),
             rel_count=s.rel_count + jnp.where(go, plan.count, 0))
 
-    return kv.lane_once(plan.fast, queued, s)
+    return lane_once(plan.fast, queued, s)
+
+
+# ---- the step ---------------------------------------------------------------------------------
 
 
 def _finish_at(s: SimState, st, c, i, now, n_preempted, go, width: int, defer: bool = False):
@@ -540,13 +664,13 @@ def step(s: SimState, st, c, p, i, now, active, defer: bool = False):
 
     Work over the running batch is vectorized over positions, so its cost follows the vector
     width. Each width-dependent part runs as one of a few programs of fixed width
-    (``kv.by_width``): phase 1 at the narrowest that holds the block's largest running batch,
+    (``by_width``): phase 1 at the narrowest that holds the block's largest running batch,
     execute and completions at the narrowest that holds it after admissions; admissions
     (phase 2) do not depend on the width and are compiled once. All widths give identical
     results.
 
-    Sizing each part by the running batch alone (the whole step once took the width of
-    running + queued) matters when queues are long: with 500 KV blocks per instance
+    Sizing each part by the running batch alone, rather than the whole step by running +
+    queued requests, matters when queues are long: with 500 KV blocks per instance
     (preemption, queues of hundreds) scenario S runs 1.5x faster. Execute and completions get
     finer widths (``FINISH_PER_OCTAVE``; on scenario S 62 % of steps need 89–104 positions);
     phase 1 keeps doubling widths because each of its copies carries the preemption loop and
@@ -564,19 +688,19 @@ def step(s: SimState, st, c, p, i, now, active, defer: bool = False):
         return s, jnp.where(go, budget_w, budget), pre | (go & pre_w)
 
     init = (s, jnp.asarray(st.token_budget, jnp.int32), jnp.asarray(False))
-    running = kv.lane_max(jnp.where(go, s.n_run[i], 0))
-    s, budget, pre = kv.by_width(step_widths(st, PHASE1_PER_OCTAVE), running, go,
+    running = lane_max(jnp.where(go, s.n_run[i], 0))
+    s, budget, pre = by_width(step_widths(st, PHASE1_PER_OCTAVE), running, go,
                                  phase1_program, init)
     if st.stateful_latency:
         s = s.replace(step_cached=s.step_cached.at[i].set(jnp.where(go, 0, s.step_cached[i])))
     s = phase2(s, st, c, p, i, now, budget, pre, go)
     n_preempted = s.preempt_count[i] - preempted_before
-    running = kv.lane_max(jnp.where(go, s.n_run[i], 0))
+    running = lane_max(jnp.where(go, s.n_run[i], 0))
     widths = step_widths(st, FINISH_PER_OCTAVE)
     if not defer:
-        return kv.by_width(widths, running, go,
+        return by_width(widths, running, go,
                            lambda s, go, w: _finish_at(s, st, c, i, now, n_preempted, go, w), s)
-    s, plan = kv.by_width(widths, running, go,
+    s, plan = by_width(widths, running, go,
                           lambda sp, go, w: _finish_at(sp[0], st, c, i, now, n_preempted, go, w,
                                                        True), (s, no_plan(s)))
     return complete_planned(s, st, c, i, plan)

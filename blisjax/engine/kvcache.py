@@ -1,8 +1,10 @@
 """KV-cache operations on one lane's state: free list, prefix lookup, allocate, release.
 
-Same semantics as ``blisjax.reference.kvcache`` (read its docstring first), with data structures
-chosen so that every operation is a handful of vector gathers and scatters rather than a loop
-over blocks:
+Counterpart: ``blisjax.reference.kvcache.KVCache`` — ``cached_blocks``, ``can_allocate``,
+``allocate`` and ``release`` keep its names and meaning (read its docstring first; behaviour:
+docs/semantics.md §3). The reference's per-request block list is the block table of the
+request's batch slot (``SimState.bt``, ``blen``). The data structures differ so that every
+operation is a handful of vector gathers and scatters rather than a loop over blocks:
 
 * **Free list.** The reference keeps a doubly linked LRU list: allocation pops the head, release
   appends to the tail, claiming a cached free block unlinks it from the middle. Here every
@@ -30,99 +32,24 @@ Masked scatters send their writes out of bounds with ``mode="drop"``.
 
 from __future__ import annotations
 
-import jax.numpy as jnp
-from jax import lax
+from typing import NamedTuple
 
+import jax
+import jax.numpy as jnp
+
+from blisjax.engine.lockstep import (
+    add,
+    after_reads,
+    by_width,
+    lane_max,
+    lane_once,
+    lane_while,
+    upd,
+)
 from blisjax.engine.state import NIL, SimState
 from blisjax.engine.vec import leading_count, prefix_sum
 
-LANES = "lanes"  # the vmap axis name of a population
 KEY_LIMIT = 1 << 30  # ring keys are renumbered from 0 before they could overflow int32
-
-
-def lane_while(cond_fn, body_fn, init):
-    """``while_loop`` for code vmapped over ``LANES``: runs while *any* lane's ``cond_fn`` holds
-    and calls ``body_fn(carry, go)`` with this lane's ``go``; the body must leave the carry
-    unchanged where ``go`` is False.
-
-    A plain ``while_loop`` with a per-lane predicate under ``vmap`` selects between old and new
-    values of its whole carry at every iteration — O(state size) per inner iteration. Reducing
-    the predicate over the lane axis keeps each iteration O(what it touches). The lane's
-    ``go`` and the reduced flag are carried, computed once per iteration at the end of the
-    body: the loop's own condition then only reads a scalar (no kernel of its own), and
-    ``cond_fn`` runs once per iteration, not once in the condition and again in the body.
-    """
-    def step(carry):
-        inner, go, _ = carry
-        inner = body_fn(inner, go)
-        go = cond_fn(inner)
-        return inner, go, _any_lane(go)
-
-    go = cond_fn(init)
-    return lax.while_loop(lambda carry: carry[2], step, (init, go, _any_lane(go)))[0]
-
-
-def _any_lane(flag):
-    """Whether ``flag`` holds in any lane (unbatched)."""
-    return lax.pmax(flag.astype(jnp.int32), LANES) > 0
-
-
-def lane_max(x):
-    """Maximum of ``x`` over all lanes (unbatched)."""
-    return lax.pmax(x, LANES)
-
-
-def lane_once(active, handler, s):
-    """``handler(s, active)`` run once if any lane is ``active``, skipped otherwise. A one-shot
-    loop rather than a ``cond``: XLA updates a loop's carry in place, a ``cond`` may copy it
-    (measured: with a ``lax.switch`` in place of ``by_width``'s loops, 300 requests of
-    scenario S took 29 s per call where 600 take ~1 s)."""
-    return run_if(_any_lane(active), lambda s: handler(s, active), s)
-
-
-def run_if(flag, fn, s):
-    """``fn(s)`` if the unbatched ``flag`` holds, else ``s`` (a one-shot loop, see
-    ``lane_once``)."""
-    def step(carry):
-        return fn(carry[0]), jnp.asarray(False)
-
-    return lax.while_loop(lambda carry: carry[1], step, (s, flag))[0]
-
-
-def by_width(widths, need, active, program, carry):
-    """``program(carry, go, w)`` at the narrowest width ``w`` of ``widths`` that is >= ``need``,
-    a lockstep maximum (unbatched: ``lane_max``), so every lane takes the same program and
-    only one runs. The program must leave the carry unchanged where ``go`` is False."""
-    if len(widths) == 1:
-        return program(carry, active, widths[0])
-    anyone = _any_lane(active)  # one reduction for all widths
-    for k, w in enumerate(widths):
-        fits = need > (widths[k - 1] if k else -1)
-        if k < len(widths) - 1:
-            fits = fits & (need <= w)
-        carry = run_if(anyone & fits, lambda cr, w=w: program(cr, active, w), carry)
-    return carry
-
-
-def upd(arr, idx, val, active):
-    """``arr[idx] = val`` where ``active``; otherwise unchanged (one gather + one scatter)."""
-    return arr.at[idx].set(jnp.where(active, val, arr[idx]))
-
-
-def add(arr, idx, delta, active):
-    return arr.at[idx].add(jnp.where(active, delta, 0).astype(arr.dtype))
-
-
-def after_reads(values, old):
-    """``values``, made data-dependent on ``old`` (same shape) without changing them.
-
-    XLA updates an array in place inside a loop only when every read of its old value is an
-    ancestor of the update; a read that feeds only *other* arrays (here: a block's old hash
-    slot, read to clear ``slot_block``) is unordered with the write, and XLA then copies the
-    whole array at every iteration. ``old`` holds values >= -1, so the test never fires, but
-    XLA cannot know that. (An optimization barrier does not order them; measured.)
-    """
-    return jnp.where(old < -1, old, values)
 
 
 def ring_size(st) -> int:
@@ -241,10 +168,18 @@ def apply_slot_ops(s: SimState, st, slots, values, seq, mask) -> SimState:
                      slot_clock=jnp.maximum(s.slot_clock, jnp.max(jnp.where(mask, stamp + 1, 0))))
 
 
-def cached_blocks(s: SimState, st, c, i, r, width: int | None = None):
-    """(blocks[width], count): the longest chain of registered prompt blocks of r on instance
-    i. ``width`` (default: the longest prompt's block count) may be smaller when the chain
-    cannot be longer (see ``prefix_widths``)."""
+class CachedPrefix(NamedTuple):
+    """The longest chain of registered prompt blocks of a request on an instance
+    (``cached_blocks``; the reference returns the list ``blocks[:count]``)."""
+
+    blocks: jax.Array  # int32 [width]: block of each prompt block's hash slot, -1 if none
+    count: jax.Array  # int32: leading blocks that form the chain (0 without prefix caching)
+
+
+def cached_blocks(s: SimState, st, c, i, r, width: int | None = None) -> CachedPrefix:
+    """The longest chain of registered prompt blocks of r on instance i. ``width`` (default:
+    the longest prompt's block count) may be smaller when the chain cannot be longer (see
+    ``prefix_widths``)."""
     mpb = max(st.max_prompt_blocks, 1) if width is None else width
     j = jnp.arange(mpb, dtype=jnp.int32)
     valid = j < c.full_blocks[r]
@@ -253,7 +188,7 @@ def cached_blocks(s: SimState, st, c, i, r, width: int | None = None):
     count = leading_count(hit)
     if not st.prefix_caching:
         count = jnp.zeros_like(count)
-    return blocks, count
+    return CachedPrefix(blocks, count)
 
 
 def prefix_widths(st) -> tuple[int, ...]:
@@ -270,12 +205,20 @@ def prefix_widths(st) -> tuple[int, ...]:
 # ---- allocation --------------------------------------------------------------------------------
 
 
-def last_block_fill(s: SimState, st, i, sb):
-    """(blocks held, last block, tokens in it) of batch slot(s) sb; tokens 0 if none held."""
+class BlockFill(NamedTuple):
+    """The block table's end of batch slot(s) sb (``last_block_fill``); shapes of sb."""
+
+    blen: jax.Array  # int32: blocks the slot holds
+    last: jax.Array  # int32: its last block (0 if it holds none)
+    filled: jax.Array  # int32: tokens in that block (0 if it holds none)
+
+
+def last_block_fill(s: SimState, st, i, sb) -> BlockFill:
+    """Blocks held, last block and the tokens in it of batch slot(s) sb on instance i."""
     blen = s.blen[i, sb]
     last = jnp.maximum(s.bt[i, sb, jnp.maximum(blen - 1, 0)], 0)
     filled = jnp.where(blen > 0, s.kv_tok[i, last], 0)
-    return blen, last, filled
+    return BlockFill(blen, last, filled)
 
 
 def blocks_needed(st, blen, filled, n):
@@ -288,7 +231,8 @@ def blocks_needed(st, blen, filled, n):
 def can_allocate(s: SimState, st, c, i, sb, r, start, end, cached, n_cached):
     """BLIS's check-then-act pre-check (prefill vs decode by the request's PI)."""
     bs = st.block_size
-    blen, _, filled = last_block_fill(s, st, i, sb)
+    fill = last_block_fill(s, st, i, sb)
+    blen, filled = fill.blen, fill.filled
     need = blocks_needed(st, blen, filled, end - start)
     k = jnp.arange(cached.shape[0])
     not_in_use = (k < n_cached) & (s.kv_ref[i, jnp.maximum(cached, 0)] == 0)
@@ -318,8 +262,34 @@ def claim_cached(s: SimState, st, i, sb, cached, n_claim, active) -> SimState:
 POP_CHUNK = 16  # fresh blocks per inner iteration of an allocation (phase 1, admissions)
 
 
+class KnownGrant(NamedTuple):
+    """What a caller of ``grant_tokens`` already computed from the same state, per request k
+    (shapes of ``sb``), so it is not gathered again."""
+
+    blen: jax.Array  # ``last_block_fill(s, st, i, sb)``
+    last: jax.Array
+    filled: jax.Array
+    cum: jax.Array  # int32: prefix sum of the fresh blocks each request takes where ``mask``
+    #                 (``blocks_needed``; 0 elsewhere)
+
+
+class _GrantChunks(NamedTuple):
+    """What every chunk of one ``grant_tokens`` call reads, per request k (shapes of ``sb``)."""
+
+    sb: jax.Array  # batch slot
+    r: jax.Array  # request
+    prefill: jax.Array  # the request was in prefill when the call was made
+    blen: jax.Array  # blocks held before the call
+    last: jax.Array  # last block held before the call
+    rest: jax.Array  # tokens left after topping up the last block
+    cum: jax.Array  # prefix sum of fresh blocks
+    before: jax.Array  # fresh blocks of the requests before k
+    reg_partial: jax.Array  # the top-up fills a prompt block, which is registered
+    chunk_of: jax.Array  # the chunk that applies that registration
+
+
 def grant_tokens(s: SimState, st, c, i, sb, r, n, prefill, mask,
-                 chunk: int = POP_CHUNK, known=None) -> SimState:
+                 chunk: int = POP_CHUNK, known: KnownGrant | None = None) -> SimState:
     """Allocate ``n[k]`` more tokens for request ``r[k]`` in batch slot ``sb[k]``, for every k
     where ``mask``, in k order — as consecutive reference ``allocate`` calls whose pre-checks
     passed: top up the partially filled last block, then take fresh blocks from the LRU head.
@@ -332,20 +302,16 @@ def grant_tokens(s: SimState, st, c, i, sb, r, n, prefill, mask,
     registration is applied with the chunk holding its request's first fresh block, and every
     chunk's ops come after the previous chunk's, so per-chunk resolution is exact.
 
-    ``known``: ``(blen, last, filled, cum)`` the caller already computed from this state —
-    ``last_block_fill(s, st, i, sb)`` and the prefix sum of each request's fresh blocks
-    where ``mask`` (``blocks_needed``, 0 elsewhere) — so they are not gathered again.
+    ``known``: the block fill and fresh-block prefix sum the caller already computed.
     """
     bs = st.block_size
-    if known is None:
-        blen, last, filled = last_block_fill(s, st, i, sb)
-    else:
-        blen, last, filled, known_cum = known
+    fill_now = last_block_fill(s, st, i, sb) if known is None else known
+    blen, last, filled = fill_now.blen, fill_now.last, fill_now.filled
     partial = mask & (n > 0) & (blen > 0) & (filled >= 1) & (filled < bs)
     fill = jnp.where(partial, jnp.minimum(bs - filled, n), 0)
     rest = jnp.where(mask, n - fill, 0)
     fresh = (rest + bs - 1) // bs
-    cum = prefix_sum(fresh.astype(jnp.int32)) if known is None else known_cum
+    cum = prefix_sum(fresh.astype(jnp.int32)) if known is None else known.cum
     before = cum - fresh
     total = cum[-1]
     s = s.replace(kv_tok=s.kv_tok.at[i, jnp.where(partial, last, st.kv_blocks)]
@@ -355,12 +321,12 @@ def grant_tokens(s: SimState, st, c, i, sb, r, n, prefill, mask,
         reg_partial = jnp.zeros_like(reg_partial)
     n_chunks = jnp.maximum((total + chunk - 1) // chunk, jnp.any(reg_partial))
     chunk_of = jnp.minimum(before // chunk, n_chunks - 1)
-    info = (sb, r, prefill, blen, last, rest, cum, before, reg_partial, chunk_of)
+    plan = _GrantChunks(sb, r, prefill, blen, last, rest, cum, before, reg_partial, chunk_of)
 
     def chunks(s, top_ups: bool):
         def body(carry, go):
             s, k = carry
-            s = _grant_chunk(s, st, c, i, info, k, total, go, chunk, top_ups)
+            s = _grant_chunk(s, st, c, i, plan, k, total, go, chunk, top_ups)
             return s, k + go.astype(k.dtype)
 
         init = (s, jnp.asarray(0, jnp.int32))
@@ -380,11 +346,13 @@ def grant_tokens(s: SimState, st, c, i, sb, r, n, prefill, mask,
         misses=s.misses.at[i].add(total.astype(jnp.int64)))
 
 
-def _grant_chunk(s: SimState, st, c, i, info, k, total, go, chunk: int,
+def _grant_chunk(s: SimState, st, c, i, plan: _GrantChunks, k, total, go, chunk: int,
                  top_ups: bool = True) -> SimState:
     """Chunk k of ``grant_tokens``: fresh blocks g in [k·C, k·C + C). ``top_ups=False``: no
     request registers a topped-up block (its hash-slot ops would all be masked)."""
-    sb, r, prefill, blen, last, rest, cum, before, reg_partial, chunk_of = info
+    sb, r, prefill, blen, last = plan.sb, plan.r, plan.prefill, plan.blen, plan.last
+    rest, cum, before = plan.rest, plan.cum, plan.before
+    reg_partial, chunk_of = plan.reg_partial, plan.chunk_of
     bs, mb, k_blocks = st.block_size, st.max_blocks_per_request, st.kv_blocks
     g0 = k * chunk
     s, blocks, taken = pop_blocks(s, st, i, jnp.clip(total - g0, 0, chunk), go, chunk)

@@ -1,0 +1,203 @@
+"""Policy templates of the JAX engine, evaluated per lane from its ``PolicyParams``.
+
+Counterpart: ``blisjax.reference.policies`` — ``Admission`` (with ``TokenBucket``) as
+``admit``, ``Priority.score`` as ``priority_score``, ``reorder_wait_queue`` as ``head_offset``
+(the wait queue is never sorted: the next request to admit is found by a fold over it),
+``PrefixIndex`` as ``prefix_match`` and ``prefix_touch``, ``Router.route`` and
+``Router.weighted_scores`` as ``route`` and ``weighted_scores``. Every template of a section is
+computed and the lane's code selects one, so a population can mix templates freely
+(docs/semantics.md §5.3, §5.5–§5.7, §5.9; Decisions 5–6).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from blisjax.engine.exactfloat import exact_mul
+from blisjax.engine.lockstep import add
+from blisjax.engine.queues import q_fold
+from blisjax.engine.state import SimState
+from blisjax.engine.vec import leading_count
+
+F64 = jnp.float64
+# admission codes follow ADMISSION_POLICIES; routing codes ROUTING_POLICIES; scorers SCORER_NAMES
+ADM_ALWAYS, ADM_TOKEN_BUCKET, ADM_REJECT_ALL, ADM_RATE_LIMIT, ADM_TENANT_QUOTA = range(5)
+RT_ROUND_ROBIN, RT_LEAST_LOADED, RT_ALWAYS_BUSIEST, RT_WEIGHTED = range(4)
+SC_PREFIX, SC_QUEUE_DEPTH, SC_KV, SC_LOAD_BALANCE = range(4)
+
+
+# ---- admission ---------------------------------------------------------------------------------
+
+
+class AdmitDecision(NamedTuple):
+    """An admission decision and the token bucket after it (``admit``)."""
+
+    admitted: jax.Array  # bool: the request is admitted
+    bucket: jax.Array  # float64: bucket level after the decision (tokens or requests)
+    bucket_last: jax.Array  # int64 µs: time of the bucket's last refill
+
+
+def admit(s: SimState, c, p, r, now, active) -> AdmitDecision:
+    """Admission of request r at ``now`` (``Admission.admit``). Token bucket: cost = input
+    tokens; rate limit: the same bucket counted in requests (cost 1); tenant quota: fewer
+    in-flight requests of r's tenant than its quota. The bucket changes only where ``active``
+    and the lane's template uses it."""
+    code = p.admission
+    limited = code == ADM_RATE_LIMIT
+    cap = jnp.where(limited, p.rl_burst, p.tb_capacity)
+    rate = jnp.where(limited, p.rl_rate, p.tb_rate)
+    elapsed = now - s.bucket_last
+    refill = elapsed > 0
+    tokens = jnp.where(refill, jnp.minimum(cap, s.bucket + elapsed.astype(F64) * rate / c.one_e6),
+                       s.bucket)
+    cost = jnp.where(limited, 1.0, c.input_tokens[r].astype(F64))
+    take = tokens >= cost
+    uses_bucket = active & ((code == ADM_TOKEN_BUCKET) | limited)
+    t = c.tenant[r]
+    quota_ok = s.tenant_in_flight[t] < p.tenant_quota[t]
+    admitted = jnp.stack([jnp.asarray(True), take, jnp.asarray(False), take, quota_ok])[code]
+    return AdmitDecision(
+        admitted=admitted,
+        bucket=jnp.where(uses_bucket, jnp.where(take, tokens - cost, tokens), s.bucket),
+        bucket_last=jnp.where(uses_bucket & refill, now, s.bucket_last))
+
+
+# ---- priority and the instance scheduler --------------------------------------------------------
+
+
+def priority_score(p, c, r, now):
+    """Priority of request(s) r at time now, float64, higher = more urgent (``Priority.score``):
+    constant 0; slo-based age_weight·(0 + 1e-6·age); slo-class and tenant-priority static
+    scores; deadline-aware minus the remaining slack in seconds."""
+    age = (now - c.arrival_us[r]).astype(F64)
+    slo_based = p.age_weight * (0.0 + c.one_e_6 * age)
+    slo_class = p.class_score[c.slo_class[r]]
+    tenant = p.tenant_score[c.tenant[r]]
+    slack = (c.deadline_us[r] - now).astype(F64)
+    deadline = jnp.where(c.deadline_us[r] > 0, -(c.one_e_6 * slack), p.no_deadline_score)
+    scores = jnp.stack([jnp.zeros_like(slo_based), slo_based, slo_class, tenant, deadline])
+    return scores[p.priority]
+
+
+class _QueueBest(NamedTuple):
+    """The best queued request found so far by ``head_offset``'s fold."""
+
+    key: jax.Array  # float64: -priority (priority-fcfs) or input length (sjf); smaller first
+    arrival_us: jax.Array  # int64: its arrival (first tie-break)
+    request: jax.Array  # int32: its index (second tie-break)
+    offset: jax.Array  # int32: its offset from the queue's head
+
+
+def head_offset(s: SimState, st, c, p, i, now, active):
+    """Queue offset of the next request to admit on instance i (``reorder_wait_queue``'s
+    first entry): fcfs = the head; priority-fcfs = (priority desc, arrival, index); sjf =
+    (input length, arrival, index) — the lexicographically smallest key, folded over the queue
+    ``q_chunk`` entries at a time (work follows the queue's length; nothing runs when every
+    lane is fcfs)."""
+    by_priority = p.scheduler == 1
+    inf = jnp.asarray(jnp.inf, F64)
+    imax = jnp.iinfo(jnp.int64).max
+
+    def fold(best: _QueueBest, off, reqs, valid) -> _QueueBest:
+        # sjf's integer lengths are exact in float64, so one key type serves both orders
+        key = jnp.where(by_priority, -priority_score(p, c, reqs, now),
+                        c.input_tokens[reqs].astype(F64))
+        arrival = c.arrival_us[reqs]
+        key_min = jnp.min(jnp.where(valid, key, inf))
+        cand = valid & (key == key_min)
+        arrival_min = jnp.min(jnp.where(cand, arrival, imax))
+        cand = cand & (arrival == arrival_min)
+        j = jnp.argmin(jnp.where(cand, reqs, st.num_requests + 1))
+        better = jnp.any(valid) & (
+            (key[j] < best.key) | ((key[j] == best.key) & ((arrival[j] < best.arrival_us)
+                                                           | ((arrival[j] == best.arrival_us)
+                                                              & (reqs[j] < best.request)))))
+        return _QueueBest(jnp.where(better, key[j], best.key),
+                          jnp.where(better, arrival[j], best.arrival_us),
+                          jnp.where(better, reqs[j], best.request),
+                          jnp.where(better, off[j], best.offset))
+
+    init = _QueueBest(inf, jnp.asarray(imax, jnp.int64),
+                      jnp.asarray(st.num_requests + 1, jnp.int32), jnp.asarray(0, jnp.int32))
+    return q_fold(s, st, i, active & (p.scheduler != 0), fold, init).offset
+
+
+# ---- routing -----------------------------------------------------------------------------------
+
+
+def prefix_match(s: SimState, st, c, r):
+    """Matched leading prompt blocks of r in each instance's router-side LRU index [I]
+    (``PrefixIndex.match_length``).
+
+    Only prefix-group blocks can match (a request's own blocks are indexed after it is routed,
+    and it is routed once). An entry is present iff fewer than ``capacity`` distinct entries were
+    touched after it (LRU stack distance): own entries inserted since, plus group entries with
+    a later touch position.
+    """
+    g = jnp.maximum(c.group[r], 0)
+    pos = s.lru_pos[:, g, :]  # [I, Jg]
+    own_at = s.lru_own_at[:, g, :]
+    everything = s.lru_pos.reshape(st.num_instances, -1)  # [I, G·Jg]
+    newer_group = jnp.sum(everything[:, None, :] > pos[:, :, None], axis=-1)
+    newer = (s.lru_own[:, None] - own_at) + newer_group
+    j = jnp.arange(st.group_blocks_max)
+    present = (pos >= 0) & (newer < st.prefix_index_capacity) & (j < c.group_blocks[r])
+    return leading_count(present, axis=1)
+
+
+def prefix_touch(s: SimState, st, c, r, target, active) -> SimState:
+    """The routed request's prompt blocks become the most recent entries of the target's index
+    (``PrefixIndex.touch``)."""
+    g = jnp.maximum(c.group[r], 0)
+    j = jnp.arange(st.group_blocks_max)
+    mine = active & (j < c.group_blocks[r])
+    row = jnp.where(mine, s.lru_clock[target] + j, s.lru_pos[target, g])
+    row_own = jnp.where(mine, s.lru_own[target], s.lru_own_at[target, g])
+    full = c.full_blocks[r].astype(jnp.int64)
+    own = (c.full_blocks[r] - c.group_blocks[r]).astype(jnp.int64)
+    return s.replace(lru_pos=s.lru_pos.at[target, g].set(row),
+                     lru_own_at=s.lru_own_at.at[target, g].set(row_own),
+                     lru_clock=add(s.lru_clock, target, full, active),
+                     lru_own=add(s.lru_own, target, own, active))
+
+
+def weighted_scores(s: SimState, st, c, p, r, load):
+    """Σ clamp(score)·weight in configuration order, products formed exactly (no FMA)
+    (``Router.weighted_scores``); float64 [I]."""
+    qd = s.snap_qd
+    lo, hi = jnp.min(qd), jnp.max(qd)
+    queue_depth = jnp.where(hi == lo, 1.0, (hi - qd).astype(F64) / jnp.maximum(hi - lo, 1)
+                            .astype(F64))
+    full = c.full_blocks[r]
+    prefix = jnp.where(full > 0, prefix_match(s, st, c, r).astype(F64)
+                       / jnp.maximum(full, 1).astype(F64), 0.0)
+    scores = jnp.stack([prefix, queue_depth, 1.0 - s.snap_kv, 1.0 / (1 + load).astype(F64)])
+    w = p.scorer_weight
+    total_w = 0.0
+    for k in range(4):
+        total_w = total_w + w[k]
+    norm = w / total_w
+    total = jnp.zeros(st.num_instances, F64)
+    for k in range(4):
+        code = p.scorer_order[k]
+        sk = jnp.clip(scores[jnp.maximum(code, 0)], 0.0, 1.0)
+        total = jnp.where(code >= 0, total + exact_mul(sk, norm[k]), total)
+    return total
+
+
+def route(s: SimState, st, c, p, r, active):
+    """Target instance of request r (``Router.route``), from the router's snapshots: round
+    robin, least loaded, always busiest (load = queue depth + batch size + in flight; ties to
+    the lowest index) or the best weighted score. Where ``active``, the round-robin counter
+    advances and the prefix index records r. Returns ``(state, target)``."""
+    load = s.snap_qd + s.snap_bs + s.in_flight
+    weighted = jnp.argmax(weighted_scores(s, st, c, p, r, load)).astype(jnp.int32)
+    target = jnp.stack([
+        s.rr % st.num_instances, jnp.argmin(load).astype(jnp.int32),
+        jnp.argmax(load).astype(jnp.int32), weighted])[p.routing]
+    s = prefix_touch(s, st, c, r, target, active & p.prefix_index_on & (p.routing == RT_WEIGHTED))
+    s = s.replace(rr=s.rr + (active & (p.routing == RT_ROUND_ROBIN)).astype(jnp.int32))
+    return s, target
