@@ -1,19 +1,28 @@
 """`blisjax` command line: run | replay | trace | parity | fit-latency | sweep | search.
 
 Thin by design: parse arguments, build a validated configuration and workload, call an engine,
-print aggregate metrics JSON on stdout (logs go to stderr). Flags use BLIS's names and units so a
-BLIS command line works with ``blis`` replaced by ``blisjax``.
+print aggregate metrics JSON on stdout (logs, warnings and the progress line go to stderr). Flags
+use BLIS's names and units so a BLIS command line works with ``blis`` replaced by ``blisjax``.
+
+Every input is checked before anything is simulated or written: flags that would have no effect
+in the given combination, unreadable input files and unwritable output paths are errors (exit
+status 2) naming the flag and the value given. Ctrl-C exits with status 130 and one line.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
 import time
+from collections.abc import Callable, Iterator
 from importlib import resources
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
+
+import numpy as np
 
 from blisjax import __version__
 from blisjax.config import (
@@ -26,6 +35,7 @@ from blisjax.config import (
 )
 from blisjax.devices import use_cpu_cores
 from blisjax.metrics import aggregate_metrics, kv_cache_summary, per_request_rows, write_json_atomic
+from blisjax.progress import Progress
 from blisjax.workload import (
     distribution_spec,
     generate_workload,
@@ -35,6 +45,18 @@ from blisjax.workload import (
 )
 
 ENGINES = ("reference", "jax")
+#: Exit status of a run stopped by Ctrl-C (128 + SIGINT, as shells report it).
+EXIT_INTERRUPTED = 130
+#: Exit status of invalid input.
+EXIT_INVALID = 2
+
+#: The rule every simulating command follows for its starting configuration.
+BASE_RULE = ("Base configuration: --config FILE if given, else the shipped default experiment "
+             "(configs/default.yaml: 4 instances, weighted routing, two tenants). A workload "
+             "given by --workload-spec, --workload distribution or a trace replaces only the "
+             "base's workload; --policy-config and the flags then override single fields. A "
+             "trace written by `trace` and replayed by `replay` with the same --config "
+             "reproduces `run` exactly.")
 
 
 def default_config_path() -> Path:
@@ -66,6 +88,51 @@ CAPACITIES = {
 }
 
 
+class DistributionFlag(NamedTuple):
+    """A flag of BLIS's ``--workload distribution`` synthesiser."""
+
+    flag: str
+    dest: str
+    kind: type
+    spec_arg: str  # the ``distribution_spec`` argument it sets ("" for --rate/--num-requests)
+    spec_path: str  # where the workload-spec parser reports an invalid value of it
+    help: str
+
+
+DISTRIBUTION_FLAGS = (
+    DistributionFlag("--rate", "rate", float, "", "aggregate_rate",
+                     "requests per second (constant arrivals), > 0"),
+    DistributionFlag("--num-requests", "num_requests", int, "", "num_requests",
+                     "number of requests, >= 1"),
+    DistributionFlag("--prompt-tokens", "prompt_tokens", float, "prompt_mean",
+                     "clients[0].input_distribution.params.mean",
+                     "mean prompt length, tokens (default 512)"),
+    DistributionFlag("--prompt-tokens-stdev", "prompt_tokens_stdev", float, "prompt_std",
+                     "clients[0].input_distribution.params.std_dev",
+                     "prompt length standard deviation, tokens (default 256)"),
+    DistributionFlag("--prompt-tokens-min", "prompt_tokens_min", int, "prompt_min",
+                     "clients[0].input_distribution.params.min",
+                     "shortest prompt, tokens (default 2)"),
+    DistributionFlag("--prompt-tokens-max", "prompt_tokens_max", int, "prompt_max",
+                     "clients[0].input_distribution.params.max",
+                     "longest prompt, tokens (default 7000)"),
+    DistributionFlag("--output-tokens", "output_tokens", float, "output_mean",
+                     "clients[0].output_distribution.params.mean",
+                     "mean output length, tokens (default 512)"),
+    DistributionFlag("--output-tokens-stdev", "output_tokens_stdev", float, "output_std",
+                     "clients[0].output_distribution.params.std_dev",
+                     "output length standard deviation, tokens (default 256)"),
+    DistributionFlag("--output-tokens-min", "output_tokens_min", int, "output_min",
+                     "clients[0].output_distribution.params.min",
+                     "shortest output, tokens (default 2)"),
+    DistributionFlag("--output-tokens-max", "output_tokens_max", int, "output_max",
+                     "clients[0].output_distribution.params.max",
+                     "longest output, tokens (default 7000)"),
+    DistributionFlag("--prefix-tokens", "prefix_tokens", int, "prefix_tokens", "prefix_tokens",
+                     "shared prefix prepended to every prompt, tokens (default 0)"),
+)
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -76,24 +143,62 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _log(msg: str) -> None:
-    print(f"blisjax: {msg}", file=sys.stderr)
+def _log(args: Any, msg: str) -> None:
+    """An informational stderr line (silenced by --quiet)."""
+    if not getattr(args, "quiet", False):
+        print(f"blisjax: {msg}", file=sys.stderr)
+
+
+def _warn(msg: str) -> None:
+    """A warning on stderr (always shown; the exit status is unchanged)."""
+    print(f"blisjax: warning: {msg}", file=sys.stderr)
 
 
 # ---- argument parsing ---------------------------------------------------------------------------
 
 
-def _add_common(p: argparse.ArgumentParser) -> None:
+def _add_global_options(p: argparse.ArgumentParser, top: bool) -> None:
+    """Options accepted both before and after the subcommand. On a subcommand they default to
+    SUPPRESS, so one given before the subcommand is not reset by the subcommand's parser."""
+    def default(value: Any) -> dict[str, Any]:
+        return {"default": value if top else argparse.SUPPRESS}
+
+    g = p.add_argument_group("global options (before or after the command)")
+    g.add_argument("--cpu-devices", type=_positive_int, metavar="N", **default(None),
+                   help="split the CPU into N XLA devices for the JAX engine, which runs one "
+                        "event loop per device (default: one per usable core; 1 keeps XLA's "
+                        "single device; an XLA_FLAGS device count takes precedence)")
+    g.add_argument("--quiet", action="store_true", **default(False),
+                   help="no progress line and no informational logs on stderr (warnings and "
+                        "errors still print)")
+    g.add_argument("--no-compile-cache", action="store_true", **default(False),
+                   help="do not keep compiled JAX programs on disk (default: kept in "
+                        "$XDG_CACHE_HOME/blisjax/xla or ~/.cache/blisjax/xla; also "
+                        "BLISJAX_COMPILE_CACHE=0; an explicit JAX_COMPILATION_CACHE_DIR wins)")
+
+
+def _add_config_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="FILE",
-                   help="blisjax YAML experiment (default for `run`: the shipped default.yaml)")
-    p.add_argument("--engine", choices=ENGINES, default="reference",
-                   help="simulation engine: reference (default) or jax (bit-identical, compiled)")
+                   help="blisjax YAML experiment (default: the shipped default experiment, "
+                        "configs/default.yaml)")
+
+
+def _add_outputs(p: argparse.ArgumentParser) -> None:
     p.add_argument("--results-path", metavar="FILE",
                    help="write per-request results (JSON array sorted by request_id)")
     p.add_argument("--metrics-path", metavar="FILE",
                    help="also write the aggregate metrics JSON to FILE")
-    add_blis_flags(p)
-    _add_capacity_flags(p)
+
+
+def _add_engine_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--engine", choices=ENGINES, default="reference",
+                   help="simulation engine: reference (default) or jax (bit-identical, compiled)")
+
+
+def _add_physics_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--allow-placeholder-coefficients", action="store_true",
+                   help="run --latency-model physics with the shipped illustrative all-zero "
+                        "coefficients (refused otherwise: its latencies are meaningless)")
 
 
 def _add_capacity_flags(p: argparse.ArgumentParser) -> None:
@@ -104,60 +209,100 @@ def _add_capacity_flags(p: argparse.ArgumentParser) -> None:
                        help=f"{cap.holds} (default: {cap.default})")
 
 
+def _add_workload_spec_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workload-spec", metavar="FILE",
+                   help="BLIS workload-spec v2 YAML; replaces the base configuration's workload")
+
+
 def _add_distribution_flags(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("BLIS --workload distribution")
+    g = p.add_argument_group(
+        "BLIS --workload distribution (its flags are only used with --workload distribution)")
     g.add_argument("--workload", choices=("distribution",),
-                   help="synthesize a single-client workload from the flags below")
-    g.add_argument("--rate", type=float, help="requests per second (constant arrivals)")
-    g.add_argument("--num-requests", type=int, help="number of requests")
-    for name, default in (("prompt-tokens", 512), ("output-tokens", 512)):
-        g.add_argument(f"--{name}", type=float, help=f"mean (default {default})")
-        g.add_argument(f"--{name}-stdev", type=float, help="standard deviation (default 256)")
-        g.add_argument(f"--{name}-min", type=int, help="minimum (default 2)")
-        g.add_argument(f"--{name}-max", type=int, help="maximum (default 7000)")
-    g.add_argument("--prefix-tokens", type=int, help="shared prefix length (default 0)")
+                   help="synthesize a single-client workload from the flags below; replaces "
+                        "the base configuration's workload")
+    for f in DISTRIBUTION_FLAGS:
+        g.add_argument(f.flag, dest=f.dest, type=f.kind, help=f.help,
+                       metavar="N" if f.kind is int else "X")
+
+
+def _add_trace_inputs(p: argparse.ArgumentParser, required: bool) -> None:
+    p.add_argument("--trace-header", required=required, metavar="FILE",
+                   help="TraceV2 header YAML (trace_version: 2, time_unit: microseconds)")
+    p.add_argument("--trace-data", required=required, metavar="FILE",
+                   help="TraceV2 CSV, one request per row (BLIS's columns)")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="blisjax",
-        description="Simulate LLM-inference serving clusters (BLIS-compatible).")
+        description="Simulate LLM-inference serving clusters (BLIS-compatible).",
+        epilog=BASE_RULE)
     parser.add_argument("--version", action="version", version=f"blisjax {__version__}")
-    parser.add_argument("--cpu-devices", type=_positive_int, metavar="N",
-                        help="split the CPU into N XLA devices for the JAX engine, which runs "
-                             "one event loop per device (default: one per usable core; 1 keeps "
-                             "XLA's single device; an XLA_FLAGS device count takes precedence)")
-    sub = parser.add_subparsers(dest="command", required=True)
+    _add_global_options(parser, top=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    run = sub.add_parser("run", help="simulate a generated workload (default: shipped experiment)")
-    _add_common(run)
-    run.add_argument("--workload-spec", metavar="FILE", help="BLIS workload-spec v2 YAML")
+    def command(name: str, help_text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text, epilog=BASE_RULE)
+        _add_global_options(p, top=False)
+        return p
+
+    run = command("run", "simulate a generated workload (default: the shipped experiment)")
+    _add_config_flag(run)
+    _add_engine_flag(run)
+    _add_outputs(run)
+    _add_workload_spec_flag(run)
+    _add_physics_flags(run)
+    add_blis_flags(run)
     _add_distribution_flags(run)
+    _add_capacity_flags(run)
 
-    replay = sub.add_parser("replay", help="replay a BLIS TraceV2 trace exactly")
-    _add_common(replay)
-    replay.add_argument("--trace-header", required=True, metavar="FILE")
-    replay.add_argument("--trace-data", required=True, metavar="FILE")
+    replay = command("replay", "replay a BLIS TraceV2 trace exactly")
+    _add_trace_inputs(replay, required=True)
+    _add_config_flag(replay)
+    _add_engine_flag(replay)
+    _add_outputs(replay)
+    _add_physics_flags(replay)
+    add_blis_flags(replay)
+    _set_help(replay, "--seed", "accepted so BLIS replay command lines run unchanged; it changes "
+                                "nothing here (the trace fixes every request, and blisjax's "
+                                "engines draw no random numbers)")
+    _add_capacity_flags(replay)
 
-    parity = sub.add_parser("parity", help="run both engines and report the first divergence")
-    _add_common(parity)
-    parity.add_argument("--workload-spec", metavar="FILE", help="BLIS workload-spec v2 YAML")
-    parity.add_argument("--trace-header", metavar="FILE")
-    parity.add_argument("--trace-data", metavar="FILE")
+    parity = command("parity", "run both engines on one configuration and report "
+                               "\"identical\" or the first divergent request and field")
+    _add_config_flag(parity)
+    _add_trace_inputs(parity, required=False)
+    _add_workload_spec_flag(parity)
+    _add_physics_flags(parity)
+    add_blis_flags(parity)
     _add_distribution_flags(parity)
+    _add_capacity_flags(parity)
 
-    trace = sub.add_parser("trace", help="generate a workload and write it as a TraceV2 trace")
-    trace.add_argument("--config", metavar="FILE")
-    trace.add_argument("--workload-spec", metavar="FILE")
-    trace.add_argument("--seed", type=int)
+    trace = command("trace", "generate a workload and write it as a TraceV2 trace (header "
+                             "YAML + CSV) that `replay` and BLIS read")
+    _add_config_flag(trace)
+    _add_workload_spec_flag(trace)
+    trace.add_argument("--seed", type=int,
+                       help="workload seed (default: the base configuration's seed)")
     _add_distribution_flags(trace)
-    trace.add_argument("--out-header", required=True, metavar="FILE")
-    trace.add_argument("--out-data", required=True, metavar="FILE")
+    trace.add_argument("--out-header", required=True, metavar="FILE",
+                       help="write the trace header YAML here")
+    trace.add_argument("--out-data", required=True, metavar="FILE",
+                       help="write the trace CSV here")
 
-    fit = sub.add_parser(
-        "fit-latency",
-        help="fit physics (and blackbox) latency coefficients from step/journey tables, or "
-             "export such tables from a simulation (--export-from-config)")
+    _add_fit_parser(command("fit-latency",
+                            "fit physics (and blackbox) latency coefficients from step/journey "
+                            "tables, or export such tables from a simulation "
+                            "(--export-from-config)"))
+    _add_search_parsers(sub, command)
+    return parser
+
+
+def _set_help(parser: argparse.ArgumentParser, option: str, text: str) -> None:
+    next(a for a in parser._actions if option in a.option_strings).help = text
+
+
+def _add_fit_parser(fit: argparse.ArgumentParser) -> None:
     fit.add_argument("--steps", metavar="FILE", help="step table (CSV or JSON lines)")
     fit.add_argument("--journeys", metavar="FILE", help="request-journey table (CSV or JSONL)")
     fit.add_argument("--config", metavar="FILE",
@@ -169,14 +314,14 @@ def build_parser() -> argparse.ArgumentParser:
                      help="ridge λ grid (default 0.001 0.01 0.1 1 10 100)")
     fit.add_argument("--gammas", nargs="+", metavar="G",
                      help="preemption-EMA γ grid (default 0.1 0.3 0.5)")
-    fit.add_argument("--folds", type=int, default=5, help="CV folds (default 5)")
-    fit.add_argument("--holdout", type=float, default=0.2,
+    fit.add_argument("--folds", type=int, help="CV folds (default 5)")
+    fit.add_argument("--holdout", type=float,
                      help="share of each instance's samples held out, in time (default 0.2)")
-    fit.add_argument("--warmup-steps", type=int, default=10,
+    fit.add_argument("--warmup-steps", type=int,
                      help="steps per instance excluded from the beta fit (default 10)")
-    fit.add_argument("--outlier-factor", type=float, default=5.0,
+    fit.add_argument("--outlier-factor", type=float,
                      help="drop samples with target > factor x median (default 5; 0 = off)")
-    fit.add_argument("--alpha-target", choices=("queued", "scheduled"), default="queued",
+    fit.add_argument("--alpha-target", choices=("queued", "scheduled"),
                      help="alpha target: queued = ts.QUEUED - ts.ARRIVED (blisjax's α delay, "
                           "default); scheduled = ts.SCHEDULED - ts.QUEUED (vLLM's queue wait)")
     fit.add_argument("--export-from-config", metavar="CONFIG",
@@ -187,62 +332,237 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument("--trace-start", metavar="ISO",
                      help="export: wall-clock time of simulated t=0 (e.g. 2026-01-15T00:00:00Z); "
                           "default: none (timestamps count from 0 ns)")
-    _add_search_parsers(sub)
-    return parser
 
 
-def _add_search_parsers(sub) -> None:
+#: fit-latency flags used only when fitting (not with --export-from-config).
+_FIT_ONLY = ("steps", "journeys", "config", "out", "report", "lambdas", "gammas", "folds",
+             "holdout", "warmup_steps", "outlier_factor", "alpha_target")
+#: fit-latency flags used only with --export-from-config.
+_EXPORT_ONLY = ("out_steps", "out_journeys", "trace_start")
+
+
+def _add_search_parsers(sub: Any, command: Callable[[str, str], Any]) -> None:
     """`sweep` and `search` (the policy-search package ``search/``)."""
     from search.cli import add_search_parser, add_sweep_parser
 
-    add_sweep_parser(sub)
-    add_search_parser(sub)
+    for add in (add_sweep_parser, add_search_parser):
+        p = add(sub)
+        _add_global_options(p, top=False)
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+# ---- input files and output paths ---------------------------------------------------------------
+
+
+def check_input_file(flag: str, path: str) -> None:
+    """``path`` (given with ``flag``) is a readable regular file, else ``ConfigError``."""
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError(flag, f"no such file: {path!r}")
+    if p.is_dir():
+        raise ConfigError(flag, f"{path!r} is a directory, not a file")
+    if not os.access(p, os.R_OK):
+        raise ConfigError(flag, f"cannot read {path!r}: permission denied")
+
+
+def check_text_file(flag: str, path: str) -> None:
+    """``check_input_file``, and the file is UTF-8 text."""
+    check_input_file(flag, path)
+    try:
+        Path(path).read_bytes().decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(flag, f"{path!r} is not UTF-8 text") from None
+
+
+@contextlib.contextmanager
+def reading(flag: str, path: str, prefix: str = "") -> Iterator[None]:
+    """Report any failure to read or parse ``path`` as a ``ConfigError`` naming ``flag`` and
+    ``path``; messages about the file's content get ``prefix`` (e.g. ``workload.``)."""
+    check_input_file(flag, path)
+    try:
+        yield
+    except UnicodeDecodeError:
+        raise ConfigError(flag, f"{path!r} is not UTF-8 text") from None
+    except OSError as err:
+        raise ConfigError(flag, f"cannot read {path!r}: {err.strerror or err}") from None
+    except ValueError as err:  # ConfigError is a ValueError; YAML errors are wrapped as one
+        text = " ".join(str(err).split())
+        if prefix and not text.startswith(prefix):
+            text = prefix + text
+        raise ConfigError(flag, f"{path}: {text}") from None
+
+
+def check_output_path(flag: str, path: str) -> None:
+    """``path`` (a file to write, given with ``flag``) can be written: its directory exists and
+    is writable, and it is not a directory. Checked before any simulation."""
+    p = Path(path)
+    if p.is_dir():
+        raise ConfigError(flag, f"{path!r} is a directory; give a file path")
+    parent = p.parent
+    if not parent.is_dir():
+        raise ConfigError(flag, f"{path!r}: directory {str(parent)!r} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise ConfigError(flag, f"{path!r}: permission denied")
+
+
+def check_output_dir(flag: str, path: str) -> None:
+    """``path`` (a results directory, created with its parents if missing) can be written."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise ConfigError(flag, f"{path!r} exists and is not a directory")
+    existing = p
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(flag, f"{path!r}: {str(existing)!r} is not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(flag, f"{path!r}: permission denied")
+
+
+def _check_outputs(args: Any, flags: tuple[str, ...]) -> None:
+    for dest in flags:
+        value = getattr(args, dest, None)
+        if value:
+            check_output_path(_flag(dest), value)
 
 
 # ---- configuration and workload ---------------------------------------------------------------
 
 
-def _config_from_args(args, default_to_shipped: bool) -> SimConfig:
+def _base_config(args: Any) -> tuple[SimConfig, str]:
+    """(the base configuration, how it was chosen) by ``BASE_RULE``."""
     if args.config:
-        cfg = load_config(args.config)
-    elif default_to_shipped:
-        cfg = load_config(default_config_path())
-    else:
-        cfg = SimConfig()
-    return apply_blis_flags(cfg, args) if hasattr(args, "routing_policy") else cfg
+        with reading("--config", args.config):
+            return load_config(args.config), f"--config {args.config}"
+    return load_config(default_config_path()), "the shipped default experiment " \
+                                               "(configs/default.yaml)"
 
 
-def _distribution_requested(args) -> bool:
+def _config_from_args(args: Any) -> tuple[SimConfig, str]:
+    """The base configuration with --policy-config and the BLIS flags applied."""
+    cfg, base = _base_config(args)
+    if getattr(args, "coefficients_file", None):
+        check_input_file("--coefficients-file", args.coefficients_file)
+    if getattr(args, "policy_config", None):
+        check_input_file("--policy-config", args.policy_config)
+    if hasattr(args, "routing_policy"):
+        try:
+            cfg = apply_blis_flags(cfg, args)
+        except UnicodeDecodeError:
+            raise ConfigError("--policy-config", f"{args.policy_config!r} is not UTF-8 text") \
+                from None
+        except ConfigError as err:
+            if err.path == "policy-config":
+                raise ConfigError("--policy-config", f"{args.policy_config}: {err.problem}") \
+                    from None
+            raise
+    _check_policy_flags(args, cfg)
+    return cfg, base
+
+
+def _check_policy_flags(args: Any, cfg: SimConfig) -> None:
+    """Policy parameters given for a policy that does not use them are errors."""
+    admission = cfg.policy.admission.policy
+    for dest in ("token_bucket_capacity", "token_bucket_refill_rate"):
+        if getattr(args, dest, None) is not None and admission != "token-bucket":
+            raise ConfigError(_flag(dest), f"only used with --admission-policy token-bucket "
+                                           f"(the admission policy here is {admission!r})")
+    routing = cfg.policy.routing.policy
+    if getattr(args, "routing_scorers", None) is not None and routing != "weighted":
+        raise ConfigError("--routing-scorers", f"only used with --routing-policy weighted (the "
+                                               f"routing policy here is {routing!r})")
+
+
+def _distribution_requested(args: Any) -> bool:
     return getattr(args, "workload", None) == "distribution"
 
 
-def _distribution_from_args(args):
-    if args.rate is None or args.num_requests is None:
-        raise ConfigError("--workload distribution: needs --rate (> 0) and --num-requests (>= 1)")
-    kw = {}
-    for flag, key in (("prompt_tokens", "prompt_mean"), ("prompt_tokens_stdev", "prompt_std"),
-                      ("prompt_tokens_min", "prompt_min"), ("prompt_tokens_max", "prompt_max"),
-                      ("output_tokens", "output_mean"), ("output_tokens_stdev", "output_std"),
-                      ("output_tokens_min", "output_min"), ("output_tokens_max", "output_max"),
-                      ("prefix_tokens", "prefix_tokens")):
-        value = getattr(args, flag)
-        if value is not None:
-            kw[key] = value
-    return distribution_spec(args.rate, args.num_requests, **kw)
+def _check_workload_flags(args: Any, trace_given: bool = False) -> None:
+    """At most one workload source; distribution flags only with --workload distribution."""
+    if not _distribution_requested(args):
+        for f in DISTRIBUTION_FLAGS:
+            if getattr(args, f.dest, None) is not None:
+                raise ConfigError(f.flag, "only used with --workload distribution")
+    sources = [name for name, given in (
+        ("--trace-header/--trace-data", trace_given),
+        ("--workload-spec", bool(getattr(args, "workload_spec", None))),
+        ("--workload distribution", _distribution_requested(args))) if given]
+    if len(sources) > 1:
+        raise ConfigError(sources[1].split()[0].split("/")[0],
+                          f"cannot be combined with {sources[0]} (each gives the whole workload)")
 
 
-def _generated_workload(args, cfg: SimConfig):
-    """Workload precedence: --workload-spec, then --workload distribution, then the config."""
+def _distribution_from_args(args: Any):
+    for f in DISTRIBUTION_FLAGS[:2]:
+        if getattr(args, f.dest) is None:
+            raise ConfigError(f.flag, "is required with --workload distribution "
+                                      "(--rate > 0, --num-requests >= 1)")
+    kw = {f.spec_arg: getattr(args, f.dest) for f in DISTRIBUTION_FLAGS[2:]
+          if getattr(args, f.dest) is not None}
+    try:
+        return distribution_spec(args.rate, args.num_requests, **kw)
+    except ValueError as err:
+        raise _blame_distribution_flag(err) from None
+
+
+def _blame_distribution_flag(err: ValueError) -> ConfigError:
+    """The distribution flag whose value the workload-spec validator refused."""
+    text = str(err)
+    for f in DISTRIBUTION_FLAGS:
+        if text.startswith(f.spec_path + ":"):
+            return ConfigError(f.flag, text[len(f.spec_path) + 1:].strip())
+    return ConfigError("--workload distribution", text)
+
+
+class WorkloadChoice(NamedTuple):
+    """A workload and a description of where it came from (for the base-configuration log)."""
+
+    workload: Any
+    source: str
+
+
+def _generated_workload(args: Any, cfg: SimConfig) -> WorkloadChoice:
+    """Workload by ``BASE_RULE``: --workload-spec, else --workload distribution, else the base
+    configuration's ``workload`` section."""
     if getattr(args, "workload_spec", None):
-        spec = parse_workload_spec(args.workload_spec)
-    elif _distribution_requested(args):
+        with reading("--workload-spec", args.workload_spec, "workload."):
+            spec = parse_workload_spec(args.workload_spec)
+            return WorkloadChoice(generate_workload(spec, seed=cfg.seed),
+                                  f"--workload-spec {args.workload_spec}")
+    if _distribution_requested(args):
         spec = _distribution_from_args(args)
-    elif cfg.workload is not None:
+        try:
+            return WorkloadChoice(generate_workload(spec, seed=cfg.seed),
+                                  "--workload distribution")
+        except ValueError as err:
+            raise _blame_distribution_flag(err) from None
+    if cfg.workload is None:
+        raise ConfigError("workload", "none given (use --workload-spec FILE, --workload "
+                                      "distribution, or a `workload:` section in --config)")
+    try:
         spec = parse_workload_spec(cfg.workload)
-    else:
-        raise ConfigError("workload: none given (use --workload-spec FILE, --workload "
-                          "distribution, or a `workload:` section in --config)")
-    return generate_workload(spec, seed=cfg.seed)
+        return WorkloadChoice(generate_workload(spec, seed=cfg.seed), "its own workload section")
+    except ValueError as err:
+        text = " ".join(str(err).split())
+        text = text if text.startswith("workload") else "workload." + text
+        raise ConfigError("--config", f"{args.config}: {text}") if args.config \
+            else ConfigError(text) from None
+
+
+def _trace_workload(args: Any) -> WorkloadChoice:
+    with reading("--trace-header", args.trace_header):
+        from blisjax.workload.trace import read_trace_header
+
+        read_trace_header(args.trace_header)
+    with reading("--trace-data", args.trace_data):
+        workload = read_trace(args.trace_header, args.trace_data)
+    if workload.num_requests == 0:
+        _warn(f"--trace-data {args.trace_data}: the trace has no requests (a header line "
+              "only); every count below is 0")
+    return WorkloadChoice(workload, f"the trace {args.trace_data}")
 
 
 # ---- commands ---------------------------------------------------------------------------------
@@ -258,27 +578,78 @@ def _engine(name: str):
     return simulate
 
 
-def _capacities(args) -> dict[str, int]:
+def _capacities(args: Any) -> dict[str, int]:
     """The JAX engine capacities given on the command line (``build_static`` arguments)."""
     return {cap.field: getattr(args, cap.field) for cap in CAPACITIES.values()
             if getattr(args, cap.field, None) is not None}
 
 
-def _check_capacities_used(args) -> None:
-    if args.engine != "jax":
+def _check_capacities_used(args: Any) -> None:
+    if getattr(args, "engine", "jax") != "jax":
         for cap in CAPACITIES.values():
             if getattr(args, cap.field, None) is not None:
                 raise ConfigError(cap.flag, "is a JAX engine capacity: only used with "
                                   "--engine jax")
 
 
-def _run_jax(resolved, workload, capacities: dict[str, int]):
+def _check_latency_model(args: Any, cfg: SimConfig) -> None:
+    """Physics latency needs fitted coefficients: the shipped set is an all-zero placeholder."""
+    lat = cfg.latency
+    placeholder = (lat.model == "physics" and not lat.coefficients_file
+                   and lat.alpha_coeffs is None and lat.beta_coeffs is None)
+    allowed = getattr(args, "allow_placeholder_coefficients", False)
+    if allowed and lat.model != "physics":
+        raise ConfigError("--allow-placeholder-coefficients", "only used with --latency-model "
+                                                              "physics")
+    if placeholder and not allowed:
+        raise ConfigError("--latency-model", "physics needs fitted coefficients: give "
+                          "--coefficients-file FILE (from `blisjax fit-latency`), or "
+                          "--allow-placeholder-coefficients to run the shipped all-zero "
+                          "placeholder (its latencies are meaningless)")
+    if placeholder:
+        _warn("physics latency with the shipped all-zero placeholder coefficients: every "
+              "latency below is meaningless")
+
+
+def _check_capacity_for_workload(resolved: Any, workload: Any) -> None:
+    """Warn when requests cannot be served at all by the configured KV cache / length cap."""
+    from blisjax.metrics.records import unservable
+
+    if workload.num_requests == 0:
+        return
+    block = resolved.engine.block_size_tokens
+    never = unservable(np.asarray(workload.input_tokens), np.asarray(workload.output_tokens),
+                       resolved.max_model_len, resolved.total_kv_blocks, block)
+    count = int(np.sum(never))
+    if count:
+        cap = (f"max_model_len {resolved.max_model_len}, " if resolved.max_model_len else "")
+        _warn(f"{count} of {workload.num_requests} requests can never be served ({cap}KV cache "
+              f"{resolved.total_kv_blocks} blocks x {block} tokens per instance): they are "
+              "dropped as unservable")
+
+
+def _warn_degenerate(metrics: dict, num_requests: int) -> None:
+    if num_requests and not metrics.get("completed_requests"):
+        parts = [f"{metrics.get(key, 0)} {what}" for key, what in (
+            ("rejected_requests", "rejected"), ("dropped_unservable", "dropped as unservable"),
+            ("timed_out_requests", "timed out"), ("still_queued", "still queued"),
+            ("still_running", "still running")) if metrics.get(key)]
+        _warn(f"no request completed: of {num_requests} requests, "
+              f"{', '.join(parts) or 'none finished'}")
+
+
+def _run_jax(resolved: Any, workload: Any, capacities: dict[str, int],
+             progress: Progress | None = None):
     """The JAX engine's result; a run that exceeded a capacity raises ``ConfigError`` naming
     each exceeded capacity, its size and the flag that raises it (its numbers are not valid,
     so none are returned)."""
     from blisjax.engine.static import build_static
 
-    result = _engine("jax")(resolved, workload, **capacities)
+    hooks = {}
+    if progress is not None and progress.enabled:
+        progress.phase("preparing the JAX engine")
+        hooks["phase"] = progress.phase  # told when compiling and running start
+    result = _engine("jax")(resolved, workload, **hooks, **capacities)
     if not result.overflow:
         return result
     static = build_static(resolved, workload, **capacities)
@@ -292,71 +663,100 @@ def _run_jax(resolved, workload, capacities: dict[str, int]):
                       "none are reported: " + "; ".join(parts))
 
 
-def _simulate(args, cfg: SimConfig, workload) -> int:
-    _check_capacities_used(args)
+def _simulate(args: Any, cfg: SimConfig, choice: WorkloadChoice, base: str) -> int:
+    workload = choice.workload
+    _check_latency_model(args, cfg)
     resolved = resolve_config(cfg)
-    start = time.perf_counter()
+    _log(args, f"base configuration: {base}; workload: {choice.source}")
+    _check_capacity_for_workload(resolved, workload)
     if args.engine == "jax":
-        result = _run_jax(resolved, workload, _capacities(args))
-    else:
-        result = _engine(args.engine)(resolved, workload)
-    wall_s = time.perf_counter() - start
-    metrics = aggregate_metrics(result, workload, cfg.metrics,
-                                scheduler=cfg.policy.scheduler.policy)
-    if args.results_path:
-        write_json_atomic(args.results_path, per_request_rows(result, workload))
-    if args.metrics_path:
-        write_json_atomic(args.metrics_path, metrics)
+        _announce_compile_cache(args)
+    with Progress(enabled=not args.quiet) as progress:
+        start = time.perf_counter()
+        if args.engine == "jax":
+            result = _run_jax(resolved, workload, _capacities(args), progress)
+        else:
+            progress.phase(f"simulating {workload.num_requests} requests (reference engine)")
+            result = _engine(args.engine)(resolved, workload)
+        wall_s = time.perf_counter() - start
+        metrics = aggregate_metrics(result, workload, cfg.metrics,
+                                    scheduler=cfg.policy.scheduler.policy)
+        if args.results_path:
+            progress.phase(f"writing {args.results_path}")
+            write_json_atomic(args.results_path, per_request_rows(result, workload))
+        if args.metrics_path:
+            progress.phase(f"writing {args.metrics_path}")
+            write_json_atomic(args.metrics_path, metrics)
     summary = kv_cache_summary(result)
-    if summary:
+    if summary and not args.quiet:
         print(summary, file=sys.stderr)
-    _log(f"{workload.num_requests} requests, {cfg.cluster.num_instances} instance(s), "
-         f"engine {args.engine}: {wall_s:.3f} s wall")
+    _warn_degenerate(metrics, workload.num_requests)
+    _log(args, f"{workload.num_requests} requests, {cfg.cluster.num_instances} instance(s), "
+               f"engine {args.engine}: {wall_s:.3f} s wall")
     print(json.dumps(metrics, indent=2))
     return 0
 
 
-def cmd_run(args) -> int:
-    cfg = _config_from_args(args, default_to_shipped=args.config is None
-                            and not args.workload_spec and not _distribution_requested(args))
-    return _simulate(args, cfg, _generated_workload(args, cfg))
+def _check_run_flags(args: Any) -> None:
+    """Checks of `run` and `replay` that need no configuration (before any file is read)."""
+    _check_capacities_used(args)
+    _check_outputs(args, ("results_path", "metrics_path"))
 
 
-def cmd_replay(args) -> int:
-    cfg = _config_from_args(args, default_to_shipped=False)
-    return _simulate(args, cfg, read_trace(args.trace_header, args.trace_data))
+def cmd_run(args: Any) -> int:
+    _check_workload_flags(args)
+    _check_run_flags(args)
+    cfg, base = _config_from_args(args)
+    return _simulate(args, cfg, _generated_workload(args, cfg), base)
 
 
-def cmd_parity(args) -> int:
+def cmd_replay(args: Any) -> int:
+    _check_run_flags(args)
+    cfg, base = _config_from_args(args)
+    return _simulate(args, cfg, _trace_workload(args), base)
+
+
+def cmd_parity(args: Any) -> int:
     """Reference vs JAX engine on one configuration: "identical" or the first divergence."""
-    if args.trace_header or args.trace_data:
-        if not (args.trace_header and args.trace_data):
-            raise ConfigError("parity: give both --trace-header and --trace-data")
-        cfg = _config_from_args(args, default_to_shipped=False)
-        workload = read_trace(args.trace_header, args.trace_data)
-    else:
-        cfg = _config_from_args(args, default_to_shipped=args.config is None
-                                and not args.workload_spec and not _distribution_requested(args))
-        workload = _generated_workload(args, cfg)
+    trace_given = bool(args.trace_header or args.trace_data)
+    _check_workload_flags(args, trace_given)
+    if trace_given and not (args.trace_header and args.trace_data):
+        missing = "--trace-data" if args.trace_header else "--trace-header"
+        raise ConfigError(missing, "is required with "
+                          f"{'--trace-header' if args.trace_header else '--trace-data'}")
+    cfg, base = _config_from_args(args)
+    choice = _trace_workload(args) if trace_given else _generated_workload(args, cfg)
+    workload = choice.workload
+    _check_latency_model(args, cfg)
     from blisjax.engine.parity import first_divergence
 
     resolved = resolve_config(cfg)
-    ref = _engine("reference")(resolved, workload)
-    jx = _run_jax(resolved, workload, _capacities(args))
-    diff = first_divergence(ref, jx, workload.request_id)
+    _log(args, f"base configuration: {base}; workload: {choice.source}")
+    _check_capacity_for_workload(resolved, workload)
+    _announce_compile_cache(args)
+    with Progress(enabled=not args.quiet) as progress:
+        progress.phase(f"simulating {workload.num_requests} requests (reference engine)")
+        ref = _engine("reference")(resolved, workload)
+        jx = _run_jax(resolved, workload, _capacities(args), progress)
+        progress.phase("comparing the two engines' results")
+        diff = first_divergence(ref, jx, workload.request_id)
     print(json.dumps({"requests": workload.num_requests,
                       "result": "identical" if diff is None else "divergent",
                       "first_divergence": diff}, indent=2))
     return 0 if diff is None else 1
 
 
-def cmd_trace(args) -> int:
-    cfg = load_config(args.config) if args.config else SimConfig()
+def cmd_trace(args: Any) -> int:
+    _check_workload_flags(args)
+    _check_outputs(args, ("out_header", "out_data"))
+    cfg, base = _base_config(args)
     if args.seed is not None:
         cfg = SimConfig(**{**cfg.__dict__, "seed": args.seed})
-    workload = _generated_workload(args, cfg)
-    write_trace(workload, args.out_header, args.out_data)
-    _log(f"wrote {workload.num_requests} requests to {args.out_header} + {args.out_data}")
+    choice = _generated_workload(args, cfg)
+    _log(args, f"base configuration: {base}; workload: {choice.source}")
+    write_trace(choice.workload, args.out_header, args.out_data)
+    _log(args, f"wrote {choice.workload.num_requests} requests to {args.out_header} + "
+               f"{args.out_data}")
     return 0
 
 
@@ -377,17 +777,19 @@ def _number_list(flag: str, values: list[str] | None) -> tuple[float, ...] | Non
     return tuple(out)
 
 
-def _fit_export(args) -> int:
+def _fit_export(args: Any) -> int:
     import datetime
 
     from blisjax.latency.fit_export import export_latency_tables
 
-    for flag, value in (("--out-steps", args.out_steps), ("--out-journeys", args.out_journeys)):
-        if not value:
-            raise ConfigError(flag, "is required with --export-from-config")
-    for flag in ("steps", "journeys", "out", "report"):
-        if getattr(args, flag):
-            raise ConfigError(f"--{flag}", "cannot be combined with --export-from-config")
+    for dest in _FIT_ONLY:
+        if getattr(args, dest) is not None:
+            raise ConfigError(_flag(dest), "cannot be combined with --export-from-config "
+                                           "(it is only used when fitting)")
+    for dest in ("out_steps", "out_journeys"):
+        if not getattr(args, dest):
+            raise ConfigError(_flag(dest), "is required with --export-from-config")
+    _check_outputs(args, ("out_steps", "out_journeys"))
     start_ns = 0
     if args.trace_start:
         try:
@@ -398,16 +800,20 @@ def _fit_export(args) -> int:
         if t.tzinfo is None:
             t = t.replace(tzinfo=datetime.timezone.utc)
         start_ns = int(round(t.timestamp())) * 10**9
-    cfg = load_config(args.export_from_config)
-    workload = _generated_workload(args, cfg)
-    n_steps, n_journeys, _ = export_latency_tables(
-        resolve_config(cfg), workload, args.out_steps, args.out_journeys, start_ns=start_ns)
-    _log(f"wrote {n_steps} steps to {args.out_steps} and {n_journeys} journeys to "
-         f"{args.out_journeys}")
+    with reading("--export-from-config", args.export_from_config):
+        cfg = load_config(args.export_from_config)
+    args.config = args.export_from_config
+    workload = _generated_workload(args, cfg).workload
+    with Progress(enabled=not args.quiet) as progress:
+        progress.phase(f"simulating {workload.num_requests} requests and writing the tables")
+        n_steps, n_journeys, _ = export_latency_tables(
+            resolve_config(cfg), workload, args.out_steps, args.out_journeys, start_ns=start_ns)
+    _log(args, f"wrote {n_steps} steps to {args.out_steps} and {n_journeys} journeys to "
+               f"{args.out_journeys}")
     return 0
 
 
-def cmd_fit_latency(args) -> int:
+def cmd_fit_latency(args: Any) -> int:
     """Fit latency coefficients (JSON report on stdout), or export tables from a simulation."""
     if args.export_from_config:
         return _fit_export(args)
@@ -421,53 +827,71 @@ def cmd_fit_latency(args) -> int:
         write_text_atomic,
     )
 
-    for flag, value in (("--steps", args.steps), ("--journeys", args.journeys)):
-        if not value:
-            raise ConfigError(flag, "is required (or use --export-from-config)")
-    for flag in ("out_steps", "out_journeys", "trace_start"):
-        if getattr(args, flag):
-            raise ConfigError(f"--{flag.replace('_', '-')}", "is only used with "
-                              "--export-from-config")
-    kw = {}
+    for dest in _EXPORT_ONLY:
+        if getattr(args, dest):
+            raise ConfigError(_flag(dest), "is only used with --export-from-config")
+    for dest in ("steps", "journeys"):
+        if not getattr(args, dest):
+            raise ConfigError(_flag(dest), "is required (or use --export-from-config)")
+        check_input_file(_flag(dest), getattr(args, dest))
+    _check_outputs(args, ("out", "report"))
+    kw: dict[str, Any] = {}
     lambdas = _number_list("--lambdas", args.lambdas)
     gammas = _number_list("--gammas", args.gammas)
     if lambdas is not None:
         kw["lambdas"] = lambdas
     if gammas is not None:
         kw["gammas"] = gammas
-    options = FitOptions(folds=args.folds, holdout=args.holdout, warmup_steps=args.warmup_steps,
-                         outlier_factor=args.outlier_factor, alpha_target=args.alpha_target, **kw)
+    for dest in ("folds", "holdout", "warmup_steps", "outlier_factor", "alpha_target"):
+        if getattr(args, dest) is not None:
+            kw[dest] = getattr(args, dest)
+    options = FitOptions(**kw)
     config_path = args.config or str(default_config_path())
-    pc, model, hardware, tp = physics_config_from_sim(load_config(config_path))
+    with reading("--config", config_path):
+        sim = load_config(config_path)
+    pc, model, hardware, tp = physics_config_from_sim(sim)
     start = time.perf_counter()
-    steps = read_step_table(args.steps)
-    journeys = read_journey_table(args.journeys)
-    sources = {"steps": args.steps, "journeys": args.journeys, "config": config_path}
-    result = fit_latency(steps, journeys, pc, model=model, hardware=hardware, tp=tp,
-                         options=options, sources=sources)
-    report = {**result.report, "output": args.out}
-    if args.out:
-        write_text_atomic(args.out, coefficients_yaml(result))
-    if args.report:
-        write_json_atomic(args.report, report)
-    _log(f"fit {len(steps)} steps, {len(journeys)} journeys in "
-         f"{time.perf_counter() - start:.2f} s; v1 acceptance: "
-         f"{'pass' if report['acceptance']['pass'] else 'FAIL'}")
+    with Progress(enabled=not args.quiet) as progress:
+        progress.phase("reading the tables")
+        with reading("--steps", args.steps):
+            steps = read_step_table(args.steps)
+        with reading("--journeys", args.journeys):
+            journeys = read_journey_table(args.journeys)
+        sources = {"steps": args.steps, "journeys": args.journeys, "config": config_path}
+        progress.phase(f"fitting {len(steps)} steps and {len(journeys)} journeys")
+        result = fit_latency(steps, journeys, pc, model=model, hardware=hardware, tp=tp,
+                             options=options, sources=sources)
+        report = {**result.report, "output": args.out}
+        if args.out:
+            progress.phase(f"writing {args.out}")
+            write_text_atomic(args.out, coefficients_yaml(result))
+        if args.report:
+            write_json_atomic(args.report, report)
+    _log(args, f"fit {len(steps)} steps, {len(journeys)} journeys in "
+               f"{time.perf_counter() - start:.2f} s; v1 acceptance: "
+               f"{'pass' if report['acceptance']['pass'] else 'FAIL'}")
     print(json.dumps(report, indent=2))
     return 0
 
 
-def cmd_sweep(args) -> int:
+def cmd_sweep(args: Any) -> int:
     """Evaluate a grid of policy knobs (``search.cli.cmd_sweep``)."""
     from search.cli import cmd_sweep as sweep
 
+    check_text_file("CONFIG", args.config)
+    check_output_dir("--out", args.out)
+    _announce_compile_cache(args)
     return sweep(args)
 
 
-def cmd_search(args) -> int:
+def cmd_search(args: Any) -> int:
     """Population-based policy search (``search.cli.cmd_search``)."""
     from search.cli import cmd_search as search
 
+    check_text_file("CONFIG", args.config)
+    check_text_file("--space", args.space)
+    check_output_dir("--out", args.out)
+    _announce_compile_cache(args)
     return search(args)
 
 
@@ -475,14 +899,86 @@ COMMANDS = {"run": cmd_run, "replay": cmd_replay, "trace": cmd_trace, "parity": 
             "fit-latency": cmd_fit_latency, "sweep": cmd_sweep, "search": cmd_search}
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    use_cpu_cores(args.cpu_devices)  # before any command imports JAX
+# ---- JAX compile cache --------------------------------------------------------------------------
+
+
+def compile_cache_dir() -> Path:
+    """Where compiled JAX programs are kept: ``$XDG_CACHE_HOME/blisjax/xla`` (default
+    ``~/.cache/blisjax/xla``)."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "blisjax" / "xla"
+
+
+class CompileCache(NamedTuple):
+    """The compile-cache setting of this process."""
+
+    path: Path | None  # None = off
+    created: bool  # the directory was made by this process (its location is then logged)
+
+
+def enable_compile_cache(disabled: bool) -> CompileCache:
+    """Turn JAX's persistent compilation cache on (before JAX is imported) in
+    ``compile_cache_dir()``, or in ``JAX_COMPILATION_CACHE_DIR`` when the user set it; off when
+    ``disabled`` (``--no-compile-cache``) or ``BLISJAX_COMPILE_CACHE=0``, which win over that
+    variable. The directory is private (mode 700): it holds executable code."""
+    if disabled or os.environ.get("BLISJAX_COMPILE_CACHE", "1").strip() in ("0", "", "off"):
+        os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)  # the opt-out wins
+        return CompileCache(None, False)
+    chosen = os.environ.get("JAX_COMPILATION_CACHE_DIR")
+    if chosen:
+        return CompileCache(Path(chosen), False)
+    path = compile_cache_dir()
+    created = not path.exists()
     try:
-        return COMMANDS[args.command](args)
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError:
+        return CompileCache(None, False)  # an unwritable home: run without the cache
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = str(path)
+    return CompileCache(path, created)
+
+
+_compile_cache = CompileCache(None, False)
+
+
+def _announce_compile_cache(args: Any) -> None:
+    """Print the compile cache's location the first time it is created."""
+    if _compile_cache.created and not args.quiet:
+        _log(args, f"keeping compiled JAX programs in {_compile_cache.path} (turn off with "
+                   "--no-compile-cache or BLISJAX_COMPILE_CACHE=0)")
+
+
+# ---- entry point --------------------------------------------------------------------------------
+
+
+def _interrupted() -> int:
+    """The exit status after Ctrl-C (the one-line message is already printed)."""
+    if "jax" in sys.modules:
+        # XLA's compile and run threads may still be working; a normal interpreter exit would
+        # tear JAX down under them (observed: a segmentation fault after Ctrl-C during a
+        # compile), so leave at once. Outputs are written atomically: none is half-written.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_INTERRUPTED)
+    return EXIT_INTERRUPTED
+
+
+def main(argv: list[str] | None = None) -> int:
+    global _compile_cache
+    try:
+        args = build_parser().parse_args(argv)
+        use_cpu_cores(args.cpu_devices)  # before any command imports JAX
+        _compile_cache = enable_compile_cache(args.no_compile_cache)
+        code = COMMANDS[args.command](args)
+        return _interrupted() if code == EXIT_INTERRUPTED else code
+    except KeyboardInterrupt:
+        print("blisjax: interrupted", file=sys.stderr)
+        return _interrupted()
+    except BrokenPipeError:  # stdout closed early (`blisjax run | head`): nothing to report
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 -- so the exit flush cannot fail
+        return 1
     except (ConfigError, ValueError, FileNotFoundError, OSError) as exc:
         print(f"blisjax: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_INVALID
 
 
 if __name__ == "__main__":

@@ -123,18 +123,18 @@ def _add_scoring(p: argparse.ArgumentParser) -> None:
     p.add_argument("--constraint-mode", default="filter", metavar="MODE",
                    help=f"{' | '.join(CONSTRAINT_MODES)} (default filter: feasible candidates "
                         "always rank first)")
-    p.add_argument("--penalty", default="1000", metavar="W",
-                   help="penalty mode: fitness = objective - W x total violation (default 1000)")
+    p.add_argument("--penalty", metavar="W",
+                   help="with --constraint-mode penalty: fitness = objective - W x total "
+                        "violation (default 1000)")
     p.add_argument("--seeds", metavar="S1,S2,...",
                    help="workload seeds; every candidate is simulated on each (default: the "
                         "config's seed)")
     p.add_argument("--robust", default="mean", metavar="STAT",
                    help=f"combine seeds by {' | '.join(ROBUST_STATISTICS)} (default mean)")
-    p.add_argument("--cvar-alpha", default="0.25", metavar="A",
-                   help="tail fraction for --robust cvar, in (0, 1] (default 0.25)")
+    p.add_argument("--cvar-alpha", metavar="A",
+                   help="with --robust cvar: the tail fraction, in (0, 1] (default 0.25)")
     p.add_argument("--resume", action="store_true",
                    help="continue the run in --out from its last checkpoint")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
 def add_sweep_parser(sub: Any) -> argparse.ArgumentParser:
@@ -167,18 +167,36 @@ def add_search_parser(sub: Any) -> argparse.ArgumentParser:
                    help="after the search, compare the best policy with the config's policy "
                         "on these workload seeds")
     p.add_argument("--sigma", metavar="X",
-                   help="initial step / mutation scale in unit-cube coordinates (default cma "
-                        "0.3, openes 0.1, ga 0.1)")
-    p.add_argument("--learning-rate", metavar="X", help="openes Adam learning rate (0.05)")
+                   help="initial step / mutation scale in unit-cube coordinates (cma, openes, "
+                        "ga; default cma 0.3, openes 0.1, ga 0.1)")
+    p.add_argument("--learning-rate", metavar="X",
+                   help="with --strategy openes: the Adam learning rate (default 0.05)")
     p.add_argument("--out", default="results/search", metavar="DIR",
                    help="results directory (default results/search)")
     return p
 
 
+#: Defaults of the scoring options that only count in some modes (None on the command line, so
+#: that giving one where it has no effect can be refused).
+_CVAR_ALPHA_DEFAULT = "0.25"
+_PENALTY_DEFAULT = "1000"
+
+
+def _check_scoring_flags(args: Any) -> None:
+    """Options given where they have no effect are errors saying what makes them count."""
+    if args.cvar_alpha is not None and args.robust != "cvar":
+        raise ConfigError("--cvar-alpha", "only used with --robust cvar")
+    if args.penalty is not None and args.constraint_mode != "penalty":
+        raise ConfigError("--penalty", "only used with --constraint-mode penalty")
+
+
 def _common(args: Any) -> dict:
+    _check_scoring_flags(args)
     return {"objectives": args.objective, "constraints": args.constraint,
-            "seeds": args.seeds, "robust": args.robust, "cvar_alpha": args.cvar_alpha,
-            "constraint_mode": args.constraint_mode, "penalty": args.penalty,
+            "seeds": args.seeds, "robust": args.robust,
+            "cvar_alpha": _CVAR_ALPHA_DEFAULT if args.cvar_alpha is None else args.cvar_alpha,
+            "constraint_mode": args.constraint_mode,
+            "penalty": _PENALTY_DEFAULT if args.penalty is None else args.penalty,
             "out_dir": args.out, "resume": args.resume}
 
 
@@ -190,8 +208,14 @@ def _run(plan: Any, args: Any) -> int:
     try:
         summary = execute(plan, progress=not args.quiet)
     except KeyboardInterrupt:
-        print(f"blisjax: interrupted; continue with the same arguments and --resume "
-              f"(checkpoint in {plan.out_dir})", file=sys.stderr)
+        from search.io import CHECKPOINT
+
+        if plan.out_dir is not None and (Path(plan.out_dir) / CHECKPOINT).is_file():
+            print(f"blisjax: interrupted; continue with the same arguments and --resume "
+                  f"(checkpoint in {plan.out_dir})", file=sys.stderr)
+        else:
+            print("blisjax: interrupted before the first generation finished (no checkpoint "
+                  "yet: run the command again)", file=sys.stderr)
         return 130
     print(f"blisjax: results in {plan.out_dir}/ ({', '.join(summary['files'].values())})",
           file=sys.stderr)
@@ -215,6 +239,11 @@ def cmd_sweep(args: Any) -> int:
 def cmd_search(args: Any) -> int:
     """``blisjax search``: validate, run the strategy, write the results directory."""
     from search.api import prepare
+
+    if args.learning_rate is not None and args.strategy != "openes":
+        raise ConfigError("--learning-rate", "only used with --strategy openes")
+    if args.sigma is not None and args.strategy == "random":
+        raise ConfigError("--sigma", "only used with --strategy cma, openes or ga")
 
     plan = prepare("search", args.config, space=Path(args.space), strategy=args.strategy,
                    population=args.population, generations=args.generations, seed=args.seed,

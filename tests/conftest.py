@@ -9,9 +9,14 @@ and the caches are dropped only when the mappings pile up.
 
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
+
+# Tests call the `blisjax` command in-process and in subprocesses; keep them from writing
+# compiled programs into the user's cache directory (the command's default).
+os.environ.setdefault("BLISJAX_COMPILE_CACHE", "0")
 
 
 @pytest.fixture(autouse=True)

@@ -13,8 +13,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from blisjax.config._checks import ConfigError
-from blisjax.config.sim import ScorerWeight, SimConfig
-from blisjax.config.yaml_io import blis_priority_overrides, load_blis_policy_config
+from blisjax.config.sim import (
+    ADMISSION_POLICIES,
+    LATENCY_MODELS,
+    PREEMPTION_POLICIES,
+    PRIORITY_POLICIES,
+    ROUTING_POLICIES,
+    SCHEDULER_POLICIES,
+    ScorerWeight,
+    SimConfig,
+)
+from blisjax.config.yaml_io import (
+    BLIS_INVERTED_SLO,
+    blis_priority_overrides,
+    load_blis_policy_config,
+)
 
 
 def _parse_number(flag: str, text: Any, kind: type) -> Any:
@@ -71,6 +84,7 @@ class BlisFlag:
     target: str
     help: str
     metavar: str | None = None
+    choices: tuple[str, ...] | None = None
 
     @property
     def flag(self) -> str:
@@ -153,7 +167,8 @@ BLIS_FLAGS: tuple[BlisFlag, ...] = (
         "latency_model",
         _str,
         "latency.model",
-        "blackbox | roofline | physics",
+        "latency model",
+        choices=LATENCY_MODELS,
     ),
     BlisFlag(
         ("--alpha-coeffs",),
@@ -170,6 +185,14 @@ BLIS_FLAGS: tuple[BlisFlag, ...] = (
         "latency.beta_coeffs",
         "β coefficients",
         "A,B,C",
+    ),
+    BlisFlag(
+        ("--coefficients-file",),
+        "coefficients_file",
+        _str,
+        "latency.coefficients_file",
+        "physics coefficient YAML (from `blisjax fit-latency --out`)",
+        "FILE",
     ),
     BlisFlag(
         ("--num-instances",),
@@ -200,7 +223,12 @@ BLIS_FLAGS: tuple[BlisFlag, ...] = (
         "router signal refresh interval, µs (0 = live)",
     ),
     BlisFlag(
-        ("--routing-policy",), "routing_policy", _str, "policy.routing.policy", "routing policy"
+        ("--routing-policy",),
+        "routing_policy",
+        _str,
+        "policy.routing.policy",
+        "routing policy",
+        choices=ROUTING_POLICIES,
     ),
     BlisFlag(
         ("--routing-scorers",),
@@ -216,6 +244,7 @@ BLIS_FLAGS: tuple[BlisFlag, ...] = (
         _str,
         "policy.admission.policy",
         "admission policy",
+        choices=ADMISSION_POLICIES,
     ),
     BlisFlag(
         ("--token-bucket-capacity",),
@@ -232,15 +261,28 @@ BLIS_FLAGS: tuple[BlisFlag, ...] = (
         "token-bucket refill, tokens/s",
     ),
     BlisFlag(
-        ("--priority-policy",), "priority_policy", _str, "policy.priority.policy", "priority policy"
+        ("--priority-policy",),
+        "priority_policy",
+        _str,
+        "policy.priority.policy",
+        "priority policy (inverted-slo = slo-based with a negative age weight)",
+        choices=tuple(PRIORITY_POLICIES) + (BLIS_INVERTED_SLO,),
     ),
-    BlisFlag(("--scheduler",), "scheduler", _str, "policy.scheduler.policy", "instance scheduler"),
+    BlisFlag(
+        ("--scheduler",),
+        "scheduler",
+        _str,
+        "policy.scheduler.policy",
+        "instance scheduler",
+        choices=SCHEDULER_POLICIES,
+    ),
     BlisFlag(
         ("--preemption-policy",),
         "preemption_policy",
         _str,
         "engine.preemption_policy",
-        "fcfs | priority",
+        "preemption victim",
+        choices=PREEMPTION_POLICIES,
     ),
     BlisFlag(("--seed",), "seed", _int, "seed", "master seed"),
     BlisFlag(("--horizon",), "horizon", _int, "horizon_us", "simulation horizon, µs"),
@@ -251,17 +293,30 @@ _BY_NAME.update({f.dest: f for f in BLIS_FLAGS})
 _BY_TARGET = {f.target: f for f in BLIS_FLAGS if f.target}
 
 
+_METAVARS = {int: "N", float: "X"}
+
+
 def add_blis_flags(parser: argparse.ArgumentParser) -> None:
     """Add the BLIS flags (all defaulting to None) to ``parser``.
 
-    Numbers are parsed by argparse (a malformed ``--tp x`` exits with argparse's usage error);
+    Policy names are listed in the help and checked by the configuration (so an unknown name is
+    reported like any other bad value, naming the flag and the choices). Numbers are parsed by
+    argparse (a malformed ``--tp x`` exits with argparse's usage error);
     lists (``--alpha-coeffs``, ``--routing-scorers``) are parsed by :func:`apply_blis_flags`.
     """
     group = parser.add_argument_group("BLIS-compatible flags")
     for f in BLIS_FLAGS:
         kind = {_int: int, _float: float}.get(f.parse, str)
+        help_text = f.help
+        if f.choices:
+            help_text += ": " + " | ".join(f.choices)
         group.add_argument(
-            *f.names, dest=f.dest, type=kind, default=None, help=f.help, metavar=f.metavar
+            *f.names,
+            dest=f.dest,
+            type=kind,
+            default=None,
+            help=help_text,
+            metavar=f.metavar or ("NAME" if f.choices else _METAVARS.get(kind)),
         )
 
 
@@ -287,7 +342,7 @@ def _override_tree(values: Mapping[str, Any]) -> dict[str, Any]:
 def _latency_overrides(cfg: SimConfig, given: dict[str, Any]) -> dict[str, Any]:
     # Coefficients belong to one latency model: switching model drops inherited ones.
     if given.get("model", cfg.latency.model) != cfg.latency.model:
-        given = {"alpha_coeffs": None, "beta_coeffs": None, **given}
+        given = {"alpha_coeffs": None, "beta_coeffs": None, "coefficients_file": None, **given}
     return given
 
 

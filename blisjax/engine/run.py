@@ -13,6 +13,7 @@ Counterpart: ``blisjax.reference.cluster.simulate`` (``simulate`` here) and
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
@@ -168,12 +169,22 @@ def run_lanes(st: EngineStatic, consts, params: PolicyParams, devices=None,
     return _drop_padding(final, lanes)
 
 
-def _run_padded(st: EngineStatic, consts, params: PolicyParams, devices, lane_block: int):
+def _run_padded(st: EngineStatic, consts, params: PolicyParams, devices, lane_block: int,
+                phase: Callable[[str], None] | None = None):
     """(final states including any padding lanes, the population's own lane count): its first
-    lanes are the population's."""
+    lanes are the population's. ``phase``, if given, is told "compiling …" and then
+    "running …" (the program is then lowered and compiled explicitly, so the two are apart)."""
     mapping_headroom_guard()
     placed = _placement(params, devices, lane_block)
-    return _run_sharded(st, consts, placed.params, placed.devices, lane_block), placed.lanes
+    if phase is None:
+        return _run_sharded(st, consts, placed.params, placed.devices, lane_block), placed.lanes
+    phase("compiling the JAX program (or loading it from the compile cache)")
+    compiled = _run_sharded.lower(st, consts, placed.params, placed.devices, lane_block).compile()
+    lanes = placed.lanes
+    phase(f"running {lanes} lane{'s' if lanes != 1 else ''} of {st.num_requests} requests")
+    final = compiled(consts, placed.params)
+    jax.block_until_ready(final)
+    return final, lanes
 
 
 def _drop_padding(final, lanes: int):
@@ -330,16 +341,18 @@ def empty_result(st: EngineStatic) -> records.RunResult:
                              rejected_admission=0, overflow={})
 
 
-def simulate(resolved, workload, params: PolicyParams | None = None, **capacities):
-    """Run the JAX engine once (one lane); returns a ``RunResult`` like the reference engine."""
+def simulate(resolved, workload, params: PolicyParams | None = None,
+             phase: Callable[[str], None] | None = None, **capacities):
+    """Run the JAX engine once (one lane); returns a ``RunResult`` like the reference engine.
+    ``phase``: optional progress callback, told when compiling and running start."""
     st = build_static(resolved, workload, **capacities)
     if st.num_requests == 0:
         return empty_result(st)
     consts = build_consts(resolved, workload, st)
     if params is None:
         params = params_from_config(resolved.config, workload.tenant_names)
-    final = run_lanes(st, consts, stack_params([params]))
-    return lane_result(st, consts, final, 0)
+    final, lanes = _run_padded(st, consts, stack_params([params]), None, LANE_BLOCK, phase)
+    return lane_result(st, consts, _drop_padding(final, lanes), 0)
 
 
 def simulate_population(resolved, workload, params: PolicyParams, static=None,

@@ -426,7 +426,7 @@ def _check_keys(path: str, data: Any, allowed: frozenset[str]) -> Mapping[str, A
     for key in data:
         if key not in allowed:
             where = f"{path}.{key}" if path else str(key)
-            raise ValueError(f"{where}: unknown key (allowed: {', '.join(sorted(allowed))})")
+            raise ValueError(f"{where}: unknown key; allowed keys: {', '.join(sorted(allowed))}")
     return data
 
 

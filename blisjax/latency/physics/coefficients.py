@@ -141,7 +141,7 @@ def _str(path: str, value: Any) -> str:
 def _check_keys(path: str, mapping: Mapping[str, Any], allowed: tuple[str, ...]) -> None:
     for key in mapping:
         if key not in allowed:
-            raise ConfigError(f"{path}.{key}", f"unknown key; allowed: {', '.join(allowed)}")
+            raise ConfigError(f"{path}.{key}", f"unknown key; allowed keys: {', '.join(allowed)}")
 
 
 def _trained_on(path: str, raw: Any) -> tuple[str, str, int, float, tuple[tuple[str, Any], ...]]:
