@@ -6,7 +6,7 @@ transcendental functions: XLA's fused multiply-adds and library functions would 
 the reference's doubles bit for bit. So the kernel hands the batch to the *same Python code*
 the reference engine calls (``jax.pure_callback``), once per step for all lanes of a device,
 and gets integer microseconds back. Results are exact by construction; the price is a host
-round trip per step (see README, latency models), so the JAX engine's throughput with these
+round trip per step (docs/latency-models.md), so the JAX engine's throughput with these
 models is close to the reference engine's per simulation, amortized only over lanes.
 
 Counterpart: the latency-model calls of ``blisjax.reference.instance.Instance._step`` and

@@ -117,7 +117,7 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
                  pending_slots: int | None = None, deadline_window: int = 8,
                  max_blocks_per_request: int | None = None,
                  running_width: int = 64) -> EngineStatic:
-    """Capacities derived from the configuration and the workload (see README, Capacities).
+    """Capacities derived from the configuration and the workload (docs/jax-engine.md, Capacities and overflow).
 
     Defaults are safe upper bounds: the queue can hold every request, the pending window the
     most requests whose α-delay windows overlap in time, and the block table the blocks of the
