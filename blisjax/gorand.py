@@ -201,19 +201,7 @@ class GoRand:
 
     def int63(self) -> int:
         """Go ``Int63``: one step of the source with the top bit cleared, in [0, 2**63)."""
-        # The step is inlined: this is the draw every other method is built on.
-        tap = self._tap - 1
-        if tap < 0:
-            tap += STATE_WORDS
-        feed = self._feed - 1
-        if feed < 0:
-            feed += STATE_WORDS
-        self._tap = tap
-        self._feed = feed
-        words = self._words
-        value = (words[feed] + words[tap]) & _MASK64
-        words[feed] = value
-        return value & _MASK63
+        return self.uint64() & _MASK63
 
     # -- derived draws ----------------------------------------------------------------------
 
