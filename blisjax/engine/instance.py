@@ -43,7 +43,6 @@ from blisjax.engine.queues import (
 from blisjax.engine.state import (
     COMPLETED,
     DROPPED,
-    INT64_MAX,
     NIL,
     QUEUED,
     RUNNING,
@@ -51,6 +50,7 @@ from blisjax.engine.state import (
     SimState,
 )
 from blisjax.engine.vec import prefix_sum
+from blisjax.latency.base import float_to_ticks_array
 from blisjax.metrics import records
 
 F64 = jnp.float64
@@ -402,9 +402,7 @@ def _running(s: SimState, st, i, width: int) -> RunningSlots:
 
 def step_duration(c, cm, dc):
     """max(1, trunc(((0 + β0) + β1·cm) + β2·dc)) from host-exact tables (one device add)."""
-    x = c.step_prefill[cm] + c.step_decode[dc]
-    big = jnp.isnan(x) | (x >= 9.223372036854775807e18)
-    return jnp.maximum(1, jnp.where(big, INT64_MAX, x.astype(jnp.int64)))
+    return jnp.maximum(1, float_to_ticks_array(c.step_prefill[cm] + c.step_decode[dc], jnp))
 
 
 def execute(s: SimState, st, c, i, now, n_preempted, active, width: int):

@@ -6,16 +6,32 @@ import math
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
+
 INT64_MAX = (1 << 63) - 1
 
 
+INT64_MIN = -INT64_MAX - 1
+_TWO_63 = 9.223372036854775807e18  # 2**63 as a float64
+
+
 def float_to_ticks(x: float) -> int:
-    """BLIS ``clampToInt64``: truncate toward zero; NaN or >= 2**63 gives INT64_MAX."""
-    if math.isnan(x) or x >= 9.223372036854775807e18:
+    """BLIS ``clampToInt64``: truncate toward zero; NaN or >= 2**63 gives INT64_MAX, <= -2**63
+    gives INT64_MIN."""
+    if math.isnan(x) or x >= _TWO_63:
         return INT64_MAX
-    if x <= -9.223372036854775808e18:
-        return -INT64_MAX - 1
+    if x <= -_TWO_63:
+        return INT64_MIN
     return int(x)
+
+
+def float_to_ticks_array(x, xp=np):
+    """``float_to_ticks`` elementwise on a float64 array of ``xp`` (NumPy, or ``jax.numpy``
+    inside the JAX engine's programs): int64 array, the same values."""
+    big = xp.isnan(x) | (x >= _TWO_63)
+    small = x <= -_TWO_63
+    inside = xp.where(big | small, 0.0, x)  # converting NaN or out-of-range values is undefined
+    return xp.where(big, INT64_MAX, xp.where(small, INT64_MIN, inside.astype(xp.int64)))
 
 
 @dataclass(frozen=True)
