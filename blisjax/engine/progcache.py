@@ -37,6 +37,9 @@ ENV_DIRECTORY = "BLISJAX_PROGRAM_CACHE_DIR"
 # Bumped when the entry layout changes.
 ENTRY_FORMAT = 1
 _MAGIC = b"blisjax-program\n"
+# Entries kept per directory, most recently used first (an entry of the default experiment is
+# ~7 MB; every shape, engine edit or jax upgrade makes a new one).
+MAX_ENTRIES = 32
 
 _chosen: Path | None = None
 _chosen_set = False
@@ -123,6 +126,19 @@ def _store(directory: Path, path: Path, key: str, compiled) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    _prune(directory)
+
+
+def _prune(directory: Path, keep: int = MAX_ENTRIES) -> None:
+    """Delete all but the ``keep`` most recently used entries (loading one touches it)."""
+    def used(path: Path) -> float:
+        try:
+            return path.stat().st_mtime
+        except OSError:  # deleted meanwhile by another process
+            return 0.0
+
+    for old in sorted(directory.glob("*.program"), key=used, reverse=True)[keep:]:
+        old.unlink(missing_ok=True)
 
 
 def _compile_fresh(lower: Callable[[], Any]):
@@ -165,6 +181,7 @@ def compiled_program(static: Any, lower: Callable[[], Any], args: tuple, devices
     if path.exists():
         try:
             compiled = _load(path, key, devices)
+            os.utime(path)  # most recently used: kept longest by ``_prune``
             _loaded[key] = compiled
             return Program(compiled, path, True)
         except Exception as exc:  # noqa: BLE001 -- any defect: rebuild the entry

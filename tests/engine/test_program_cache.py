@@ -208,3 +208,15 @@ def test_program_sharded_over_two_devices_is_stored_and_loaded(tmp_path):
                          capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "OK 1" in out.stdout
+
+
+def test_only_the_most_recently_used_entries_are_kept(tmp_path):
+    for k in range(5):
+        entry = tmp_path / f"{k}.program"
+        entry.write_bytes(b"x")
+        os.utime(entry, (1000 + k, 1000 + k))
+    os.utime(tmp_path / "0.program", (2000, 2000))  # used last
+    (tmp_path / "notes.txt").write_text("not an entry")
+    progcache._prune(tmp_path, keep=3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == \
+        ["0.program", "3.program", "4.program", "notes.txt"]
