@@ -32,6 +32,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jaxlib
+import numpy as np
 
 ENV_DIRECTORY = "BLISJAX_PROGRAM_CACHE_DIR"
 # Bumped when the entry layout changes.
@@ -87,7 +88,8 @@ def program_key(static: Any, args: tuple, devices: tuple, lane_block: int) -> st
         ENTRY_FORMAT, jax.__version__, jaxlib.__version__, source_hash(),
         os.environ.get("XLA_FLAGS", ""), bool(jax.config.jax_enable_x64),
         repr(static), str(treedef),
-        tuple((tuple(x.shape), str(x.dtype)) for x in leaves),
+        tuple((tuple(np.shape(x)), str(getattr(x, "dtype", type(x).__name__)))
+              for x in leaves),
         tuple((d.platform, d.device_kind, d.id) for d in devices), lane_block,
     )
     return hashlib.sha256(repr(parts).encode()).hexdigest()
@@ -166,14 +168,20 @@ class Program(NamedTuple):
     from_disk: bool  # loaded from ``path`` rather than compiled by this process
 
 
+def cacheable(static: Any) -> bool:
+    """Whether programs for ``static`` go through the program cache: it is on, and the
+    program has no host callbacks."""
+    return program_cache_dir() is not None and getattr(static, "latency", None) is None
+
+
 def compiled_program(static: Any, lower: Callable[[], Any], args: tuple, devices: tuple,
                      lane_block: int) -> Program:
     """The compiled program for these arguments: from this process's memory, from the
     program cache, or ``lower().compile()`` (then stored). ``lower`` returns the program's
     ``jax.stages.Lowered``; ``args`` are its non-static arguments (only their shapes count)."""
-    directory = program_cache_dir()
-    if directory is None or getattr(static, "latency", None) is not None:
+    if not cacheable(static):
         return Program(lower().compile(), None, False)
+    directory = program_cache_dir()
     key = program_key(static, args, devices, lane_block)
     path = directory / f"{key}.program"
     if key in _loaded:

@@ -180,7 +180,7 @@ def _run_padded(st: EngineStatic, consts, params: PolicyParams, devices, lane_bl
     mapping_headroom_guard()
     placed = _placement(params, devices, lane_block)
     lanes = placed.lanes
-    if phase is None and progcache.program_cache_dir() is None:
+    if phase is None and not progcache.cacheable(st):  # jit's own in-process cache
         return _run_sharded(st, consts, placed.params, placed.devices, lane_block), lanes
     if phase is not None:
         phase("compiling the JAX program (or loading it from the compile cache)")
