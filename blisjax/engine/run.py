@@ -25,6 +25,7 @@ import numpy as np  # noqa: E402
 from jax.sharding import Mesh, PartitionSpec  # noqa: E402
 
 from blisjax.config.codes import AdmissionPolicy  # noqa: E402
+from blisjax.engine import progcache  # noqa: E402
 from blisjax.engine.cluster import lane_advance, next_event  # noqa: E402
 from blisjax.engine.lanes import FLAT_MIN_LANES, release_queued  # noqa: E402
 from blisjax.engine.lockstep import LANES  # noqa: E402
@@ -152,6 +153,7 @@ def mapping_headroom_guard(fraction: float = 0.5) -> bool:
     if used <= fraction * limit:
         return False
     jax.clear_caches()
+    progcache.forget_loaded()
     return True
 
 
@@ -173,17 +175,26 @@ def _run_padded(st: EngineStatic, consts, params: PolicyParams, devices, lane_bl
                 phase: Callable[[str], None] | None = None):
     """(final states including any padding lanes, the population's own lane count): its first
     lanes are the population's. ``phase``, if given, is told "compiling …" and then
-    "running …" (the program is then lowered and compiled explicitly, so the two are apart)."""
+    "running …" (the program is then lowered and compiled explicitly, so the two are apart).
+    With the program cache on (``progcache``) the compiled program comes from there."""
     mapping_headroom_guard()
     placed = _placement(params, devices, lane_block)
-    if phase is None:
-        return _run_sharded(st, consts, placed.params, placed.devices, lane_block), placed.lanes
-    phase("compiling the JAX program (or loading it from the compile cache)")
-    compiled = _run_sharded.lower(st, consts, placed.params, placed.devices, lane_block).compile()
     lanes = placed.lanes
-    phase(f"running {lanes} lane{'s' if lanes != 1 else ''} of {st.num_requests} requests")
-    final = compiled(consts, placed.params)
-    jax.block_until_ready(final)
+    if phase is None and not progcache.cacheable(st):  # jit's own in-process cache
+        return _run_sharded(st, consts, placed.params, placed.devices, lane_block), lanes
+    if phase is not None:
+        phase("compiling the JAX program (or loading it from the compile cache)")
+
+    def lower():
+        return _run_sharded.lower(st, consts, placed.params, placed.devices, lane_block)
+
+    def running():
+        if phase is not None:
+            phase(f"running {lanes} lane{'s' if lanes != 1 else ''} of {st.num_requests} "
+                  "requests")
+
+    final = progcache.run_program(st, lower, (consts, placed.params), placed.devices,
+                                  lane_block, running)
     return final, lanes
 
 
@@ -201,8 +212,9 @@ def compile_lanes(st: EngineStatic, consts, params: PolicyParams, devices=None,
     params)`` that behaves like ``run_lanes`` for populations of the same size."""
     mapping_headroom_guard()
     placed = _placement(params, devices, lane_block)
-    compiled = _run_sharded.lower(st, consts, placed.params, placed.devices,
-                                  lane_block).compile()
+    compiled = progcache.compiled_program(
+        st, lambda: _run_sharded.lower(st, consts, placed.params, placed.devices, lane_block),
+        (consts, placed.params), placed.devices, lane_block).compiled
 
     def run(consts, params):
         again = _placement(params, placed.devices, lane_block)
