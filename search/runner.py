@@ -20,6 +20,7 @@ Trust properties:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -30,6 +31,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from blisjax.progress import Progress as TickingLine
 from search.io import (
     CHECKPOINT,
     HISTORY,
@@ -190,6 +192,16 @@ class Progress:
         print(("\r" if self.tty else "") + line, end=end, file=self.stream, flush=True)
 
 
+def _ticking(bar: Progress | None, text: str) -> contextlib.AbstractContextManager:
+    """While an engine call runs (a first call compiles for a minute or more): a line with the
+    seconds spent, rewritten in place on a terminal; nothing otherwise."""
+    if bar is None:
+        return contextlib.nullcontext()
+    ticker = TickingLine(enabled=bar.tty, stream=bar.stream)
+    ticker.phase(text)
+    return ticker
+
+
 def fingerprint_text(fingerprint: Mapping[str, Any]) -> str:
     return json.dumps(json_safe(fingerprint), sort_keys=True)
 
@@ -277,13 +289,16 @@ def run_search(space: SearchSpace, strategy: Any, evaluate: Callable[[list[dict]
         if bar is not None:
             bar.log("evaluating the configured policy (baseline; the first engine call per "
                     "workload compiles)")
-        baseline_summary = {"knobs": dict(baseline),
-                            **_candidate_summary(evaluate([dict(baseline)])[0], scoring)}
+        with _ticking(bar, "evaluating the configured policy"):
+            first = evaluate([dict(baseline)])[0]
+        baseline_summary = {"knobs": dict(baseline), **_candidate_summary(first, scoring)}
     columns = history_columns(space, scoring, robust_columns)
     for g in range(start, generations):
         population, state = strategy.ask(state)
         knob_sets = space.decode(population)
-        evals = list(evaluate(knob_sets))
+        with _ticking(bar, f"generation {g + 1}/{generations}: evaluating {len(knob_sets)} "
+                           "candidates"):
+            evals = list(evaluate(knob_sets))
         told, column = strategy_fitness(scoring, evals, multi_strategy)
         state = strategy.tell(state, population, told)
         new = _records(g, evals, column)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+import time
 
 import numpy as np
 import pytest
@@ -207,6 +208,29 @@ def test_progress_line_reports_best(tmp_path):
     lines = lines[1:]
     assert len(lines) == 3 and lines[-1].startswith("search: gen 3/3 [####")
     assert "evals 18" in lines[-1] and " best -" in lines[-1]
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_long_engine_call_shows_a_ticking_line_on_a_terminal_only():
+    # The evaluator takes 1.2 s per call (a first engine call compiles for a minute): on a
+    # terminal a line names the generation and counts the seconds; elsewhere nothing ticks.
+    sc = scoring()
+
+    def slow(knob_sets):
+        time.sleep(1.2)
+        return Evaluator(sc)(knob_sets)
+
+    terminal = _Terminal()
+    _run(None, "random", gens=1, evaluator=slow, progress=terminal)
+    assert "\rblisjax: generation 1/1: evaluating 6 candidates … 1 s" in terminal.getvalue()
+    assert "\rblisjax: evaluating the configured policy … 1 s" in terminal.getvalue()
+    plain = io.StringIO()
+    _run(None, "random", gens=1, evaluator=slow, progress=plain)
+    assert "blisjax:" not in plain.getvalue() and " s\r" not in plain.getvalue()
 
 
 def test_multi_objective_front_is_non_dominated(tmp_path):
