@@ -95,6 +95,7 @@ def _shared_deadline_replay(tmp_path, count: int) -> list[str]:
             "--total-kv-blocks", "64", "--max-num-running-reqs", "4"]
 
 
+@pytest.mark.slow  # two compiles; the default tier checks the refusal without compiling
 def test_deadline_window_overflow_is_refused_until_the_flag_raises_it(tmp_path, capsys):
     # Nine requests share one deadline microsecond; the default window orders eight.
     trace = _shared_deadline_replay(tmp_path, 9)

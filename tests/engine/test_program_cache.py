@@ -201,6 +201,7 @@ SHARDED = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # a second compile; the default tier stores and loads a one-device program
 def test_program_sharded_over_two_devices_is_stored_and_loaded(tmp_path):
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
                PYTHONPATH=str(REPO))
