@@ -335,22 +335,12 @@ def lane_result(st: EngineStatic, consts, final, k: int) -> records.RunResult:
     )
 
 
-def empty_result(st: EngineStatic) -> records.RunResult:
-    """The result of a run without requests, as the reference engine gives it: no event
-    happens, so every counter is 0 and the run ends at 0 µs. Nothing is compiled for it."""
-    per_request = {name: np.zeros(0, dtype) for name, dtype in (
-        ("status", np.int8), ("instance", np.int32), ("ttft_us", np.int64),
-        ("e2e_us", np.int64), ("scheduling_delay_us", np.int64), ("itl_sum_us", np.int64),
-        ("itl_count", np.int64), ("output_tokens_done", np.int64), ("preemptions", np.int32),
-        ("length_capped", bool), ("itl_entries_us", np.int64))}
-    per_instance = {name: np.zeros(st.num_instances, np.int64) for name in (
-        "cache_hits", "cache_misses", "preemption_count", "still_queued", "still_running",
-        "dropped_unservable", "timed_out", "length_capped_count", "completed",
-        "total_input_tokens", "queue_depth_time_us", "busy_time_us", "step_count",
-        "peak_kv_blocks_used")}
-    return records.RunResult(**per_request, **per_instance, sim_ended_us=0,
-                             horizon_us=st.horizon_us, num_instances=st.num_instances,
-                             rejected_admission=0, overflow={})
+def _empty_result(resolved, workload) -> records.RunResult:
+    """A run without requests: no event ever happens, so its result is the reference engine's
+    (computed in microseconds); nothing is compiled."""
+    from blisjax.reference import simulate as reference_simulate
+
+    return reference_simulate(resolved, workload)
 
 
 def simulate(resolved, workload, params: PolicyParams | None = None,
@@ -359,7 +349,7 @@ def simulate(resolved, workload, params: PolicyParams | None = None,
     ``phase``: optional progress callback, told when compiling and running start."""
     st = build_static(resolved, workload, **capacities)
     if st.num_requests == 0:
-        return empty_result(st)
+        return _empty_result(resolved, workload)
     consts = build_consts(resolved, workload, st)
     if params is None:
         params = params_from_config(resolved.config, workload.tenant_names)
@@ -377,7 +367,8 @@ def simulate_population(resolved, workload, params: PolicyParams, static=None,
     if workload.num_requests == 0:
         if lane_block < 1:
             raise ValueError(f"lane_block must be >= 1, got {lane_block}")
-        return [empty_result(st) for _ in range(int(np.shape(params.admission)[0]))]
+        lanes = int(np.shape(params.admission)[0])
+        return [_empty_result(resolved, workload) for _ in range(lanes)]
     consts = build_consts(resolved, workload, st)
     # padding lanes (if any) are skipped on the host, not sliced off on the devices
     final, lanes = _run_padded(st, consts, params, None, lane_block)
