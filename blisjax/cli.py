@@ -902,6 +902,8 @@ COMMANDS = {"run": cmd_run, "replay": cmd_replay, "trace": cmd_trace, "parity": 
 # ---- JAX compile cache --------------------------------------------------------------------------
 
 # Read by ``blisjax.engine.progcache`` (named here so the command need not import JAX to set it).
+# ``blisjax.engine.progcache.ENV_DIRECTORY``, named again here: importing that module starts
+# JAX, which must not happen before ``--cpu-devices`` is applied.
 PROGRAM_CACHE_ENV = "BLISJAX_PROGRAM_CACHE_DIR"
 
 

@@ -162,6 +162,7 @@ def test_command_turns_the_program_cache_on_and_off_with_the_xla_cache(tmp_path,
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     for name in ("BLISJAX_COMPILE_CACHE", "JAX_COMPILATION_CACHE_DIR", cli.PROGRAM_CACHE_ENV):
         monkeypatch.delenv(name, raising=False)
+    assert cli.PROGRAM_CACHE_ENV == progcache.ENV_DIRECTORY  # the variable the engine reads
     cli.enable_compile_cache(False)
     assert os.environ[cli.PROGRAM_CACHE_ENV] == str(tmp_path / "blisjax" / "programs")
     cli.enable_compile_cache(True)  # --no-compile-cache
