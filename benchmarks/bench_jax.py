@@ -34,6 +34,13 @@ per-simulation target scenarios (BLIS's anchor workload: Poisson 8 req/s per ins
     python benchmarks/bench_jax.py --saturation        # reference throughput at overload
     python benchmarks/bench_jax.py --cpu-devices 2 --kv-blocks 500 --lanes 64,256 --reference
                                                        # a small KV cache: steps preempt
+    python benchmarks/bench_jax.py --anchor --cpu-devices 2 --lanes 64,256
+                                                       # BLIS's anchor workload (10k / 4) against
+                                                       # one reference run, in one process
+
+``--anchor`` prints the reference engine's wall time on the same workload first, then for each
+population ``speedup_vs_reference`` = reference seconds / JAX seconds per simulation (first
+call); ``--no-stretches`` runs every decode step as its own iteration (for comparison).
 """
 
 from __future__ import annotations
@@ -108,8 +115,9 @@ def anchor(num_requests: int, instances: int):
     return resolve_config(_with_routing(resolved.config, (3.0, 2.0, 2.0, 1.0))), workload
 
 
-def run_jax(resolved, workload, lanes: int, warm_calls: int = 2) -> dict:
-    st = build_static(resolved, workload)
+def run_jax(resolved, workload, lanes: int, warm_calls: int = 2,
+            decode_stretches: bool = True) -> dict:
+    st = build_static(resolved, workload, decode_stretches=decode_stretches)
     consts = build_consts(resolved, workload, st)
     params = population(resolved.config, workload.tenant_names, lanes)
     start = time.perf_counter()
@@ -120,6 +128,7 @@ def run_jax(resolved, workload, lanes: int, warm_calls: int = 2) -> dict:
     jax.block_until_ready(final)
     run_s = time.perf_counter() - start
     events = int(np.asarray(final.iters).sum())
+    final_stretched = final.stretched
     first = lane_result(st, consts, final, 0)
     state_bytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(final)) // lanes
     del final  # the warm calls must not hold two populations' states at once (peak RSS)
@@ -132,7 +141,9 @@ def run_jax(resolved, workload, lanes: int, warm_calls: int = 2) -> dict:
     return {
         "engine": "jax", "requests": st.num_requests, "instances": st.num_instances,
         "lanes": lanes, "devices": jax.local_device_count(), "compile_s": round(compile_s, 2),
+        "decode_stretches": st.stretches,
         "run_s": round(run_s, 3), "s_per_sim": round(run_s / lanes, 4), "lane_events": events,
+        "stretched_steps": int(np.asarray(final_stretched).sum()),
         "us_per_lane_event": round(run_s / events * 1e6, 2),
         "evals_per_s": round(lanes / run_s, 2),
         "requests_per_s": round(lanes * st.num_requests / run_s, 1),
@@ -209,6 +220,11 @@ def main() -> None:
     ap.add_argument("--end-to-end", action="store_true",
                     help="scenario S as whole simulate_population calls (engine + per-lane "
                          "results)")
+    ap.add_argument("--anchor", action="store_true",
+                    help="BLIS's anchor workload, 10,000 requests / 4 instances, weighted "
+                         "routing: the reference engine once, then the populations of --lanes")
+    ap.add_argument("--no-stretches", action="store_true",
+                    help="run every decode step as its own iteration (decode_stretches=False)")
     ap.add_argument("--warm-calls", type=int, default=2,
                     help="timed calls after the first (same compiled program, warm memory)")
     ap.add_argument("--saturation", action="store_true",
@@ -220,6 +236,15 @@ def main() -> None:
                       "jax": jax.__version__, "devices": jax.local_device_count()}), flush=True)
     if args.saturation:
         print(json.dumps(saturation(args.instances)), flush=True)
+        return
+    if args.anchor:
+        resolved, workload = anchor(10_000, 4)
+        ref = run_reference(resolved, workload)
+        print(json.dumps({"workload": "anchor", **ref}), flush=True)
+        for p in args.lanes.split(","):
+            row = run_jax(resolved, workload, int(p), args.warm_calls, not args.no_stretches)
+            row["speedup_vs_reference"] = round(ref["run_s"] / row["s_per_sim"], 2)
+            print(json.dumps({"workload": "anchor", **row}), flush=True)
         return
     if args.targets:
         lanes = [int(p) for p in args.target_lanes.split(",")]

@@ -18,6 +18,7 @@ kernels; use the time split as a pointer and decide with ``ab_engine.py``. Needs
 
     python benchmarks/profile_engine.py                      # P = 64, one device, 600 requests
     python benchmarks/profile_engine.py --cpu-devices 2 --lanes 128 --top 60
+    python benchmarks/profile_engine.py --anchor --requests 1000   # 512-token outputs
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_jax  # noqa: E402
 
 ENGINE_FILES = ("instance.py", "cluster.py", "kvcache.py", "policies.py", "lockstep.py",
-                "queues.py", "vec.py", "exactfloat.py", "hostlatency.py", "state.py", "lanes.py")
+                "queues.py", "vec.py", "exactfloat.py", "hostlatency.py", "state.py", "lanes.py",
+                "stretch.py")
 # HloModuleProto field numbers (xla/service/hlo.proto): the module's stack_frame_index, and
 # inside it file_names, function_names, file_locations, stack_frames.
 _MODULE_STACK_INDEX, _FILES, _FUNCS, _LOCATIONS, _FRAMES = 17, 1, 2, 3, 4
@@ -173,9 +175,18 @@ def main() -> None:
     ap.add_argument("--cpu-devices", type=int, default=1)
     ap.add_argument("--kv-blocks", type=int, default=None)
     ap.add_argument("--top", type=int, default=40, help="rows per table")
+    ap.add_argument("--anchor", action="store_true",
+                    help="BLIS's anchor workload (bench_jax.anchor, 4 instances) instead of "
+                         "scenario S")
+    ap.add_argument("--no-stretches", action="store_true",
+                    help="every decode step its own iteration (EngineStatic.decode_stretches)")
     args = ap.parse_args()
-    resolved, workload = bench_jax.scenario(args.requests, 4, 106.0, kv_blocks=args.kv_blocks)
-    st = build_static(resolved, workload)
+    if args.anchor:
+        resolved, workload = bench_jax.anchor(args.requests, 4)
+    else:
+        resolved, workload = bench_jax.scenario(args.requests, 4, 106.0,
+                                                kv_blocks=args.kv_blocks)
+    st = build_static(resolved, workload, decode_stretches=not args.no_stretches)
     consts = build_consts(resolved, workload, st)
     params = bench_jax.population(resolved.config, workload.tenant_names, args.lanes)
     devices, padded, _ = engine_run._placement(params, None, engine_run.LANE_BLOCK)

@@ -9,6 +9,7 @@ Modules and their reference counterparts (``blisjax.reference``):
 ``cluster``         ``cluster.ClusterSimulator``: next-event selection, admission and routing events
 ``instance``        ``instance.Instance``: enqueue, timeout and the step (batch formation, execute,
                     completions)
+``stretch``         runs of ``Instance._step`` calls that only decode, planned and applied at once
 ``kvcache``         ``kvcache.KVCache``: free list, prefix lookup, allocate, release
 ``policies``        ``policies``: admission, priority, wait-queue order, prefix index, routing
 ``queues``          ``Instance.wait_queue`` and ``Instance.running``

@@ -12,7 +12,8 @@ skipped), a deadline no-op (a deadline whose request is not queued or running), 
 enqueue (end of the α delay), step, and timeout. Every handler is masked by ``active`` so all
 lanes can run the same program in lockstep; ``lane_advance`` groups a lane's events as "all
 cheap events before its next step, then the step" so lockstep runs the step program about once
-per real step.
+per real step. Decode-only steps planned as a stretch (``engine.stretch``) are not events here:
+an instance's next step is the one after them.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from blisjax.engine import hostlatency, instance, policies
+from blisjax.engine import hostlatency, instance, policies, stretch
 from blisjax.engine import kvcache as kv
 from blisjax.engine.lockstep import add, lane_once, lane_while, upd
 from blisjax.engine.state import (
@@ -47,7 +48,9 @@ def refresh_snapshots(s: SimState, st, c, now, active) -> SimState:
     decision (interval 0) or when the refresh interval has passed (docs/semantics.md §5.4;
     ``ClusterSimulator._snapshots``)."""
     due = active & ((st.refresh_interval_us == 0) | (now - s.snap_last >= st.refresh_interval_us))
-    kv_util = (st.kv_blocks - s.kv_free).astype(F64) / c.kv_blocks_f
+    # virtual decode steps before `now` have taken blocks (``stretch.kv_used_at``)
+    used = stretch.kv_used_at(s, st, now) if st.stretches else st.kv_blocks - s.kv_free
+    kv_util = used.astype(F64) / c.kv_blocks_f
     return s.replace(snap_qd=jnp.where(due, s.q_len, s.snap_qd),
                      snap_bs=jnp.where(due, s.n_run, s.snap_bs),
                      snap_kv=jnp.where(due, kv_util, s.snap_kv),
@@ -195,7 +198,9 @@ def next_event(s: SimState, st, c) -> NextEvent:
     pmin = jnp.min(pt, axis=1)
     pseq = jnp.where(pt == pmin[:, None], s.pend_seq, INT64_MAX)
     e_star = jnp.argmin(pseq, axis=1)
-    ts = jnp.where(s.step_time >= 0, s.step_time, INT64_MAX)
+    # an instance's next step that runs on its own: after its virtual ones (``stretch``)
+    step_at = stretch.next_step_us(s) if st.stretches else s.step_time
+    ts = jnp.where(step_at >= 0, step_at, INT64_MAX)
     inst_t = jnp.minimum(jnp.minimum(pmin, ts), timeout_t)
     i_star = jnp.argmin(inst_t).astype(jnp.int32)
     best_t = inst_t[i_star]

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from blisjax.config.codes import PreemptionPolicy
-from blisjax.engine import hostlatency
+from blisjax.engine import hostlatency, stretch
 from blisjax.engine import kvcache as kv
 from blisjax.engine.lockstep import (
     add,
@@ -87,6 +87,8 @@ def enqueue(s: SimState, st, c, i, e, now, active) -> SimState:
         enq_counter=s.enq_counter + queued.astype(jnp.int64))
     s = _finish_in_flight(s, c, i, r, drop | due)
     s = q_push_back(s, st, i, r, queued)
+    if st.stretches:  # steps from now on may admit it: they are no longer plain
+        s = stretch.truncate(s, i, now, queued)
     start_step = queued & (s.step_time[i] < 0)
     return s.replace(step_time=upd(s.step_time, i, now, start_step))
 
@@ -94,6 +96,10 @@ def enqueue(s: SimState, st, c, i, e, now, active) -> SimState:
 def timeout(s: SimState, st, c, i, r, now, active) -> SimState:
     """Client deadline for a queued or running request (``Instance._timeout``;
     docs/semantics.md §2.9)."""
+    if st.stretches:  # steps at its time come first (event priority); later ones are cut
+        s = stretch.materialize(s, st, c, i, now, active, step_widths(st, PHASE1_PER_OCTAVE),
+                                inclusive=True)
+        s = s.replace(stretch_steps=upd(s.stretch_steps, i, 0, active))
     r = jnp.where(active, r, st.num_requests)
     running = active & (s.status[r] == RUNNING)
     queued = active & ~running
@@ -624,15 +630,29 @@ def complete_planned(s: SimState, st, c, i, plan: QueuedPlan) -> SimState:
 # ---- the step ---------------------------------------------------------------------------------
 
 
-def _finish_at(s: SimState, st, c, i, now, n_preempted, go, width: int, defer: bool = False):
-    """Execute and complete over running positions 0..width-1 (>= n_run); the next step.
-    Returns the state, and with ``defer`` also the completions' one-pass plan."""
+class Finished(NamedTuple):
+    """What the step's execute-and-complete program (``_finish_at``) hands on."""
+
+    state: SimState
+    releases: QueuedPlan | None  # with deferred releases: the completions' one-pass plan
+    outlook: stretch.BatchOutlook | None  # with decode stretches: the batch left running
+
+
+def _finish_at(s: SimState, st, c, i, now, n_preempted, go, width: int,
+               defer: bool = False) -> Finished:
+    """Execute and complete over running positions 0..width-1 (>= n_run); the next step."""
     s, d, running = execute(s, st, c, i, now, n_preempted, go, width)
     done = complete(s, st, c, i, now, d, go, running, defer)
-    s, plan = done if defer else (done, None)
+    s, releases = done if defer else (done, None)
     more = (s.n_run[i] > 0) | (s.q_len[i] > 0)
     s = s.replace(step_time=upd(s.step_time, i, jnp.where(more, now + d, -1), go))
-    return (s, plan) if defer else s
+    seen = None
+    if st.stretches:
+        ended = records.output_finished(running.pi, running.l_in, running.out) \
+            | records.at_length_cap(running.pi, st.max_model_len)
+        seen = stretch.outlook(s, st, c, i, running.valid & go & ~ended, running.slots,
+                               running.pi, running.l_in, running.out)
+    return Finished(s, releases, seen)
 
 
 PHASE1_PER_OCTAVE = 1  # widths per doubling of phase 1's programs (64, 128, 256)
@@ -669,6 +689,8 @@ def step(s: SimState, st, c, p, i, now, active, defer: bool = False):
     phase 1 keeps doubling widths because each of its copies carries the preemption loop and
     costs ~3 s of compile time (finer phase 1 widths: a further ~2.5 %, compile +8 s).
     """
+    if st.stretches:  # the virtual steps before this one happen first
+        s = stretch.materialize(s, st, c, i, now, active, step_widths(st, PHASE1_PER_OCTAVE))
     idle = (s.n_run[i] == 0) & (s.q_len[i] == 0)
     go = active & ~idle
     s = s.replace(step_time=upd(s.step_time, i, -1, active & idle),
@@ -689,11 +711,10 @@ def step(s: SimState, st, c, p, i, now, active, defer: bool = False):
     s = phase2(s, st, c, p, i, now, budget, pre, go)
     n_preempted = s.preempt_count[i] - preempted_before
     running = lane_max(jnp.where(go, s.n_run[i], 0))
-    widths = step_widths(st, FINISH_PER_OCTAVE)
-    if not defer:
-        return by_width(widths, running, go,
-                           lambda s, go, w: _finish_at(s, st, c, i, now, n_preempted, go, w), s)
-    s, plan = by_width(widths, running, go,
-                          lambda sp, go, w: _finish_at(sp[0], st, c, i, now, n_preempted, go, w,
-                                                       True), (s, no_plan(s)))
-    return complete_planned(s, st, c, i, plan)
+    init = Finished(s, no_plan(s) if defer else None,
+                    stretch.no_outlook(st) if st.stretches else None)
+    out = by_width(step_widths(st, FINISH_PER_OCTAVE), running, go,
+                   lambda f, go, w: _finish_at(f.state, st, c, i, now, n_preempted, go, w,
+                                               defer), init)
+    s = complete_planned(out.state, st, c, i, out.releases) if defer else out.state
+    return stretch.plan(s, st, c, i, out.outlook, go) if st.stretches else s

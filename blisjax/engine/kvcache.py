@@ -221,11 +221,16 @@ def last_block_fill(s: SimState, st, i, sb) -> BlockFill:
     return BlockFill(blen, last, filled)
 
 
+def spare_positions(st, blen, filled):
+    """Token positions left in a slot's last block: none when it holds no block (a request
+    whose whole prompt was a cached prefix holds none of its own) or the block is full."""
+    return jnp.where((blen > 0) & (filled >= 1), st.block_size - filled, 0)
+
+
 def blocks_needed(st, blen, filled, n):
     """Fresh blocks for n more tokens after the spare room of the last block (BLIS)."""
     bs = st.block_size
-    spare = jnp.where((blen > 0) & (filled >= 1), bs - filled, 0)
-    return (jnp.maximum(0, n - spare) + bs - 1) // bs
+    return (jnp.maximum(0, n - spare_positions(st, blen, filled)) + bs - 1) // bs
 
 
 def can_allocate(s: SimState, st, c, i, sb, r, start, end, cached, n_cached):

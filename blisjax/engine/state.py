@@ -77,6 +77,11 @@ class SimState:
     pend_seq: chex.Array  # int64 [I, E]: its route_seq (ties of same-time enqueues)
     # ---- instance: event times ----
     step_time: chex.Array  # int64 µs [I]: next step, -1 = none pending
+    # planned plain decode steps from step_time on, applied lazily (see stretch.py)
+    stretch_steps: chex.Array  # int32 [I]: virtual steps before the next real one
+    stretch_d: chex.Array  # int64 µs [I]: duration of each of them
+    stretch_cum: chex.Array  # int32 [I, block size]: running requests with <= v free
+    #                          positions in their last block, at step_time
     clock: chex.Array  # int64 µs [I]: time of the last executed event
     last_left: chex.Array  # int64 µs [I]: latest completion time within the horizon
     # ---- instance: wait queue (Instance.wait_queue; see queues.py) ----
@@ -125,6 +130,7 @@ class SimState:
     # ---- run control and capacity overflow (never silently wrong: flagged per lane) ----
     done: chex.Array  # bool: the lane has no event left within the horizon
     iters: chex.Array  # int64: events handled
+    stretched: chex.Array  # int64: steps of those advanced inside decode stretches
     ovf_queue: chex.Array  # int32: pushes refused by a full wait queue
     ovf_pending: chex.Array  # int32: routings refused by a full α-delay window
     ovf_blocks: chex.Array  # int32: blocks past a block table's width (max_blocks_per_request)
@@ -158,7 +164,8 @@ def init_state(st: EngineStatic, tb_capacity, rl_burst, admission_code, rate_lim
         lru_pos=jnp.full((i, g, jg), -1, i64), lru_own_at=zi(i, g, jg), lru_clock=zi(i),
         lru_own=zi(i),
         pend_req=jnp.full((i, e), NIL, i32), pend_time=zi(i, e), pend_seq=zi(i, e),
-        step_time=jnp.full(i, -1, i64), clock=zi(i), last_left=zi(i),
+        step_time=jnp.full(i, -1, i64), stretch_steps=zi32(i), stretch_d=zi(i),
+        stretch_cum=zi32(i, st.block_size), clock=zi(i), last_left=zi(i),
         q_buf=jnp.full((i, q), NIL, i32), q_head=zi32(i), q_len=zi32(i),
         order=jnp.full((i, b), NIL, i32), n_run=zi32(i), slot_req=jnp.full((i, b), NIL, i32),
         bt=jnp.full((i, b, mb), NIL, i32), blen=zi32(i, b), step_cached=zi32(i, b),
@@ -173,7 +180,7 @@ def init_state(st: EngineStatic, tb_capacity, rl_burst, admission_code, rate_lim
         hits=zi(i), misses=zi(i), preempt_count=zi(i), completed=zi(i), dropped=zi(i),
         timed_out=zi(i), capped_count=zi(i), input_tokens=zi(i), steps=zi(i), busy=zi(i),
         qdepth_time=zi(i), peak_used=zi(i),
-        done=jnp.asarray(False), iters=jnp.asarray(0, i64),
+        done=jnp.asarray(False), iters=jnp.asarray(0, i64), stretched=jnp.asarray(0, i64),
         ovf_queue=jnp.asarray(0, i32), ovf_pending=jnp.asarray(0, i32),
         ovf_blocks=jnp.asarray(0, i32), ovf_deadline=jnp.asarray(0, i32),
     )

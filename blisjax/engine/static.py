@@ -37,6 +37,9 @@ class EngineStatic:
       running_width: vector width of the narrowest step program; wider ones grow from it up
         to the batch slots (``instance.step_widths``). Not a capacity: a step runs the narrowest
         program that holds every lane's running batch.
+      decode_stretches: advance runs of decode-only steps as one (``engine.stretch``) where
+        the latency model allows it (blackbox). Off, every step is its own lockstep
+        iteration; results are identical either way.
     """
 
     num_requests: int
@@ -67,9 +70,17 @@ class EngineStatic:
     deadline_window: int
     itl_capacity: int  # raw ITL entries of all requests (0 only when no request has any)
     running_width: int = 64
+    decode_stretches: bool = True
     # Roofline/physics model object (hashable), evaluated on the host per step (see
     # ``blisjax.engine.hostlatency``); None = blackbox, computed in-graph from exact tables.
     latency: object = None
+
+    @property
+    def stretches(self) -> bool:
+        """Decode stretches are compiled in: asked for, and every plain step of a stretch
+        lasts the same (the blackbox model's step time depends on the batch's token counts
+        only)."""
+        return self.decode_stretches and self.latency is None
 
     @property
     def stateful_latency(self) -> bool:
@@ -116,7 +127,7 @@ def _ceil_div(a: int, b: int) -> int:
 def build_static(resolved, workload, *, queue_slots: int | None = None,
                  pending_slots: int | None = None, deadline_window: int = 8,
                  max_blocks_per_request: int | None = None,
-                 running_width: int = 64) -> EngineStatic:
+                 running_width: int = 64, decode_stretches: bool = True) -> EngineStatic:
     """Capacities derived from the configuration and the workload (docs/jax-engine.md, Capacities and overflow).
 
     Defaults are safe upper bounds: the queue can hold every request, the pending window the
@@ -179,6 +190,7 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
         deadline_window=deadline_window,
         itl_capacity=int(np.maximum(out - 1, 0).sum()) if n else 0,
         running_width=max(1, min(int(running_width), eng.max_num_running_reqs)),
+        decode_stretches=bool(decode_stretches),
         latency=None if cfg.latency.model == "blackbox" else model,
     )
 

@@ -1,0 +1,283 @@
+"""Decode stretches: an instance's consecutive decode-only steps, planned at once and applied
+in a few vector passes instead of one lockstep iteration each.
+
+Counterpart: none of its own — a stretch is a run of ``Instance._step`` calls of the reference
+engine in which nothing but decoding happens, and applying it leaves exactly the state those
+steps leave (docs/jax-engine.md, Decode stretches).
+
+A step is *plain* when every running request decodes one token, none finishes or reaches the
+length cap, the wait queue is empty (phase 2 admits nothing), the token budget covers the batch
+and the free list holds the fresh blocks decode growth takes (no preemption). A run of plain
+steps has a fixed batch, so under the blackbox model each lasts the same ``d`` µs and they
+start at t0, t0 + d, t0 + 2d, …; their effects are per-request sums (progress, ITL entries,
+computed tokens) plus KV growth, which is a function of each request's last-block fill.
+
+After every step the instance *plans* its stretch (``plan``): how many plain steps follow
+before the first step that must run on its own (a completion or length cap, a KV shortfall,
+the last step within the horizon). The planned steps are *virtual*: ``next_event`` sees the
+instance's next step at the stretch's end, and the state is brought forward (``materialize``)
+only when something must read or change it — the instance's next real step, or a timeout of
+one of its running requests. Everything else reads around them: a request joining the
+instance only cuts the stretch short (``truncate``: the steps before its enqueue stay plain),
+and router snapshots compute KV use at their time from the plan (``kv_used_at``). Nothing
+else reads another instance's state.
+
+KV growth of k plain steps from the current state: request j's last block has ``spare_j``
+free token positions (0 .. B - 1, B the block size), so it takes a fresh block at steps
+spare_j, spare_j + B, …. Within each window of B steps every request takes exactly one, in
+the order of (spare, batch position) — the reference allocates in batch order within a step —
+so the g-th fresh block (from 0) is taken at step (g // J)·B + (g % J)-th smallest spare, and
+k steps take (k // B)·J + #{j : spare_j < k % B} blocks (J running requests). ``stretch_cum``
+keeps the spare histogram so both are a few gathers.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from blisjax.engine import kvcache as kv
+from blisjax.engine.lockstep import add, after_reads, by_width, lane_max, lane_while, upd
+from blisjax.engine.state import NIL, SimState
+from blisjax.latency.base import float_to_ticks_array
+
+CHUNK_STEPS = 16  # plain steps applied per pass of ``materialize`` (at most the block size)
+
+
+def chunk_steps(st) -> int:
+    """Steps per ``materialize`` pass: at most the block size, so that in one pass every
+    request takes at most one fresh block (the pass pops at most J blocks)."""
+    return max(1, min(CHUNK_STEPS, st.block_size))
+
+
+def plain_step_us(c, running):
+    """Duration of a plain step with ``running`` decoding requests: the blackbox step time with
+    no prefill tokens (``instance.step_duration``'s formula, max(1, trunc(β0 + β2·J)))."""
+    return jnp.maximum(1, float_to_ticks_array(c.step_prefill[0] + c.step_decode[running], jnp))
+
+
+# ---- planning ---------------------------------------------------------------------------------
+
+
+class BatchOutlook(NamedTuple):
+    """What a step's running batch allows after it (``outlook``), computed where the batch's
+    positions are at hand (the step's width programs)."""
+
+    decoding: jax.Array  # bool: every request left running is past its prompt
+    plain_steps: jax.Array  # int32: plain steps before the first completion or length cap
+    spare_cum: jax.Array  # int32 [B]: requests whose last block has <= v free positions
+
+
+def no_outlook(st) -> BatchOutlook:
+    """The carry's start value (no stretch)."""
+    return BatchOutlook(jnp.asarray(False), jnp.asarray(0, jnp.int32),
+                        jnp.zeros(st.block_size, jnp.int32))
+
+
+def outlook(s: SimState, st, c, i, keep, slots, pi, l_in, out) -> BatchOutlook:
+    """The outlook of the requests ``keep`` (running positions' slots, progress after the step,
+    input and output tokens; shapes [width]) on instance i.
+
+    A decoding request with progress p finishes after the step that brings it to
+    l_in + out - 1 (``records.output_finished``), i.e. at step index l_in + out - 2 - p from
+    now, and reaches the length cap L at index L - 2 - p (``records.at_length_cap``); every
+    step before both is plain for it."""
+    decoding = jnp.all(~keep | ((pi >= l_in) & (out > 0)))
+    left = l_in + out - 2 - pi
+    if st.max_model_len > 0:
+        left = jnp.minimum(left, st.max_model_len - 2 - pi)
+    big = jnp.iinfo(jnp.int32).max
+    plain = jnp.min(jnp.where(keep, left, big)).astype(jnp.int32)
+    fill = kv.last_block_fill(s, st, i, slots)
+    spare = kv.spare_positions(st, fill.blen, fill.filled).astype(jnp.int32)
+    v = jnp.arange(st.block_size, dtype=jnp.int32)
+    cum = jnp.sum(keep[:, None] & (spare[:, None] <= v[None, :]), axis=0, dtype=jnp.int32)
+    return BatchOutlook(decoding, plain, cum)
+
+
+def _block_step(cum, running, g, block_size: int):
+    """Step index (from the plan's start) at which the g-th fresh block (from 0) is taken:
+    (g // J)·B + the (g % J)-th smallest spare, which is the number of spare values v whose
+    cumulative count is <= g % J."""
+    j = jnp.maximum(running, 1)
+    return (g // j) * block_size + jnp.sum(cum <= (g % j)[..., None], -1, dtype=jnp.int32)
+
+
+def blocks_taken(cum, running, k, block_size: int):
+    """Fresh blocks k plain steps take: (k // B)·J + #{spare < k % B}."""
+    r = k % block_size
+    below = jnp.where(r > 0, jnp.take_along_axis(
+        cum, jnp.maximum(r - 1, 0)[..., None].astype(jnp.int32), -1)[..., 0], 0)
+    return (k // block_size) * running + below
+
+
+def plan(s: SimState, st, c, i, seen: BatchOutlook, active) -> SimState:
+    """After instance i's step (where ``active``): the plain steps that follow it. Zero unless
+    the batch decodes, the wait queue is empty, the budget covers the batch and a next step is
+    due; else the fewest of: steps to the first completion or length cap, steps whose fresh
+    blocks the free list holds, and steps that start before the horizon's last one (which
+    runs on its own, so the lane never ends with virtual steps)."""
+    running = s.n_run[i]
+    t0 = s.step_time[i]
+    ok = (active & seen.decoding & (running > 0) & (s.q_len[i] == 0)
+          & (running <= st.token_budget) & (t0 >= 0) & (t0 <= st.horizon_us))
+    d = plain_step_us(c, running)
+    by_kv = _block_step(seen.spare_cum, running, s.kv_free[i], st.block_size)
+    by_horizon = (st.horizon_us - t0) // d
+    k = jnp.minimum(jnp.minimum(seen.plain_steps, by_kv).astype(jnp.int64), by_horizon)
+    k = jnp.where(ok, jnp.maximum(k, 0), 0).astype(jnp.int32)
+    return s.replace(
+        stretch_steps=upd(s.stretch_steps, i, k, active),
+        stretch_d=upd(s.stretch_d, i, d.astype(jnp.int64), active),
+        stretch_cum=s.stretch_cum.at[i].set(jnp.where(active, seen.spare_cum, s.stretch_cum[i])))
+
+
+def next_step_us(s: SimState):
+    """[I] start of each instance's next real step (after its virtual ones); -1 where none."""
+    return jnp.where(s.step_time >= 0, s.step_time + s.stretch_steps * s.stretch_d, -1)
+
+
+def _steps_before(s: SimState, t0, now, inclusive: bool):
+    """Virtual steps of the plan that start before ``now`` (at or before, if inclusive)."""
+    d = jnp.maximum(s.stretch_d, 1)
+    span = now - t0 + (1 if inclusive else 0)
+    started = jnp.where(span > 0, (span + d - 1) // d, 0)
+    return jnp.minimum(started, s.stretch_steps).astype(jnp.int32)
+
+
+def truncate(s: SimState, i, now, active) -> SimState:
+    """A request joins instance i's wait queue at ``now``: the plain steps starting before it
+    stay virtual, the first one at or after it will run on its own (phase 2 may admit)."""
+    before = _steps_before(s, s.step_time, now, False)[i]
+    return s.replace(stretch_steps=upd(s.stretch_steps, i, before, active))
+
+
+def kv_used_at(s: SimState, st, now):
+    """[I] KV blocks in use at ``now`` with every virtual step starting before it applied."""
+    done = _steps_before(s, s.step_time, now, False)
+    pending = jnp.where(s.step_time >= 0, done, 0)
+    grown = blocks_taken(s.stretch_cum, s.n_run, pending, st.block_size)
+    return st.kv_blocks - s.kv_free + grown
+
+
+# ---- applying virtual steps -------------------------------------------------------------------
+
+
+def materialize(s: SimState, st, c, i, now, active, widths: tuple[int, ...],
+                inclusive: bool = False) -> SimState:
+    """Apply instance i's virtual steps that start before ``now`` (or at it, if
+    ``inclusive``), where ``active``; the plan keeps the rest. ``widths``: the vector widths
+    of the running-batch programs (``instance.step_widths``)."""
+    due = jnp.where(active, _steps_before(s, s.step_time, now, inclusive)[i], 0)
+    widest = lane_max(jnp.where(due > 0, s.n_run[i], 0))
+
+    def program(s, go, width):
+        def body(carry, go):
+            s, left = carry
+            kc = jnp.minimum(left, chunk_steps(st))
+            return _apply(s, st, c, i, kc, go, width), left - jnp.where(go, kc, 0)
+
+        return lane_while(lambda carry: go & (carry[1] > 0), body, (s, due))[0]
+
+    return by_width(widths, widest, active & (due > 0), program, s)
+
+
+def _apply(s: SimState, st, c, i, kc, go, width: int) -> SimState:
+    """Apply ``kc`` (1 .. block size) plain steps of instance i at running positions
+    0 .. width - 1, where ``go``: the effects of kc consecutive ``Instance._step`` calls."""
+    bs = st.block_size
+    kc = jnp.where(go, kc, 0).astype(jnp.int32)
+    t0, d = s.step_time[i], s.stretch_d[i]
+    pos = jnp.arange(width, dtype=jnp.int32)
+    valid = go & (pos < s.n_run[i])
+    slots = jnp.maximum(s.order[i, :width], 0)
+    reqs = jnp.where(valid, s.slot_req[i, slots], st.num_requests)
+    fill = kv.last_block_fill(s, st, i, slots)
+    spare = kv.spare_positions(st, fill.blen, fill.filled)  # 0 .. B - 1
+    # each request takes at most one fresh block in kc <= B steps, at step `spare`; the
+    # reference takes them step by step, in batch order within a step
+    fresh = valid & (spare < kc)
+    # rank among them by (spare, position): a counting sort over the B spare values (XLA's
+    # sort of a short vector costs ~100x more)
+    v = jnp.arange(bs, dtype=jnp.int32)
+    bucket = fresh[:, None] & (spare[:, None] == v[None, :])  # [width, B]
+    per_value = jnp.sum(bucket, axis=0, dtype=jnp.int32)
+    below = jnp.cumsum(per_value) - per_value  # fresh requests with a smaller spare
+    ahead = jnp.cumsum(bucket.astype(jnp.int32), axis=0) - bucket  # same spare, before
+    rank = jnp.sum(jnp.where(bucket, below[None, :] + ahead, 0), axis=1, dtype=jnp.int32)
+    count = jnp.sum(fresh, dtype=jnp.int32)
+    s, blocks, taken = kv.pop_blocks(s, st, i, count, go, width)
+    k_blocks, mb = st.kv_blocks, st.max_blocks_per_request
+    b = jnp.where(fresh, blocks[jnp.minimum(rank, width - 1)], k_blocks)
+    top_up = valid & (spare > 0)
+    table_pos = jnp.where(fresh, fill.blen, mb)
+    s = s.replace(
+        kv_tok=s.kv_tok.at[i, jnp.where(top_up, fill.last, k_blocks)].add(
+            jnp.minimum(spare, kc), mode="drop").at[i, b].set(kc - spare, mode="drop"),
+        kv_ref=s.kv_ref.at[i, b].set(1, mode="drop"),
+        bt=s.bt.at[i, slots, table_pos].set(b, mode="drop"),
+        blen=s.blen.at[i, jnp.where(fresh, slots, st.batch_slots)].add(1, mode="drop"),
+        misses=add(s.misses, i, count.astype(jnp.int64), go),
+        ovf_blocks=s.ovf_blocks + jnp.sum(fresh & (fill.blen >= mb), dtype=jnp.int32))
+    if st.prefix_caching:
+        s = _hash_slot_ops(s, st, c, i, reqs, fill, spare, fresh, top_up, b, kc, width)
+    itl = d + st.otp_us
+    pi0, l_in = s.pi[reqs], c.input_tokens[reqs]
+    grown = jnp.where(valid, kc, 0)  # the sink row (invalid positions) gets nothing
+    s = s.replace(
+        pi=s.pi.at[reqs].add(grown), computed=s.computed.at[reqs].add(grown),
+        num_new=s.num_new.at[reqs].set(jnp.where(valid, 1, 0)),
+        itl_sum=s.itl_sum.at[reqs].add(grown.astype(jnp.int64) * itl))
+    if st.itl_capacity > 0:
+        k = jnp.arange(chunk_steps(st), dtype=jnp.int32)
+        entry = c.itl_offset[reqs][:, None] + (pi0 - l_in)[:, None] + k[None, :]
+        write = valid[:, None] & (k[None, :] < kc)
+        s = s.replace(itl_buf=s.itl_buf.at[jnp.where(write, entry, st.itl_capacity)].set(
+            itl.astype(jnp.int32), mode="drop"))
+    span = kc.astype(jnp.int64) * d
+    used = (st.kv_blocks - s.kv_free[i]).astype(jnp.int64)
+    return s.replace(
+        steps=add(s.steps, i, kc.astype(jnp.int64), go), busy=add(s.busy, i, span, go),
+        peak_used=upd(s.peak_used, i, jnp.maximum(s.peak_used[i], used), go),
+        # the instance's clock is the last event's time: this pass's last step, unless a later
+        # event (the real step that materializes it) has set it already
+        clock=upd(s.clock, i, jnp.maximum(s.clock[i], t0 + span - d), go),
+        step_time=upd(s.step_time, i, t0 + span, go),
+        stretch_steps=add(s.stretch_steps, i, -kc, go),
+        iters=s.iters + kc.astype(jnp.int64), stretched=s.stretched + kc.astype(jnp.int64))
+
+
+def _hash_slot_ops(s: SimState, st, c, i, reqs, fill, spare, fresh, top_up, b, kc,
+                   width: int) -> SimState:
+    """The hash-slot writes of a ``_apply`` pass, in the reference's order (``apply_slot_ops``
+    resolves them by sequence number: by step, then batch position, a registration before a
+    pop). A block popped for decode growth forgets the slot it was registered under (at step
+    ``spare``). A block that decode tokens fill is registered when its table position is
+    below the request's full prompt blocks: a request readmitted after preemption holds
+    only the blocks allocated since, so its table positions restart at 0 (docs/semantics.md
+    §3). The last block fills at step ``spare - 1``; a fresh block taken at step 0 fills
+    within the pass only when the pass is B steps long (at its last step)."""
+    bs, k_blocks = st.block_size, st.kv_blocks
+    pos = jnp.arange(width, dtype=jnp.int32)
+    full = c.full_blocks[reqs]
+    old_slot = jnp.where(fresh, s.kv_slot[i, jnp.clip(b, 0, k_blocks - 1)], NIL)
+    reg_last = top_up & (spare <= kc) & (fill.blen - 1 < full)
+    slot_last = kv.hash_slot(st, c, i, reqs, fill.blen - 1)
+    reg_fresh = fresh & (spare == 0) & (kc == bs) & (fill.blen < full)
+    slot_fresh = kv.hash_slot(st, c, i, reqs, fill.blen)
+
+    def op(step, kind):
+        return 2 * (step * width + pos) + kind
+
+    s = kv.apply_slot_ops(
+        s, st, jnp.concatenate([slot_last, old_slot, slot_fresh]),
+        jnp.concatenate([fill.last, jnp.full(width, NIL, jnp.int32), b]),
+        jnp.concatenate([op(spare - 1, 0), op(spare, 1), op(spare + bs - 1, 0)]),
+        jnp.concatenate([reg_last, fresh & (old_slot >= 0), reg_fresh]))
+    # the write that depends on old_slot goes first, so every write follows that read
+    fresh_slot = after_reads(jnp.where(reg_fresh, slot_fresh, NIL), old_slot + 1)
+    s = s.replace(kv_slot=s.kv_slot.at[i, b].set(fresh_slot, mode="drop"))
+    return s.replace(kv_slot=s.kv_slot.at[i, jnp.where(reg_last, fill.last, k_blocks)].set(
+        slot_last, mode="drop"))

@@ -1,0 +1,152 @@
+"""Decode stretches (``blisjax.engine.stretch``): runs of plain decode steps advanced at once
+must leave exactly what the reference engine's step-by-step run leaves.
+
+The formulas are checked against brute-force step-by-step counts; the engine against
+independent reference runs of a scenario in which every kind of stretch end occurs: arrivals
+joining a decoding instance, completions, KV shortfalls (preemption), timeouts of running
+requests, the horizon, a request finishing exactly at the length cap, and routing decisions
+that read KV use while other instances are mid-stretch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from blisjax.config import PriorityConfig, RoutingConfig, ScorerWeight
+from blisjax.engine import params_from_config, stack_params, stretch
+from blisjax.engine.parity import first_divergence
+from blisjax.engine.run import lane_result, run_lanes
+from blisjax.engine.static import build_consts, build_static
+from blisjax.metrics import records
+from blisjax.reference import simulate as reference
+from tests.reference.conftest import make_resolved, make_workload
+
+# ---- the growth formulas, by brute force ------------------------------------------------------
+
+
+def _fresh_blocks_by_step(spares, steps: int, block_size: int) -> list[int]:
+    """Blocks taken at each of ``steps`` plain steps, simulated token by token: a request
+    whose last block has s free positions fills it, then takes a block when it is full."""
+    free = list(spares)
+    taken = []
+    for _ in range(steps):
+        now = 0
+        for j, f in enumerate(free):
+            if f == 0:  # the token needs a fresh block; it holds this token
+                now += 1
+                free[j] = block_size - 1
+            else:
+                free[j] = f - 1
+        taken.append(now)
+    return taken
+
+
+def _cum(spares, block_size):
+    return jnp.asarray([sum(1 for x in spares if x <= v) for v in range(block_size)], jnp.int32)
+
+
+@pytest.mark.parametrize("block_size", [1, 4, 16])
+def test_blocks_taken_and_block_steps_match_token_by_token_growth(block_size):
+    rng = np.random.default_rng(block_size)
+    for _ in range(20):
+        running = int(rng.integers(1, 9))
+        spares = [int(x) for x in rng.integers(0, block_size, running)]
+        per_step = _fresh_blocks_by_step(spares, 5 * block_size + 3, block_size)
+        through = np.cumsum([0, *per_step])  # blocks taken by the first k steps
+        cum = _cum(spares, block_size)
+        for k in range(len(through)):
+            got = stretch.blocks_taken(cum, jnp.int32(running), jnp.int32(k), block_size)
+            assert int(got) == through[k], (spares, k)
+        for g in range(int(through[-1])):  # the g-th block is taken at the first step where
+            want = int(np.argmax(through > g)) - 1  # more than g blocks have been taken
+            got = stretch._block_step(cum, jnp.int32(running), jnp.int32(g), block_size)
+            assert int(got) == want, (spares, g)
+
+
+def test_steps_before_counts_step_starts_strictly_before_or_at_a_time():
+    """Virtual steps start at t0, t0 + d, …: those starting before (or at) a time."""
+    class S:  # the three plan fields ``_steps_before`` reads
+        stretch_d = jnp.asarray([7, 7, 1])
+        stretch_steps = jnp.asarray([5, 2, 0])
+
+    t0 = jnp.asarray([100, 100, 100])
+    for now in range(90, 150):
+        for inclusive in (False, True):
+            got = np.asarray(stretch._steps_before(S, t0, jnp.asarray(now), inclusive))
+            for i, (d, k) in enumerate(((7, 5), (7, 2), (1, 0))):
+                starts = [100 + d * m for m in range(k)]
+                want = sum(1 for x in starts if (x <= now if inclusive else x < now))
+                assert got[i] == want, (now, inclusive, i)
+
+
+# ---- a scenario with every kind of stretch end ------------------------------------------------
+
+
+def _rows():
+    """Staggered arrivals of 30–82 output tokens on two instances of 48 blocks of 4 tokens (a
+    running request's decode growth preempts others), a third sharing a prefix block (free
+    cached blocks that decode growth reclaims), two with deadlines that fall mid-decode, and
+    one of 100 + 20 tokens that finishes exactly at the 120-token length cap."""
+    rows = []
+    for k in range(18):
+        row = dict(arrival=k * 6_000 + (k % 3) * 1_000, input=12 + 5 * (k % 4),
+                   output=30 + 13 * (k % 5), tenant="a", slo=("critical", "batch")[k % 2])
+        if k % 3 == 0:
+            row.update(group=0, prefix=8)
+        if k in (4, 11):
+            row["deadline"] = row["arrival"] + 45_000
+        rows.append(row)
+    rows.append(dict(arrival=20_000, input=100, output=20, tenant="a"))
+    return sorted(rows, key=lambda r: r["arrival"])
+
+
+HORIZON_US = 150_000  # requests are still decoding when it falls
+
+
+def _policies(base):
+    """Routing that reads KV use (kv-utilization, snapshots refreshed at every decision) or
+    only counts, each with both preemption orders: 8 lanes, so the block also queues its
+    completions' releases (``lanes.release_queued``)."""
+    kv_weighted = RoutingConfig(policy="weighted", scorers=(
+        ScorerWeight("kv-utilization", 2.0), ScorerWeight("queue-depth", 1.0)))
+    kv_only = RoutingConfig(policy="weighted", scorers=(ScorerWeight("kv-utilization", 1.0),))
+    out = []
+    for routing in (kv_weighted, kv_only, RoutingConfig(policy="least-loaded"),
+                    RoutingConfig(policy="round-robin")):
+        for preemption in ("fcfs", "priority"):
+            policy = dataclasses.replace(base.policy, routing=routing,
+                                         priority=PriorityConfig(policy="slo-class"))
+            engine = dataclasses.replace(base.engine, preemption_policy=preemption)
+            out.append(dataclasses.replace(base, policy=policy, engine=engine))
+    return out
+
+
+def test_stretch_ends_of_every_kind_match_the_reference_step_by_step():
+    resolved = make_resolved(instances=2, block_size=4, kv_blocks=48, max_running=8,
+                             max_model_len=120, horizon_us=HORIZON_US)
+    w = make_workload(_rows(), ("a",), ("g",))
+    configs = _policies(resolved.config)
+    st = build_static(resolved, w)
+    assert st.stretches
+    consts = build_consts(resolved, w, st)
+    final = run_lanes(st, consts, stack_params([params_from_config(c, w.tenant_names)
+                                                for c in configs]))
+    for k, cfg in enumerate(configs):
+        want = reference(dataclasses.replace(resolved, config=cfg), w)
+        got = lane_result(st, consts, final, k)
+        assert first_divergence(want, got) is None, k
+        if k == 0:  # the scenario has what the docstring promises (in the reference run)
+            assert want.preemption_count.sum() > 0
+            assert want.still_running.sum() > 0  # the horizon cut running requests
+            timed_out_running = (want.status == records.TIMED_OUT) & (want.ttft_us >= 0)
+            assert timed_out_running.sum() == 2
+            assert want.status[w.input_tokens == 100][0] == records.COMPLETED
+    steps = np.asarray(final.steps).sum(axis=1)
+    stretched = np.asarray(final.stretched)
+    # under this much preemption still over 40 % of the steps ran inside stretches, in
+    # every lane (about 55 %); without stretches none would
+    assert np.all(stretched > 0.4 * steps), (stretched, steps)
