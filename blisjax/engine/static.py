@@ -144,6 +144,8 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
                                   or not isinstance(value, int | np.integer) or value < 1):
             raise ValueError(f"{name} must be an integer >= 1 (or left to its default), "
                              f"got {value!r}")
+    if not isinstance(decode_stretches, bool | np.bool_):
+        raise ValueError(f"decode_stretches must be True or False, got {decode_stretches!r}")
     cfg = resolved.config
     eng = cfg.engine
     bs = eng.block_size_tokens

@@ -87,11 +87,13 @@ EDGE_CASES = {
 
 # Features of these cases are also covered in the default tier by the population test
 # (chunked prefill under a token budget, token-bucket admission, weighted routing over
-# periodic snapshots and a horizon cut among its random policies) or by the narrow-program
-# test (the preemption storm at every step width). Each case compiles its own program (~45 s
-# on 2 cores), so the default tier keeps the ones nothing else covers.
+# periodic snapshots and a horizon cut among its random policies), by the narrow-program
+# test (the preemption storm at every step width) or by the decode-stretch scenario
+# (tests/engine/test_stretches.py: a request ending exactly at the max-model-len cap, priority
+# preemption with the KV cache full). Each case compiles its own program (~45 s on 2 cores),
+# so the default tier keeps the ones nothing else covers.
 SLOW_EDGE_CASES = {"chunked-budget", "token-bucket", "stale-snapshots-weighted", "horizon-cut",
-                   "preemption-storm"}
+                   "preemption-storm", "max-model-len", "full-kv-priority-preemption"}
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_EDGE_CASES

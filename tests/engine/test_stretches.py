@@ -150,3 +150,15 @@ def test_stretch_ends_of_every_kind_match_the_reference_step_by_step():
     # under this much preemption still over 40 % of the steps ran inside stretches, in
     # every lane (about 55 %); without stretches none would
     assert np.all(stretched > 0.4 * steps), (stretched, steps)
+
+
+def test_decode_stretches_switch_is_checked_and_compiled_only_for_blackbox():
+    resolved = make_resolved()
+    w = make_workload([dict(arrival=0, input=8, output=4)])
+    assert build_static(resolved, w).stretches
+    assert not build_static(resolved, w, decode_stretches=False).stretches
+    with pytest.raises(ValueError, match=r"^decode_stretches must be True or False, got 1$"):
+        build_static(resolved, w, decode_stretches=1)
+    # a roofline or physics model (evaluated on the host) has step times that change within a
+    # run of plain steps: no stretches
+    assert not dataclasses.replace(build_static(resolved, w), latency=object()).stretches
