@@ -119,9 +119,10 @@ def policies(draw, base):
 
 def _check(engine: dict, data) -> None:
     base = make_resolved(horizon_us=HORIZON_US, **engine)
-    static = build_static(base, _envelope())
+    static = build_static(base, _envelope(), decode_stretches=True)
     w = data.draw(workloads(), label="workload")
-    assert build_static_shared(base, [_envelope(), w]) == static  # one program for all examples
+    # one program for all examples
+    assert build_static_shared(base, [_envelope(), w], decode_stretches=True) == static
     configs = [data.draw(policies(base.config), label=f"lane {k}") for k in range(LANES)]
     params = stack_params([params_from_config(c, TENANTS) for c in configs])
     lanes = simulate_population(base, w, params, static=static)

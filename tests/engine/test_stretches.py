@@ -130,7 +130,7 @@ def test_stretch_ends_of_every_kind_match_the_reference_step_by_step():
                              max_model_len=120, horizon_us=HORIZON_US)
     w = make_workload(_rows(), ("a",), ("g",))
     configs = _policies(resolved.config)
-    st = build_static(resolved, w)
+    st = build_static(resolved, w, decode_stretches=True)
     assert st.stretches
     consts = build_consts(resolved, w, st)
     final = run_lanes(st, consts, stack_params([params_from_config(c, w.tenant_names)
@@ -155,10 +155,16 @@ def test_stretch_ends_of_every_kind_match_the_reference_step_by_step():
 def test_decode_stretches_switch_is_checked_and_compiled_only_for_blackbox():
     resolved = make_resolved()
     w = make_workload([dict(arrival=0, input=8, output=4)])
-    assert build_static(resolved, w).stretches
+    assert build_static(resolved, w, decode_stretches=True).stretches
     assert not build_static(resolved, w, decode_stretches=False).stretches
-    with pytest.raises(ValueError, match=r"^decode_stretches must be True or False, got 1$"):
+    with pytest.raises(ValueError, match=r"^decode_stretches must be True, False or None "
+                                         r"\(decided by the workload\), got 1$"):
         build_static(resolved, w, decode_stretches=1)
+    # by default only where outputs are long enough to pay for planning (mean >= 128 tokens)
+    assert not build_static(resolved, w).stretches
+    rows = [dict(arrival=0, input=8, output=n) for n in (100, 156)]
+    assert build_static(resolved, make_workload(rows)).stretches
+    assert not build_static(resolved, make_workload(rows[:1])).stretches
     # a roofline or physics model (evaluated on the host) has step times that change within a
     # run of plain steps: no stretches
     assert not dataclasses.replace(build_static(resolved, w), latency=object()).stretches
