@@ -116,7 +116,7 @@ def anchor(num_requests: int, instances: int):
 
 
 def run_jax(resolved, workload, lanes: int, warm_calls: int = 2,
-            decode_stretches: bool = True) -> dict:
+            decode_stretches: bool | None = None) -> dict:
     st = build_static(resolved, workload, decode_stretches=decode_stretches)
     consts = build_consts(resolved, workload, st)
     params = population(resolved.config, workload.tenant_names, lanes)
@@ -224,7 +224,8 @@ def main() -> None:
                     help="BLIS's anchor workload, 10,000 requests / 4 instances, weighted "
                          "routing: the reference engine once, then the populations of --lanes")
     ap.add_argument("--no-stretches", action="store_true",
-                    help="run every decode step as its own iteration (decode_stretches=False)")
+                    help="with --anchor: every decode step its own iteration "
+                         "(decode_stretches=False; default: the workload decides)")
     ap.add_argument("--warm-calls", type=int, default=2,
                     help="timed calls after the first (same compiled program, warm memory)")
     ap.add_argument("--saturation", action="store_true",
@@ -242,7 +243,8 @@ def main() -> None:
         ref = run_reference(resolved, workload)
         print(json.dumps({"workload": "anchor", **ref}), flush=True)
         for p in args.lanes.split(","):
-            row = run_jax(resolved, workload, int(p), args.warm_calls, not args.no_stretches)
+            row = run_jax(resolved, workload, int(p), args.warm_calls,
+                          False if args.no_stretches else None)
             row["speedup_vs_reference"] = round(ref["run_s"] / row["s_per_sim"], 2)
             print(json.dumps({"workload": "anchor", **row}), flush=True)
         return

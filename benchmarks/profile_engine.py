@@ -179,14 +179,15 @@ def main() -> None:
                     help="BLIS's anchor workload (bench_jax.anchor, 4 instances) instead of "
                          "scenario S")
     ap.add_argument("--no-stretches", action="store_true",
-                    help="every decode step its own iteration (EngineStatic.decode_stretches)")
+                    help="every decode step its own iteration (default: the workload decides "
+                         "whether decode stretches are compiled in)")
     args = ap.parse_args()
     if args.anchor:
         resolved, workload = bench_jax.anchor(args.requests, 4)
     else:
         resolved, workload = bench_jax.scenario(args.requests, 4, 106.0,
                                                 kv_blocks=args.kv_blocks)
-    st = build_static(resolved, workload, decode_stretches=not args.no_stretches)
+    st = build_static(resolved, workload, decode_stretches=False if args.no_stretches else None)
     consts = build_consts(resolved, workload, st)
     params = bench_jax.population(resolved.config, workload.tenant_names, args.lanes)
     devices, padded, _ = engine_run._placement(params, None, engine_run.LANE_BLOCK)
