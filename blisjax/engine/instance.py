@@ -717,4 +717,7 @@ def step(s: SimState, st, c, p, i, now, active, defer: bool = False):
                    lambda f, go, w: _finish_at(f.state, st, c, i, now, n_preempted, go, w,
                                                defer), init)
     s = complete_planned(out.state, st, c, i, out.releases) if defer else out.state
-    return stretch.plan(s, st, c, i, out.outlook, go) if st.stretches else s
+    if not st.stretches:
+        return s
+    plain_us = step_duration(c, 0, s.n_run[i])  # no prefill tokens, one decode token each
+    return stretch.plan(s, st, i, out.outlook, plain_us, go)

@@ -41,7 +41,6 @@ import jax.numpy as jnp
 from blisjax.engine import kvcache as kv
 from blisjax.engine.lockstep import add, after_reads, by_width, lane_max, lane_while, upd
 from blisjax.engine.state import NIL, SimState
-from blisjax.latency.base import float_to_ticks_array
 
 CHUNK_STEPS = 16  # plain steps applied per pass of ``materialize`` (at most the block size)
 
@@ -50,12 +49,6 @@ def chunk_steps(st) -> int:
     """Steps per ``materialize`` pass: at most the block size, so that in one pass every
     request takes at most one fresh block (the pass pops at most J blocks)."""
     return max(1, min(CHUNK_STEPS, st.block_size))
-
-
-def plain_step_us(c, running):
-    """Duration of a plain step with ``running`` decoding requests: the blackbox step time with
-    no prefill tokens (``instance.step_duration``'s formula, max(1, trunc(β0 + β2·J)))."""
-    return jnp.maximum(1, float_to_ticks_array(c.step_prefill[0] + c.step_decode[running], jnp))
 
 
 # ---- planning ---------------------------------------------------------------------------------
@@ -113,8 +106,9 @@ def blocks_taken(cum, running, k, block_size: int):
     return (k // block_size) * running + below
 
 
-def plan(s: SimState, st, c, i, seen: BatchOutlook, active) -> SimState:
-    """After instance i's step (where ``active``): the plain steps that follow it. Zero unless
+def plan(s: SimState, st, i, seen: BatchOutlook, plain_us, active) -> SimState:
+    """After instance i's step (where ``active``): the plain steps that follow it, each
+    ``plain_us`` long (the step time of the batch's decode tokens alone). Zero unless
     the batch decodes, the wait queue is empty, the budget covers the batch and a next step is
     due; else the fewest of: steps to the first completion or length cap, steps whose fresh
     blocks the free list holds, and steps that start before the horizon's last one (which
@@ -123,7 +117,7 @@ def plan(s: SimState, st, c, i, seen: BatchOutlook, active) -> SimState:
     t0 = s.step_time[i]
     ok = (active & seen.decoding & (running > 0) & (s.q_len[i] == 0)
           & (running <= st.token_budget) & (t0 >= 0) & (t0 <= st.horizon_us))
-    d = plain_step_us(c, running)
+    d = plain_us
     by_kv = _block_step(seen.spare_cum, running, s.kv_free[i], st.block_size)
     by_horizon = (st.horizon_us - t0) // d
     k = jnp.minimum(jnp.minimum(seen.plain_steps, by_kv).astype(jnp.int64), by_horizon)
