@@ -116,8 +116,9 @@ def anchor(num_requests: int, instances: int):
 
 
 def run_jax(resolved, workload, lanes: int, warm_calls: int = 2,
-            decode_stretches: bool | None = None) -> dict:
-    st = build_static(resolved, workload, decode_stretches=decode_stretches)
+            decode_stretches: bool | None = None, narrow_programs: bool = True) -> dict:
+    st = build_static(resolved, workload, decode_stretches=decode_stretches,
+                      narrow_programs=narrow_programs)
     consts = build_consts(resolved, workload, st)
     params = population(resolved.config, workload.tenant_names, lanes)
     start = time.perf_counter()
@@ -141,7 +142,7 @@ def run_jax(resolved, workload, lanes: int, warm_calls: int = 2,
     return {
         "engine": "jax", "requests": st.num_requests, "instances": st.num_instances,
         "lanes": lanes, "devices": jax.local_device_count(), "compile_s": round(compile_s, 2),
-        "decode_stretches": st.stretches,
+        "decode_stretches": st.stretches, "narrow_programs": st.narrow_programs,
         "run_s": round(run_s, 3), "s_per_sim": round(run_s / lanes, 4), "lane_events": events,
         "stretched_steps": int(np.asarray(final_stretched).sum()),
         "us_per_lane_event": round(run_s / events * 1e6, 2),
@@ -226,6 +227,9 @@ def main() -> None:
     ap.add_argument("--no-stretches", action="store_true",
                     help="with --anchor: every decode step its own iteration "
                          "(decode_stretches=False; default: the workload decides)")
+    ap.add_argument("--full-width-only", action="store_true",
+                    help="compile each step and release program at full width only "
+                         "(narrow_programs=False: smaller program, faster compile)")
     ap.add_argument("--warm-calls", type=int, default=2,
                     help="timed calls after the first (same compiled program, warm memory)")
     ap.add_argument("--saturation", action="store_true",
@@ -244,7 +248,7 @@ def main() -> None:
         print(json.dumps({"workload": "anchor", **ref}), flush=True)
         for p in args.lanes.split(","):
             row = run_jax(resolved, workload, int(p), args.warm_calls,
-                          False if args.no_stretches else None)
+                          False if args.no_stretches else None, not args.full_width_only)
             row["speedup_vs_reference"] = round(ref["run_s"] / row["s_per_sim"], 2)
             print(json.dumps({"workload": "anchor", **row}), flush=True)
         return
@@ -272,7 +276,8 @@ def main() -> None:
         resolved, workload = scenario(n, inst, args.rate_per_instance, args.horizon_s,
                                       args.kv_blocks)
         print(json.dumps({"rate_per_instance": args.rate_per_instance, **kv,
-                          **run_jax(resolved, workload, lanes, args.warm_calls)}), flush=True)
+                          **run_jax(resolved, workload, lanes, args.warm_calls,
+                                    narrow_programs=not args.full_width_only)}), flush=True)
     if args.reference:
         resolved, workload = scenario(args.requests, args.instances, args.rate_per_instance,
                                       kv_blocks=args.kv_blocks)

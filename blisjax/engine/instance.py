@@ -661,7 +661,10 @@ FINISH_PER_OCTAVE = 2  # of execute and completions' programs (64, 96, 128, 192,
 
 def step_widths(st, per_octave: int = 1) -> tuple[int, ...]:
     """Vector widths of the step's programs: from ``running_width`` up to the batch slots,
-    ``per_octave`` widths per doubling (1: 64, 128, 256; 2: 64, 96, 128, 192, 256)."""
+    ``per_octave`` widths per doubling (1: 64, 128, 256; 2: 64, 96, 128, 192, 256); only the
+    batch slots without ``narrow_programs``."""
+    if not st.narrow_programs:
+        return (st.batch_slots,)
     widths, w = [], max(1, st.running_width)
     while w < st.batch_slots:
         for j in range(per_octave):

@@ -424,8 +424,9 @@ RELEASE_NARROWEST = 32  # narrowest vector width of a release (doubled up to the
 
 def release_widths(st) -> tuple[int, ...]:
     """Vector widths of the release programs: ``RELEASE_NARROWEST`` doubled while below the
-    block-table width ``max_blocks_per_request``, then that width (e.g. 32, 64, 85)."""
-    widths, w = [], RELEASE_NARROWEST
+    block-table width ``max_blocks_per_request``, then that width (e.g. 32, 64, 85); only
+    the table width without ``narrow_programs``."""
+    widths, w = [], RELEASE_NARROWEST if st.narrow_programs else st.max_blocks_per_request
     while w < st.max_blocks_per_request:
         widths.append(w)
         w *= 2

@@ -346,7 +346,14 @@ def _empty_result(resolved, workload) -> records.RunResult:
 def simulate(resolved, workload, params: PolicyParams | None = None,
              phase: Callable[[str], None] | None = None, **capacities):
     """Run the JAX engine once (one lane); returns a ``RunResult`` like the reference engine.
-    ``phase``: optional progress callback, told when compiling and running start."""
+    ``phase``: optional progress callback, told when compiling and running start.
+
+    One lane compiles its step and release programs at full width only
+    (``narrow_programs=False`` unless told otherwise): the narrower copies that pay off across
+    a population make a single run's program 4.9× larger (8.2 MB against 1.7 MB on the default
+    experiment) and loading it from the program cache 6× slower (5.7 s against 0.9 s), for a
+    run no faster than ~0.05 s in 0.4 s (docs/performance.md, Seconds to a first result)."""
+    capacities.setdefault("narrow_programs", False)
     st = build_static(resolved, workload, **capacities)
     if st.num_requests == 0:
         return _empty_result(resolved, workload)

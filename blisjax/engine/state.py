@@ -10,9 +10,10 @@ kernel needs to tell apart.
 
 from __future__ import annotations
 
-import chex
+import jax
 import jax.numpy as jnp
 
+from blisjax.engine.pytree import pytree_dataclass
 from blisjax.engine.static import EngineStatic
 from blisjax.metrics.records import Stage
 
@@ -23,7 +24,7 @@ DEFERRED_RELEASES = 8  # completions' releases a lane queues before it runs them
 INT64_MAX = (1 << 63) - 1
 
 
-@chex.dataclass(frozen=True)
+@pytree_dataclass
 class SimState:
     """One lane's mutable simulation state (stacked over lanes in a population).
 
@@ -31,110 +32,110 @@ class SimState:
     B batch slots, MB blocks per request, K KV blocks per instance, R = 2K free-list ring keys,
     Q wait-queue slots, E α-delay window entries, G prefix groups, Jg blocks per prefix group,
     S hash slots (+1 sink), D deferred releases. Times are int64 µs; -1 (``NIL``) marks an
-    empty entry. The field order is the order of the compiled loops' carried arrays.
+    empty entry. The compiled loops carry the fields in name order (``pytree_dataclass``).
     """
 
     # ---- per request [N + 1] (SimRequest) ----
-    status: chex.Array  # int8: lifecycle code (PENDING .. REJECTED above)
-    instance: chex.Array  # int32: the instance it was routed to, -1 before routing
-    pi: chex.Array  # int32: ProgressIndex — prompt and output tokens processed
-    computed: chex.Array  # int32: ComputedTokens — pi plus this step's grant
-    num_new: chex.Array  # int32: tokens scheduled this step
-    prio: chex.Array  # float64 priority score (stale while running, as in BLIS)
-    ttft: chex.Array  # int64 µs: time to first token, -1 until recorded
-    itl_sum: chex.Array  # int64 µs: sum of its inter-token latencies
-    sched: chex.Array  # int64 µs: scheduling delay (last admission to a batch), -1 until then
-    preempt: chex.Array  # int32: times preempted
-    enq_seq: chex.Array  # int64: order of enqueue (ties of same-time timeouts)
-    tdone: chex.Array  # bool: its deadline was handled (timeout or no-op)
-    itl_buf: chex.Array  # int32 µs [max(itl_capacity, 1)]: raw ITL entries, request r's from
+    status: jax.Array  # int8: lifecycle code (PENDING .. REJECTED above)
+    instance: jax.Array  # int32: the instance it was routed to, -1 before routing
+    pi: jax.Array  # int32: ProgressIndex — prompt and output tokens processed
+    computed: jax.Array  # int32: ComputedTokens — pi plus this step's grant
+    num_new: jax.Array  # int32: tokens scheduled this step
+    prio: jax.Array  # float64 priority score (stale while running, as in BLIS)
+    ttft: jax.Array  # int64 µs: time to first token, -1 until recorded
+    itl_sum: jax.Array  # int64 µs: sum of its inter-token latencies
+    sched: jax.Array  # int64 µs: scheduling delay (last admission to a batch), -1 until then
+    preempt: jax.Array  # int32: times preempted
+    enq_seq: jax.Array  # int64: order of enqueue (ties of same-time timeouts)
+    tdone: jax.Array  # bool: its deadline was handled (timeout or no-op)
+    itl_buf: jax.Array  # int32 µs [max(itl_capacity, 1)]: raw ITL entries, request r's from
     #                      itl_offset[r] on (only filled when itl_capacity > 0)
     # ---- cluster: event cursors and sequence numbers (ClusterSimulator) ----
-    adm_cursor: chex.Array  # int32: next request to admit (requests are in arrival order)
-    route_cursor: chex.Array  # int32: next request to route
-    dl_cursor: chex.Array  # int32: first entry of c.deadline_order not known to be handled
-    route_seq: chex.Array  # int64: routings so far (orders same-time enqueues, pend_seq)
-    enq_counter: chex.Array  # int64: enqueues so far (source of enq_seq)
+    adm_cursor: jax.Array  # int32: next request to admit (requests are in arrival order)
+    route_cursor: jax.Array  # int32: next request to route
+    dl_cursor: jax.Array  # int32: first entry of c.deadline_order not known to be handled
+    route_seq: jax.Array  # int64: routings so far (orders same-time enqueues, pend_seq)
+    enq_counter: jax.Array  # int64: enqueues so far (source of enq_seq)
     # ---- cluster: router and admission state (Router, Admission) ----
-    in_flight: chex.Array  # int32 [I]: routed requests not yet finished, per instance
-    tenant_in_flight: chex.Array  # int32 [T]: admitted requests not yet finished, per tenant
-    rr: chex.Array  # int32: round-robin counter
-    bucket: chex.Array  # float64: token-bucket / rate-limit bucket level
-    bucket_last: chex.Array  # int64 µs: time of the bucket's last refill
-    snap_qd: chex.Array  # int32 [I]: router snapshot of queue depths
-    snap_bs: chex.Array  # int32 [I]: router snapshot of batch sizes
-    snap_kv: chex.Array  # float64 [I]: router snapshot of KV utilisation
-    snap_last: chex.Array  # int64 µs: time of the last snapshot refresh
-    rejected: chex.Array  # int32: requests rejected by admission
+    in_flight: jax.Array  # int32 [I]: routed requests not yet finished, per instance
+    tenant_in_flight: jax.Array  # int32 [T]: admitted requests not yet finished, per tenant
+    rr: jax.Array  # int32: round-robin counter
+    bucket: jax.Array  # float64: token-bucket / rate-limit bucket level
+    bucket_last: jax.Array  # int64 µs: time of the bucket's last refill
+    snap_qd: jax.Array  # int32 [I]: router snapshot of queue depths
+    snap_bs: jax.Array  # int32 [I]: router snapshot of batch sizes
+    snap_kv: jax.Array  # float64 [I]: router snapshot of KV utilisation
+    snap_last: jax.Array  # int64 µs: time of the last snapshot refresh
+    rejected: jax.Array  # int32: requests rejected by admission
     # ---- router-side prefix index per instance (PrefixIndex; see policies.prefix_match) ----
-    lru_pos: chex.Array  # int64 [I, G, Jg]: position of the group block's last touch, -1 = never
-    lru_own_at: chex.Array  # int64 [I, G, Jg]: own entries inserted before that touch
-    lru_clock: chex.Array  # int64 [I]: next touch position
-    lru_own: chex.Array  # int64 [I]: own (not prefix-group) entries inserted so far
+    lru_pos: jax.Array  # int64 [I, G, Jg]: position of the group block's last touch, -1 = never
+    lru_own_at: jax.Array  # int64 [I, G, Jg]: own entries inserted before that touch
+    lru_clock: jax.Array  # int64 [I]: next touch position
+    lru_own: jax.Array  # int64 [I]: own (not prefix-group) entries inserted so far
     # ---- instance: α-delay window, between routing and enqueue ----
-    pend_req: chex.Array  # int32 [I, E]: request in the window, -1 = free entry
-    pend_time: chex.Array  # int64 µs [I, E]: its enqueue time (routing time + α delay)
-    pend_seq: chex.Array  # int64 [I, E]: its route_seq (ties of same-time enqueues)
+    pend_req: jax.Array  # int32 [I, E]: request in the window, -1 = free entry
+    pend_time: jax.Array  # int64 µs [I, E]: its enqueue time (routing time + α delay)
+    pend_seq: jax.Array  # int64 [I, E]: its route_seq (ties of same-time enqueues)
     # ---- instance: event times ----
-    step_time: chex.Array  # int64 µs [I]: next step, -1 = none pending
+    step_time: jax.Array  # int64 µs [I]: next step, -1 = none pending
     # planned plain decode steps from step_time on, applied lazily (see stretch.py)
-    stretch_steps: chex.Array  # int32 [I]: virtual steps before the next real one
-    stretch_d: chex.Array  # int64 µs [I]: duration of each of them
-    stretch_cum: chex.Array  # int32 [I, block size]: running requests with <= v free
+    stretch_steps: jax.Array  # int32 [I]: virtual steps before the next real one
+    stretch_d: jax.Array  # int64 µs [I]: duration of each of them
+    stretch_cum: jax.Array  # int32 [I, block size]: running requests with <= v free
     #                          positions in their last block, at step_time
-    clock: chex.Array  # int64 µs [I]: time of the last executed event
-    last_left: chex.Array  # int64 µs [I]: latest completion time within the horizon
+    clock: jax.Array  # int64 µs [I]: time of the last executed event
+    last_left: jax.Array  # int64 µs [I]: latest completion time within the horizon
     # ---- instance: wait queue (Instance.wait_queue; see queues.py) ----
-    q_buf: chex.Array  # int32 [I, Q]: ring buffer of request ids
-    q_head: chex.Array  # int32 [I]: ring index of the queue's head
-    q_len: chex.Array  # int32 [I]: queued requests
+    q_buf: jax.Array  # int32 [I, Q]: ring buffer of request ids
+    q_head: jax.Array  # int32 [I]: ring index of the queue's head
+    q_len: jax.Array  # int32 [I]: queued requests
     # ---- instance: running batch (Instance.running) ----
-    order: chex.Array  # int32 [I, B]: batch slots in running order; the first n_run are valid
-    n_run: chex.Array  # int32 [I]: running requests
-    slot_req: chex.Array  # int32 [I, B]: request in the slot, -1 = free
-    bt: chex.Array  # int32 [I, B, MB]: block table per slot (the request's blocks, in order)
-    blen: chex.Array  # int32 [I, B]: blocks the slot holds
-    step_cached: chex.Array  # int32 [I, B]: prefix tokens of the slot's request if admitted
+    order: jax.Array  # int32 [I, B]: batch slots in running order; the first n_run are valid
+    n_run: jax.Array  # int32 [I]: running requests
+    slot_req: jax.Array  # int32 [I, B]: request in the slot, -1 = free
+    bt: jax.Array  # int32 [I, B, MB]: block table per slot (the request's blocks, in order)
+    blen: jax.Array  # int32 [I, B]: blocks the slot holds
+    step_cached: jax.Array  # int32 [I, B]: prefix tokens of the slot's request if admitted
     #                          this step (physics latency only)
-    ema: chex.Array  # float64 [I]: physics preemption EMA
+    ema: jax.Array  # float64 [I]: physics preemption EMA
     # ---- instance: KV cache (KVCache; see kvcache.py) ----
-    kv_ref: chex.Array  # int32 [I, K]: refcount (in use iff > 0)
-    kv_tok: chex.Array  # int32 [I, K]: tokens in the block
-    kv_slot: chex.Array  # int32 [I, K]: hash slot registered for the block, -1 = none
-    fifo: chex.Array  # int32 [I, R]: free-list ring of block ids (see kvcache.py), R = 2K
-    fkey: chex.Array  # int32 [I, K]: ring key of the block's live entry, -1 = in use
-    fhead: chex.Array  # int32 [I]: key of the free-list head (entries before it are consumed)
-    ftail: chex.Array  # int32 [I]: next key to append
-    kv_free: chex.Array  # int32 [I]: free blocks
+    kv_ref: jax.Array  # int32 [I, K]: refcount (in use iff > 0)
+    kv_tok: jax.Array  # int32 [I, K]: tokens in the block
+    kv_slot: jax.Array  # int32 [I, K]: hash slot registered for the block, -1 = none
+    fifo: jax.Array  # int32 [I, R]: free-list ring of block ids (see kvcache.py), R = 2K
+    fkey: jax.Array  # int32 [I, K]: ring key of the block's live entry, -1 = in use
+    fhead: jax.Array  # int32 [I]: key of the free-list head (entries before it are consumed)
+    ftail: jax.Array  # int32 [I]: next key to append
+    kv_free: jax.Array  # int32 [I]: free blocks
     # ---- KV hash slots of all instances (KVCache.hash_to_block) ----
-    slot_block: chex.Array  # int32 [S+1]: hash slot -> block (-1 = absent); last entry a sink
-    slot_seq: chex.Array  # int64 [S+1]: stamp of the last write to the slot (apply_slot_ops)
-    slot_clock: chex.Array  # int64: next stamp
+    slot_block: jax.Array  # int32 [S+1]: hash slot -> block (-1 = absent); last entry a sink
+    slot_seq: jax.Array  # int64 [S+1]: stamp of the last write to the slot (apply_slot_ops)
+    slot_clock: jax.Array  # int64: next stamp
     # ---- releases queued by this step's completions (kvcache.defer_release) ----
-    rel_inst: chex.Array  # int32: their instance
-    rel_slots: chex.Array  # int32 [D]: their batch slots, in completion order
-    rel_count: chex.Array  # int32: releases queued
+    rel_inst: jax.Array  # int32: their instance
+    rel_slots: jax.Array  # int32 [D]: their batch slots, in completion order
+    rel_count: jax.Array  # int32: releases queued
     # ---- counters per instance, int64 [I] (Instance's counters) ----
-    hits: chex.Array  # prefix-cache hits (cached blocks claimed)
-    misses: chex.Array  # fresh blocks allocated
-    preempt_count: chex.Array  # preemptions
-    completed: chex.Array  # completed requests, length-capped ones included
-    dropped: chex.Array  # requests dropped as unservable at enqueue
-    timed_out: chex.Array  # requests timed out
-    capped_count: chex.Array  # requests completed at the max-model-len cap
-    input_tokens: chex.Array  # prompt tokens of the requests enqueued (not dropped)
-    steps: chex.Array  # steps executed
-    busy: chex.Array  # µs: sum of step durations
-    qdepth_time: chex.Array  # µs·requests: sum of queue length × step duration
-    peak_used: chex.Array  # most KV blocks in use when a step executes
+    hits: jax.Array  # prefix-cache hits (cached blocks claimed)
+    misses: jax.Array  # fresh blocks allocated
+    preempt_count: jax.Array  # preemptions
+    completed: jax.Array  # completed requests, length-capped ones included
+    dropped: jax.Array  # requests dropped as unservable at enqueue
+    timed_out: jax.Array  # requests timed out
+    capped_count: jax.Array  # requests completed at the max-model-len cap
+    input_tokens: jax.Array  # prompt tokens of the requests enqueued (not dropped)
+    steps: jax.Array  # steps executed
+    busy: jax.Array  # µs: sum of step durations
+    qdepth_time: jax.Array  # µs·requests: sum of queue length × step duration
+    peak_used: jax.Array  # most KV blocks in use when a step executes
     # ---- run control and capacity overflow (never silently wrong: flagged per lane) ----
-    done: chex.Array  # bool: the lane has no event left within the horizon
-    iters: chex.Array  # int64: events handled
-    stretched: chex.Array  # int64: steps of those advanced inside decode stretches
-    ovf_queue: chex.Array  # int32: pushes refused by a full wait queue
-    ovf_pending: chex.Array  # int32: routings refused by a full α-delay window
-    ovf_blocks: chex.Array  # int32: blocks past a block table's width (max_blocks_per_request)
-    ovf_deadline: chex.Array  # int32: events with more same-time deadlines than the window
+    done: jax.Array  # bool: the lane has no event left within the horizon
+    iters: jax.Array  # int64: events handled
+    stretched: jax.Array  # int64: steps of those advanced inside decode stretches
+    ovf_queue: jax.Array  # int32: pushes refused by a full wait queue
+    ovf_pending: jax.Array  # int32: routings refused by a full α-delay window
+    ovf_blocks: jax.Array  # int32: blocks past a block table's width (max_blocks_per_request)
+    ovf_deadline: jax.Array  # int32: events with more same-time deadlines than the window
 
 
 def init_state(st: EngineStatic, tb_capacity, rl_burst, admission_code, rate_limit_code):

@@ -14,10 +14,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-import chex
-import jax.numpy as jnp
+import jax
 import numpy as np
 
+from blisjax.engine.pytree import pytree_dataclass
 from blisjax.latency.blackbox import blackbox_queueing_delay_us
 from blisjax.latency.factory import make_latency_model
 
@@ -37,6 +37,10 @@ class EngineStatic:
       running_width: vector width of the narrowest step program; wider ones grow from it up
         to the batch slots (``instance.step_widths``). Not a capacity: a step runs the narrowest
         program that holds every lane's running batch.
+      narrow_programs: compile the narrower step and release programs at all (``running_width``
+        and up; ``kvcache.release_widths``). Off, one program of each at full width: a program
+        a quarter the size, faster to compile and to load from the program cache, whose steps
+        cost more while batches are small. ``simulate`` (one lane) turns it off.
       decode_stretches: advance runs of decode-only steps as one (``engine.stretch``) where
         the latency model allows it (blackbox). Off, every step is its own lockstep
         iteration; results are identical either way. ``build_static`` decides it from the
@@ -71,6 +75,7 @@ class EngineStatic:
     deadline_window: int
     itl_capacity: int  # raw ITL entries of all requests (0 only when no request has any)
     running_width: int = 64
+    narrow_programs: bool = True
     decode_stretches: bool = True
     # Roofline/physics model object (hashable), evaluated on the host per step (see
     # ``blisjax.engine.hostlatency``); None = blackbox, computed in-graph from exact tables.
@@ -97,28 +102,28 @@ class EngineStatic:
         return self.group_slots + self.own_slots
 
 
-@chex.dataclass(frozen=True)
+@pytree_dataclass
 class WorkloadConsts:
     """Per-request constants (length N) and float tables, shared by every lane."""
 
-    arrival_us: chex.Array
-    input_tokens: chex.Array
-    output_tokens: chex.Array
-    deadline_us: chex.Array
-    tenant: chex.Array
-    slo_class: chex.Array
-    group: chex.Array
-    group_blocks: chex.Array  # prompt blocks shared with the prefix group
-    full_blocks: chex.Array  # full prompt blocks = input_tokens // block_size
-    own_base: chex.Array  # hash slot of own block j is group_slots + own_base + j
-    queue_delay_us: chex.Array
-    itl_offset: chex.Array
-    deadline_order: chex.Array  # requests with 0 < deadline <= horizon, by (deadline, index)
-    step_prefill: chex.Array  # float64[budget+1]: (0 + β0) + β1·prefill_tokens
-    step_decode: chex.Array  # float64[batch+1]: β2·decode_tokens
-    one_e6: chex.Array  # 1e6, 1e-6 and the KV size as traced values (no constant rewriting)
-    one_e_6: chex.Array
-    kv_blocks_f: chex.Array
+    arrival_us: jax.Array
+    input_tokens: jax.Array
+    output_tokens: jax.Array
+    deadline_us: jax.Array
+    tenant: jax.Array
+    slo_class: jax.Array
+    group: jax.Array
+    group_blocks: jax.Array  # prompt blocks shared with the prefix group
+    full_blocks: jax.Array  # full prompt blocks = input_tokens // block_size
+    own_base: jax.Array  # hash slot of own block j is group_slots + own_base + j
+    queue_delay_us: jax.Array
+    itl_offset: jax.Array
+    deadline_order: jax.Array  # requests with 0 < deadline <= horizon, by (deadline, index)
+    step_prefill: jax.Array  # float64[budget+1]: (0 + β0) + β1·prefill_tokens
+    step_decode: jax.Array  # float64[batch+1]: β2·decode_tokens
+    one_e6: jax.Array  # 1e6, 1e-6 and the KV size as traced values (no constant rewriting)
+    one_e_6: jax.Array
+    kv_blocks_f: jax.Array
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -128,7 +133,7 @@ def _ceil_div(a: int, b: int) -> int:
 def build_static(resolved, workload, *, queue_slots: int | None = None,
                  pending_slots: int | None = None, deadline_window: int = 8,
                  max_blocks_per_request: int | None = None,
-                 running_width: int = 64,
+                 running_width: int = 64, narrow_programs: bool = True,
                  decode_stretches: bool | None = None) -> EngineStatic:
     """Capacities derived from the configuration and the workload (docs/jax-engine.md, Capacities and overflow).
 
@@ -146,6 +151,8 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
                                   or not isinstance(value, int | np.integer) or value < 1):
             raise ValueError(f"{name} must be an integer >= 1 (or left to its default), "
                              f"got {value!r}")
+    if not isinstance(narrow_programs, bool | np.bool_):
+        raise ValueError(f"narrow_programs must be True or False, got {narrow_programs!r}")
     if decode_stretches is not None and not isinstance(decode_stretches, bool | np.bool_):
         raise ValueError("decode_stretches must be True, False or None (decided by the "
                          f"workload), got {decode_stretches!r}")
@@ -197,6 +204,7 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
         deadline_window=deadline_window,
         itl_capacity=int(np.maximum(out - 1, 0).sum()) if n else 0,
         running_width=max(1, min(int(running_width), eng.max_num_running_reqs)),
+        narrow_programs=bool(narrow_programs),
         decode_stretches=bool(decode_stretches),
         latency=None if cfg.latency.model == "blackbox" else model,
     )
@@ -298,10 +306,12 @@ def build_consts(resolved, workload, st: EngineStatic) -> WorkloadConsts:
     itl_off = np.concatenate([[0], np.cumsum(np.maximum(out - 1, 0))[:-1]]) if st.num_requests \
         else np.zeros(0, np.int64)
     # Every per-request array gets one extra "sink" row (index N): masked scatters write there.
+    # Built on the host and put on the device as they are: ``jnp.asarray`` would compile a
+    # small program per array (~0.1 s in a new process).
     def pad(x, value, dtype):
-        return jnp.asarray(np.concatenate([np.asarray(x), [value]]), dtype=dtype)
+        return jax.device_put(np.concatenate([np.asarray(x), [value]]).astype(dtype))
 
-    i32, i64 = jnp.int32, jnp.int64
+    i32, i64 = np.int32, np.int64
     return WorkloadConsts(
         arrival_us=pad(workload.arrival_us, 0, i64),
         input_tokens=pad(inp, 1, i32), output_tokens=pad(out, 0, i32),
@@ -310,9 +320,9 @@ def build_consts(resolved, workload, st: EngineStatic) -> WorkloadConsts:
         group=pad(workload.prefix_group, -1, i32), group_blocks=pad(gb, 0, i32),
         full_blocks=pad(full, 0, i32), own_base=pad(own_start - gb, 0, i32),
         queue_delay_us=pad(qdelay, 0, i64), itl_offset=pad(itl_off, 0, i64),
-        deadline_order=jnp.asarray(np.concatenate(
-            [order, np.full(st.num_deadlines + 1 - order.size, -1)]), dtype=i32),
-        step_prefill=jnp.asarray(step_prefill), step_decode=jnp.asarray(step_decode),
-        one_e6=jnp.asarray(1e6), one_e_6=jnp.asarray(1e-6),
-        kv_blocks_f=jnp.asarray(float(st.kv_blocks)),
+        deadline_order=jax.device_put(np.concatenate(
+            [order, np.full(st.num_deadlines + 1 - order.size, -1)]).astype(i32)),
+        step_prefill=jax.device_put(step_prefill), step_decode=jax.device_put(step_decode),
+        one_e6=jax.device_put(np.float64(1e6)), one_e_6=jax.device_put(np.float64(1e-6)),
+        kv_blocks_f=jax.device_put(np.float64(st.kv_blocks)),
     )

@@ -242,7 +242,7 @@ def test_step_widths_grow_from_the_narrowest_to_batch_slots(narrowest, slots, pe
     from types import SimpleNamespace
 
     from blisjax.engine.instance import step_widths
-    st = SimpleNamespace(running_width=narrowest, batch_slots=slots)
+    st = SimpleNamespace(running_width=narrowest, batch_slots=slots, narrow_programs=True)
     assert step_widths(st, per_octave) == widths
 
 
@@ -252,7 +252,8 @@ def test_release_widths_double_up_to_block_table(table, widths):
     from types import SimpleNamespace
 
     from blisjax.engine.kvcache import release_widths
-    assert release_widths(SimpleNamespace(max_blocks_per_request=table)) == widths
+    assert release_widths(SimpleNamespace(max_blocks_per_request=table,
+                                          narrow_programs=True)) == widths
 
 
 @pytest.mark.parametrize(("prompt_blocks", "group_blocks", "widths"), [
@@ -275,8 +276,19 @@ def test_narrow_step_program_parity(name):
     # default tier runs the preemption storm only here.)
     resolved = make_resolved(**EDGE_CASES[name])
     w = make_workload(EDGE_ROWS, ("a", "b"), ("g",))
-    got = simulate(resolved, w, running_width=2)
+    got = simulate(resolved, w, running_width=2, narrow_programs=True)
     assert first_divergence(reference(resolved, w), got) is None
+
+
+def test_without_narrow_programs_each_family_has_its_widest_width_only():
+    from types import SimpleNamespace
+
+    from blisjax.engine.instance import step_widths
+    from blisjax.engine.kvcache import release_widths
+    st = SimpleNamespace(running_width=64, batch_slots=256, max_blocks_per_request=85,
+                         narrow_programs=False)
+    assert step_widths(st, 2) == (256,)
+    assert release_widths(st) == (85,)
 
 
 def test_enqueue_paired_with_the_event_before_it_is_a_whole_event():

@@ -115,6 +115,9 @@ def test_capacities_below_one_are_refused_with_their_name():
                       ("queue_slots", "many")):
         with pytest.raises(ValueError, match=f"{name} must be an integer >= 1"):
             build_static(base, w, **{name: bad})
+    for bad in (1, "no", None):
+        with pytest.raises(ValueError, match="narrow_programs must be True or False"):
+            build_static(base, w, narrow_programs=bad)
     st = build_static(base, w, queue_slots=3, pending_slots=2)
     assert (st.queue_slots, st.pending_slots) == (3, 2)
     assert build_static(base, w).queue_slots == w.num_requests  # the default: every request
