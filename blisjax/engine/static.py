@@ -18,6 +18,7 @@ import chex
 import jax.numpy as jnp
 import numpy as np
 
+from blisjax.engine.roofline import RooflineConsts, roofline_consts
 from blisjax.latency.blackbox import blackbox_queueing_delay_us
 from blisjax.latency.factory import make_latency_model
 
@@ -72,16 +73,21 @@ class EngineStatic:
     itl_capacity: int  # raw ITL entries of all requests (0 only when no request has any)
     running_width: int = 64
     decode_stretches: bool = True
-    # Roofline/physics model object (hashable), evaluated on the host per step (see
-    # ``blisjax.engine.hostlatency``); None = blackbox, computed in-graph from exact tables.
+    # ``latency.model``: "blackbox" and "roofline" step times are computed in the program
+    # (exact host tables; ``blisjax.engine.roofline``), "physics" through ``latency``.
+    latency_model: str = "blackbox"
+    # Latency model object (hashable) evaluated on the host once per step through a callback
+    # (``blisjax.engine.hostlatency``): the physics model; None for the in-program models.
+    # (A roofline model object here also works, as a host-side fallback for comparisons.)
     latency: object = None
 
     @property
     def stretches(self) -> bool:
         """Decode stretches are compiled in: asked for, and every plain step of a stretch
         lasts the same (the blackbox model's step time depends on the batch's token counts
-        only)."""
-        return self.decode_stretches and self.latency is None
+        only; a roofline step's grows with the contexts)."""
+        return (self.decode_stretches and self.latency_model == "blackbox"
+                and self.latency is None)
 
     @property
     def stateful_latency(self) -> bool:
@@ -119,6 +125,7 @@ class WorkloadConsts:
     one_e6: chex.Array  # 1e6, 1e-6 and the KV size as traced values (no constant rewriting)
     one_e_6: chex.Array
     kv_blocks_f: chex.Array
+    roofline: RooflineConsts  # roofline tables and constants (a placeholder for other models)
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -198,7 +205,8 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
         itl_capacity=int(np.maximum(out - 1, 0).sum()) if n else 0,
         running_width=max(1, min(int(running_width), eng.max_num_running_reqs)),
         decode_stretches=bool(decode_stretches),
-        latency=None if cfg.latency.model == "blackbox" else model,
+        latency_model=cfg.latency.model,
+        latency=model if cfg.latency.model == "physics" else None,
     )
 
 
@@ -285,7 +293,8 @@ def build_consts(resolved, workload, st: EngineStatic) -> WorkloadConsts:
     full = inp // bs
     own_count = full - gb
     own_start = np.concatenate([[0], np.cumsum(own_count)[:-1]]) if st.num_requests else own_count
-    beta = tuple(resolved.beta) if st.latency is None else (0.0, 0.0, 0.0)  # tables unused
+    blackbox = st.latency_model == "blackbox"
+    beta = tuple(resolved.beta) if blackbox else (0.0, 0.0, 0.0)  # tables unused
     # Queueing delay and step-time terms with the reference's own float formulas, on the host.
     qdelay = _queue_delays(resolved, workload)
     step_prefill = np.array([(0.0 + beta[0]) + beta[1] * float(c)
@@ -315,4 +324,8 @@ def build_consts(resolved, workload, st: EngineStatic) -> WorkloadConsts:
         step_prefill=jnp.asarray(step_prefill), step_decode=jnp.asarray(step_decode),
         one_e6=jnp.asarray(1e6), one_e_6=jnp.asarray(1e-6),
         kv_blocks_f=jnp.asarray(float(st.kv_blocks)),
+        # A step's total tokens: prefill chunks within the budget, plus one per decode.
+        roofline=roofline_consts(
+            make_latency_model(resolved) if st.latency_model == "roofline" else None,
+            st.token_budget + st.batch_slots),
     )
