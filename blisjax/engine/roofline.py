@@ -10,10 +10,18 @@ as Python does (docs/roofline.md, "Numerical rules"; docs/jax-engine.md, Exactne
   ``math.Pow``, ``kv_bytes``, ``activation_bytes``) fill a table indexed by t = 0 .. the most
   tokens a step can hold (``RooflineConsts.by_tokens``). The step's weights, read once at the
   step's total token count, come from the same table.
-* **No multiply that XLA could fuse into the following add.** A product whose result is added
-  (attention and vector FLOPs times the layer count, the KV read of the context) is formed by
-  ``exactfloat.exact_mul``, which leaves no float multiply to contract into a fused
-  multiply-add. Products that only feed further products or divisions cannot be contracted.
+* **No product that a fused multiply-add could round differently.** XLA:CPU contracts
+  ``a*b + c`` into one FMA. The three products whose results are added (attention and vector
+  FLOPs times the layer count L, 5H·t times the attention context, the KV bytes per token
+  times the context s) are formed by :func:`mul_by_short`: one factor has at most 26
+  significant bits, the other is split so that both partial products are exact, and their sum
+  rounds once to the IEEE product whether or not the compiler fuses one of them into the
+  addition. L always qualifies; of the other two pairs, one factor qualifies for every shipped
+  model (5H·t and the KV bytes per token are small integers times a power of two) and for any
+  workload whose contexts are below 2^25 tokens; :func:`fits_the_program` checks a
+  configuration on the host, and the engine evaluates the others on the host through the
+  callback (``blisjax.engine.hostlatency``). Products that only feed further products or
+  divisions cannot be contracted.
 * **Divisors XLA cannot see as constants.** XLA rewrites ``x / c`` as ``x * (1/c)`` when c is
   a compile-time constant, and also when c is a *broadcast scalar*, even a traced one (the
   model's TP, FLOP rates and bandwidth are scalars shared by every lane and position). So the
@@ -38,7 +46,6 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from blisjax.engine.exactfloat import exact_mul
 from blisjax.latency.base import float_to_ticks_array
 from blisjax.latency.roofline import (
     RooflineLatency,
@@ -71,6 +78,10 @@ class RooflineConsts(NamedTuple):
       prefill_flops, decode_flops: FLOP/s of prefill and decode requests (peak·MFU).
       bandwidth: HBM bytes/s.
       us_per_s: 1e6.
+      five_heads_t_short: bool, every 5H·t of the table has at most ``SHORT_BITS``
+        significant bits (else the attention context is the short factor).
+      kv_bytes_short: bool, the KV bytes per token have at most ``SHORT_BITS`` significant bits
+        (else the context s is the short factor).
     """
 
     by_tokens: jax.Array
@@ -82,6 +93,8 @@ class RooflineConsts(NamedTuple):
     decode_flops: jax.Array
     bandwidth: jax.Array
     us_per_s: jax.Array
+    five_heads_t_short: jax.Array
+    kv_bytes_short: jax.Array
 
 
 def token_table(model: RooflineLatency, max_tokens: int) -> np.ndarray:
@@ -101,19 +114,79 @@ def roofline_consts(model: RooflineLatency | None, max_tokens: int) -> RooflineC
     """Traced constants for ``model`` with a table up to ``max_tokens`` tokens per step;
     ``None`` (another latency model) gives a one-row placeholder of the same structure."""
     if model is None:
-        zero = jnp.asarray(0.0, F64)
-        return RooflineConsts(jnp.zeros((1, TOKEN_COLUMNS), F64), *([zero] * 8))
+        zero, true = jnp.asarray(0.0, F64), jnp.asarray(True)
+        return RooflineConsts(jnp.zeros((1, TOKEN_COLUMNS), F64), *([zero] * 8), true, true)
     a, r = model.arch, model.rates
+    table = token_table(model, max_tokens)
 
     def f64(x: float):
         return jnp.asarray(x, F64)
 
     return RooflineConsts(
-        by_tokens=jnp.asarray(token_table(model, max_tokens)),
+        by_tokens=jnp.asarray(table),
         head_dim=f64(a.head_dim), layers=f64(a.layers),
         kv_bytes_per_token=f64(a.kv_bytes_per_token), tp=f64(r.tp),
         prefill_flops=f64(r.prefill_flops), decode_flops=f64(r.decode_flops),
-        bandwidth=f64(r.bandwidth), us_per_s=f64(1e6))
+        bandwidth=f64(r.bandwidth), us_per_s=f64(1e6),
+        five_heads_t_short=jnp.asarray(_five_heads_t_short(table)),
+        kv_bytes_short=jnp.asarray(significant_bits(a.kv_bytes_per_token) <= SHORT_BITS))
+
+
+def _five_heads_t_short(table: np.ndarray) -> bool:
+    return max(significant_bits(x) for x in table[:, FIVE_HEADS_T]) <= SHORT_BITS
+
+
+def fits_the_program(model: RooflineLatency, max_tokens: int, max_context: int) -> bool:
+    """Whether :func:`step_seconds` is exact for ``model`` with steps of at most
+    ``max_tokens`` tokens and contexts (progress at a step's start) of at most
+    ``max_context`` tokens: each product it adds has a factor of at most ``SHORT_BITS``
+    significant bits (:func:`mul_by_short`). True for every shipped model with contexts below
+    2^25 tokens; otherwise the engine computes the roofline on the host."""
+    a = model.arch
+    # ctx = s + (t − 1)/2 is a multiple of 1/2: its bits are those of the integer 2·ctx.
+    ctx_short = (2 * max_context + max_tokens).bit_length() <= SHORT_BITS
+    five_short = _five_heads_t_short(token_table(model, max_tokens)) or ctx_short
+    kv_short = (significant_bits(a.kv_bytes_per_token) <= SHORT_BITS
+                or max_context.bit_length() <= SHORT_BITS)
+    return significant_bits(a.layers) <= SHORT_BITS and five_short and kv_short
+
+
+def significant_bits(x: float) -> int:
+    """Bits from the leading to the last set bit of the significand of a finite float x
+    (0 for 0.0): x = m·2^e with an odd integer m of this many bits."""
+    if x == 0.0:
+        return 0
+    m = abs(float(x)).as_integer_ratio()[0]  # x = m / 2^k, or an integer with factors of 2
+    while m % 2 == 0:
+        m //= 2
+    return m.bit_length()
+
+
+# A product x·c is formed from two exact partial products when c has at most this many
+# significant bits: x_hi keeps 53 − 26 = 27 bits, x_lo the other 26 (mul_by_short).
+SHORT_BITS = 26
+_HIGH_MASK = ~((1 << SHORT_BITS) - 1) & ((1 << 64) - 1)
+
+
+def mul_by_short(x, c):
+    """The IEEE product x·c (correctly rounded) for finite x and a c with at most
+    ``SHORT_BITS`` significant bits, also where the compiler contracts multiplies into adds.
+
+    x = x_hi + x_lo exactly, x_hi being x with its low 26 significand bits cleared (<= 27
+    bits) and x_lo = x − x_hi (an exact subtraction, <= 26 bits). Both x_hi·c (<= 53 bits)
+    and x_lo·c (<= 52 bits) are exact, so x_hi·c + x_lo·c is x·c rounded once; fusing either
+    product into that addition rounds the same exact sum once. Shapes broadcast; float64.
+    """
+    bits = lax.bitcast_convert_type(x, jnp.uint64) & jnp.asarray(_HIGH_MASK, jnp.uint64)
+    x_hi = lax.bitcast_convert_type(bits, F64)
+    x_lo = x - x_hi
+    return x_hi * c + x_lo * c
+
+
+def _product(x, y, y_short):
+    """x·y, correctly rounded (:func:`mul_by_short`), with y the short factor where
+    ``y_short``, else x (a traced flag; :func:`fits_the_program` ensures one of them is)."""
+    return mul_by_short(jnp.where(y_short, x, y), jnp.where(y_short, y, x))
 
 
 class RooflineSeconds(NamedTuple):
@@ -150,8 +223,8 @@ def step_seconds(rc: RooflineConsts, nn, pi, l_in, out) -> RooflineSeconds:
     Args (each [W], the running batch in running order): ``nn`` new tokens this step (> 0 =
     scheduled), ``pi`` progress at the step's start, ``l_in`` input tokens, ``out`` output
     tokens. Prefill: scheduled and pi < l_in (s = pi, t = nn); decode: scheduled, pi >= l_in and
-    out > 0 (s = pi, t = 1); other positions contribute nothing. ``nn`` must be at most the
-    table's last row.
+    out > 0 (s = pi, t = 1); other positions contribute nothing. Exact when the configuration
+    passes :func:`fits_the_program` for the table's last row and the largest ``pi``.
     """
     sched = nn > 0
     prefill = sched & (pi < l_in)
@@ -161,9 +234,9 @@ def step_seconds(rc: RooflineConsts, nn, pi, l_in, out) -> RooflineSeconds:
     sf = pi.astype(F64)
     ctx = sf + row[..., CTX_OFFSET]  # s + (t − 1)/2 for t > 1, s + 0.0 = s otherwise
     attn = (row[..., FOUR_HEADS_T] * ctx) * rc.head_dim
-    vec = exact_mul(row[..., FIVE_HEADS_T], ctx) + row[..., TWO_T_D]
-    gemm = row[..., GEMM] + exact_mul(attn, rc.layers)
-    sram = exact_mul(vec, rc.layers)
+    vec = _product(ctx, row[..., FIVE_HEADS_T], rc.five_heads_t_short) + row[..., TWO_T_D]
+    gemm = row[..., GEMM] + mul_by_short(attn, rc.layers)
+    sram = mul_by_short(vec, rc.layers)
     gemm = gemm + row[..., MOE]  # + 0.0 without MoE layers
     gemm = gemm + row[..., DENSE]  # + 0.0 without dense layers
     flops = gemm + sram
@@ -172,7 +245,8 @@ def step_seconds(rc: RooflineConsts, nn, pi, l_in, out) -> RooflineSeconds:
     # The barrier keeps XLA from rewriting (a / b) / c as a / (b·c).
     compute_terms = lax.optimization_barrier(flops / tp) / rate
     w = row[..., WEIGHTS]
-    total = ((w + row[..., KV_WRITE]) + exact_mul(rc.kv_bytes_per_token, sf)) + row[..., ACT]
+    total = ((w + row[..., KV_WRITE]) + _product(sf, rc.kv_bytes_per_token, rc.kv_bytes_short)) \
+        + row[..., ACT]
     dynamic_terms = (total - w) / tp
     compute = _ordered_sum(compute_terms, prefill, decode)
     dynamic = _ordered_sum(dynamic_terms, prefill, decode)

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from blisjax.engine.roofline import RooflineConsts, roofline_consts
+from blisjax.engine.roofline import fits_the_program as roofline_fits_the_program
 from blisjax.latency.blackbox import blackbox_queueing_delay_us
 from blisjax.latency.factory import make_latency_model
 
@@ -77,8 +78,9 @@ class EngineStatic:
     # (exact host tables; ``blisjax.engine.roofline``), "physics" through ``latency``.
     latency_model: str = "blackbox"
     # Latency model object (hashable) evaluated on the host once per step through a callback
-    # (``blisjax.engine.hostlatency``): the physics model; None for the in-program models.
-    # (A roofline model object here also works, as a host-side fallback for comparisons.)
+    # (``blisjax.engine.hostlatency``): the physics model, and a roofline model whose
+    # configuration the program cannot evaluate exactly (``roofline.fits_the_program``: contexts
+    # of 2^25 tokens or more with an unusual model); None for the in-program models.
     latency: object = None
 
     @property
@@ -170,6 +172,9 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
     dl = np.asarray(workload.deadline_us)
     num_deadlines = int(((dl > 0) & (dl <= horizon)).sum())
     model = make_latency_model(resolved)
+    latency_on_host = cfg.latency.model == "physics" or (
+        cfg.latency.model == "roofline" and not roofline_fits_the_program(
+            model, eng.max_num_scheduled_tokens + eng.max_num_running_reqs, int(total.max())))
     if decode_stretches is None:
         decode_stretches = stretches_pay_off(out)
     return EngineStatic(
@@ -206,7 +211,7 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
         running_width=max(1, min(int(running_width), eng.max_num_running_reqs)),
         decode_stretches=bool(decode_stretches),
         latency_model=cfg.latency.model,
-        latency=model if cfg.latency.model == "physics" else None,
+        latency=model if latency_on_host else None,
     )
 
 

@@ -64,7 +64,7 @@ class Batches(NamedTuple):
     out: np.ndarray
 
 
-def _batches(seed: int) -> Batches:
+def _batches(seed: int, huge_context: int) -> Batches:
     rng = np.random.default_rng(seed)
     shape = (BATCHES, WIDTH)
     nn, pi = np.zeros(shape, np.int64), np.zeros(shape, np.int64)
@@ -87,7 +87,7 @@ def _batches(seed: int) -> Batches:
             j = int(np.argmax(np.where(is_decode, 0, nn[b])))
             nn[b, j] = max(1, nn[b, j] // 2)
         if kind == 4:  # huge contexts
-            pi[b] += rng.integers(0, 10**8, WIDTH) * (rng.random(WIDTH) < 0.5)
+            pi[b] += rng.integers(0, huge_context, WIDTH) * (rng.random(WIDTH) < 0.5)
             l_in[b] = np.where(is_decode, np.minimum(l_in[b], pi[b]), l_in[b] + pi[b])
         if kind == 5 and b % 16 == 5:
             nn[b] = 0  # empty batch
@@ -108,13 +108,16 @@ def _bits(x: float) -> int:
 
 @pytest.mark.parametrize("model_name", MODELS)
 def test_matches_the_reference_bit_for_bit(model_name):
-    batches = _batches(seed=len(model_name))
+    # The odd model's KV bytes per token have 53 significant bits: its products with the
+    # context are exact in the program for contexts below 2^26 (fits_the_program).
+    batches = _batches(seed=len(model_name), huge_context=2**25 if model_name == "odd" else 10**8)
     scheduled = batches.nn > 0
     assert {"prefill", "decode"} <= {
         "prefill" if p < i else "decode"
         for p, i in zip(batches.pi[scheduled], batches.l_in[scheduled], strict=True)}
     for gpu, tp in GPUS:
         model = RooflineLatency(MODELS[model_name](), load_hardware(gpu), tp)
+        assert rl.fits_the_program(model, BUDGET + WIDTH, int(batches.pi.max()))
         rc = rl.roofline_consts(model, BUDGET + WIDTH)
         got = jax.device_get(_seconds(rc, *batches))
         got_us = np.asarray(_step_us(rc, *batches))
@@ -183,3 +186,40 @@ def test_placeholder_has_the_same_structure():
     assert jax.tree_util.tree_structure(real) == jax.tree_util.tree_structure(placeholder)
     assert placeholder.by_tokens.shape == (1, rl.TOKEN_COLUMNS)
     assert real.by_tokens.dtype == jnp.float64
+
+
+def test_products_round_once_where_a_multiply_add_would_not():
+    """mul_by_short(x, c) + z equals Python's fl(fl(x·c) + z) for 53-bit x and c of up to 26
+    significant bits, in a program where XLA fuses the plain x*c + z into an FMA."""
+    rng = np.random.default_rng(5)
+    x = rng.random(20_000) * 2.0 ** rng.integers(0, 40, 20_000)
+    c = np.ldexp(rng.integers(1, 2**26, 20_000).astype(np.float64), rng.integers(-30, 10, 20_000))
+    z = rng.random(20_000) * 2.0 ** rng.integers(0, 60, 20_000)
+    want = np.array([(float(a) * float(b)) + float(d) for a, b, d in zip(x, c, z, strict=True)])
+    got = np.asarray(jax.jit(lambda x, c, z: rl.mul_by_short(x, c) + z)(x, c, z))
+    assert np.array_equal(got.view(np.int64), want.view(np.int64))
+    fused = np.asarray(jax.jit(lambda x, c, z: x * c + z)(x, c, z))
+    assert not np.array_equal(fused.view(np.int64), want.view(np.int64))  # the hazard is real
+
+
+def test_configurations_outside_the_program_go_to_the_host(monkeypatch):
+    """``fits_the_program``: a model whose KV bytes per token and whose contexts both need
+    more than 26 significant bits is evaluated on the host (``EngineStatic.latency`` set)."""
+    from blisjax.config import LatencyConfig, load_config, resolve_config
+    from blisjax.engine import static
+    from blisjax.workload import generate_workload, parse_workload_spec
+    from tests.paths import REPO
+
+    odd = RooflineLatency(_odd_model(), load_hardware("H100"), 1)
+    assert rl.fits_the_program(odd, BUDGET, 2**24)
+    assert not rl.fits_the_program(odd, BUDGET, 2**26)
+    llama = RooflineLatency(load_model_config("meta-llama/llama-3.1-8b-instruct"),
+                            load_hardware("H100"), 1)
+    assert rl.fits_the_program(llama, BUDGET, 2**31 - 1)
+    cfg = load_config(REPO / "configs" / "latency" / "sample-config.yaml")
+    workload = generate_workload(parse_workload_spec({**cfg.workload, "num_requests": 5}),
+                                 seed=cfg.seed)
+    resolved = resolve_config(dataclasses.replace(cfg, latency=LatencyConfig(model="roofline")))
+    monkeypatch.setattr(static, "roofline_fits_the_program", lambda *args: False)
+    st = build_static(resolved, workload)
+    assert isinstance(st.latency, RooflineLatency) and not st.stretches
