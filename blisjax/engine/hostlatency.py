@@ -8,8 +8,10 @@ Python code* the reference engine calls (``jax.pure_callback``), once per step f
 a device, and gets integer microseconds back. Results are exact by construction; the price is a
 host round trip per step (docs/latency-models.md), so the JAX engine's throughput with physics
 is close to the reference engine's per simulation, amortized only over lanes, and its programs
-are not kept by the program cache. ``step_time`` takes any latency model object, so a roofline
-model can also be run this way (an ``EngineStatic`` with ``latency`` set), for comparisons.
+are not kept by the program cache. ``step_time`` takes any latency model object: a roofline
+configuration the program cannot evaluate exactly (``roofline.fits_the_program``) runs this
+way too, and so does any roofline run given an ``EngineStatic`` with ``latency`` set (for
+comparisons, e.g. ``benchmarks/bench_latency_models.py --host-roofline``).
 
 Counterpart: the latency-model calls of ``blisjax.reference.instance.Instance._step`` and
 ``_execute`` (``step_time``) and of ``Instance._model_queueing_delay_us`` (``queueing_delay``).
