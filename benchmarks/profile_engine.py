@@ -48,7 +48,7 @@ import bench_jax  # noqa: E402
 
 ENGINE_FILES = ("instance.py", "cluster.py", "kvcache.py", "policies.py", "lockstep.py",
                 "queues.py", "vec.py", "exactfloat.py", "hostlatency.py", "state.py", "lanes.py",
-                "stretch.py")
+                "stretch.py", "roofline.py")
 # HloModuleProto field numbers (xla/service/hlo.proto): the module's stack_frame_index, and
 # inside it file_names, function_names, file_locations, stack_frames.
 _MODULE_STACK_INDEX, _FILES, _FUNCS, _LOCATIONS, _FRAMES = 17, 1, 2, 3, 4

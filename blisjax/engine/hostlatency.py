@@ -1,13 +1,17 @@
-"""Roofline and physics latency in the JAX engine: the reference's own formulas, on the host.
+"""Physics latency in the JAX engine: the reference's own formulas, on the host.
 
-Blackbox step times are a sum of two host-exact tables, computed in-graph. Roofline and physics
-step times depend on the whole batch through float sums, maxima, divisions and (physics)
-transcendental functions: XLA's fused multiply-adds and library functions would not reproduce
-the reference's doubles bit for bit. So the kernel hands the batch to the *same Python code*
-the reference engine calls (``jax.pure_callback``), once per step for all lanes of a device,
-and gets integer microseconds back. Results are exact by construction; the price is a host
-round trip per step (docs/latency-models.md), so the JAX engine's throughput with these
-models is close to the reference engine's per simulation, amortized only over lanes.
+Blackbox and roofline step times are computed inside the compiled program from host-exact
+tables (``instance.step_duration``, ``blisjax.engine.roofline``). The physics model's step
+time and queueing delay read instance state and an EMA through transcendental functions that
+XLA's library would not round as Python does, so the kernel hands its inputs to the *same
+Python code* the reference engine calls (``jax.pure_callback``), once per step for all lanes of
+a device, and gets integer microseconds back. Results are exact by construction; the price is a
+host round trip per step (docs/latency-models.md), so the JAX engine's throughput with physics
+is close to the reference engine's per simulation, amortized only over lanes, and its programs
+are not kept by the program cache. ``step_time`` takes any latency model object: a roofline
+configuration the program cannot evaluate exactly (``roofline.fits_the_program``) runs this
+way too, and so does any roofline run given an ``EngineStatic`` with ``latency`` set (for
+comparisons, e.g. ``benchmarks/bench_latency_models.py --host-roofline``).
 
 Counterpart: the latency-model calls of ``blisjax.reference.instance.Instance._step`` and
 ``_execute`` (``step_time``) and of ``Instance._model_queueing_delay_us`` (``queueing_delay``).

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from blisjax.config.codes import PreemptionPolicy
-from blisjax.engine import hostlatency, stretch
+from blisjax.engine import hostlatency, roofline, stretch
 from blisjax.engine import kvcache as kv
 from blisjax.engine.lockstep import (
     add,
@@ -418,15 +418,17 @@ def execute(s: SimState, st, c, i, now, n_preempted, active, width: int):
     valid, slots, reqs = run_slots.valid, run_slots.slots, run_slots.reqs
     nn = jnp.where(valid, s.num_new[reqs], 0)
     pi, l_in, out = s.pi[reqs], c.input_tokens[reqs], c.output_tokens[reqs]
-    if st.latency is None:
-        cm = jnp.sum(jnp.where((nn > 0) & (pi < l_in), nn, 0))
-        dc = jnp.sum(jnp.where((nn > 0) & (pi >= l_in) & (out > 0), nn, 0))
-        d = step_duration(c, cm, dc)
-    else:
+    if st.latency is not None:  # physics: the reference's own code, through a host callback
         cached = jnp.where(valid, s.step_cached[i, slots], 0)
         d, ema = hostlatency.step_time(st.latency, active, nn, pi, l_in, out, cached, s.ema[i],
                                        n_preempted, s.n_run[i])
         s = s.replace(ema=upd(s.ema, i, ema, active))
+    elif st.latency_model == "roofline":
+        d = roofline.step_time_us(c.roofline, nn, pi, l_in, out)
+    else:
+        cm = jnp.sum(jnp.where((nn > 0) & (pi < l_in), nn, 0))
+        dc = jnp.sum(jnp.where((nn > 0) & (pi >= l_in) & (out > 0), nn, 0))
+        d = step_duration(c, cm, dc)
     itl = d + st.otp_us
     on = valid & active
     dec = on & (pi >= l_in) & (nn > 0)

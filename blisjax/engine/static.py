@@ -18,6 +18,8 @@ import jax
 import numpy as np
 
 from blisjax.engine.pytree import pytree_dataclass
+from blisjax.engine.roofline import RooflineConsts, roofline_consts
+from blisjax.engine.roofline import fits_the_program as roofline_fits_the_program
 from blisjax.latency.blackbox import blackbox_queueing_delay_us
 from blisjax.latency.factory import make_latency_model
 
@@ -77,16 +79,22 @@ class EngineStatic:
     running_width: int = 64
     narrow_programs: bool = True
     decode_stretches: bool = True
-    # Roofline/physics model object (hashable), evaluated on the host per step (see
-    # ``blisjax.engine.hostlatency``); None = blackbox, computed in-graph from exact tables.
+    # ``latency.model``: "blackbox" and "roofline" step times are computed in the program
+    # (exact host tables; ``blisjax.engine.roofline``), "physics" through ``latency``.
+    latency_model: str = "blackbox"
+    # Latency model object (hashable) evaluated on the host once per step through a callback
+    # (``blisjax.engine.hostlatency``): the physics model, and a roofline model whose
+    # configuration the program cannot evaluate exactly (``roofline.fits_the_program``: contexts
+    # of 2^25 tokens or more with an unusual model); None for the in-program models.
     latency: object = None
 
     @property
     def stretches(self) -> bool:
         """Decode stretches are compiled in: asked for, and every plain step of a stretch
         lasts the same (the blackbox model's step time depends on the batch's token counts
-        only)."""
-        return self.decode_stretches and self.latency is None
+        only; a roofline step's grows with the contexts)."""
+        return (self.decode_stretches and self.latency_model == "blackbox"
+                and self.latency is None)
 
     @property
     def stateful_latency(self) -> bool:
@@ -124,6 +132,7 @@ class WorkloadConsts:
     one_e6: jax.Array  # 1e6, 1e-6 and the KV size as traced values (no constant rewriting)
     one_e_6: jax.Array
     kv_blocks_f: jax.Array
+    roofline: RooflineConsts  # roofline tables and constants (a placeholder for other models)
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -170,6 +179,9 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
     dl = np.asarray(workload.deadline_us)
     num_deadlines = int(((dl > 0) & (dl <= horizon)).sum())
     model = make_latency_model(resolved)
+    latency_on_host = cfg.latency.model == "physics" or (
+        cfg.latency.model == "roofline" and not roofline_fits_the_program(
+            model, eng.max_num_scheduled_tokens + eng.max_num_running_reqs, int(total.max())))
     if decode_stretches is None:
         decode_stretches = stretches_pay_off(out)
     return EngineStatic(
@@ -206,7 +218,8 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
         running_width=max(1, min(int(running_width), eng.max_num_running_reqs)),
         narrow_programs=bool(narrow_programs),
         decode_stretches=bool(decode_stretches),
-        latency=None if cfg.latency.model == "blackbox" else model,
+        latency_model=cfg.latency.model,
+        latency=model if latency_on_host else None,
     )
 
 
@@ -293,7 +306,8 @@ def build_consts(resolved, workload, st: EngineStatic) -> WorkloadConsts:
     full = inp // bs
     own_count = full - gb
     own_start = np.concatenate([[0], np.cumsum(own_count)[:-1]]) if st.num_requests else own_count
-    beta = tuple(resolved.beta) if st.latency is None else (0.0, 0.0, 0.0)  # tables unused
+    blackbox = st.latency_model == "blackbox"
+    beta = tuple(resolved.beta) if blackbox else (0.0, 0.0, 0.0)  # tables unused
     # Queueing delay and step-time terms with the reference's own float formulas, on the host.
     qdelay = _queue_delays(resolved, workload)
     step_prefill = np.array([(0.0 + beta[0]) + beta[1] * float(c)
@@ -325,4 +339,8 @@ def build_consts(resolved, workload, st: EngineStatic) -> WorkloadConsts:
         step_prefill=jax.device_put(step_prefill), step_decode=jax.device_put(step_decode),
         one_e6=jax.device_put(np.float64(1e6)), one_e_6=jax.device_put(np.float64(1e-6)),
         kv_blocks_f=jax.device_put(np.float64(st.kv_blocks)),
+        # A step's total tokens: prefill chunks within the budget, plus one per decode.
+        roofline=roofline_consts(
+            make_latency_model(resolved) if st.latency_model == "roofline" else None,
+            st.token_budget + st.batch_slots),
     )

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from blisjax.config import ConfigError, HardwareConfig, ModelConfig
 from blisjax.latency.base import StepBatch, float_to_ticks
@@ -235,28 +236,66 @@ def expected_distinct_experts(num_experts: float, top_k: float, tokens: int) -> 
     return num_experts * (1.0 - go_pow(p, tokens))
 
 
+class TokenFlopTerms(NamedTuple):
+    """The parts of :func:`transformer_flops` that depend on the new tokens t alone (FLOPs, or
+    FLOPs per context token for the ``*_heads_t`` factors), each with the reference's
+    operations in its order (docs/roofline.md §2.3). An engine may tabulate them by t.
+
+    Attributes:
+      gemm: ((2T·qkv_width) + ((2T·d)·d))·L, the QKV and output projections of all layers.
+      ctx_offset: (T − 1)/2 when t > 1, else 0.0 (the attention context is s + ctx_offset; adding
+        0.0 to s >= 0 leaves it unchanged).
+      four_heads_t: 4H·T.  five_heads_t: 5H·T.
+      two_t_d: 2T·d.
+      moe: ((2T·moe_mlp_width)·k)·nMoE, or 0.0 without MoE layers.
+      dense: (2T·dense_mlp_width)·nDense, or 0.0 without dense layers.
+    """
+
+    gemm: float
+    ctx_offset: float
+    four_heads_t: float
+    five_heads_t: float
+    two_t_d: float
+    moe: float
+    dense: float
+
+
+def token_flop_terms(a: RooflineArch, t: int) -> TokenFlopTerms:
+    """The t-only terms of :func:`transformer_flops` for ``t`` new tokens."""
+    tf = float(t)
+    two_t = 2.0 * tf
+    qkv = two_t * a.qkv_width
+    proj = (two_t * a.d) * a.d
+    return TokenFlopTerms(
+        gemm=(qkv + proj) * a.layers,
+        ctx_offset=(tf - 1.0) / 2.0 if t > 1 else 0.0,
+        four_heads_t=a.four_heads * tf,
+        five_heads_t=a.five_heads * tf,
+        two_t_d=two_t * a.d,
+        moe=((two_t * a.moe_mlp_width) * a.top_k) * float(a.n_moe) if a.n_moe > 0 else 0.0,
+        dense=(two_t * a.dense_mlp_width) * float(a.n_dense) if a.n_dense > 0 else 0.0,
+    )
+
+
 def transformer_flops(a: RooflineArch, s: int, t: int) -> float:
     """FLOPs to process ``t`` new tokens after ``s`` tokens of context (docs/roofline.md §2.3).
 
     Attention (QKV + output projections, score/value GEMMs, vector work) over all layers plus the
     2-matrix MLP of every dense layer and the top-k experts of every MoE layer. The attention
     context is c = s + (t − 1)/2 for t > 1, else s. Result in FLOPs (one model replica, no TP).
+    The t-only terms come from :func:`token_flop_terms`.
     """
-    tf = float(t)
+    terms = token_flop_terms(a, t)
     sf = float(s)
-    two_t = 2.0 * tf
-    qkv = two_t * a.qkv_width
-    proj = (two_t * a.d) * a.d
-    gemm = (qkv + proj) * a.layers
-    ctx = sf + ((tf - 1.0) / 2.0) if t > 1 else sf
-    attn = ((a.four_heads * tf) * ctx) * a.head_dim
-    vec = ((a.five_heads * tf) * ctx) + (two_t * a.d)
-    gemm = gemm + (attn * a.layers)
+    ctx = sf + terms.ctx_offset if t > 1 else sf
+    attn = (terms.four_heads_t * ctx) * a.head_dim
+    vec = (terms.five_heads_t * ctx) + terms.two_t_d
+    gemm = terms.gemm + (attn * a.layers)
     sram = vec * a.layers
     if a.n_moe > 0:
-        gemm = gemm + (((two_t * a.moe_mlp_width) * a.top_k) * float(a.n_moe))
+        gemm = gemm + terms.moe
     if a.n_dense > 0:
-        gemm = gemm + ((two_t * a.dense_mlp_width) * float(a.n_dense))
+        gemm = gemm + terms.dense
     return gemm + sram
 
 
@@ -283,15 +322,23 @@ def memory_access_bytes(a: RooflineArch, s: int, t: int, with_kv: bool) -> tuple
     (docs/roofline.md §2.5); the KV terms are 0.0 when ``with_kv`` is false.
     """
     w = weight_bytes(a, t)
-    tf = float(t)
     if with_kv:
-        kv_write = a.kv_bytes_per_token * tf
-        kv_read = a.kv_bytes_per_token * float(s)
+        kv_write = kv_bytes(a, t)
+        kv_read = kv_bytes(a, s)
     else:
         kv_write = 0.0
         kv_read = 0.0
-    act = a.act_bytes_per_token * tf
-    return w, ((w + kv_write) + kv_read) + act
+    return w, ((w + kv_write) + kv_read) + activation_bytes(a, t)
+
+
+def kv_bytes(a: RooflineArch, tokens: int) -> float:
+    """KV-cache bytes of ``tokens`` tokens over all layers (written or read)."""
+    return a.kv_bytes_per_token * float(tokens)
+
+
+def activation_bytes(a: RooflineArch, tokens: int) -> float:
+    """Activation bytes of ``tokens`` new tokens over all layers."""
+    return a.act_bytes_per_token * float(tokens)
 
 
 def split_roofline_requests(batch: StepBatch) -> tuple[list[tuple[int, int]], list[int]]:

@@ -1,10 +1,12 @@
 """Roofline and physics latency in the JAX engine: bit parity with the reference engine.
 
-Both models run the reference's own Python formulas through a host callback
-(``blisjax.engine.hostlatency``); these tests pin the plumbing: the batch each step sends (order,
-progress at the step start, cached prefix tokens of newly admitted requests), the preemption
-EMA (count and running depth per step), and the physics α inputs at routing time. The shipped
-latency-fitting sample is used because its small KV cache causes preemptions (the EMA moves).
+Roofline step times are computed in the compiled program (``blisjax.engine.roofline``, checked
+formula by formula in test_roofline_graph.py); physics runs the reference's own Python formulas
+through a host callback (``blisjax.engine.hostlatency``). These tests pin the plumbing: the
+batch each step reads (order, progress at the step start, cached prefix tokens of newly admitted
+requests), the preemption EMA (count and running depth per step), the physics α inputs at
+routing time, and roofline's α queueing delay. The shipped latency-fitting sample is used
+because its small KV cache causes preemptions (the EMA moves).
 """
 
 from __future__ import annotations
@@ -28,11 +30,16 @@ def _sample(model: str, num_requests: int = 60):
     cfg = load_config(SAMPLE)
     if model == "roofline":
         cfg = dataclasses.replace(cfg, latency=LatencyConfig(model="roofline"))
+    if model == "roofline-moe":  # MoE weights depend on the step's tokens; TP 2; α delays
+        cfg = dataclasses.replace(
+            cfg, model="qwen/qwen3-30b-a3b", hardware="L40S",
+            engine=dataclasses.replace(cfg.engine, tensor_parallel_size=2),
+            latency=LatencyConfig(model="roofline", alpha_coeffs=(1500.0, 7.25, 0.0)))
     spec = parse_workload_spec({**cfg.workload, "num_requests": num_requests})
     return resolve_config(cfg), generate_workload(spec, seed=cfg.seed)
 
 
-@pytest.mark.parametrize("model", ["roofline", "physics"])
+@pytest.mark.parametrize("model", ["roofline", "roofline-moe", "physics"])
 def test_latency_model_parity(model):
     resolved, workload = _sample(model)
     ref = reference(resolved, workload)
