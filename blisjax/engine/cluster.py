@@ -25,6 +25,7 @@ import jax.numpy as jnp
 
 from blisjax.engine import hostlatency, instance, policies, stretch
 from blisjax.engine import kvcache as kv
+from blisjax.engine.exactfloat import ieee_divide
 from blisjax.engine.lockstep import add, lane_once, lane_while, upd
 from blisjax.engine.state import (
     ADMITTED,
@@ -50,7 +51,7 @@ def refresh_snapshots(s: SimState, st, c, now, active) -> SimState:
     due = active & ((st.refresh_interval_us == 0) | (now - s.snap_last >= st.refresh_interval_us))
     # virtual decode steps before `now` have taken blocks (``stretch.kv_used_at``)
     used = stretch.kv_used_at(s, st, now) if st.stretches else st.kv_blocks - s.kv_free
-    kv_util = used.astype(F64) / c.kv_blocks_f
+    kv_util = ieee_divide(used.astype(F64), c.kv_blocks_f)  # not x·(1/blocks): exactfloat
     return s.replace(snap_qd=jnp.where(due, s.q_len, s.snap_qd),
                      snap_bs=jnp.where(due, s.n_run, s.snap_bs),
                      snap_kv=jnp.where(due, kv_util, s.snap_kv),

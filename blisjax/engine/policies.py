@@ -24,7 +24,7 @@ from blisjax.config.codes import (
     SchedulerPolicy,
     Scorer,
 )
-from blisjax.engine.exactfloat import exact_mul
+from blisjax.engine.exactfloat import exact_mul, ieee_divide
 from blisjax.engine.lockstep import add
 from blisjax.engine.queues import q_fold
 from blisjax.engine.state import SimState
@@ -61,7 +61,8 @@ def admit(s: SimState, c, p, r, now, active) -> AdmitDecision:
     rate = jnp.where(limited, p.rl_rate, p.tb_rate)
     elapsed = now - s.bucket_last
     refill = elapsed > 0
-    tokens = jnp.where(refill, jnp.minimum(cap, s.bucket + elapsed.astype(F64) * rate / c.one_e6),
+    refilled = ieee_divide(elapsed.astype(F64) * rate, c.one_e6)  # not ·(1/1e6): exactfloat
+    tokens = jnp.where(refill, jnp.minimum(cap, s.bucket + refilled),
                        s.bucket)
     cost = jnp.where(limited, 1.0, c.input_tokens[r].astype(F64))
     take = tokens >= cost

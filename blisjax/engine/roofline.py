@@ -26,7 +26,7 @@ as Python does (docs/roofline.md, "Numerical rules"; docs/jax-engine.md, Exactne
   a compile-time constant, and also when c is a *broadcast scalar*, even a traced one (the
   model's TP, FLOP rates and bandwidth are scalars shared by every lane and position). So the
   constants are arguments, never literals, and each divisor is first spread to the
-  numerator's shape behind ``lax.optimization_barrier`` (:func:`_divisor`): the division then
+  numerator's shape behind ``lax.optimization_barrier`` (``exactfloat.spread_divisor``): the division then
   has an ordinary array operand and stays a division. XLA also rewrites ``(a / b) / c`` as
   ``a / (b·c)``; a barrier between the two divisions keeps them apart.
 
@@ -46,6 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from blisjax.engine.exactfloat import spread_divisor
 from blisjax.latency.base import float_to_ticks_array
 from blisjax.latency.roofline import (
     RooflineLatency,
@@ -113,23 +114,26 @@ def token_table(model: RooflineLatency, max_tokens: int) -> np.ndarray:
 def roofline_consts(model: RooflineLatency | None, max_tokens: int) -> RooflineConsts:
     """Traced constants for ``model`` with a table up to ``max_tokens`` tokens per step;
     ``None`` (another latency model) gives a one-row placeholder of the same structure."""
+    # Host values placed with device_put: jnp.asarray would compile a program per value.
+    put = jax.device_put
     if model is None:
-        zero, true = jnp.asarray(0.0, F64), jnp.asarray(True)
-        return RooflineConsts(jnp.zeros((1, TOKEN_COLUMNS), F64), *([zero] * 8), true, true)
+        zero, true = put(np.float64(0.0)), put(np.bool_(True))
+        return RooflineConsts(put(np.zeros((1, TOKEN_COLUMNS), np.float64)), *([zero] * 8),
+                              true, true)
     a, r = model.arch, model.rates
     table = token_table(model, max_tokens)
 
     def f64(x: float):
-        return jnp.asarray(x, F64)
+        return put(np.float64(x))
 
     return RooflineConsts(
-        by_tokens=jnp.asarray(table),
+        by_tokens=put(table),
         head_dim=f64(a.head_dim), layers=f64(a.layers),
         kv_bytes_per_token=f64(a.kv_bytes_per_token), tp=f64(r.tp),
         prefill_flops=f64(r.prefill_flops), decode_flops=f64(r.decode_flops),
         bandwidth=f64(r.bandwidth), us_per_s=f64(1e6),
-        five_heads_t_short=jnp.asarray(_five_heads_t_short(table)),
-        kv_bytes_short=jnp.asarray(significant_bits(a.kv_bytes_per_token) <= SHORT_BITS))
+        five_heads_t_short=put(np.bool_(_five_heads_t_short(table))),
+        kv_bytes_short=put(np.bool_(significant_bits(a.kv_bytes_per_token) <= SHORT_BITS)))
 
 
 def _five_heads_t_short(table: np.ndarray) -> bool:
@@ -197,14 +201,6 @@ class RooflineSeconds(NamedTuple):
     any_request: jax.Array  # bool
 
 
-def _divisor(value, like):
-    """``value`` (a scalar shared by every lane) spread to the shape of the bool array
-    ``like`` (batched over lanes), behind an optimization barrier: dividing by it is an IEEE
-    division, where dividing by the broadcast scalar would become a multiplication by its
-    rounded reciprocal."""
-    return lax.optimization_barrier(jnp.where(like, value, value))
-
-
 def _ordered_sum(terms, prefill, decode):
     """0.0 + prefill terms in position order, then + decode terms in position order, one
     addition per position and pass (absent positions add +0.0: no change to a value >= 0)."""
@@ -240,8 +236,8 @@ def step_seconds(rc: RooflineConsts, nn, pi, l_in, out) -> RooflineSeconds:
     gemm = gemm + row[..., MOE]  # + 0.0 without MoE layers
     gemm = gemm + row[..., DENSE]  # + 0.0 without dense layers
     flops = gemm + sram
-    tp = _divisor(rc.tp, prefill)
-    rate = _divisor(jnp.where(prefill, rc.prefill_flops, rc.decode_flops), prefill)
+    tp = spread_divisor(rc.tp, prefill)
+    rate = spread_divisor(jnp.where(prefill, rc.prefill_flops, rc.decode_flops), prefill)
     # The barrier keeps XLA from rewriting (a / b) / c as a / (b·c).
     compute_terms = lax.optimization_barrier(flops / tp) / rate
     w = row[..., WEIGHTS]
@@ -252,8 +248,8 @@ def step_seconds(rc: RooflineConsts, nn, pi, l_in, out) -> RooflineSeconds:
     dynamic = _ordered_sum(dynamic_terms, prefill, decode)
     n_tok = jnp.sum(jnp.where(prefill, nn, 0)) + jnp.sum(decode)
     any_request = jnp.any(prefill | decode)
-    memory = ((rc.by_tokens[n_tok, WEIGHTS] / _divisor(rc.tp, any_request)) + dynamic) \
-        / _divisor(rc.bandwidth, any_request)
+    memory = ((rc.by_tokens[n_tok, WEIGHTS] / spread_divisor(rc.tp, any_request)) + dynamic) \
+        / spread_divisor(rc.bandwidth, any_request)
     return RooflineSeconds(compute, memory, any_request)
 
 

@@ -39,3 +39,18 @@ def test_edge_cases():
     # ties to even at the rounding position
     x = np.array([1 + 2**-52, 1 + 3 * 2**-52, 1.5, 1 + 2**-26])
     _check(x, x[::-1])
+
+
+def test_ieee_divide_by_a_scalar_shared_by_every_lane_matches_python():
+    # A vmapped division by one traced scalar is what XLA turns into a multiplication by the
+    # rounded reciprocal (jaxlib 0.10.2: 95 of these 1,024 KV utilisations); ieee_divide must
+    # give Python's quotient for every value: KV utilisations and token-bucket refills.
+    from blisjax.engine.exactfloat import ieee_divide
+
+    rng = np.random.default_rng(7)
+    used = rng.integers(0, 26_312, size=(256, 4)).astype(np.float64)
+    refill = rng.integers(0, 10**7, size=(256, 4)) * rng.uniform(1.0, 5_000.0, size=(256, 4))
+    for x, d in ((used, 26_312.0), (refill, 1e6), (used, 3.35e12)):
+        want = x / d
+        got = jax.jit(jax.vmap(lambda row, d: ieee_divide(row, d), in_axes=(0, None)))(x, d)
+        assert np.array_equal(np.asarray(got).view(np.int64), want.view(np.int64))
