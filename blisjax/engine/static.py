@@ -93,8 +93,13 @@ class EngineStatic:
         """Decode stretches are compiled in: asked for, and every plain step of a stretch
         lasts the same (the blackbox model's step time depends on the batch's token counts
         only; a roofline step's grows with the contexts)."""
-        return (self.decode_stretches and self.latency_model == "blackbox"
-                and self.latency is None)
+        return self.decode_stretches and self.latency_model == "blackbox"
+
+    @property
+    def max_step_tokens(self) -> int:
+        """Most tokens one step processes: prefill chunks within the token budget plus one
+        per decoding request (rows of the roofline's token table)."""
+        return self.token_budget + self.batch_slots
 
     @property
     def stateful_latency(self) -> bool:
@@ -179,12 +184,9 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
     dl = np.asarray(workload.deadline_us)
     num_deadlines = int(((dl > 0) & (dl <= horizon)).sum())
     model = make_latency_model(resolved)
-    latency_on_host = cfg.latency.model == "physics" or (
-        cfg.latency.model == "roofline" and not roofline_fits_the_program(
-            model, eng.max_num_scheduled_tokens + eng.max_num_running_reqs, int(total.max())))
     if decode_stretches is None:
         decode_stretches = stretches_pay_off(out)
-    return EngineStatic(
+    st = EngineStatic(
         num_requests=n,
         num_instances=cfg.cluster.num_instances,
         num_tenants=len(workload.tenant_names),
@@ -219,8 +221,13 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
         narrow_programs=bool(narrow_programs),
         decode_stretches=bool(decode_stretches),
         latency_model=cfg.latency.model,
-        latency=model if latency_on_host else None,
     )
+    # Evaluated on the host through a callback: physics, and a roofline configuration the
+    # program cannot evaluate exactly.
+    on_host = st.latency_model == "physics" or (
+        st.latency_model == "roofline"
+        and not roofline_fits_the_program(model, st.max_step_tokens, int(total.max())))
+    return dataclasses.replace(st, latency=model) if on_host else st
 
 
 # Mean output tokens per request from which decode stretches are compiled in by default. Each
@@ -339,8 +346,7 @@ def build_consts(resolved, workload, st: EngineStatic) -> WorkloadConsts:
         step_prefill=jax.device_put(step_prefill), step_decode=jax.device_put(step_decode),
         one_e6=jax.device_put(np.float64(1e6)), one_e_6=jax.device_put(np.float64(1e-6)),
         kv_blocks_f=jax.device_put(np.float64(st.kv_blocks)),
-        # A step's total tokens: prefill chunks within the budget, plus one per decode.
         roofline=roofline_consts(
             make_latency_model(resolved) if st.latency_model == "roofline" else None,
-            st.token_budget + st.batch_slots),
+            st.max_step_tokens),
     )
