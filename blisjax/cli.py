@@ -227,7 +227,7 @@ def _add_distribution_flags(p: argparse.ArgumentParser) -> None:
 
 def _add_trace_inputs(p: argparse.ArgumentParser, required: bool) -> None:
     p.add_argument("--trace-header", required=required, metavar="FILE",
-                   help="TraceV2 header YAML (trace_version: 2, time_unit: microseconds)")
+                   help="TraceV2 header YAML (trace_version 2 or 3, time_unit microseconds)")
     p.add_argument("--trace-data", required=required, metavar="FILE",
                    help="TraceV2 CSV, one request per row (BLIS's columns)")
 

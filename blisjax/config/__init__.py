@@ -36,6 +36,7 @@ from blisjax.config.resolve import ResolvedConfig, resolve_config
 from blisjax.config.sim import (
     AdmissionConfig,
     ClusterConfig,
+    CompatConfig,
     EngineConfig,
     LatencyConfig,
     MetricsConfig,
@@ -65,6 +66,7 @@ __all__ = [
     "HardwareConfig",
     "KVCapacityParamsError",
     "LatencyConfig",
+    "CompatConfig",
     "MetricsConfig",
     "MoEConfig",
     "ModelConfig",

@@ -64,12 +64,28 @@ class RoutingPolicy(Code):
 
 
 class Scorer(Code):
-    """Scorers of the weighted routing policy (docs/semantics.md §5.6)."""
+    """Scorers of the weighted routing policy (docs/semantics.md §5.6). The first four are the
+    blackbox-era BLIS's; the others are BLIS HEAD's (f90a1e3a)."""
 
     PREFIX_AFFINITY = 0
     QUEUE_DEPTH = 1
     KV_UTILIZATION = 2
     LOAD_BALANCE = 3
+    PRECISE_PREFIX_CACHE = 4
+    LOAD_AWARE = 5
+    ACTIVE_REQUESTS = 6
+    RUNNING_REQUESTS = 7
+    NO_HIT_LRU = 8
+    VLLM_DP = 9
+
+
+class TieBreak(Code):
+    """How least-loaded and weighted routing choose among equally good instances
+    (docs/semantics.md Decisions 6 and 13): BLIS's draw from its "router" random stream, or
+    the lowest instance index."""
+
+    BLIS_RANDOM = 0
+    LOWEST_INDEX = 1
 
 
 class SchedulerPolicy(Code):

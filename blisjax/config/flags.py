@@ -20,6 +20,7 @@ from blisjax.config.sim import (
     PRIORITY_POLICIES,
     ROUTING_POLICIES,
     SCHEDULER_POLICIES,
+    TIE_BREAKS,
     ScorerWeight,
     SimConfig,
 )
@@ -101,6 +102,19 @@ def _float(flag: str, v: Any) -> float:
 
 def _str(flag: str, v: Any) -> str:
     return str(v)
+
+
+def _switch(flag: str, v: Any) -> bool:
+    """A bare boolean flag: present means on (True or "true" as a value, as BLIS's JSON
+    records write it)."""
+    if isinstance(v, bool):
+        return v
+    text = str(v).strip().lower()
+    if text in ("true", "1"):
+        return True
+    if text in ("false", "0"):
+        return False
+    raise ConfigError(flag, f"expected true or false, got {v!r}")
 
 
 BLIS_FLAGS: tuple[BlisFlag, ...] = (
@@ -223,6 +237,13 @@ BLIS_FLAGS: tuple[BlisFlag, ...] = (
         "router signal refresh interval, µs (0 = live)",
     ),
     BlisFlag(
+        ("--cache-signal-delay",),
+        "cache_signal_delay",
+        _int,
+        "cluster.cache_signal_delay_us",
+        "prefix-cache signal staleness for precise-prefix-cache/no-hit-lru, µs (only 0 = live)",
+    ),
+    BlisFlag(
         ("--routing-policy",),
         "routing_policy",
         _str,
@@ -237,6 +258,14 @@ BLIS_FLAGS: tuple[BlisFlag, ...] = (
         "policy.routing.scorers",
         "weighted-routing scorers",
         "NAME:W,...",
+    ),
+    BlisFlag(
+        ("--routing-tie-break",),
+        "routing_tie_break",
+        _str,
+        "policy.routing.tie_break",
+        "ties of least-loaded/weighted routing (blisjax; BLIS draws randomly)",
+        choices=TIE_BREAKS,
     ),
     BlisFlag(
         ("--admission-policy",),
@@ -284,6 +313,13 @@ BLIS_FLAGS: tuple[BlisFlag, ...] = (
         "preemption victim",
         choices=PREEMPTION_POLICIES,
     ),
+    BlisFlag(
+        ("--blis-quirks",),
+        "blis_quirks",
+        _switch,
+        "compat.blis_quirks",
+        "reproduce BLIS's own behaviour where it departs from a real cluster (README)",
+    ),
     BlisFlag(("--seed",), "seed", _int, "seed", "master seed"),
     BlisFlag(("--horizon",), "horizon", _int, "horizon_us", "simulation horizon, µs"),
     BlisFlag(("--policy-config",), "policy_config", _str, "", "BLIS policy bundle YAML", "PATH"),
@@ -306,6 +342,10 @@ def add_blis_flags(parser: argparse.ArgumentParser) -> None:
     """
     group = parser.add_argument_group("BLIS-compatible flags")
     for f in BLIS_FLAGS:
+        if f.parse is _switch:
+            group.add_argument(*f.names, dest=f.dest, action="store_const", const=True,
+                               default=None, help=f.help)
+            continue
         kind = {_int: int, _float: float}.get(f.parse, str)
         help_text = f.help
         if f.choices:
@@ -363,7 +403,7 @@ def _apply_tree(cfg: SimConfig, tree: dict[str, Any]) -> SimConfig:
         tree["latency"] = _latency_overrides(cfg, tree["latency"])
     sections = {
         name: dataclasses.replace(getattr(cfg, name), **tree.pop(name))
-        for name in ("engine", "latency", "cluster")
+        for name in ("engine", "latency", "cluster", "compat")
         if name in tree
     }
     return dataclasses.replace(cfg, policy=policy, **sections, **tree)

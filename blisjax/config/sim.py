@@ -35,6 +35,7 @@ from blisjax.config.codes import (
     RoutingPolicy,
     SchedulerPolicy,
     Scorer,
+    TieBreak,
 )
 from blisjax.metrics.formulas import FITNESS_KEYS  # the fitness formulas define the keys
 from blisjax.workload.types import SLO_CLASSES
@@ -48,6 +49,7 @@ ADMISSION_POLICIES = AdmissionPolicy.labels()
 PRIORITY_POLICIES = PriorityPolicy.labels()
 ROUTING_POLICIES = RoutingPolicy.labels()
 SCORER_NAMES = Scorer.labels()
+TIE_BREAKS = TieBreak.labels()
 SCHEDULER_POLICIES = SchedulerPolicy.labels()
 #: SLO-target class names: "default" stands for the empty class "".
 SLO_TARGET_CLASSES = ("default",) + SLO_CLASS_NAMES[1:]
@@ -268,6 +270,10 @@ class ClusterConfig:
       routing_latency_us: delay admission → routing decision, µs, >= 0.
       snapshot_refresh_interval_us: staleness of queue/KV signals the router sees, µs; 0 = live.
       prefix_index_capacity_blocks: router-side prefix index size per instance, blocks, >= 1.
+      cache_signal_delay_us: staleness of the instances' prefix-cache contents as the
+        precise-prefix-cache and no-hit-lru scorers see them, µs. Only 0 (live, BLIS HEAD's
+        ``--cache-signal-delay 0``) is modelled; BLIS's periodic copy (its default 50000) is
+        not, and other values are refused.
     """
 
     num_instances: int = 1
@@ -275,6 +281,7 @@ class ClusterConfig:
     routing_latency_us: int = 0
     snapshot_refresh_interval_us: int = 0
     prefix_index_capacity_blocks: int = 10000
+    cache_signal_delay_us: int = 0
 
     def __post_init__(self) -> None:
         set_field(
@@ -288,6 +295,15 @@ class ClusterConfig:
             "cluster.prefix_index_capacity_blocks", self.prefix_index_capacity_blocks, min_value=1
         )
         set_field(self, "prefix_index_capacity_blocks", capacity)
+        delay = _non_negative_int("cluster.cache_signal_delay_us", self.cache_signal_delay_us)
+        if delay != 0:
+            raise ConfigError(
+                "cluster.cache_signal_delay_us",
+                f"must be 0 (the router reads the instances' prefix caches live), got {delay}; "
+                "BLIS's periodic copy of the cache index (--cache-signal-delay > 0) is not "
+                "modelled",
+            )
+        set_field(self, "cache_signal_delay_us", delay)
 
 
 # --------------------------------------------------------------------------- policies
@@ -459,13 +475,18 @@ class RoutingConfig:
       policy: round-robin | least-loaded | always-busiest | weighted.
       scorers: weighted-policy scorers in evaluation order; weights are normalized to sum 1 by
         the router, so only ratios matter; at least one weight must be > 0.
+      tie_break: how least-loaded and weighted routing choose among tied instances:
+        blis-random (BLIS's draw from its "router" random stream, seeded from ``seed``; only
+        when more than one instance ties) | lowest-index.
     """
 
     policy: str = "round-robin"
     scorers: tuple[ScorerWeight, ...] = DEFAULT_SCORERS
+    tie_break: str = "blis-random"
 
     def __post_init__(self) -> None:
         check_choice("policy.routing.policy", self.policy, ROUTING_POLICIES)
+        check_choice("policy.routing.tie_break", self.tie_break, TIE_BREAKS)
         if isinstance(self.scorers, (str, bytes, Mapping)) or not hasattr(self.scorers, "__iter__"):
             raise ConfigError(
                 "policy.routing.scorers", f"must be a list of scorers, got {self.scorers!r}"
@@ -576,6 +597,27 @@ class MetricsConfig:
         set_field(self, "fitness_weights", weights)
 
 
+# --------------------------------------------------------------------------- compatibility
+
+
+@dataclass(frozen=True)
+class CompatConfig:
+    """Compatibility with BLIS's own behaviour where it departs from what a real cluster does
+    (docs/semantics.md Decision 12).
+
+    Attributes:
+      blis_quirks: reproduce BLIS exactly, its bugs included, so that any BLIS run replays
+        request by request; off (the default), blisjax does what a real cluster does. The
+        behaviours it switches are listed in README ("Coming from BLIS") and
+        docs/semantics.md; each feature that has one adds its entry there.
+    """
+
+    blis_quirks: bool = False
+
+    def __post_init__(self) -> None:
+        set_field(self, "blis_quirks", check_bool("compat.blis_quirks", self.blis_quirks))
+
+
 # --------------------------------------------------------------------------- top level
 
 
@@ -600,6 +642,7 @@ class SimConfig:
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     workload: dict | None = field(default=None, hash=False)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    compat: CompatConfig = field(default_factory=CompatConfig)
     seed: int = 42
     horizon_us: int = INT64_MAX
 
@@ -612,6 +655,7 @@ class SimConfig:
             ("cluster", ClusterConfig),
             ("policy", PolicyConfig),
             ("metrics", MetricsConfig),
+            ("compat", CompatConfig),
         ):
             _ensure_type(name, getattr(self, name), cls)
         if self.workload is not None:

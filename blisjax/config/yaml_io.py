@@ -21,6 +21,7 @@ from blisjax.config._checks import ConfigError, check_float
 from blisjax.config.sim import (
     AdmissionConfig,
     ClusterConfig,
+    CompatConfig,
     EngineConfig,
     LatencyConfig,
     MetricsConfig,
@@ -45,6 +46,7 @@ _SECTIONS: dict[str, type] = {
     "latency": LatencyConfig,
     "cluster": ClusterConfig,
     "metrics": MetricsConfig,
+    "compat": CompatConfig,
 }
 _POLICY_SECTIONS: dict[str, type] = {
     "admission": AdmissionConfig,

@@ -18,7 +18,7 @@ from blisjax.config.codes import SchedulerPolicy
 from blisjax.latency import make_latency_model
 from blisjax.metrics.records import COMPLETED, NOT_RECORDED, OUTCOME_OF_STAGE, RunResult, Stage
 from blisjax.reference.instance import Instance
-from blisjax.reference.policies import Admission, Priority, Router
+from blisjax.reference.policies import Admission, Priority, Router, Snapshot
 from blisjax.reference.request import SimRequest
 
 # Cluster event priorities (§5.2).
@@ -54,7 +54,7 @@ class ClusterSimulator:
             x.observer = observer
         self.admission = Admission(cfg.policy.admission, workload.tenant_names)
         self.router = Router(cfg.policy.routing, n_inst, self.block_size,
-                             cfg.cluster.prefix_index_capacity_blocks)
+                             cfg.cluster.prefix_index_capacity_blocks, cfg.seed)
         self.admission_latency_us = cfg.cluster.admission_latency_us
         self.routing_latency_us = cfg.cluster.routing_latency_us
         self.refresh_interval_us = cfg.cluster.snapshot_refresh_interval_us
@@ -126,7 +126,9 @@ class ClusterSimulator:
                 self.rejected_admission += 1
         else:
             qd, bs, kv = self._snapshots(time_us)
-            target = self.router.route(req, self._prompt_hashes(req), qd, bs, kv, self.in_flight)
+            snap = Snapshot(qd, bs, kv, self.in_flight,
+                            lambda: [len(x.kv.cached_blocks(req)) for x in self.instances])
+            target = self.router.route(req, self._prompt_hashes(req), snap)
             self.in_flight[target] += 1
             self.instances[target].inject_arrival(req, time_us)
 

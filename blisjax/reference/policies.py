@@ -1,19 +1,16 @@
 """Cluster and instance policy templates of the reference engine (plain Python).
 
 Every knob is a plain number from ``blisjax.config.PolicyConfig`` so the JAX engine can carry the
-<<<<<<< HEAD
 same knobs as arrays; templates are the codes of ``blisjax.config.codes``, as in the JAX engine.
-Conventions (docs/semantics.md Decisions 5–6): priority scores are float64 with higher = more
-urgent; routing ties go to the lowest instance index.
-=======
-same knobs as arrays. Conventions (docs/semantics.md Decisions 5–6): priority scores are float64 with
-higher = more urgent; routing ties go to the lowest instance index.
->>>>>>> wt-docs-sem
+Conventions (docs/semantics.md Decisions 5, 6 and 13): priority scores are float64 with higher =
+more urgent; routing ties are broken by BLIS's "router" random stream (or the lowest index).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
+from typing import NamedTuple
 
 from blisjax.config.codes import (
     AdmissionPolicy,
@@ -21,7 +18,9 @@ from blisjax.config.codes import (
     RoutingPolicy,
     SchedulerPolicy,
     Scorer,
+    TieBreak,
 )
+from blisjax.gorand import blis_subsystem_rand
 
 # ---------------------------------------------------------------------------------------------
 # Admission
@@ -185,28 +184,72 @@ def normalized_weights(weights: list[float]) -> list[float]:
     return [w / total for w in weights]
 
 
+#: Queue depth at which BLIS's load-aware scorer reaches 0 (llm-d's default threshold).
+LOAD_AWARE_QUEUE_THRESHOLD = 128
+#: Scorers that read the instances' prefix caches (BLIS HEAD's cache query).
+CACHE_SCORERS = frozenset({Scorer.PRECISE_PREFIX_CACHE, Scorer.NO_HIT_LRU})
+
+
+def min_max_inverted(values: list[int]) -> list[float]:
+    """(max - v) / (max - min) per value; 1.0 for all when every value is equal (BLIS's
+    queue-depth, running-requests and vllm-dp normalisation)."""
+    lo, hi = min(values), max(values)
+    if lo == hi:
+        return [1.0] * len(values)
+    return [float(hi - v) / float(hi - lo) for v in values]
+
+
+class Snapshot(NamedTuple):
+    """What the router reads about each instance at a decision ([I] lists).
+
+    ``queue_depth``, ``batch_size`` and ``kv_util`` are the (live or periodic) snapshots,
+    ``in_flight`` is always live, and ``cached_blocks()`` returns the live prefix-cache query
+    (consecutive cached prompt blocks of the request per instance), evaluated only by the
+    scorers that need it.
+    """
+
+    queue_depth: list[int]
+    batch_size: list[int]
+    kv_util: list[float]
+    in_flight: list[int]
+    cached_blocks: Callable[[], list[int]]
+
+
 class Router:
     """Routing templates: round-robin, least-loaded, always-busiest, weighted (with scorers).
 
-    Snapshot fields per instance: queue depth, batch size, KV utilisation (periodic or live) and
-    in-flight count (always live); effective load = queue depth + batch size + in-flight.
+    Effective load = queue depth + batch size + in-flight. Least-loaded and weighted routing
+    break ties as BLIS does (``tie_break: blis-random``): only when more than one instance
+    ties, ``tied[Intn(len(tied))]`` over the tied instances in instance order, drawn from Go's
+    generator for BLIS's stream "router" (``blisjax.gorand``); ``lowest-index`` takes the
+    first. Always-busiest takes the first (BLIS).
     """
 
     def __init__(self, cfg, num_instances: int, block_size_tokens: int,
-                 prefix_index_capacity_blocks: int) -> None:
+                 prefix_index_capacity_blocks: int, seed: int) -> None:
         self.policy = RoutingPolicy.of(cfg.policy)
         self.num_instances = num_instances
         self.block_size = block_size_tokens
         self.counter = 0
         self.scorers = [Scorer.of(s.name) for s in cfg.scorers]
         self.weights = normalized_weights([float(s.weight) for s in cfg.scorers])
+        self.rng = (blis_subsystem_rand(seed, "router")
+                    if TieBreak.of(cfg.tie_break) == TieBreak.BLIS_RANDOM else None)
+        weighted = self.policy == RoutingPolicy.WEIGHTED
         self.prefix_index = None
-        if self.policy == RoutingPolicy.WEIGHTED and Scorer.PREFIX_AFFINITY in self.scorers:
+        if weighted and Scorer.PREFIX_AFFINITY in self.scorers:
             self.prefix_index = [PrefixIndex(prefix_index_capacity_blocks)
                                  for _ in range(num_instances)]
+        self.reads_caches = weighted and any(x in CACHE_SCORERS for x in self.scorers)
+        # no-hit-lru: instances that took a cold request, most recent first
+        self.cold_recency: list[int] = []
 
-    def route(self, req, prompt_hashes: list[int], queue_depth: list[int], batch_size: list[int],
-              kv_util: list[float], in_flight: list[int]) -> int:
+    def _pick(self, tied: list[int]) -> int:
+        if len(tied) > 1 and self.rng is not None:
+            return tied[self.rng.intn(len(tied))]
+        return tied[0]
+
+    def route(self, req, prompt_hashes: list[int], snap: Snapshot) -> int:
         """Target instance for ``req``; ``prompt_hashes`` are its full prompt blocks' hashes."""
         n = self.num_instances
         p = self.policy
@@ -214,44 +257,80 @@ class Router:
             target = self.counter % n
             self.counter += 1
             return target
-        load = [queue_depth[i] + batch_size[i] + in_flight[i] for i in range(n)]
-        if p == RoutingPolicy.LEAST_LOADED:
-            return min(range(n), key=lambda i: (load[i], i))
+        load = [snap.queue_depth[i] + snap.batch_size[i] + snap.in_flight[i] for i in range(n)]
         if p == RoutingPolicy.ALWAYS_BUSIEST:
             return min(range(n), key=lambda i: (-load[i], i))
-        scores = self.weighted_scores(req, prompt_hashes, queue_depth, kv_util, load)
-        best, target = -1.0, 0
-        for i in range(n):
-            if scores[i] > best:  # strict: ties keep the lowest index
-                best, target = scores[i], i
+        if p == RoutingPolicy.LEAST_LOADED:
+            least = min(load)
+            return self._pick([i for i in range(n) if load[i] == least])
+        cached = snap.cached_blocks() if self.reads_caches else None
+        cold = cached is not None and not any(c > 0 for c in cached)
+        scores = self.weighted_scores(req, prompt_hashes, snap, load, cached, cold)
+        best = -1.0
+        for score in scores:
+            best = max(best, score)
+        target = self._pick([i for i in range(n) if scores[i] == best])
+        # observers: the prefix index records the request; no-hit-lru a cold request's target
         if self.prefix_index is not None:
             self.prefix_index[target].touch(prompt_hashes)
+        if cold and Scorer.NO_HIT_LRU in self.scorers:
+            if target in self.cold_recency:
+                self.cold_recency.remove(target)
+            self.cold_recency.insert(0, target)
         return target
 
-    def weighted_scores(self, req, prompt_hashes, queue_depth, kv_util, load) -> list[float]:
+    def weighted_scores(self, req, prompt_hashes, snap: Snapshot, load, cached,
+                        cold: bool) -> list[float]:
         n = self.num_instances
         total = [0.0] * n
         for scorer, w in zip(self.scorers, self.weights, strict=True):
-            s = self.scorer(scorer, req, prompt_hashes, queue_depth, kv_util, load)
+            s = self.scorer(scorer, req, prompt_hashes, snap, load, cached, cold)
             for i in range(n):
                 total[i] += min(1.0, max(0.0, s[i])) * w
         return total
 
-    def scorer(self, scorer: Scorer, req, prompt_hashes, queue_depth, kv_util,
-               load) -> list[float]:
+    def scorer(self, scorer: Scorer, req, prompt_hashes, snap: Snapshot, load, cached,
+               cold: bool) -> list[float]:
+        """One scorer's values per instance (docs/semantics.md §5.6), before clamping."""
         n = self.num_instances
         if scorer == Scorer.QUEUE_DEPTH:
-            lo, hi = min(queue_depth), max(queue_depth)
-            if lo == hi:
-                return [1.0] * n
-            return [float(hi - q) / float(hi - lo) for q in queue_depth]
+            return min_max_inverted(snap.queue_depth)
         if scorer == Scorer.KV_UTILIZATION:
-            return [1.0 - u for u in kv_util]
+            return [1.0 - u for u in snap.kv_util]
         if scorer == Scorer.LOAD_BALANCE:
             return [1.0 / float(1 + x) for x in load]
-        # prefix-affinity
-        full_blocks = req.input_tokens // self.block_size
-        if full_blocks == 0:
-            return [0.0] * n
-        return [float(self.prefix_index[i].match_length(prompt_hashes)) / float(full_blocks)
-                for i in range(n)]
+        if scorer == Scorer.PREFIX_AFFINITY:
+            full_blocks = req.input_tokens // self.block_size
+            if full_blocks == 0:
+                return [0.0] * n
+            return [float(self.prefix_index[i].match_length(prompt_hashes)) / float(full_blocks)
+                    for i in range(n)]
+        if scorer == Scorer.PRECISE_PREFIX_CACHE:  # more cached blocks → higher
+            lo, hi = min(cached), max(cached)
+            if lo == hi:
+                return [1.0] * n
+            return [float(c - lo) / float(hi - lo) for c in cached]
+        if scorer == Scorer.LOAD_AWARE:
+            cap = LOAD_AWARE_QUEUE_THRESHOLD
+            return [0.5 if q == 0 else 0.5 * (1.0 - float(min(q, cap)) / float(cap))
+                    for q in snap.queue_depth]
+        if scorer == Scorer.ACTIVE_REQUESTS:
+            most = max(snap.in_flight)
+            return [1.0 if c == 0 or most == 0 else float(most - c) / float(most)
+                    for c in snap.in_flight]
+        if scorer == Scorer.RUNNING_REQUESTS:
+            return min_max_inverted(snap.batch_size)
+        if scorer == Scorer.VLLM_DP:
+            return min_max_inverted([4 * q + b for q, b in zip(snap.queue_depth,
+                                                                snap.batch_size, strict=True)])
+        # no-hit-lru: a warm request (cached somewhere) is neutral; a cold one ranks instances
+        # never given a cold request first (instance order), then the least recently given
+        if not cold:
+            return [0.5] * n
+        if n == 1:
+            return [1.0]
+        order = [i for i in range(n) if i not in self.cold_recency] + self.cold_recency[::-1]
+        out = [0.0] * n
+        for rank, i in enumerate(order):
+            out[i] = 1.0 - float(rank) / float(n - 1)
+        return out

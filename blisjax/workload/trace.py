@@ -53,6 +53,10 @@ _INT_COLUMNS: dict[str, bool] = {
     "last_chunk_time_us": False, "num_chunks": True,
 }  # fmt: skip
 
+#: TraceV2 header versions read: 2 (blackbox-era BLIS) and 3 (BLIS HEAD: the same columns; the
+#: header adds ``workload_seed``). Traces blisjax writes are version 2.
+READABLE_TRACE_VERSIONS = (2, 3)
+
 _HEADER_KEYS = frozenset(
     {"trace_version", "time_unit", "created_at", "mode", "warm_up_requests", "workload_seed",
      "workload_spec", "server", "network", "goodput_slo_targets"}
@@ -79,8 +83,8 @@ def _check_header(header: Any, where: str) -> dict[str, Any]:
         if key not in _HEADER_KEYS:
             raise ValueError(f"{where}: unknown header key {key!r}")
     version = header.get("trace_version")
-    if isinstance(version, bool) or version != 2:
-        raise ValueError(f"{where}: trace_version must be 2, got {version!r}")
+    if isinstance(version, bool) or version not in READABLE_TRACE_VERSIONS:
+        raise ValueError(f"{where}: trace_version must be 2 or 3, got {version!r}")
     if header.get("time_unit") != "microseconds":
         raise ValueError(
             f"{where}: time_unit must be 'microseconds', got {header.get('time_unit')!r}"
@@ -95,7 +99,7 @@ def _check_header(header: Any, where: str) -> dict[str, Any]:
 
 
 def read_trace_header(header_path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Load and validate a TraceV2 header (trace_version 2, time_unit microseconds)."""
+    """Load and validate a TraceV2 header (trace_version 2 or 3, time_unit microseconds)."""
     with open(header_path, encoding="utf-8") as f:
         return _check_header(yaml.safe_load(f), os.fspath(header_path))
 

@@ -9,13 +9,17 @@ from blisjax.config.codes import (
     RoutingPolicy,
     SchedulerPolicy,
     Scorer,
+    TieBreak,
 )
 
 
 def test_labels_are_blis_policy_names():
     # Names as BLIS's CLI and policy bundles spell them (docs/semantics.md §5.3–§5.9).
     assert RoutingPolicy.labels() == ("round-robin", "least-loaded", "always-busiest", "weighted")
-    assert Scorer.labels() == ("prefix-affinity", "queue-depth", "kv-utilization", "load-balance")
+    assert Scorer.labels() == ("prefix-affinity", "queue-depth", "kv-utilization", "load-balance",
+                               "precise-prefix-cache", "load-aware", "active-requests",
+                               "running-requests", "no-hit-lru", "vllm-dp")
+    assert TieBreak.labels() == ("blis-random", "lowest-index")
     assert SchedulerPolicy.labels() == ("fcfs", "priority-fcfs", "sjf")
     assert AdmissionPolicy.labels()[:3] == ("always-admit", "token-bucket", "reject-all")
     assert PriorityPolicy.labels()[:2] == ("constant", "slo-based")

@@ -186,7 +186,7 @@ def test_error_names_field(cls, field, value, path):
 
 def test_scorer_weight_errors_name_field():
     with pytest.raises(ConfigError, match=r"^policy\.routing\.scorers\.name: must be one of"):
-        ScorerWeight("precise-prefix-cache", 1.0)
+        ScorerWeight("lora-affinity", 1.0)  # a BLIS scorer blisjax does not model
     with pytest.raises(
         ConfigError, match=r"^policy\.routing\.scorers\['queue-depth'\]\.weight: .*>= 0"
     ):

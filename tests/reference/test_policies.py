@@ -6,11 +6,13 @@ import pytest
 
 from blisjax.config import AdmissionConfig, PriorityConfig, RoutingConfig, ScorerWeight
 from blisjax.config.codes import SchedulerPolicy, Scorer
+from blisjax.gorand import blis_subsystem_rand
 from blisjax.metrics.records import COMPLETED, REJECTED
 from blisjax.reference.policies import (
     PrefixIndex,
     Priority,
     Router,
+    Snapshot,
     TokenBucket,
     normalized_weights,
     reorder_wait_queue,
@@ -131,28 +133,83 @@ def test_unlisted_slo_class_outranks_a_lower_listed_one():
 # ---- routing --------------------------------------------------------------------------------
 
 
-def _router(policy="weighted", scorers=(), n=3, bs=16):
+def _router(policy="weighted", scorers=(), n=3, bs=16, tie_break="lowest-index"):
     return Router(RoutingConfig(policy=policy, scorers=tuple(ScorerWeight(*s) for s in scorers)
-                                if scorers else RoutingConfig().scorers), n, bs, 10_000)
+                                if scorers else RoutingConfig().scorers, tie_break=tie_break),
+                  n, bs, 10_000, seed=42)
+
+
+def _snap(qd, bs=None, kv=None, inflight=None, cached=None) -> Snapshot:
+    n = len(qd)
+    return Snapshot(list(qd), list(bs or [0] * n), list(kv or [0.0] * n),
+                    list(inflight or [0] * n), lambda: list(cached or [0] * n))
+
+
+def _scorer(r, scorer, req, snap, hashes=(), cold=False):
+    load = [q + b + f for q, b, f in zip(snap.queue_depth, snap.batch_size, snap.in_flight,
+                                         strict=True)]
+    return r.scorer(scorer, req, list(hashes), snap, load, snap.cached_blocks(), cold)
 
 
 def test_scorers_by_hand():
     r = _router(scorers=(("queue-depth", 1.0),))
     req = _req(input_tokens=48)
-    assert r.scorer(Scorer.QUEUE_DEPTH, req, [], [3, 1, 2], [0, 0, 0], [0, 0, 0]) == [0.0, 1.0, 0.5]
-    assert r.scorer(Scorer.QUEUE_DEPTH, req, [], [2, 2, 2], [0, 0, 0], [0, 0, 0]) == [1.0] * 3
-    assert r.scorer(Scorer.KV_UTILIZATION, req, [], [0] * 3, [0.25, 0.5, 1.0], [0] * 3) == [0.75, 0.5, 0.0]
-    assert r.scorer(Scorer.LOAD_BALANCE, req, [], [0] * 3, [0.0] * 3, [0, 3, 1]) == [1.0, 0.25, 0.5]
+    assert _scorer(r, Scorer.QUEUE_DEPTH, req, _snap([3, 1, 2])) == [0.0, 1.0, 0.5]
+    assert _scorer(r, Scorer.QUEUE_DEPTH, req, _snap([2, 2, 2])) == [1.0] * 3
+    assert _scorer(r, Scorer.KV_UTILIZATION, req, _snap([0] * 3, kv=[0.25, 0.5, 1.0])) == \
+        [0.75, 0.5, 0.0]
+    assert _scorer(r, Scorer.LOAD_BALANCE, req, _snap([0] * 3, inflight=[0, 3, 1])) == \
+        [1.0, 0.25, 0.5]
+
+
+def test_head_scorers_by_hand():
+    """BLIS HEAD's scorers (docs/semantics.md §5.6), values computed by hand."""
+    r = _router(scorers=(("queue-depth", 1.0),), n=4)
+    req = _req(input_tokens=48)
+    # precise-prefix-cache: min-max of cached blocks, higher is better; all equal → 1.0
+    assert _scorer(r, Scorer.PRECISE_PREFIX_CACHE, req, _snap([0] * 4, cached=[0, 4, 2, 1])) == \
+        [0.0, 1.0, 0.5, 0.25]
+    assert _scorer(r, Scorer.PRECISE_PREFIX_CACHE, req, _snap([0] * 4, cached=[3] * 4)) == [1.0] * 4
+    # load-aware: 0.5 for an empty queue, else 0.5·(1 − min(q, 128)/128)
+    assert _scorer(r, Scorer.LOAD_AWARE, req, _snap([0, 64, 128, 500])) == [0.5, 0.25, 0.0, 0.0]
+    assert _scorer(r, Scorer.LOAD_AWARE, req, _snap([1, 0, 0, 0]))[0] == 0.5 * (1.0 - 1 / 128)
+    # active-requests: (max − c)/max on in-flight; 1.0 for an idle instance
+    assert _scorer(r, Scorer.ACTIVE_REQUESTS, req, _snap([0] * 4, inflight=[0, 4, 2, 1])) == \
+        [1.0, 0.0, 0.5, 0.75]
+    assert _scorer(r, Scorer.ACTIVE_REQUESTS, req, _snap([0] * 4, inflight=[2] * 4)) == [0.0] * 4
+    # running-requests: inverted min-max of batch sizes
+    assert _scorer(r, Scorer.RUNNING_REQUESTS, req, _snap([0] * 4, bs=[1, 3, 5, 5])) == \
+        [1.0, 0.5, 0.0, 0.0]
+    # vllm-dp: inverted min-max of 4·queue + batch = [4, 2, 8, 12]
+    assert _scorer(r, Scorer.VLLM_DP, req, _snap([1, 0, 2, 0], bs=[0, 2, 0, 12])) == \
+        [0.8, 1.0, 0.4, 0.0]
+    # no-hit-lru: warm (cached anywhere) → 0.5 each
+    assert _scorer(r, Scorer.NO_HIT_LRU, req, _snap([0] * 4), cold=False) == [0.5] * 4
+
+
+def test_no_hit_lru_ranks_cold_requests_least_recently_used_first():
+    r = _router(policy="weighted", scorers=(("no-hit-lru", 1.0),), n=3)
+    cold = _snap([0, 0, 0], cached=[0, 0, 0])
+    # nothing used yet: instance order 0, 1, 2 → scores 1, 0.5, 0 → instance 0
+    assert r.route(_req(), [], cold) == 0
+    # 0 used: never-used 1, 2 first, then 0 → [0, 1, 0.5] → instance 1
+    assert r.route(_req(), [], cold) == 1
+    assert r.route(_req(), [], cold) == 2
+    # a warm request (cached on instance 1) scores 0.5 everywhere: a tie, and the LRU stays
+    assert r.route(_req(), [], _snap([0, 0, 0], cached=[0, 2, 0])) == 0
+    assert r.cold_recency == [2, 1, 0]
+    # all used, the least recent (0) first
+    assert r.route(_req(), [], cold) == 0
 
 
 def test_prefix_affinity_scorer_and_observer():
     r = _router(scorers=(("prefix-affinity", 1.0),), n=2)
     req = _req(input_tokens=48)  # 3 full blocks of 16
     hashes = [11, 12, 13]
-    assert r.route(req, hashes, [0, 0], [0, 0], [0.0, 0.0], [0, 0]) == 0  # tie → lowest index
+    assert r.route(req, hashes, _snap([0, 0])) == 0  # tie → lowest index
     # instance 0 now holds all 3 hashes; a request sharing the first two scores 2/3 there.
-    assert r.scorer(Scorer.PREFIX_AFFINITY, req, [11, 12, 99], [0, 0], [0.0] * 2, [0, 0]) == [2 / 3, 0.0]
-    assert r.scorer(Scorer.PREFIX_AFFINITY, _req(input_tokens=10), [], [0, 0], [0.0] * 2, [0, 0]) == [0.0, 0.0]
+    assert _scorer(r, Scorer.PREFIX_AFFINITY, req, _snap([0, 0]), [11, 12, 99]) == [2 / 3, 0.0]
+    assert _scorer(r, Scorer.PREFIX_AFFINITY, _req(input_tokens=10), _snap([0, 0])) == [0.0, 0.0]
 
 
 def test_prefix_index_lru_eviction():
@@ -167,19 +224,34 @@ def test_weighted_normalization_and_argmax():
     assert normalized_weights([3.0, 2.0, 2.0]) == [3 / 7, 2 / 7, 2 / 7]
     r = _router(scorers=(("queue-depth", 1.0), ("load-balance", 1.0)))
     # queue-depth [0, 1, 0.5]; load-balance with load = qd + bs + inflight = [3, 1, 2]
-    scores = r.weighted_scores(_req(), [], [3, 1, 2], [0.0] * 3, [3, 1, 2])
+    scores = r.weighted_scores(_req(), [], _snap([3, 1, 2]), [3, 1, 2], None, False)
     assert scores == [0.0 * 0.5 + 0.25 * 0.5, 1.0 * 0.5 + 0.5 * 0.5, 0.5 * 0.5 + (1 / 3) * 0.5]
-    assert r.route(_req(), [], [3, 1, 2], [0, 0, 0], [0.0] * 3, [0, 0, 0]) == 1
+    assert r.route(_req(), [], _snap([3, 1, 2])) == 1
 
 
 def test_simple_routers_in_cluster():
     rows = [dict(arrival=0, input=100, output=50) for _ in range(5)]
     rr, _ = run(rows, instances=2, routing=RoutingConfig(policy="round-robin"))
     assert list(rr.instance) == [0, 1, 0, 1, 0]
-    ll, _ = run(rows, instances=2, routing=RoutingConfig(policy="least-loaded"))
+    ll, _ = run(rows, instances=2, routing=RoutingConfig(policy="least-loaded",
+                                                          tie_break="lowest-index"))
     assert list(ll.instance) == [0, 1, 0, 1, 0]  # in-flight is live; ties → lowest index
     busy, _ = run(rows, instances=2, routing=RoutingConfig(policy="always-busiest"))
     assert list(busy.instance) == [0, 0, 0, 0, 0]
+
+
+def test_least_loaded_ties_draw_from_the_router_stream():
+    """Five requests at t = 0 on two instances: requests 0, 2 and 4 see equal loads (in-flight
+    is live), so each draws Intn(2) from BLIS's "router" stream of seed 42; requests 1 and 3
+    go to the other instance. The draws come from ``gorand`` (checked against Go's own
+    sequences in tests/test_gorand.py)."""
+    rows = [dict(arrival=0, input=100, output=50) for _ in range(5)]
+    ll, _ = run(rows, instances=2, routing=RoutingConfig(policy="least-loaded"))
+    rng = blis_subsystem_rand(42, "router")
+    want = []
+    for k in range(5):
+        want.append(rng.intn(2) if k % 2 == 0 else 1 - want[-1])
+    assert list(ll.instance) == want
 
 
 def test_periodic_snapshots_are_stale_until_first_refresh():
@@ -187,7 +259,8 @@ def test_periodic_snapshots_are_stale_until_first_refresh():
     # Periodic refresh (50 ms): snapshots read all zeros before t = 50 ms → every score ties →
     # instance 0 every time. Immediate snapshots see the queue and alternate.
     rows = [dict(arrival=1000 * i, input=500, output=20) for i in range(5)]
-    routing = RoutingConfig(policy="weighted", scorers=(ScorerWeight("queue-depth", 1.0),))
+    routing = RoutingConfig(policy="weighted", scorers=(ScorerWeight("queue-depth", 1.0),),
+                            tie_break="lowest-index")
     stale, _ = run(rows, instances=2, routing=routing, max_running=1, refresh_us=50_000)
     assert list(stale.instance) == [0, 0, 0, 0, 0]
     live, _ = run(rows, instances=2, routing=routing, max_running=1, refresh_us=0)

@@ -159,7 +159,8 @@ def test_send_time_option(tmp_path):
 @pytest.mark.parametrize(
     ("header", "message"),
     [
-        ("trace_version: 1\ntime_unit: microseconds\n", "trace_version must be 2"),
+        ("trace_version: 1\ntime_unit: microseconds\n", "trace_version must be 2 or 3"),
+        ("trace_version: 4\ntime_unit: microseconds\n", "trace_version must be 2 or 3"),
         ("trace_version: 2\ntime_unit: milliseconds\n", "time_unit must be 'microseconds'"),
         ("trace_version: 2\ntime_unit: microseconds\ncolour: red\n", "unknown header key 'colour'"),
         ("trace_version: 2\ntime_unit: microseconds\nwarm_up_requests: -1\n", "warm_up_requests"),
