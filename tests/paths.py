@@ -16,3 +16,11 @@ GOLDEN_CASES = range(5)
 def golden_case(case: int, suffix: str = ".json") -> Path:
     """Path of ``golden_case{case}{suffix}`` (``.json`` BLIS's output, ``.csv`` its trace)."""
     return GOLDEN_DIR / f"golden_case{case}{suffix}"
+
+
+GOLDEN_NEXT_DIR = DATA_DIR / "blis-golden-next"
+
+# BLIS replays that exercise routing ties and BLIS HEAD's inputs (copied from BLIS's
+# blis-golden-next runs: case JSON, trace header and trace data per name).
+GOLDEN_NEXT_CASES = ("bb_leastloaded_4inst_ties", "bb_weighted_prefix_affinity_3inst",
+                     "weighted_default_scorers_4inst")

@@ -79,6 +79,10 @@ class Scorer(Code):
     VLLM_DP = 9
 
 
+#: Scorers that read the instances' prefix caches at routing (BLIS HEAD's cache query).
+CACHE_SCORERS = frozenset({Scorer.PRECISE_PREFIX_CACHE, Scorer.NO_HIT_LRU})
+
+
 class TieBreak(Code):
     """How least-loaded and weighted routing choose among equally good instances
     (docs/semantics.md Decisions 6 and 13): BLIS's draw from its "router" random stream, or

@@ -16,8 +16,10 @@ from blisjax.config.codes import (
     RoutingPolicy,
     SchedulerPolicy,
     Scorer,
+    TieBreak,
 )
 from blisjax.engine.pytree import pytree_dataclass
+from blisjax.gorand import blis_subsystem_rand
 
 #: Scorer slots per lane: every scorer at most once, in configuration order.
 MAX_SCORERS = len(Scorer)
@@ -31,9 +33,11 @@ class PolicyParams:
       rate limit (burst requests, requests/s); tenant_quota[T] max in-flight per tenant.
     priority: ``PriorityPolicy`` code; age_weight; class_score[6] by SLO class code;
       tenant_score[T]; no_deadline_score (= -no_deadline_slack_s).
-    routing: ``RoutingPolicy`` code; scorer_order[4] ``Scorer`` codes in configuration
-      order, padded with -1; scorer_weight[4] raw weights in the same order;
-      prefix_index_on: the prefix-affinity observer is active.
+    routing: ``RoutingPolicy`` code; scorer_order[S] ``Scorer`` codes in configuration
+      order, padded with -1 (S = ``MAX_SCORERS``); scorer_weight[S] raw weights in the same
+      order; prefix_index_on: the prefix-affinity observer is active; tie_break:
+      ``TieBreak`` code; router_rng[607]: int64 words of BLIS's "router" stream as seeded
+      from the configuration's seed (``blisjax.gorand``), the state ties draw from.
     scheduler: ``SchedulerPolicy`` code; preemption: ``PreemptionPolicy`` code.
     """
 
@@ -52,6 +56,8 @@ class PolicyParams:
     scorer_order: jax.Array
     scorer_weight: jax.Array
     prefix_index_on: jax.Array
+    tie_break: jax.Array
+    router_rng: jax.Array
     scheduler: jax.Array
     preemption: jax.Array
 
@@ -82,6 +88,9 @@ def params_from_config(cfg, tenant_names: tuple[str, ...]) -> PolicyParams:
         scorer_order=i32(order), scorer_weight=f64(weights),
         prefix_index_on=np.asarray(routing == RoutingPolicy.WEIGHTED
                                    and Scorer.PREFIX_AFFINITY in scorers),
+        tie_break=i32(TieBreak.of(rt.tie_break)),
+        router_rng=np.asarray(blis_subsystem_rand(cfg.seed, "router").state().words,
+                              dtype=np.int64),
         scheduler=i32(SchedulerPolicy.of(pol.scheduler.policy)),
         preemption=i32(PreemptionPolicy.of(cfg.engine.preemption_policy)),
     )

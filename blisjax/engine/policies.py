@@ -23,12 +23,16 @@ from blisjax.config.codes import (
     RoutingPolicy,
     SchedulerPolicy,
     Scorer,
+    TieBreak,
 )
+from blisjax.engine import gorand
+from blisjax.engine import kvcache as kv
 from blisjax.engine.exactfloat import exact_mul, ieee_divide
-from blisjax.engine.lockstep import add
+from blisjax.engine.lockstep import add, lane_once, upd
 from blisjax.engine.queues import q_fold
 from blisjax.engine.state import SimState
 from blisjax.engine.vec import leading_count
+from blisjax.reference.policies import LOAD_AWARE_QUEUE_THRESHOLD
 
 F64 = jnp.float64
 
@@ -180,19 +184,62 @@ def prefix_touch(s: SimState, st, c, r, target, active) -> SimState:
                      lru_own=add(s.lru_own, target, own, active))
 
 
-def weighted_scores(s: SimState, st, c, p, r, load):
+class RouterView(NamedTuple):
+    """What routing reads about each instance (``reference.policies.Snapshot``), [I]."""
+
+    load: jax.Array  # int32: queue depth + batch size + in flight (snapshots; in flight live)
+    cached: jax.Array  # int32: cached leading prompt blocks of the request (cache query; zeros
+    #                    when no lane's scorers read it, ``EngineStatic.cache_scorers``)
+    cold: jax.Array  # bool (scalar): no instance caches any of the request's prompt
+
+
+def _inverted_min_max(x):
+    """(max − x)/(max − min), 1.0 everywhere when all are equal (``min_max_inverted``)."""
+    lo, hi = jnp.min(x), jnp.max(x)
+    q = ieee_divide((hi - x).astype(F64), jnp.maximum(hi - lo, 1).astype(F64))
+    return jnp.where(hi == lo, 1.0, q)
+
+
+def _cold_ramp(s: SimState, st):
+    """no-hit-lru's scores for a cold request (``Router.scorer``): instances that never took
+    a cold request first (instance order), then the least recently given one; rank k scores
+    1 − k/(I − 1)."""
+    n = st.num_instances
+    if n == 1:
+        return jnp.ones(1, F64)
+    stamp = s.cold_stamp
+    never = stamp < 0
+    idx = jnp.arange(n)
+    never_before = jnp.sum(never[None, :] & (idx[None, :] < idx[:, None]), axis=1)
+    used_before = jnp.sum(~never[None, :] & (stamp[None, :] < stamp[:, None]), axis=1)
+    rank = jnp.where(never, never_before, jnp.sum(never) + used_before)
+    return 1.0 - ieee_divide(rank.astype(F64), jnp.full(n, n - 1, F64))
+
+
+def weighted_scores(s: SimState, st, c, p, r, view: RouterView):
     """Σ clamp(score)·weight in configuration order, products formed exactly (no FMA)
     (``Router.weighted_scores``); float64 [I]."""
-    qd = s.snap_qd
-    lo, hi = jnp.min(qd), jnp.max(qd)
-    queue_depth = jnp.where(hi == lo, 1.0, (hi - qd).astype(F64) / jnp.maximum(hi - lo, 1)
-                            .astype(F64))
+    qd, bs, in_flight = s.snap_qd, s.snap_bs, s.in_flight
     full = c.full_blocks[r]
     prefix = jnp.where(full > 0, prefix_match(s, st, c, r).astype(F64)
                        / jnp.maximum(full, 1).astype(F64), 0.0)
+    lo, hi = jnp.min(view.cached), jnp.max(view.cached)
+    precise = jnp.where(hi == lo, 1.0, ieee_divide((view.cached - lo).astype(F64),
+                                                   jnp.maximum(hi - lo, 1).astype(F64)))
+    cap = LOAD_AWARE_QUEUE_THRESHOLD
+    load_aware = jnp.where(qd == 0, 0.5, 0.5 * (1.0 - jnp.minimum(qd, cap).astype(F64) / cap))
+    most = jnp.max(in_flight)
+    active_requests = jnp.where((in_flight == 0) | (most == 0), 1.0, ieee_divide(
+        (most - in_flight).astype(F64), jnp.maximum(most, 1).astype(F64)))
+    no_hit = jnp.where(view.cold, _cold_ramp(s, st), 0.5) if st.cache_scorers \
+        else jnp.full(st.num_instances, 0.5, F64)
     scores = by_code(Scorer, {
-        Scorer.PREFIX_AFFINITY: prefix, Scorer.QUEUE_DEPTH: queue_depth,
-        Scorer.KV_UTILIZATION: 1.0 - s.snap_kv, Scorer.LOAD_BALANCE: 1.0 / (1 + load).astype(F64)})
+        Scorer.PREFIX_AFFINITY: prefix, Scorer.QUEUE_DEPTH: _inverted_min_max(qd),
+        Scorer.KV_UTILIZATION: 1.0 - s.snap_kv,
+        Scorer.LOAD_BALANCE: 1.0 / (1 + view.load).astype(F64),
+        Scorer.PRECISE_PREFIX_CACHE: precise, Scorer.LOAD_AWARE: load_aware,
+        Scorer.ACTIVE_REQUESTS: active_requests, Scorer.RUNNING_REQUESTS: _inverted_min_max(bs),
+        Scorer.NO_HIT_LRU: no_hit, Scorer.VLLM_DP: _inverted_min_max(4 * qd + bs)})
     w = p.scorer_weight
     total_w = 0.0
     for k in range(len(Scorer)):  # left to right, as the reference sums
@@ -206,20 +253,61 @@ def weighted_scores(s: SimState, st, c, p, r, load):
     return total
 
 
+def router_view(s: SimState, st, c, r) -> RouterView:
+    """Loads, and the cache query where compiled in (only prefix-group blocks can be cached
+    before r is first routed, so the narrow lookup width is exact: ``kv.prefix_widths``)."""
+    load = s.snap_qd + s.snap_bs + s.in_flight
+    if not st.cache_scorers:
+        zeros = jnp.zeros(st.num_instances, jnp.int32)
+        return RouterView(load, zeros, jnp.asarray(True))
+    width = kv.prefix_widths(st)[0]
+    cached = jax.vmap(lambda i: kv.cached_blocks(s, st, c, i, r, width).count)(
+        jnp.arange(st.num_instances))
+    return RouterView(load, cached, ~jnp.any(cached > 0))
+
+
+def _break_tie(s: SimState, p, tied, active):
+    """The instance among ``tied`` (bool [I]): where the lane breaks ties BLIS's way and more
+    than one ties, ``tied[Intn(count)]`` from its "router" stream; otherwise the first."""
+    count = jnp.sum(tied)
+    draw_now = active & (count > 1) & (p.tie_break == TieBreak.BLIS_RANDOM)
+
+    def draw(carry, go):
+        src, _ = carry
+        src, k = gorand.intn(src, count, go)
+        return src, k
+
+    src = gorand.GoSource(s.rng_words, s.rng_tap, s.rng_feed)
+    src, k = lane_once(draw_now, draw, (src, jnp.asarray(0, jnp.int32)))
+    nth = tied & (jnp.cumsum(tied) - 1 == k)
+    target = jnp.where(draw_now, jnp.argmax(nth), jnp.argmax(tied)).astype(jnp.int32)
+    return s.replace(rng_words=src.words, rng_tap=src.tap, rng_feed=src.feed), target
+
+
 def route(s: SimState, st, c, p, r, active):
     """Target instance of request r (``Router.route``), from the router's snapshots: round
     robin, least loaded, always busiest (load = queue depth + batch size + in flight; ties to
-    the lowest index) or the best weighted score. Where ``active``, the round-robin counter
-    advances and the prefix index records r. Returns ``(state, target)``."""
-    load = s.snap_qd + s.snap_bs + s.in_flight
-    weighted = jnp.argmax(weighted_scores(s, st, c, p, r, load)).astype(jnp.int32)
+    the first) or the best weighted score; least-loaded and weighted ties broken by
+    ``_break_tie``. Where ``active``, the round-robin counter advances, the prefix index
+    records r and no-hit-lru a cold request's target. Returns ``(state, target)``."""
+    view = router_view(s, st, c, r)
+    load = view.load
+    weighted_lane = p.routing == RoutingPolicy.WEIGHTED
+    scores = weighted_scores(s, st, c, p, r, view)
+    tied = jnp.where(weighted_lane, scores == jnp.max(scores), load == jnp.min(load))
+    ties_matter = active & (weighted_lane | (p.routing == RoutingPolicy.LEAST_LOADED))
+    s, best = _break_tie(s, p, tied, ties_matter)
     target = by_code(RoutingPolicy, {
         RoutingPolicy.ROUND_ROBIN: s.rr % st.num_instances,
-        RoutingPolicy.LEAST_LOADED: jnp.argmin(load).astype(jnp.int32),
+        RoutingPolicy.LEAST_LOADED: best,
         RoutingPolicy.ALWAYS_BUSIEST: jnp.argmax(load).astype(jnp.int32),
-        RoutingPolicy.WEIGHTED: weighted})[p.routing]
-    weighted_lane = p.routing == RoutingPolicy.WEIGHTED
+        RoutingPolicy.WEIGHTED: best})[p.routing]
     s = prefix_touch(s, st, c, r, target, active & p.prefix_index_on & weighted_lane)
+    if st.cache_scorers:
+        uses_lru = jnp.any(p.scorer_order == Scorer.NO_HIT_LRU)
+        mark = active & weighted_lane & uses_lru & view.cold
+        s = s.replace(cold_stamp=upd(s.cold_stamp, target, s.cold_clock, mark),
+                      cold_clock=s.cold_clock + mark.astype(jnp.int64))
     round_robin = p.routing == RoutingPolicy.ROUND_ROBIN
     s = s.replace(rr=s.rr + (active & round_robin).astype(jnp.int32))
     return s, target

@@ -31,7 +31,12 @@ from blisjax.engine.lanes import FLAT_MIN_LANES, release_queued  # noqa: E402
 from blisjax.engine.lockstep import LANES  # noqa: E402
 from blisjax.engine.params import PolicyParams, params_from_config, stack_params  # noqa: E402
 from blisjax.engine.state import init_state  # noqa: E402
-from blisjax.engine.static import EngineStatic, build_consts, build_static  # noqa: E402
+from blisjax.engine.static import (  # noqa: E402
+    EngineStatic,
+    build_consts,
+    build_static,
+    for_lanes,
+)
 from blisjax.metrics import records  # noqa: E402
 
 # Lanes per lockstep loop. Measured on scenario S: 32–128 lanes per device cost about the same
@@ -62,7 +67,7 @@ def _run_block(st: EngineStatic, consts, params: PolicyParams):
     """One block of lanes: one ``while_loop``; each iteration advances every lane through its
     next step (``lane_advance``)."""
     init = jax.vmap(lambda p: init_state(st, p.tb_capacity, p.rl_burst, p.admission,
-                                         AdmissionPolicy.RATE_LIMIT))(params)
+                                         AdmissionPolicy.RATE_LIMIT, p.router_rng))(params)
     # With enough lanes, completions queue their releases and the queues of all lanes run
     # as one pass per iteration (``lanes.release_queued``); a few lanes release in place.
     defer = int(params.admission.shape[0]) >= FLAT_MIN_LANES
@@ -178,6 +183,7 @@ def _run_padded(st: EngineStatic, consts, params: PolicyParams, devices, lane_bl
     "running …" (the program is then lowered and compiled explicitly, so the two are apart).
     With the program cache on (``progcache``) the compiled program comes from there."""
     mapping_headroom_guard()
+    st = for_lanes(st, params)
     placed = _placement(params, devices, lane_block)
     lanes = placed.lanes
     if phase is None and not progcache.cacheable(st):  # jit's own in-process cache
@@ -211,6 +217,7 @@ def compile_lanes(st: EngineStatic, consts, params: PolicyParams, devices=None,
     """Compile once for these shapes (for timing compilation apart); returns ``run(consts,
     params)`` that behaves like ``run_lanes`` for populations of the same size."""
     mapping_headroom_guard()
+    st = for_lanes(st, params)
     placed = _placement(params, devices, lane_block)
     compiled = progcache.compiled_program(
         st, lambda: _run_sharded.lower(st, consts, placed.params, placed.devices, lane_block),

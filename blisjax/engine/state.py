@@ -15,6 +15,7 @@ import jax.numpy as jnp
 
 from blisjax.engine.pytree import pytree_dataclass
 from blisjax.engine.static import EngineStatic
+from blisjax.gorand import STATE_WORDS, TAP_LAG
 from blisjax.metrics.records import Stage
 
 # Request stages (``SimState.status``): the one enumeration both engines use.
@@ -67,6 +68,13 @@ class SimState:
     snap_kv: jax.Array  # float64 [I]: router snapshot of KV utilisation
     snap_last: jax.Array  # int64 µs: time of the last snapshot refresh
     rejected: jax.Array  # int32: requests rejected by admission
+    # BLIS's "router" random stream (Router.rng; engine.gorand): ties draw from it
+    rng_words: jax.Array  # int64 [607]: Go source state
+    rng_tap: jax.Array  # int32
+    rng_feed: jax.Array  # int32
+    # no-hit-lru scorer (Router.cold_recency): when each instance last took a cold request
+    cold_stamp: jax.Array  # int64 [I]: stamp of its last cold request, -1 = never
+    cold_clock: jax.Array  # int64: next stamp
     # ---- router-side prefix index per instance (PrefixIndex; see policies.prefix_match) ----
     lru_pos: jax.Array  # int64 [I, G, Jg]: position of the group block's last touch, -1 = never
     lru_own_at: jax.Array  # int64 [I, G, Jg]: own entries inserted before that touch
@@ -138,8 +146,11 @@ class SimState:
     ovf_deadline: jax.Array  # int32: events with more same-time deadlines than the window
 
 
-def init_state(st: EngineStatic, tb_capacity, rl_burst, admission_code, rate_limit_code):
-    """Initial state of one lane. The bucket starts full (token-bucket or rate-limit size)."""
+def init_state(st: EngineStatic, tb_capacity, rl_burst, admission_code, rate_limit_code,
+               router_rng=None):
+    """Initial state of one lane. The bucket starts full (token-bucket or rate-limit size);
+    ``router_rng``: the seeded words of the "router" stream (``PolicyParams.router_rng``;
+    zeros if not given)."""
     n, i, t = st.num_requests + 1, st.num_instances, st.num_tenants  # + sink row
     q, e, b, mb, k = st.queue_slots, st.pending_slots, st.batch_slots, \
         st.max_blocks_per_request, st.kv_blocks
@@ -162,6 +173,10 @@ def init_state(st: EngineStatic, tb_capacity, rl_burst, admission_code, rate_lim
         rr=jnp.asarray(0, i32), bucket=jnp.asarray(bucket, f64), bucket_last=jnp.asarray(0, i64),
         snap_qd=zi32(i), snap_bs=zi32(i), snap_kv=jnp.zeros(i, f64), snap_last=jnp.asarray(0, i64),
         rejected=jnp.asarray(0, i32),
+        rng_words=(jnp.zeros(STATE_WORDS, i64) if router_rng is None
+                   else jnp.asarray(router_rng, i64)),
+        rng_tap=jnp.asarray(0, i32), rng_feed=jnp.asarray(STATE_WORDS - TAP_LAG, i32),
+        cold_stamp=jnp.full(i, -1, i64), cold_clock=jnp.asarray(0, i64),
         lru_pos=jnp.full((i, g, jg), -1, i64), lru_own_at=zi(i, g, jg), lru_clock=zi(i),
         lru_own=zi(i),
         pend_req=jnp.full((i, e), NIL, i32), pend_time=zi(i, e), pend_seq=zi(i, e),

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import jax
 import numpy as np
 
+from blisjax.config.codes import CACHE_SCORERS, RoutingPolicy, Scorer
 from blisjax.engine.pytree import pytree_dataclass
 from blisjax.engine.roofline import RooflineConsts, roofline_consts
 from blisjax.engine.roofline import fits_the_program as roofline_fits_the_program
@@ -87,6 +88,13 @@ class EngineStatic:
     # configuration the program cannot evaluate exactly (``roofline.fits_the_program``: contexts
     # of 2^25 tokens or more with an unusual model); None for the in-program models.
     latency: object = None
+    # The precise-prefix-cache and no-hit-lru scorers' cache query (every instance's cached
+    # prefix of the request at routing) is compiled in: some lane's weighted routing uses one
+    # of them (``build_static`` from the configuration, ``for_lanes`` from a population).
+    cache_scorers: bool = False
+    # ``compat.blis_quirks``: reproduce BLIS's own behaviour where it departs from a real
+    # cluster (docs/semantics.md Decision 12; the features with such quirks read it).
+    blis_quirks: bool = False
 
     @property
     def stretches(self) -> bool:
@@ -221,6 +229,9 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
         narrow_programs=bool(narrow_programs),
         decode_stretches=bool(decode_stretches),
         latency_model=cfg.latency.model,
+        cache_scorers=cfg.policy.routing.policy == "weighted" and any(
+            Scorer.of(w.name) in CACHE_SCORERS for w in cfg.policy.routing.scorers),
+        blis_quirks=cfg.compat.blis_quirks,
     )
     # Evaluated on the host through a callback: physics, and a roofline configuration the
     # program cannot evaluate exactly.
@@ -228,6 +239,18 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
         st.latency_model == "roofline"
         and not roofline_fits_the_program(model, st.max_step_tokens, int(total.max())))
     return dataclasses.replace(st, latency=model) if on_host else st
+
+
+def for_lanes(st: EngineStatic, params) -> EngineStatic:
+    """``st``, with the cache query compiled in if a lane of ``params`` (stacked
+    ``PolicyParams``, host or device arrays) routes with a scorer that needs it — a
+    population may add scorers its base configuration does not use."""
+    if st.cache_scorers:
+        return st
+    order = np.asarray(params.scorer_order)
+    weighted = np.asarray(params.routing) == RoutingPolicy.WEIGHTED
+    reads = np.isin(order, [int(x) for x in CACHE_SCORERS]).any(axis=-1)
+    return dataclasses.replace(st, cache_scorers=True) if bool(np.any(weighted & reads)) else st
 
 
 # Mean output tokens per request from which decode stretches are compiled in by default. Each

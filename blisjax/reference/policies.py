@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from blisjax.config.codes import (
+    CACHE_SCORERS,
     AdmissionPolicy,
     PriorityPolicy,
     RoutingPolicy,
@@ -186,8 +187,6 @@ def normalized_weights(weights: list[float]) -> list[float]:
 
 #: Queue depth at which BLIS's load-aware scorer reaches 0 (llm-d's default threshold).
 LOAD_AWARE_QUEUE_THRESHOLD = 128
-#: Scorers that read the instances' prefix caches (BLIS HEAD's cache query).
-CACHE_SCORERS = frozenset({Scorer.PRECISE_PREFIX_CACHE, Scorer.NO_HIT_LRU})
 
 
 def min_max_inverted(values: list[int]) -> list[float]:

@@ -20,6 +20,7 @@ from blisjax.config import (
     apply_blis_flag_values,
     resolve_config,
 )
+from blisjax.config.codes import Scorer, TieBreak
 from blisjax.engine import (
     params_from_config,
     set_knob,
@@ -181,12 +182,12 @@ def _random_policy_configs(base: SimConfig, tenants, count: int, seed: int):
             ["constant", "slo-based", "slo-class", "tenant-priority", "deadline-aware"])),
             age_weight=float(rng.choice([1.0, -0.5, 2.5])),
             tenant_scores=((tenants[1], float(rng.uniform(-2, 2))),))
-        names = list(rng.permutation(["prefix-affinity", "queue-depth", "kv-utilization",
-                                      "load-balance"])[: int(rng.integers(1, 5))])
+        names = list(rng.permutation(Scorer.labels())[: int(rng.integers(1, 5))])
         routing = RoutingConfig(
             policy=str(rng.choice(["round-robin", "least-loaded", "always-busiest", "weighted"],
                                   p=[0.2, 0.2, 0.1, 0.5])),
-            scorers=tuple(ScorerWeight(str(n), float(rng.uniform(0.1, 3))) for n in names))
+            scorers=tuple(ScorerWeight(str(n), float(rng.uniform(0.1, 3))) for n in names),
+            tie_break=str(rng.choice(TieBreak.labels(), p=[0.75, 0.25])))
         policy = base.policy.__class__(admission=admission, priority=priority, routing=routing,
                                        scheduler=base.policy.scheduler.__class__(
                                            policy=str(rng.choice(["fcfs", "priority-fcfs",
@@ -214,11 +215,17 @@ def test_population_lanes_match_independent_reference_runs():
     later = [dict(r, arrival=r["arrival"] + 9500,
                   deadline=r["deadline"] + 9500 if r.get("deadline") else 0) for r in EDGE_ROWS]
     w = make_workload(EDGE_ROWS + later, ("a", "b"), ("g",))
-    configs = _random_policy_configs(base.config, w.tenant_names, POPULATION_LANES, seed=3)
+    configs = _random_policy_configs(base.config, w.tenant_names, POPULATION_LANES, seed=4)
     assert len({(c.policy, c.engine.preemption_policy) for c in configs}) == POPULATION_LANES
     assert {"token-bucket", "rate-limit", "tenant-quota"} <= {c.policy.admission.policy
                                                              for c in configs}
     assert "weighted" in {c.policy.routing.policy for c in configs}  # over stale snapshots
+    routings = [c.policy.routing for c in configs]
+    # ties broken both ways, and BLIS HEAD's scorers among the weighted lanes
+    assert {"blis-random", "lowest-index"} == {r.tie_break for r in routings
+                                               if r.policy in ("least-loaded", "weighted")}
+    used = {w.name for r in routings if r.policy == "weighted" for w in r.scorers}
+    assert used == set(Scorer.labels()), used
     assert {"fcfs", "priority-fcfs", "sjf"} == {c.policy.scheduler.policy for c in configs}
     assert {"fcfs", "priority"} == {c.engine.preemption_policy for c in configs}
     params = stack_params([params_from_config(c, w.tenant_names) for c in configs])
