@@ -18,7 +18,8 @@ Scorer mapping (blisjax label → llm-d plugin type), only where the formulas ag
   blocks present in each instance's *real* KV cache (llm-d learns it from vLLM's KV events),
   min-max normalized, every endpoint 1 when all counts are equal. llm-d normalizes over the
   endpoints that hold at least one block and gives the others 0, blisjax over every instance:
-  the two agree whenever at most one nonzero count differs from the rest. The plugin needs the
+  the two agree when every instance holds a block, or when all instances that hold any hold
+  equally many (and both are uniform when none does). The plugin needs the
   deployment's tokenizer and KV-event settings, which a simulation cannot supply.
 * ``queue-depth`` → ``queue-scorer``: ``(max − waiting)/(max − min)`` over the waiting queues,
   1 when all are equal.
@@ -38,13 +39,14 @@ Scorer mapping (blisjax label → llm-d plugin type), only where the formulas ag
 
 A scorer without an llm-d plugin is left out of the file, with a comment naming it and its
 weight: the exported profile then routes differently from the searched policy, and the file
-says so. Zero weights are left out too (they add nothing).
+says so. Zero weights are left out too (they add nothing), and a scorer listed twice becomes one
+plugin with the sum of its weights (the same weighted sum).
 
 Weights. blisjax divides the weights by their sum; llm-d adds ``weight × score`` as written.
 Both pick the same endpoint (the ranking is invariant under a common positive factor, up to
 floating-point rounding), so the searched weights are written as they are. The
-``inference.networking.x-k8s.io/v1alpha1`` apiVersion also names releases whose weight field
-is an integer and whose decoder is strict, so for it every weight is written as the integer
+``inference.networking.x-k8s.io/v1alpha1`` apiVersion also names early releases whose weight
+field is an integer (a fraction fails to load), so for it every weight is written as the integer
 ``round_half_even(1000 · w / Σw)`` (Σw over all of the policy's scorers, computed exactly with
 rationals), the exact weights kept in a comment.
 
