@@ -234,3 +234,10 @@ def test_cli_refuses_an_unknown_api_version(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and "--llmd-api-version" in err and "llm-d.ai/v1alpha1" in err
     assert not out.exists()
+
+
+def test_same_search_writes_the_same_bytes(search_run, tmp_path):  # noqa: F811 (fixture)
+    again = tmp_path / "again"
+    assert main([*SEARCH, "--out", str(again), "--constraint", "slo_attainment >= 0.5"]) == 0
+    assert (again / "endpoint_picker.yaml").read_bytes() == \
+        (search_run / "endpoint_picker.yaml").read_bytes()
