@@ -12,6 +12,9 @@ the checkpoint's settings) *without writing anything*, and returns a :class:`Pla
 * ``best_policy.yaml`` — the best policy as a BLIS policy bundle
   (``blisjax run --config CONFIG --policy-config best_policy.yaml``), and ``best_config.yaml``
   — the whole experiment with that policy (``blisjax run --config best_config.yaml``);
+* ``endpoint_picker.yaml`` — the best policy's weighted routing as an llm-d
+  ``EndpointPickerConfig`` (:mod:`search.llmd`); absent, with the reason in the summary, when
+  the policy has no llm-d counterpart;
 * ``pareto.csv`` (several objectives), ``convergence.png``, ``pareto.png`` (several
   objectives), ``sweep.png`` (sweeps over 1–2 knobs; more: the first two, best over the rest).
 """
@@ -32,12 +35,14 @@ from search.evaluate import SimulationProblem, apply_knobs, make_workload, probe
 from search.expr import compile_constraint, compile_expression, flatten_metrics
 from search.io import (
     CHECKPOINT,
+    endpoint_picker_name,
     json_safe,
     load_checkpoint,
     write_csv_atomic,
     write_json_atomic,
     write_policy_exports,
 )
+from search.llmd import DEFAULT_API_VERSION, check_api_version, endpoint_picker_config
 from search.objectives import CONSTRAINT_MODES, ROBUST_STATISTICS, Robust, Scoring
 from search.plots import plot_convergence, plot_pareto, plot_sweep
 from search.runner import (
@@ -82,6 +87,9 @@ class Plan:
     grid: list[dict] = field(default_factory=list)
     config_label: str = ""
     warnings: list[str] = field(default_factory=list)
+    #: apiVersion of ``endpoint_picker.yaml`` (post-processing only, not part of the
+    #: fingerprint, so a resumed run may change it).
+    llmd_api_version: str = DEFAULT_API_VERSION
 
     @property
     def fingerprint(self) -> dict:
@@ -221,9 +229,11 @@ def prepare(kind: str, config: str | Path | SimConfig, *, space: SearchSpace | s
             = None, robust: str = "mean", cvar_alpha: Any = 0.25, constraint_mode: str =
             "filter", penalty: Any = 1000.0, out_dir: str | Path | None = None,
             resume: bool = False, sigma: Any = None, learning_rate: Any = None,
-            batch: Any = None) -> Plan:
+            batch: Any = None, llmd_api_version: str = DEFAULT_API_VERSION) -> Plan:
     """Validate a search (``kind="search"``, with ``space``) or a sweep (``kind="sweep"``, with
     ``grid`` = [(knob, values), ...]) and return its :class:`Plan`. Writes nothing.
+    ``llmd_api_version`` is the apiVersion of ``endpoint_picker.yaml``
+    (``search.llmd.API_VERSIONS``).
 
     Raises:
       ConfigError: the first invalid input, naming the argument and the allowed values.
@@ -264,6 +274,7 @@ def prepare(kind: str, config: str | Path | SimConfig, *, space: SearchSpace | s
         gens = math.ceil(len(grid_points) / pop)
         strategy = "grid"
     seed_value = check_int("--seed", seed, 0, SEED_MAX)
+    api_version = check_api_version(llmd_api_version)
     sig = check_float("--sigma", sigma, 0.0, 10.0, low_open=True) if sigma is not None else None
     lr = (check_float("--learning-rate", learning_rate, 0.0, 10.0, low_open=True)
           if learning_rate is not None else None)
@@ -274,7 +285,7 @@ def prepare(kind: str, config: str | Path | SimConfig, *, space: SearchSpace | s
     scoring.check_names(probe_metrics(resolved, workload))
     plan = Plan(kind, cfg, resolved, space_obj, scoring, strategy, pop, gens, seed_value,
                 train_seeds, held, Path(out_dir) if out_dir is not None else None, resume, sig,
-                lr, grid_points, label)
+                lr, grid_points, label, llmd_api_version=api_version)
     _check_out_dir(plan.out_dir, resume, plan.fingerprint, gens)
     plan.warnings = _warnings(cfg, space_obj)
     return plan
@@ -397,8 +408,13 @@ def finalize(plan: Plan, result: SearchResult, holdout: dict | None = None) -> d
                                                      strict=True)),
                   "knobs: " + ", ".join(f"{k}={v!r}" for k, v in chosen.knobs.items())]
         cfg = apply_knobs(plan.config, chosen.knobs)
-        write_policy_exports(out, cfg, header)
+        write_policy_exports(out, cfg, header, llmd_api_version=plan.llmd_api_version)
         files.update(best_policy="best_policy.yaml", best_config="best_config.yaml")
+        picker = endpoint_picker_config(cfg, plan.llmd_api_version)
+        if picker.text is not None:
+            files["endpoint_picker"] = endpoint_picker_name()
+        else:
+            summary["endpoint_picker_note"] = picker.reason
     if result.records:
         plot_convergence(result.records, out / "convergence.png", scoring.objective_texts,
                          result.baseline, title=f"{plan.kind} {plan.strategy}: "

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from blisjax.config import ConfigError
+from search.llmd import API_VERSIONS, DEFAULT_API_VERSION
 from search.objectives import CONSTRAINT_MODES, ROBUST_STATISTICS
 
 __all__ = ["add_search_parser", "add_sweep_parser", "cmd_search", "cmd_sweep", "parse_grid_axis"]
@@ -135,6 +136,10 @@ def _add_scoring(p: argparse.ArgumentParser) -> None:
                    help="with --robust cvar: the tail fraction, in (0, 1] (default 0.25)")
     p.add_argument("--resume", action="store_true",
                    help="continue the run in --out from its last checkpoint")
+    p.add_argument("--llmd-api-version", default=DEFAULT_API_VERSION, metavar="V",
+                   help=f"apiVersion of endpoint_picker.yaml, the best routing as an llm-d "
+                        f"EndpointPickerConfig: {' | '.join(API_VERSIONS)} (default "
+                        f"{DEFAULT_API_VERSION}; the other one writes integer weights)")
 
 
 def add_sweep_parser(sub: Any) -> argparse.ArgumentParser:
@@ -197,7 +202,8 @@ def _common(args: Any) -> dict:
             "cvar_alpha": _CVAR_ALPHA_DEFAULT if args.cvar_alpha is None else args.cvar_alpha,
             "constraint_mode": args.constraint_mode,
             "penalty": _PENALTY_DEFAULT if args.penalty is None else args.penalty,
-            "out_dir": args.out, "resume": args.resume}
+            "out_dir": args.out, "resume": args.resume,
+            "llmd_api_version": args.llmd_api_version}
 
 
 def _run(plan: Any, args: Any) -> int:

@@ -1,4 +1,5 @@
-"""Files of a search run: atomic writes, the history CSV, checkpoints, policy export.
+"""Files of a search run: atomic writes, the history CSV, checkpoints, policy exports (BLIS
+policy bundle, full configuration, llm-d EndpointPickerConfig).
 
 Every file is written to a temporary file in the destination directory and ``os.replace``d into
 place, so a killed run never leaves a half-written file. Numbers are written with Python's
@@ -21,8 +22,9 @@ import yaml
 
 from blisjax.atomicio import write_bytes_atomic, write_text_atomic
 from blisjax.config import SimConfig, config_to_dict, dump_config
+from search.llmd import DEFAULT_API_VERSION, ENDPOINT_PICKER, endpoint_picker_config
 
-__all__ = ["CHECKPOINT", "HISTORY", "json_safe", "load_checkpoint", "policy_bundle_yaml",
+__all__ = ["CHECKPOINT", "HISTORY", "endpoint_picker_name", "json_safe", "load_checkpoint", "policy_bundle_yaml",
            "save_checkpoint", "write_bytes_atomic", "write_csv_atomic", "write_json_atomic",
            "write_policy_exports", "write_text_atomic"]
 
@@ -128,11 +130,29 @@ def policy_bundle_yaml(config: SimConfig, header: Sequence[str] = ()) -> str:
 
 
 def write_policy_exports(out_dir: Path, config: SimConfig, header: Sequence[str],
-                         stem: str = "best") -> tuple[Path, Path]:
+                         stem: str = "best",
+                         llmd_api_version: str = DEFAULT_API_VERSION) -> tuple[Path, Path]:
     """Write ``<stem>_policy.yaml`` (policy bundle) and ``<stem>_config.yaml`` (the full
-    experiment with that policy, for ``blisjax run --config``); returns both paths."""
+    experiment with that policy, for ``blisjax run --config``); returns both paths.
+
+    Beside them, ``endpoint_picker.yaml`` (stem ``best``; ``<stem>_endpoint_picker.yaml``
+    otherwise): the routing as an llm-d EndpointPickerConfig with apiVersion
+    ``llmd_api_version`` (:func:`search.llmd.endpoint_picker_config`). A policy without an llm-d
+    counterpart gets none, and a file left by an earlier best policy of the same run is removed.
+    """
     bundle = out_dir / f"{stem}_policy.yaml"
     full = out_dir / f"{stem}_config.yaml"
     write_text_atomic(bundle, policy_bundle_yaml(config, header))
     write_text_atomic(full, "".join(f"# {h}\n" for h in header) + dump_config(config))
+    picker = out_dir / endpoint_picker_name(stem)
+    export = endpoint_picker_config(config, llmd_api_version, header)
+    if export.text is not None:
+        write_text_atomic(picker, export.text)
+    else:
+        picker.unlink(missing_ok=True)
     return bundle, full
+
+
+def endpoint_picker_name(stem: str = "best") -> str:
+    """File name of the llm-d export written by :func:`write_policy_exports` for ``stem``."""
+    return ENDPOINT_PICKER if stem == "best" else f"{stem}_{ENDPOINT_PICKER}"
