@@ -74,6 +74,9 @@ def main() -> None:
     ap.add_argument("--lane-block", type=int, default=64)
     ap.add_argument("--kv-blocks", type=int, default=0,
                     help="KV blocks per instance instead of the model's (e.g. 500: preemptions)")
+    ap.add_argument("--tie-break", choices=("blis-random", "lowest-index"), default=None,
+                    help="routing.tie_break of every lane (default: the configuration's); "
+                         "lowest-index routes as revisions before random tie-breaks did")
     ap.add_argument("--cpu-devices", type=int, default=1,
                     help="split the CPU into this many devices; lanes are sharded over them")
     args = ap.parse_args()
@@ -90,6 +93,12 @@ def main() -> None:
     from blisjax.engine.static import build_consts, build_static  # noqa: E402
 
     resolved, wl = scenario(2_000, 4, 106.0, kv_blocks=args.kv_blocks)
+    if args.tie_break is not None:
+        from blisjax.engine.population import set_knob  # noqa: E402
+        from blisjax.config import resolve_config  # noqa: E402
+
+        resolved = resolve_config(set_knob(resolved.config, "routing.tie_break",
+                                           args.tie_break))
     st = build_static(resolved, wl)
     consts = build_consts(resolved, wl, st)
     params = population(resolved.config, wl.tenant_names, args.lanes)
@@ -109,7 +118,7 @@ def main() -> None:
     base, new = walls[BASE_NAME], walls["blisjax"]
     print(json.dumps({
         "base": args.base, "lanes": args.lanes, "devices": args.cpu_devices,
-        "kv_blocks": args.kv_blocks or None,
+        "kv_blocks": args.kv_blocks or None, "tie_break": args.tie_break,
         "same_results": bool(same),
         "base_s": [round(x, 3) for x in base], "new_s": [round(x, 3) for x in new],
         "base_median_s": round(float(np.median(base)), 3),

@@ -1,9 +1,11 @@
 """Per-lane policy arrays: the JAX engine's knobs say what the configuration says."""
 
+import dataclasses
+
 import numpy as np
 
 from blisjax.config import AdmissionConfig, PriorityConfig, RoutingConfig, ScorerWeight
-from blisjax.config.codes import AdmissionPolicy, RoutingPolicy, Scorer
+from blisjax.config.codes import AdmissionPolicy, RoutingPolicy, Scorer, TieBreak
 from blisjax.engine.params import params_from_config
 from tests.reference.conftest import make_resolved
 
@@ -33,6 +35,22 @@ def test_scorers_keep_configuration_order_padded_with_minus_one():
                                                    ScorerWeight("prefix-affinity", 2.0)))
     p = params_from_config(make_resolved(routing=rt).config, ("",))
     assert int(p.routing) == RoutingPolicy.WEIGHTED
-    assert list(np.asarray(p.scorer_order)) == [Scorer.LOAD_BALANCE, Scorer.PREFIX_AFFINITY, -1, -1]
-    assert list(np.asarray(p.scorer_weight)) == [1.0, 2.0, 0.0, 0.0]
+    pad = len(Scorer) - 2  # one slot per scorer the engine knows
+    assert list(np.asarray(p.scorer_order)) == [Scorer.LOAD_BALANCE, Scorer.PREFIX_AFFINITY,
+                                                *[-1] * pad]
+    assert list(np.asarray(p.scorer_weight)) == [1.0, 2.0, *[0.0] * pad]
     assert bool(p.prefix_index_on)
+
+
+def test_router_stream_is_blis_router_stream_of_the_seed():
+    """The lane's tie-break state is Go's source seeded with seed XOR FNV-1a-64("router"):
+    its first Int63 draws are those the reference's generator makes."""
+    from blisjax.gorand import GoRand, GoSourceState, blis_subsystem_seed
+
+    cfg = dataclasses.replace(make_resolved().config, seed=111)
+    p = params_from_config(cfg, ("",))
+    assert int(p.tie_break) == TieBreak.BLIS_RANDOM
+    from_params = GoRand.from_state(GoSourceState(tuple(int(w) for w in np.asarray(p.router_rng)),
+                                                  0, 607 - 273))
+    fresh = GoRand(blis_subsystem_seed(111, "router"))
+    assert [from_params.int63() for _ in range(700)] == [fresh.int63() for _ in range(700)]
