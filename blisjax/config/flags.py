@@ -352,6 +352,10 @@ def _latency_overrides(cfg: SimConfig, given: dict[str, Any]) -> dict[str, Any]:
     if given.get("model", cfg.latency.model) != cfg.latency.model:
         given = {"alpha_coeffs": None, "beta_coeffs": None, "coefficients_file": None,
                  "vllm_version": None, **given}
+    # --vllm-version asks for an entry of the shipped table, so it replaces coefficients
+    # inherited from the file unless --alpha-coeffs/--beta-coeffs are given too.
+    if "vllm_version" in given and "alpha_coeffs" not in given and "beta_coeffs" not in given:
+        given = {"alpha_coeffs": None, "beta_coeffs": None, **given}
     return given
 
 
