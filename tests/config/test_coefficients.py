@@ -21,11 +21,13 @@ from blisjax.config import (
     EngineConfig,
     LatencyConfig,
     SimConfig,
+    load_config,
     lookup_blackbox_coefficients,
     resolve_config,
     select_blackbox_coefficients,
     shipped_blackbox_coefficients,
 )
+from tests.paths import GOLDEN_CASES, golden_case
 
 REPO = Path(__file__).resolve().parents[2]
 TABLE = REPO / "blisjax" / "data" / "coefficients" / "blackbox.yaml"
@@ -242,3 +244,43 @@ def test_run_with_a_version_the_table_lacks_fails_clearly():
     assert proc.returncode != 0 and proc.stdout == ""
     assert "latency.alpha_coeffs" in proc.stderr and f"'{V0_8_4}'" in proc.stderr
     assert "H100 TP 1 'vllm/vllm-openai:v0.11.0'" in proc.stderr
+
+
+# ----------------------------------------------------------------------------- golden dataset
+
+
+def _golden_dataset_sets() -> list[dict]:
+    return yaml.safe_load((REPO / "tests" / "data" / "golden_dataset_coefficients.yaml").read_text())
+
+
+def _coeff_flag(text: str) -> tuple[float, ...]:
+    return tuple(float(x) for x in text.split(","))
+
+
+def test_golden_dataset_sets_are_the_golden_cases_flags():
+    sets = _golden_dataset_sets()
+    assert sorted(c for s in sets for c in s["golden_cases"]) == list(GOLDEN_CASES)
+    for s in sets:
+        for case in s["golden_cases"]:
+            flags = json.loads(golden_case(case).read_text())["flags"]
+            assert (flags["model"], flags["hardware"], int(flags["tp"])) == (
+                s["id"], s["GPU"], s["tensor_parallelism"])
+            assert _coeff_flag(flags["alpha-coeffs"]) == tuple(s["alpha_coeffs"])
+            assert _coeff_flag(flags["beta-coeffs"]) == tuple(s["beta_coeffs"])
+
+
+@pytest.mark.parametrize("index", [1, 2, 3])
+def test_table_holds_the_other_golden_dataset_sets_as_v0_8_4_entries(index):
+    s = _golden_dataset_sets()[index]
+    assert lookup_blackbox_coefficients(s["id"], s["GPU"], s["tensor_parallelism"], V0_8_4) == (
+        tuple(s["alpha_coeffs"]), tuple(s["beta_coeffs"]))
+
+
+def test_llama_golden_dataset_set_is_not_blis_choice():
+    s = _golden_dataset_sets()[0]
+    golden = (tuple(s["alpha_coeffs"]), tuple(s["beta_coeffs"]))
+    assert lookup_blackbox_coefficients(s["id"], s["GPU"], s["tensor_parallelism"]) != golden
+    assert golden not in {(e.alpha, e.beta) for e in shipped_blackbox_coefficients()}
+    # ... and it is what the shipped default experiment pins
+    default = resolve_config(load_config(REPO / "configs" / "default.yaml"))
+    assert (default.alpha, default.beta) == golden
