@@ -136,7 +136,10 @@ def _parse_defaults(raw: object) -> dict[str, BlackboxModelDefaults]:
 @lru_cache(maxsize=1)
 def blackbox_table() -> BlackboxTable:
     """The shipped table (read once and cached)."""
-    raw: Any = yaml.safe_load(blackbox_coefficients_file().read_text())
+    # libyaml's parser when present: ~9 ms instead of ~75 ms for the 111 entries; the values are
+    # built by the same safe constructor either way.
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    raw: Any = yaml.load(blackbox_coefficients_file().read_text(), Loader=loader)
     if not isinstance(raw, dict) or not isinstance(raw.get("models"), list):
         raise ValueError(f"{_FILE}: must hold `source`, `defaults` and a `models` list")
     source = check_str(f"{_FILE}: source", raw.get("source"))
