@@ -1,7 +1,8 @@
 """Throughput of the JAX engine on populations of policies, next to the reference engine.
 
 Scenario S: 4 instances, 2,000 requests, blackbox llama-3.1-8b-instruct / H100 (``SimConfig()``
-defaults, KV capacity computed as BLIS does), weighted routing, one shared prefix group, constant
+defaults with BLIS's golden-dataset coefficients, ``bench_reference.GOLDEN_DATASET_LATENCY``; KV
+capacity computed as BLIS does), weighted routing, one shared prefix group, constant
 arrivals; prompts 256 ± 256 tokens (+128 shared prefix tokens), outputs 64 ± 16. Each lane gets
 its own random scorer weights, so lanes are distinct policies. Load is the arrival rate over the
 saturation throughput (``--saturation`` measures it with the reference engine: ~132 completions/s
@@ -86,6 +87,7 @@ def scenario(num_requests: int, instances: int, rate_per_instance: float,
     """Scenario S; ``kv_blocks``: KV blocks per instance instead of the model's (a small cache
     makes steps preempt: 500 blocks give ~75 preemptions per instance)."""
     cfg = SimConfig(cluster=ClusterConfig(num_instances=instances), seed=42,
+                    latency=bench_reference.GOLDEN_DATASET_LATENCY,
                     **({"horizon_us": int(horizon_s * 1e6)} if horizon_s else {}))
     if kv_blocks:
         cfg = dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine,

@@ -5,7 +5,7 @@
 * :mod:`~blisjax.config.model`, :mod:`~blisjax.config.hardware` — HF ``config.json`` and GPU specs,
   parsed exactly as BLIS does.
 * :mod:`~blisjax.config.kv_capacity` — BLIS's KV-block capacity formula.
-* :mod:`~blisjax.config.coefficients` — shipped blackbox α/β sets.
+* :mod:`~blisjax.config.coefficients` — BLIS's blackbox α/β table and its selection rule.
 * :mod:`~blisjax.config.resolve` — ``resolve_config``: model + hardware + KV blocks + coefficients.
 * :mod:`~blisjax.config.yaml_io`, :mod:`~blisjax.config.flags` — YAML files, BLIS policy bundles
   and BLIS-named CLI flags.
@@ -15,6 +15,7 @@ from blisjax.config._checks import ConfigError
 from blisjax.config.coefficients import (
     BlackboxCoefficients,
     lookup_blackbox_coefficients,
+    select_blackbox_coefficients,
     shipped_blackbox_coefficients,
 )
 from blisjax.config.flags import add_blis_flags, apply_blis_flag_values, apply_blis_flags
@@ -96,6 +97,7 @@ __all__ = [
     "model_weight_bytes",
     "resolve_config",
     "save_config",
+    "select_blackbox_coefficients",
     "shipped_blackbox_coefficients",
     "shipped_models",
 ]

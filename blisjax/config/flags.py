@@ -201,6 +201,14 @@ BLIS_FLAGS: tuple[BlisFlag, ...] = (
         "A,B,C",
     ),
     BlisFlag(
+        ("--vllm-version",),
+        "vllm_version",
+        _str,
+        "latency.vllm_version",
+        "blackbox: vLLM image of the shipped coefficients (e.g. vllm/vllm-openai:v0.8.4)",
+        "IMAGE",
+    ),
+    BlisFlag(
         ("--coefficients-file",),
         "coefficients_file",
         _str,
@@ -382,7 +390,12 @@ def _override_tree(values: Mapping[str, Any]) -> dict[str, Any]:
 def _latency_overrides(cfg: SimConfig, given: dict[str, Any]) -> dict[str, Any]:
     # Coefficients belong to one latency model: switching model drops inherited ones.
     if given.get("model", cfg.latency.model) != cfg.latency.model:
-        given = {"alpha_coeffs": None, "beta_coeffs": None, "coefficients_file": None, **given}
+        given = {"alpha_coeffs": None, "beta_coeffs": None, "coefficients_file": None,
+                 "vllm_version": None, **given}
+    # --vllm-version asks for an entry of the shipped table, so it replaces coefficients
+    # inherited from the file unless --alpha-coeffs/--beta-coeffs are given too.
+    if "vllm_version" in given and "alpha_coeffs" not in given and "beta_coeffs" not in given:
+        given = {"alpha_coeffs": None, "beta_coeffs": None, **given}
     return given
 
 

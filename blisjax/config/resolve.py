@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from blisjax.config._checks import ConfigError
-from blisjax.config.coefficients import lookup_blackbox_coefficients
+from blisjax.config.coefficients import select_blackbox_coefficients
 from blisjax.config.hardware import HardwareConfig, load_hardware
 from blisjax.config.kv_capacity import KVCapacityParamsError, compute_total_kv_blocks
 from blisjax.config.model import ModelConfig, UnknownModelError, load_model_config
@@ -137,16 +137,19 @@ def _coefficients(cfg: SimConfig) -> tuple[tuple[float, ...], tuple[float, ...]]
         raise ConfigError(missing, "give both alpha_coeffs and beta_coeffs, or neither (shipped)")
     if alpha is not None and beta is not None:
         return alpha, beta
-    tp = cfg.engine.tensor_parallel_size
-    shipped = lookup_blackbox_coefficients(cfg.model, cfg.hardware, tp)
-    if shipped is None:
+    # BLIS's choice from its own table (blisjax.config.coefficients): lowercased model id, the
+    # model's default vLLM version unless one is given, first exact match.
+    try:
+        shipped = select_blackbox_coefficients(
+            cfg.model, cfg.hardware, cfg.engine.tensor_parallel_size, latency.vllm_version
+        )
+    except LookupError as err:
         raise ConfigError(
             "latency.alpha_coeffs",
-            f"no shipped blackbox coefficients for model {cfg.model!r} on {cfg.hardware} with "
-            f"TP {tp}; pass latency.alpha_coeffs and latency.beta_coeffs "
-            "(--alpha-coeffs/--beta-coeffs)",
-        )
-    return shipped
+            f"{err.args[0]}; pick one with latency.vllm_version (--vllm-version), or pass "
+            "latency.alpha_coeffs and latency.beta_coeffs (--alpha-coeffs/--beta-coeffs)",
+        ) from None
+    return shipped.alpha, shipped.beta
 
 
 def resolve_config(cfg: SimConfig, hardware_path: str | Path | None = None) -> ResolvedConfig:

@@ -211,13 +211,17 @@ class LatencyConfig:
       model: "blackbox" (α/β linear model, docs/semantics.md B.1), "roofline" (docs/roofline.md) or
         "physics" (physics-normalized model, docs/latency-models.md §P).
       alpha_coeffs: α coefficients (µs); blackbox/roofline: (α0, α1 per input token, α2 per output
-        token). None = shipped defaults (blackbox: looked up by model/hardware/TP; roofline: zeros).
+        token). None = shipped defaults (blackbox: BLIS's table entry for model, hardware, TP and
+        vLLM version, docs/latency-models.md; roofline: zeros).
       beta_coeffs: β coefficients (µs); blackbox: (β0, β1 per prefill token, β2 per decode token).
         None = shipped defaults. The roofline model takes no β. Physics: 11 α and 16 β given
         inline, or ``coefficients_file``.
       coefficients_file: physics coefficient YAML (with provenance and the training γ).
       preemption_ema_gamma: physics preemption-EMA decay in (0, 1] (as a coefficient file's
         ``trained_on.gamma``); None = the coefficients' γ.
+      vllm_version: blackbox only [--vllm-version]: the vLLM image of the shipped entry to use,
+        as BLIS writes it (``vllm/vllm-openai:v0.8.4``); None = the model's default version in
+        BLIS's table. Unused when both coefficient lists are given.
     """
 
     model: str = "blackbox"
@@ -225,9 +229,14 @@ class LatencyConfig:
     beta_coeffs: tuple[float, ...] | None = None
     coefficients_file: str | None = None
     preemption_ema_gamma: float | None = None
+    vllm_version: str | None = None
 
     def __post_init__(self) -> None:
         check_choice("latency.model", self.model, LATENCY_MODELS)
+        if self.vllm_version is not None:
+            check_str("latency.vllm_version", self.vllm_version)
+            if self.model != "blackbox":
+                raise ConfigError("latency.vllm_version", "is only used with model 'blackbox'")
         if self.coefficients_file is not None:
             check_str("latency.coefficients_file", self.coefficients_file)
             if self.model != "physics":

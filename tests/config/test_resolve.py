@@ -18,8 +18,10 @@ from blisjax.config import (
 )
 from blisjax.config.resolve import BLIS_FALLBACK_TOTAL_KV_BLOCKS
 
-LLAMA_ALPHA = (232.46191091038054, 1.752360364195244, 3357.4400353290152)
-LLAMA_BETA = (5752.705191348184, 17.25086436834028, 5.999143920128404)
+# What BLIS 4e179804 picks by itself for llama-3.1-8b-instruct / H100 / TP 1 (its vLLM v0.11.0
+# entry; blis-golden-next README, "Blackbox coefficients").
+LLAMA_ALPHA = (10326.268121600151, 0.0, 0.0)
+LLAMA_BETA = (6472.007648778123, 19.79721387814611, 304.4021040302657)
 
 
 def test_defaults_resolve():
