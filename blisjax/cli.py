@@ -474,6 +474,11 @@ def _check_policy_flags(args: Any, cfg: SimConfig) -> None:
     if getattr(args, "routing_scorers", None) is not None and routing != "weighted":
         raise ConfigError("--routing-scorers", f"only used with --routing-policy weighted (the "
                                                f"routing policy here is {routing!r})")
+    if getattr(args, "routing_tie_break", None) is not None and routing not in (
+            "least-loaded", "weighted"):
+        raise ConfigError("--routing-tie-break", "only used with --routing-policy least-loaded "
+                                                 f"or weighted (the routing policy here is "
+                                                 f"{routing!r})")
 
 
 def _distribution_requested(args: Any) -> bool:

@@ -31,6 +31,7 @@ _EXPORTS = {
     "SimulationProblem": "search.evaluate",
     "run_search": "search.runner",
     "prepare": "search.api", "execute": "search.api",
+    "endpoint_picker_config": "search.llmd",
 }
 
 __all__ = sorted(_EXPORTS)
