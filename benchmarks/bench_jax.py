@@ -100,7 +100,8 @@ def scenario(num_requests: int, instances: int, rate_per_instance: float,
 
 def _with_routing(cfg: SimConfig, weights) -> SimConfig:
     routing = RoutingConfig(policy="weighted", scorers=tuple(
-        ScorerWeight(n, float(w)) for n, w in zip(SCORERS, weights, strict=True)))
+        ScorerWeight(n, float(w)) for n, w in zip(SCORERS, weights, strict=True)),
+        tie_break=cfg.policy.routing.tie_break)
     policy = cfg.policy.__class__(**{**cfg.policy.__dict__, "routing": routing})
     return cfg.__class__(**{**cfg.__dict__, "policy": policy})
 
