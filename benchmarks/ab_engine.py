@@ -94,8 +94,8 @@ def main() -> None:
 
     resolved, wl = scenario(2_000, 4, 106.0, kv_blocks=args.kv_blocks)
     if args.tie_break is not None:
-        from blisjax.engine.population import set_knob  # noqa: E402
         from blisjax.config import resolve_config  # noqa: E402
+        from blisjax.engine.population import set_knob  # noqa: E402
 
         resolved = resolve_config(set_knob(resolved.config, "routing.tie_break",
                                            args.tie_break))

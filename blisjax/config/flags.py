@@ -249,7 +249,7 @@ BLIS_FLAGS: tuple[BlisFlag, ...] = (
         "cache_signal_delay",
         _int,
         "cluster.cache_signal_delay_us",
-        "prefix-cache signal staleness for precise-prefix-cache/no-hit-lru, µs (only 0 = live)",
+        "prefix-cache signal staleness for precise-prefix-cache/no-hit-lru, µs (0 = live)",
     ),
     BlisFlag(
         ("--routing-policy",),

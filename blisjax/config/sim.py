@@ -280,9 +280,10 @@ class ClusterConfig:
       snapshot_refresh_interval_us: staleness of queue/KV signals the router sees, µs; 0 = live.
       prefix_index_capacity_blocks: router-side prefix index size per instance, blocks, >= 1.
       cache_signal_delay_us: staleness of the instances' prefix-cache contents as the
-        precise-prefix-cache and no-hit-lru scorers see them, µs. Only 0 (live, BLIS HEAD's
-        ``--cache-signal-delay 0``) is modelled; BLIS's periodic copy (its default 50000) is
-        not, and other values are refused.
+        precise-prefix-cache and no-hit-lru scorers see them, µs, >= 0: 0 = live; > 0 = a
+        copy of every instance's cached-block index, refreshed at a router decision once this
+        long has passed since the last refresh and empty before the first (BLIS HEAD's
+        ``--cache-signal-delay``, whose default is 50000).
     """
 
     num_instances: int = 1
@@ -305,13 +306,6 @@ class ClusterConfig:
         )
         set_field(self, "prefix_index_capacity_blocks", capacity)
         delay = _non_negative_int("cluster.cache_signal_delay_us", self.cache_signal_delay_us)
-        if delay != 0:
-            raise ConfigError(
-                "cluster.cache_signal_delay_us",
-                f"must be 0 (the router reads the instances' prefix caches live), got {delay}; "
-                "BLIS's periodic copy of the cache index (--cache-signal-delay > 0) is not "
-                "modelled",
-            )
         set_field(self, "cache_signal_delay_us", delay)
 
 

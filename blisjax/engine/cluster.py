@@ -46,16 +46,26 @@ F64 = jnp.float64
 
 def refresh_snapshots(s: SimState, st, c, now, active) -> SimState:
     """Router snapshots of queue depth, batch size and KV utilisation, refreshed at every
-    decision (interval 0) or when the refresh interval has passed (docs/semantics.md §5.4;
-    ``ClusterSimulator._snapshots``)."""
+    decision (interval 0) or when the refresh interval has passed, and the cache query's
+    periodic copy of the hash slots when the cache signal delay has passed (docs/semantics.md
+    §5.4; ``ClusterSimulator._snapshots``)."""
     due = active & ((st.refresh_interval_us == 0) | (now - s.snap_last >= st.refresh_interval_us))
     # virtual decode steps before `now` have taken blocks (``stretch.kv_used_at``)
     used = stretch.kv_used_at(s, st, now) if st.stretches else st.kv_blocks - s.kv_free
     kv_util = ieee_divide(used.astype(F64), c.kv_blocks_f)  # not x·(1/blocks): exactfloat
-    return s.replace(snap_qd=jnp.where(due, s.q_len, s.snap_qd),
-                     snap_bs=jnp.where(due, s.n_run, s.snap_bs),
-                     snap_kv=jnp.where(due, kv_util, s.snap_kv),
-                     snap_last=jnp.where(due, now, s.snap_last))
+    s = s.replace(snap_qd=jnp.where(due, s.q_len, s.snap_qd),
+                  snap_bs=jnp.where(due, s.n_run, s.snap_bs),
+                  snap_kv=jnp.where(due, kv_util, s.snap_kv),
+                  snap_last=jnp.where(due, now, s.snap_last))
+    if not st.cache_copy_on:
+        return s
+    copy_due = active & (now - s.cache_copy_last >= st.cache_signal_delay_us)
+
+    def copy(s, go):  # the whole slot table: run only when some lane's copy is due
+        return s.replace(cache_copy=jnp.where(go, s.slot_block >= 0, s.cache_copy),
+                         cache_copy_last=jnp.where(go, now, s.cache_copy_last))
+
+    return lane_once(copy_due, copy, s)
 
 
 def admission(s: SimState, st, c, p, now, active) -> SimState:

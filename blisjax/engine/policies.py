@@ -253,16 +253,32 @@ def weighted_scores(s: SimState, st, c, p, r, view: RouterView):
     return total
 
 
+def _cache_query(s: SimState, st, c, r):
+    """Leading full prompt blocks of r registered on each instance [I] (``ClusterSimulator.
+    _cached_blocks``): in the live hash slots, or in their periodic copy. Only prefix-group
+    blocks can be registered before r is first routed, so the narrow lookup width is exact
+    (``kv.prefix_widths``)."""
+    if not st.prefix_caching:
+        return jnp.zeros(st.num_instances, jnp.int32)
+    width = kv.prefix_widths(st)[0]
+    j = jnp.arange(width, dtype=jnp.int32)
+    valid = j < c.full_blocks[r]
+
+    def count(i):
+        slots = jnp.where(valid, kv.hash_slot(st, c, i, r, j), st.hash_slots)
+        present = s.cache_copy[slots] if st.cache_copy_on else s.slot_block[slots] >= 0
+        return leading_count(valid & present)
+
+    return jax.vmap(count)(jnp.arange(st.num_instances))
+
+
 def router_view(s: SimState, st, c, r) -> RouterView:
-    """Loads, and the cache query where compiled in (only prefix-group blocks can be cached
-    before r is first routed, so the narrow lookup width is exact: ``kv.prefix_widths``)."""
+    """Loads, and the cache query where compiled in."""
     load = s.snap_qd + s.snap_bs + s.in_flight
     if not st.cache_scorers:
         zeros = jnp.zeros(st.num_instances, jnp.int32)
         return RouterView(load, zeros, jnp.asarray(True))
-    width = kv.prefix_widths(st)[0]
-    cached = jax.vmap(lambda i: kv.cached_blocks(s, st, c, i, r, width).count)(
-        jnp.arange(st.num_instances))
+    cached = _cache_query(s, st, c, r)
     return RouterView(load, cached, ~jnp.any(cached > 0))
 
 

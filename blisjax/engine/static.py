@@ -92,6 +92,9 @@ class EngineStatic:
     # prefix of the request at routing) is compiled in: some lane's weighted routing uses one
     # of them (``build_static`` from the configuration, ``for_lanes`` from a population).
     cache_scorers: bool = False
+    # ``cluster.cache_signal_delay_us``: > 0, the cache query reads a periodic copy of the hash
+    # slots (``SimState.cache_copy``), compiled in with the query.
+    cache_signal_delay_us: int = 0
     # ``compat.blis_quirks``: reproduce BLIS's own behaviour where it departs from a real
     # cluster (docs/semantics.md Decision 12; the features with such quirks read it).
     blis_quirks: bool = False
@@ -102,6 +105,11 @@ class EngineStatic:
         lasts the same (the blackbox model's step time depends on the batch's token counts
         only; a roofline step's grows with the contexts)."""
         return self.decode_stretches and self.latency_model == "blackbox"
+
+    @property
+    def cache_copy_on(self) -> bool:
+        """The cache query reads a periodic copy rather than the live hash slots."""
+        return self.cache_scorers and self.cache_signal_delay_us > 0
 
     @property
     def max_step_tokens(self) -> int:
@@ -231,6 +239,7 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
         latency_model=cfg.latency.model,
         cache_scorers=cfg.policy.routing.policy == "weighted" and any(
             Scorer.of(w.name) in CACHE_SCORERS for w in cfg.policy.routing.scorers),
+        cache_signal_delay_us=cfg.cluster.cache_signal_delay_us,
         blis_quirks=cfg.compat.blis_quirks,
     )
     # Evaluated on the host through a callback: physics, and a roofline configuration the

@@ -66,6 +66,11 @@ class ClusterSimulator:
         self._snap_qd = [0] * n_inst
         self._snap_bs = [0] * n_inst
         self._snap_kv = [0.0] * n_inst
+        # Periodic copy of each instance's cached-block hashes (§5.4): empty until the first
+        # refresh at a decision >= cache_signal_delay_us; unused when the delay is 0 (live).
+        self.cache_delay_us = cfg.cluster.cache_signal_delay_us
+        self._cache_last_refresh_us = 0
+        self._cache_copy: list[frozenset[int]] = [frozenset() for _ in range(n_inst)]
         self.requests = self._make_requests(workload)
         self.events: list = []
         self.seq = -1
@@ -111,7 +116,27 @@ class ClusterSimulator:
             self._snap_bs = [len(x.running) for x in self.instances]
             self._snap_kv = [x.kv.used_blocks / x.kv.total_blocks for x in self.instances]
             self._snap_last_refresh_us = now_us
+        delay = self.cache_delay_us
+        if delay > 0 and now_us - self._cache_last_refresh_us >= delay:
+            self._cache_copy = [frozenset(x.kv.hash_to_block) for x in self.instances]
+            self._cache_last_refresh_us = now_us
         return self._snap_qd, self._snap_bs, self._snap_kv
+
+    def _cached_blocks(self, req: SimRequest) -> list[int]:
+        """The router's cache query: leading full prompt blocks of ``req`` cached on each
+        instance, live or from the periodic copy (§5.4)."""
+        if self.cache_delay_us == 0:
+            return [len(x.kv.cached_blocks(req)) for x in self.instances]
+        if not self.cfg.engine.enable_prefix_caching:
+            return [0] * len(self.instances)
+        hashes = self._prompt_hashes(req)
+        out = []
+        for copy in self._cache_copy:
+            n = 0
+            while n < len(hashes) and hashes[n] in copy:
+                n += 1
+            out.append(n)
+        return out
 
     def _execute_cluster_event(self, time_us: int, prio: int, req: SimRequest) -> None:
         if prio == EV_CLUSTER_ARRIVAL:
@@ -126,8 +151,7 @@ class ClusterSimulator:
                 self.rejected_admission += 1
         else:
             qd, bs, kv = self._snapshots(time_us)
-            snap = Snapshot(qd, bs, kv, self.in_flight,
-                            lambda: [len(x.kv.cached_blocks(req)) for x in self.instances])
+            snap = Snapshot(qd, bs, kv, self.in_flight, lambda: self._cached_blocks(req))
             target = self.router.route(req, self._prompt_hashes(req), snap)
             self.in_flight[target] += 1
             self.instances[target].inject_arrival(req, time_us)

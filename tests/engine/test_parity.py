@@ -6,6 +6,7 @@ and BLIS's golden outputs.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -209,9 +210,11 @@ def test_population_lanes_match_independent_reference_runs():
     from blisjax.engine.lanes import FLAT_MIN_LANES
 
     assert POPULATION_LANE_BLOCK >= FLAT_MIN_LANES  # else the blocks release in place
+    # the lanes' cache scorers read a periodic copy of the instances' caches (3 ms; the live
+    # query is covered by tests/test_golden_next.py)
     base = make_resolved(instances=2, block_size=4, kv_blocks=40, max_running=4, max_tokens=64,
                          threshold=32, horizon_us=300_000, refresh_us=1500,
-                         alpha=(80.25, 0.75, 12.5))
+                         alpha=(80.25, 0.75, 12.5), cache_delay_us=3000)
     later = [dict(r, arrival=r["arrival"] + 9500,
                   deadline=r["deadline"] + 9500 if r.get("deadline") else 0) for r in EDGE_ROWS]
     w = make_workload(EDGE_ROWS + later, ("a", "b"), ("g",))
@@ -231,12 +234,17 @@ def test_population_lanes_match_independent_reference_runs():
     params = stack_params([params_from_config(c, w.tenant_names) for c in configs])
     lanes = simulate_population(base, w, params, lane_block=POPULATION_LANE_BLOCK,
                                 decode_stretches=True)
-    unfinished = 0
+    unfinished = stale_routes = 0
     for k, cfg in enumerate(configs):
         want = reference(resolve_config(cfg), w)
         assert first_divergence(want, lanes[k]) is None, (k, cfg.policy)
         unfinished += int(np.sum(want.status == records.UNFINISHED))
+        live = dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster,
+                                                                    cache_signal_delay_us=0))
+        stale_routes += not np.array_equal(reference(resolve_config(live), w).instance,
+                                           want.instance)
     assert unfinished > 0  # some lane is cut off by the horizon with requests in flight
+    assert stale_routes > 0  # the cache copy's staleness changes some lane's routing
 
 
 @pytest.mark.parametrize(("narrowest", "slots", "per_octave", "widths"), [

@@ -29,7 +29,7 @@ def make_resolved(*, instances=1, alpha=ALPHA0, beta=BETA, kv_blocks=10_000, blo
                   max_running=256, max_tokens=2048, threshold=0, max_model_len=0,
                   admission=None, priority=None, routing=None, scheduler="fcfs",
                   preemption="fcfs", refresh_us=0, horizon_us=2**63 - 1, prefix_caching=True,
-                  admission_latency_us=0, routing_latency_us=0):
+                  admission_latency_us=0, routing_latency_us=0, cache_delay_us=0):
     cfg = SimConfig(
         engine=EngineConfig(
             max_num_running_reqs=max_running, max_num_scheduled_tokens=max_tokens,
@@ -39,7 +39,8 @@ def make_resolved(*, instances=1, alpha=ALPHA0, beta=BETA, kv_blocks=10_000, blo
         latency=LatencyConfig(model="blackbox", alpha_coeffs=tuple(alpha), beta_coeffs=tuple(beta)),
         cluster=ClusterConfig(num_instances=instances, snapshot_refresh_interval_us=refresh_us,
                               admission_latency_us=admission_latency_us,
-                              routing_latency_us=routing_latency_us),
+                              routing_latency_us=routing_latency_us,
+                              cache_signal_delay_us=cache_delay_us),
         policy=PolicyConfig(admission=admission or AdmissionConfig(),
                             priority=priority or PriorityConfig(),
                             routing=routing or RoutingConfig(),

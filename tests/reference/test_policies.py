@@ -254,6 +254,27 @@ def test_least_loaded_ties_draw_from_the_router_stream():
     assert list(ll.instance) == want
 
 
+def test_cache_signal_delay_reads_a_periodic_copy_empty_until_the_first_refresh():
+    """precise-prefix-cache over load-balance, two instances. r0 (group g) → instance 0 (all
+    even: lowest index), r1 (group h) at 100 µs → instance 1 (less loaded). At 9 ms both
+    still run (equal loads) and only instance 1 holds h's prefix blocks: the live query sends
+    r2 (group h) there; a 10 ms delay's copy is still the empty one taken at the start, every
+    count ties and r2 goes to instance 0. r3 (group h) at 12 ms refreshes the copy first (12 ms
+    − 0 >= 10 ms), which now shows h on instance 1 — where the lighter load sends it too."""
+    rows = [dict(arrival=0, input=40, output=20, group=0, prefix=32),
+            dict(arrival=100, input=40, output=20, group=1, prefix=32),
+            dict(arrival=9000, input=40, output=20, group=1, prefix=32),
+            dict(arrival=12_000, input=40, output=20, group=1, prefix=32)]
+    routing = RoutingConfig(policy="weighted", scorers=(ScorerWeight("precise-prefix-cache", 1.0),
+                                                        ScorerWeight("load-balance", 1.0)),
+                            tie_break="lowest-index")
+    live, _ = run(rows, instances=2, routing=routing, groups=("g", "h"))
+    assert list(live.instance) == [0, 1, 1, 1]
+    stale, sim = run(rows, instances=2, routing=routing, groups=("g", "h"), cache_delay_us=10_000)
+    assert list(stale.instance) == [0, 1, 0, 1]
+    assert sim._cache_last_refresh_us == 12_000
+
+
 def test_periodic_snapshots_are_stale_until_first_refresh():
     # queue-depth only. Requests at 0..4 ms on 2 instances with max 1 running, so queues build.
     # Periodic refresh (50 ms): snapshots read all zeros before t = 50 ms → every score ties →
