@@ -224,6 +224,10 @@ def compile_lanes(st: EngineStatic, consts, params: PolicyParams, devices=None,
         (consts, placed.params), placed.devices, lane_block).compiled
 
     def run(consts, params):
+        if for_lanes(st, params) != st:
+            raise ValueError("these params list a scorer that reads the instances' caches "
+                             "(precise-prefix-cache or no-hit-lru), which the compiled program "
+                             "does not evaluate: compile with params that list it")
         again = _placement(params, placed.devices, lane_block)
         return _drop_padding(compiled(consts, again.params), again.lanes)
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import jax
 import numpy as np
 
-from blisjax.config.codes import CACHE_SCORERS, RoutingPolicy, Scorer
+from blisjax.config.codes import CACHE_SCORERS, Scorer
 from blisjax.engine.pytree import pytree_dataclass
 from blisjax.engine.roofline import RooflineConsts, roofline_consts
 from blisjax.engine.roofline import fits_the_program as roofline_fits_the_program
@@ -89,8 +89,8 @@ class EngineStatic:
     # of 2^25 tokens or more with an unusual model); None for the in-program models.
     latency: object = None
     # The precise-prefix-cache and no-hit-lru scorers' cache query (every instance's cached
-    # prefix of the request at routing) is compiled in: some lane's weighted routing uses one
-    # of them (``build_static`` from the configuration, ``for_lanes`` from a population).
+    # prefix of the request at routing) is compiled in: some lane lists one of them
+    # (``build_static`` from the configuration, ``for_lanes`` from a population).
     cache_scorers: bool = False
     # ``cluster.cache_signal_delay_us``: > 0, the cache query reads a periodic copy of the hash
     # slots (``SimState.cache_copy``), compiled in with the query.
@@ -237,8 +237,7 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
         narrow_programs=bool(narrow_programs),
         decode_stretches=bool(decode_stretches),
         latency_model=cfg.latency.model,
-        cache_scorers=cfg.policy.routing.policy == "weighted" and any(
-            Scorer.of(w.name) in CACHE_SCORERS for w in cfg.policy.routing.scorers),
+        cache_scorers=any(Scorer.of(w.name) in CACHE_SCORERS for w in cfg.policy.routing.scorers),
         cache_signal_delay_us=cfg.cluster.cache_signal_delay_us,
         blis_quirks=cfg.compat.blis_quirks,
     )
@@ -252,14 +251,15 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
 
 def for_lanes(st: EngineStatic, params) -> EngineStatic:
     """``st``, with the cache query compiled in if a lane of ``params`` (stacked
-    ``PolicyParams``, host or device arrays) routes with a scorer that needs it — a
-    population may add scorers its base configuration does not use."""
+    ``PolicyParams``, host or device arrays) lists a scorer that needs it — a population may
+    add scorers its base configuration does not use. Whether the lane routes with weights is
+    not consulted: a search's lanes keep their scorer lists from one generation to the next
+    while a ``routing.policy`` knob changes, and one program must serve them all."""
     if st.cache_scorers:
         return st
     order = np.asarray(params.scorer_order)
-    weighted = np.asarray(params.routing) == RoutingPolicy.WEIGHTED
-    reads = np.isin(order, [int(x) for x in CACHE_SCORERS]).any(axis=-1)
-    return dataclasses.replace(st, cache_scorers=True) if bool(np.any(weighted & reads)) else st
+    needed = bool(np.isin(order, [int(x) for x in CACHE_SCORERS]).any())
+    return dataclasses.replace(st, cache_scorers=True) if needed else st
 
 
 # Mean output tokens per request from which decode stretches are compiled in by default. Each

@@ -54,3 +54,20 @@ def test_router_stream_is_blis_router_stream_of_the_seed():
                                                   0, 607 - 273))
     fresh = GoRand(blis_subsystem_seed(111, "router"))
     assert [from_params.int63() for _ in range(700)] == [fresh.int63() for _ in range(700)]
+
+
+def test_cache_query_is_compiled_in_when_any_lane_lists_a_cache_scorer():
+    """``for_lanes``: a lane listing precise-prefix-cache or no-hit-lru (whatever its routing
+    policy: a search may switch it per generation) needs the cache query in the program."""
+    from blisjax.engine.params import stack_params
+    from blisjax.engine.static import build_static, for_lanes
+    from tests.reference.conftest import make_workload
+
+    plain = make_resolved(routing=RoutingConfig(policy="least-loaded"))
+    st = build_static(plain, make_workload([dict(arrival=0, input=40, output=4)]))
+    assert not st.cache_scorers
+    lru = RoutingConfig(policy="round-robin", scorers=(ScorerWeight("no-hit-lru", 1.0),))
+    lanes = [params_from_config(plain.config, ("",)),
+             params_from_config(make_resolved(routing=lru).config, ("",))]
+    assert for_lanes(st, stack_params(lanes)).cache_scorers
+    assert for_lanes(st, stack_params(lanes[:1])) == st

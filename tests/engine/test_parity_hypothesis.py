@@ -8,8 +8,8 @@ the horizon), and each example checks that its workload needs no more (``static 
 strategy that outgrew the envelope fails loudly instead of recompiling. Hypothesis draws the
 workload (arrival gaps with simultaneous arrivals, prompt and output lengths, prefix groups and
 their lengths, tenants, SLO classes, deadlines) and one policy per lane (admission with its
-bucket sizes and rates or quotas, priority, routing with a subset of weighted scorers, scheduler,
-preemption order). The default tier runs a few examples of one engine; the slow tier
+bucket sizes and rates or quotas, priority, routing with a subset of the weighted scorers and
+either tie-break rule, scheduler, preemption order). The default tier runs a few examples of one engine; the slow tier
 (``-m slow``) runs 3 engines × 100 examples × 4 lanes = 1,200 cases.
 """
 
@@ -28,6 +28,7 @@ from blisjax.config import (
     ScorerWeight,
     resolve_config,
 )
+from blisjax.config.codes import Scorer, TieBreak
 from blisjax.config.sim import KNOB_MAGNITUDE
 from blisjax.engine import params_from_config, simulate_population, stack_params
 from blisjax.engine.parity import first_divergence
@@ -39,7 +40,7 @@ REQUESTS, LANES = 12, 4
 MAX_PREFIX, MAX_EXTRA, MAX_OUTPUT = 40, 120, 30
 HORIZON_US = 2_000_000  # priority preemption with stale priorities can thrash: bound every run
 TENANTS, GROUPS = ("a", "b"), ("g0", "g1")
-SCORERS = ("prefix-affinity", "queue-depth", "kv-utilization", "load-balance")
+SCORERS = Scorer.labels()
 
 ENGINES = {
     "small-blocks": dict(instances=2, block_size=4, kv_blocks=48, max_running=4, max_tokens=64,
@@ -107,7 +108,8 @@ def policies(draw, base):
         policy=draw(st.sampled_from(["round-robin", "least-loaded", "always-busiest",
                                      "weighted"])),
         scorers=tuple(ScorerWeight(n, draw(knobs(0, 3) if k else knobs(KNOB_MAGNITUDE[0], 3)))
-                      for k, n in enumerate(names)))  # not all 0
+                      for k, n in enumerate(names)),  # not all 0
+        tie_break=draw(st.sampled_from(TieBreak.labels())))
     scheduler = base.policy.scheduler.__class__(
         policy=draw(st.sampled_from(["fcfs", "priority-fcfs", "sjf"])))
     policy = dataclasses.replace(base.policy, admission=admission, priority=priority,
@@ -119,10 +121,12 @@ def policies(draw, base):
 
 def _check(engine: dict, data) -> None:
     base = make_resolved(horizon_us=HORIZON_US, **engine)
-    static = build_static(base, _envelope(), decode_stretches=True)
+    # one program for all examples, the cache query compiled in whatever the lanes draw
+    static = dataclasses.replace(build_static(base, _envelope(), decode_stretches=True),
+                                 cache_scorers=True)
     w = data.draw(workloads(), label="workload")
-    # one program for all examples
-    assert build_static_shared(base, [_envelope(), w], decode_stretches=True) == static
+    assert dataclasses.replace(build_static_shared(base, [_envelope(), w], decode_stretches=True),
+                               cache_scorers=True) == static
     configs = [data.draw(policies(base.config), label=f"lane {k}") for k in range(LANES)]
     params = stack_params([params_from_config(c, TENANTS) for c in configs])
     lanes = simulate_population(base, w, params, static=static)
