@@ -69,3 +69,25 @@ def test_trace_round_trip_through_cli(tmp_path, capsys):
     assert main(["replay", "--trace-header", str(header), "--trace-data", str(data)]) == 0
     replayed = json.loads(capsys.readouterr().out)
     assert replayed == generated
+
+
+def test_blis_quirks_switch_reaches_both_engines(tmp_path):
+    """``--blis-quirks`` sets ``compat.blis_quirks``; the reference simulator and the JAX
+    engine's static configuration carry it (the features it switches read it there)."""
+    import argparse
+
+    from blisjax.config import SimConfig, resolve_config
+    from blisjax.config.flags import add_blis_flags, apply_blis_flags
+    from blisjax.engine.static import build_static
+    from blisjax.reference import ClusterSimulator
+    from tests.reference.conftest import make_workload
+
+    parser = argparse.ArgumentParser()
+    add_blis_flags(parser)
+    cfg = apply_blis_flags(SimConfig(), parser.parse_args(["--blis-quirks"]))
+    assert cfg.compat.blis_quirks
+    assert not apply_blis_flags(SimConfig(), parser.parse_args([])).compat.blis_quirks
+    resolved = resolve_config(cfg)
+    w = make_workload([dict(arrival=0, input=40, output=4)])
+    assert ClusterSimulator(resolved, w).blis_quirks
+    assert build_static(resolved, w).blis_quirks

@@ -40,6 +40,9 @@ class ClusterSimulator:
         self.horizon_us = int(cfg.horizon_us)
         self.block_size = cfg.engine.block_size_tokens
         self.check_invariants = check_invariants
+        # compat.blis_quirks (docs/semantics.md Decision 12): read by the features whose BLIS
+        # behaviour it switches (P/D, tiered KV, autoscaling); none is modelled yet
+        self.blis_quirks = cfg.compat.blis_quirks
         latency = make_latency_model(resolved)
         priority = Priority(cfg.policy.priority, workload.tenant_names)
         n_inst = cfg.cluster.num_instances
