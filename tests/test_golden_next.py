@@ -12,14 +12,12 @@ token counts, in both engines; aggregate metrics equal up to float round-off.
 from __future__ import annotations
 
 import json
-import math
 import re
-import shlex
 from pathlib import Path
 
 import pytest
 
-from blisjax.cli import main
+from tests.blis_replay import assert_matches_blis, replay
 from tests.paths import GOLDEN_NEXT_CASES, GOLDEN_NEXT_DIR
 
 _ROUTED = re.compile(r"req request_(\d+) → instance instance_(\d+) ")
@@ -34,14 +32,7 @@ def _case(name: str) -> dict:
 
 
 def _replay(case: dict, tmp_path: Path, capsys, engine: str) -> tuple[dict, dict[int, dict]]:
-    argv = shlex.split(case["command"])[1:]  # drop the program name "blis"
-    i = argv.index("--results-path")
-    argv[i + 1] = str(tmp_path / "results.json")
-    argv = [str(GOLDEN_NEXT_DIR / a) if a.endswith((".yaml", ".csv")) else a for a in argv]
-    assert main([*argv, "--engine", engine]) == 0
-    metrics = json.loads(capsys.readouterr().out)
-    rows = json.loads((tmp_path / "results.json").read_text())
-    return metrics, {r["request_id"]: r for r in rows}
+    return replay(case["command"], GOLDEN_NEXT_DIR, tmp_path, capsys, ("--engine", engine))
 
 
 def _check(case: dict, metrics: dict, rows: dict[int, dict]) -> None:
@@ -49,16 +40,7 @@ def _check(case: dict, metrics: dict, rows: dict[int, dict]) -> None:
               for m in map(_ROUTED.search, case["routing"]["lines"]) if m}
     assert len(routed) == len(case["results"])
     assert {k: rows[k]["instance"] for k in routed} == routed
-    for want in case["results"]:
-        got = rows[want["request_id"]]
-        assert got["status"] == "completed"
-        for key in ("ttft_us", "e2e_us", "input_tokens", "output_tokens"):
-            assert got[key] == want[key], (want["request_id"], key)
-    for key, want in case["metrics"].items():
-        if key == "instance_id":
-            continue
-        got = metrics[key]
-        assert math.isclose(got, want, rel_tol=1e-12, abs_tol=1e-12), (key, got, want)
+    assert_matches_blis(case, metrics, rows)
 
 
 @pytest.mark.parametrize("name", GOLDEN_NEXT_CASES)
