@@ -79,6 +79,9 @@ class Scorer(Code):
     VLLM_DP = 9
 
 
+#: Queue depth at which the load-aware scorer reaches 0 (BLIS HEAD's, after llm-d's default).
+LOAD_AWARE_QUEUE_THRESHOLD = 128
+
 #: Scorers that read the instances' prefix caches at routing (BLIS HEAD's cache query).
 CACHE_SCORERS = frozenset({Scorer.PRECISE_PREFIX_CACHE, Scorer.NO_HIT_LRU})
 

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from blisjax.config.codes import (
+    LOAD_AWARE_QUEUE_THRESHOLD,
     AdmissionPolicy,
     Code,
     PriorityPolicy,
@@ -32,7 +33,6 @@ from blisjax.engine.lockstep import add, lane_once, upd
 from blisjax.engine.queues import q_fold
 from blisjax.engine.state import SimState
 from blisjax.engine.vec import leading_count
-from blisjax.reference.policies import LOAD_AWARE_QUEUE_THRESHOLD
 
 F64 = jnp.float64
 

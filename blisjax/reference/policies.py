@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 from blisjax.config.codes import (
     CACHE_SCORERS,
+    LOAD_AWARE_QUEUE_THRESHOLD,
     AdmissionPolicy,
     PriorityPolicy,
     RoutingPolicy,
@@ -185,8 +186,6 @@ def normalized_weights(weights: list[float]) -> list[float]:
     return [w / total for w in weights]
 
 
-#: Queue depth at which BLIS's load-aware scorer reaches 0 (llm-d's default threshold).
-LOAD_AWARE_QUEUE_THRESHOLD = 128
 
 
 def min_max_inverted(values: list[int]) -> list[float]:
