@@ -104,6 +104,15 @@ def _str(flag: str, v: Any) -> str:
     return str(v)
 
 
+def _offload_threshold(flag: str, v: Any) -> float:
+    """BLIS's ``--kv-offload-threshold``: checked (a fraction in [0, 1]) and then ignored, as
+    BLIS ignores it (docs/semantics.md §3.8)."""
+    value = _parse_number(flag, v, float)
+    if not 0.0 <= value <= 1.0:
+        raise ConfigError(flag, f"must be in [0, 1], got {value}")
+    return value
+
+
 def _switch(flag: str, v: Any) -> bool:
     """A bare boolean flag: present means on (True or "true" as a value, as BLIS's JSON
     records write it)."""
@@ -175,6 +184,34 @@ BLIS_FLAGS: tuple[BlisFlag, ...] = (
         _float,
         "engine.gpu_memory_utilization",
         "HBM fraction for vLLM, in (0, 1]",
+    ),
+    BlisFlag(
+        ("--kv-cpu-blocks",),
+        "kv_cpu_blocks",
+        _int,
+        "engine.kv_cpu_blocks",
+        "CPU-tier KV blocks per instance (0 = no CPU tier)",
+    ),
+    BlisFlag(
+        ("--kv-transfer-bandwidth",),
+        "kv_transfer_bandwidth",
+        _float,
+        "engine.kv_transfer_bandwidth",
+        "CPU→GPU reload bandwidth, tokens per µs",
+    ),
+    BlisFlag(
+        ("--kv-transfer-base-latency",),
+        "kv_transfer_base_latency",
+        _int,
+        "engine.kv_transfer_base_latency_us",
+        "fixed cost per reloaded block, µs",
+    ),
+    BlisFlag(
+        ("--kv-offload-threshold",),
+        "kv_offload_threshold",
+        _offload_threshold,
+        "",
+        "accepted in [0, 1] and ignored, as BLIS ignores it",
     ),
     BlisFlag(
         ("--latency-model",),
@@ -377,13 +414,16 @@ def _override_tree(values: Mapping[str, Any]) -> dict[str, Any]:
             raise ConfigError(
                 key, f"unknown BLIS flag; known: {', '.join(f.flag for f in BLIS_FLAGS)}"
             )
-        if raw is None or not flag.target:
+        if raw is None:
+            continue
+        value = flag.parse(flag.flag, raw)  # checked even when nothing takes it
+        if not flag.target:
             continue
         node = tree
         *sections, leaf = flag.target.split(".")
         for section in sections:
             node = node.setdefault(section, {})
-        node[leaf] = flag.parse(flag.flag, raw)
+        node[leaf] = value
     return tree
 
 

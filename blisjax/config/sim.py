@@ -132,6 +132,12 @@ class EngineConfig:
       enable_prefix_caching: reuse cached KV blocks of shared prefixes.
       preemption_policy: victim choice when KV runs out: "fcfs" (newest running request, vLLM/BLIS)
         or "priority" (least urgent).
+      kv_cpu_blocks: CPU-tier KV blocks per instance [--kv-cpu-blocks], >= 0; 0 = no CPU tier
+        (docs/semantics.md §3.8). Needs prefix caching (the tier is keyed by block hashes).
+      kv_transfer_bandwidth: CPU→GPU reload bandwidth in tokens per µs
+        [--kv-transfer-bandwidth], > 0 and finite; a block costs ceil(block size / bandwidth) µs.
+      kv_transfer_base_latency_us: fixed cost per reloaded block, µs
+        [--kv-transfer-base-latency], >= 0.
     """
 
     tensor_parallel_size: int = 1
@@ -146,6 +152,9 @@ class EngineConfig:
     max_model_len: int = 0
     enable_prefix_caching: bool = True
     preemption_policy: str = "fcfs"
+    kv_cpu_blocks: int = 0
+    kv_transfer_bandwidth: float = 100.0
+    kv_transfer_base_latency_us: int = 0
 
     _POSITIVE_INTS = (
         "tensor_parallel_size",
@@ -174,6 +183,14 @@ class EngineConfig:
             set_field(self, name, _non_negative_int(f"engine.{name}", getattr(self, name)))
         check_bool("engine.enable_prefix_caching", self.enable_prefix_caching)
         check_choice("engine.preemption_policy", self.preemption_policy, PREEMPTION_POLICIES)
+        for name in ("kv_cpu_blocks", "kv_transfer_base_latency_us"):
+            set_field(self, name, _non_negative_int(f"engine.{name}", getattr(self, name)))
+        set_field(self, "kv_transfer_bandwidth", check_float(
+            "engine.kv_transfer_bandwidth", self.kv_transfer_bandwidth, min_value=0,
+            min_open=True))
+        if self.kv_cpu_blocks > 0 and not self.enable_prefix_caching:
+            raise ConfigError("engine.kv_cpu_blocks", "a CPU tier (kv_cpu_blocks > 0) needs "
+                              "enable_prefix_caching: true (the tier is keyed by block hashes)")
         if self.total_kv_blocks is not None:
             check_model_len_fits(self.max_model_len, self.block_size_tokens, self.total_kv_blocks)
 

@@ -31,6 +31,7 @@ from blisjax.metrics.formulas import (
     fitness_components,
     hol_blocking_count,
     jain_fairness,
+    kv_thrashing_rate,
     preemption_rate,
     priority_inversion_count,
     request_tpot_us,
@@ -119,14 +120,16 @@ def _latency_block(prefix: str, values_us: np.ndarray) -> dict[str, float]:
 def kv_cache_rates(result: RunResult) -> tuple[float, float, float]:
     """(preemption rate, cache hit rate, KV thrashing rate) as BLIS's ``RawMetrics`` defines them.
 
-    Preemption rate = Σ preemptions / completed; cache hit rate = unweighted mean over instances;
-    thrashing is 0 (no offload tier is simulated).
+    Preemption rate = Σ preemptions / completed; cache hit rate and thrashing rate = unweighted
+    means over instances, with the CPU tier's terms (both 0 / absent without a CPU tier).
     """
     completed = int(np.sum(result.completed))
+    tier = result.kv_tier
     return (
         preemption_rate(int(np.sum(result.preemption_count)), completed),
-        cache_hit_rate(result.cache_hits, result.cache_misses),
-        0.0,
+        cache_hit_rate(result.cache_hits, result.cache_misses,
+                       None if tier is None else tier.cpu_misses),
+        0.0 if tier is None else kv_thrashing_rate(tier.cpu_evictions, tier.mirror_stores),
     )
 
 
@@ -265,10 +268,19 @@ def aggregate_metrics(
     assert tuple(out) == BLIS_METRIC_KEYS  # key order is part of the output format
 
     # ---- blisjax extras -------------------------------------------------------------------
-    pre_rate, hit_rate, _ = kv_cache_rates(result)
+    pre_rate, hit_rate, thrash_rate = kv_cache_rates(result)
     out["rejected_requests"] = int(result.rejected_admission)
     out["cache_hit_rate"] = hit_rate
     out["preemption_rate"] = pre_rate
+    out["kv_thrashing_rate"] = thrash_rate
+    tier = result.kv_tier
+    if tier is not None:  # the CPU tier's own counts (docs/semantics.md §3.8)
+        reloads = int(np.sum(tier.reloads))
+        out["kv_reloads"] = reloads
+        out["kv_mirror_stores"] = int(np.sum(tier.mirror_stores))
+        out["kv_cpu_evictions"] = int(np.sum(tier.cpu_evictions))
+        lookups = reloads + int(np.sum(tier.cpu_misses))
+        out["kv_cpu_hit_rate"] = float(reloads) / float(lookups) if lookups else 0.0
     peak = np.asarray(result.peak_kv_blocks_used, dtype=np.int64)
     out["kv_peak_blocks"] = int(peak.max()) if peak.size else 0
 

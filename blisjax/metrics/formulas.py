@@ -92,24 +92,48 @@ def throughput_per_s(count: int, sim_ended_us: int, completed: int) -> float:
     return float(count) / duration_s
 
 
-def cache_hit_rate(cache_hits: np.ndarray, cache_misses: np.ndarray) -> float:
-    """Unweighted mean over instances of ``hits / (hits + misses)`` (0 for an instance with none).
+def cache_hit_rate(cache_hits: np.ndarray, cache_misses: np.ndarray,
+                   cpu_misses: np.ndarray | None = None) -> float:
+    """Unweighted mean over instances of ``hits / (hits + misses + cpu misses)`` (0 for an
+    instance with none); the CPU-miss term is BLIS's tiered cache's (0 without a CPU tier).
 
     Args:
       cache_hits, cache_misses: int64 per instance (block counts).
+      cpu_misses: int64 per instance, allocations that failed without a reload; None = zeros.
 
     Returns:
       Dimensionless rate in [0, 1]; 0.0 for zero instances.
     """
     hits = np.asarray(cache_hits, dtype=np.int64).tolist()
     misses = np.asarray(cache_misses, dtype=np.int64).tolist()
+    cpu = [0] * len(hits) if cpu_misses is None else np.asarray(cpu_misses, np.int64).tolist()
     if not hits:
         return 0.0
     total = 0.0
-    for h, m in zip(hits, misses, strict=True):
+    for h, m, c in zip(hits, misses, cpu, strict=True):
         # Summed in instance order, as BLIS accumulates its per-instance rates.
-        total += float(h) / float(h + m) if h + m > 0 else 0.0
+        total += float(h) / float(h + m + c) if h + m + c > 0 else 0.0
     return total / float(len(hits))
+
+
+def kv_thrashing_rate(cpu_evictions: np.ndarray, mirror_stores: np.ndarray) -> float:
+    """BLIS's "KV Thrashing Rate": unweighted mean over instances of CPU-tier evictions /
+    mirror stores (0 for an instance that stored nothing).
+
+    Args:
+      cpu_evictions, mirror_stores: int64 per instance (block counts).
+
+    Returns:
+      Dimensionless rate in [0, 1]; 0.0 for zero instances.
+    """
+    evictions = np.asarray(cpu_evictions, dtype=np.int64).tolist()
+    stores = np.asarray(mirror_stores, dtype=np.int64).tolist()
+    if not evictions:
+        return 0.0
+    total = 0.0
+    for e, m in zip(evictions, stores, strict=True):
+        total += float(e) / float(m) if m > 0 else 0.0
+    return total / float(len(evictions))
 
 
 def preemption_rate(preemptions: int, completed: int) -> float:

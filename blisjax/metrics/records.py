@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import NamedTuple
 
 import numpy as np
 
@@ -105,6 +106,20 @@ def e2e_us(ttft_us, itl_sum_us, output_tokens, post_decode_us):
     return ttft_us + itl_sum_us + post_decode_us * (output_tokens > 0)
 
 
+class KVTierCounters(NamedTuple):
+    """The CPU tier's counters (runs with ``engine.kv_cpu_blocks > 0``; docs/semantics.md
+    §3.8). Per instance, int64 [I]: ``reloads`` (blocks reloaded CPU → GPU), ``cpu_misses``
+    (allocations that failed without reloading anything), ``mirror_stores`` (blocks copied to
+    the CPU tier), ``cpu_evictions`` (blocks the full tier dropped). Per request, int64 [N]:
+    ``request_reloads`` (blocks reloaded by its allocations)."""
+
+    reloads: np.ndarray
+    cpu_misses: np.ndarray
+    mirror_stores: np.ndarray
+    cpu_evictions: np.ndarray
+    request_reloads: np.ndarray
+
+
 @dataclass(frozen=True, eq=False)
 class RunResult:
     """Outcome of one simulation (one lane), rows indexed like the ``Workload``.
@@ -138,6 +153,7 @@ class RunResult:
       step_count: int64 per instance.
       peak_kv_blocks_used: int64 per instance.
       overflow: dict of capacity-overflow counters (JAX engine); empty when nothing overflowed.
+      kv_tier: the CPU tier's counters (``KVTierCounters``), None without a CPU tier.
     """
 
     status: np.ndarray
@@ -170,6 +186,7 @@ class RunResult:
     step_count: np.ndarray
     peak_kv_blocks_used: np.ndarray
     overflow: dict = field(default_factory=dict)
+    kv_tier: KVTierCounters | None = None
 
     @property
     def num_requests(self) -> int:

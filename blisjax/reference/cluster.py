@@ -16,7 +16,14 @@ import numpy as np
 from blisjax.blockhash import CHAIN_SEED, block_code, chain
 from blisjax.config.codes import SchedulerPolicy
 from blisjax.latency import make_latency_model
-from blisjax.metrics.records import COMPLETED, NOT_RECORDED, OUTCOME_OF_STAGE, RunResult, Stage
+from blisjax.metrics.records import (
+    COMPLETED,
+    NOT_RECORDED,
+    OUTCOME_OF_STAGE,
+    KVTierCounters,
+    RunResult,
+    Stage,
+)
 from blisjax.reference.instance import Instance
 from blisjax.reference.policies import Admission, Priority, Router, Snapshot
 from blisjax.reference.request import SimRequest
@@ -50,7 +57,7 @@ class ClusterSimulator:
             Instance(i, engine=cfg.engine, total_kv_blocks=resolved.total_kv_blocks,
                      max_model_len=resolved.max_model_len, latency=latency, priority=priority,
                      scheduler=SchedulerPolicy.of(cfg.policy.scheduler.policy), horizon_us=self.horizon_us,
-                     hash_of=self._hash_of)
+                     hash_of=self._hash_of, blis_quirks=cfg.compat.blis_quirks)
             for i in range(n_inst)
         ]
         for x in self.instances:
@@ -273,7 +280,26 @@ class ClusterSimulator:
             busy_time_us=per_inst("busy_time_us"),
             step_count=per_inst("step_count"),
             peak_kv_blocks_used=per_inst("peak_kv_blocks_used"),
+            kv_tier=self._tier_counters(),
         )
+
+    def _tier_counters(self) -> KVTierCounters | None:
+        """The CPU tier's counters (None without one)."""
+        if not self.cfg.engine.kv_cpu_blocks:
+            return None
+        kvs = [x.kv for x in self.instances]
+        reloads = np.zeros(len(self.requests), dtype=np.int64)
+        for kv in kvs:
+            for r, count in kv.request_reloads.items():
+                reloads[r] += count
+
+        def per_inst(get):
+            return np.array([get(kv) for kv in kvs], dtype=np.int64)
+
+        return KVTierCounters(
+            reloads=per_inst(lambda kv: kv.reloads), cpu_misses=per_inst(lambda kv: kv.cpu_misses),
+            mirror_stores=per_inst(lambda kv: kv.mirror_stores),
+            cpu_evictions=per_inst(lambda kv: kv.cpu.evictions), request_reloads=reloads)
 
 
 def simulate(resolved, workload, check_invariants: bool = False) -> RunResult:

@@ -14,7 +14,7 @@ from blisjax.config.codes import PreemptionPolicy, SchedulerPolicy
 from blisjax.latency.base import StepBatch
 from blisjax.metrics import records
 from blisjax.metrics.records import Stage
-from blisjax.reference.kvcache import KVCache
+from blisjax.reference.kvcache import KVCache, TieredKVCache
 from blisjax.reference.policies import reorder_wait_queue
 
 # Instance event priorities (§1.2).
@@ -25,7 +25,8 @@ class Instance:
     """Plain-Python instance simulator; the cluster drives it one event at a time."""
 
     def __init__(self, index: int, *, engine, total_kv_blocks: int, max_model_len: int,
-                 latency, priority, scheduler: SchedulerPolicy, horizon_us: int, hash_of) -> None:
+                 latency, priority, scheduler: SchedulerPolicy, horizon_us: int, hash_of,
+                 blis_quirks: bool = False) -> None:
         self.index = index
         self.max_running = engine.max_num_running_reqs
         self.max_batched_tokens = engine.max_num_scheduled_tokens
@@ -39,7 +40,17 @@ class Instance:
         self.priority = priority
         self.scheduler = scheduler
         self.horizon_us = horizon_us
-        self.kv = KVCache(total_kv_blocks, self.block_size, hash_of, engine.enable_prefix_caching)
+        if engine.kv_cpu_blocks > 0:
+            self.kv = TieredKVCache(total_kv_blocks, self.block_size, hash_of,
+                                    engine.kv_cpu_blocks, engine.kv_transfer_bandwidth,
+                                    engine.kv_transfer_base_latency_us)
+        else:
+            self.kv = KVCache(total_kv_blocks, self.block_size, hash_of,
+                              engine.enable_prefix_caching)
+        self.tiered = engine.kv_cpu_blocks > 0
+        # Decision 12: by default an admission's reloaded blocks count as cached in the step
+        # that reloads them; BLIS (the quirk) charges their prefill anyway
+        self.reload_before_sizing = self.tiered and not blis_quirks
         self.events: list = []
         self.seq = 0
         self.clock_us = 0  # time of the last executed event
@@ -179,6 +190,8 @@ class Instance:
                 self.preemption_ema, self._preempted_count_step, len(self.running))
         d = self._execute(now_us)
         self.queue_depth_time_us += len(self.wait_queue) * d
+        if self.tiered:  # after execution, before completions leave the batch (§3.8)
+            self.kv.mirror(self.running)
         self._complete(now_us, d)
         if self.running or self.wait_queue:
             self.push(now_us + d, EV_STEP, None)
@@ -224,9 +237,17 @@ class Instance:
                and not self._preempted_this_step):
             head = self.wait_queue[0]
             cached = self.kv.cached_blocks(head)
+            if self.reload_before_sizing:
+                reloaded = self.kv.reload_prefix(head, len(cached))
+                if reloaded:
+                    cached = self.kv.cached_blocks(head)
             start = len(cached) * self.block_size
             n = self._clamp_prefill(head.input_tokens - start, start)
-            if not self.kv.allocate(head, start, start + n, cached):
+            if self.reload_before_sizing:
+                ok = self.kv.allocate_reloaded(head, start, start + n, cached, reloaded)
+            else:
+                ok = self.kv.allocate(head, start, start + n, cached)
+            if not ok:
                 break  # the head blocks everything behind it
             self.wait_queue.popleft()
             running.append(head)
@@ -305,13 +326,15 @@ class Instance:
             input_tokens=[r.input_tokens for r in scheduled],
             output_tokens=[r.output_tokens for r in scheduled],
         )
+        # reloads of this step's batch formation add their transfer time (§3.8)
+        transfer = self.kv.take_pending_latency_us() if self.tiered else 0
         if self.stateful_latency:
             cached = [self._admitted_cached_tokens.get(r.index, 0) for r in scheduled]
             inputs = self.latency.step_inputs(batch, self.preemption_ema,
                                               prefix_cached_tokens=cached)
-            d = max(1, self.latency.step_time_us(inputs))
+            d = max(1, self.latency.step_time_us(inputs) + transfer)
         else:
-            d = max(1, self.latency.step_time_us(batch))
+            d = max(1, self.latency.step_time_us(batch) + transfer)
         if self.observer is not None:
             self.observer.on_step(
                 instance=self.index, time_us=now_us, duration_us=d, batch=batch,

@@ -8,6 +8,8 @@ per-request ordered block list; ``hash → block`` for prefix lookup; and a doub
 
 from __future__ import annotations
 
+import math
+from collections import OrderedDict
 from collections.abc import Callable
 
 _NIL = -1
@@ -189,3 +191,167 @@ class KVCache:
         assert in_use + self.free_count == self.total_blocks, "KV blocks not conserved"
         for b in free:
             assert self.refcount[b] == 0 and not self.in_use[b], f"free block {b} is referenced"
+
+
+class CpuTier:
+    """The CPU tier of one instance: an LRU of block hashes with a fixed capacity (§3.8).
+
+    ``store`` inserts a hash at the most-recent end (evicting the least recent one when full;
+    a hash already present is left where it is); ``touch`` moves a present hash to the
+    most-recent end. Nothing else removes a hash: a reload leaves its copy in the tier.
+    """
+
+    def __init__(self, capacity_blocks: int) -> None:
+        self.capacity = capacity_blocks
+        self.lru: OrderedDict[int, None] = OrderedDict()  # first = least recently used
+        self.evictions = 0
+
+    def __contains__(self, h: int) -> bool:
+        return h in self.lru
+
+    def store(self, h: int) -> bool:
+        """Insert ``h``; False (and no change) when it is already present."""
+        if h in self.lru:
+            return False
+        if len(self.lru) >= self.capacity:
+            self.lru.popitem(last=False)
+            self.evictions += 1
+        self.lru[h] = None
+        return True
+
+    def touch(self, h: int) -> None:
+        self.lru.move_to_end(h)
+
+
+class TieredKVCache(KVCache):
+    """GPU blocks backed by a CPU tier (BLIS HEAD's ``TieredKVCache``, docs/semantics.md §3.8).
+
+    * After every step the running batch's full hashed blocks are mirrored to the CPU tier
+      (``mirror``): present ones touched, others stored (``mirror_stores``).
+    * Every allocation first scans the request's prompt blocks past those it has (or those the
+      caller found cached on the GPU) and reloads consecutive ones the GPU lacks but the CPU
+      holds, at most as many as the GPU has free blocks: each takes the free list's head
+      (evicting that block's cached content), becomes a cached free block at the tail, and
+      costs ``base latency + ceil(block size / bandwidth)`` µs, charged to the step being
+      formed (``take_pending_latency_us``). The allocation then claims what the reload made
+      cached (``allocate``).
+    * Queries (cached blocks, used blocks) see the GPU only.
+    Counters: ``reloads`` (BLIS's cpuHitCount), ``cpu_misses`` (allocations that failed
+    without reloading anything), ``mirror_stores``, and the tier's ``evictions``.
+    """
+
+    def __init__(self, total_blocks: int, block_size_tokens: int,
+                 hash_of: Callable[[object, int], int], cpu_blocks: int,
+                 bandwidth_tokens_per_us: float, base_latency_us: int) -> None:
+        super().__init__(total_blocks, block_size_tokens, hash_of, prefix_caching=True)
+        self.cpu = CpuTier(cpu_blocks)
+        self.reload_cost_us = base_latency_us + int(math.ceil(block_size_tokens
+                                                              / bandwidth_tokens_per_us))
+        self.pending_latency_us = 0
+        self.reloads = 0
+        self.cpu_misses = 0
+        self.mirror_stores = 0
+        self.request_reloads: dict[int, int] = {}
+
+    # ---- reload (CPU → GPU) ----------------------------------------------------------------
+    def reload_prefix(self, req, start_block: int) -> int:
+        """Reload the consecutive prompt blocks of ``req`` from ``start_block`` on that the GPU
+        lacks and the CPU holds (blocks the GPU holds are skipped); returns how many."""
+        bs = self.block_size
+        budget = self.free_count  # at most the free blocks at entry
+        count = 0
+        for j in range(start_block, req.input_tokens // bs):
+            h = self._hash_of(req, j)
+            if h in self.hash_to_block:
+                continue
+            if h not in self.cpu or count >= budget:
+                break
+            b = self._head
+            self._unlink(b)
+            old = self.block_hash[b]
+            if old is not None:
+                self.hash_to_block.pop(old, None)
+            self.num_tokens[b] = bs
+            self.refcount[b] = 0
+            self.in_use[b] = False
+            self.block_hash[b] = h
+            self.hash_to_block[h] = b
+            self._append_tail(b)
+            self.pending_latency_us += self.reload_cost_us
+            self.cpu.touch(h)
+            self.reloads += 1
+            count += 1
+        if count:
+            self.request_reloads[req.index] = self.request_reloads.get(req.index, 0) + count
+        return count
+
+    def take_pending_latency_us(self) -> int:
+        """Transfer time of the reloads since the last call (added to the step being formed)."""
+        latency, self.pending_latency_us = self.pending_latency_us, 0
+        return latency
+
+    def _commit(self, req, blocks: list[int]) -> None:
+        """Claim cached blocks for ``req`` after its own (BLIS ``commitCachedBlocks``)."""
+        owned = self.request_blocks.setdefault(req.index, [])
+        for b in blocks:
+            self.refcount[b] += 1
+            if not self.in_use[b]:
+                self.in_use[b] = True
+                self._unlink(b)
+            self.hits += 1
+            owned.append(b)
+
+    def allocate(self, req, start: int, end: int, cached: list[int] | None = None) -> bool:
+        """BLIS's tiered ``AllocateKVBlocks``: reload first, then allocate (§3.8)."""
+        cached = cached or []
+        owned = self.request_blocks.get(req.index)
+        scan_from = len(cached)
+        chain_known = True
+        if owned and len(owned) > scan_from:
+            scan_from = len(owned)
+            # BLIS seeds the scan's hash chain with the last owned block's hash, which a
+            # partially filled block does not have yet: no later block can then match
+            chain_known = self.block_hash[owned[-1]] is not None
+        if not (chain_known and self.reload_prefix(req, scan_from)):
+            ok = super().allocate(req, start, end, cached)
+            if not ok:
+                self.cpu_misses += 1
+            return ok
+        bs = self.block_size
+        now_cached = self.cached_blocks(req)
+        new_start = len(now_cached) * bs
+        if new_start <= start:
+            return super().allocate(req, start, end, cached)
+        first = -(-start // bs) if owned else 0
+        if new_start >= end:
+            last = min(-(-end // bs), len(now_cached))
+            if not owned or first < last:
+                self._commit(req, now_cached[first:last])
+            return True
+        self._commit(req, now_cached[first:new_start // bs])
+        return super().allocate(req, new_start, end, now_cached)
+
+    def allocate_reloaded(self, req, start: int, end: int, cached: list[int],
+                          reloaded: int) -> bool:
+        """Allocate for an admission whose reload already ran (``reload_prefix``) and whose
+        ``cached`` prefix includes the reloaded blocks: no second scan. A failure without a
+        reload counts as a CPU miss, as in ``allocate``."""
+        ok = super().allocate(req, start, end, cached)
+        if not ok and not reloaded:
+            self.cpu_misses += 1
+        return ok
+
+    # ---- mirror (GPU → CPU) ----------------------------------------------------------------
+    def mirror(self, running: list) -> None:
+        """Copy the full hashed blocks of the running batch to the CPU tier, requests in batch
+        order and each request's blocks in order (touching copies already there)."""
+        bs = self.block_size
+        for req in running:
+            for b in self.request_blocks.get(req.index, ()):
+                h = self.block_hash[b]
+                if h is None or self.num_tokens[b] < bs:
+                    continue
+                if h in self.cpu:
+                    self.cpu.touch(h)
+                elif self.cpu.store(h):
+                    self.mirror_stores += 1
