@@ -24,3 +24,6 @@ GOLDEN_NEXT_DIR = DATA_DIR / "blis-golden-next"
 # blis-golden-next runs: case JSON, trace header and trace data per name).
 GOLDEN_NEXT_CASES = ("bb_leastloaded_4inst_ties", "bb_weighted_prefix_affinity_3inst",
                      "weighted_default_scorers_4inst")
+
+# A BLIS HEAD replay with a CPU tier (reference engine; BLIS's behaviour, so --blis-quirks).
+GOLDEN_NEXT_TIERED = "kv_tiered_reload"

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from blisjax.cli import main
 from tests.blis_replay import assert_matches_blis, replay
-from tests.paths import GOLDEN_NEXT_CASES, GOLDEN_NEXT_DIR
+from tests.paths import GOLDEN_NEXT_CASES, GOLDEN_NEXT_DIR, GOLDEN_NEXT_TIERED
 
 _ROUTED = re.compile(r"req request_(\d+) → instance instance_(\d+) ")
 
@@ -65,3 +66,38 @@ def test_lowest_index_ties_do_not_reproduce_blis(name, tmp_path, capsys):
     _, rows = _replay(case, tmp_path, capsys, "reference")
     moved = sum(rows[w["request_id"]]["ttft_us"] != w["ttft_us"] for w in case["results"])
     assert moved > len(case["results"]) // 5
+
+
+def test_tiered_kv_replay_reproduces_blis_with_its_quirks(tmp_path, capsys):
+    """BLIS HEAD with a CPU tier (1 instance, 384 GPU blocks, 1,200 CPU blocks, reloads of
+    25 + ceil(16/8) µs per block): with ``--blis-quirks`` every request's TTFT and E2E, the
+    hit rate (0.7229 with the CPU-miss term) and the thrashing rate (0.8064) are BLIS's."""
+    case = _case(GOLDEN_NEXT_TIERED)
+    metrics, rows = replay(case["command"], GOLDEN_NEXT_DIR, tmp_path, capsys,
+                           ("--blis-quirks",))
+    assert_matches_blis(case, metrics, rows)
+    lines = dict(line.split(": ") for line in case["stdout_other_sections"].splitlines()
+                 if ": " in line)
+    assert f"{metrics['cache_hit_rate']:.4f}" == lines["Cache Hit Rate"]
+    assert f"{metrics['kv_thrashing_rate']:.4f}" == lines["KV Thrashing Rate"]
+    assert sum(r["kv_reloads"] for r in rows.values()) == metrics["kv_reloads"] > 0
+
+
+def test_tiered_kv_default_saves_the_prefill_of_reloaded_blocks(tmp_path, capsys):
+    """Without the quirk, blocks an admission reloads count as cached in its step (Decision
+    12): the same trace's mean TTFT is lower than BLIS's."""
+    case = _case(GOLDEN_NEXT_TIERED)
+    metrics, _ = replay(case["command"], GOLDEN_NEXT_DIR, tmp_path, capsys)
+    assert metrics["ttft_mean_ms"] < case["metrics"]["ttft_mean_ms"]
+    assert metrics["completed_requests"] == case["metrics"]["completed_requests"]
+
+
+def test_jax_engine_refuses_a_cpu_tier(tmp_path, capsys):
+    """The JAX engine has no CPU tier yet: it says so instead of running without one."""
+    case = _case(GOLDEN_NEXT_TIERED)
+    argv = case["command"].split()[1:]
+    argv = [str(GOLDEN_NEXT_DIR / a) if a.endswith((".yaml", ".csv")) else a for a in argv]
+    argv[argv.index("--results-path") + 1] = str(tmp_path / "r.json")
+    assert main([*argv, "--engine", "jax"]) == 2
+    assert "engine.kv_cpu_blocks" in capsys.readouterr().err
+    assert not (tmp_path / "r.json").exists()

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import jax
 import numpy as np
 
+from blisjax.config import ConfigError
 from blisjax.config.codes import CACHE_SCORERS, Scorer
 from blisjax.engine.pytree import pytree_dataclass
 from blisjax.engine.roofline import RooflineConsts, roofline_consts
@@ -188,6 +189,11 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
                          f"workload), got {decode_stretches!r}")
     cfg = resolved.config
     eng = cfg.engine
+    if eng.kv_cpu_blocks > 0:
+        raise ConfigError("engine.kv_cpu_blocks", "the JAX engine does not model a CPU tier "
+                          "of the KV cache yet (got kv_cpu_blocks = "
+                          f"{eng.kv_cpu_blocks}); run it with the reference engine "
+                          "(--engine reference)")
     bs = eng.block_size_tokens
     n = workload.num_requests
     inp = np.asarray(workload.input_tokens, dtype=np.int64)

@@ -272,9 +272,9 @@ def aggregate_metrics(
     out["rejected_requests"] = int(result.rejected_admission)
     out["cache_hit_rate"] = hit_rate
     out["preemption_rate"] = pre_rate
-    out["kv_thrashing_rate"] = thrash_rate
     tier = result.kv_tier
     if tier is not None:  # the CPU tier's own counts (docs/semantics.md §3.8)
+        out["kv_thrashing_rate"] = thrash_rate
         reloads = int(np.sum(tier.reloads))
         out["kv_reloads"] = reloads
         out["kv_mirror_stores"] = int(np.sum(tier.mirror_stores))

@@ -30,7 +30,8 @@ def per_request_rows(result: RunResult, workload: Workload) -> list[dict[str, An
     Keys: ``request_id``, ``status`` (``STATUS_NAMES``), ``instance`` (None if never routed),
     ``tenant``, ``slo_class`` (the raw class name, "" for the empty class), ``arrival_us``,
     ``input_tokens``, ``output_tokens`` (N_out requested), ``scheduling_delay_us`` (last
-    admission − arrival, None if never scheduled), ``preemptions``; then ``ttft_us`` whenever a
+    admission − arrival, None if never scheduled), ``preemptions``, ``kv_reloads`` (with a CPU
+    tier only: KV blocks reloaded for it); then ``ttft_us`` whenever a
     TTFT was recorded (also for unfinished / timed-out requests, BLIS's TTFT population); and for
     completed requests ``e2e_us``, ``itl_mean_ms`` (per-request TPOT, ms), ``output_tokens_done``
     and ``length_capped``. All times are integer µs unless the name says ms.
@@ -58,6 +59,8 @@ def per_request_rows(result: RunResult, workload: Workload) -> list[dict[str, An
             "scheduling_delay_us": _recorded(int(result.scheduling_delay_us[i])),
             "preemptions": int(result.preemptions[i]),
         }
+        if result.kv_tier is not None:  # blocks its allocations reloaded from the CPU tier
+            row["kv_reloads"] = int(result.kv_tier.request_reloads[i])
         ttft = _recorded(int(result.ttft_us[i]))
         if ttft is not None:
             row["ttft_us"] = ttft

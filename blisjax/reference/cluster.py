@@ -57,7 +57,8 @@ class ClusterSimulator:
             Instance(i, engine=cfg.engine, total_kv_blocks=resolved.total_kv_blocks,
                      max_model_len=resolved.max_model_len, latency=latency, priority=priority,
                      scheduler=SchedulerPolicy.of(cfg.policy.scheduler.policy), horizon_us=self.horizon_us,
-                     hash_of=self._hash_of, blis_quirks=cfg.compat.blis_quirks)
+                     hash_of=self._hash_of, blis_quirks=cfg.compat.blis_quirks,
+                     hash_after=self._hash_after)
             for i in range(n_inst)
         ]
         for x in self.instances:
@@ -105,6 +106,13 @@ class ClusterSimulator:
                               self.block_size)
             hashes.append(chain(prev, code))
         return hashes[j]
+
+    def _hash_after(self, prev: int | None, req: SimRequest, j: int) -> int:
+        """Block j of ``req`` chained from ``prev`` (the hash of the block the request holds
+        before it, None if that block has none): its hash when that block is off the true
+        chain (``KVCache._register``)."""
+        code = block_code(req.index, req.prefix_group, req.prefix_length, j, self.block_size)
+        return chain(CHAIN_SEED if prev is None else prev, code)
 
     def _prompt_hashes(self, req: SimRequest) -> list[int]:
         full = req.input_tokens // self.block_size

@@ -19,8 +19,10 @@ class KVCache:
     """One instance's KV blocks. ``hash_of(req, j)`` gives the chained hash of a request's block j."""
 
     def __init__(self, total_blocks: int, block_size_tokens: int,
-                 hash_of: Callable[[object, int], int], prefix_caching: bool = True) -> None:
+                 hash_of: Callable[[object, int], int], prefix_caching: bool = True,
+                 hash_after: Callable[[int | None, object, int], int] | None = None) -> None:
         self.total_blocks = total_blocks
+        self._hash_after = hash_after  # (held predecessor's hash, req, j) -> block j's hash
         self.block_size = block_size_tokens
         self.prefix_caching = prefix_caching
         self._hash_of = hash_of
@@ -166,9 +168,18 @@ class KVCache:
         return True
 
     def _register(self, req, j: int, b: int) -> None:
+        """Give block ``b`` (block ``j`` of ``req``) its hash, chained from the hash of the block
+        the request holds at ``j - 1`` — the true chain, unless that block's content was
+        replaced after the request found it cached (a tiered reload can do that, §3.8); BLIS
+        chains from the held block's hash all the same, so the request's later blocks then
+        match nothing."""
         if not self.prefix_caching:
             return
         h = self._hash_of(req, j)
+        if j > 0 and self._hash_after is not None:
+            prev = self.block_hash[self.request_blocks[req.index][j - 1]]
+            if prev != self._hash_of(req, j - 1):
+                h = self._hash_after(prev, req, j)
         self.block_hash[b] = h
         self.hash_to_block[h] = b
 
@@ -242,8 +253,10 @@ class TieredKVCache(KVCache):
 
     def __init__(self, total_blocks: int, block_size_tokens: int,
                  hash_of: Callable[[object, int], int], cpu_blocks: int,
-                 bandwidth_tokens_per_us: float, base_latency_us: int) -> None:
-        super().__init__(total_blocks, block_size_tokens, hash_of, prefix_caching=True)
+                 bandwidth_tokens_per_us: float, base_latency_us: int,
+                 hash_after: Callable[[int | None, object, int], int] | None = None) -> None:
+        super().__init__(total_blocks, block_size_tokens, hash_of, prefix_caching=True,
+                         hash_after=hash_after)
         self.cpu = CpuTier(cpu_blocks)
         self.reload_cost_us = base_latency_us + int(math.ceil(block_size_tokens
                                                               / bandwidth_tokens_per_us))
@@ -309,9 +322,9 @@ class TieredKVCache(KVCache):
         chain_known = True
         if owned and len(owned) > scan_from:
             scan_from = len(owned)
-            # BLIS seeds the scan's hash chain with the last owned block's hash, which a
-            # partially filled block does not have yet: no later block can then match
-            chain_known = self.block_hash[owned[-1]] is not None
+            # BLIS seeds the scan's hash chain with the last owned block's hash: a partially
+            # filled block has none yet, and a block off the true chain matches nothing
+            chain_known = self.block_hash[owned[-1]] == self._hash_of(req, len(owned) - 1)
         if not (chain_known and self.reload_prefix(req, scan_from)):
             ok = super().allocate(req, start, end, cached)
             if not ok:

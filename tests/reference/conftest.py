@@ -8,6 +8,7 @@ import pytest
 from blisjax.config import (
     AdmissionConfig,
     ClusterConfig,
+    CompatConfig,
     EngineConfig,
     LatencyConfig,
     PolicyConfig,
@@ -29,13 +30,16 @@ def make_resolved(*, instances=1, alpha=ALPHA0, beta=BETA, kv_blocks=10_000, blo
                   max_running=256, max_tokens=2048, threshold=0, max_model_len=0,
                   admission=None, priority=None, routing=None, scheduler="fcfs",
                   preemption="fcfs", refresh_us=0, horizon_us=2**63 - 1, prefix_caching=True,
-                  admission_latency_us=0, routing_latency_us=0, cache_delay_us=0):
+                  admission_latency_us=0, routing_latency_us=0, cache_delay_us=0,
+                  cpu_blocks=0, transfer_bandwidth=100.0, transfer_base_us=0, quirks=False):
     cfg = SimConfig(
         engine=EngineConfig(
             max_num_running_reqs=max_running, max_num_scheduled_tokens=max_tokens,
             block_size_tokens=block_size, total_kv_blocks=kv_blocks,
             long_prefill_token_threshold=threshold, max_model_len=max_model_len,
-            enable_prefix_caching=prefix_caching, preemption_policy=preemption),
+            enable_prefix_caching=prefix_caching, preemption_policy=preemption,
+            kv_cpu_blocks=cpu_blocks, kv_transfer_bandwidth=transfer_bandwidth,
+            kv_transfer_base_latency_us=transfer_base_us),
         latency=LatencyConfig(model="blackbox", alpha_coeffs=tuple(alpha), beta_coeffs=tuple(beta)),
         cluster=ClusterConfig(num_instances=instances, snapshot_refresh_interval_us=refresh_us,
                               admission_latency_us=admission_latency_us,
@@ -46,6 +50,7 @@ def make_resolved(*, instances=1, alpha=ALPHA0, beta=BETA, kv_blocks=10_000, blo
                             routing=routing or RoutingConfig(),
                             scheduler=SchedulerConfig(policy=scheduler)),
         horizon_us=horizon_us,
+        compat=CompatConfig(blis_quirks=quirks),
     )
     return resolve_config(cfg)
 

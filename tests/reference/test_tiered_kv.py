@@ -1,0 +1,55 @@
+"""The CPU tier of the KV cache (docs/semantics.md §3.8): hand-computed timelines.
+
+Blackbox step time 1000 + 10·prefill + 100·decode µs (tests/reference/conftest.py), blocks of
+4 tokens, a GPU of 4 blocks and a CPU tier of 16; a reload costs 10 + ceil(4 / 2) = 12 µs.
+
+r0 (prefix group g: blocks G0, G1, then its own block) runs at t = 0 and leaves its three full
+prompt blocks in the CPU tier (mirrored after its step). r1 (no group) at 5 ms needs every GPU
+block, evicting G0 and G1 from the GPU. r2 (group g) at 10 ms finds nothing cached on the GPU;
+its allocation reloads G0 and G1 from the CPU tier (24 µs charged to its step) and claims them.
+BLIS (``--blis-quirks``) still prefills all 12 prompt tokens in that step; by default the
+reloaded blocks count as cached, so it prefills 4.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.reference.conftest import run
+
+ROWS = [dict(arrival=0, input=12, output=1, group=0, prefix=8),
+        dict(arrival=5000, input=12, output=1),
+        dict(arrival=10_000, input=12, output=1, group=0, prefix=8)]
+TIER = dict(block_size=4, kv_blocks=4, cpu_blocks=16, transfer_bandwidth=2.0,
+            transfer_base_us=10, groups=("g",))
+
+
+@pytest.mark.parametrize(("quirks", "r2_ttft_us"), [
+    (True, 1000 + 10 * 12 + 2 * 12),  # reload time added, no prefill saved
+    (False, 1000 + 10 * 4 + 2 * 12),  # reload time added, reloaded tokens not prefilled
+])
+def test_reload_is_charged_to_the_step_that_reloads(quirks, r2_ttft_us):
+    res, sim = run(ROWS, quirks=quirks, **TIER)
+    assert list(res.ttft_us) == [1000 + 10 * 12, 1000 + 10 * 12, r2_ttft_us]
+    tier = res.kv_tier
+    assert list(tier.request_reloads) == [0, 0, 2]
+    assert int(tier.reloads[0]) == 2 and int(tier.cpu_misses[0]) == 0
+    # stores: r0's 3 prompt blocks, r1's 3, r2's own block (G0, G1 were already there)
+    assert int(tier.mirror_stores[0]) == 7 and int(tier.cpu_evictions[0]) == 0
+    # 2 hits (G0, G1 claimed by r2); misses: 3 + 3 + 1 fresh prompt blocks, 3 final tokens
+    assert (int(res.cache_hits[0]), int(res.cache_misses[0])) == (2, 10)
+
+
+def test_without_a_cpu_tier_r2_recomputes_its_prefix():
+    res, _ = run(ROWS, **{**TIER, "cpu_blocks": 0})
+    assert list(res.ttft_us) == [1120, 1120, 1120]
+    assert res.kv_tier is None
+
+
+def test_a_full_tier_evicts_its_least_recent_block():
+    """A tier of 3 blocks: r1's three prompt blocks push out r0's, so r2 reloads nothing, and
+    r2's three blocks push out r1's."""
+    res, _ = run(ROWS, **{**TIER, "cpu_blocks": 3})
+    assert list(res.ttft_us) == [1120, 1120, 1120]
+    assert int(res.kv_tier.cpu_evictions[0]) == 3 + 3
+    assert int(res.kv_tier.reloads[0]) == 0
