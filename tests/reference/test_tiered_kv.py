@@ -53,3 +53,34 @@ def test_a_full_tier_evicts_its_least_recent_block():
     assert list(res.ttft_us) == [1120, 1120, 1120]
     assert int(res.kv_tier.cpu_evictions[0]) == 3 + 3
     assert int(res.kv_tier.reloads[0]) == 0
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    (dict(kv_cpu_blocks=-1), r"^engine\.kv_cpu_blocks: must be an integer >= 0"),
+    (dict(kv_transfer_bandwidth=0.0), r"^engine\.kv_transfer_bandwidth: must be a finite number > 0"),
+    (dict(kv_transfer_bandwidth=float("inf")), r"^engine\.kv_transfer_bandwidth: "),
+    (dict(kv_transfer_base_latency_us=-5), r"^engine\.kv_transfer_base_latency_us: "),
+    (dict(kv_cpu_blocks=8, enable_prefix_caching=False), r"^engine\.kv_cpu_blocks: .*prefix"),
+])
+def test_cpu_tier_settings_are_checked(kwargs, message):
+    from blisjax.config import ConfigError, EngineConfig
+
+    with pytest.raises(ConfigError, match=message):
+        EngineConfig(**kwargs)
+
+
+def test_blis_tier_flags_set_the_engine_and_the_offload_threshold_is_only_checked():
+    import argparse
+
+    from blisjax.config import ConfigError, SimConfig
+    from blisjax.config.flags import add_blis_flags, apply_blis_flags
+
+    parser = argparse.ArgumentParser()
+    add_blis_flags(parser)
+    args = ["--kv-cpu-blocks", "1200", "--kv-transfer-bandwidth", "8",
+            "--kv-transfer-base-latency", "25", "--kv-offload-threshold", "0.9"]
+    eng = apply_blis_flags(SimConfig(), parser.parse_args(args)).engine
+    assert (eng.kv_cpu_blocks, eng.kv_transfer_bandwidth, eng.kv_transfer_base_latency_us) == \
+        (1200, 8.0, 25)
+    with pytest.raises(ConfigError, match=r"^--kv-offload-threshold: must be in \[0, 1\]"):
+        apply_blis_flags(SimConfig(), parser.parse_args(["--kv-offload-threshold", "1.5"]))
