@@ -65,6 +65,18 @@ class KVCache:
         self._tail = b
         self.free_count += 1
 
+    def _pop_free(self) -> int:
+        """Take the free list's head (the least recently freed block) and forget its cached
+        content: lazy deletion by hash value, as BLIS (it may drop a newer mapping of the same
+        hash)."""
+        b = self._head
+        self._unlink(b)
+        old = self.block_hash[b]
+        if old is not None:
+            self.hash_to_block.pop(old, None)
+            self.block_hash[b] = None
+        return b
+
     def free_list(self) -> list[int]:
         """Free blocks in eviction order (head first); for tests and invariant checks."""
         out, b = [], self._head
@@ -132,15 +144,7 @@ class KVCache:
             blocks = self.request_blocks.get(req.index)
             if blocks is None:
                 # First allocation of this request: claim the cached prefix blocks.
-                blocks = []
-                for b in cached:
-                    self.refcount[b] += 1
-                    if not self.in_use[b]:
-                        self.in_use[b] = True
-                        self._unlink(b)
-                    self.hits += 1
-                    blocks.append(b)
-                self.request_blocks[req.index] = blocks
+                blocks = self.claim(req, cached)
             last = blocks[-1] if blocks else _NIL
             if last != _NIL and 1 <= self.num_tokens[last] < bs:
                 k = min(bs - self.num_tokens[last], remaining)
@@ -149,13 +153,7 @@ class KVCache:
                 if self.num_tokens[last] == bs:  # filled (also during decode): register its hash
                     self._register(req, len(blocks) - 1, last)
                 continue
-            b = self._head
-            self._unlink(b)
-            old = self.block_hash[b]
-            if old is not None:
-                # Lazy deletion by hash value, as BLIS: may drop a newer mapping of the same hash.
-                self.hash_to_block.pop(old, None)
-                self.block_hash[b] = None
+            b = self._pop_free()
             k = min(bs, remaining)
             self.num_tokens[b] = k
             self.refcount[b] = 1
@@ -166,6 +164,19 @@ class KVCache:
             if k == bs and prefill:
                 self._register(req, len(blocks) - 1, b)
         return True
+
+    def claim(self, req, blocks: list[int]) -> list[int]:
+        """Append cached blocks to ``req``'s blocks (each a cache hit: one more holder, off
+        the free list); returns its block list (BLIS ``commitCachedBlocks``)."""
+        owned = self.request_blocks.setdefault(req.index, [])
+        for b in blocks:
+            self.refcount[b] += 1
+            if not self.in_use[b]:
+                self.in_use[b] = True
+                self._unlink(b)
+            self.hits += 1
+            owned.append(b)
+        return owned
 
     def _register(self, req, j: int, b: int) -> None:
         """Give block ``b`` (block ``j`` of ``req``) its hash, chained from the hash of the block
@@ -279,11 +290,7 @@ class TieredKVCache(KVCache):
                 continue
             if h not in self.cpu or count >= budget:
                 break
-            b = self._head
-            self._unlink(b)
-            old = self.block_hash[b]
-            if old is not None:
-                self.hash_to_block.pop(old, None)
+            b = self._pop_free()
             self.num_tokens[b] = bs
             self.refcount[b] = 0
             self.in_use[b] = False
@@ -302,17 +309,6 @@ class TieredKVCache(KVCache):
         """Transfer time of the reloads since the last call (added to the step being formed)."""
         latency, self.pending_latency_us = self.pending_latency_us, 0
         return latency
-
-    def _commit(self, req, blocks: list[int]) -> None:
-        """Claim cached blocks for ``req`` after its own (BLIS ``commitCachedBlocks``)."""
-        owned = self.request_blocks.setdefault(req.index, [])
-        for b in blocks:
-            self.refcount[b] += 1
-            if not self.in_use[b]:
-                self.in_use[b] = True
-                self._unlink(b)
-            self.hits += 1
-            owned.append(b)
 
     def allocate(self, req, start: int, end: int, cached: list[int] | None = None) -> bool:
         """BLIS's tiered ``AllocateKVBlocks``: reload first, then allocate (§3.8)."""
@@ -339,9 +335,9 @@ class TieredKVCache(KVCache):
         if new_start >= end:
             last = min(-(-end // bs), len(now_cached))
             if not owned or first < last:
-                self._commit(req, now_cached[first:last])
+                self.claim(req, now_cached[first:last])
             return True
-        self._commit(req, now_cached[first:new_start // bs])
+        self.claim(req, now_cached[first:new_start // bs])
         return super().allocate(req, new_start, end, now_cached)
 
     def allocate_reloaded(self, req, start: int, end: int, cached: list[int],
