@@ -48,8 +48,9 @@ class Instance:
             self.kv = KVCache(total_kv_blocks, self.block_size, hash_of,
                               engine.enable_prefix_caching)
         self.tiered = engine.kv_cpu_blocks > 0
-        # Decision 12: by default an admission's reloaded blocks count as cached in the step
-        # that reloads them; BLIS (the quirk) charges their prefill anyway
+        # Decision 12: by default an admission reloads before its prefill is sized (reloaded
+        # blocks count as cached in that step) and keeps its own cached blocks while it
+        # reloads; BLIS (the quirk) does neither
         self.reload_before_sizing = self.tiered and not blis_quirks
         self.events: list = []
         self.seq = 0
@@ -238,7 +239,7 @@ class Instance:
             head = self.wait_queue[0]
             cached = self.kv.cached_blocks(head)
             if self.reload_before_sizing:
-                reloaded = self.kv.reload_prefix(head, len(cached))
+                reloaded = self.kv.reload_prefix(head, len(cached), keep=cached)
                 if reloaded:
                     cached = self.kv.cached_blocks(head)
             start = len(cached) * self.block_size

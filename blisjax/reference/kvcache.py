@@ -65,11 +65,13 @@ class KVCache:
         self._tail = b
         self.free_count += 1
 
-    def _pop_free(self) -> int:
-        """Take the free list's head (the least recently freed block) and forget its cached
-        content: lazy deletion by hash value, as BLIS (it may drop a newer mapping of the same
-        hash)."""
+    def _pop_free(self, keep: frozenset[int] = frozenset()) -> int:
+        """Take the free list's head (the least recently freed block), passing over blocks in
+        ``keep``, and forget its cached content: lazy deletion by hash value, as BLIS (it may
+        drop a newer mapping of the same hash)."""
         b = self._head
+        while b in keep:
+            b = self._next[b]
         self._unlink(b)
         old = self.block_hash[b]
         if old is not None:
@@ -278,11 +280,17 @@ class TieredKVCache(KVCache):
         self.request_reloads: dict[int, int] = {}
 
     # ---- reload (CPU → GPU) ----------------------------------------------------------------
-    def reload_prefix(self, req, start_block: int) -> int:
+    def reload_prefix(self, req, start_block: int, keep: list[int] = ()) -> int:
         """Reload the consecutive prompt blocks of ``req`` from ``start_block`` on that the GPU
-        lacks and the CPU holds (blocks the GPU holds are skipped); returns how many."""
+        lacks and the CPU holds (blocks the GPU holds are skipped); returns how many.
+
+        Each reload takes a free block. BLIS takes the free list's head even when that is a
+        block of the very prefix the request found cached (``keep`` empty); with ``keep`` (the
+        request's cached blocks) those are passed over, as vLLM holds a request's cached blocks
+        before it allocates for the tokens it loads (docs/semantics.md §3.8, Decision 12)."""
         bs = self.block_size
-        budget = self.free_count  # at most the free blocks at entry
+        keep = frozenset(b for b in keep if not self.in_use[b])  # the free ones matter
+        budget = self.free_count - len(keep)  # at most the (other) free blocks at entry
         count = 0
         for j in range(start_block, req.input_tokens // bs):
             h = self._hash_of(req, j)
@@ -290,7 +298,7 @@ class TieredKVCache(KVCache):
                 continue
             if h not in self.cpu or count >= budget:
                 break
-            b = self._pop_free()
+            b = self._pop_free(keep)
             self.num_tokens[b] = bs
             self.refcount[b] = 0
             self.in_use[b] = False

@@ -84,3 +84,26 @@ def test_blis_tier_flags_set_the_engine_and_the_offload_threshold_is_only_checke
         (1200, 8.0, 25)
     with pytest.raises(ConfigError, match=r"^--kv-offload-threshold: must be in \[0, 1\]"):
         apply_blis_flags(SimConfig(), parser.parse_args(["--kv-offload-threshold", "1.5"]))
+
+
+# Prefix of 3 blocks (G0, G1, G2), prompts of 14 tokens. r0 leaves G0..G2 in the CPU tier and
+# frees its blocks (last to first: free list P, G2, G1, G0); r1 takes P and G2's block, so the
+# GPU keeps G0 and G1 with G1 at the free list's head. r2 finds G0, G1 cached and reloads G2:
+# * BLIS (quirk): the reload takes the head — G1's own block — so r2 keeps only G0 cached in
+#   name, claims the overwritten block anyway, prefills 14 − 8 = 6 tokens; 1000 + 60 + 12 µs.
+# * default: r2 keeps its cached blocks, the reload takes the next free block, and with G2
+#   counted as cached r2 prefills 2 tokens; 1000 + 20 + 12 µs.
+OWN_PREFIX_ROWS = [dict(arrival=0, input=14, output=1, group=0, prefix=12),
+                   dict(arrival=5000, input=4, output=1),
+                   dict(arrival=10_000, input=14, output=1, group=0, prefix=12)]
+
+
+@pytest.mark.parametrize(("quirks", "r2_ttft_us", "hits"), [
+    (True, 1000 + 10 * 6 + 12, 2),
+    (False, 1000 + 10 * 2 + 12, 3),
+])
+def test_a_reload_keeps_the_requests_own_cached_blocks_unless_quirks(quirks, r2_ttft_us, hits):
+    res, _ = run(OWN_PREFIX_ROWS, quirks=quirks, **TIER)
+    assert list(res.ttft_us) == [1000 + 10 * 14, 1000 + 10 * 4, r2_ttft_us]
+    assert list(res.kv_tier.request_reloads) == [0, 0, 1]
+    assert int(res.cache_hits[0]) == hits
