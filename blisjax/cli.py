@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from blisjax import __version__
+from blisjax.atomicio import write_text_atomic
 from blisjax.config import (
     ConfigError,
     SimConfig,
@@ -45,6 +46,10 @@ from blisjax.workload import (
 )
 
 ENGINES = ("reference", "jax")
+#: apiVersion values of ``export-llmd`` (``search.llmd``'s, named here so the parser does not
+#: import the search package).
+LLMD_API_VERSIONS = ("llm-d.ai/v1alpha1", "inference.networking.x-k8s.io/v1alpha1")
+LLMD_DEFAULT_API_VERSION = LLMD_API_VERSIONS[0]
 #: Exit status of a run stopped by Ctrl-C (128 + SIGINT, as shells report it).
 EXIT_INTERRUPTED = 130
 #: Exit status of invalid input.
@@ -289,6 +294,17 @@ def build_parser() -> argparse.ArgumentParser:
                        help="write the trace header YAML here")
     trace.add_argument("--out-data", required=True, metavar="FILE",
                        help="write the trace CSV here")
+
+    export = command("export-llmd", "write a configuration's routing as an llm-d "
+                                    "EndpointPickerConfig (what `search` writes as "
+                                    "endpoint_picker.yaml)")
+    _add_config_flag(export)
+    add_blis_flags(export)
+    export.add_argument("--out", required=True, metavar="FILE",
+                        help="write the EndpointPickerConfig YAML here")
+    export.add_argument("--llmd-api-version", default=LLMD_DEFAULT_API_VERSION, metavar="V",
+                        help=f"apiVersion: {' | '.join(LLMD_API_VERSIONS)} (default "
+                             f"{LLMD_DEFAULT_API_VERSION}; the second writes integer weights)")
 
     _add_fit_parser(command("fit-latency",
                             "fit physics (and blackbox) latency coefficients from step/journey "
@@ -765,6 +781,23 @@ def cmd_trace(args: Any) -> int:
     return 0
 
 
+def cmd_export_llmd(args: Any) -> int:
+    """The base configuration's routing (after the BLIS flags) as an llm-d
+    EndpointPickerConfig; a policy with no llm-d counterpart is an error saying why."""
+    from search.llmd import check_api_version, endpoint_picker_config
+
+    check_api_version(args.llmd_api_version)
+    _check_outputs(args, ("out",))
+    cfg, base = _config_from_args(args)
+    export = endpoint_picker_config(cfg, args.llmd_api_version,
+                                    header=[f"blisjax export-llmd of {base}"])
+    if export.text is None:
+        raise ConfigError("policy.routing", f"no llm-d EndpointPickerConfig: {export.reason}")
+    write_text_atomic(args.out, export.text)
+    _log(args, f"wrote {args.out}")
+    return 0
+
+
 def _number_list(flag: str, values: list[str] | None) -> tuple[float, ...] | None:
     if values is None:
         return None
@@ -829,7 +862,6 @@ def cmd_fit_latency(args: Any) -> int:
         physics_config_from_sim,
         read_journey_table,
         read_step_table,
-        write_text_atomic,
     )
 
     for dest in _EXPORT_ONLY:
@@ -901,7 +933,8 @@ def cmd_search(args: Any) -> int:
 
 
 COMMANDS = {"run": cmd_run, "replay": cmd_replay, "trace": cmd_trace, "parity": cmd_parity,
-            "fit-latency": cmd_fit_latency, "sweep": cmd_sweep, "search": cmd_search}
+            "fit-latency": cmd_fit_latency, "sweep": cmd_sweep, "search": cmd_search,
+            "export-llmd": cmd_export_llmd}
 
 
 # ---- JAX compile cache --------------------------------------------------------------------------
