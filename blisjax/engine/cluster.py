@@ -61,8 +61,12 @@ def refresh_snapshots(s: SimState, st, c, now, active) -> SimState:
         return s
     copy_due = active & (now - s.cache_copy_last >= st.cache_signal_delay_us)
 
-    def copy(s, go):  # the whole slot table: run only when some lane's copy is due
-        return s.replace(cache_copy=jnp.where(go, s.slot_block >= 0, s.cache_copy),
+    def copy(s, go):  # run only when some lane's copy is due
+        # prefix-group slots only: a request's own blocks are never registered before it is
+        # first routed, so the query never finds them (``policies._cache_query``); the copy's
+        # size and cost do not grow with the request count
+        registered = s.slot_block[:st.group_slots] >= 0
+        return s.replace(cache_copy=jnp.where(go, registered, s.cache_copy),
                          cache_copy_last=jnp.where(go, now, s.cache_copy_last))
 
     return lane_once(copy_due, copy, s)

@@ -266,7 +266,11 @@ def _cache_query(s: SimState, st, c, r):
 
     def count(i):
         slots = jnp.where(valid, kv.hash_slot(st, c, i, r, j), st.hash_slots)
-        present = s.cache_copy[slots] if st.cache_copy_on else s.slot_block[slots] >= 0
+        if st.cache_copy_on:  # the copy holds the prefix-group slots (``refresh_snapshots``)
+            group = slots < st.group_slots
+            present = group & s.cache_copy[jnp.where(group, slots, 0)]
+        else:
+            present = s.slot_block[slots] >= 0
         return leading_count(valid & present)
 
     return jax.vmap(count)(jnp.arange(st.num_instances))

@@ -77,7 +77,8 @@ class SimState:
     cold_clock: jax.Array  # int64: next stamp
     # the cache query's periodic copy (ClusterSimulator._cache_copy; only with a positive
     # cache signal delay, ``EngineStatic.cache_copy_on``, else one unused entry)
-    cache_copy: jax.Array  # bool [S+1]: the hash slot was registered at the last refresh
+    cache_copy: jax.Array  # bool [I·G·Jg]: the prefix-group hash slot was registered at the
+    #                        last refresh
     cache_copy_last: jax.Array  # int64 µs: time of the last refresh
     # ---- router-side prefix index per instance (PrefixIndex; see policies.prefix_match) ----
     lru_pos: jax.Array  # int64 [I, G, Jg]: position of the group block's last touch, -1 = never
@@ -181,7 +182,7 @@ def init_state(st: EngineStatic, tb_capacity, rl_burst, admission_code, rate_lim
                    else jnp.asarray(router_rng, i64)),
         rng_tap=jnp.asarray(0, i32), rng_feed=jnp.asarray(STATE_WORDS - TAP_LAG, i32),
         cold_stamp=jnp.full(i, -1, i64), cold_clock=jnp.asarray(0, i64),
-        cache_copy=jnp.zeros(st.hash_slots + 1 if st.cache_copy_on else 1, bool),
+        cache_copy=jnp.zeros(st.group_slots if st.cache_copy_on else 1, bool),
         cache_copy_last=jnp.asarray(0, i64),
         lru_pos=jnp.full((i, g, jg), -1, i64), lru_own_at=zi(i, g, jg), lru_clock=zi(i),
         lru_own=zi(i),

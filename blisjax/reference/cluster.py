@@ -25,7 +25,7 @@ from blisjax.metrics.records import (
     Stage,
 )
 from blisjax.reference.instance import Instance
-from blisjax.reference.policies import Admission, Priority, Router, Snapshot
+from blisjax.reference.policies import Admission, Priority, Router, Snapshot, leading_present
 from blisjax.reference.request import SimRequest
 
 # Cluster event priorities (§5.2).
@@ -148,13 +148,7 @@ class ClusterSimulator:
         if not self.cfg.engine.enable_prefix_caching:
             return [0] * len(self.instances)
         hashes = self._prompt_hashes(req)
-        out = []
-        for copy in self._cache_copy:
-            n = 0
-            while n < len(hashes) and hashes[n] in copy:
-                n += 1
-            out.append(n)
-        return out
+        return [leading_present(hashes, copy) for copy in self._cache_copy]
 
     def _execute_cluster_event(self, time_us: int, prio: int, req: SimRequest) -> None:
         if prio == EV_CLUSTER_ARRIVAL:

@@ -152,6 +152,16 @@ def reorder_wait_queue(policy: SchedulerPolicy, queue: list) -> list:
 # ---------------------------------------------------------------------------------------------
 
 
+def leading_present(hashes: list[int], present) -> int:
+    """How many of ``hashes``, from the first, are in ``present`` (a set or mapping)."""
+    n = 0
+    for h in hashes:
+        if h not in present:
+            break
+        n += 1
+    return n
+
+
 class PrefixIndex:
     """Router-side approximate prefix cache of one instance: an LRU of block hashes."""
 
@@ -161,12 +171,7 @@ class PrefixIndex:
 
     def match_length(self, hashes: list[int]) -> int:
         """Consecutive hashes from the start that are present (does not refresh recency)."""
-        n = 0
-        for h in hashes:
-            if h not in self.lru:
-                break
-            n += 1
-        return n
+        return leading_present(hashes, self.lru)
 
     def touch(self, hashes: list[int]) -> None:
         """Record a routed request's blocks, in order: present → MRU; new → insert, evict LRU."""
