@@ -1,0 +1,215 @@
+"""The CPU tier of the KV cache on one lane: an LRU of block contents per instance, the mirror
+pass after every step and the transfer-time bookkeeping.
+
+Counterpart: ``blisjax.reference.kvcache.CpuTier`` and the mirror and counters of
+``TieredKVCache`` (behaviour: docs/semantics.md §3.8). The reload itself, which moves GPU
+blocks, lives with the other free-list operations in ``kvcache.py``.
+
+* **Keys.** The reference keys the tier by a block's chained hash. Here a hash is a *CPU key*,
+  a dense index of a block's content: a full prompt block's key is its hash slot
+  (``kvcache.hash_slot``: per instance for prefix-group blocks, per request otherwise); a block
+  holding output tokens gets one of its request's *extension* keys (``WorkloadConsts.ext_base``
+  + its position past the full prompt blocks); with ``blis_quirks``, a block whose hash chains
+  from a held block of other content (the reference's ``_register`` off the true chain) gets
+  an *off-chain* key (``WorkloadConsts.offchain_base`` + its position), which nothing else
+  matches. Keys of different instances never meet: a request only ever runs on one instance.
+  ``KVTierState.key_of_block`` is the key registered for each GPU block (-1: no hash).
+* **LRU.** Each instance's tier is a ring of keys in recency order, oldest first, with lazy
+  deletion as the GPU free list's (``kvcache.py``): a touch appends the key again and
+  ``where[key]`` moves to the new entry's position; an entry is live iff ``where`` of its key
+  points at it. The ring is compacted (live entries renumbered from 0, order kept) before an
+  append would overflow it.
+* **Mirror.** Every access of a mirror pass either touches (key present) or stores (key
+  absent, the oldest entry evicted when the tier is full) — an LRU in which every access makes
+  its key the most recent. Such an LRU holds the C most recent distinct keys (C its
+  capacity), so whether an access finds its key present is a question of *stack distance*: the
+  number of distinct keys accessed since the key's previous access must be below C. With the
+  tier's entries before the pass taken as earlier accesses in ring order, that gives every
+  access's outcome in a few pairwise comparisons over the pass (``mirror``), without replaying
+  it key by key; the tier after the pass is then the old ring with the pass's keys appended in
+  order of their last access, trimmed to C from the oldest end.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from blisjax.engine.lockstep import add, lane_while, upd
+from blisjax.engine.pytree import pytree_dataclass
+from blisjax.engine.state import NIL
+from blisjax.engine.vec import prefix_sum
+
+KEY_LIMIT = 1 << 30  # ring positions are renumbered from 0 before they could overflow int32
+EVICT_WINDOW = 32  # ring entries read per trip of an eviction
+
+
+@pytree_dataclass
+class KVTierState:
+    """One lane's CPU tiers and tier counters (``SimState.tier``; one-entry placeholders
+    when the program has no CPU tier). Shapes: I instances, Rc ring entries per instance
+    (``EngineStatic.cpu_ring``), KEYS CPU keys (+1: a sink), K GPU blocks, N requests (+1)."""
+
+    where: jax.Array  # int32 [KEYS + 1]: ring position of the key's live entry, -1 = absent
+    ring: jax.Array  # int32 [I, Rc]: keys in recency order from head (oldest) to tail
+    head: jax.Array  # int32 [I]: position of the oldest entry that may be live
+    tail: jax.Array  # int32 [I]: next position to append at
+    size: jax.Array  # int32 [I]: keys held
+    key_of_block: jax.Array  # int32 [I, K]: CPU key of the hash registered for the GPU
+    #                          block, -1 = none (the reference's ``block_hash``)
+    pending_us: jax.Array  # int64 [I]: transfer time of reloads not yet charged to a step
+    reloads: jax.Array  # int64 [I]: blocks reloaded CPU -> GPU (BLIS's cpuHitCount)
+    cpu_misses: jax.Array  # int64 [I]: allocations that failed without reloading anything
+    mirror_stores: jax.Array  # int64 [I]: keys stored by mirror passes
+    evictions: jax.Array  # int64 [I]: keys the full tier dropped
+    request_reloads: jax.Array  # int32 [N + 1]: blocks reloaded by each request's allocations
+    unsupported: jax.Array  # int32: events the program cannot reproduce (flagged, see
+    #                         ``kvcache.reload_then_allocate``)
+
+
+def init_tier(st) -> KVTierState:
+    """Empty tiers (or one-entry placeholders when ``st`` has no CPU tier)."""
+    on = st.tiered
+    n_inst = st.num_instances if on else 1
+    keys = st.cpu_keys if on else 0
+    ring = st.cpu_ring if on else 1
+    i32, i64 = jnp.int32, jnp.int64
+    return KVTierState(
+        where=jnp.full(keys + 1, NIL, i32), ring=jnp.full((n_inst, ring), NIL, i32),
+        head=jnp.zeros(n_inst, i32), tail=jnp.zeros(n_inst, i32), size=jnp.zeros(n_inst, i32),
+        key_of_block=jnp.full((n_inst, st.kv_blocks if on else 1), NIL, i32),
+        pending_us=jnp.zeros(n_inst, i64), reloads=jnp.zeros(n_inst, i64),
+        cpu_misses=jnp.zeros(n_inst, i64), mirror_stores=jnp.zeros(n_inst, i64),
+        evictions=jnp.zeros(n_inst, i64),
+        request_reloads=jnp.zeros(st.num_requests + 1 if on else 1, i32),
+        unsupported=jnp.asarray(0, i32))
+
+
+# ---- the ring ----------------------------------------------------------------------------------
+
+
+def _live(t: KVTierState, i, pos):
+    """Whether ring positions ``pos`` of instance i hold live entries; and their keys."""
+    r_size = t.ring.shape[1]
+    key = t.ring[i, pos % r_size]
+    sink = t.where.shape[0] - 1
+    live = (pos >= t.head[i]) & (pos < t.tail[i]) & (key >= 0) \
+        & (t.where[jnp.where(key >= 0, key, sink)] == pos)
+    return live, key
+
+
+def _compact(t: KVTierState, i, go) -> KVTierState:
+    """Rewrite instance i's ring with only its live entries, renumbered 0, 1, … (order kept)."""
+    r_size, sink = t.ring.shape[1], t.where.shape[0] - 1
+    pos = t.head[i] + jnp.arange(r_size, dtype=jnp.int32)
+    live, key = _live(t, i, pos)
+    live = live & go
+    new = prefix_sum(live) - 1
+    row = jnp.full(r_size, NIL, jnp.int32).at[jnp.where(live, new, r_size)].set(key, mode="drop")
+    return t.replace(
+        ring=t.ring.at[i].set(jnp.where(go, row, t.ring[i])),
+        where=t.where.at[jnp.where(live, key, sink)].set(new, mode="drop"),
+        head=upd(t.head, i, 0, go),
+        tail=upd(t.tail, i, jnp.sum(live, dtype=jnp.int32), go))
+
+
+def append(t: KVTierState, i, keys, mask) -> KVTierState:
+    """Make ``keys[k]`` (where ``mask``; distinct) the most recent keys of instance i's tier,
+    in k order: a touch for a present key, an insertion for an absent one (``size`` is the
+    caller's to update)."""
+    r_size, sink = t.ring.shape[1], t.where.shape[0] - 1
+    count = jnp.sum(mask, dtype=jnp.int32)
+    full = (t.tail[i] - t.head[i] + count > r_size) | (t.tail[i] + count > KEY_LIMIT)
+    t = _compact(t, i, full)
+    pos = t.tail[i] + prefix_sum(mask) - 1
+    return t.replace(
+        ring=t.ring.at[i, jnp.where(mask, pos % r_size, r_size)].set(keys, mode="drop"),
+        where=t.where.at[jnp.where(mask, keys, sink)].set(pos, mode="drop"),
+        tail=t.tail.at[i].add(count))
+
+
+def evict_oldest(t: KVTierState, i, m, active) -> KVTierState:
+    """Drop the ``m`` oldest keys of instance i's tier (``size`` is the caller's)."""
+    sink = t.where.shape[0] - 1
+    m = jnp.where(active, m, 0).astype(jnp.int32)
+
+    def body(carry, go):
+        t, got = carry
+        pos = t.head[i] + jnp.arange(EVICT_WINDOW, dtype=jnp.int32)
+        live, key = _live(t, i, pos)
+        rank = got + prefix_sum(live) - 1
+        take = go & live & (rank < m)
+        n_take = jnp.sum(take, dtype=jnp.int32)
+        last = jnp.max(jnp.where(take, pos, -1))
+        head = jnp.where(got + n_take >= m, last + 1, t.head[i] + EVICT_WINDOW)
+        t = t.replace(where=t.where.at[jnp.where(take, key, sink)].set(NIL, mode="drop"),
+                      head=upd(t.head, i, head.astype(jnp.int32), go))
+        return t, got + n_take
+
+    t, _ = lane_while(lambda carry: (carry[1] < m) & (carry[0].head[i] < carry[0].tail[i]),
+                      body, (t, jnp.asarray(0, jnp.int32)))
+    return t
+
+
+def touch(t: KVTierState, i, key, active) -> KVTierState:
+    """``CpuTier.touch``: the present ``key`` becomes instance i's most recent."""
+    one = lambda x: jnp.reshape(x, (1,))  # noqa: E731
+    return append(t, i, one(key), one(active))
+
+
+def holds(t: KVTierState, key):
+    """Whether the tier holds ``key`` (any shape; negative keys are never held)."""
+    sink = t.where.shape[0] - 1
+    return (key >= 0) & (t.where[jnp.where(key >= 0, key, sink)] >= 0)
+
+
+# ---- mirror (GPU -> CPU) ---------------------------------------------------------------------
+
+
+def mirror(t: KVTierState, i, keys, valid, capacity, active) -> KVTierState:
+    """One mirror pass of instance i (``TieredKVCache.mirror``): ``keys[k]`` where ``valid``,
+    in k order (the running batch's full hashed blocks, requests in batch order, each
+    request's blocks in order; repeats allowed). ``capacity``: the tier's size in blocks
+    (per lane, > 0 where the lane has a tier).
+
+    Each access's outcome from its stack distance (module docstring): a repeat of the key
+    accessed at ``prev`` finds it iff fewer than ``capacity`` distinct keys were accessed in
+    between; a key's first access in the pass finds it iff it was in the tier and the keys
+    newer than it there, together with the distinct keys of the pass before it, number fewer
+    than ``capacity``. Stores are the accesses that do not find their key."""
+    width = keys.shape[0]
+    valid = valid & active & (capacity > 0)
+    idx = jnp.arange(width, dtype=jnp.int32)
+    same = (keys[:, None] == keys[None, :]) & valid[:, None] & valid[None, :]
+    before = idx[None, :] < idx[:, None]  # [t, u]: u comes before t
+    prev = jnp.max(jnp.where(same & before, idx[None, :], -1), axis=1)
+    is_last = valid & ~jnp.any(same & ~before & (idx[None, :] != idx[:, None]), axis=1)
+    first = valid & (prev < 0)
+    # repeats: distinct keys strictly between the previous access and this one
+    between = before & (idx[None, :] > prev[:, None])
+    distinct_between = jnp.sum(between & valid[None, :] & (prev[None, :] < prev[:, None]),
+                               axis=1, dtype=jnp.int32)
+    found_repeat = valid & (prev >= 0) & (distinct_between < capacity)
+    # first accesses: the key's place in the tier before the pass
+    sink = t.where.shape[0] - 1
+    where = jnp.where(valid, t.where[jnp.where(valid, keys, sink)], NIL)
+    held = first & (where >= 0)
+    r_size = t.ring.shape[1]
+    ring_pos = t.head[i] + jnp.arange(r_size, dtype=jnp.int32)
+    live_through = prefix_sum(_live(t, i, ring_pos)[0])  # live entries at or before each
+    newer = t.size[i] - live_through[jnp.clip(where - t.head[i], 0, r_size - 1)]
+    seen_newer = jnp.sum(before & held[None, :] & (where[None, :] > where[:, None]), axis=1,
+                         dtype=jnp.int32)
+    distinct_before = prefix_sum(first) - first
+    found_first = held & (newer - seen_newer + distinct_before < capacity)
+    stores = jnp.sum(valid & ~(found_repeat | found_first), dtype=jnp.int32)
+    new_keys = jnp.sum(first & (where < 0), dtype=jnp.int32)
+    size0 = t.size[i]
+    t = append(t, i, jnp.where(is_last, keys, 0), is_last)
+    grown = size0 + new_keys
+    size = jnp.minimum(grown, capacity)
+    t = evict_oldest(t, i, grown - size, active)
+    return t.replace(
+        size=upd(t.size, i, size, active),
+        mirror_stores=add(t.mirror_stores, i, stores, active),
+        evictions=add(t.evictions, i, stores - (size - size0), active))
