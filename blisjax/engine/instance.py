@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from blisjax.config.codes import PreemptionPolicy
-from blisjax.engine import hostlatency, roofline, stretch
+from blisjax.engine import hostlatency, kvtier, roofline, stretch
 from blisjax.engine import kvcache as kv
 from blisjax.engine.lockstep import (
     add,
@@ -187,11 +187,17 @@ def preempt_for_tokens(s: SimState, st, c, p, i, sb, r, n, pos, budget, active, 
     (``Instance._preempt_for_tokens``; docs/semantics.md §2.5). Returns
     ``(state, PreemptOutcome)``."""
     empty = jnp.zeros(1, jnp.int32)
+    no_prefix = jnp.full(max(st.max_prompt_blocks, 1), NIL, jnp.int32)
 
     def body(carry, go):
         s, pos, budget, pre, failed, going = carry  # masked by `going` (== go) throughout
         pi = s.pi[r]
-        ok = kv.can_allocate(s, st, c, i, sb, r, pi, pi + n, empty, 0)
+        if st.tiered:  # each attempt reloads, then allocates if it can (kv.tiered_allocate)
+            s, tried = kv.tiered_allocate(s, st, c, p, i, sb, r, pi, pi + n, no_prefix, 0,
+                                          going)
+            ok = tried.ok
+        else:
+            ok = kv.can_allocate(s, st, c, i, sb, r, pi, pi + n, empty, 0)
         no_one = s.n_run[i] == 0
         do_evict = going & ~ok & ~no_one
         vpos = victim_position(s, st, c, p, i, width)
@@ -204,8 +210,9 @@ def preempt_for_tokens(s: SimState, st, c, p, i, sb, r, n, pos, budget, active, 
     init = (s, pos, budget, jnp.asarray(False), jnp.asarray(False), active)
     s, pos, budget, pre, failed, _ = lane_while(lambda c: c[5], body, init)
     success = active & ~failed
-    pi = s.pi[r]
-    s = kv.allocate(s, st, c, i, sb, r, pi, pi + n, empty, 0, success)
+    if not st.tiered:
+        pi = s.pi[r]
+        s = kv.allocate(s, st, c, i, sb, r, pi, pi + n, empty, 0, success)
     return s, PreemptOutcome(success, pos, budget, pre)
 
 
@@ -261,6 +268,8 @@ def phase1_fast(s: SimState, st, c, i, active, width: int, start=0, budget=None,
     fresh = jnp.where(served, kv.blocks_needed(st, blen, filled, n), 0).astype(jnp.int32)
     fresh_through = prefix_sum(fresh)
     short = served & (fresh_through > s.kv_free[i])
+    if st.tiered:  # a prefill chunk may reload from the CPU tier: the loop allocates it
+        short = short | (served & prefill & (blen < c.full_blocks[r]))
     stop = jnp.where(jnp.any(short), jnp.argmax(short), width).astype(jnp.int32)
     before_stop = jnp.arange(width) < stop
     ok = served & before_stop
@@ -351,12 +360,19 @@ def phase2(s: SimState, st, c, p, i, now, budget, preempted, active):
             s = kv.claim_cached(s, st, i, sb, cached, n_cached, claim)
             return (s, jnp.where(go, start_w, start), jnp.where(go, n_w, n), ok | ok_w)
 
-        widths = kv.prefix_widths(st)
-        need = lane_max(jnp.where(go, jnp.where(s.preempt[r] > 0, widths[-1], widths[0]), 0))
-        zero = jnp.asarray(0, jnp.int32)
-        s, start, n, ok = by_width(widths, need, go, prefix, (s, zero, zero, jnp.zeros_like(go)))
+        if st.tiered:
+            s, start, n, ok, allocated = _admit_tiered(s, st, c, p, i, sb, r, budget, go)
+        else:
+            widths = kv.prefix_widths(st)
+            need = lane_max(jnp.where(go, jnp.where(s.preempt[r] > 0, widths[-1], widths[0]),
+                                      0))
+            zero = jnp.asarray(0, jnp.int32)
+            s, start, n, ok = by_width(widths, need, go, prefix,
+                                       (s, zero, zero, jnp.zeros_like(go)))
+            allocated = jnp.zeros_like(ok)
         s, r = q_remove_at(s, st, i, k, ok, through=r)  # r read before the queue moves
-        s = kv.allocate(s, st, c, i, sb, r, start, start + n, jnp.zeros(1, jnp.int32), 0, ok)
+        s = kv.allocate(s, st, c, i, sb, r, start, start + n, jnp.zeros(1, jnp.int32), 0,
+                        ok & ~allocated)
         r_or_sink = jnp.where(ok, r, st.num_requests)
         if st.stateful_latency:  # physics reads the prefix tokens of this step's admissions
             s = s.replace(step_cached=upd(s.step_cached, (i, sb), start, ok))
@@ -371,6 +387,39 @@ def phase2(s: SimState, st, c, p, i, now, budget, preempted, active):
 
     s, _, _ = lane_while(cond, body, (s, budget, jnp.asarray(False)))
     return s
+
+
+def _admit_tiered(s: SimState, st, c, p, i, sb, r, budget, go):
+    """The allocation of admitting r with a CPU tier; returns ``(state, start, chunk, ok,
+    allocated)``, ``allocated``: the blocks are already granted (else the caller grants
+    [start, start + chunk) after the claim made here).
+
+    Decision 12 (default): the reload runs before the chunk is sized, passing over the
+    request's own cached-but-free blocks, so what it reloads counts as cached in this step;
+    a failure without a reload is a CPU miss. With ``blis_quirks``: BLIS's order — the chunk
+    is sized from the GPU's cached prefix, then ``kv.tiered_allocate`` reloads and allocates."""
+    bs = st.block_size
+    found = kv.cached_blocks(s, st, c, i, r)
+    cached, n_cached = found.blocks, found.count
+    if st.blis_quirks:
+        start = n_cached * bs
+        n = clamp_prefill(st, c.input_tokens[r] - start, start, budget)
+        s, tried = kv.tiered_allocate(s, st, c, p, i, sb, r, start, start + n, cached,
+                                      n_cached, go)
+        return s, start, n, tried.ok, tried.ok
+    keep = kv.keep_mask(s, st, i, cached, n_cached, go)
+    s, count = kv.reload_prefix(s, st, c, p, i, r, n_cached, keep, go)
+    found = kv.cached_blocks(s, st, c, i, r)
+    cached, n_cached = found.blocks, found.count
+    start = n_cached * bs
+    n = clamp_prefill(st, c.input_tokens[r] - start, start, budget)
+    ok = go & kv.can_allocate(s, st, c, i, sb, r, start, start + n, cached, n_cached)
+    claim = ok & (n > 0) & (s.blen[i, sb] == 0) & (n_cached > 0)
+    s = kv.claim_cached(s, st, i, sb, cached, n_cached, claim)
+    t = s.tier
+    s = s.replace(tier=t.replace(cpu_misses=add(t.cpu_misses, i, 1,
+                                                go & ~ok & (count == 0) & (t.capacity > 0))))
+    return s, start, n, ok, jnp.zeros_like(ok)
 
 
 # ---- execute (the step's duration and progress) ----------------------------------------------
@@ -429,6 +478,10 @@ def execute(s: SimState, st, c, i, now, n_preempted, active, width: int):
         cm = jnp.sum(jnp.where((nn > 0) & (pi < l_in), nn, 0))
         dc = jnp.sum(jnp.where((nn > 0) & (pi >= l_in) & (out > 0), nn, 0))
         d = step_duration(c, cm, dc)
+    if st.tiered:  # reloads of this step's batch formation add their transfer time (§3.8)
+        d = jnp.maximum(1, d + s.tier.pending_us[i])
+        t = s.tier
+        s = s.replace(tier=t.replace(pending_us=upd(t.pending_us, i, 0, active)))
     itl = d + st.otp_us
     on = valid & active
     dec = on & (pi >= l_in) & (nn > 0)
@@ -498,6 +551,9 @@ def complete(s: SimState, st, c, i, now, d, active, running: Running, defer: boo
                              lambda s, go: kv.flush_releases(s, st, go), s)
         ok = final & kv.can_allocate(s, st, c, i, sb, r, p_r, p_r + 1, empty, 0)
         s = kv.allocate(s, st, c, i, sb, r, p_r, p_r + 1, empty, 0, ok, chunk=1)
+        if st.tiered:  # a decode allocation never reloads; its failure is a CPU miss
+            t = s.tier
+            s = s.replace(tier=t.replace(cpu_misses=add(t.cpu_misses, i, 1, final & ~ok)))
         s = kv.defer_release(s, st, i, sb, go) if defer else kv.release(s, st, i, sb, go)
         t = c.tenant[r]
         # E2E, output tokens done and the length-cap flag are functions of progress, TTFT
@@ -612,6 +668,13 @@ def complete_planned(s: SimState, st, c, i, plan: QueuedPlan) -> SimState:
         top = final & go & ~general  # every final token of the lane tops up
         s = s.replace(kv_tok=s.kv_tok.at[i, jnp.where(top, plan.last, st.kv_blocks)].add(
             1, mode="drop"))
+        if st.tiered:  # a block the final token fills gets its hash (kv.grant_tokens)
+            filled = top & (plan.filled + 1 == st.block_size)
+            key, _ = kv.chained_key(s, st, c, i, r, plan.blen - 1,
+                                    s.bt[i, sb, jnp.maximum(plan.blen - 2, 0)])
+            t = s.tier
+            s = s.replace(tier=t.replace(key_of_block=t.key_of_block.at[
+                i, jnp.where(filled, plan.last, st.kv_blocks)].set(key, mode="drop")))
         t = c.tenant[r]
         n_tenants = s.tenant_in_flight.shape[0]
         # max(x - 1, 0) applied once per completion of the tenant = max(x - n, 0)
@@ -644,6 +707,8 @@ def _finish_at(s: SimState, st, c, i, now, n_preempted, go, width: int,
                defer: bool = False) -> Finished:
     """Execute and complete over running positions 0..width-1 (>= n_run); the next step."""
     s, d, running = execute(s, st, c, i, now, n_preempted, go, width)
+    if st.tiered:  # after execution, before completions leave the batch (§3.8)
+        s = mirror_batch(s, st, i, running, go)
     done = complete(s, st, c, i, now, d, go, running, defer)
     s, releases = done if defer else (done, None)
     more = (s.n_run[i] > 0) | (s.q_len[i] > 0)
@@ -655,6 +720,43 @@ def _finish_at(s: SimState, st, c, i, now, n_preempted, go, width: int,
         seen = stretch.outlook(s, st, c, i, running.valid & go & ~ended, running.slots,
                                running.pi, running.l_in, running.out)
     return Finished(s, releases, seen)
+
+
+def mirror_widths(st) -> tuple[int, ...]:
+    """Vector widths of the mirror pass (``mirror_batch``): 64, then x4 up to every block of
+    a full batch."""
+    most = max(st.batch_slots * st.max_blocks_per_request, 1)
+    widths, w = [], 64
+    while w < most:
+        widths.append(w)
+        w *= 4
+    return (*widths, most)
+
+
+def mirror_batch(s: SimState, st, i, running: Running, active) -> SimState:
+    """``TieredKVCache.mirror`` of the running batch: the hashed blocks of running positions
+    in batch order, each request's in table order, as one pass (``kvtier.mirror``) at the
+    narrowest width that holds them."""
+    mb = st.max_blocks_per_request
+    width = running.valid.shape[0]
+    col = jnp.arange(mb, dtype=jnp.int32)
+    blocks = s.bt[i, running.slots]  # [width, MB]
+    held = running.valid[:, None] & (col[None, :] < s.blen[i, running.slots][:, None])
+    safe = jnp.clip(blocks, 0, st.kv_blocks - 1)
+    keys = s.tier.key_of_block[i, safe]
+    on = (held & (keys >= 0) & (s.kv_tok[i, safe] == st.block_size) & active).reshape(-1)
+    keys = keys.reshape(-1)
+    dest = prefix_sum(on) - 1
+    count = jnp.sum(on, dtype=jnp.int32)
+    del width
+
+    def program(s, go, w):
+        dense = jnp.zeros(w, jnp.int32).at[jnp.where(on, dest, w)].set(keys, mode="drop")
+        valid = jnp.arange(w) < count
+        return s.replace(tier=kvtier.mirror(s.tier, i, dense, valid, go))
+
+    return by_width(mirror_widths(st), lane_max(jnp.where(active, count, 0)), active,
+                    program, s)
 
 
 PHASE1_PER_OCTAVE = 1  # widths per doubling of phase 1's programs (64, 128, 256)

@@ -37,6 +37,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from blisjax.engine import kvtier
 from blisjax.engine.lockstep import (
     add,
     after_reads,
@@ -291,6 +292,7 @@ class _GrantChunks(NamedTuple):
     before: jax.Array  # fresh blocks of the requests before k
     reg_partial: jax.Array  # the top-up fills a prompt block, which is registered
     chunk_of: jax.Array  # the chunk that applies that registration
+    on_chain: jax.Array  # with a CPU tier: its fresh blocks' hashes are on the true chain
 
 
 def grant_tokens(s: SimState, st, c, i, sb, r, n, prefill, mask,
@@ -324,9 +326,24 @@ def grant_tokens(s: SimState, st, c, i, sb, r, n, prefill, mask,
     reg_partial = partial & (filled + fill == bs) & (blen - 1 < c.full_blocks[r])
     if not st.prefix_caching:
         reg_partial = jnp.zeros_like(reg_partial)
+    on_chain = jnp.ones_like(partial)
+    if st.tiered:
+        # Every block an append fills gets a hash (output blocks too: the CPU tier mirrors
+        # them); fresh blocks chain from the last block's
+        top_full = partial & (filled + fill == bs)
+        top_key, top_on = chained_key(s, st, c, i, r, blen - 1,
+                                      s.bt[i, sb, jnp.maximum(blen - 2, 0)])
+        last_key = jnp.where(top_full, top_key, s.tier.key_of_block[i, last])
+        if st.blis_quirks:
+            on_chain = (blen == 0) | (last_key == cpu_key(st, c, i, r, blen - 1))
+        reg_partial = reg_partial & top_on
+        t = s.tier
+        s = s.replace(tier=t.replace(key_of_block=t.key_of_block.at[
+            i, jnp.where(top_full, last, st.kv_blocks)].set(top_key, mode="drop")))
     n_chunks = jnp.maximum((total + chunk - 1) // chunk, jnp.any(reg_partial))
     chunk_of = jnp.minimum(before // chunk, n_chunks - 1)
-    plan = _GrantChunks(sb, r, prefill, blen, last, rest, cum, before, reg_partial, chunk_of)
+    plan = _GrantChunks(sb, r, prefill, blen, last, rest, cum, before, reg_partial, chunk_of,
+                        on_chain)
 
     def chunks(s, top_ups: bool):
         def body(carry, go):
@@ -379,6 +396,13 @@ def _grant_chunk(s: SimState, st, c, i, plan: _GrantChunks, k, total, go, chunk:
     full = c.full_blocks[r]
     reg_fresh = taken & (tok == bs) & prefill[owner] & (j < full[owner])
     slot_fresh = hash_slot(st, c, i, r[owner], j)
+    if st.tiered:  # the CPU key of each fresh block's hash (-1: none); off the chain, no slot
+        on = plan.on_chain[owner]
+        key = jnp.where(on, slot_fresh, c.offchain_base[r[owner]] + j)
+        t = s.tier
+        s = s.replace(tier=t.replace(key_of_block=t.key_of_block.at[i, b_safe].set(
+            jnp.where(reg_fresh, key, NIL), mode="drop")))
+        reg_fresh = reg_fresh & on
     base_owner = owner + 2 * before[owner]  # first op of the owner (see grant_tokens)
     seq = jnp.concatenate([base_owner + 1 + 2 * m, base_owner + 2 + 2 * m])
     slots = jnp.concatenate([old_slot, slot_fresh])
@@ -499,3 +523,198 @@ def flush_releases(s: SimState, st, active) -> SimState:
 
     s, _ = lane_while(lambda carry: carry[1] < count, body, (s, jnp.asarray(0, jnp.int32)))
     return s.replace(rel_count=jnp.where(active, 0, s.rel_count))
+
+
+# ---- CPU tier: keys, reloads, the tiered allocation (engine.kvtier) ------------------------------
+
+
+def cpu_key(st, c, i, r, j):
+    """CPU key of block j of request r on instance i on its true hash chain: its hash slot
+    for a full prompt block, else an extension key (``engine.kvtier``)."""
+    return jnp.where(j < c.full_blocks[r], hash_slot(st, c, i, r, j), c.ext_base[r] + j)
+
+
+def chained_key(s: SimState, st, c, i, r, j, prev_block):
+    """``(key, on_chain)`` of block j of r when it gets its hash, chained from the block the
+    request holds at j - 1 (``prev_block``). With ``blis_quirks`` a reload may have replaced
+    that block's content (``KVCache._register``): the hash then matches nothing, here an
+    off-chain key and no hash slot. Without the quirks that cannot happen."""
+    true_key = cpu_key(st, c, i, r, j)
+    if not st.blis_quirks:
+        return true_key, jnp.ones_like(true_key, dtype=bool)
+    held = s.tier.key_of_block[i, jnp.clip(prev_block, 0, st.kv_blocks - 1)]
+    on = (j <= 0) | (held == cpu_key(st, c, i, r, jnp.maximum(j - 1, 0)))
+    return jnp.where(on, true_key, c.offchain_base[r] + j), on
+
+
+def _pop_one(s: SimState, st, i, keep, active):
+    """The free list's least recently freed block not in ``keep`` (bool [K]); it leaves the
+    free list (``KVCache._pop_free(keep)``). Kept blocks before it stay where they are: the
+    head stops at the first of them."""
+    r_size, k_blocks, width = ring_size(st), st.kv_blocks, 16
+
+    def body(carry, go):
+        cursor, found, block, block_pos, kept_pos = carry
+        pos = cursor + jnp.arange(width, dtype=jnp.int32)
+        blk = s.fifo[i, pos % r_size]
+        safe = jnp.clip(blk, 0, k_blocks - 1)
+        live = (pos < s.ftail[i]) & (blk >= 0) & (s.fkey[i, safe] == pos)
+        cand = live & ~keep[safe]
+        hit = jnp.any(cand)
+        at = jnp.argmax(cand)
+        kept_here = live & keep[safe] & (~hit | (jnp.arange(width) < at))
+        kept_first = jnp.min(jnp.where(kept_here, pos, jnp.iinfo(jnp.int32).max))
+        take = go & hit
+        return (jnp.where(go, cursor + width, cursor), found | take,
+                jnp.where(take, blk[at], block), jnp.where(take, pos[at], block_pos),
+                jnp.where(go, jnp.minimum(kept_pos, kept_first), kept_pos))
+
+    big = jnp.iinfo(jnp.int32).max
+    init = (s.fhead[i], ~active, jnp.asarray(0, jnp.int32), jnp.asarray(0, jnp.int32),
+            jnp.asarray(big, jnp.int32))
+    _, _, block, block_pos, kept_pos = lane_while(
+        lambda carry: ~carry[1] & (carry[0] < s.ftail[i]), body, init)
+    head = jnp.minimum(kept_pos, block_pos + 1)
+    s = s.replace(fkey=s.fkey.at[i, jnp.where(active, block, k_blocks)].set(NIL, mode="drop"),
+                  fhead=upd(s.fhead, i, head, active),
+                  kv_free=add(s.kv_free, i, -1, active))
+    return s, block
+
+
+def reload_prefix(s: SimState, st, c, p, i, r, start_block, keep, active):
+    """``TieredKVCache.reload_prefix``: reload r's prompt blocks from ``start_block`` on that
+    the GPU lacks and the CPU tier holds, consecutively, at most as many as the free blocks
+    outside ``keep`` (bool [K]; the request's cached-but-free blocks a reload passes over).
+    Each takes a free block (its old hash slot cleared), becomes a cached free block at the
+    free list's tail and adds ``p.kv_reload_us`` to the step being formed. Returns
+    ``(state, blocks reloaded)``; nothing unless ``active``."""
+    bs, k_blocks = st.block_size, st.kv_blocks
+    full = c.full_blocks[r]
+    active = active & (s.tier.capacity > 0)
+    # every reload appends one block: make room first, so no compaction runs inside the loop
+    room = full - start_block
+    crowded = active & ((s.ftail[i] - s.fhead[i] + room > ring_size(st))
+                        | (s.ftail[i] + room > KEY_LIMIT))
+    s = lane_once(crowded, lambda s, go: _compact(s, st, i, go), s)
+    kept_free = jnp.sum(keep & (s.kv_ref[i] == 0), dtype=jnp.int32)
+    budget = s.kv_free[i] - kept_free
+    mpb = max(st.max_prompt_blocks, 1)
+    j = jnp.arange(mpb, dtype=jnp.int32)
+    slots = hash_slot(st, c, i, r, j)
+
+    def body(carry, go):
+        s, cursor, count, stop = carry
+        on_gpu = s.slot_block[jnp.where(j < full, slots, st.hash_slots)] >= 0
+        cand = (j >= cursor) & (j < full) & ~on_gpu
+        there = jnp.any(cand)
+        at = jnp.argmax(cand).astype(jnp.int32)
+        slot = slots[at]
+        go_on = go & there & kvtier.holds(s.tier, slot) & (count < budget)
+        s, b = _pop_one(s, st, i, keep, go_on)
+        old = s.kv_slot[i, b]
+        s = apply_slot_ops(s, st, jnp.stack([old, slot]), jnp.stack([NIL, b]),
+                           jnp.arange(2), jnp.stack([go_on & (old >= 0), go_on]))
+        b_safe = jnp.where(go_on, b, k_blocks)
+        t = s.tier
+        t = t.replace(key_of_block=t.key_of_block.at[i, b_safe].set(slot, mode="drop"),
+                      pending_us=add(t.pending_us, i, p.kv_reload_us, go_on),
+                      reloads=add(t.reloads, i, 1, go_on),
+                      request_reloads=t.request_reloads.at[r].add(go_on.astype(jnp.int32)))
+        t = kvtier.touch(t, i, slot, go_on)
+        s = s.replace(kv_slot=s.kv_slot.at[i, b_safe].set(slot, mode="drop"),
+                      kv_tok=s.kv_tok.at[i, b_safe].set(bs, mode="drop"), tier=t)
+        one = lambda x: jnp.reshape(x, (1,))  # noqa: E731
+        s = append_blocks(s, st, i, one(b), one(go_on))
+        return (s, jnp.where(go_on, at + 1, cursor), count + go_on.astype(jnp.int32),
+                stop | (go & ~go_on))
+
+    init = (s, jnp.asarray(start_block, jnp.int32), jnp.asarray(0, jnp.int32), ~active)
+    s, _, count, _ = lane_while(lambda carry: ~carry[3], body, init)
+    return s, count
+
+
+def keep_mask(s: SimState, st, i, cached, n_cached, active):
+    """bool [K]: the blocks ``cached[:n_cached]`` (where ``active``)."""
+    k = jnp.arange(cached.shape[0])
+    on = active & (k < n_cached)
+    return jnp.zeros(st.kv_blocks, bool).at[jnp.where(on, cached, st.kv_blocks)].set(
+        True, mode="drop")
+
+
+def claim_more(s: SimState, st, i, sb, cached, first, count, active) -> SimState:
+    """Append ``cached[first : first + count]`` to slot sb's blocks (``KVCache.claim`` of a
+    request that already holds blocks): each one more holder, off the free list, a hit."""
+    k_blocks, mb = st.kv_blocks, st.max_blocks_per_request
+    k = jnp.arange(cached.shape[0])
+    on = active & (k >= first) & (k < first + count)
+    b = jnp.maximum(cached, 0)
+    ref = s.kv_ref[i, b]
+    was_free = on & (ref == 0)
+    pos = s.blen[i, sb] + k - first
+    return s.replace(
+        kv_ref=s.kv_ref.at[i, jnp.where(on, b, k_blocks)].set(ref + 1, mode="drop"),
+        fkey=s.fkey.at[i, jnp.where(was_free, b, k_blocks)].set(NIL, mode="drop"),
+        kv_free=add(s.kv_free, i, -jnp.sum(was_free, dtype=jnp.int32), active),
+        bt=s.bt.at[i, sb, jnp.where(on & (pos < mb), pos, mb)].set(b, mode="drop"),
+        blen=add(s.blen, (i, sb), jnp.where(active, count, 0), active),
+        hits=add(s.hits, i, jnp.where(active, count, 0).astype(jnp.int64), active),
+        ovf_blocks=s.ovf_blocks + jnp.sum(on & (pos >= mb), dtype=jnp.int32))
+
+
+class TieredOutcome(NamedTuple):
+    """What ``tiered_allocate`` did besides changing the state."""
+
+    ok: jax.Array  # bool: the allocation succeeded
+    reloaded: jax.Array  # int32: blocks it reloaded
+
+
+def tiered_allocate(s: SimState, st, c, p, i, sb, r, start, end, cached, n_cached, active,
+                    chunk: int | None = None):
+    """``TieredKVCache.allocate`` of positions [start, end) of request r in batch slot sb:
+    reload first, then one of the three ways on (claim what the reload made cached and
+    allocate the rest, claim only, or allocate as before), each with its pre-check. A failure
+    without a reload is a CPU miss. ``cached``/``n_cached``: the caller's GPU-cached prefix
+    (an admission's, at the full prompt width ``max_prompt_blocks``; none for a running
+    request). Returns ``(state, TieredOutcome)``.
+
+    One case is flagged (``KVTierState.unsupported``) rather than modelled: an allocation
+    that claims reloaded blocks and then fails its pre-check leaves the reference's request
+    holding blocks outside the batch, which a batch slot cannot represent."""
+    bs = st.block_size
+    n_cached = jnp.asarray(n_cached, jnp.int32)
+    blen = s.blen[i, sb]
+    owned = blen > 0
+    scan_from = jnp.where(owned & (blen > n_cached), blen, n_cached)
+    last = s.bt[i, sb, jnp.maximum(blen - 1, 0)]
+    chain_known = ~(owned & (blen > n_cached)) | (
+        s.tier.key_of_block[i, jnp.maximum(last, 0)] == cpu_key(st, c, i, r, blen - 1))
+    scan = active & chain_known & (scan_from < c.full_blocks[r])
+    none = jnp.zeros(st.kv_blocks, bool)
+    s, count = reload_prefix(s, st, c, p, i, r, scan_from, none, scan)
+    reloaded = count > 0
+    now = cached_blocks(s, st, c, i, r)
+    new_start = now.count * bs
+    first = jnp.where(owned, (start + bs - 1) // bs, 0)
+    plain = active & (~reloaded | (new_start <= start))
+    claim_only = active & reloaded & (new_start > start) & (new_start >= end)
+    partial = active & reloaded & (new_start > start) & (new_start < end)
+    # claim only: the reloaded blocks cover the range, no pre-check
+    end_block = jnp.minimum((end + bs - 1) // bs, now.count)
+    s = claim_more(s, st, i, sb, now.blocks, first, jnp.maximum(end_block - first, 0),
+                   claim_only & (~owned | (first < end_block)))
+    s = claim_more(s, st, i, sb, now.blocks, first, jnp.maximum(new_start // bs - first, 0),
+                   partial)
+    a_start = jnp.where(partial, new_start, start)
+    pre_cached = jnp.where(partial, now.blocks, cached)
+    pre_n = jnp.where(partial, now.count, n_cached)
+    fits = can_allocate(s, st, c, i, sb, r, a_start, end, pre_cached, pre_n)
+    grant = (plain | partial) & fits
+    claim_first = plain & grant & (s.blen[i, sb] == 0) & (end > start) & (n_cached > 0)
+    s = claim_cached(s, st, i, sb, cached, n_cached, claim_first)
+    s = allocate(s, st, c, i, sb, r, a_start, end, jnp.zeros(1, jnp.int32), 0, grant, chunk)
+    ok = claim_only | grant
+    t = s.tier
+    s = s.replace(tier=t.replace(
+        cpu_misses=add(t.cpu_misses, i, 1, active & ~ok & ~reloaded),
+        unsupported=t.unsupported + (partial & ~fits).astype(jnp.int32)))
+    return s, TieredOutcome(ok, count)

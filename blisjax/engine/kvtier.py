@@ -64,11 +64,13 @@ class KVTierState:
     evictions: jax.Array  # int64 [I]: keys the full tier dropped
     request_reloads: jax.Array  # int32 [N + 1]: blocks reloaded by each request's allocations
     unsupported: jax.Array  # int32: events the program cannot reproduce (flagged, see
-    #                         ``kvcache.reload_then_allocate``)
+    #                         ``kvcache.tiered_allocate``)
+    capacity: jax.Array  # int32: this lane's tier size (``PolicyParams.kv_cpu_blocks``)
 
 
-def init_tier(st) -> KVTierState:
-    """Empty tiers (or one-entry placeholders when ``st`` has no CPU tier)."""
+def init_tier(st, capacity=0) -> KVTierState:
+    """Empty tiers of ``capacity`` blocks (or one-entry placeholders when ``st`` has no CPU
+    tier)."""
     on = st.tiered
     n_inst = st.num_instances if on else 1
     keys = st.cpu_keys if on else 0
@@ -82,7 +84,7 @@ def init_tier(st) -> KVTierState:
         cpu_misses=jnp.zeros(n_inst, i64), mirror_stores=jnp.zeros(n_inst, i64),
         evictions=jnp.zeros(n_inst, i64),
         request_reloads=jnp.zeros(st.num_requests + 1 if on else 1, i32),
-        unsupported=jnp.asarray(0, i32))
+        unsupported=jnp.asarray(0, i32), capacity=jnp.asarray(capacity, i32))
 
 
 # ---- the ring ----------------------------------------------------------------------------------
@@ -166,11 +168,10 @@ def holds(t: KVTierState, key):
 # ---- mirror (GPU -> CPU) ---------------------------------------------------------------------
 
 
-def mirror(t: KVTierState, i, keys, valid, capacity, active) -> KVTierState:
+def mirror(t: KVTierState, i, keys, valid, active) -> KVTierState:
     """One mirror pass of instance i (``TieredKVCache.mirror``): ``keys[k]`` where ``valid``,
     in k order (the running batch's full hashed blocks, requests in batch order, each
-    request's blocks in order; repeats allowed). ``capacity``: the tier's size in blocks
-    (per lane, > 0 where the lane has a tier).
+    request's blocks in order; repeats allowed). A lane whose tier size is 0 has none.
 
     Each access's outcome from its stack distance (module docstring): a repeat of the key
     accessed at ``prev`` finds it iff fewer than ``capacity`` distinct keys were accessed in
@@ -178,6 +179,7 @@ def mirror(t: KVTierState, i, keys, valid, capacity, active) -> KVTierState:
     newer than it there, together with the distinct keys of the pass before it, number fewer
     than ``capacity``. Stores are the accesses that do not find their key."""
     width = keys.shape[0]
+    capacity = t.capacity
     valid = valid & active & (capacity > 0)
     idx = jnp.arange(width, dtype=jnp.int32)
     same = (keys[:, None] == keys[None, :]) & valid[:, None] & valid[None, :]

@@ -20,6 +20,7 @@ from blisjax.config.codes import (
 )
 from blisjax.engine.pytree import pytree_dataclass
 from blisjax.gorand import blis_subsystem_rand
+from blisjax.reference.kvcache import reload_cost_us
 
 #: Scorer slots per lane: every scorer at most once, in configuration order.
 MAX_SCORERS = len(Scorer)
@@ -39,6 +40,9 @@ class PolicyParams:
       ``TieBreak`` code; router_rng[607]: int64 words of BLIS's "router" stream as seeded
       from the configuration's seed (``blisjax.gorand``), the state ties draw from.
     scheduler: ``SchedulerPolicy`` code; preemption: ``PreemptionPolicy`` code.
+    kv_cpu_blocks: the CPU tier's size in blocks per instance (0: none; at most the
+      program's ``EngineStatic.cpu_tier_blocks``); kv_reload_us: int64 µs one reloaded block
+      adds to its step (``reference.kvcache.reload_cost_us``).
     """
 
     admission: jax.Array
@@ -58,6 +62,8 @@ class PolicyParams:
     prefix_index_on: jax.Array
     tie_break: jax.Array
     router_rng: jax.Array
+    kv_cpu_blocks: jax.Array
+    kv_reload_us: jax.Array
     scheduler: jax.Array
     preemption: jax.Array
 
@@ -93,6 +99,11 @@ def params_from_config(cfg, tenant_names: tuple[str, ...]) -> PolicyParams:
                               dtype=np.int64),
         scheduler=i32(SchedulerPolicy.of(pol.scheduler.policy)),
         preemption=i32(PreemptionPolicy.of(cfg.engine.preemption_policy)),
+        kv_cpu_blocks=i32(cfg.engine.kv_cpu_blocks),
+        kv_reload_us=np.asarray(reload_cost_us(cfg.engine.block_size_tokens,
+                                               cfg.engine.kv_transfer_bandwidth,
+                                               cfg.engine.kv_transfer_base_latency_us),
+                                dtype=np.int64),
     )
 
 

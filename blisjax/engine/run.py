@@ -67,7 +67,8 @@ def _run_block(st: EngineStatic, consts, params: PolicyParams):
     """One block of lanes: one ``while_loop``; each iteration advances every lane through its
     next step (``lane_advance``)."""
     init = jax.vmap(lambda p: init_state(st, p.tb_capacity, p.rl_burst, p.admission,
-                                         AdmissionPolicy.RATE_LIMIT, p.router_rng))(params)
+                                         AdmissionPolicy.RATE_LIMIT, p.router_rng,
+                                         p.kv_cpu_blocks))(params)
     # With enough lanes, completions queue their releases and the queues of all lanes run
     # as one pass per iteration (``lanes.release_queued``); a few lanes release in place.
     defer = int(params.admission.shape[0]) >= FLAT_MIN_LANES
@@ -322,6 +323,8 @@ def lane_result(st: EngineStatic, consts, final, k: int) -> records.RunResult:
     clock = np.maximum(g.clock, g.last_left)
     overflow = {name: int(getattr(g, f"ovf_{name}")) for name in
                 ("queue", "pending", "blocks", "deadline") if int(getattr(g, f"ovf_{name}"))}
+    if st.tiered and int(g.tier.unsupported):
+        overflow["kv_tier"] = int(g.tier.unsupported)
     ended = int(np.max(np.minimum(clock, st.horizon_us))) if st.num_instances else 0
     return records.RunResult(
         status=status, instance=g.instance[:n].astype(np.int32),
@@ -343,7 +346,20 @@ def lane_result(st: EngineStatic, consts, final, k: int) -> records.RunResult:
         queue_depth_time_us=g.qdepth_time.astype(np.int64), busy_time_us=g.busy.astype(np.int64),
         step_count=g.steps.astype(np.int64), peak_kv_blocks_used=g.peak_used.astype(np.int64),
         overflow=overflow,
+        kv_tier=_tier_counters(st, g, n),
     )
+
+
+def _tier_counters(st: EngineStatic, g, n: int) -> records.KVTierCounters | None:
+    """The lane's CPU-tier counters (None where it has no tier, as the reference)."""
+    if not st.tiered or int(g.tier.capacity) == 0:
+        return None
+    t = g.tier
+    i64 = lambda x: np.asarray(x, dtype=np.int64)  # noqa: E731
+    return records.KVTierCounters(
+        reloads=i64(t.reloads), cpu_misses=i64(t.cpu_misses),
+        mirror_stores=i64(t.mirror_stores), cpu_evictions=i64(t.evictions),
+        request_reloads=i64(t.request_reloads[:n]))
 
 
 def _empty_result(resolved, workload) -> records.RunResult:

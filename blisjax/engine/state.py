@@ -10,10 +10,15 @@ kernel needs to tell apart.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import jax
 import jax.numpy as jnp
 
 from blisjax.engine.pytree import pytree_dataclass
+
+if TYPE_CHECKING:
+    from blisjax.engine.kvtier import KVTierState
 from blisjax.engine.static import EngineStatic
 from blisjax.gorand import STATE_WORDS, TAP_LAG
 from blisjax.metrics.records import Stage
@@ -124,6 +129,8 @@ class SimState:
     slot_block: jax.Array  # int32 [S+1]: hash slot -> block (-1 = absent); last entry a sink
     slot_seq: jax.Array  # int64 [S+1]: stamp of the last write to the slot (apply_slot_ops)
     slot_clock: jax.Array  # int64: next stamp
+    # ---- CPU tier of the KV cache (engine.kvtier; one-entry placeholders without one) ----
+    tier: KVTierState
     # ---- releases queued by this step's completions (kvcache.defer_release) ----
     rel_inst: jax.Array  # int32: their instance
     rel_slots: jax.Array  # int32 [D]: their batch slots, in completion order
@@ -152,10 +159,12 @@ class SimState:
 
 
 def init_state(st: EngineStatic, tb_capacity, rl_burst, admission_code, rate_limit_code,
-               router_rng=None):
+               router_rng=None, kv_cpu_blocks=0):
     """Initial state of one lane. The bucket starts full (token-bucket or rate-limit size);
     ``router_rng``: the seeded words of the "router" stream (``PolicyParams.router_rng``;
     zeros if not given)."""
+    from blisjax.engine.kvtier import init_tier
+
     n, i, t = st.num_requests + 1, st.num_instances, st.num_tenants  # + sink row
     q, e, b, mb, k = st.queue_slots, st.pending_slots, st.batch_slots, \
         st.max_blocks_per_request, st.kv_blocks
@@ -198,6 +207,7 @@ def init_state(st: EngineStatic, tb_capacity, rl_burst, admission_code, rate_lim
         fhead=zi32(i), ftail=jnp.full(i, k, i32), kv_free=jnp.full(i, k, i32),
         slot_block=jnp.full(st.hash_slots + 1, NIL, i32),
         slot_seq=jnp.full(st.hash_slots + 1, -1, i64), slot_clock=jnp.asarray(0, i64),
+        tier=init_tier(st, kv_cpu_blocks),
         rel_inst=jnp.asarray(0, i32), rel_slots=zi32(DEFERRED_RELEASES),
         rel_count=jnp.asarray(0, i32),
         hits=zi(i), misses=zi(i), preempt_count=zi(i), completed=zi(i), dropped=zi(i),

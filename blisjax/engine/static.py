@@ -99,13 +99,36 @@ class EngineStatic:
     # ``compat.blis_quirks``: reproduce BLIS's own behaviour where it departs from a real
     # cluster (docs/semantics.md Decision 12; the features with such quirks read it).
     blis_quirks: bool = False
+    # ``engine.kv_cpu_blocks``: the CPU tier's capacity in blocks per instance (a shape; a
+    # lane's own size is ``PolicyParams.kv_cpu_blocks`` <= it); 0 = no CPU tier compiled in.
+    cpu_tier_blocks: int = 0
+    cpu_ext_slots: int = 1  # CPU keys of blocks past the full prompt blocks (engine.kvtier)
+    cpu_off_slots: int = 1  # off-chain CPU keys (with blis_quirks; engine.kvtier)
+
+    @property
+    def tiered(self) -> bool:
+        """A CPU tier is compiled in (``engine.kvtier``)."""
+        return self.cpu_tier_blocks > 0
+
+    @property
+    def cpu_keys(self) -> int:
+        """CPU keys: the hash slots, then extension keys, then off-chain keys."""
+        return self.hash_slots + self.cpu_ext_slots + self.cpu_off_slots
+
+    @property
+    def cpu_ring(self) -> int:
+        """Ring entries per instance's CPU tier: the tier, one mirror pass's appends (every
+        block of a full batch) and as much again, so compactions stay rare."""
+        return 2 * self.cpu_tier_blocks + self.batch_slots * self.max_blocks_per_request
 
     @property
     def stretches(self) -> bool:
         """Decode stretches are compiled in: asked for, and every plain step of a stretch
         lasts the same (the blackbox model's step time depends on the batch's token counts
         only; a roofline step's grows with the contexts)."""
-        return self.decode_stretches and self.latency_model == "blackbox"
+        # A CPU tier mirrors the batch after every step (engine.kvtier): not planned across
+        # a stretch, so a program with a tier runs every step as its own.
+        return self.decode_stretches and self.latency_model == "blackbox" and not self.tiered
 
     @property
     def cache_copy_on(self) -> bool:
@@ -146,6 +169,8 @@ class WorkloadConsts:
     group_blocks: jax.Array  # prompt blocks shared with the prefix group
     full_blocks: jax.Array  # full prompt blocks = input_tokens // block_size
     own_base: jax.Array  # hash slot of own block j is group_slots + own_base + j
+    ext_base: jax.Array  # CPU key of block j >= full_blocks is ext_base + j (engine.kvtier)
+    offchain_base: jax.Array  # off-chain CPU key of block j is offchain_base + j
     queue_delay_us: jax.Array
     itl_offset: jax.Array
     deadline_order: jax.Array  # requests with 0 < deadline <= horizon, by (deadline, index)
@@ -189,11 +214,6 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
                          f"workload), got {decode_stretches!r}")
     cfg = resolved.config
     eng = cfg.engine
-    if eng.kv_cpu_blocks > 0:
-        raise ConfigError("engine.kv_cpu_blocks", "the JAX engine does not model a CPU tier "
-                          "of the KV cache yet (got kv_cpu_blocks = "
-                          f"{eng.kv_cpu_blocks}); run it with the reference engine "
-                          "(--engine reference)")
     bs = eng.block_size_tokens
     n = workload.num_requests
     inp = np.asarray(workload.input_tokens, dtype=np.int64)
@@ -246,6 +266,10 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
         cache_scorers=any(Scorer.of(w.name) in CACHE_SCORERS for w in cfg.policy.routing.scorers),
         cache_signal_delay_us=cfg.cluster.cache_signal_delay_us,
         blis_quirks=cfg.compat.blis_quirks,
+        cpu_tier_blocks=int(eng.kv_cpu_blocks),
+        cpu_ext_slots=max(int(_ext_counts(inp, out, bs).sum()) if n else 0, 1),
+        cpu_off_slots=max(int(_table_blocks(inp, out, bs).sum()) if n and cfg.compat.blis_quirks
+                          else 0, 1),
     )
     # Evaluated on the host through a callback: physics, and a roofline configuration the
     # program cannot evaluate exactly.
@@ -255,12 +279,25 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
     return dataclasses.replace(st, latency=model) if on_host else st
 
 
+def _table_blocks(inp, out, bs: int) -> np.ndarray:
+    """Block-table positions a request can fill: prompt + output + 1 tokens."""
+    return -(-(np.asarray(inp, np.int64) + np.asarray(out, np.int64) + 1) // bs)
+
+
+def _ext_counts(inp, out, bs: int) -> np.ndarray:
+    """Positions past a request's full prompt blocks (CPU extension keys per request)."""
+    return np.maximum(_table_blocks(inp, out, bs) - np.asarray(inp, np.int64) // bs, 0)
+
+
 def for_lanes(st: EngineStatic, params) -> EngineStatic:
     """``st``, with the cache query compiled in if a lane of ``params`` (stacked
     ``PolicyParams``, host or device arrays) lists a scorer that needs it — a population may
     add scorers its base configuration does not use. Whether the lane routes with weights is
     not consulted: a search's lanes keep their scorer lists from one generation to the next
     while a ``routing.policy`` knob changes, and one program must serve them all."""
+    cpu = int(np.max(np.asarray(params.kv_cpu_blocks), initial=0))
+    if cpu > st.cpu_tier_blocks:  # a lane sizes a CPU tier larger than the base's
+        st = dataclasses.replace(st, cpu_tier_blocks=cpu)
     if st.cache_scorers:
         return st
     order = np.asarray(params.scorer_order)
@@ -284,7 +321,8 @@ def stretches_pay_off(output_tokens) -> bool:
 
 # Capacities that may be raised above what one workload needs (upper bounds, never semantics).
 _SHAREABLE = ("queue_slots", "pending_slots", "max_blocks_per_request", "max_prompt_blocks",
-              "num_groups", "group_blocks_max", "own_slots", "num_deadlines", "itl_capacity")
+              "num_groups", "group_blocks_max", "own_slots", "num_deadlines", "itl_capacity",
+              "cpu_ext_slots", "cpu_off_slots")
 
 
 def build_static_shared(resolved, workloads, **capacities) -> EngineStatic:
@@ -351,6 +389,10 @@ def build_consts(resolved, workload, st: EngineStatic) -> WorkloadConsts:
     full = inp // bs
     own_count = full - gb
     own_start = np.concatenate([[0], np.cumsum(own_count)[:-1]]) if st.num_requests else own_count
+    starts = lambda counts: np.concatenate([[0], np.cumsum(counts)[:-1]]) \
+        if st.num_requests else np.zeros(0, np.int64)  # noqa: E731
+    ext_start = starts(_ext_counts(inp, out, bs))
+    off_start = starts(_table_blocks(inp, out, bs))
     blackbox = st.latency_model == "blackbox"
     beta = tuple(resolved.beta) if blackbox else (0.0, 0.0, 0.0)  # tables unused
     # Queueing delay and step-time terms with the reference's own float formulas, on the host.
@@ -378,6 +420,8 @@ def build_consts(resolved, workload, st: EngineStatic) -> WorkloadConsts:
         tenant=pad(workload.tenant, 0, i32), slo_class=pad(workload.slo_class, 0, i32),
         group=pad(workload.prefix_group, -1, i32), group_blocks=pad(gb, 0, i32),
         full_blocks=pad(full, 0, i32), own_base=pad(own_start - gb, 0, i32),
+        ext_base=pad(st.hash_slots + ext_start - full, 0, i32),
+        offchain_base=pad(st.hash_slots + st.cpu_ext_slots + off_start, 0, i32),
         queue_delay_us=pad(qdelay, 0, i64), itl_offset=pad(itl_off, 0, i64),
         deadline_order=jax.device_put(np.concatenate(
             [order, np.full(st.num_deadlines + 1 - order.size, -1)]).astype(i32)),

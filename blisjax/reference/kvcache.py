@@ -247,6 +247,13 @@ class CpuTier:
         self.lru.move_to_end(h)
 
 
+def reload_cost_us(block_size_tokens: int, bandwidth_tokens_per_us: float,
+                   base_latency_us: int) -> int:
+    """Transfer time of one reloaded block: ``base + ceil(block size / bandwidth)`` µs (the
+    division in float64, as BLIS)."""
+    return base_latency_us + int(math.ceil(block_size_tokens / bandwidth_tokens_per_us))
+
+
 class TieredKVCache(KVCache):
     """GPU blocks backed by a CPU tier (BLIS HEAD's ``TieredKVCache``, docs/semantics.md §3.8).
 
@@ -271,8 +278,8 @@ class TieredKVCache(KVCache):
         super().__init__(total_blocks, block_size_tokens, hash_of, prefix_caching=True,
                          hash_after=hash_after)
         self.cpu = CpuTier(cpu_blocks)
-        self.reload_cost_us = base_latency_us + int(math.ceil(block_size_tokens
-                                                              / bandwidth_tokens_per_us))
+        self.reload_cost_us = reload_cost_us(block_size_tokens, bandwidth_tokens_per_us,
+                                             base_latency_us)
         self.pending_latency_us = 0
         self.reloads = 0
         self.cpu_misses = 0

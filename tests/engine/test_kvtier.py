@@ -17,10 +17,10 @@ from blisjax.reference.kvcache import CpuTier
 KEYS, WIDTH, RING = 40, 24, 64
 
 
-def _tier():
+def _tier(capacity: int):
     st = SimpleNamespace(tiered=True, num_instances=2, cpu_keys=KEYS, cpu_ring=RING,
                          kv_blocks=4, num_requests=1)
-    return kvtier.init_tier(st)
+    return kvtier.init_tier(st, capacity)
 
 
 def _one_lane(fn):
@@ -31,8 +31,7 @@ def _one_lane(fn):
                                               lanes(*jax.tree.map(add_axis, args))))
 
 
-_mirror = _one_lane(lambda t, keys, valid, capacity:
-                    kvtier.mirror(t, 1, keys, valid, capacity, jnp.asarray(True)))
+_mirror = _one_lane(lambda t, keys, valid: kvtier.mirror(t, 1, keys, valid, jnp.asarray(True)))
 _touch = _one_lane(lambda t, key: kvtier.touch(t, 1, key, jnp.asarray(True)))
 
 
@@ -60,7 +59,7 @@ def _reference_pass(cpu: CpuTier, keys) -> int:
 @pytest.mark.parametrize("capacity", [1, 3, 8, 30])
 def test_mirror_passes_and_touches_match_the_reference_lru(capacity):
     rng = np.random.default_rng(capacity)
-    cpu, t, stores = CpuTier(capacity), _tier(), 0
+    cpu, t, stores = CpuTier(capacity), _tier(capacity), 0
     for _ in range(60):
         if rng.random() < 0.2 and cpu.lru:  # a reload's touch of a held key
             h = int(rng.choice(list(cpu.lru)))
@@ -71,8 +70,7 @@ def test_mirror_passes_and_touches_match_the_reference_lru(capacity):
             pool = int(rng.integers(2, KEYS))
             keys = rng.integers(0, pool, WIDTH)
             stores += _reference_pass(cpu, keys[:n].tolist())
-            t = _mirror(t, jnp.asarray(keys, jnp.int32), jnp.arange(WIDTH) < n,
-                        jnp.int32(capacity))
+            t = _mirror(t, jnp.asarray(keys, jnp.int32), jnp.arange(WIDTH) < n)
         assert _order(t) == list(cpu.lru)
         assert int(t.size[1]) == len(cpu.lru)
     assert int(t.mirror_stores[1]) == stores
