@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from blisjax.cli import main
 from tests.blis_replay import assert_matches_blis, replay
 from tests.paths import GOLDEN_NEXT_CASES, GOLDEN_NEXT_DIR, GOLDEN_NEXT_TIERED
 
@@ -93,12 +92,16 @@ def test_tiered_kv_default_saves_the_prefill_of_reloaded_blocks(tmp_path, capsys
     assert metrics["completed_requests"] == case["metrics"]["completed_requests"]
 
 
-def test_jax_engine_refuses_a_cpu_tier(tmp_path, capsys):
-    """The JAX engine has no CPU tier yet: it says so instead of running without one."""
+@pytest.mark.slow
+def test_tiered_kv_replay_reproduces_blis_in_the_jax_engine(tmp_path, capsys):
+    """The same replay with ``--blis-quirks`` in the JAX engine: BLIS's every request, hit
+    rate and thrashing rate (the population test ``tests/engine/test_parity_tier.py`` covers
+    the tier in the default tier)."""
     case = _case(GOLDEN_NEXT_TIERED)
-    argv = case["command"].split()[1:]
-    argv = [str(GOLDEN_NEXT_DIR / a) if a.endswith((".yaml", ".csv")) else a for a in argv]
-    argv[argv.index("--results-path") + 1] = str(tmp_path / "r.json")
-    assert main([*argv, "--engine", "jax"]) == 2
-    assert "engine.kv_cpu_blocks" in capsys.readouterr().err
-    assert not (tmp_path / "r.json").exists()
+    metrics, rows = replay(case["command"], GOLDEN_NEXT_DIR, tmp_path, capsys,
+                           ("--blis-quirks", "--engine", "jax"))
+    assert_matches_blis(case, metrics, rows)
+    lines = dict(line.split(": ") for line in case["stdout_other_sections"].splitlines()
+                 if ": " in line)
+    assert f"{metrics['kv_thrashing_rate']:.4f}" == lines["KV Thrashing Rate"]
+    assert sum(r["kv_reloads"] for r in rows.values()) == metrics["kv_reloads"] > 0

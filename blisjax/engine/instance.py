@@ -193,7 +193,7 @@ def preempt_for_tokens(s: SimState, st, c, p, i, sb, r, n, pos, budget, active, 
         s, pos, budget, pre, failed, going = carry  # masked by `going` (== go) throughout
         pi = s.pi[r]
         if st.tiered:  # each attempt reloads, then allocates if it can (kv.tiered_allocate)
-            s, tried = kv.tiered_allocate(s, st, c, p, i, sb, r, pi, pi + n, no_prefix, 0,
+            s, tried = kv.tiered_allocate(s, st, c, i, sb, r, pi, pi + n, no_prefix, 0,
                                           going)
             ok = tried.ok
         else:
@@ -268,8 +268,10 @@ def phase1_fast(s: SimState, st, c, i, active, width: int, start=0, budget=None,
     fresh = jnp.where(served, kv.blocks_needed(st, blen, filled, n), 0).astype(jnp.int32)
     fresh_through = prefix_sum(fresh)
     short = served & (fresh_through > s.kv_free[i])
-    if st.tiered:  # a prefill chunk may reload from the CPU tier: the loop allocates it
-        short = short | (served & prefill & (blen < c.full_blocks[r]))
+    if st.tiered:  # a request holding fewer blocks than its full prompt blocks may reload
+        # from the CPU tier (a prefill chunk; a decode token of a request whose whole prompt
+        # was cached at admission holds only its decode blocks): the loop allocates it
+        short = short | (served & (blen < c.full_blocks[r]))
     stop = jnp.where(jnp.any(short), jnp.argmax(short), width).astype(jnp.int32)
     before_stop = jnp.arange(width) < stop
     ok = served & before_stop
@@ -404,11 +406,11 @@ def _admit_tiered(s: SimState, st, c, p, i, sb, r, budget, go):
     if st.blis_quirks:
         start = n_cached * bs
         n = clamp_prefill(st, c.input_tokens[r] - start, start, budget)
-        s, tried = kv.tiered_allocate(s, st, c, p, i, sb, r, start, start + n, cached,
+        s, tried = kv.tiered_allocate(s, st, c, i, sb, r, start, start + n, cached,
                                       n_cached, go)
         return s, start, n, tried.ok, tried.ok
     keep = kv.keep_mask(s, st, i, cached, n_cached, go)
-    s, count = kv.reload_prefix(s, st, c, p, i, r, n_cached, keep, go)
+    s, count = kv.reload_prefix(s, st, c, i, r, n_cached, keep, go)
     found = kv.cached_blocks(s, st, c, i, r)
     cached, n_cached = found.blocks, found.count
     start = n_cached * bs
@@ -549,11 +551,13 @@ def complete(s: SimState, st, c, i, now, d, active, running: Running, defer: boo
             # from the free list's head, which they would only reach empty.
             s = lane_once(go & kv.must_flush(s, i, final),
                              lambda s, go: kv.flush_releases(s, st, go), s)
-        ok = final & kv.can_allocate(s, st, c, i, sb, r, p_r, p_r + 1, empty, 0)
-        s = kv.allocate(s, st, c, i, sb, r, p_r, p_r + 1, empty, 0, ok, chunk=1)
-        if st.tiered:  # a decode allocation never reloads; its failure is a CPU miss
-            t = s.tier
-            s = s.replace(tier=t.replace(cpu_misses=add(t.cpu_misses, i, 1, final & ~ok)))
+        if st.tiered:  # the tiered allocation (it may reload, see phase1_fast)
+            no_prefix = jnp.full(max(st.max_prompt_blocks, 1), NIL, jnp.int32)
+            s, _ = kv.tiered_allocate(s, st, c, i, sb, r, p_r, p_r + 1, no_prefix, 0, final,
+                                      chunk=1)
+        else:
+            ok = final & kv.can_allocate(s, st, c, i, sb, r, p_r, p_r + 1, empty, 0)
+            s = kv.allocate(s, st, c, i, sb, r, p_r, p_r + 1, empty, 0, ok, chunk=1)
         s = kv.defer_release(s, st, i, sb, go) if defer else kv.release(s, st, i, sb, go)
         t = c.tenant[r]
         # E2E, output tokens done and the length-cap flag are functions of progress, TTFT
@@ -641,6 +645,8 @@ def _plan_queued(s: SimState, st, c, i, fin, done, rank, count, running: Running
     fresh = jnp.where(final, kv.blocks_needed(st, blen, filled, 1), 0).astype(jnp.int32)
     room = (count <= depth - s.rel_count) & ((s.rel_count == 0) | (s.rel_inst == i))
     fast = active & (count > 0) & room & (jnp.sum(fresh) <= s.kv_free[i])
+    if st.tiered:  # a final token that may reload takes the loop (kv.tiered_allocate)
+        fast = fast & ~jnp.any(final & (blen < c.full_blocks[r]))
     # Most final tokens only top up their last block; fresh blocks (or a top-up that would
     # register a prompt block, which a decode token never completes) take ``grant_tokens``.
     top_reg = (filled + 1 == st.block_size) & (blen - 1 < c.full_blocks[r])

@@ -581,12 +581,12 @@ def _pop_one(s: SimState, st, i, keep, active):
     return s, block
 
 
-def reload_prefix(s: SimState, st, c, p, i, r, start_block, keep, active):
+def reload_prefix(s: SimState, st, c, i, r, start_block, keep, active):
     """``TieredKVCache.reload_prefix``: reload r's prompt blocks from ``start_block`` on that
     the GPU lacks and the CPU tier holds, consecutively, at most as many as the free blocks
     outside ``keep`` (bool [K]; the request's cached-but-free blocks a reload passes over).
     Each takes a free block (its old hash slot cleared), becomes a cached free block at the
-    free list's tail and adds ``p.kv_reload_us`` to the step being formed. Returns
+    free list's tail and adds the lane's reload time to the step being formed. Returns
     ``(state, blocks reloaded)``; nothing unless ``active``."""
     bs, k_blocks = st.block_size, st.kv_blocks
     full = c.full_blocks[r]
@@ -617,7 +617,7 @@ def reload_prefix(s: SimState, st, c, p, i, r, start_block, keep, active):
         b_safe = jnp.where(go_on, b, k_blocks)
         t = s.tier
         t = t.replace(key_of_block=t.key_of_block.at[i, b_safe].set(slot, mode="drop"),
-                      pending_us=add(t.pending_us, i, p.kv_reload_us, go_on),
+                      pending_us=add(t.pending_us, i, t.reload_us, go_on),
                       reloads=add(t.reloads, i, 1, go_on),
                       request_reloads=t.request_reloads.at[r].add(go_on.astype(jnp.int32)))
         t = kvtier.touch(t, i, slot, go_on)
@@ -668,7 +668,7 @@ class TieredOutcome(NamedTuple):
     reloaded: jax.Array  # int32: blocks it reloaded
 
 
-def tiered_allocate(s: SimState, st, c, p, i, sb, r, start, end, cached, n_cached, active,
+def tiered_allocate(s: SimState, st, c, i, sb, r, start, end, cached, n_cached, active,
                     chunk: int | None = None):
     """``TieredKVCache.allocate`` of positions [start, end) of request r in batch slot sb:
     reload first, then one of the three ways on (claim what the reload made cached and
@@ -690,7 +690,7 @@ def tiered_allocate(s: SimState, st, c, p, i, sb, r, start, end, cached, n_cache
         s.tier.key_of_block[i, jnp.maximum(last, 0)] == cpu_key(st, c, i, r, blen - 1))
     scan = active & chain_known & (scan_from < c.full_blocks[r])
     none = jnp.zeros(st.kv_blocks, bool)
-    s, count = reload_prefix(s, st, c, p, i, r, scan_from, none, scan)
+    s, count = reload_prefix(s, st, c, i, r, scan_from, none, scan)
     reloaded = count > 0
     now = cached_blocks(s, st, c, i, r)
     new_start = now.count * bs

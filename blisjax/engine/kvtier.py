@@ -66,11 +66,12 @@ class KVTierState:
     unsupported: jax.Array  # int32: events the program cannot reproduce (flagged, see
     #                         ``kvcache.tiered_allocate``)
     capacity: jax.Array  # int32: this lane's tier size (``PolicyParams.kv_cpu_blocks``)
+    reload_us: jax.Array  # int64 µs: one reload's transfer time (``PolicyParams.kv_reload_us``)
 
 
-def init_tier(st, capacity=0) -> KVTierState:
-    """Empty tiers of ``capacity`` blocks (or one-entry placeholders when ``st`` has no CPU
-    tier)."""
+def init_tier(st, capacity=0, reload_us=0) -> KVTierState:
+    """Empty tiers of ``capacity`` blocks whose reloads cost ``reload_us`` each (or one-entry
+    placeholders when ``st`` has no CPU tier)."""
     on = st.tiered
     n_inst = st.num_instances if on else 1
     keys = st.cpu_keys if on else 0
@@ -84,7 +85,8 @@ def init_tier(st, capacity=0) -> KVTierState:
         cpu_misses=jnp.zeros(n_inst, i64), mirror_stores=jnp.zeros(n_inst, i64),
         evictions=jnp.zeros(n_inst, i64),
         request_reloads=jnp.zeros(st.num_requests + 1 if on else 1, i32),
-        unsupported=jnp.asarray(0, i32), capacity=jnp.asarray(capacity, i32))
+        unsupported=jnp.asarray(0, i32), capacity=jnp.asarray(capacity, i32),
+        reload_us=jnp.asarray(reload_us, i64))
 
 
 # ---- the ring ----------------------------------------------------------------------------------

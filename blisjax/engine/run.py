@@ -68,7 +68,7 @@ def _run_block(st: EngineStatic, consts, params: PolicyParams):
     next step (``lane_advance``)."""
     init = jax.vmap(lambda p: init_state(st, p.tb_capacity, p.rl_burst, p.admission,
                                          AdmissionPolicy.RATE_LIMIT, p.router_rng,
-                                         p.kv_cpu_blocks))(params)
+                                         p.kv_cpu_blocks, p.kv_reload_us))(params)
     # With enough lanes, completions queue their releases and the queues of all lanes run
     # as one pass per iteration (``lanes.release_queued``); a few lanes release in place.
     defer = int(params.admission.shape[0]) >= FLAT_MIN_LANES

@@ -159,7 +159,7 @@ class SimState:
 
 
 def init_state(st: EngineStatic, tb_capacity, rl_burst, admission_code, rate_limit_code,
-               router_rng=None, kv_cpu_blocks=0):
+               router_rng=None, kv_cpu_blocks=0, kv_reload_us=0):
     """Initial state of one lane. The bucket starts full (token-bucket or rate-limit size);
     ``router_rng``: the seeded words of the "router" stream (``PolicyParams.router_rng``;
     zeros if not given)."""
@@ -207,7 +207,7 @@ def init_state(st: EngineStatic, tb_capacity, rl_burst, admission_code, rate_lim
         fhead=zi32(i), ftail=jnp.full(i, k, i32), kv_free=jnp.full(i, k, i32),
         slot_block=jnp.full(st.hash_slots + 1, NIL, i32),
         slot_seq=jnp.full(st.hash_slots + 1, -1, i64), slot_clock=jnp.asarray(0, i64),
-        tier=init_tier(st, kv_cpu_blocks),
+        tier=init_tier(st, kv_cpu_blocks, kv_reload_us),
         rel_inst=jnp.asarray(0, i32), rel_slots=zi32(DEFERRED_RELEASES),
         rel_count=jnp.asarray(0, i32),
         hits=zi(i), misses=zi(i), preempt_count=zi(i), completed=zi(i), dropped=zi(i),

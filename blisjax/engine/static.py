@@ -17,7 +17,6 @@ from dataclasses import dataclass
 import jax
 import numpy as np
 
-from blisjax.config import ConfigError
 from blisjax.config.codes import CACHE_SCORERS, Scorer
 from blisjax.engine.pytree import pytree_dataclass
 from blisjax.engine.roofline import RooflineConsts, roofline_consts

@@ -1,0 +1,79 @@
+"""JAX engine vs reference engine with a CPU tier of the KV cache (docs/semantics.md §3.8):
+lanes of one population with distinct tier sizes and transfer times — no tier, a tier that
+thrashes, tiers that hold more and more of the prefixes — every request against an
+independent reference run, and the tier's counters too.
+
+The workload is BLIS's tiered-KV trace (8 prefix groups of 640 tokens) on an instance whose
+GPU cache cannot hold every prefix, with a small token budget so prompts are prefilled in
+chunks: reloads happen at admissions and between chunks of running requests, next to
+preemptions (checked on the reference first, so the test cannot pass by not exercising them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from blisjax.config import resolve_config
+from blisjax.engine import params_from_config, simulate_population, stack_params
+from blisjax.engine.parity import first_divergence
+from blisjax.reference import simulate as reference
+from blisjax.reference.kvcache import TieredKVCache
+from blisjax.workload.trace import read_trace
+from tests.paths import GOLDEN_NEXT_DIR
+from tests.reference.conftest import make_resolved
+
+#: (CPU blocks, bandwidth tokens/µs, base latency µs) per lane; the first lane has no tier.
+LANES = ((0, 100.0, 0), (24, 8.0, 25), (160, 0.5, 0), (1200, 100.0, 40))
+
+
+def _workload():
+    return read_trace(GOLDEN_NEXT_DIR / "kv_tiered_reload.yaml",
+                      GOLDEN_NEXT_DIR / "kv_tiered_reload.csv")
+
+
+def _config(base, cpu_blocks, bandwidth, base_us):
+    engine = dataclasses.replace(base.config.engine, kv_cpu_blocks=cpu_blocks,
+                                 kv_transfer_bandwidth=bandwidth,
+                                 kv_transfer_base_latency_us=base_us)
+    return dataclasses.replace(base.config, engine=engine)
+
+
+def test_lanes_with_distinct_tiers_match_the_reference():
+    base = make_resolved(instances=1, kv_blocks=100, max_tokens=256, max_running=32,
+                         preemption="fcfs",
+                         cpu_blocks=max(c for c, _, _ in LANES))
+    workload = _workload()
+    configs = [_config(base, *lane) for lane in LANES]
+    running_reloads = {"count": 0}
+    reload_prefix = TieredKVCache.reload_prefix
+
+    def counted(self, req, start_block, keep=()):
+        count = reload_prefix(self, req, start_block, keep)
+        running_reloads["count"] += bool(count and self.request_blocks.get(req.index))
+        return count
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(TieredKVCache, "reload_prefix", counted)
+        refs = [reference(resolve_config(cfg), workload) for cfg in configs]
+    assert running_reloads["count"] > 0  # between the prefill chunks of running requests
+    assert refs[0].kv_tier is None
+    tiers = [ref.kv_tier for ref in refs[1:]]
+    assert all(int(t.reloads.sum()) > 0 for t in tiers[1:])
+    assert int(tiers[0].cpu_evictions.sum()) > int(tiers[0].mirror_stores.sum()) // 2  # thrash
+    assert all(int(np.sum(ref.preemption_count)) > 0 for ref in refs[:3])
+    reloads = [int(t.reloads.sum()) for t in tiers]
+    assert reloads == sorted(reloads), reloads  # a bigger tier holds more prefixes
+    params = stack_params([params_from_config(c, workload.tenant_names) for c in configs])
+    lanes = simulate_population(base, workload, params)
+    for k, ref in enumerate(refs):
+        assert first_divergence(ref, lanes[k]) is None, (k, first_divergence(ref, lanes[k]))
+        assert lanes[k].overflow == {}
+        if ref.kv_tier is None:
+            assert lanes[k].kv_tier is None
+            continue
+        for field in ref.kv_tier._fields:
+            assert np.array_equal(getattr(ref.kv_tier, field),
+                                  getattr(lanes[k].kv_tier, field)), (k, field)
