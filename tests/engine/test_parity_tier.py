@@ -77,3 +77,29 @@ def test_lanes_with_distinct_tiers_match_the_reference():
         for field in ref.kv_tier._fields:
             assert np.array_equal(getattr(ref.kv_tier, field),
                                   getattr(lanes[k].kv_tier, field)), (k, field)
+
+
+#: BLIS's own tiered-KV configuration, lanes of other sizes and transfer times.
+QUIRK_LANES = ((0, 100.0, 0), (300, 8.0, 25), (600, 0.5, 0), (1200, 100.0, 40))
+
+
+@pytest.mark.slow
+def test_lanes_with_distinct_tiers_match_the_reference_with_blis_quirks():
+    """The same with ``--blis-quirks`` (reloads inside BLIS's tiered allocation, off-chain
+    hashes after a reload replaced a claimed block), on the configuration of BLIS's replay:
+    with GPU pressure BLIS's quirks can leave requests holding blocks while they wait (see
+    ``kvcache.tiered_allocate``), which the JAX engine refuses to run."""
+    base = make_resolved(instances=1, kv_blocks=384, max_tokens=2048, max_running=256,
+                         cpu_blocks=1200, quirks=True)
+    workload = _workload()
+    configs = [_config(base, *lane) for lane in QUIRK_LANES]
+    refs = [reference(resolve_config(cfg), workload) for cfg in configs]
+    assert all(int(ref.kv_tier.reloads.sum()) > 0 for ref in refs[2:])
+    params = stack_params([params_from_config(c, workload.tenant_names) for c in configs])
+    lanes = simulate_population(base, workload, params)
+    for k, ref in enumerate(refs):
+        assert first_divergence(ref, lanes[k]) is None, (k, first_divergence(ref, lanes[k]))
+        if ref.kv_tier is not None:
+            for field in ref.kv_tier._fields:
+                assert np.array_equal(getattr(ref.kv_tier, field),
+                                      getattr(lanes[k].kv_tier, field)), (k, field)
