@@ -443,7 +443,8 @@ def execute(plan: Plan, *, progress: bool | TextIO = True,
             problem: SimulationProblem | None = None) -> dict:
     """Run a prepared plan and write its results directory; returns the summary dict."""
     if problem is None:
-        problem = SimulationProblem(plan.resolved, plan.seeds, plan.scoring, plan.population)
+        problem = SimulationProblem(plan.resolved, plan.seeds, plan.scoring, plan.population,
+                                    capacities=search_capacities(plan.space))
     result = run_search(plan.space, _strategy(plan), problem.evaluate, plan.scoring,
                         generations=plan.generations, seed=plan.seed, out_dir=plan.out_dir,
                         resume=plan.resume, fingerprint=plan.fingerprint,
@@ -458,6 +459,14 @@ def execute(plan: Plan, *, progress: bool | TextIO = True,
                   file=sys.stderr if progress is True else progress, flush=True)
         holdout = holdout_comparison(problem, chosen, plan.holdout_seeds)
     return finalize(plan, result, holdout)
+
+
+def search_capacities(space) -> dict[str, int]:
+    """JAX-engine capacities a space needs beyond its base configuration's: a CPU-tier size
+    knob compiles the tier at its largest value, so every generation runs one program."""
+    if "engine.kv_cpu_blocks" not in space.names:
+        return {}
+    return {"cpu_tier_blocks": int(max(space.knob("engine.kv_cpu_blocks").extremes()))}
 
 
 def baseline_knobs(plan: Plan) -> Mapping[str, Any]:

@@ -41,7 +41,7 @@ import yaml
 
 from blisjax.config import ConfigError, SimConfig
 from blisjax.config.sim import KNOB_MAGNITUDE
-from blisjax.engine.population import set_knob
+from blisjax.engine.population import ENGINE_KNOBS, set_knob
 
 __all__ = ["ChoiceKnob", "NumericKnob", "SearchSpace", "get_knob", "load_space", "reflect_unit",
            "space_from_mapping"]
@@ -347,8 +347,8 @@ def get_knob(config: SimConfig, name: str) -> Any:
     if parts[:2] == ["routing", "scorers"] and len(parts) == 3:
         weights = {s.name: s.weight for s in config.policy.routing.scorers}
         return weights.get(parts[2], 0.0)
-    if name == "engine.preemption_policy":
-        return config.engine.preemption_policy
+    if len(parts) == 2 and parts[0] == "engine" and parts[1] in ENGINE_KNOBS:
+        return getattr(config.engine, parts[1])
     if len(parts) == 2 and parts[0] in ("admission", "priority", "routing", "scheduler"):
         return getattr(getattr(config.policy, parts[0]), parts[1])
     raise ConfigError(f"knob {name!r}: not a per-lane policy knob")

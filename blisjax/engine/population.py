@@ -6,7 +6,9 @@ A *knob* is a dotted name of a per-lane policy setting:
   field of ``AdmissionConfig``/``PriorityConfig``/``RoutingConfig``/``SchedulerConfig``
   (e.g. ``admission.token_bucket_capacity``, ``priority.policy``);
 * ``routing.scorers.<scorer>`` — the weight of a weighted-routing scorer (added if absent);
-* ``engine.preemption_policy``.
+* ``engine.preemption_policy``, and the CPU tier of the KV cache: ``engine.kv_cpu_blocks``,
+  ``engine.kv_transfer_bandwidth``, ``engine.kv_transfer_base_latency_us`` (the program's
+  tier capacity is the largest lane's size, or ``build_static(cpu_tier_blocks=...)``).
 
 Knobs are applied to the base ``SimConfig`` with full validation, then turned into
 ``PolicyParams`` — so every lane is a configuration the reference engine can run as well.
@@ -28,6 +30,9 @@ from blisjax.engine.run import simulate_population
 from blisjax.metrics import aggregate_metrics
 
 _POLICY_SECTIONS = ("admission", "priority", "routing", "scheduler")
+#: ``EngineConfig`` fields that are per-lane knobs (``PolicyParams``).
+ENGINE_KNOBS = ("preemption_policy", "kv_cpu_blocks", "kv_transfer_bandwidth",
+                "kv_transfer_base_latency_us")
 
 
 def set_knob(cfg: SimConfig, name: str, value) -> SimConfig:
@@ -42,9 +47,9 @@ def set_knob(cfg: SimConfig, name: str, value) -> SimConfig:
         scorers.insert(pos, entry)
         routing = dataclasses.replace(routing, scorers=tuple(scorers))
         return dataclasses.replace(cfg, policy=dataclasses.replace(cfg.policy, routing=routing))
-    if name == "engine.preemption_policy":
+    if len(parts) == 2 and parts[0] == "engine" and parts[1] in ENGINE_KNOBS:
         return dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine,
-                                                                   preemption_policy=value))
+                                                                   **{parts[1]: value}))
     if len(parts) == 2 and parts[0] in _POLICY_SECTIONS:
         section = getattr(cfg.policy, parts[0])
         if parts[1] not in {f.name for f in dataclasses.fields(section)}:
@@ -54,7 +59,8 @@ def set_knob(cfg: SimConfig, name: str, value) -> SimConfig:
                                                                    **{parts[0]: section}))
     raise ConfigError(f"knob {name!r}: not a per-lane policy knob (allowed: admission.<field>, "
                       "priority.<field>, routing.policy, routing.scorers.<scorer>, "
-                      "scheduler.policy, engine.preemption_policy)")
+                      "scheduler.policy, engine.<field> for "
+                      f"{', '.join(ENGINE_KNOBS)})")
 
 
 def grid(**axes) -> list[dict]:

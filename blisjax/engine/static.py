@@ -189,14 +189,17 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
                  pending_slots: int | None = None, deadline_window: int = 8,
                  max_blocks_per_request: int | None = None,
                  running_width: int = 64, narrow_programs: bool = True,
-                 decode_stretches: bool | None = None) -> EngineStatic:
+                 decode_stretches: bool | None = None,
+                 cpu_tier_blocks: int | None = None) -> EngineStatic:
     """Capacities derived from the configuration and the workload (docs/jax-engine.md, Capacities and overflow).
 
     Defaults are safe upper bounds: the queue can hold every request, the pending window the
     most requests whose α-delay windows overlap in time, and the block table the blocks of the
     longest request (prompt + output + 1 tokens), so none of them can overflow; pass smaller
     values to save memory. The deadline window (8) overflows when more requests than it holds
-    share one deadline microsecond.
+    share one deadline microsecond. ``cpu_tier_blocks``: the CPU tier's capacity per instance
+    (default ``engine.kv_cpu_blocks``; a search over the tier size sets its largest value, so
+    every generation runs one program).
     """
     for name, value in (("queue_slots", queue_slots), ("pending_slots", pending_slots),
                         ("deadline_window", deadline_window),
@@ -206,6 +209,11 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
                                   or not isinstance(value, int | np.integer) or value < 1):
             raise ValueError(f"{name} must be an integer >= 1 (or left to its default), "
                              f"got {value!r}")
+    if cpu_tier_blocks is not None and (isinstance(cpu_tier_blocks, bool)
+                                        or not isinstance(cpu_tier_blocks, int | np.integer)
+                                        or cpu_tier_blocks < 0):
+        raise ValueError(f"cpu_tier_blocks must be an integer >= 0 (or left to its default), "
+                         f"got {cpu_tier_blocks!r}")
     if not isinstance(narrow_programs, bool | np.bool_):
         raise ValueError(f"narrow_programs must be True or False, got {narrow_programs!r}")
     if decode_stretches is not None and not isinstance(decode_stretches, bool | np.bool_):
@@ -265,7 +273,7 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
         cache_scorers=any(Scorer.of(w.name) in CACHE_SCORERS for w in cfg.policy.routing.scorers),
         cache_signal_delay_us=cfg.cluster.cache_signal_delay_us,
         blis_quirks=cfg.compat.blis_quirks,
-        cpu_tier_blocks=int(eng.kv_cpu_blocks),
+        cpu_tier_blocks=int(max(eng.kv_cpu_blocks, cpu_tier_blocks or 0)),
         cpu_ext_slots=max(int(_ext_counts(inp, out, bs).sum()) if n else 0, 1),
         cpu_off_slots=max(int(_table_blocks(inp, out, bs).sum()) if n and cfg.compat.blis_quirks
                           else 0, 1),
