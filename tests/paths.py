@@ -25,5 +25,5 @@ GOLDEN_NEXT_DIR = DATA_DIR / "blis-golden-next"
 GOLDEN_NEXT_CASES = ("bb_leastloaded_4inst_ties", "bb_weighted_prefix_affinity_3inst",
                      "weighted_default_scorers_4inst")
 
-# A BLIS HEAD replay with a CPU tier (reference engine; BLIS's behaviour, so --blis-quirks).
+# A BLIS HEAD replay with a CPU tier (BLIS's behaviour, so --blis-quirks).
 GOLDEN_NEXT_TIERED = "kv_tiered_reload"

@@ -33,6 +33,11 @@ def test_set_knob_validates_and_targets_the_right_field():
         set_knob(cfg, "engine.max_num_running_reqs", 4)
     with pytest.raises(ConfigError, match="admission"):
         set_knob(cfg, "admission.policy", "no-such-policy")
+    assert set_knob(cfg, "engine.kv_cpu_blocks", 64).engine.kv_cpu_blocks == 64
+    with pytest.raises(ConfigError, match="engine.kv_cpu_blocks"):
+        set_knob(cfg, "engine.kv_cpu_blocks", -1)
+    with pytest.raises(ConfigError, match="engine.kv_transfer_bandwidth"):
+        set_knob(cfg, "engine.kv_transfer_bandwidth", 0.0)
 
 
 def test_grid_and_random_builders():

@@ -19,6 +19,7 @@ from search.space import (
     reflect_unit,
     space_from_mapping,
 )
+from tests.paths import REPO
 from tests.search.conftest import TINY_CONFIG, TINY_SPACE
 
 SPACE = {"knobs": {
@@ -139,7 +140,9 @@ def test_get_knob_inverts_set_knob():
     assert get_knob(cfg, "routing.scorers.kv-utilization") == 0.0  # absent scorer = weight 0
     for name, value in (("routing.scorers.queue-depth", 2.5), ("scheduler.policy", "sjf"),
                         ("admission.token_bucket_capacity", 1234.0),
-                        ("engine.preemption_policy", "priority"), ("priority.policy", "slo-class")):
+                        ("engine.preemption_policy", "priority"), ("priority.policy", "slo-class"),
+                        ("engine.kv_cpu_blocks", 64), ("engine.kv_transfer_bandwidth", 8.0),
+                        ("engine.kv_transfer_base_latency_us", 25)):
         assert get_knob(set_knob(cfg, name, value), name) == value
     with pytest.raises(ConfigError, match="not a per-lane"):
         get_knob(cfg, "engine.max_num_running_reqs")
@@ -170,3 +173,13 @@ def test_decoded_knobs_below_the_configs_smallest_magnitude_are_zero():
     knob = NumericKnob("policy.routing.scorers.queue-depth", 0, 3)
     assert knob.from_unit(1e-32) == 0.0
     assert knob.from_unit(1e-20) == 0 + 1e-20 * 3  # the linear map, untouched
+
+
+def test_a_cpu_tier_size_knob_compiles_the_tier_at_its_largest_size():
+    """Every generation of a search over the tier's size runs one program: its capacity is
+    the knob's upper bound, not the largest size a generation happens to draw."""
+    from search.api import search_capacities
+
+    space = load_space(REPO / "configs/search/cpu-tier-space.yaml")
+    assert search_capacities(space) == {"cpu_tier_blocks": 1024}
+    assert search_capacities(load_space(REPO / "configs/search/prefix-affinity-space.yaml")) == {}
