@@ -38,6 +38,9 @@ per-simulation target scenarios (BLIS's anchor workload: Poisson 8 req/s per ins
     python benchmarks/bench_jax.py --anchor --cpu-devices 2 --lanes 64,256
                                                        # BLIS's anchor workload (10k / 4) against
                                                        # one reference run, in one process
+    python benchmarks/bench_jax.py --cpu-tier --cpu-devices 2 --lanes 64
+                                                       # a CPU tier of the KV cache: lanes of
+                                                       # distinct tier sizes vs one reference run
 
 ``--anchor`` prints the reference engine's wall time on the same workload first, then for each
 population ``speedup_vs_reference`` = reference seconds / JAX seconds per simulation (first
@@ -68,13 +71,18 @@ from blisjax.config import (  # noqa: E402
     RoutingConfig,
     ScorerWeight,
     SimConfig,
+    load_config,
     resolve_config,
 )
 from blisjax.engine.params import params_from_config, stack_params  # noqa: E402
 from blisjax.engine.run import compile_lanes, lane_result, simulate_population  # noqa: E402
 from blisjax.engine.static import build_consts, build_static  # noqa: E402
 from blisjax.reference import simulate as reference  # noqa: E402
-from blisjax.workload import distribution_spec, generate_workload  # noqa: E402
+from blisjax.workload import (  # noqa: E402
+    distribution_spec,
+    generate_workload,
+    parse_workload_spec,
+)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_reference  # noqa: E402
@@ -118,12 +126,46 @@ def anchor(num_requests: int, instances: int):
     return resolve_config(_with_routing(resolved.config, (3.0, 2.0, 2.0, 1.0))), workload
 
 
+TIER_CONFIG = os.path.join(os.path.dirname(__file__), "..", "configs", "search",
+                           "cpu-tier.yaml")
+TIER_MAX_BLOCKS = 1024  # the CPU tier's capacity in the program (lanes draw sizes up to it)
+
+
+def cpu_tier(num_requests: int):
+    """The CPU-tier example (configs/search/cpu-tier.yaml) with ``num_requests`` requests and a
+    384-block tier (every prefix routed to an instance fits)."""
+    cfg = load_config(TIER_CONFIG)
+    cfg = dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, kv_cpu_blocks=384))
+    cfg = dataclasses.replace(cfg, workload={**cfg.workload, "num_requests": num_requests})
+    return resolve_config(cfg), generate_workload(parse_workload_spec(cfg.workload), seed=cfg.seed)
+
+
+def tier_population(cfg: SimConfig, tenants, lanes: int, seed: int = 0):
+    """Lanes of distinct CPU-tier sizes (0 .. ``TIER_MAX_BLOCKS``) and prefix-affinity weights."""
+    rng = np.random.default_rng(seed)
+    configs = []
+    for _ in range(lanes):
+        engine = dataclasses.replace(cfg.engine,
+                                     kv_cpu_blocks=int(rng.integers(0, TIER_MAX_BLOCKS + 1)))
+        routing = dataclasses.replace(cfg.policy.routing, scorers=(
+            ScorerWeight("prefix-affinity", float(rng.uniform(0.1, 2.0))),
+            ScorerWeight("load-balance", 1.0)))
+        policy = dataclasses.replace(cfg.policy, routing=routing)
+        configs.append(dataclasses.replace(cfg, engine=engine, policy=policy))
+    return stack_params([params_from_config(c, tenants) for c in configs])
+
+
 def run_jax(resolved, workload, lanes: int, warm_calls: int = 2,
-            decode_stretches: bool | None = None, narrow_programs: bool = True) -> dict:
+            decode_stretches: bool | None = None, narrow_programs: bool = True,
+            tiers: bool = False) -> dict:
+    """``tiers``: lanes draw CPU-tier sizes (``tier_population``) instead of scenario S's
+    routing weights."""
     st = build_static(resolved, workload, decode_stretches=decode_stretches,
-                      narrow_programs=narrow_programs)
+                      narrow_programs=narrow_programs,
+                      **({"cpu_tier_blocks": TIER_MAX_BLOCKS} if tiers else {}))
     consts = build_consts(resolved, workload, st)
-    params = population(resolved.config, workload.tenant_names, lanes)
+    params = (tier_population if tiers else population)(resolved.config, workload.tenant_names,
+                                                          lanes)
     start = time.perf_counter()
     compiled = compile_lanes(st, consts, params)
     compile_s = time.perf_counter() - start
@@ -235,6 +277,10 @@ def main() -> None:
                          "(narrow_programs=False: smaller program, faster compile)")
     ap.add_argument("--warm-calls", type=int, default=2,
                     help="timed calls after the first (same compiled program, warm memory)")
+    ap.add_argument("--cpu-tier", action="store_true",
+                    help="the CPU-tier example (configs/search/cpu-tier.yaml, --requests "
+                         "requests): one reference run, then populations of distinct tier "
+                         "sizes, in one process")
     ap.add_argument("--saturation", action="store_true",
                     help="measure scenario S's saturation throughput (reference engine)")
     args = ap.parse_args()
@@ -254,6 +300,15 @@ def main() -> None:
                           False if args.no_stretches else None, not args.full_width_only)
             row["speedup_vs_reference"] = round(ref["run_s"] / row["s_per_sim"], 2)
             print(json.dumps({"workload": "anchor", **row}), flush=True)
+        return
+    if args.cpu_tier:
+        resolved, workload = cpu_tier(args.requests)
+        ref = run_reference(resolved, workload)
+        print(json.dumps({"workload": "cpu-tier", **ref}), flush=True)
+        for p in args.lanes.split(","):
+            row = run_jax(resolved, workload, int(p), args.warm_calls, tiers=True)
+            row["speedup_vs_reference"] = round(ref["run_s"] / row["s_per_sim"], 2)
+            print(json.dumps({"workload": "cpu-tier", **row}), flush=True)
         return
     if args.targets:
         lanes = [int(p) for p in args.target_lanes.split(",")]

@@ -598,10 +598,13 @@ class MetricsConfig:
     Attributes:
       slo_targets: SLO class → targets; class "default" is the empty class "".
       fitness_weights: fitness component → weight >= 0 (not normalized, docs/semantics.md §6.5).
+      kv_thrash_window_us: the CPU tier's thrashing anomaly counts reloads of a block whose GPU
+        copy was evicted less than this many µs before (>= 0; 0 counts none).
     """
 
     slo_targets: tuple[tuple[str, SLOTarget], ...] = ()
     fitness_weights: tuple[tuple[str, float], ...] = ()
+    kv_thrash_window_us: int = 1_000_000
 
     def __post_init__(self) -> None:
         targets = check_pairs(
@@ -615,6 +618,9 @@ class MetricsConfig:
             _fitness_weight,
         )
         set_field(self, "fitness_weights", weights)
+        set_field(self, "kv_thrash_window_us", check_int(
+            "metrics.kv_thrash_window_us", self.kv_thrash_window_us, min_value=0,
+            max_value=INT64_MAX))
 
 
 # --------------------------------------------------------------------------- compatibility

@@ -400,6 +400,8 @@ def _grant_chunk(s: SimState, st, c, i, plan: _GrantChunks, k, total, go, chunk:
         on = plan.on_chain[owner]
         key = jnp.where(on, slot_fresh, c.offchain_base[r[owner]] + j)
         t = s.tier
+        t = kvtier.note_evictions(t, t.key_of_block[i, jnp.clip(blocks, 0, k_blocks - 1)],
+                                  taken, s.clock[i])
         s = s.replace(tier=t.replace(key_of_block=t.key_of_block.at[i, b_safe].set(
             jnp.where(reg_fresh, key, NIL), mode="drop")))
         reg_fresh = reg_fresh & on
@@ -610,7 +612,11 @@ def reload_prefix(s: SimState, st, c, i, r, start_block, keep, active):
         at = jnp.argmax(cand).astype(jnp.int32)
         slot = slots[at]
         go_on = go & there & kvtier.holds(s.tier, slot) & (count < budget)
+        now = s.clock[i]
+        evicted_us = s.tier.evicted_at[slot]
+        thrash = go_on & (evicted_us >= 0) & (now - evicted_us < st.kv_thrash_window_us)
         s, b = _pop_one(s, st, i, keep, go_on)
+        s = s.replace(tier=kvtier.note_evictions(s.tier, s.tier.key_of_block[i, b], go_on, now))
         old = s.kv_slot[i, b]
         s = apply_slot_ops(s, st, jnp.stack([old, slot]), jnp.stack([NIL, b]),
                            jnp.arange(2), jnp.stack([go_on & (old >= 0), go_on]))
@@ -619,6 +625,7 @@ def reload_prefix(s: SimState, st, c, i, r, start_block, keep, active):
         t = t.replace(key_of_block=t.key_of_block.at[i, b_safe].set(slot, mode="drop"),
                       pending_us=add(t.pending_us, i, t.reload_us, go_on),
                       reloads=add(t.reloads, i, 1, go_on),
+                      thrash_reloads=add(t.thrash_reloads, i, 1, thrash),
                       request_reloads=t.request_reloads.at[r].add(go_on.astype(jnp.int32)))
         t = kvtier.touch(t, i, slot, go_on)
         s = s.replace(kv_slot=s.kv_slot.at[i, b_safe].set(slot, mode="drop"),

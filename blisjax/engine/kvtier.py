@@ -63,6 +63,10 @@ class KVTierState:
     mirror_stores: jax.Array  # int64 [I]: keys stored by mirror passes
     evictions: jax.Array  # int64 [I]: keys the full tier dropped
     request_reloads: jax.Array  # int32 [N + 1]: blocks reloaded by each request's allocations
+    evicted_at: jax.Array  # int64 µs [KEYS + 1]: when a GPU block holding the key was last
+    #                        taken for other content, -1 = never (the thrashing anomaly)
+    thrash_reloads: jax.Array  # int64 [I]: reloads of a key evicted from the GPU less than
+    #                            ``EngineStatic.kv_thrash_window_us`` before
     unsupported: jax.Array  # int32: events the program cannot reproduce (flagged, see
     #                         ``kvcache.tiered_allocate``)
     capacity: jax.Array  # int32: this lane's tier size (``PolicyParams.kv_cpu_blocks``)
@@ -85,6 +89,7 @@ def init_tier(st, capacity=0, reload_us=0) -> KVTierState:
         cpu_misses=jnp.zeros(n_inst, i64), mirror_stores=jnp.zeros(n_inst, i64),
         evictions=jnp.zeros(n_inst, i64),
         request_reloads=jnp.zeros(st.num_requests + 1 if on else 1, i32),
+        evicted_at=jnp.full(keys + 1, -1, i64), thrash_reloads=jnp.zeros(n_inst, i64),
         unsupported=jnp.asarray(0, i32), capacity=jnp.asarray(capacity, i32),
         reload_us=jnp.asarray(reload_us, i64))
 
@@ -159,6 +164,14 @@ def touch(t: KVTierState, i, key, active) -> KVTierState:
     """``CpuTier.touch``: the present ``key`` becomes instance i's most recent."""
     one = lambda x: jnp.reshape(x, (1,))  # noqa: E731
     return append(t, i, one(key), one(active))
+
+
+def note_evictions(t: KVTierState, keys, mask, now) -> KVTierState:
+    """GPU blocks holding ``keys`` (where ``mask`` and the key is >= 0) were taken for other
+    content at ``now`` (``TieredKVCache._evicted``)."""
+    sink = t.where.shape[0] - 1
+    return t.replace(evicted_at=t.evicted_at.at[jnp.where(mask & (keys >= 0), keys, sink)]
+                     .set(now, mode="drop"))
 
 
 def holds(t: KVTierState, key):

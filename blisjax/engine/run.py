@@ -359,7 +359,7 @@ def _tier_counters(st: EngineStatic, g, n: int) -> records.KVTierCounters | None
     return records.KVTierCounters(
         reloads=i64(t.reloads), cpu_misses=i64(t.cpu_misses),
         mirror_stores=i64(t.mirror_stores), cpu_evictions=i64(t.evictions),
-        request_reloads=i64(t.request_reloads[:n]))
+        request_reloads=i64(t.request_reloads[:n]), thrash_reloads=i64(t.thrash_reloads))
 
 
 def _empty_result(resolved, workload) -> records.RunResult:

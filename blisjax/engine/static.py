@@ -103,6 +103,7 @@ class EngineStatic:
     cpu_tier_blocks: int = 0
     cpu_ext_slots: int = 1  # CPU keys of blocks past the full prompt blocks (engine.kvtier)
     cpu_off_slots: int = 1  # off-chain CPU keys (with blis_quirks; engine.kvtier)
+    kv_thrash_window_us: int = 0  # ``metrics.kv_thrash_window_us`` (the thrashing anomaly)
 
     @property
     def tiered(self) -> bool:
@@ -274,6 +275,7 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
         cache_signal_delay_us=cfg.cluster.cache_signal_delay_us,
         blis_quirks=cfg.compat.blis_quirks,
         cpu_tier_blocks=int(max(eng.kv_cpu_blocks, cpu_tier_blocks or 0)),
+        kv_thrash_window_us=int(cfg.metrics.kv_thrash_window_us),
         cpu_ext_slots=max(int(_ext_counts(inp, out, bs).sum()) if n else 0, 1),
         cpu_off_slots=max(int(_table_blocks(inp, out, bs).sum()) if n and cfg.compat.blis_quirks
                           else 0, 1),

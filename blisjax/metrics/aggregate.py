@@ -281,6 +281,7 @@ def aggregate_metrics(
         out["kv_cpu_evictions"] = int(np.sum(tier.cpu_evictions))
         lookups = reloads + int(np.sum(tier.cpu_misses))
         out["kv_cpu_hit_rate"] = float(reloads) / float(lookups) if lookups else 0.0
+        out["kv_thrash_reloads"] = int(np.sum(tier.thrash_reloads))
     peak = np.asarray(result.peak_kv_blocks_used, dtype=np.int64)
     out["kv_peak_blocks"] = int(peak.max()) if peak.size else 0
 

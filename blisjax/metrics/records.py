@@ -110,14 +110,17 @@ class KVTierCounters(NamedTuple):
     """The CPU tier's counters (runs with ``engine.kv_cpu_blocks > 0``; docs/semantics.md
     §3.8). Per instance, int64 [I]: ``reloads`` (blocks reloaded CPU → GPU), ``cpu_misses``
     (allocations that failed without reloading anything), ``mirror_stores`` (blocks copied to
-    the CPU tier), ``cpu_evictions`` (blocks the full tier dropped). Per request, int64 [N]:
-    ``request_reloads`` (blocks reloaded by its allocations)."""
+    the CPU tier), ``cpu_evictions`` (blocks the full tier dropped), ``thrash_reloads``
+    (reloads of a block whose GPU copy was evicted less than ``metrics.kv_thrash_window_us``
+    earlier: Decision 14's thrashing anomaly). Per request, int64 [N]: ``request_reloads``
+    (blocks reloaded by its allocations)."""
 
     reloads: np.ndarray
     cpu_misses: np.ndarray
     mirror_stores: np.ndarray
     cpu_evictions: np.ndarray
     request_reloads: np.ndarray
+    thrash_reloads: np.ndarray
 
 
 @dataclass(frozen=True, eq=False)

@@ -58,7 +58,8 @@ class ClusterSimulator:
                      max_model_len=resolved.max_model_len, latency=latency, priority=priority,
                      scheduler=SchedulerPolicy.of(cfg.policy.scheduler.policy), horizon_us=self.horizon_us,
                      hash_of=self._hash_of, blis_quirks=cfg.compat.blis_quirks,
-                     hash_after=self._hash_after)
+                     hash_after=self._hash_after,
+                     thrash_window_us=cfg.metrics.kv_thrash_window_us)
             for i in range(n_inst)
         ]
         for x in self.instances:
@@ -301,7 +302,8 @@ class ClusterSimulator:
         return KVTierCounters(
             reloads=per_inst(lambda kv: kv.reloads), cpu_misses=per_inst(lambda kv: kv.cpu_misses),
             mirror_stores=per_inst(lambda kv: kv.mirror_stores),
-            cpu_evictions=per_inst(lambda kv: kv.cpu.evictions), request_reloads=reloads)
+            cpu_evictions=per_inst(lambda kv: kv.cpu.evictions), request_reloads=reloads,
+            thrash_reloads=per_inst(lambda kv: kv.thrash_reloads))
 
 
 def simulate(resolved, workload, check_invariants: bool = False) -> RunResult:

@@ -26,7 +26,7 @@ class Instance:
 
     def __init__(self, index: int, *, engine, total_kv_blocks: int, max_model_len: int,
                  latency, priority, scheduler: SchedulerPolicy, horizon_us: int, hash_of,
-                 blis_quirks: bool = False, hash_after=None) -> None:
+                 blis_quirks: bool = False, hash_after=None, thrash_window_us: int = 0) -> None:
         self.index = index
         self.max_running = engine.max_num_running_reqs
         self.max_batched_tokens = engine.max_num_scheduled_tokens
@@ -43,7 +43,8 @@ class Instance:
         if engine.kv_cpu_blocks > 0:
             self.kv = TieredKVCache(total_kv_blocks, self.block_size, hash_of,
                                     engine.kv_cpu_blocks, engine.kv_transfer_bandwidth,
-                                    engine.kv_transfer_base_latency_us, hash_after)
+                                    engine.kv_transfer_base_latency_us, hash_after,
+                                    thrash_window_us)
         else:
             self.kv = KVCache(total_kv_blocks, self.block_size, hash_of,
                               engine.enable_prefix_caching)
@@ -180,6 +181,8 @@ class Instance:
             self.step_pending = False  # a timeout emptied the instance; nothing to do
             return
         self.step_count += 1
+        if self.tiered:  # the tier's eviction and reload times (thrashing anomaly)
+            self.kv.now_us = now_us
         if not self.priority.is_constant:
             for r in self.wait_queue:
                 r.priority = self.priority.score(r, now_us)

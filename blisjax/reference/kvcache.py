@@ -77,7 +77,11 @@ class KVCache:
         if old is not None:
             self.hash_to_block.pop(old, None)
             self.block_hash[b] = None
+            self._evicted(old)
         return b
+
+    def _evicted(self, h: int) -> None:
+        """A block holding hash ``h`` was taken for other content (a tier notes when)."""
 
     def free_list(self) -> list[int]:
         """Free blocks in eviction order (head first); for tests and invariant checks."""
@@ -268,13 +272,16 @@ class TieredKVCache(KVCache):
       cached (``allocate``).
     * Queries (cached blocks, used blocks) see the GPU only.
     Counters: ``reloads`` (BLIS's cpuHitCount), ``cpu_misses`` (allocations that failed
-    without reloading anything), ``mirror_stores``, and the tier's ``evictions``.
+    without reloading anything), ``mirror_stores``, the tier's ``evictions``, and
+    ``thrash_reloads`` (reloads of a hash whose GPU copy was evicted less than
+    ``thrash_window_us`` before: Decision 14's anomaly, not BLIS's).
     """
 
     def __init__(self, total_blocks: int, block_size_tokens: int,
                  hash_of: Callable[[object, int], int], cpu_blocks: int,
                  bandwidth_tokens_per_us: float, base_latency_us: int,
-                 hash_after: Callable[[int | None, object, int], int] | None = None) -> None:
+                 hash_after: Callable[[int | None, object, int], int] | None = None,
+                 thrash_window_us: int = 0) -> None:
         super().__init__(total_blocks, block_size_tokens, hash_of, prefix_caching=True,
                          hash_after=hash_after)
         self.cpu = CpuTier(cpu_blocks)
@@ -285,6 +292,15 @@ class TieredKVCache(KVCache):
         self.cpu_misses = 0
         self.mirror_stores = 0
         self.request_reloads: dict[int, int] = {}
+        # thrashing anomaly (Decision 14): reloads of a hash whose GPU copy was evicted less
+        # than ``thrash_window_us`` before; the instance sets ``now_us`` at each step
+        self.thrash_window_us = thrash_window_us
+        self.now_us = 0
+        self.evicted_at: dict[int, int] = {}
+        self.thrash_reloads = 0
+
+    def _evicted(self, h: int) -> None:
+        self.evicted_at[h] = self.now_us
 
     # ---- reload (CPU → GPU) ----------------------------------------------------------------
     def reload_prefix(self, req, start_block: int, keep: list[int] = ()) -> int:
@@ -305,6 +321,9 @@ class TieredKVCache(KVCache):
                 continue
             if h not in self.cpu or count >= budget:
                 break
+            evicted_us = self.evicted_at.get(h)
+            if evicted_us is not None and self.now_us - evicted_us < self.thrash_window_us:
+                self.thrash_reloads += 1
             b = self._pop_free(keep)
             self.num_tokens[b] = bs
             self.refcount[b] = 0

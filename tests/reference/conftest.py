@@ -11,6 +11,7 @@ from blisjax.config import (
     CompatConfig,
     EngineConfig,
     LatencyConfig,
+    MetricsConfig,
     PolicyConfig,
     PriorityConfig,
     RoutingConfig,
@@ -31,7 +32,8 @@ def make_resolved(*, instances=1, alpha=ALPHA0, beta=BETA, kv_blocks=10_000, blo
                   admission=None, priority=None, routing=None, scheduler="fcfs",
                   preemption="fcfs", refresh_us=0, horizon_us=2**63 - 1, prefix_caching=True,
                   admission_latency_us=0, routing_latency_us=0, cache_delay_us=0,
-                  cpu_blocks=0, transfer_bandwidth=100.0, transfer_base_us=0, quirks=False):
+                  cpu_blocks=0, transfer_bandwidth=100.0, transfer_base_us=0, quirks=False,
+                  thrash_window_us=1_000_000):
     cfg = SimConfig(
         engine=EngineConfig(
             max_num_running_reqs=max_running, max_num_scheduled_tokens=max_tokens,
@@ -51,6 +53,7 @@ def make_resolved(*, instances=1, alpha=ALPHA0, beta=BETA, kv_blocks=10_000, blo
                             scheduler=SchedulerConfig(policy=scheduler)),
         horizon_us=horizon_us,
         compat=CompatConfig(blis_quirks=quirks),
+        metrics=MetricsConfig(kv_thrash_window_us=thrash_window_us),
     )
     return resolve_config(cfg)
 

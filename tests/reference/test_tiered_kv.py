@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import pytest
 
+from blisjax.config import ConfigError, MetricsConfig
 from tests.reference.conftest import run
 
 ROWS = [dict(arrival=0, input=12, output=1, group=0, prefix=8),
@@ -107,3 +108,18 @@ def test_a_reload_keeps_the_requests_own_cached_blocks_unless_quirks(quirks, r2_
     assert list(res.ttft_us) == [1000 + 10 * 14, 1000 + 10 * 4, r2_ttft_us]
     assert list(res.kv_tier.request_reloads) == [0, 0, 1]
     assert int(res.cache_hits[0]) == hits
+
+
+@pytest.mark.parametrize(("window_us", "thrash"), [(1_000_000, 2), (5001, 2), (5000, 0), (0, 0)])
+def test_reloads_soon_after_the_gpu_eviction_are_thrashing(window_us, thrash):
+    """The thrashing anomaly (Decision 14): r1's step takes G0's and G1's GPU blocks 5,000 µs
+    before r2's step reloads them (both steps start one α delay after their arrival, the same
+    delay for the same prompt length), so they count iff the window is longer than that."""
+    res, _ = run(ROWS, thrash_window_us=window_us, **TIER)
+    assert int(res.kv_tier.reloads[0]) == 2
+    assert int(res.kv_tier.thrash_reloads[0]) == thrash
+
+
+def test_thrash_window_is_checked():
+    with pytest.raises(ConfigError, match="metrics.kv_thrash_window_us"):
+        MetricsConfig(kv_thrash_window_us=-1)
