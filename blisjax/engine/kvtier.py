@@ -35,7 +35,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from blisjax.engine.lockstep import add, lane_while, upd
+from blisjax.engine.lockstep import add, lane_once, lane_while, upd
 from blisjax.engine.pytree import pytree_dataclass
 from blisjax.engine.state import NIL
 from blisjax.engine.vec import prefix_sum
@@ -70,6 +70,8 @@ class KVTierState:
     unsupported: jax.Array  # int32: events the program cannot reproduce (flagged, see
     #                         ``kvcache.tiered_allocate``)
     capacity: jax.Array  # int32: this lane's tier size (``PolicyParams.kv_cpu_blocks``)
+    pass_mark: jax.Array  # int64 [KEYS + 1]: scratch of ``mirror`` (first and last accesses)
+    pass_stamp: jax.Array  # int64: the last mark ``mirror`` used
     reload_us: jax.Array  # int64 µs: one reload's transfer time (``PolicyParams.kv_reload_us``)
 
 
@@ -91,6 +93,7 @@ def init_tier(st, capacity=0, reload_us=0) -> KVTierState:
         request_reloads=jnp.zeros(st.num_requests + 1 if on else 1, i32),
         evicted_at=jnp.full(keys + 1, -1, i64), thrash_reloads=jnp.zeros(n_inst, i64),
         unsupported=jnp.asarray(0, i32), capacity=jnp.asarray(capacity, i32),
+        pass_mark=jnp.full(keys + 1, -1, i64), pass_stamp=jnp.asarray(0, i64),
         reload_us=jnp.asarray(reload_us, i64))
 
 
@@ -188,45 +191,73 @@ def mirror(t: KVTierState, i, keys, valid, active) -> KVTierState:
     in k order (the running batch's full hashed blocks, requests in batch order, each
     request's blocks in order; repeats allowed). A lane whose tier size is 0 has none.
 
-    Each access's outcome from its stack distance (module docstring): a repeat of the key
-    accessed at ``prev`` finds it iff fewer than ``capacity`` distinct keys were accessed in
-    between; a key's first access in the pass finds it iff it was in the tier and the keys
-    newer than it there, together with the distinct keys of the pass before it, number fewer
-    than ``capacity``. Stores are the accesses that do not find their key."""
+    Stores are the accesses that do not find their key. Usually no key of the pass can be
+    evicted before its access: the evictions a pass causes (its new keys beyond the free
+    room) take the oldest entries, and entries older than every key of the pass that the
+    tier holds are never touched by it. Then every held key and every repeat is found, the
+    stores are the new keys, and two scatters over a key-indexed mark find each key's first and
+    last access. Otherwise (a tier smaller than the pass's working set) ``_pass_stores``
+    resolves each access from its stack distance."""
     width = keys.shape[0]
     capacity = t.capacity
     valid = valid & active & (capacity > 0)
-    idx = jnp.arange(width, dtype=jnp.int32)
-    same = (keys[:, None] == keys[None, :]) & valid[:, None] & valid[None, :]
-    before = idx[None, :] < idx[:, None]  # [t, u]: u comes before t
-    prev = jnp.max(jnp.where(same & before, idx[None, :], -1), axis=1)
-    is_last = valid & ~jnp.any(same & ~before & (idx[None, :] != idx[:, None]), axis=1)
-    first = valid & (prev < 0)
-    # repeats: distinct keys strictly between the previous access and this one
-    between = before & (idx[None, :] > prev[:, None])
-    distinct_between = jnp.sum(between & valid[None, :] & (prev[None, :] < prev[:, None]),
-                               axis=1, dtype=jnp.int32)
-    found_repeat = valid & (prev >= 0) & (distinct_between < capacity)
-    # first accesses: the key's place in the tier before the pass
     sink = t.where.shape[0] - 1
-    where = jnp.where(valid, t.where[jnp.where(valid, keys, sink)], NIL)
+    k = jnp.where(valid, keys, sink)
+    idx = jnp.arange(width, dtype=jnp.int64)
+    # first and last access of each key: scatter-max of (pass stamp, -position), then of
+    # (next stamp, position); older passes' marks are smaller
+    shift = jnp.int64(1) << 32
+    first_mark = (t.pass_stamp + 1) * shift + (width - idx)
+    last_mark = (t.pass_stamp + 2) * shift + idx
+    mark = t.pass_mark.at[k].max(jnp.where(valid, first_mark, -1))
+    first = valid & (mark[k] == first_mark)
+    mark = mark.at[k].max(jnp.where(valid, last_mark, -1))
+    is_last = valid & (mark[k] == last_mark)
+    t = t.replace(pass_mark=mark, pass_stamp=t.pass_stamp + jnp.where(active, 2, 0))
+    where = jnp.where(valid, t.where[k], NIL)
     held = first & (where >= 0)
     r_size = t.ring.shape[1]
     ring_pos = t.head[i] + jnp.arange(r_size, dtype=jnp.int32)
     live_through = prefix_sum(_live(t, i, ring_pos)[0])  # live entries at or before each
-    newer = t.size[i] - live_through[jnp.clip(where - t.head[i], 0, r_size - 1)]
-    seen_newer = jnp.sum(before & held[None, :] & (where[None, :] > where[:, None]), axis=1,
-                         dtype=jnp.int32)
-    distinct_before = prefix_sum(first) - first
-    found_first = held & (newer - seen_newer + distinct_before < capacity)
-    stores = jnp.sum(valid & ~(found_repeat | found_first), dtype=jnp.int32)
-    new_keys = jnp.sum(first & (where < 0), dtype=jnp.int32)
+    older = live_through[jnp.clip(where - t.head[i], 0, r_size - 1)] - 1
     size0 = t.size[i]
-    t = append(t, i, jnp.where(is_last, keys, 0), is_last)
+    new_keys = jnp.sum(first & ~held, dtype=jnp.int32)
     grown = size0 + new_keys
+    untouched = jnp.min(jnp.where(held, older, size0))  # entries older than any held key
+    simple = jnp.maximum(grown - capacity, 0) <= untouched
+    stores = lane_once(active & ~simple & jnp.any(valid),
+                       lambda stores, go: jnp.where(go, _pass_stores(
+                           t, i, keys, valid, first, where, live_through), stores), new_keys)
+    t = append(t, i, jnp.where(is_last, keys, 0), is_last)
     size = jnp.minimum(grown, capacity)
     t = evict_oldest(t, i, grown - size, active)
     return t.replace(
         size=upd(t.size, i, size, active),
         mirror_stores=add(t.mirror_stores, i, stores, active),
         evictions=add(t.evictions, i, stores - (size - size0), active))
+
+
+def _pass_stores(t: KVTierState, i, keys, valid, first, where, live_through):
+    """Stores of a mirror pass from each access's stack distance (module docstring): a repeat
+    of the key accessed at ``prev`` finds it iff fewer than the tier's size distinct keys were
+    accessed in between; a key's first access finds it iff the tier held it and the keys newer
+    than it there, together with the distinct keys of the pass before it, number fewer.
+    Pairwise over the pass: its cost grows with the square of the width."""
+    width = keys.shape[0]
+    capacity = t.capacity
+    idx = jnp.arange(width, dtype=jnp.int32)
+    same = (keys[:, None] == keys[None, :]) & valid[:, None] & valid[None, :]
+    before = idx[None, :] < idx[:, None]  # [t, u]: u comes before t
+    prev = jnp.max(jnp.where(same & before, idx[None, :], -1), axis=1)
+    between = before & (idx[None, :] > prev[:, None])
+    distinct_between = jnp.sum(between & valid[None, :] & (prev[None, :] < prev[:, None]),
+                               axis=1, dtype=jnp.int32)
+    found_repeat = valid & (prev >= 0) & (distinct_between < capacity)
+    held = first & (where >= 0)
+    r_size = t.ring.shape[1]
+    newer = t.size[i] - live_through[jnp.clip(where - t.head[i], 0, r_size - 1)]
+    seen_newer = jnp.sum(before & held[None, :] & (where[None, :] > where[:, None]), axis=1,
+                         dtype=jnp.int32)
+    distinct_before = prefix_sum(first) - first
+    found_first = held & (newer - seen_newer + distinct_before < capacity)
+    return jnp.sum(valid & ~(found_repeat | found_first), dtype=jnp.int32)
