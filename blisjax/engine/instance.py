@@ -419,8 +419,7 @@ def _admit_tiered(s: SimState, st, c, p, i, sb, r, budget, go):
     claim = ok & (n > 0) & (s.blen[i, sb] == 0) & (n_cached > 0)
     s = kv.claim_cached(s, st, i, sb, cached, n_cached, claim)
     t = s.tier
-    s = s.replace(tier=t.replace(cpu_misses=add(t.cpu_misses, i, 1,
-                                                go & ~ok & (count == 0) & (t.capacity > 0))))
+    s = s.replace(tier=t.replace(cpu_misses=add(t.cpu_misses, i, 1, go & ~ok & (count == 0))))
     return s, start, n, ok, jnp.zeros_like(ok)
 
 
@@ -744,7 +743,6 @@ def mirror_batch(s: SimState, st, i, running: Running, active) -> SimState:
     in batch order, each request's in table order, as one pass (``kvtier.mirror``) at the
     narrowest width that holds them."""
     mb = st.max_blocks_per_request
-    width = running.valid.shape[0]
     col = jnp.arange(mb, dtype=jnp.int32)
     blocks = s.bt[i, running.slots]  # [width, MB]
     held = running.valid[:, None] & (col[None, :] < s.blen[i, running.slots][:, None])
@@ -754,7 +752,6 @@ def mirror_batch(s: SimState, st, i, running: Running, active) -> SimState:
     keys = keys.reshape(-1)
     dest = prefix_sum(on) - 1
     count = jnp.sum(on, dtype=jnp.int32)
-    del width
 
     def program(s, go, w):
         dense = jnp.zeros(w, jnp.int32).at[jnp.where(on, dest, w)].set(keys, mode="drop")

@@ -247,22 +247,31 @@ def can_allocate(s: SimState, st, c, i, sb, r, start, end, cached, n_cached):
     return jnp.where(s.pi[r] < c.input_tokens[r], prefill_ok, decode_ok)
 
 
-def claim_cached(s: SimState, st, i, sb, cached, n_claim, active) -> SimState:
-    """First allocation of a request: take its cached prefix blocks (refcount +1; free ones
-    leave the free list) as the first entries of its block table; each counts as a hit."""
-    k_blocks = st.kv_blocks
+def claim_cached(s: SimState, st, i, sb, cached, n_claim, active, first=0) -> SimState:
+    """Take cached blocks (``KVCache.claim``: refcount +1, free ones leave the free list, each
+    a hit). ``first`` 0 (a request's first allocation): ``cached[:n_claim]`` become the first
+    entries of its block table. Otherwise (a CPU-tier allocation of a request that may hold
+    blocks): ``cached[first : first + n_claim]`` are appended to the ones it holds."""
+    k_blocks, mb = st.kv_blocks, st.max_blocks_per_request
     k = jnp.arange(cached.shape[0])
-    on = active & (k < n_claim)
+    appending = not (isinstance(first, int) and first == 0)
+    on = active & (k >= first) & (k < first + n_claim) if appending else active & (k < n_claim)
     b = jnp.maximum(cached, 0)
     ref = s.kv_ref[i, b]
     was_free = on & (ref == 0)
-    return s.replace(
+    s = s.replace(
         kv_ref=s.kv_ref.at[i, jnp.where(on, b, k_blocks)].set(ref + 1, mode="drop"),
         fkey=s.fkey.at[i, jnp.where(was_free, b, k_blocks)].set(NIL, mode="drop"),
         kv_free=add(s.kv_free, i, -jnp.sum(was_free, dtype=jnp.int32), active),
-        bt=s.bt.at[i, sb, jnp.where(on, k, st.max_blocks_per_request)].set(b, mode="drop"),
-        blen=upd(s.blen, (i, sb), n_claim, active),
-        hits=add(s.hits, i, n_claim.astype(jnp.int64), active))
+        hits=add(s.hits, i, jnp.asarray(n_claim).astype(jnp.int64), active))
+    if not appending:
+        return s.replace(bt=s.bt.at[i, sb, jnp.where(on, k, mb)].set(b, mode="drop"),
+                         blen=upd(s.blen, (i, sb), n_claim, active))
+    pos = s.blen[i, sb] + k - first
+    return s.replace(
+        bt=s.bt.at[i, sb, jnp.where(on & (pos < mb), pos, mb)].set(b, mode="drop"),
+        blen=add(s.blen, (i, sb), n_claim, active),
+        ovf_blocks=s.ovf_blocks + jnp.sum(on & (pos >= mb), dtype=jnp.int32))
 
 
 POP_CHUNK = 16  # fresh blocks per inner iteration of an allocation (phase 1, admissions)
@@ -648,26 +657,6 @@ def keep_mask(s: SimState, st, i, cached, n_cached, active):
         True, mode="drop")
 
 
-def claim_more(s: SimState, st, i, sb, cached, first, count, active) -> SimState:
-    """Append ``cached[first : first + count]`` to slot sb's blocks (``KVCache.claim`` of a
-    request that already holds blocks): each one more holder, off the free list, a hit."""
-    k_blocks, mb = st.kv_blocks, st.max_blocks_per_request
-    k = jnp.arange(cached.shape[0])
-    on = active & (k >= first) & (k < first + count)
-    b = jnp.maximum(cached, 0)
-    ref = s.kv_ref[i, b]
-    was_free = on & (ref == 0)
-    pos = s.blen[i, sb] + k - first
-    return s.replace(
-        kv_ref=s.kv_ref.at[i, jnp.where(on, b, k_blocks)].set(ref + 1, mode="drop"),
-        fkey=s.fkey.at[i, jnp.where(was_free, b, k_blocks)].set(NIL, mode="drop"),
-        kv_free=add(s.kv_free, i, -jnp.sum(was_free, dtype=jnp.int32), active),
-        bt=s.bt.at[i, sb, jnp.where(on & (pos < mb), pos, mb)].set(b, mode="drop"),
-        blen=add(s.blen, (i, sb), jnp.where(active, count, 0), active),
-        hits=add(s.hits, i, jnp.where(active, count, 0).astype(jnp.int64), active),
-        ovf_blocks=s.ovf_blocks + jnp.sum(on & (pos >= mb), dtype=jnp.int32))
-
-
 class TieredOutcome(NamedTuple):
     """What ``tiered_allocate`` did besides changing the state."""
 
@@ -707,10 +696,10 @@ def tiered_allocate(s: SimState, st, c, i, sb, r, start, end, cached, n_cached, 
     partial = active & reloaded & (new_start > start) & (new_start < end)
     # claim only: the reloaded blocks cover the range, no pre-check
     end_block = jnp.minimum((end + bs - 1) // bs, now.count)
-    s = claim_more(s, st, i, sb, now.blocks, first, jnp.maximum(end_block - first, 0),
-                   claim_only & (~owned | (first < end_block)))
-    s = claim_more(s, st, i, sb, now.blocks, first, jnp.maximum(new_start // bs - first, 0),
-                   partial)
+    s = claim_cached(s, st, i, sb, now.blocks, jnp.maximum(end_block - first, 0),
+                     claim_only & (~owned | (first < end_block)), first)
+    s = claim_cached(s, st, i, sb, now.blocks, jnp.maximum(new_start // bs - first, 0),
+                     partial, first)
     a_start = jnp.where(partial, new_start, start)
     pre_cached = jnp.where(partial, now.blocks, cached)
     pre_n = jnp.where(partial, now.count, n_cached)

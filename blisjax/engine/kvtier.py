@@ -25,9 +25,11 @@ blocks, lives with the other free-list operations in ``kvcache.py``.
   capacity), so whether an access finds its key present is a question of *stack distance*: the
   number of distinct keys accessed since the key's previous access must be below C. With the
   tier's entries before the pass taken as earlier accesses in ring order, that gives every
-  access's outcome in a few pairwise comparisons over the pass (``mirror``), without replaying
-  it key by key; the tier after the pass is then the old ring with the pass's keys appended in
-  order of their last access, trimmed to C from the oldest end.
+  access's outcome without replaying the pass key by key: usually no key of the pass can be
+  evicted before its access, and the stores are its new keys; otherwise pairwise comparisons
+  over the pass give each access's distance (``mirror``). The tier after the pass is the old
+  ring with the pass's keys appended in order of their last access, trimmed to C from the
+  oldest end.
 """
 
 from __future__ import annotations
