@@ -19,6 +19,7 @@ kernels; use the time split as a pointer and decide with ``ab_engine.py``. Needs
     python benchmarks/profile_engine.py                      # P = 64, one device, 600 requests
     python benchmarks/profile_engine.py --cpu-devices 2 --lanes 128 --top 60
     python benchmarks/profile_engine.py --anchor --requests 1000   # 512-token outputs
+    python benchmarks/profile_engine.py --cpu-tier --lanes 4 --requests 300
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ import bench_jax  # noqa: E402
 
 ENGINE_FILES = ("instance.py", "cluster.py", "kvcache.py", "policies.py", "lockstep.py",
                 "queues.py", "vec.py", "exactfloat.py", "hostlatency.py", "state.py", "lanes.py",
-                "stretch.py", "roofline.py")
+                "stretch.py", "roofline.py", "kvtier.py")
 # HloModuleProto field numbers (xla/service/hlo.proto): the module's stack_frame_index, and
 # inside it file_names, function_names, file_locations, stack_frames.
 _MODULE_STACK_INDEX, _FILES, _FUNCS, _LOCATIONS, _FRAMES = 17, 1, 2, 3, 4
@@ -181,15 +182,24 @@ def main() -> None:
     ap.add_argument("--no-stretches", action="store_true",
                     help="every decode step its own iteration (default: the workload decides "
                          "whether decode stretches are compiled in)")
+    ap.add_argument("--cpu-tier", action="store_true",
+                    help="the CPU-tier example (bench_jax.cpu_tier): lanes draw tier sizes up to "
+                         "bench_jax.TIER_MAX_BLOCKS")
     args = ap.parse_args()
-    if args.anchor:
+    tiers = {}
+    if args.cpu_tier:
+        resolved, workload = bench_jax.cpu_tier(args.requests)
+        tiers = {"cpu_tier_blocks": bench_jax.TIER_MAX_BLOCKS}
+    elif args.anchor:
         resolved, workload = bench_jax.anchor(args.requests, 4)
     else:
         resolved, workload = bench_jax.scenario(args.requests, 4, 106.0,
                                                 kv_blocks=args.kv_blocks)
-    st = build_static(resolved, workload, decode_stretches=False if args.no_stretches else None)
+    st = build_static(resolved, workload, decode_stretches=False if args.no_stretches else None,
+                      **tiers)
     consts = build_consts(resolved, workload, st)
-    params = bench_jax.population(resolved.config, workload.tenant_names, args.lanes)
+    params = (bench_jax.tier_population if tiers else bench_jax.population)(
+        resolved.config, workload.tenant_names, args.lanes)
     devices, padded, _ = engine_run._placement(params, None, engine_run.LANE_BLOCK)
     compiled = engine_run._run_sharded.lower(st, consts, padded, devices,
                                               engine_run.LANE_BLOCK).compile()

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from blisjax.config.codes import PreemptionPolicy
-from blisjax.engine import hostlatency, kvtier, roofline, stretch
+from blisjax.engine import hostlatency, roofline, stretch
 from blisjax.engine import kvcache as kv
 from blisjax.engine.lockstep import (
     add,
@@ -713,7 +713,7 @@ def _finish_at(s: SimState, st, c, i, now, n_preempted, go, width: int,
     """Execute and complete over running positions 0..width-1 (>= n_run); the next step."""
     s, d, running = execute(s, st, c, i, now, n_preempted, go, width)
     if st.tiered:  # after execution, before completions leave the batch (§3.8)
-        s = mirror_batch(s, st, i, running, go)
+        s = kv.mirror_batch(s, st, i, running.slots, running.valid, go)
     done = complete(s, st, c, i, now, d, go, running, defer)
     s, releases = done if defer else (done, None)
     more = (s.n_run[i] > 0) | (s.q_len[i] > 0)
@@ -725,41 +725,6 @@ def _finish_at(s: SimState, st, c, i, now, n_preempted, go, width: int,
         seen = stretch.outlook(s, st, c, i, running.valid & go & ~ended, running.slots,
                                running.pi, running.l_in, running.out)
     return Finished(s, releases, seen)
-
-
-def mirror_widths(st) -> tuple[int, ...]:
-    """Vector widths of the mirror pass (``mirror_batch``): 64, then x4 up to every block of
-    a full batch."""
-    most = max(st.batch_slots * st.max_blocks_per_request, 1)
-    widths, w = [], 64
-    while w < most:
-        widths.append(w)
-        w *= 4
-    return (*widths, most)
-
-
-def mirror_batch(s: SimState, st, i, running: Running, active) -> SimState:
-    """``TieredKVCache.mirror`` of the running batch: the hashed blocks of running positions
-    in batch order, each request's in table order, as one pass (``kvtier.mirror``) at the
-    narrowest width that holds them."""
-    mb = st.max_blocks_per_request
-    col = jnp.arange(mb, dtype=jnp.int32)
-    blocks = s.bt[i, running.slots]  # [width, MB]
-    held = running.valid[:, None] & (col[None, :] < s.blen[i, running.slots][:, None])
-    safe = jnp.clip(blocks, 0, st.kv_blocks - 1)
-    keys = s.tier.key_of_block[i, safe]
-    on = (held & (keys >= 0) & (s.kv_tok[i, safe] == st.block_size) & active).reshape(-1)
-    keys = keys.reshape(-1)
-    dest = prefix_sum(on) - 1
-    count = jnp.sum(on, dtype=jnp.int32)
-
-    def program(s, go, w):
-        dense = jnp.zeros(w, jnp.int32).at[jnp.where(on, dest, w)].set(keys, mode="drop")
-        valid = jnp.arange(w) < count
-        return s.replace(tier=kvtier.mirror(s.tier, i, dense, valid, go))
-
-    return by_width(mirror_widths(st), lane_max(jnp.where(active, count, 0)), active,
-                    program, s)
 
 
 PHASE1_PER_OCTAVE = 1  # widths per doubling of phase 1's programs (64, 128, 256)

@@ -67,36 +67,68 @@ def pop_blocks(s: SimState, st, i, m, active, max_count: int):
     LRU order. The blocks leave the free list; their hash slots are *not* touched here (the
     caller orders those writes with its registrations, see ``apply_slot_ops``).
     """
+    m = jnp.where(active, m, 0).astype(jnp.int32)
+    run = free_run(s, st, i, m, max_count)
+    return take_run(s, i, run, m, active), run.blocks, jnp.arange(max_count) < m
+
+
+class FreeRun(NamedTuple):
+    """The first free blocks of an instance, head first (``free_run``); nothing is taken."""
+
+    blocks: jax.Array  # int32 [max_count]: the blocks, -1 past the last one found
+    positions: jax.Array  # int32 [max_count]: their ring keys
+    kept_from: jax.Array  # int32: ring key of the first block in ``keep`` that the scan met
+    #                       (int32 max: none)
+
+
+def free_run(s: SimState, st, i, m, max_count: int, keep=None) -> FreeRun:
+    """The ``m`` (<= ``max_count``) least recently freed blocks of instance i outside ``keep``
+    (bool [K]; None: every block), reading windows of the ring from its head."""
     r_size, k_blocks = ring_size(st), st.kv_blocks
     scan = max(max_count, 16)
-    m = jnp.where(active, m, 0).astype(jnp.int32)
     tail = s.ftail[i]
+    big = jnp.iinfo(jnp.int32).max
 
     def cond(carry):
-        head, _, got = carry
+        head, _, _, got, _ = carry
         return (got < m) & (head < tail)  # the second test only guards a corrupt state
 
     def body(carry, go):
-        head, out, got = carry
+        head, out, at, got, kept = carry
         pos = head + jnp.arange(scan, dtype=jnp.int32)
         blk = s.fifo[i, pos % r_size]
-        live = (pos < tail) & (blk >= 0) & (s.fkey[i, jnp.clip(blk, 0, k_blocks - 1)] == pos)
+        safe = jnp.clip(blk, 0, k_blocks - 1)
+        live = (pos < tail) & (blk >= 0) & (s.fkey[i, safe] == pos)
+        if keep is not None:
+            kept = jnp.where(go, jnp.minimum(kept, jnp.min(jnp.where(live & keep[safe], pos,
+                                                                          big))), kept)
+            live = live & ~keep[safe]
         rank = got + prefix_sum(live) - 1
         take = go & live & (rank < m)
-        out = out.at[jnp.where(take, rank, max_count)].set(blk, mode="drop")
+        dest = jnp.where(take, rank, max_count)
         n_take = jnp.sum(take, dtype=jnp.int32)
-        last = jnp.max(jnp.where(take, pos, -1))
-        head_next = jnp.where(got + n_take >= m, last + 1, head + scan).astype(jnp.int32)
-        return jnp.where(go, head_next, head), out, (got + n_take).astype(jnp.int32)
+        return (jnp.where(go, head + scan, head).astype(jnp.int32),
+                out.at[dest].set(blk, mode="drop"), at.at[dest].set(pos, mode="drop"),
+                (got + n_take).astype(jnp.int32), kept)
 
-    init = (s.fhead[i], jnp.full(max_count, NIL, jnp.int32), jnp.asarray(0, jnp.int32))
-    head, blocks, _ = lane_while(cond, body, init)
-    taken = jnp.arange(max_count) < m
-    s = s.replace(
-        fkey=s.fkey.at[i, jnp.where(taken, blocks, k_blocks)].set(NIL, mode="drop"),
-        fhead=upd(s.fhead, i, head, active),
+    none = jnp.full(max_count, NIL, jnp.int32)
+    init = (s.fhead[i], none, none, jnp.asarray(0, jnp.int32), jnp.asarray(big, jnp.int32))
+    _, blocks, positions, _, kept = lane_while(cond, body, init)
+    return FreeRun(blocks, positions, kept)
+
+
+def take_run(s: SimState, i, run: FreeRun, m, active) -> SimState:
+    """Take the first ``m`` blocks of ``run`` off instance i's free list. The head moves past
+    the last of them, or stops at the first kept block before it (kept blocks stay where they
+    are, as the reference's ``_pop_free(keep)`` passes over them)."""
+    m = jnp.where(active, m, 0)
+    taken = jnp.arange(run.blocks.shape[0]) < m
+    last = run.positions[jnp.maximum(m - 1, 0)]
+    head = jnp.minimum(run.kept_from, last + 1)
+    return s.replace(
+        fkey=s.fkey.at[i, jnp.where(taken, run.blocks, s.fkey.shape[1])].set(NIL, mode="drop"),
+        fhead=upd(s.fhead, i, head, m > 0),
         kv_free=add(s.kv_free, i, -m, active))
-    return s, blocks, taken
 
 
 def _compact(s: SimState, st, i, go) -> SimState:
@@ -558,40 +590,6 @@ def chained_key(s: SimState, st, c, i, r, j, prev_block):
     return jnp.where(on, true_key, c.offchain_base[r] + j), on
 
 
-def _pop_one(s: SimState, st, i, keep, active):
-    """The free list's least recently freed block not in ``keep`` (bool [K]); it leaves the
-    free list (``KVCache._pop_free(keep)``). Kept blocks before it stay where they are: the
-    head stops at the first of them."""
-    r_size, k_blocks, width = ring_size(st), st.kv_blocks, 16
-
-    def body(carry, go):
-        cursor, found, block, block_pos, kept_pos = carry
-        pos = cursor + jnp.arange(width, dtype=jnp.int32)
-        blk = s.fifo[i, pos % r_size]
-        safe = jnp.clip(blk, 0, k_blocks - 1)
-        live = (pos < s.ftail[i]) & (blk >= 0) & (s.fkey[i, safe] == pos)
-        cand = live & ~keep[safe]
-        hit = jnp.any(cand)
-        at = jnp.argmax(cand)
-        kept_here = live & keep[safe] & (~hit | (jnp.arange(width) < at))
-        kept_first = jnp.min(jnp.where(kept_here, pos, jnp.iinfo(jnp.int32).max))
-        take = go & hit
-        return (jnp.where(go, cursor + width, cursor), found | take,
-                jnp.where(take, blk[at], block), jnp.where(take, pos[at], block_pos),
-                jnp.where(go, jnp.minimum(kept_pos, kept_first), kept_pos))
-
-    big = jnp.iinfo(jnp.int32).max
-    init = (s.fhead[i], ~active, jnp.asarray(0, jnp.int32), jnp.asarray(0, jnp.int32),
-            jnp.asarray(big, jnp.int32))
-    _, _, block, block_pos, kept_pos = lane_while(
-        lambda carry: ~carry[1] & (carry[0] < s.ftail[i]), body, init)
-    head = jnp.minimum(kept_pos, block_pos + 1)
-    s = s.replace(fkey=s.fkey.at[i, jnp.where(active, block, k_blocks)].set(NIL, mode="drop"),
-                  fhead=upd(s.fhead, i, head, active),
-                  kv_free=add(s.kv_free, i, -1, active))
-    return s, block
-
-
 def reload_prefix(s: SimState, st, c, i, r, start_block, keep, active):
     """``TieredKVCache.reload_prefix``: reload r's prompt blocks from ``start_block`` on that
     the GPU lacks and the CPU tier holds, consecutively, at most as many as the free blocks
@@ -599,54 +597,126 @@ def reload_prefix(s: SimState, st, c, i, r, start_block, keep, active):
     Each takes a free block (its old hash slot cleared), becomes a cached free block at the
     free list's tail and adds the lane's reload time to the step being formed. Returns
     ``(state, blocks reloaded)``; nothing unless ``active``."""
+    active = active & (s.tier.capacity > 0) & (start_block < c.full_blocks[r])
+    init = (s, jnp.asarray(0, jnp.int32))
+    return lane_once(active, lambda carry, go: _reload(carry[0], st, c, i, r, start_block,
+                                                        keep, go), init)
+
+
+def _first_match(values, queries):
+    """For each query, 1 + the first k with ``values[k] == query`` (n + 1 if none; negative
+    values match nothing). Pairwise: the vectors are a prompt's blocks long."""
+    n = values.shape[0]
+    hit = (values[None, :] == queries[:, None]) & (values[None, :] >= 0)
+    return jnp.min(jnp.where(hit, jnp.arange(1, n + 1, dtype=jnp.int32)[None, :], n + 1),
+                   axis=1)
+
+
+def _reload(s: SimState, st, c, i, r, start_block, keep, go):
+    """``reload_prefix`` at once instead of block by block.
+
+    The reference walks the blocks j in order: a block the GPU holds is skipped; otherwise it
+    is reloaded if the tier holds it and the budget allows, else the walk stops. Each reload
+    takes the free list's next block outside ``keep``, so the k-th reload takes the k-th block
+    of ``free_run`` whatever block it reloads (the blocks it appends at the tail are beyond
+    the budget), and the tier only gains recency (membership is fixed during the walk). Block
+    j is on the GPU when the walk reaches it iff it was at the start and none of the blocks
+    taken before it (as many as the reloads before it) held its hash slot. So whether j is
+    passed over depends only on how many earlier blocks were not: the least solution of that
+    recurrence, found by iterating from "only the blocks missing at the start" (each round
+    settles at least the first unsettled block; one or two rounds in practice), is the walk."""
     bs, k_blocks = st.block_size, st.kv_blocks
-    full = c.full_blocks[r]
-    active = active & (s.tier.capacity > 0)
-    # every reload appends one block: make room first, so no compaction runs inside the loop
-    room = full - start_block
-    crowded = active & ((s.ftail[i] - s.fhead[i] + room > ring_size(st))
-                        | (s.ftail[i] + room > KEY_LIMIT))
-    s = lane_once(crowded, lambda s, go: _compact(s, st, i, go), s)
-    kept_free = jnp.sum(keep & (s.kv_ref[i] == 0), dtype=jnp.int32)
-    budget = s.kv_free[i] - kept_free
     mpb = max(st.max_prompt_blocks, 1)
     j = jnp.arange(mpb, dtype=jnp.int32)
     slots = hash_slot(st, c, i, r, j)
+    in_range = go & (j >= start_block) & (j < c.full_blocks[r])
+    slots = jnp.where(in_range, slots, NIL)
+    on_gpu = s.slot_block[jnp.where(in_range, slots, st.hash_slots)] >= 0
+    kept_free = 0 if keep is None else jnp.sum(keep & (s.kv_ref[i] == 0), dtype=jnp.int32)
+    budget = s.kv_free[i] - kept_free
+    run = free_run(s, st, i, jnp.where(go, jnp.minimum(budget, mpb), 0), mpb, keep)
+    found = run.blocks >= 0
+    safe = jnp.clip(run.blocks, 0, k_blocks - 1)
+    old_slot = jnp.where(found, s.kv_slot[i, safe], NIL)
+    old_key = jnp.where(found, s.tier.key_of_block[i, safe], NIL)
+    slot_taken_at = _first_match(old_slot, slots)  # the reload that takes j's GPU copy
+    key_taken_at = _first_match(old_key, slots)
 
-    def body(carry, go):
-        s, cursor, count, stop = carry
-        on_gpu = s.slot_block[jnp.where(j < full, slots, st.hash_slots)] >= 0
-        cand = (j >= cursor) & (j < full) & ~on_gpu
-        there = jnp.any(cand)
-        at = jnp.argmax(cand).astype(jnp.int32)
-        slot = slots[at]
-        go_on = go & there & kvtier.holds(s.tier, slot) & (count < budget)
-        now = s.clock[i]
-        evicted_us = s.tier.evicted_at[slot]
-        thrash = go_on & (evicted_us >= 0) & (now - evicted_us < st.kv_thrash_window_us)
-        s, b = _pop_one(s, st, i, keep, go_on)
-        s = s.replace(tier=kvtier.note_evictions(s.tier, s.tier.key_of_block[i, b], go_on, now))
-        old = s.kv_slot[i, b]
-        s = apply_slot_ops(s, st, jnp.stack([old, slot]), jnp.stack([NIL, b]),
-                           jnp.arange(2), jnp.stack([go_on & (old >= 0), go_on]))
-        b_safe = jnp.where(go_on, b, k_blocks)
-        t = s.tier
-        t = t.replace(key_of_block=t.key_of_block.at[i, b_safe].set(slot, mode="drop"),
-                      pending_us=add(t.pending_us, i, t.reload_us, go_on),
-                      reloads=add(t.reloads, i, 1, go_on),
-                      thrash_reloads=add(t.thrash_reloads, i, 1, thrash),
-                      request_reloads=t.request_reloads.at[r].add(go_on.astype(jnp.int32)))
-        t = kvtier.touch(t, i, slot, go_on)
-        s = s.replace(kv_slot=s.kv_slot.at[i, b_safe].set(slot, mode="drop"),
-                      kv_tok=s.kv_tok.at[i, b_safe].set(bs, mode="drop"), tier=t)
-        one = lambda x: jnp.reshape(x, (1,))  # noqa: E731
-        s = append_blocks(s, st, i, one(b), one(go_on))
-        return (s, jnp.where(go_on, at + 1, cursor), count + go_on.astype(jnp.int32),
-                stop | (go & ~go_on))
+    def walk(x):  # blocks the walk does not pass over, given which earlier ones it did not
+        before = prefix_sum(x) - x
+        return in_range & (~on_gpu | (slot_taken_at <= before))
 
-    init = (s, jnp.asarray(start_block, jnp.int32), jnp.asarray(0, jnp.int32), ~active)
-    s, _, count, _ = lane_while(lambda carry: ~carry[3], body, init)
-    return s, count
+    def settle(carry, go_on):
+        x, _ = carry
+        x_next = walk(x)
+        return jnp.where(go_on, x_next, x), ~go_on | jnp.all(x_next == x)
+
+    x, _ = lane_while(lambda carry: ~carry[1], settle, (in_range & ~on_gpu, ~go))
+    before = prefix_sum(x) - x  # reloads before each block (before the walk stops)
+    stops = x & (~kvtier.holds(s.tier, slots) | (before >= budget))
+    reload = x & (j < jnp.min(jnp.where(stops, j, mpb)))
+    count = jnp.sum(reload, dtype=jnp.int32)
+    now = s.clock[i]
+    window = st.kv_thrash_window_us
+    evicted_us = s.tier.evicted_at[jnp.where(reload, slots, s.tier.evicted_at.shape[0] - 1)]
+    thrash = reload & (((evicted_us >= 0) & (now - evicted_us < window))
+                       | ((key_taken_at <= before) & (window > 0)))
+    # the k-th block taken gets the k-th reloaded block's content
+    taken = j < count
+    new_slot = jnp.full(mpb, NIL, jnp.int32).at[jnp.where(reload, before, mpb)].set(
+        slots, mode="drop")
+    s = take_run(s, i, run, count, go)
+    t = kvtier.note_evictions(s.tier, old_key, taken, now)
+    s = s.replace(tier=t)
+    s = apply_slot_ops(s, st, jnp.concatenate([old_slot, new_slot]),
+                       jnp.concatenate([jnp.full(mpb, NIL, jnp.int32), run.blocks]),
+                       jnp.concatenate([2 * j, 2 * j + 1]),
+                       jnp.concatenate([taken & (old_slot >= 0), taken]))
+    dest = jnp.where(taken, run.blocks, k_blocks)
+    t = s.tier
+    t = t.replace(key_of_block=t.key_of_block.at[i, dest].set(new_slot, mode="drop"),
+                  pending_us=add(t.pending_us, i, count * t.reload_us, go),
+                  reloads=add(t.reloads, i, count, go),
+                  thrash_reloads=add(t.thrash_reloads, i, jnp.sum(thrash), go),
+                  request_reloads=add(t.request_reloads, r, count, go))
+    t = kvtier.append(t, i, new_slot, taken)  # each reloaded hash becomes the most recent
+    s = s.replace(kv_slot=s.kv_slot.at[i, dest].set(new_slot, mode="drop"),
+                  kv_tok=s.kv_tok.at[i, dest].set(bs, mode="drop"), tier=t)
+    return append_blocks(s, st, i, run.blocks, taken), count
+
+
+def mirror_widths(st) -> tuple[int, ...]:
+    """Vector widths of the mirror pass (``mirror_batch``): 64, then x4 up to every block of
+    a full batch."""
+    most = max(st.batch_slots * st.max_blocks_per_request, 1)
+    widths, w = [], 64
+    while w < most:
+        widths.append(w)
+        w *= 4
+    return (*widths, most)
+
+
+def mirror_batch(s: SimState, st, i, slots, valid, active) -> SimState:
+    """``TieredKVCache.mirror`` of a running batch (its batch ``slots`` where ``valid``, in
+    batch order): the hashed full blocks, each request's in table order, as one pass
+    (``kvtier.mirror``) at the narrowest width that holds them."""
+    mb = st.max_blocks_per_request
+    col = jnp.arange(mb, dtype=jnp.int32)
+    blocks = s.bt[i, slots]  # [width, MB]
+    held = valid[:, None] & (col[None, :] < s.blen[i, slots][:, None])
+    safe = jnp.clip(blocks, 0, st.kv_blocks - 1)
+    keys = s.tier.key_of_block[i, safe]
+    on = (held & (keys >= 0) & (s.kv_tok[i, safe] == st.block_size) & active).reshape(-1)
+    keys = keys.reshape(-1)
+    dest = prefix_sum(on) - 1
+    count = jnp.sum(on, dtype=jnp.int32)
+
+    def program(s, go, w):
+        dense = jnp.zeros(w, jnp.int32).at[jnp.where(on, dest, w)].set(keys, mode="drop")
+        return s.replace(tier=kvtier.mirror(s.tier, i, dense, jnp.arange(w) < count, go))
+
+    return by_width(mirror_widths(st), lane_max(jnp.where(active, count, 0)), active,
+                    program, s)
 
 
 def keep_mask(s: SimState, st, i, cached, n_cached, active):
@@ -685,8 +755,7 @@ def tiered_allocate(s: SimState, st, c, i, sb, r, start, end, cached, n_cached, 
     chain_known = ~(owned & (blen > n_cached)) | (
         s.tier.key_of_block[i, jnp.maximum(last, 0)] == cpu_key(st, c, i, r, blen - 1))
     scan = active & chain_known & (scan_from < c.full_blocks[r])
-    none = jnp.zeros(st.kv_blocks, bool)
-    s, count = reload_prefix(s, st, c, i, r, scan_from, none, scan)
+    s, count = reload_prefix(s, st, c, i, r, scan_from, None, scan)
     reloaded = count > 0
     now = cached_blocks(s, st, c, i, r)
     new_start = now.count * bs

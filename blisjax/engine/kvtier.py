@@ -26,8 +26,8 @@ blocks, lives with the other free-list operations in ``kvcache.py``.
   number of distinct keys accessed since the key's previous access must be below C. With the
   tier's entries before the pass taken as earlier accesses in ring order, that gives every
   access's outcome without replaying the pass key by key: usually no key of the pass can be
-  evicted before its access, and the stores are its new keys; otherwise pairwise comparisons
-  over the pass give each access's distance (``mirror``). The tier after the pass is the old
+  evicted before its access, and the stores are its new keys; otherwise two dominance counts
+  over the pass (a merge sort, O(W log² W)) give each access's distance (``mirror``). The tier after the pass is the old
   ring with the pass's keys appended in order of their last access, trimmed to C from the
   oldest end.
 """
@@ -40,7 +40,7 @@ import jax.numpy as jnp
 from blisjax.engine.lockstep import add, lane_once, lane_while, upd
 from blisjax.engine.pytree import pytree_dataclass
 from blisjax.engine.state import NIL
-from blisjax.engine.vec import prefix_sum
+from blisjax.engine.vec import earlier_smaller, prefix_sum
 
 KEY_LIMIT = 1 << 30  # ring positions are renumbered from 0 before they could overflow int32
 EVICT_WINDOW = 32  # ring entries read per trip of an eviction
@@ -75,6 +75,8 @@ class KVTierState:
     pass_mark: jax.Array  # int64 [KEYS + 1]: scratch of ``mirror`` (first and last accesses)
     pass_stamp: jax.Array  # int64: the last mark ``mirror`` used
     reload_us: jax.Array  # int64 µs: one reload's transfer time (``PolicyParams.kv_reload_us``)
+    pass_keys: jax.Array  # int32 [I]: distinct keys of the instance's last mirror pass (a
+    #                       decode stretch needs the tier to hold them all, ``stretch.plan``)
 
 
 def init_tier(st, capacity=0, reload_us=0) -> KVTierState:
@@ -96,7 +98,7 @@ def init_tier(st, capacity=0, reload_us=0) -> KVTierState:
         evicted_at=jnp.full(keys + 1, -1, i64), thrash_reloads=jnp.zeros(n_inst, i64),
         unsupported=jnp.asarray(0, i32), capacity=jnp.asarray(capacity, i32),
         pass_mark=jnp.full(keys + 1, -1, i64), pass_stamp=jnp.asarray(0, i64),
-        reload_us=jnp.asarray(reload_us, i64))
+        reload_us=jnp.asarray(reload_us, i64), pass_keys=jnp.zeros(n_inst, i32))
 
 
 # ---- the ring ----------------------------------------------------------------------------------
@@ -134,7 +136,7 @@ def append(t: KVTierState, i, keys, mask) -> KVTierState:
     r_size, sink = t.ring.shape[1], t.where.shape[0] - 1
     count = jnp.sum(mask, dtype=jnp.int32)
     full = (t.tail[i] - t.head[i] + count > r_size) | (t.tail[i] + count > KEY_LIMIT)
-    t = _compact(t, i, full)
+    t = lane_once(full, lambda t, go: _compact(t, i, go), t)
     pos = t.tail[i] + prefix_sum(mask) - 1
     return t.replace(
         ring=t.ring.at[i, jnp.where(mask, pos % r_size, r_size)].set(keys, mode="drop"),
@@ -173,7 +175,7 @@ def touch(t: KVTierState, i, key, active) -> KVTierState:
 
 def note_evictions(t: KVTierState, keys, mask, now) -> KVTierState:
     """GPU blocks holding ``keys`` (where ``mask`` and the key is >= 0) were taken for other
-    content at ``now`` (``TieredKVCache._evicted``)."""
+    content at ``now`` (µs; a scalar or one time per key) (``TieredKVCache._evicted``)."""
     sink = t.where.shape[0] - 1
     return t.replace(evicted_at=t.evicted_at.at[jnp.where(mask & (keys >= 0), keys, sink)]
                      .set(now, mode="drop"))
@@ -235,6 +237,7 @@ def mirror(t: KVTierState, i, keys, valid, active) -> KVTierState:
     t = evict_oldest(t, i, grown - size, active)
     return t.replace(
         size=upd(t.size, i, size, active),
+        pass_keys=upd(t.pass_keys, i, jnp.sum(first, dtype=jnp.int32), active),
         mirror_stores=add(t.mirror_stores, i, stores, active),
         evictions=add(t.evictions, i, stores - (size - size0), active))
 
@@ -244,22 +247,33 @@ def _pass_stores(t: KVTierState, i, keys, valid, first, where, live_through):
     of the key accessed at ``prev`` finds it iff fewer than the tier's size distinct keys were
     accessed in between; a key's first access finds it iff the tier held it and the keys newer
     than it there, together with the distinct keys of the pass before it, number fewer.
-    Pairwise over the pass: its cost grows with the square of the width."""
+
+    Both counts are dominance counts (``vec.earlier_smaller``): the distinct keys between
+    ``prev`` and t are the accesses u in between whose own previous access precedes ``prev``,
+    i.e. ``#{u < t : prev[u] < prev[t]}`` less the accesses up to ``prev``; the tier's keys
+    newer than a held key that the pass touched before t are ``#{u < t : held first access,
+    where[u] > where[t]}``."""
     width = keys.shape[0]
     capacity = t.capacity
-    idx = jnp.arange(width, dtype=jnp.int32)
-    same = (keys[:, None] == keys[None, :]) & valid[:, None] & valid[None, :]
-    before = idx[None, :] < idx[:, None]  # [t, u]: u comes before t
-    prev = jnp.max(jnp.where(same & before, idx[None, :], -1), axis=1)
-    between = before & (idx[None, :] > prev[:, None])
-    distinct_between = jnp.sum(between & valid[None, :] & (prev[None, :] < prev[:, None]),
-                               axis=1, dtype=jnp.int32)
-    found_repeat = valid & (prev >= 0) & (distinct_between < capacity)
+    idx = jnp.arange(width, dtype=jnp.int64)
+    # previous access of the same key: neighbours in (key, position) order
+    sink = jnp.int64(t.where.shape[0])
+    order = jnp.argsort(jnp.where(valid, keys, sink).astype(jnp.int64) * width + idx)
+    k_sorted = jnp.where(valid, keys, -1)[order]
+    prev_sorted = jnp.where((jnp.arange(width) > 0) & (k_sorted >= 0)
+                            & (k_sorted == jnp.roll(k_sorted, 1)), jnp.roll(order, 1), -1)
+    prev = jnp.zeros(width, jnp.int64).at[order].set(prev_sorted)
     held = first & (where >= 0)
+    # distinct values: the key term, then the position; excluded accesses above all others
+    top = jnp.int64(1) << 60  # above (KEY_LIMIT + 1) · width
+    by_prev = jnp.where(valid, (prev + 1) * width + idx, top + idx)
+    by_where = jnp.where(held, (KEY_LIMIT - where.astype(jnp.int64)) * width + idx, top + idx)
+    below = jax.vmap(earlier_smaller)(jnp.stack([by_prev, by_where]))
+    valid_through = prefix_sum(valid)
+    distinct_between = below[0] - valid_through[jnp.maximum(prev, 0)]
+    found_repeat = valid & (prev >= 0) & (distinct_between < capacity)
     r_size = t.ring.shape[1]
     newer = t.size[i] - live_through[jnp.clip(where - t.head[i], 0, r_size - 1)]
-    seen_newer = jnp.sum(before & held[None, :] & (where[None, :] > where[:, None]), axis=1,
-                         dtype=jnp.int32)
     distinct_before = prefix_sum(first) - first
-    found_first = held & (newer - seen_newer + distinct_before < capacity)
+    found_first = held & (newer - below[1] + distinct_before < capacity)
     return jnp.sum(valid & ~(found_repeat | found_first), dtype=jnp.int32)

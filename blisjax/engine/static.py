@@ -126,9 +126,10 @@ class EngineStatic:
         """Decode stretches are compiled in: asked for, and every plain step of a stretch
         lasts the same (the blackbox model's step time depends on the batch's token counts
         only; a roofline step's grows with the contexts)."""
-        # A CPU tier mirrors the batch after every step (engine.kvtier): not planned across
-        # a stretch, so a program with a tier runs every step as its own.
-        return self.decode_stretches and self.latency_model == "blackbox" and not self.tiered
+        # With a CPU tier a stretch's mirror passes are one pass at its end
+        # (``stretch._by_tier``); BLIS's off-chain hashes (``blis_quirks``) are not planned.
+        return (self.decode_stretches and self.latency_model == "blackbox"
+                and not (self.tiered and self.blis_quirks))
 
     @property
     def cache_copy_on(self) -> bool:

@@ -29,6 +29,10 @@ the order of (spare, batch position) — the reference allocates in batch order 
 so the g-th fresh block (from 0) is taken at step (g // J)·B + (g % J)-th smallest spare, and
 k steps take (k // B)·J + #{j : spare_j < k % B} blocks (J running requests). ``stretch_cum``
 keeps the spare histogram so both are a few gathers.
+
+With a CPU tier every plain step also mirrors the batch. Its keys only grow within a stretch,
+so while no pass evicts, one pass after the last applied step stands for them all
+(``_by_tier`` bounds the plan, ``materialize`` runs the pass; docs/jax-engine.md, CPU tier).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import jax
 import jax.numpy as jnp
 
 from blisjax.engine import kvcache as kv
+from blisjax.engine import kvtier
 from blisjax.engine.lockstep import add, after_reads, by_width, lane_max, lane_while, upd
 from blisjax.engine.state import NIL, SimState
 
@@ -78,6 +83,10 @@ def outlook(s: SimState, st, c, i, keep, slots, pi, l_in, out) -> BatchOutlook:
     now, and reaches the length cap L at index L - 2 - p (``records.at_length_cap``); every
     step before both is plain for it."""
     decoding = jnp.all(~keep | ((pi >= l_in) & (out > 0)))
+    if st.tiered:  # a request holding fewer blocks than its full prompt blocks may reload
+        reqs = jnp.where(keep, s.slot_req[i, slots], 0)
+        whole = ~keep | (s.blen[i, slots] >= c.full_blocks[reqs])
+        decoding = decoding & ((s.tier.capacity == 0) | jnp.all(whole))
     left = l_in + out - 2 - pi
     if st.max_model_len > 0:
         left = jnp.minimum(left, st.max_model_len - 2 - pi)
@@ -121,11 +130,28 @@ def plan(s: SimState, st, i, seen: BatchOutlook, plain_us, active) -> SimState:
     by_kv = _block_step(seen.spare_cum, running, s.kv_free[i], st.block_size)
     by_horizon = (st.horizon_us - t0) // d
     k = jnp.minimum(jnp.minimum(seen.plain_steps, by_kv).astype(jnp.int64), by_horizon)
+    if st.tiered:
+        k = jnp.minimum(k, _by_tier(s, st, i, seen, running))
     k = jnp.where(ok, jnp.maximum(k, 0), 0).astype(jnp.int32)
     return s.replace(
         stretch_steps=upd(s.stretch_steps, i, k, active),
         stretch_d=upd(s.stretch_d, i, d.astype(jnp.int64), active),
         stretch_cum=s.stretch_cum.at[i].set(jnp.where(active, seen.spare_cum, s.stretch_cum[i])))
+
+
+def _by_tier(s: SimState, st, i, seen: BatchOutlook, running):
+    """Plain steps whose mirror passes evict nothing from instance i's CPU tier, so that
+    one pass after the last of them leaves what theirs would (``materialize``): the tier
+    holds every key of the last pass and has room for the keys of the blocks the steps
+    fill. A block fills at the step before the one that would take a fresh block after it
+    (a request whose last block is full takes one at once, and fills it B steps later), so
+    k steps fill ``blocks_taken(k + 1) - #{spare = 0}`` blocks."""
+    t = s.tier
+    room = t.capacity - t.size[i] + seen.spare_cum[0]
+    by_room = _block_step(seen.spare_cum, running, room, st.block_size) - 1
+    holds_all = t.pass_keys[i] <= t.capacity
+    big = jnp.iinfo(jnp.int32).max
+    return jnp.where(t.capacity == 0, big, jnp.where(holds_all, by_room, 0)).astype(jnp.int64)
 
 
 def next_step_us(s: SimState):
@@ -173,7 +199,12 @@ def materialize(s: SimState, st, c, i, now, active, widths: tuple[int, ...],
             kc = jnp.minimum(left, chunk_steps(st))
             return _apply(s, st, c, i, kc, go, width), left - jnp.where(go, kc, 0)
 
-        return lane_while(lambda carry: go & (carry[1] > 0), body, (s, due))[0]
+        s = lane_while(lambda carry: go & (carry[1] > 0), body, (s, due))[0]
+        if st.tiered:  # the last step's mirror pass (the plan keeps the tier from evicting)
+            pos = jnp.arange(width, dtype=jnp.int32)
+            s = kv.mirror_batch(s, st, i, jnp.maximum(s.order[i, :width], 0),
+                                go & (pos < s.n_run[i]), go)
+        return s
 
     return by_width(widths, widest, active & (due > 0), program, s)
 
@@ -215,6 +246,8 @@ def _apply(s: SimState, st, c, i, kc, go, width: int) -> SimState:
         blen=s.blen.at[i, jnp.where(fresh, slots, st.batch_slots)].add(1, mode="drop"),
         misses=add(s.misses, i, count.astype(jnp.int64), go),
         ovf_blocks=s.ovf_blocks + jnp.sum(fresh & (fill.blen >= mb), dtype=jnp.int32))
+    if st.tiered:  # before the hash-slot writes, which read no CPU key
+        s = _cpu_keys(s, st, c, i, reqs, fill, spare, fresh, top_up, b, kc)
     if st.prefix_caching:
         s = _hash_slot_ops(s, st, c, i, reqs, fill, spare, fresh, top_up, b, kc, width)
     itl = d + st.otp_us
@@ -275,3 +308,23 @@ def _hash_slot_ops(s: SimState, st, c, i, reqs, fill, spare, fresh, top_up, b, k
     s = s.replace(kv_slot=s.kv_slot.at[i, b].set(fresh_slot, mode="drop"))
     return s.replace(kv_slot=s.kv_slot.at[i, jnp.where(reg_last, fill.last, k_blocks)].set(
         slot_last, mode="drop"))
+
+
+def _cpu_keys(s: SimState, st, c, i, reqs, fill, spare, fresh, top_up, b, kc) -> SimState:
+    """The CPU keys of a ``_apply`` pass (``kvcache.grant_tokens``): a block taken for decode
+    growth forgets its content's key, noted as a GPU eviction at the start of its step
+    (``spare``); a block the pass fills gets its key — the last block at step ``spare - 1``,
+    a fresh block taken at step 0 when the pass is B steps long (with B = 1 a fresh block is
+    full at once and, as in the reference, a decode allocation does not hash it)."""
+    bs, k_blocks = st.block_size, st.kv_blocks
+    t = s.tier
+    old = t.key_of_block[i, jnp.clip(b, 0, k_blocks - 1)]
+    t = kvtier.note_evictions(t, old, fresh, s.step_time[i] + spare.astype(jnp.int64)
+                              * s.stretch_d[i])
+    fills_fresh = fresh & (spare == 0) & (kc == bs) & (bs > 1)
+    fills_last = top_up & (spare <= kc)
+    key_of_block = t.key_of_block.at[i, b].set(
+        jnp.where(fills_fresh, kv.cpu_key(st, c, i, reqs, fill.blen), NIL), mode="drop")
+    key_of_block = key_of_block.at[i, jnp.where(fills_last, fill.last, k_blocks)].set(
+        kv.cpu_key(st, c, i, reqs, fill.blen - 1), mode="drop")
+    return s.replace(tier=t.replace(key_of_block=key_of_block))
