@@ -6,21 +6,28 @@ refcounts, token counts, hit/miss counters and every prompt hash slot must agree
 tiny (14 blocks, ring of 28 keys) and requests are re-admitted after release, so claims of
 cached free blocks, lazy deletion of overwritten slots, stale ring keys and ring compaction all
 happen many times. Expected values come from the reference implementation (the oracle).
+
+With a CPU tier (docs/semantics.md §3.8) the same is done against the reference
+``TieredKVCache`` with the reference's own chained block hashes: admissions, tiered and plain
+allocations, releases, mirror passes and reloads, with the tier's contents compared in LRU
+order after every operation, with and without ``blis_quirks``.
 """
 
 from __future__ import annotations
 
 import functools
+from collections import Counter
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from blisjax.engine import kvcache
+from blisjax.engine import instance, kvcache
 from blisjax.engine.lockstep import LANES
 from blisjax.engine.state import init_state
 from blisjax.engine.static import build_consts, build_static
+from blisjax.reference.cluster import ClusterSimulator
 from blisjax.reference.kvcache import KVCache
 from tests.reference.conftest import make_resolved, make_workload
 
@@ -258,3 +265,277 @@ def test_queued_releases_of_all_lanes_match_reference(seed):
                 assert bool(ok[ln]) == expect_ok[ln], (ln, args[:, ln])
     # both ways of running the queues were taken, more than a few times
     assert flat_ring > 10 and loop_ring > 3
+
+
+# ---- CPU tier ----------------------------------------------------------------------------------
+
+TIER_ROWS = ROWS + [  # a second prefix group, so prefixes compete for the GPU's 14 blocks
+    dict(input=28, output=5, group=1, prefix=20),
+    dict(input=21, output=3, group=1, prefix=20),
+]
+TIER_MAX = 24  # the program's tier capacity; each run's tier is this size or smaller
+THRASH_WINDOW_US = 120
+ADMIT, TIERED, FAST, RELEASE, MIRROR, TAKE = range(6)
+
+
+def _tier_kernel(st, consts):
+    """One jitted operation on instance 0 of one lane, slot = request: an admission (phase 2's
+    allocation: ``instance._admit_tiered``, then ``kvcache.allocate`` unless it granted the
+    blocks itself), a running request's tiered allocation (``kvcache.tiered_allocate``), its
+    plain allocation (``kvcache.allocate``: the engine's vectorized path for requests that hold
+    their full prompt blocks), a release, a mirror pass of the batch ``order[:n_order]``
+    (``kvcache.mirror_batch``, which gathers the keys for ``kvtier.mirror``) or taking the
+    pending transfer time. ``budget``: an admission's token budget; ``now``: the instance
+    clock the thrashing anomaly reads."""
+    no_prefix = jnp.full(max(st.max_prompt_blocks, 1), -1, jnp.int32)
+    none = jnp.zeros(1, jnp.int32)
+
+    def lane(s, op, r, pi, end, budget, now, order, n_order):
+        s = s.replace(pi=s.pi.at[r].set(pi), clock=s.clock.at[0].set(now))
+        admit = op == ADMIT
+        s, start, n, ok_admit, granted = instance._admit_tiered(
+            s, st, consts, None, 0, r, r, budget, admit)
+        fits = kvcache.can_allocate(s, st, consts, 0, r, r, pi, end, none, 0)
+        # one allocate serves the admission's grant and the plain allocation (a smaller
+        # program to compile)
+        s = kvcache.allocate(s, st, consts, 0, r, r, jnp.where(admit, start, pi),
+                             jnp.where(admit, start + n, end), none, 0,
+                             (admit & ok_admit & ~granted) | ((op == FAST) & fits))
+        s, tried = kvcache.tiered_allocate(s, st, consts, 0, r, r, pi, end, no_prefix, 0,
+                                           op == TIERED)
+        s = kvcache.release(s, st, 0, r, op == RELEASE)
+        valid = jnp.arange(order.shape[0]) < n_order
+        s = kvcache.mirror_batch(s, st, 0, order, valid, op == MIRROR)
+        t = s.tier
+        s = s.replace(tier=t.replace(pending_us=t.pending_us.at[0].set(
+            jnp.where(op == TAKE, 0, t.pending_us[0]))))
+        ok = jnp.where(admit, ok_admit, jnp.where(op == FAST, fits, tried.ok))
+        return s, (ok, start, n)
+
+    return jax.jit(jax.vmap(lane, in_axes=(0,) + (None,) * 8, axis_name=LANES))
+
+
+def _tier_order(t, ring_size: int) -> list[int]:
+    """Instance 0's CPU keys, oldest first (live ring entries)."""
+    where, ring = np.asarray(t.where), np.asarray(t.ring[0])
+    out = []
+    for pos in range(int(t.head[0]), int(t.tail[0])):
+        k = int(ring[pos % ring_size])
+        if k >= 0 and where[k] == pos:
+            out.append(k)
+    return out
+
+
+class _KeyMap:
+    """The correspondence between the engine's CPU keys and the reference's chained hashes,
+    learned from the GPU blocks that hold both. A key may stand for another hash only once the
+    old hash is gone from the reference (no block, not in the tier), and a hash for another key
+    only once the old key is gone from the engine: otherwise one side would hold two contents
+    the other holds as one."""
+
+    def __init__(self) -> None:
+        self.hash_of_key: dict[int, int] = {}
+        self.key_of_hash: dict[int, int] = {}
+
+    def learn(self, pairs, ref_live: set[int], eng_live: set[int]) -> None:
+        for k, h in pairs:
+            old_h = self.hash_of_key.get(k)
+            if old_h is not None and old_h != h:
+                assert old_h not in ref_live, ("one CPU key for two live hashes", k)
+                self.key_of_hash.pop(old_h, None)
+            old_k = self.key_of_hash.get(h)
+            if old_k is not None and old_k != k:
+                assert old_k not in eng_live, ("two live CPU keys for one hash", old_k, k)
+                self.hash_of_key.pop(old_k, None)
+            self.hash_of_key[k], self.key_of_hash[h] = h, k
+
+
+def _compare_tier(s, st, ref, reqs, keymap: _KeyMap, cached_of, true_keys,
+                  unsupported: int) -> None:
+    lane = jax.tree_util.tree_map(lambda x: np.asarray(x)[0], s)  # one host copy per field
+    assert kvcache.free_list(lane, st, 0) == ref.free_list()
+    assert int(lane.kv_free[0]) == ref.free_count
+    assert np.asarray(lane.kv_ref[0]).tolist() == ref.refcount
+    used = np.asarray(lane.kv_ref[0]) > 0
+    assert np.asarray(lane.kv_tok[0])[used].tolist() == [
+        t for t, u in zip(ref.num_tokens, used, strict=True) if u]
+    assert (int(lane.hits[0]), int(lane.misses[0])) == (ref.hits, ref.misses)
+    blen, bt = np.asarray(lane.blen[0]), np.asarray(lane.bt[0])
+    for req in reqs:
+        assert bt[req.index, :blen[req.index]].tolist() == ref.request_blocks.get(req.index, [])
+    blocks, counts = (np.asarray(x) for x in cached_of(s))
+    for req in reqs:
+        want = ref.cached_blocks(req)
+        assert blocks[req.index, :counts[req.index]].tolist() == want, req.index
+    # block contents: the same blocks hold a hash, and keys stand for hashes one to one
+    t = lane.tier
+    key_of_block = np.asarray(t.key_of_block[0]).tolist()
+    assert [k >= 0 for k in key_of_block] == [h is not None for h in ref.block_hash]
+    # a held block's hash is one of its request's true chain in both or off it in both; on
+    # it, the key names that content (``kvcache.cpu_key`` of request and position; a reload
+    # with ``blis_quirks`` can give a held block the content of another position)
+    offchain_start = st.hash_slots + st.cpu_ext_slots
+    for req in reqs:
+        held = ref.request_blocks.get(req.index, [])
+        position = {ref._hash_of(req, j): j for j in range(st.max_blocks_per_request)}
+        for j, b in enumerate(held):
+            h = ref.block_hash[b]
+            if h is None:
+                continue
+            if h in position:
+                assert key_of_block[b] == true_keys[req.index, position[h]], (req.index, j)
+            else:
+                assert key_of_block[b] >= offchain_start, ("off the chain", req.index, j)
+    order = _tier_order(t, st.cpu_ring)
+    keymap.learn([(k, h) for k, h in zip(key_of_block, ref.block_hash, strict=True) if k >= 0],
+                 set(ref.cpu.lru) | {h for h in ref.block_hash if h is not None},
+                 set(order) | {k for k in key_of_block if k >= 0})
+    assert order == [keymap.key_of_hash.get(h) for h in ref.cpu.lru]
+    assert int(t.size[0]) == len(ref.cpu.lru)
+    counters = (int(t.reloads[0]), int(t.cpu_misses[0]), int(t.mirror_stores[0]),
+                int(t.evictions[0]), int(t.thrash_reloads[0]), int(t.pending_us[0]))
+    assert counters == (ref.reloads, ref.cpu_misses, ref.mirror_stores, ref.cpu.evictions,
+                        ref.thrash_reloads, ref.pending_latency_us)
+    assert np.asarray(t.request_reloads[:len(reqs)]).tolist() == [
+        ref.request_reloads.get(req.index, 0) for req in reqs]
+    assert int(t.unsupported) == unsupported
+
+
+@pytest.mark.parametrize("quirks", [False, True])
+def test_tiered_kv_cache_matches_reference_op_by_op(quirks):
+    """The engine's tiered KV cache against the reference ``TieredKVCache`` (with the
+    reference's own chained hashes, from ``ClusterSimulator``) after every one of ~2,000
+    random operations: admissions (Decision 12's reload before sizing, or BLIS's tiered
+    allocation with ``blis_quirks``), prefill chunks and decode tokens of running requests
+    through the tiered allocation (and the plain one where the engine takes it), releases,
+    mirror passes of the running batch in batch order, and the step's transfer time. Tiers of
+    2 (thrashing), 6 and 24 blocks run on one compiled program. Checked after every operation:
+    the GPU state as in ``test_kv_cache_matches_reference_op_by_op`` plus block tables and
+    every request's cached prefix; which blocks hold a hash and that CPU keys and hashes
+    correspond one to one; the tier's contents in LRU order; the reload, CPU-miss, store,
+    eviction, thrash and per-request reload counters and the pending transfer time; and the
+    allocations the engine flags as unsupported (claimed reloaded blocks, then failed)."""
+    w = make_workload(TIER_ROWS, ("",), ("g0", "g1"))
+    sizing = make_resolved(block_size=BS, kv_blocks=BLOCKS, max_running=len(TIER_ROWS),
+                           cpu_blocks=TIER_MAX, quirks=quirks, thrash_window_us=THRASH_WINDOW_US)
+    st = build_static(sizing, w)
+    consts = build_consts(sizing, w, st)
+    step = _tier_kernel(st, consts)
+    cached_of = jax.jit(lambda s: jax.vmap(  # every request's cached prefix on lane 0
+        lambda r: tuple(kvcache.cached_blocks(jax.tree_util.tree_map(lambda x: x[0], s), st,
+                                              consts, 0, r)))(jnp.arange(len(TIER_ROWS))))
+    true_keys = np.asarray(jax.vmap(lambda r: kvcache.cpu_key(
+        st, consts, 0, r, jnp.arange(st.max_blocks_per_request)))(jnp.arange(len(TIER_ROWS))))
+    total = [row["input"] + row["output"] for row in TIER_ROWS]
+    seen: Counter = Counter()
+    for run, (capacity, bandwidth, base_us) in enumerate(((2, 8.0, 5), (6, 0.5, 0),
+                                                          (24, 100.0, 40))):
+        resolved = make_resolved(block_size=BS, kv_blocks=BLOCKS, max_running=len(TIER_ROWS),
+                                 cpu_blocks=capacity, transfer_bandwidth=bandwidth,
+                                 transfer_base_us=base_us, quirks=quirks,
+                                 thrash_window_us=THRASH_WINDOW_US)
+        assert build_static(resolved, w, cpu_tier_blocks=TIER_MAX) == st  # one program
+        sim = ClusterSimulator(resolved, w)
+        ref, reqs = sim.instances[0].kv, sim.requests
+        reload_us = ref.reload_cost_us
+        s = jax.vmap(functools.partial(init_state, st, kv_cpu_blocks=capacity,
+                                       kv_reload_us=reload_us),
+                     in_axes=(0, 0, 0, None))(jnp.zeros(1), jnp.zeros(1),
+                                              jnp.zeros(1, jnp.int32), 3)
+        rng = np.random.default_rng(100 * run + quirks)
+        keymap = _KeyMap()
+        active: dict[int, int] = {}  # running request -> tokens allocated, in batch order
+        unsupported = 0
+        now = 0
+        last_tail = 0
+        for _ in range(700):
+            now += int(rng.integers(0, 40))
+            ref.now_us = now
+            roll = rng.random()
+            r = int(rng.integers(len(reqs)))
+            req = reqs[r]
+            pi = end = 0
+            # the step's token budget left: a whole chunk, or less (chunks that end inside a
+            # block, so later appends top blocks up)
+            budget = CHUNK if rng.random() < 0.6 else int(rng.integers(1, CHUNK))
+            order = np.zeros(len(reqs), np.int64)
+            n_order = 0
+            reloads, misses = ref.reloads, ref.cpu_misses
+            if roll < 0.14:
+                op = MIRROR
+                order[:len(active)] = list(active)
+                n_order = len(active)
+                ref.mirror([reqs[q] for q in active])
+            elif roll < 0.19:
+                op = TAKE
+                ref.take_pending_latency_us()
+            elif r not in active:  # admission, as Instance._form_batch
+                op = ADMIT
+                req.progress_index = 0
+                cached = ref.cached_blocks(req)
+                reloaded = 0
+                if not quirks:
+                    reloaded = ref.reload_prefix(req, len(cached), keep=cached)
+                    if reloaded:
+                        cached = ref.cached_blocks(req)
+                start = len(cached) * BS
+                n = min(req.input_tokens - start, budget)
+                if quirks:
+                    ok_ref = ref.allocate(req, start, start + n, cached)
+                else:
+                    ok_ref = ref.allocate_reloaded(req, start, start + n, cached, reloaded)
+                end = start + n
+            elif roll < 0.35 or active[r] >= total[r]:  # finish or preempt
+                op = RELEASE
+                ref.release(req)
+            else:  # the next prefill chunk or decode token
+                pi = active[r]
+                end = min(req.input_tokens, pi + budget) if pi < req.input_tokens else pi + 1
+                req.progress_index = pi
+                holds_prompt = len(ref.request_blocks.get(r, [])) >= req.input_tokens // BS
+                ok_ref = ref.allocate(req, pi, end)
+                op = FAST if holds_prompt and ok_ref and rng.random() < 0.5 else TIERED
+            s, (ok, start_eng, n_eng) = step(s, op, r, pi, end, budget, now,
+                                             jnp.asarray(order), n_order)
+            # a TieredKVCache.allocate that reloaded, claimed part of [start, end) and then
+            # failed (see kvcache.tiered_allocate): both sides hold the claimed blocks
+            tiered_call = op == TIERED or (op == ADMIT and quirks)
+            claimed_then_failed = (tiered_call and not ok_ref and ref.reloads > reloads
+                                   and (pi if op == TIERED else start)
+                                   < len(ref.cached_blocks(req)) * BS < end)
+            unsupported += claimed_then_failed
+            if op in (ADMIT, TIERED, FAST):
+                assert bool(ok[0]) == ok_ref, (op, r)
+                seen["reloads at admission" if op == ADMIT else "reloads while running"] += (
+                    ref.reloads > reloads)
+                seen["cpu misses"] += ref.cpu_misses > misses
+            if op == ADMIT:
+                assert (int(start_eng[0]), int(n_eng[0])) == (start, n)
+                if ok_ref:
+                    active[r] = end
+            elif op == RELEASE:
+                del active[r]
+            elif op in (TIERED, FAST) and ok_ref:
+                active[r] = end
+            tail = int(s.tier.tail[0, 0])
+            seen["tier ring compactions"] += tail < last_tail
+            last_tail = tail
+            seen["off-chain blocks"] += any(
+                ref.block_hash[b] != ref._hash_of(reqs[q], j)
+                for q, bl in ref.request_blocks.items() for j, b in enumerate(bl)
+                if ref.block_hash[b] is not None)
+            _compare_tier(s, st, ref, reqs, keymap, cached_of, true_keys, unsupported)
+            if claimed_then_failed:  # the instance never goes on from there: start afresh
+                seen["claimed then failed"] += 1
+                ref.release(req)
+                s, _ = step(s, RELEASE, r, 0, 0, 0, now, jnp.asarray(order), 0)
+                active.pop(r, None)
+                _compare_tier(s, st, ref, reqs, keymap, cached_of, true_keys, unsupported)
+        seen["thrash reloads"] += ref.thrash_reloads
+        seen["tier evictions"] += ref.cpu.evictions
+    # the sequences exercised what they are meant to
+    for what in ("reloads at admission", "reloads while running", "cpu misses",
+                 "tier ring compactions", "thrash reloads", "tier evictions"):
+        assert seen[what] > 0, (what, seen)
+    if quirks:
+        assert seen["off-chain blocks"] > 0, seen
