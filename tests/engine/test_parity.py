@@ -37,7 +37,8 @@ from tests.paths import GOLDEN_DIR
 from tests.reference.conftest import make_resolved, make_workload
 
 # Golden cases whose KV cache is small enough for a test; each is one ~35 s compile, so the
-# default tier keeps case 0 and the slow tier (-m slow) adds the others.
+# default tier keeps case 0 (the JAX engine against BLIS itself) and the slow tier (-m slow)
+# adds the others.
 SMALL_GOLDEN = [0, pytest.param(1, marks=pytest.mark.slow), pytest.param(4, marks=pytest.mark.slow)]
 
 
@@ -90,19 +91,15 @@ EDGE_CASES = {
 }
 
 
-# Features of these cases are also covered in the default tier by the population test
-# (chunked prefill under a token budget, token-bucket admission, weighted routing over
-# periodic snapshots and a horizon cut among its random policies), by the narrow-program
-# test (the preemption storm at every step width) or by the decode-stretch scenario
-# (tests/engine/test_stretches.py: a request ending exactly at the max-model-len cap, priority
-# preemption with the KV cache full). Each case compiles its own program (~45 s on 2 cores),
-# so the default tier keeps the ones nothing else covers.
-SLOW_EDGE_CASES = {"chunked-budget", "token-bucket", "stale-snapshots-weighted", "horizon-cut",
-                   "preemption-storm", "max-model-len", "full-kv-priority-preemption"}
-
-
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_EDGE_CASES
-                                  else n for n in sorted(EDGE_CASES)])
+# Every case's features are also covered in the default tier: by the population test (chunked
+# prefill under a token budget, token-bucket admission, weighted routing over periodic
+# snapshots, a horizon cut, and admission and routing latencies among its random policies), by
+# the narrow-program test (the preemption storm at every step width) or by the decode-stretch
+# scenario (tests/engine/test_stretches.py: a request ending exactly at the max-model-len cap,
+# priority preemption with the KV cache full). Each case compiles its own program (~45 s on 2
+# cores), so all of them run in the slow tier.
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(EDGE_CASES))
 def test_edge_case_parity(name):
     resolved = make_resolved(**EDGE_CASES[name])
     w = make_workload(EDGE_ROWS, ("a", "b"), ("g",))
@@ -151,7 +148,8 @@ def test_completions_of_one_step_at_once_free_their_tenants_quota():
     rows = [dict(arrival=0, input=8, output=1, tenant="a") for _ in range(3)]
     rows += [dict(arrival=100_000, input=8, output=1, tenant="a") for _ in range(3)]
     admission = AdmissionConfig(policy="tenant-quota", default_tenant_max_in_flight=3)
-    resolved = make_resolved(block_size=4, kv_blocks=20, admission=admission)
+    # 4 running slots hold each wave (the default 256 only makes the program larger)
+    resolved = make_resolved(block_size=4, kv_blocks=20, max_running=4, admission=admission)
     w = make_workload(rows, ("a",), ("g",))
     want = reference(resolved, w)
     assert want.rejected_admission == 0
@@ -199,27 +197,21 @@ def _random_policy_configs(base: SimConfig, tenants, count: int, seed: int):
     return out
 
 
-POPULATION_LANES, POPULATION_LANE_BLOCK = 16, 8
-
-
-def test_population_lanes_match_independent_reference_runs():
+def test_population_lanes_match_independent_reference_runs(edge_population):
     # What a search runs: one compiled program, 16 distinct random policies in two lockstep
     # blocks of 8 lanes — enough lanes that completions queue their releases for one flat pass
     # across the block (``lanes.release_queued``) and complete in one planned pass
-    # (``batch.complete_planned``). Each lane must equal its own reference run.
+    # (``batch.complete_planned``). Each lane must equal its own reference run. The scenario
+    # (tests/engine/conftest.py) has chunked prefill, periodic snapshots, a stale copy of the
+    # caches for the cache scorers, a horizon cut, and admission and routing latencies; its
+    # program also serves test_population.py's shared-program and evaluate_population tests.
     from blisjax.engine.lanes import FLAT_MIN_LANES
 
-    assert POPULATION_LANE_BLOCK >= FLAT_MIN_LANES  # else the blocks release in place
-    # the lanes' cache scorers read a periodic copy of the instances' caches (3 ms; the live
-    # query is covered by tests/test_golden_next.py)
-    base = make_resolved(instances=2, block_size=4, kv_blocks=40, max_running=4, max_tokens=64,
-                         threshold=32, horizon_us=300_000, refresh_us=1500,
-                         alpha=(80.25, 0.75, 12.5), cache_delay_us=3000)
-    later = [dict(r, arrival=r["arrival"] + 9500,
-                  deadline=r["deadline"] + 9500 if r.get("deadline") else 0) for r in EDGE_ROWS]
-    w = make_workload(EDGE_ROWS + later, ("a", "b"), ("g",))
-    configs = _random_policy_configs(base.config, w.tenant_names, POPULATION_LANES, seed=4)
-    assert len({(c.policy, c.engine.preemption_policy) for c in configs}) == POPULATION_LANES
+    pop = edge_population
+    assert pop.lane_block >= FLAT_MIN_LANES  # else the blocks release in place
+    w, configs, lanes = pop.workloads[0], pop.configs, pop.lanes[0]
+    assert len(lanes) == len(configs) == 16
+    assert len({(c.policy, c.engine.preemption_policy) for c in configs}) == len(configs)
     assert {"token-bucket", "rate-limit", "tenant-quota"} <= {c.policy.admission.policy
                                                              for c in configs}
     assert "weighted" in {c.policy.routing.policy for c in configs}  # over stale snapshots
@@ -231,20 +223,24 @@ def test_population_lanes_match_independent_reference_runs():
     assert used == set(Scorer.labels()), used
     assert {"fcfs", "priority-fcfs", "sjf"} == {c.policy.scheduler.policy for c in configs}
     assert {"fcfs", "priority"} == {c.engine.preemption_policy for c in configs}
-    params = stack_params([params_from_config(c, w.tenant_names) for c in configs])
-    lanes = simulate_population(base, w, params, lane_block=POPULATION_LANE_BLOCK,
-                                decode_stretches=True)
-    unfinished = stale_routes = 0
+    unfinished = stale_routes = late_routes = preemptions = 0
     for k, cfg in enumerate(configs):
         want = reference(resolve_config(cfg), w)
         assert first_divergence(want, lanes[k]) is None, (k, cfg.policy)
         unfinished += int(np.sum(want.status == records.UNFINISHED))
+        preemptions += int(np.sum(want.preemption_count))
         live = dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster,
                                                                     cache_signal_delay_us=0))
         stale_routes += not np.array_equal(reference(resolve_config(live), w).instance,
                                            want.instance)
+        at_once = dataclasses.replace(cfg, cluster=dataclasses.replace(
+            cfg.cluster, admission_latency_us=0, routing_latency_us=0))
+        late_routes += not np.array_equal(reference(resolve_config(at_once), w).ttft_us,
+                                          want.ttft_us)
     assert unfinished > 0  # some lane is cut off by the horizon with requests in flight
     assert stale_routes > 0  # the cache copy's staleness changes some lane's routing
+    assert late_routes == len(configs)  # the cluster latencies change every lane's run
+    assert preemptions > 0
 
 
 @pytest.mark.parametrize(("narrowest", "slots", "per_octave", "widths"), [

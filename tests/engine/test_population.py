@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
-from blisjax.config import ConfigError, MetricsConfig, resolve_config
+from blisjax.config import ConfigError, resolve_config
 from blisjax.engine import (
-    evaluate_population,
     grid,
     params_from_config,
     random_knobs,
@@ -51,39 +52,30 @@ def test_grid_and_random_builders():
                               ["constant", "slo-class"]}, 5, seed=1)
 
 
-def test_evaluate_population_matches_separate_reference_runs():
-    base = make_resolved(instances=2, block_size=4, kv_blocks=60, max_running=4)
-    base = resolve_config(base.config.__class__(**{**base.config.__dict__, "metrics":
-                                                   MetricsConfig(fitness_weights=(("p99_ttft",
-                                                                                   1.0),))}))
-    w = make_workload(EDGE_ROWS, ("a", "b"), ("g",))
-    knobs = grid(**{"routing.policy": ["round-robin", "least-loaded", "weighted"],
-                    "admission.policy": ["always-admit", "tenant-quota"]})
-    pop = evaluate_population(base, w, knobs)
-    assert len(pop.results) == 6 and np.all(np.isfinite(pop.fitness))
+def test_evaluate_population_matches_separate_reference_runs(edge_population):
+    # A routing × admission grid of 16 knob sets, a fitness configured; run on the program of
+    # test_parity.py's population test (tests/engine/conftest.py).
+    pop = edge_population.evaluated
+    w = edge_population.workloads[0]
+    assert pop.knobs == edge_population.knobs
+    assert len(pop.results) == 16 and np.all(np.isfinite(pop.fitness))
     for cfg, res in zip(pop.configs, pop.results, strict=True):
         assert first_divergence(reference(resolve_config(cfg), w), res) is None
 
 
-def test_workloads_share_one_program_with_raised_capacities():
+def test_workloads_share_one_program_with_raised_capacities(edge_population):
     # Two workloads of the same size but different lengths, prefixes and deadlines run with one
     # EngineStatic whose capacities cover both (deadline list padded, more own hash slots, ...);
-    # every lane still equals its own reference run.
-
-    base = make_resolved(instances=2, block_size=4, kv_blocks=40, max_running=4, max_tokens=64)
-    other_rows = [dict(r, input=max(r["input"] // 2 + 3, r.get("prefix", 0)),
-                       output=r["output"] + 2, deadline=0) for r in EDGE_ROWS]
-    other_rows[4] = dict(other_rows[4], deadline=7_000)
-    wa = make_workload(EDGE_ROWS, ("a", "b"), ("g",))
-    wb = make_workload(other_rows, ("a", "b"), ("g",))
-    shared = build_static_shared(base, [wa, wb])
-    own_b = build_static(base, wb)
+    # every lane still equals its own reference run. (16 random policies: the program of
+    # test_parity.py's population test, tests/engine/conftest.py.)
+    pop = edge_population
+    wa, wb = pop.workloads
+    shared = build_static_shared(pop.base, [wa, wb], decode_stretches=True)
+    assert pop.static == dataclasses.replace(shared, cache_scorers=True)
+    own_b = build_static(pop.base, wb, decode_stretches=True)
     assert shared.num_deadlines > own_b.num_deadlines and shared.own_slots > own_b.own_slots
-    configs = _random_policy_configs(base.config, wa.tenant_names, 4, seed=5)
-    params = stack_params([params_from_config(c, wa.tenant_names) for c in configs])
-    for w in (wa, wb):
-        lanes = simulate_population(base, w, params, static=shared)
-        for k, cfg in enumerate(configs):
+    for w, lanes in zip((wa, wb), pop.lanes, strict=True):
+        for k, cfg in enumerate(pop.configs):
             assert first_divergence(reference(resolve_config(cfg), w), lanes[k]) is None, (k,)
 
 

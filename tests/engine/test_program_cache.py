@@ -16,11 +16,19 @@ import numpy as np
 import pytest
 
 from blisjax import cli
-from blisjax.engine import progcache, run, simulate
+from blisjax.engine import (
+    params_from_config,
+    progcache,
+    run,
+    simulate_population,
+    stack_params,
+)
 from blisjax.engine.parity import first_divergence
 from blisjax.metrics.records import RunResult
 from blisjax.reference import simulate as reference
+from tests.engine.conftest import room_for_a_program
 from tests.engine.test_parity import EDGE_ROWS
+from tests.engine.test_stretches import stretch_scenario
 from tests.paths import REPO
 from tests.reference.conftest import make_resolved, make_workload
 
@@ -71,35 +79,46 @@ def test_cache_is_off_unless_chosen(monkeypatch):
 
 
 def test_loaded_program_gives_the_uncached_and_reference_result(cache_dir, monkeypatch, capsys):
-    resolved = make_resolved(**BASE)
-    w = make_workload(EDGE_ROWS, ("a", "b"), ("g",))
-    want = reference(resolved, w)
+    # The 8 lanes of test_stretches.py's scenario: its program, compiled here, is the one that
+    # test finds in memory.
+    resolved, w, configs = stretch_scenario()
+    params = stack_params([params_from_config(c, w.tenant_names) for c in configs])
+
+    def lanes():
+        return simulate_population(resolved, w, params, decode_stretches=True)
+
+    def same(a: list[RunResult], b: list[RunResult]) -> bool:
+        return all(_same_result(x, y) for x, y in zip(a, b, strict=True))
+
     progcache.use_program_cache(None)
-    uncached = simulate(resolved, w)
+    room_for_a_program()
+    uncached = lanes()
     progcache.use_program_cache(cache_dir)
-    stored = simulate(resolved, w)  # compiled, then kept
+    stored = lanes()  # compiled, then kept
     entries = list(cache_dir.glob("*.program"))
     assert len(entries) == 1
     progcache.forget_loaded()
     with monkeypatch.context() as m:
         _refuse_tracing(m)
-        loaded = simulate(resolved, w)
-    assert first_divergence(want, uncached) is None
-    assert _same_result(uncached, stored) and _same_result(uncached, loaded)
+        loaded = lanes()
+    for k, cfg in enumerate(configs):
+        want = reference(dataclasses.replace(resolved, config=cfg), w)
+        assert first_divergence(want, uncached[k]) is None, k
+    assert same(uncached, stored) and same(uncached, loaded)
 
     # A defective entry: one notice naming it, the same result, and a sound entry again.
     entries[0].write_bytes(b"blisjax-program\nnot a program")
     progcache.forget_loaded()
     capsys.readouterr()
-    rebuilt = simulate(resolved, w)
+    rebuilt = lanes()
     err = capsys.readouterr().err
     assert "ignoring unreadable compiled program" in err and entries[0].name in err
     assert err.count("\n") == 1
-    assert _same_result(uncached, rebuilt)
+    assert same(uncached, rebuilt)
     progcache.forget_loaded()
     with monkeypatch.context() as m:
         _refuse_tracing(m)
-        assert _same_result(uncached, simulate(resolved, w))
+        assert same(uncached, lanes())
 
 
 def test_latency_models_with_host_callbacks_are_not_cached(cache_dir):

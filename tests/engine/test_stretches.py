@@ -125,11 +125,18 @@ def _policies(base):
     return out
 
 
-def test_stretch_ends_of_every_kind_match_the_reference_step_by_step():
+def stretch_scenario():
+    """(resolved configuration, workload, lane configurations): the ``_rows`` on two instances
+    of 48 blocks of 4 tokens, 8 running requests and a 120-token length cap, the ``_policies``
+    lanes. (tests/engine/test_program_cache.py compiles its program first: one compile for
+    both.)"""
     resolved = make_resolved(instances=2, block_size=4, kv_blocks=48, max_running=8,
                              max_model_len=120, horizon_us=HORIZON_US)
-    w = make_workload(_rows(), ("a",), ("g",))
-    configs = _policies(resolved.config)
+    return resolved, make_workload(_rows(), ("a",), ("g",)), _policies(resolved.config)
+
+
+def test_stretch_ends_of_every_kind_match_the_reference_step_by_step():
+    resolved, w, configs = stretch_scenario()
     st = build_static(resolved, w, decode_stretches=True)
     assert st.stretches
     consts = build_consts(resolved, w, st)
