@@ -167,12 +167,6 @@ def evict_oldest(t: KVTierState, i, m, active) -> KVTierState:
     return t
 
 
-def touch(t: KVTierState, i, key, active) -> KVTierState:
-    """``CpuTier.touch``: the present ``key`` becomes instance i's most recent."""
-    one = lambda x: jnp.reshape(x, (1,))  # noqa: E731
-    return append(t, i, one(key), one(active))
-
-
 def note_evictions(t: KVTierState, keys, mask, now) -> KVTierState:
     """GPU blocks holding ``keys`` (where ``mask`` and the key is >= 0) were taken for other
     content at ``now`` (µs; a scalar or one time per key) (``TieredKVCache._evicted``)."""

@@ -32,7 +32,8 @@ def _one_lane(fn):
 
 
 _mirror = _one_lane(lambda t, keys, valid: kvtier.mirror(t, 1, keys, valid, jnp.asarray(True)))
-_touch = _one_lane(lambda t, key: kvtier.touch(t, 1, key, jnp.asarray(True)))
+_touch = _one_lane(lambda t, key: kvtier.append(t, 1, jnp.reshape(key, (1,)),
+                                                jnp.ones(1, bool)))
 
 
 def _order(t) -> list[int]:
