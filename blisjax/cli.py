@@ -90,6 +90,10 @@ CAPACITIES = {
     "blocks": Capacity("--max-blocks-per-request", "max_blocks_per_request",
                        "KV blocks one request can hold",
                        "the longest request's, which cannot overflow"),
+    "offchain": Capacity("--offchain-generations", "offchain_generations",
+                         "distinct held predecessors of one block content whose off-chain "
+                         "CPU-tier hashes a lane tells apart (a CPU tier with --blis-quirks)",
+                         "4"),
 }
 
 

@@ -675,11 +675,9 @@ def complete_planned(s: SimState, st, c, i, plan: QueuedPlan) -> SimState:
             1, mode="drop"))
         if st.tiered:  # a block the final token fills gets its hash (kv.grant_tokens)
             filled = top & (plan.filled + 1 == st.block_size)
-            key, _ = kv.chained_key(s, st, c, i, r, plan.blen - 1,
-                                    s.bt[i, sb, jnp.maximum(plan.blen - 2, 0)])
-            t = s.tier
-            s = s.replace(tier=t.replace(key_of_block=t.key_of_block.at[
-                i, jnp.where(filled, plan.last, st.kv_blocks)].set(key, mode="drop")))
+            s, _ = kv.register_keys(s, st, c, i, r, plan.blen - 1,
+                                    s.bt[i, sb, jnp.maximum(plan.blen - 2, 0)], plan.last,
+                                    filled)
         t = c.tenant[r]
         n_tenants = s.tenant_in_flight.shape[0]
         # max(x - 1, 0) applied once per completion of the tenant = max(x - n, 0)

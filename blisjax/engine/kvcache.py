@@ -372,15 +372,12 @@ def grant_tokens(s: SimState, st, c, i, sb, r, n, prefill, mask,
         # Every block an append fills gets a hash (output blocks too: the CPU tier mirrors
         # them); fresh blocks chain from the last block's
         top_full = partial & (filled + fill == bs)
-        top_key, top_on = chained_key(s, st, c, i, r, blen - 1,
-                                      s.bt[i, sb, jnp.maximum(blen - 2, 0)])
-        last_key = jnp.where(top_full, top_key, s.tier.key_of_block[i, last])
+        s, top_on = register_keys(s, st, c, i, r, blen - 1,
+                                  s.bt[i, sb, jnp.maximum(blen - 2, 0)], last, top_full)
         if st.blis_quirks:
-            on_chain = (blen == 0) | (last_key == cpu_key(st, c, i, r, blen - 1))
+            on_chain = (blen == 0) | (s.tier.key_of_block[i, jnp.maximum(last, 0)]
+                                      == cpu_key(st, c, i, r, blen - 1))
         reg_partial = reg_partial & top_on
-        t = s.tier
-        s = s.replace(tier=t.replace(key_of_block=t.key_of_block.at[
-            i, jnp.where(top_full, last, st.kv_blocks)].set(top_key, mode="drop")))
     n_chunks = jnp.maximum((total + chunk - 1) // chunk, jnp.any(reg_partial))
     chunk_of = jnp.minimum(before // chunk, n_chunks - 1)
     plan = _GrantChunks(sb, r, prefill, blen, last, rest, cum, before, reg_partial, chunk_of,
@@ -434,17 +431,25 @@ def _grant_chunk(s: SimState, st, c, i, plan: _GrantChunks, k, total, go, chunk:
         ovf_blocks=s.ovf_blocks + jnp.sum(taken & (j >= mb), dtype=jnp.int32))
     if not st.prefix_caching:
         return s
-    full = c.full_blocks[r]
-    reg_fresh = taken & (tok == bs) & prefill[owner] & (j < full[owner])
+    # a fresh block filled during a prefill gets a hash; a prompt block's goes in its slot
+    hashed = taken & (tok == bs) & prefill[owner]
+    reg_fresh = hashed & (j < c.full_blocks[r[owner]])
     slot_fresh = hash_slot(st, c, i, r[owner], j)
     if st.tiered:  # the CPU key of each fresh block's hash (-1: none); off the chain, no slot
         on = plan.on_chain[owner]
-        key = jnp.where(on, slot_fresh, c.offchain_base[r[owner]] + j)
         t = s.tier
         t = kvtier.note_evictions(t, t.key_of_block[i, jnp.clip(blocks, 0, k_blocks - 1)],
                                   taken, s.clock[i])
-        s = s.replace(tier=t.replace(key_of_block=t.key_of_block.at[i, b_safe].set(
-            jnp.where(reg_fresh, key, NIL), mode="drop")))
+        # Past the full prompt blocks (a prefill whose reload claimed more blocks than its
+        # tokens fill, ``TieredKVCache.allocate``) the key is an extension key; such a block
+        # is always below the request's table blocks, whose extension keys it owns.
+        t = t.replace(key_of_block=t.key_of_block.at[i, b_safe].set(
+            jnp.where(hashed & on, cpu_key(st, c, i, r[owner], j), NIL), mode="drop"))
+        if st.blis_quirks:  # off the chain: each chains from the block before it
+            prev = s.bt[i, sb[owner], jnp.clip(j - 1, 0, mb - 1)]
+            t = kvtier.chain_offchain(t, st, i, prev, b_safe, cpu_key(st, c, i, r[owner], j),
+                                      hashed & ~on)
+        s = s.replace(tier=t)
         reg_fresh = reg_fresh & on
     base_owner = owner + 2 * before[owner]  # first op of the owner (see grant_tokens)
     seq = jnp.concatenate([base_owner + 1 + 2 * m, base_owner + 2 + 2 * m])
@@ -577,17 +582,24 @@ def cpu_key(st, c, i, r, j):
     return jnp.where(j < c.full_blocks[r], hash_slot(st, c, i, r, j), c.ext_base[r] + j)
 
 
-def chained_key(s: SimState, st, c, i, r, j, prev_block):
-    """``(key, on_chain)`` of block j of r when it gets its hash, chained from the block the
-    request holds at j - 1 (``prev_block``). With ``blis_quirks`` a reload may have replaced
-    that block's content (``KVCache._register``): the hash then matches nothing, here an
-    off-chain key and no hash slot. Without the quirks that cannot happen."""
+def register_keys(s: SimState, st, c, i, r, j, prev_block, block, mask):
+    """``(state, on_chain)``: give GPU block ``block`` (block j of request r) the CPU key of its
+    hash where ``mask``, chained from the block the request holds at j - 1 (``prev_block``).
+    With ``blis_quirks`` a reload may have replaced that block's content (``KVCache._register``):
+    the hash then matches nothing, here an off-chain key (``kvtier.offchain_key``) and no hash
+    slot. Without the quirks that cannot happen. Vectors: one entry per request."""
     true_key = cpu_key(st, c, i, r, j)
-    if not st.blis_quirks:
-        return true_key, jnp.ones_like(true_key, dtype=bool)
-    held = s.tier.key_of_block[i, jnp.clip(prev_block, 0, st.kv_blocks - 1)]
-    on = (j <= 0) | (held == cpu_key(st, c, i, r, jnp.maximum(j - 1, 0)))
-    return jnp.where(on, true_key, c.offchain_base[r] + j), on
+    t = s.tier
+    k_blocks = st.kv_blocks
+    on = jnp.ones_like(mask)
+    if st.blis_quirks:
+        held = t.key_of_block[i, jnp.clip(prev_block, 0, k_blocks - 1)]
+        on = (j <= 0) | (held == cpu_key(st, c, i, r, jnp.maximum(j - 1, 0)))
+    t = t.replace(key_of_block=t.key_of_block.at[
+        i, jnp.where(mask & on, block, k_blocks)].set(true_key, mode="drop"))
+    if st.blis_quirks:
+        t = kvtier.chain_offchain(t, st, i, prev_block, block, true_key, mask & ~on)
+    return s.replace(tier=t), on
 
 
 def reload_prefix(s: SimState, st, c, i, r, start_block, keep, active):

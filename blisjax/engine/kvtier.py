@@ -9,10 +9,16 @@ blocks, lives with the other free-list operations in ``kvcache.py``.
   a dense index of a block's content: a full prompt block's key is its hash slot
   (``kvcache.hash_slot``: per instance for prefix-group blocks, per request otherwise); a block
   holding output tokens gets one of its request's *extension* keys (``WorkloadConsts.ext_base``
-  + its position past the full prompt blocks); with ``blis_quirks``, a block whose hash chains
-  from a held block of other content (the reference's ``_register`` off the true chain) gets
-  an *off-chain* key (``WorkloadConsts.offchain_base`` + its position), which nothing else
-  matches. Keys of different instances never meet: a request only ever runs on one instance.
+  + its position past the full prompt blocks). These *true keys* name a block's content and
+  its place on the true chain, as the hash does. With ``blis_quirks`` a block can get its hash
+  chained from a held block of other content (the reference's ``_register`` off the true
+  chain): BLIS's hash is then a function of the held block's hash and the block's own content,
+  and matches no prompt's block. Such a block gets an *off-chain* key that is a function of the
+  same two things, the held block's key (``origin``) and the block's true key t: generation g
+  of t is ``T + g·T + t`` (T true keys), where g is the first of t's generations whose
+  recorded origin (``KVTierState.off_origin``) is this one, or the first unused
+  (``offchain_key``). Off-chain chains continue from off-chain keys the same way. Keys of
+  different instances never meet: a request only ever runs on one instance.
   ``KVTierState.key_of_block`` is the key registered for each GPU block (-1: no hash).
 * **LRU.** Each instance's tier is a ring of keys in recency order, oldest first, with lazy
   deletion as the GPU free list's (``kvcache.py``): a touch appends the key again and
@@ -44,6 +50,7 @@ from blisjax.engine.vec import earlier_smaller, prefix_sum
 
 KEY_LIMIT = 1 << 30  # ring positions are renumbered from 0 before they could overflow int32
 EVICT_WINDOW = 32  # ring entries read per trip of an eviction
+OFF_UNUSED = -2  # an off-chain generation not yet used (-1 is an origin: a block without hash)
 
 
 @pytree_dataclass
@@ -77,6 +84,10 @@ class KVTierState:
     reload_us: jax.Array  # int64 µs: one reload's transfer time (``PolicyParams.kv_reload_us``)
     pass_keys: jax.Array  # int32 [I]: distinct keys of the instance's last mirror pass (a
     #                       decode stretch needs the tier to hold them all, ``stretch.plan``)
+    off_origin: jax.Array  # int32 [G·T + 1]: origin key of each off-chain generation (-1: a
+    #                        held block without a hash; ``OFF_UNUSED``: not yet used)
+    offchain_overflow: jax.Array  # int32: off-chain keys a lane needed beyond
+    #                               ``EngineStatic.offchain_generations`` (flagged)
 
 
 def init_tier(st, capacity=0, reload_us=0) -> KVTierState:
@@ -98,7 +109,10 @@ def init_tier(st, capacity=0, reload_us=0) -> KVTierState:
         evicted_at=jnp.full(keys + 1, -1, i64), thrash_reloads=jnp.zeros(n_inst, i64),
         unsupported=jnp.asarray(0, i32), capacity=jnp.asarray(capacity, i32),
         pass_mark=jnp.full(keys + 1, -1, i64), pass_stamp=jnp.asarray(0, i64),
-        reload_us=jnp.asarray(reload_us, i64), pass_keys=jnp.zeros(n_inst, i32))
+        reload_us=jnp.asarray(reload_us, i64), pass_keys=jnp.zeros(n_inst, i32),
+        off_origin=jnp.full(st.cpu_off_slots + 1 if on and st.blis_quirks else 1, OFF_UNUSED,
+                            i32),
+        offchain_overflow=jnp.asarray(0, i32))
 
 
 # ---- the ring ----------------------------------------------------------------------------------
@@ -179,6 +193,58 @@ def holds(t: KVTierState, key):
     """Whether the tier holds ``key`` (any shape; negative keys are never held)."""
     sink = t.where.shape[0] - 1
     return (key >= 0) & (t.where[jnp.where(key >= 0, key, sink)] >= 0)
+
+
+# ---- off-chain keys (blis_quirks) --------------------------------------------------------------
+
+
+def offchain_key(t: KVTierState, st, origin, true_key, go):
+    """``(tier, key)``: the off-chain key of a block of true key ``true_key`` whose hash chains
+    from a held block of key ``origin`` (-1: no hash) — the generation of ``true_key`` that
+    recorded this origin, else the first unused one, which records it (where ``go``). When
+    every generation holds another origin the lane is flagged (``offchain_overflow``) and the
+    last generation's key stands in."""
+    n_true = st.cpu_true_keys
+    gens = jnp.arange(st.offchain_generations, dtype=jnp.int32)
+    row = t.off_origin[gens * n_true + true_key]
+    seen, unused = row == origin, row == OFF_UNUSED
+    gen = jnp.where(jnp.any(seen), jnp.argmax(seen),
+                    jnp.where(jnp.any(unused), jnp.argmax(unused), gens[-1])).astype(jnp.int32)
+    record = go & ~jnp.any(seen) & jnp.any(unused)
+    sink = t.off_origin.shape[0] - 1
+    t = t.replace(
+        off_origin=t.off_origin.at[jnp.where(record, gen * n_true + true_key, sink)].set(
+            origin, mode="drop"),
+        offchain_overflow=t.offchain_overflow
+        + (go & ~jnp.any(seen) & ~jnp.any(unused)).astype(jnp.int32))
+    return t, n_true + gen * n_true + true_key
+
+
+def chain_offchain(t: KVTierState, st, i, prev_block, block, true_key, need) -> KVTierState:
+    """Give GPU block ``block[k]`` of instance i, for every k where ``need``, in k order, the
+    off-chain key of true key ``true_key[k]`` chained from the key ``prev_block[k]`` holds
+    when its turn comes (an earlier entry may have just given it one: the fresh blocks of one
+    allocation chain from each other). One entry per trip: off-chain hashes arise only after a
+    reload replaced a block a request had found cached (``blis_quirks``), rarely."""
+    count = jnp.sum(need, dtype=jnp.int32)
+    order = jnp.argsort(~need, stable=True).astype(jnp.int32)  # the needed entries first
+    k_blocks = t.key_of_block.shape[1]
+
+    def body(carry, go):
+        t, k = carry
+        e = order[k]
+        origin = t.key_of_block[i, jnp.clip(prev_block[e], 0, k_blocks - 1)]
+        t, key = offchain_key(t, st, origin, true_key[e], go)
+        t = t.replace(key_of_block=upd(t.key_of_block, (i, jnp.clip(block[e], 0, k_blocks - 1)),
+                                       key, go))
+        return t, k + go.astype(jnp.int32)
+
+    def run(t, go):
+        todo = jnp.where(go, count, 0)
+        return lane_while(lambda carry: carry[1] < todo, body,
+                          (t, jnp.asarray(0, jnp.int32)))[0]
+
+    return lane_once(count > 0, run, t)
 
 
 # ---- mirror (GPU -> CPU) ---------------------------------------------------------------------

@@ -325,6 +325,8 @@ def lane_result(st: EngineStatic, consts, final, k: int) -> records.RunResult:
                 ("queue", "pending", "blocks", "deadline") if int(getattr(g, f"ovf_{name}"))}
     if st.tiered and int(g.tier.unsupported):
         overflow["kv_tier"] = int(g.tier.unsupported)
+    if st.tiered and int(g.tier.offchain_overflow):
+        overflow["offchain"] = int(g.tier.offchain_overflow)
     ended = int(np.max(np.minimum(clock, st.horizon_us))) if st.num_instances else 0
     return records.RunResult(
         status=status, instance=g.instance[:n].astype(np.int32),

@@ -102,7 +102,9 @@ class EngineStatic:
     # lane's own size is ``PolicyParams.kv_cpu_blocks`` <= it); 0 = no CPU tier compiled in.
     cpu_tier_blocks: int = 0
     cpu_ext_slots: int = 1  # CPU keys of blocks past the full prompt blocks (engine.kvtier)
-    cpu_off_slots: int = 1  # off-chain CPU keys (with blis_quirks; engine.kvtier)
+    # Off-chain CPU keys (``blis_quirks``, engine.kvtier): this many distinct predecessors per
+    # block content; a lane that needs more overflows ``offchain``.
+    offchain_generations: int = 4
     kv_thrash_window_us: int = 0  # ``metrics.kv_thrash_window_us`` (the thrashing anomaly)
 
     @property
@@ -111,9 +113,20 @@ class EngineStatic:
         return self.cpu_tier_blocks > 0
 
     @property
+    def cpu_true_keys(self) -> int:
+        """CPU keys of blocks on their true hash chain: the hash slots, then extension keys."""
+        return self.hash_slots + self.cpu_ext_slots
+
+    @property
+    def cpu_off_slots(self) -> int:
+        """Off-chain CPU keys: ``offchain_generations`` per true key with ``blis_quirks``
+        (none can occur without; one placeholder)."""
+        return self.offchain_generations * self.cpu_true_keys if self.blis_quirks else 1
+
+    @property
     def cpu_keys(self) -> int:
-        """CPU keys: the hash slots, then extension keys, then off-chain keys."""
-        return self.hash_slots + self.cpu_ext_slots + self.cpu_off_slots
+        """CPU keys: the true keys, then the off-chain keys."""
+        return self.cpu_true_keys + self.cpu_off_slots
 
     @property
     def cpu_ring(self) -> int:
@@ -171,7 +184,6 @@ class WorkloadConsts:
     full_blocks: jax.Array  # full prompt blocks = input_tokens // block_size
     own_base: jax.Array  # hash slot of own block j is group_slots + own_base + j
     ext_base: jax.Array  # CPU key of block j >= full_blocks is ext_base + j (engine.kvtier)
-    offchain_base: jax.Array  # off-chain CPU key of block j is offchain_base + j
     queue_delay_us: jax.Array
     itl_offset: jax.Array
     deadline_order: jax.Array  # requests with 0 < deadline <= horizon, by (deadline, index)
@@ -192,7 +204,8 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
                  max_blocks_per_request: int | None = None,
                  running_width: int = 64, narrow_programs: bool = True,
                  decode_stretches: bool | None = None,
-                 cpu_tier_blocks: int | None = None) -> EngineStatic:
+                 cpu_tier_blocks: int | None = None,
+                 offchain_generations: int = 4) -> EngineStatic:
     """Capacities derived from the configuration and the workload (docs/jax-engine.md, Capacities and overflow).
 
     Defaults are safe upper bounds: the queue can hold every request, the pending window the
@@ -201,12 +214,15 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
     values to save memory. The deadline window (8) overflows when more requests than it holds
     share one deadline microsecond. ``cpu_tier_blocks``: the CPU tier's capacity per instance
     (default ``engine.kv_cpu_blocks``; a search over the tier size sets its largest value, so
-    every generation runs one program).
+    every generation runs one program). ``offchain_generations``: with ``blis_quirks`` and a
+    CPU tier, the distinct predecessors one block content's off-chain hashes may have
+    (``engine.kvtier``; a lane needing more overflows ``offchain``).
     """
     for name, value in (("queue_slots", queue_slots), ("pending_slots", pending_slots),
                         ("deadline_window", deadline_window),
                         ("max_blocks_per_request", max_blocks_per_request),
-                        ("running_width", running_width)):
+                        ("running_width", running_width),
+                        ("offchain_generations", offchain_generations)):
         if value is not None and (isinstance(value, bool)
                                   or not isinstance(value, int | np.integer) or value < 1):
             raise ValueError(f"{name} must be an integer >= 1 (or left to its default), "
@@ -278,8 +294,7 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
         cpu_tier_blocks=int(max(eng.kv_cpu_blocks, cpu_tier_blocks or 0)),
         kv_thrash_window_us=int(cfg.metrics.kv_thrash_window_us),
         cpu_ext_slots=max(int(_ext_counts(inp, out, bs).sum()) if n else 0, 1),
-        cpu_off_slots=max(int(_table_blocks(inp, out, bs).sum()) if n and cfg.compat.blis_quirks
-                          else 0, 1),
+        offchain_generations=int(offchain_generations),
     )
     # Evaluated on the host through a callback: physics, and a roofline configuration the
     # program cannot evaluate exactly.
@@ -332,7 +347,7 @@ def stretches_pay_off(output_tokens) -> bool:
 # Capacities that may be raised above what one workload needs (upper bounds, never semantics).
 _SHAREABLE = ("queue_slots", "pending_slots", "max_blocks_per_request", "max_prompt_blocks",
               "num_groups", "group_blocks_max", "own_slots", "num_deadlines", "itl_capacity",
-              "cpu_ext_slots", "cpu_off_slots")
+              "cpu_ext_slots", "offchain_generations")
 
 
 def build_static_shared(resolved, workloads, **capacities) -> EngineStatic:
@@ -402,7 +417,6 @@ def build_consts(resolved, workload, st: EngineStatic) -> WorkloadConsts:
     starts = lambda counts: np.concatenate([[0], np.cumsum(counts)[:-1]]) \
         if st.num_requests else np.zeros(0, np.int64)  # noqa: E731
     ext_start = starts(_ext_counts(inp, out, bs))
-    off_start = starts(_table_blocks(inp, out, bs))
     blackbox = st.latency_model == "blackbox"
     beta = tuple(resolved.beta) if blackbox else (0.0, 0.0, 0.0)  # tables unused
     # Queueing delay and step-time terms with the reference's own float formulas, on the host.
@@ -431,7 +445,6 @@ def build_consts(resolved, workload, st: EngineStatic) -> WorkloadConsts:
         group=pad(workload.prefix_group, -1, i32), group_blocks=pad(gb, 0, i32),
         full_blocks=pad(full, 0, i32), own_base=pad(own_start - gb, 0, i32),
         ext_base=pad(st.hash_slots + ext_start - full, 0, i32),
-        offchain_base=pad(st.hash_slots + st.cpu_ext_slots + off_start, 0, i32),
         queue_delay_us=pad(qdelay, 0, i64), itl_offset=pad(itl_off, 0, i64),
         deadline_order=jax.device_put(np.concatenate(
             [order, np.full(st.num_deadlines + 1 - order.size, -1)]).astype(i32)),

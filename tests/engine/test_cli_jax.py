@@ -32,7 +32,8 @@ def test_parity_command_reports_identical(capsys):
 
 # ---- capacities -------------------------------------------------------------------------------
 
-FLAGS = ("--queue-slots", "--pending-slots", "--deadline-window", "--max-blocks-per-request")
+FLAGS = ("--queue-slots", "--pending-slots", "--deadline-window", "--max-blocks-per-request",
+         "--offchain-generations")
 
 
 @pytest.mark.parametrize("flag", FLAGS)
