@@ -27,3 +27,7 @@ GOLDEN_NEXT_CASES = ("bb_leastloaded_4inst_ties", "bb_weighted_prefix_affinity_3
 
 # A BLIS HEAD replay with a CPU tier (BLIS's behaviour, so --blis-quirks).
 GOLDEN_NEXT_TIERED = "kv_tiered_reload"
+
+# BLIS HEAD replays with prefill/decode pools (BLIS's behaviour, so --blis-quirks).
+GOLDEN_NEXT_PD = ("pd_1p2d_always_rr", "pd_2p2d_prefix_threshold_ll",
+                  "pd_contention_pool_scorers")

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.blis_replay import assert_matches_blis, replay
-from tests.paths import GOLDEN_NEXT_CASES, GOLDEN_NEXT_DIR, GOLDEN_NEXT_TIERED
+from tests.paths import GOLDEN_NEXT_CASES, GOLDEN_NEXT_DIR, GOLDEN_NEXT_PD, GOLDEN_NEXT_TIERED
 
 _ROUTED = re.compile(r"req request_(\d+) → instance instance_(\d+) ")
 
@@ -105,3 +105,70 @@ def test_tiered_kv_replay_reproduces_blis_in_the_jax_engine(tmp_path, capsys):
                  if ": " in line)
     assert f"{metrics['kv_thrashing_rate']:.4f}" == lines["KV Thrashing Rate"]
     assert sum(r["kv_reloads"] for r in rows.values()) == metrics["kv_reloads"] > 0
+
+
+# ---- prefill/decode disaggregation -----------------------------------------------------------
+
+_DECODE_POD = re.compile(r"req request_(\d+): decode pod pre-selected → instance_(\d+)")
+_PREFILL_POD = re.compile(r"prefill req request_(\d+)_prefill → instance instance_(\d+)")
+_TRANSFER = re.compile(r"KV transfer started for request_(\d+): \d+ blocks, duration=(\d+) ")
+
+
+def _pd_lines(case: dict) -> dict[str, str]:
+    text = case["stdout_other_sections"]
+    block = text[text.index("=== PD Metrics ==="):]
+    return dict(line.split(": ", 1) for line in block.splitlines() if ": " in line)
+
+
+def _stats_line(stats: dict) -> str:
+    return (f"mean={stats['mean']:.1f} p50={stats['p50']:.1f} p95={stats['p95']:.1f} "
+            f"p99={stats['p99']:.1f}")
+
+
+@pytest.mark.parametrize("name", GOLDEN_NEXT_PD)
+def test_pd_replay_reproduces_blis_with_its_quirks(name, tmp_path, capsys):
+    """BLIS HEAD with prefill/decode pools (one prefill and two decode instances under
+    round-robin; prefix-threshold over least-loaded pools; transfer contention with per-pool
+    scorers): with ``--blis-quirks`` every request's TTFT and E2E, its decode and prefill
+    instances (BLIS's debug routing lines), the aggregate metrics and BLIS's "PD Metrics"
+    block are BLIS's."""
+    case = _case(name)
+    metrics, rows = replay(case["command"], GOLDEN_NEXT_DIR, tmp_path, capsys,
+                           ("--blis-quirks", "--engine", "reference"))
+    assert_matches_blis(case, metrics, rows)
+    lines = case["routing"]["lines"]
+    decode = {int(m.group(1)): int(m.group(2)) for m in map(_DECODE_POD.search, lines) if m}
+    prefill = {int(m.group(1)): int(m.group(2)) for m in map(_PREFILL_POD.search, lines) if m}
+    assert decode and {k: rows[k]["instance"] for k in decode} == decode
+    assert prefill and {k: rows[k]["prefill_instance"] for k in prefill} == prefill
+    assert all(rows[k]["prefill_instance"] is None for k in rows if k not in prefill)
+    durations = {int(m.group(1)): int(m.group(2)) for m in map(_TRANSFER.search, lines) if m}
+    assert durations.keys() == prefill.keys()
+    assert {k: rows[k]["transfer_end_us"] - rows[k]["transfer_start_us"]
+            for k in durations} == durations
+    want = _pd_lines(case)
+    assert metrics["pd_disaggregated_requests"] == int(want["Disaggregated Requests"])
+    assert metrics["pd_dropped_at_decode_kv"] == int(want["Dropped at Decode KV"])
+    assert f"{metrics['pd_prefill_throughput']:.4f} sub-req/s" == want["Prefill Throughput"]
+    assert f"{metrics['pd_decode_throughput']:.4f} sub-req/s" == want["Decode Throughput"]
+    assert f"{metrics['pd_load_imbalance']:.4f}" == want["Load Imbalance Ratio"]
+    assert _stats_line(metrics["pd_parent_ttft_us"]) == want["Parent TTFT (us)"]
+    assert _stats_line(metrics["pd_transfer_duration_us"]) == want["KV Transfer Duration (us)"]
+    if "Peak Concurrent Transfers" in want:
+        assert metrics["pd_peak_concurrent_transfers"] == int(want["Peak Concurrent Transfers"])
+        assert (f"{metrics['pd_mean_transfer_queue_depth']:.4f}"
+                == want["Mean Transfer Queue Depth"])
+
+
+def test_pd_default_counts_round_robin_per_pool_and_the_prefill_step(tmp_path, capsys):
+    """Without the quirks (Decision 12) the same 1 prefill + 2 decode replay keeps one
+    round-robin counter per pool, so the decode instances alternate (BLIS's shared counter
+    sends every decode to instance_1), and a transfer starts when its prefill ends, so every
+    request's TTFT includes its prefill step: the mean TTFT exceeds BLIS's."""
+    case = _case("pd_1p2d_always_rr")
+    metrics, rows = replay(case["command"], GOLDEN_NEXT_DIR, tmp_path, capsys,
+                           ("--engine", "reference"))
+    decode = [rows[k]["instance"] for k in sorted(rows)]
+    assert decode[:4] == [1, 2, 1, 2] and decode.count(2) == len(decode) // 2
+    assert metrics["ttft_mean_ms"] > case["metrics"]["ttft_mean_ms"]
+    assert metrics["completed_requests"] == case["metrics"]["completed_requests"]

@@ -16,6 +16,7 @@ from blisjax.config._checks import ConfigError
 from blisjax.config.sim import (
     ADMISSION_POLICIES,
     LATENCY_MODELS,
+    PD_DECIDERS,
     PREEMPTION_POLICIES,
     PRIORITY_POLICIES,
     ROUTING_POLICIES,
@@ -124,6 +125,16 @@ def _switch(flag: str, v: Any) -> bool:
     if text in ("false", "0"):
         return False
     raise ConfigError(flag, f"expected true or false, got {v!r}")
+
+
+#: BLIS's per-pool P/D overrides (``--prefill-tp``, ``--decode-hardware``, ...): refused.
+PER_POOL_OVERRIDES = ("tp", "hardware", "latency-model", "max-model-len")
+
+
+def _per_pool_override(flag: str, v: Any) -> Any:
+    raise ConfigError(flag, "per-pool TP, hardware, latency model and max-model-len are not "
+                            "modelled: every instance uses the global settings (--tp, "
+                            "--hardware, --latency-model, --max-model-len)")
 
 
 BLIS_FLAGS: tuple[BlisFlag, ...] = (
@@ -359,6 +370,82 @@ BLIS_FLAGS: tuple[BlisFlag, ...] = (
         choices=PREEMPTION_POLICIES,
     ),
     BlisFlag(
+        ("--prefill-instances",),
+        "prefill_instances",
+        _int,
+        "cluster.pd.prefill_instances",
+        "P/D: prefill-pool instances (the first ones by index)",
+    ),
+    BlisFlag(
+        ("--decode-instances",),
+        "decode_instances",
+        _int,
+        "cluster.pd.decode_instances",
+        "P/D: decode-pool instances (after the prefill ones)",
+    ),
+    BlisFlag(
+        ("--prefill-decode-instances",),
+        "prefill_decode_instances",
+        _int,
+        "cluster.pd.shared_instances",
+        "P/D: instances in both pools (after the decode ones)",
+    ),
+    BlisFlag(
+        ("--pd-decider",),
+        "pd_decider",
+        _str,
+        "cluster.pd.decider",
+        "P/D: which requests are disaggregated",
+        choices=PD_DECIDERS,
+    ),
+    BlisFlag(
+        ("--pd-prefix-threshold",),
+        "pd_prefix_threshold",
+        _int,
+        "cluster.pd.prefix_threshold_tokens",
+        "P/D: uncached prompt tokens above which prefix-threshold disaggregates",
+    ),
+    BlisFlag(
+        ("--pd-transfer-bandwidth",),
+        "pd_transfer_bandwidth",
+        _float,
+        "cluster.pd.transfer_bandwidth_gbps",
+        "P/D: KV transfer bandwidth, GB/s",
+    ),
+    BlisFlag(
+        ("--pd-transfer-base-latency",),
+        "pd_transfer_base_latency",
+        _float,
+        "cluster.pd.transfer_base_latency_ms",
+        "P/D: fixed latency per KV transfer, ms",
+    ),
+    BlisFlag(
+        ("--pd-transfer-contention",),
+        "pd_transfer_contention",
+        _switch,
+        "cluster.pd.transfer_contention",
+        "P/D: concurrent KV transfers share the bandwidth",
+    ),
+    BlisFlag(
+        ("--prefill-routing-scorers",),
+        "prefill_routing_scorers",
+        _parse_scorers,
+        "cluster.pd.prefill_scorers",
+        "P/D: weighted-routing scorers of the prefill pool",
+        "NAME:W,...",
+    ),
+    BlisFlag(
+        ("--decode-routing-scorers",),
+        "decode_routing_scorers",
+        _parse_scorers,
+        "cluster.pd.decode_scorers",
+        "P/D: weighted-routing scorers of the decode pool",
+        "NAME:W,...",
+    ),
+    *(BlisFlag((f"--{pool}-{what}",), f"{pool}_{what.replace('-', '_')}", _per_pool_override,
+               "", f"P/D: per-pool {what} (not modelled: refused)")
+      for pool in ("prefill", "decode") for what in PER_POOL_OVERRIDES),
+    BlisFlag(
         ("--blis-quirks",),
         "blis_quirks",
         _switch,
@@ -454,6 +541,8 @@ def _apply_tree(cfg: SimConfig, tree: dict[str, Any]) -> SimConfig:
     )
     if "latency" in tree:
         tree["latency"] = _latency_overrides(cfg, tree["latency"])
+    if "pd" in tree.get("cluster", {}):  # a nested section: the flags given update it
+        tree["cluster"]["pd"] = dataclasses.replace(cfg.cluster.pd, **tree["cluster"]["pd"])
     sections = {
         name: dataclasses.replace(getattr(cfg, name), **tree.pop(name))
         for name in ("engine", "latency", "cluster", "compat")
@@ -486,9 +575,14 @@ def apply_blis_flag_values(cfg: SimConfig, values: Mapping[str, Any]) -> SimConf
         cfg = dataclasses.replace(cfg, policy=load_blis_policy_config(str(bundle), cfg.policy))
     tree = _override_tree(values)
     try:
-        return _apply_tree(cfg, tree)
+        cfg = _apply_tree(cfg, tree)
     except ConfigError as err:
         raise _blame_flag(err) from err
+    given = {k.lstrip("-").replace("_", "-") for k, v in values.items() if v is not None}
+    if "pd-prefix-threshold" in given and cfg.cluster.pd.decider != "prefix-threshold":
+        raise ConfigError("--pd-prefix-threshold", "is only used with --pd-decider "
+                          f"prefix-threshold (the decider is {cfg.cluster.pd.decider!r})")
+    return cfg
 
 
 def apply_blis_flags(cfg: SimConfig, ns: argparse.Namespace) -> SimConfig:

@@ -9,7 +9,11 @@ from pathlib import Path
 from blisjax.config._checks import ConfigError
 from blisjax.config.coefficients import select_blackbox_coefficients
 from blisjax.config.hardware import HardwareConfig, load_hardware
-from blisjax.config.kv_capacity import KVCapacityParamsError, compute_total_kv_blocks
+from blisjax.config.kv_capacity import (
+    KVCapacityParamsError,
+    compute_total_kv_blocks,
+    kv_bytes_per_token_per_gpu,
+)
 from blisjax.config.model import ModelConfig, UnknownModelError, load_model_config
 from blisjax.config.sim import (
     ClusterConfig,
@@ -41,6 +45,8 @@ class ResolvedConfig:
       alpha: α coefficients (µs) for the latency model.
       beta: β coefficients (µs); () for roofline, and for physics when not given (the physics
         model then uses its own defaults).
+      pd_kv_bytes_per_token: with P/D pools, the KV bytes of one token a transfer moves (BLIS
+        ``KVBytesPerToken`` at the global TP, a float); 0.0 without pools.
     """
 
     config: SimConfig
@@ -50,6 +56,7 @@ class ResolvedConfig:
     max_model_len: int
     alpha: tuple[float, ...]
     beta: tuple[float, ...]
+    pd_kv_bytes_per_token: float = 0.0
 
     @property
     def engine(self) -> EngineConfig:
@@ -170,6 +177,7 @@ def resolve_config(cfg: SimConfig, hardware_path: str | Path | None = None) -> R
     alpha, beta = _coefficients(cfg)
     max_model_len = cfg.engine.max_model_len
     check_model_len_fits(max_model_len, cfg.engine.block_size_tokens, total_kv_blocks)
+    pd_bytes = _pd_kv_bytes_per_token(cfg, model) if cfg.cluster.pd.enabled else 0.0
     return ResolvedConfig(
         config=cfg,
         model_config=model,
@@ -178,4 +186,16 @@ def resolve_config(cfg: SimConfig, hardware_path: str | Path | None = None) -> R
         max_model_len=max_model_len,
         alpha=alpha,
         beta=beta,
+        pd_kv_bytes_per_token=pd_bytes,
     )
+
+
+def _pd_kv_bytes_per_token(cfg: SimConfig, model: ModelConfig | None) -> float:
+    """KV bytes per token of a P/D transfer: the model's at the (global) TP, as BLIS."""
+    if model is None:
+        raise ConfigError("cluster.pd", "P/D pools need the model's KV size per token for the "
+                          f"transfer time; {cfg.model!r} is not a shipped model")
+    try:
+        return kv_bytes_per_token_per_gpu(model, cfg.engine.tensor_parallel_size)
+    except ValueError as err:
+        raise ConfigError("cluster.pd", f"cannot size a KV transfer: {err}") from err

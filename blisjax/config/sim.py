@@ -10,6 +10,7 @@ hardware (KV capacity, shipped coefficients) are checked by :func:`blisjax.confi
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -286,6 +287,106 @@ class LatencyConfig:
 # --------------------------------------------------------------------------- cluster
 
 
+#: P/D deciders (docs/semantics.md Decision 15): never | always | prefix-threshold.
+PD_DECIDERS = ("never", "always", "prefix-threshold")
+
+
+@dataclass(frozen=True)
+class PDConfig:
+    """Prefill/decode disaggregation (docs/semantics.md Decision 15; BLIS HEAD's P/D pools).
+
+    Instances are split by index as BLIS does: the first ``prefill_instances`` serve prefill,
+    the next ``decode_instances`` decode, the next ``shared_instances`` both; any others serve
+    nothing. With no pools (all three 0, the default) every instance serves everything.
+
+    Attributes:
+      prefill_instances, decode_instances, shared_instances: pool sizes, >= 0. Without shared
+        instances, prefill and decode must be both > 0 or both 0.
+      decider: which requests are disaggregated: never | always | prefix-threshold (those
+        whose prompt tokens not cached on the pre-selected decode instance exceed
+        ``prefix_threshold_tokens``). Anything but never needs prefill instances.
+      prefix_threshold_tokens: the prefix-threshold decider's threshold, tokens, >= 0.
+      transfer_bandwidth_gbps: KV transfer bandwidth prefill → decode, GB/s, > 0.
+      transfer_base_latency_ms: fixed latency of each transfer, ms, >= 0.
+      transfer_contention: concurrent transfers share the bandwidth (each transfer's
+        bandwidth is divided by the transfers in flight when it starts, itself included).
+      prefill_scorers, decode_scorers: weighted-routing scorers of the prefill / decode pool
+        (BLIS's ``--prefill-routing-scorers`` / ``--decode-routing-scorers``); empty = the
+        pool routes with ``policy.routing``.
+    """
+
+    prefill_instances: int = 0
+    decode_instances: int = 0
+    shared_instances: int = 0
+    decider: str = "never"
+    prefix_threshold_tokens: int = 16
+    transfer_bandwidth_gbps: float = 25.0
+    transfer_base_latency_ms: float = 0.05
+    transfer_contention: bool = False
+    prefill_scorers: tuple[ScorerWeight, ...] = ()
+    decode_scorers: tuple[ScorerWeight, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in ("prefill_instances", "decode_instances", "shared_instances"):
+            set_field(self, name, _non_negative_int(f"cluster.pd.{name}", getattr(self, name)))
+        check_choice("cluster.pd.decider", self.decider, PD_DECIDERS)
+        set_field(self, "prefix_threshold_tokens", _non_negative_int(
+            "cluster.pd.prefix_threshold_tokens", self.prefix_threshold_tokens))
+        set_field(self, "transfer_bandwidth_gbps", check_knob(
+            "cluster.pd.transfer_bandwidth_gbps", self.transfer_bandwidth_gbps,
+            min_value=0, min_open=True))
+        set_field(self, "transfer_base_latency_ms", check_knob(
+            "cluster.pd.transfer_base_latency_ms", self.transfer_base_latency_ms, min_value=0))
+        set_field(self, "transfer_contention",
+                  check_bool("cluster.pd.transfer_contention", self.transfer_contention))
+        for name in ("prefill_scorers", "decode_scorers"):
+            value = getattr(self, name)
+            if isinstance(value, (str, bytes, Mapping)) or not hasattr(value, "__iter__"):
+                raise ConfigError(f"cluster.pd.{name}", f"must be a list of scorers, got {value!r}")
+            scorers = tuple(_as_scorer(x) for x in value)
+            if scorers and all(x.weight == 0 for x in scorers):
+                raise ConfigError(f"cluster.pd.{name}", "weights must not all be 0")
+            set_field(self, name, scorers)
+        p, d, shared = self.prefill_instances, self.decode_instances, self.shared_instances
+        if shared == 0 and (p > 0) != (d > 0):
+            raise ConfigError("cluster.pd", "prefill_instances and decode_instances must be "
+                              f"both > 0 or both 0 without shared instances, got {p} and {d}")
+        if self.decider != "never" and p == 0:
+            raise ConfigError("cluster.pd.decider", f"{self.decider!r} needs prefill "
+                              "instances (cluster.pd.prefill_instances > 0)")
+        if not self.enabled:
+            if self.transfer_contention:
+                raise ConfigError("cluster.pd.transfer_contention",
+                                  "needs P/D pools (prefill, decode or shared instances)")
+            for name in ("prefill_scorers", "decode_scorers"):
+                if getattr(self, name):
+                    raise ConfigError(f"cluster.pd.{name}",
+                                      "needs P/D pools (prefill, decode or shared instances)")
+
+    @property
+    def enabled(self) -> bool:
+        """P/D pools are configured."""
+        return self.prefill_instances + self.decode_instances + self.shared_instances > 0
+
+    @property
+    def pooled_instances(self) -> int:
+        """Instances in some pool (prefill, decode or shared); the others serve nothing."""
+        return self.prefill_instances + self.decode_instances + self.shared_instances
+
+
+def _as_pd(value: Any) -> PDConfig:
+    if isinstance(value, PDConfig):
+        return value
+    if isinstance(value, Mapping):
+        allowed = tuple(f.name for f in dataclasses.fields(PDConfig))
+        for key in value:
+            if key not in allowed:
+                raise ConfigError(f"cluster.pd.{key}",
+                                  f"unknown key; allowed keys: {', '.join(allowed)}")
+        return PDConfig(**value)
+    raise ConfigError("cluster.pd", f"must be a mapping of P/D settings, got {value!r}")
+
+
 @dataclass(frozen=True)
 class ClusterConfig:
     """Cluster shape and router timing.
@@ -301,6 +402,7 @@ class ClusterConfig:
         copy of every instance's cached-block index, refreshed at a router decision once this
         long has passed since the last refresh and empty before the first (BLIS HEAD's
         ``--cache-signal-delay``, whose default is 50000).
+      pd: prefill/decode disaggregation (``PDConfig``; no pools by default).
     """
 
     num_instances: int = 1
@@ -309,6 +411,7 @@ class ClusterConfig:
     snapshot_refresh_interval_us: int = 0
     prefix_index_capacity_blocks: int = 10000
     cache_signal_delay_us: int = 0
+    pd: PDConfig = field(default_factory=PDConfig)
 
     def __post_init__(self) -> None:
         set_field(
@@ -324,6 +427,11 @@ class ClusterConfig:
         set_field(self, "prefix_index_capacity_blocks", capacity)
         delay = _non_negative_int("cluster.cache_signal_delay_us", self.cache_signal_delay_us)
         set_field(self, "cache_signal_delay_us", delay)
+        set_field(self, "pd", _as_pd(self.pd))
+        if self.pd.pooled_instances > self.num_instances:
+            raise ConfigError("cluster.pd", "prefill + decode + shared instances "
+                              f"({self.pd.pooled_instances}) must not exceed "
+                              f"cluster.num_instances ({self.num_instances})")
 
 
 # --------------------------------------------------------------------------- policies

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import jax
 import numpy as np
 
+from blisjax.config._checks import ConfigError
 from blisjax.config.codes import CACHE_SCORERS, Scorer
 from blisjax.engine.pytree import pytree_dataclass
 from blisjax.engine.roofline import RooflineConsts, roofline_consts
@@ -238,6 +239,9 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
         raise ValueError("decode_stretches must be True, False or None (decided by the "
                          f"workload), got {decode_stretches!r}")
     cfg = resolved.config
+    if cfg.cluster.pd.enabled:
+        raise ConfigError("cluster.pd", "prefill/decode pools run in the reference engine only "
+                          "(--engine reference); the JAX engine does not model them")
     eng = cfg.engine
     bs = eng.block_size_tokens
     n = workload.num_requests

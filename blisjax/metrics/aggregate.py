@@ -145,6 +145,64 @@ def kv_cache_summary(result: RunResult) -> str:
     return f"Preemption Rate: {pre:.4f}\nCache Hit Rate: {hit:.4f}\nKV Thrashing Rate: {thrash:.4f}"
 
 
+def _stats_us(values_us: np.ndarray) -> dict[str, float]:
+    """Mean, p50, p95 and p99 of a µs population (linear interpolation; 0.0 when empty)."""
+    return {"mean": mean(values_us, 1.0), "p50": percentile_linear(values_us, 50, 1.0),
+            "p95": percentile_linear(values_us, 95, 1.0),
+            "p99": percentile_linear(values_us, 99, 1.0)}
+
+
+def pd_metrics(result: RunResult) -> dict[str, Any]:
+    """BLIS's "PD Metrics" (docs/semantics.md §5.10), as ``pd_*`` keys of the metrics JSON.
+
+    ``pd_disaggregated_requests``: transfers that completed. ``pd_dropped_at_decode_kv``:
+    failed decode-side reservations (with ``--blis-quirks`` BLIS's 0; the drops are in
+    ``dropped_unservable`` either way). ``pd_prefill_throughput`` / ``pd_decode_throughput``:
+    requests completed per second by the instances serving prefill / decode (shared ones in
+    both, whole requests on decode instances included); ``pd_load_imbalance``: the larger over
+    the smaller (1.0 when both are 0, ``inf`` when one is). ``pd_parent_ttft_us``: the
+    disaggregated requests' TTFTs > 0; ``pd_transfer_duration_us``: end − start of completed
+    transfers (with ``--blis-quirks`` only those that started after time 0, as BLIS) — each
+    as mean/p50/p95/p99 µs. With contention:
+    ``pd_peak_concurrent_transfers`` and ``pd_mean_transfer_queue_depth``."""
+    pd = result.pd
+    seconds = float(result.sim_ended_us) / 1e6
+    completed = np.asarray(result.completed, dtype=np.int64)
+    role = np.asarray(pd.role)
+
+    def throughput(bit: int) -> float:
+        count = float(int(np.sum(completed[(role & bit) != 0])))
+        return count / seconds if seconds > 0 else 0.0
+
+    prefill, decode = throughput(1), throughput(2)
+    if prefill == 0.0 and decode == 0.0:
+        imbalance = 1.0
+    elif prefill == 0.0 or decode == 0.0:
+        imbalance = float("inf")
+    else:
+        imbalance = max(prefill, decode) / min(prefill, decode)
+    parents = np.asarray(pd.prefill_instance) >= 0
+    ttft = np.asarray(result.ttft_us, dtype=np.int64)[parents]
+    start = np.asarray(pd.transfer_start_us, dtype=np.int64)
+    end = np.asarray(pd.transfer_end_us, dtype=np.int64)
+    # a completed transfer (BLIS: one that started after time 0)
+    timed = (start > 0 if pd.blis_quirks else start >= 0) & (end >= start)
+    out: dict[str, Any] = {
+        "pd_disaggregated_requests": int(np.sum(end > 0)),
+        "pd_dropped_at_decode_kv": 0 if pd.blis_quirks else int(pd.dropped_at_decode_kv),
+        "pd_prefill_throughput": prefill,
+        "pd_decode_throughput": decode,
+        "pd_load_imbalance": imbalance,
+        "pd_parent_ttft_us": _stats_us(ttft[ttft > 0]),
+        "pd_transfer_duration_us": _stats_us(end[timed] - start[timed]),
+    }
+    if pd.transfer_starts:
+        out["pd_peak_concurrent_transfers"] = int(pd.peak_transfers)
+        out["pd_mean_transfer_queue_depth"] = float(pd.transfer_depth_sum) / float(
+            pd.transfer_starts)
+    return out
+
+
 def _group_stats(
     mask: np.ndarray,
     arrived: np.ndarray,
@@ -233,6 +291,11 @@ def aggregate_metrics(
     still_running = int(np.sum(result.still_running))
     dropped = int(np.sum(result.dropped_unservable))
     timed_out = int(np.sum(result.timed_out))
+    pd = result.pd
+    if pd is not None:  # the instances count sub-requests: BLIS's cluster view of them
+        completed -= pd.prefill_completed
+        dropped += pd.dropped_at_decode_kv
+        still_running += pd.in_transfer
     total_output_tokens = int(np.sum(tokens_done[is_completed]))
     sim_ended_us = int(result.sim_ended_us)
 
@@ -282,6 +345,8 @@ def aggregate_metrics(
         lookups = reloads + int(np.sum(tier.cpu_misses))
         out["kv_cpu_hit_rate"] = float(reloads) / float(lookups) if lookups else 0.0
         out["kv_thrash_reloads"] = int(np.sum(tier.thrash_reloads))
+    if pd is not None:
+        out.update(pd_metrics(result))
     peak = np.asarray(result.peak_kv_blocks_used, dtype=np.int64)
     out["kv_peak_blocks"] = int(peak.max()) if peak.size else 0
 

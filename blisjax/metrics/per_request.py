@@ -31,7 +31,9 @@ def per_request_rows(result: RunResult, workload: Workload) -> list[dict[str, An
     ``tenant``, ``slo_class`` (the raw class name, "" for the empty class), ``arrival_us``,
     ``input_tokens``, ``output_tokens`` (N_out requested), ``scheduling_delay_us`` (last
     admission − arrival, None if never scheduled), ``preemptions``, ``kv_reloads`` (with a CPU
-    tier only: KV blocks reloaded for it); then ``ttft_us`` whenever a
+    tier only: KV blocks reloaded for it), with P/D pools ``prefill_instance`` (None if not
+    disaggregated; ``instance`` is then the decode instance), ``transfer_start_us`` and
+    ``transfer_end_us`` of its KV transfer (None if none); then ``ttft_us`` whenever a
     TTFT was recorded (also for unfinished / timed-out requests, BLIS's TTFT population); and for
     completed requests ``e2e_us``, ``itl_mean_ms`` (per-request TPOT, ms), ``output_tokens_done``
     and ``length_capped``. All times are integer µs unless the name says ms.
@@ -61,6 +63,12 @@ def per_request_rows(result: RunResult, workload: Workload) -> list[dict[str, An
         }
         if result.kv_tier is not None:  # blocks its allocations reloaded from the CPU tier
             row["kv_reloads"] = int(result.kv_tier.request_reloads[i])
+        if result.pd is not None:  # P/D: where it prefilled and when its KV moved
+            pd = result.pd
+            prefill = int(pd.prefill_instance[i])
+            row["prefill_instance"] = None if prefill < 0 else prefill
+            row["transfer_start_us"] = _recorded(int(pd.transfer_start_us[i]))
+            row["transfer_end_us"] = _recorded(int(pd.transfer_end_us[i]))
         ttft = _recorded(int(result.ttft_us[i]))
         if ttft is not None:
             row["ttft_us"] = ttft

@@ -123,6 +123,34 @@ class KVTierCounters(NamedTuple):
     thrash_reloads: np.ndarray
 
 
+class PDCounters(NamedTuple):
+    """Prefill/decode disaggregation (runs with P/D pools; docs/semantics.md §5.10).
+
+    Per request, [N]: ``prefill_instance`` (int32, the prefill sub-request's instance, -1 if
+    not disaggregated), ``transfer_start_us`` and ``transfer_end_us`` (int64 µs, -1 until the
+    KV transfer started / ended; a transfer whose decode-side reservation failed has no end).
+    Per instance, int8 [I]: ``role`` (``reference.pd.Role``: 1 prefill, 2 decode, 3 both,
+    0 none). Run level: ``prefill_completed`` (prefill sub-requests completed, which the
+    instances' ``completed`` include), ``in_transfer`` (parents whose prefill completed and
+    whose decode sub-request was neither enqueued nor dropped by the end: still running),
+    ``dropped_at_decode_kv`` (decode-side reservations that failed), ``peak_transfers`` and
+    ``transfer_depth_sum`` / ``transfer_starts`` (with contention: the most transfers in
+    flight, and the in-flight counts at each start, itself included; 0 otherwise);
+    ``blis_quirks`` (the run reproduced BLIS's quirks, which its reports follow too)."""
+
+    prefill_instance: np.ndarray
+    transfer_start_us: np.ndarray
+    transfer_end_us: np.ndarray
+    role: np.ndarray
+    prefill_completed: int
+    in_transfer: int
+    dropped_at_decode_kv: int
+    peak_transfers: int
+    transfer_depth_sum: int
+    transfer_starts: int
+    blis_quirks: bool
+
+
 @dataclass(frozen=True, eq=False)
 class RunResult:
     """Outcome of one simulation (one lane), rows indexed like the ``Workload``.
@@ -157,6 +185,10 @@ class RunResult:
       peak_kv_blocks_used: int64 per instance.
       overflow: dict of capacity-overflow counters (JAX engine); empty when nothing overflowed.
       kv_tier: the CPU tier's counters (``KVTierCounters``), None without a CPU tier.
+      pd: prefill/decode disaggregation (``PDCounters``), None without P/D pools. With pools the
+        per-request fields describe the whole request (its sub-requests' projection,
+        ``reference.pd``) and the per-instance ones each instance's own work, sub-requests
+        included.
     """
 
     status: np.ndarray
@@ -190,6 +222,7 @@ class RunResult:
     peak_kv_blocks_used: np.ndarray
     overflow: dict = field(default_factory=dict)
     kv_tier: KVTierCounters | None = None
+    pd: PDCounters | None = None
 
     @property
     def num_requests(self) -> int:

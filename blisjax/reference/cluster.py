@@ -15,21 +15,34 @@ import numpy as np
 
 from blisjax.blockhash import CHAIN_SEED, block_code, chain
 from blisjax.config.codes import SchedulerPolicy
+from blisjax.config.sim import RoutingConfig
 from blisjax.latency import make_latency_model
 from blisjax.metrics.records import (
     COMPLETED,
+    DROPPED,
     NOT_RECORDED,
     OUTCOME_OF_STAGE,
+    UNFINISHED,
     KVTierCounters,
+    PDCounters,
     RunResult,
     Stage,
 )
 from blisjax.reference.instance import Instance
+from blisjax.reference.pd import (
+    Parent,
+    Role,
+    disaggregates,
+    instance_roles,
+    pool,
+    transfer_duration_us,
+)
 from blisjax.reference.policies import Admission, Priority, Router, Snapshot, leading_present
-from blisjax.reference.request import SimRequest
+from blisjax.reference.request import PD_DECODE, PD_PREFILL, SimRequest
 
-# Cluster event priorities (§5.2).
+# Cluster event priorities (§5.2; P/D §5.10).
 EV_CLUSTER_ARRIVAL, EV_ADMISSION, EV_ROUTING = 0, 1, 2
+EV_PREFILL_ROUTING, EV_TRANSFER_START, EV_TRANSFER_DONE = 4, 5, 6
 
 class ClusterSimulator:
     """Reference simulation of one configuration on one workload.
@@ -84,9 +97,117 @@ class ClusterSimulator:
         self._cache_last_refresh_us = 0
         self._cache_copy: list[frozenset[int]] = [frozenset() for _ in range(n_inst)]
         self.requests = self._make_requests(workload)
+        self.request_ids = [int(x) for x in np.asarray(workload.request_id).tolist()]
+        self._init_pd(resolved)
         self.events: list = []
         self.seq = -1
         self.clock_us = 0
+
+    # ---- P/D disaggregation (§5.10) ------------------------------------------------------------
+    def _init_pd(self, resolved) -> None:
+        cfg = self.cfg
+        pd = cfg.cluster.pd
+        self.pd = pd if pd.enabled else None
+        n_inst = len(self.instances)
+        self.roles = instance_roles(pd, n_inst)
+        self.parents: dict[int, Parent] = {}
+        self.prefill_completed = 0
+        self.dropped_at_decode_kv = 0
+        self.active_transfers = self.peak_transfers = 0
+        self.transfer_depth_sum = self.transfer_starts = 0
+        if self.pd is None:
+            return
+        self.decode_pool = pool(self.roles, Role.DECODE)
+        self.prefill_pool = pool(self.roles, Role.PREFILL)
+        self.kv_bytes_per_token = resolved.pd_kv_bytes_per_token
+
+        def pool_router(scorers, stream: str) -> Router:
+            if not scorers:  # the pool routes with the cluster's policy (and its stream)
+                return self.router
+            routing = RoutingConfig(policy="weighted", scorers=scorers,
+                                    tie_break=cfg.policy.routing.tie_break)
+            return Router(routing, n_inst, self.block_size,
+                          cfg.cluster.prefix_index_capacity_blocks, cfg.seed, stream)
+
+        self.decode_router = pool_router(pd.decode_scorers, "decode-router")
+        self.prefill_router = pool_router(pd.prefill_scorers, "prefill-router")
+        # round-robin counts per pool; BLIS's one shared counter is a quirk (Decision 12)
+        self.counter_of = ({"decode": "", "prefill": ""} if self.blis_quirks
+                           else {"decode": "decode", "prefill": "prefill"})
+
+    def _route_pd(self, req: SimRequest, time_us: int, snap: Snapshot) -> None:
+        """Routing with pools: the decode instance first, then the decider. A disaggregated
+        request goes on to prefill routing at the same time; any other is served whole by
+        the decode instance."""
+        pd = self.pd
+        decode = self.decode_router.route(req, self._prompt_hashes(req), snap, self.decode_pool,
+                                          self.counter_of["decode"])
+        cached = 0
+        if pd.decider == "prefix-threshold" and req.input_tokens > 0:
+            cached = self._cached_blocks(req)[decode]
+        if disaggregates(pd.decider, pd.prefix_threshold_tokens, req.input_tokens, cached,
+                         self.block_size):
+            self.parents[req.index] = Parent(decode_instance=decode)
+            self._push(time_us, EV_PREFILL_ROUTING, req)
+            return
+        self.in_flight[decode] += 1
+        self.instances[decode].inject_arrival(req, time_us)
+
+    def _route_prefill(self, req: SimRequest, time_us: int) -> None:
+        """The prefill pool's decision; the prefill sub-request arrives at its instance."""
+        qd, bs, kv = self._snapshots(time_us)
+        snap = Snapshot(qd, bs, kv, self.in_flight, lambda: self._cached_blocks(req))
+        target = self.prefill_router.route(req, self._prompt_hashes(req), snap,
+                                           self.prefill_pool, self.counter_of["prefill"])
+        self.in_flight[target] += 1
+        parent = self.parents[req.index]
+        parent.prefill_instance = target
+        parent.prefill_sub = req.sub_request(PD_PREFILL)
+        self.instances[target].inject_arrival(parent.prefill_sub, time_us)
+
+    def _prefills_completed(self, inst: Instance) -> None:
+        """Prefill sub-requests that completed in the instance's last event start their KV
+        transfers, in BLIS's order (by request id as text): at the end of their last step,
+        or with ``--blis-quirks`` at its start (Decision 12)."""
+        done = [r for r in inst.finished if r.pd_part == PD_PREFILL and r.state == Stage.COMPLETED]
+        for sub in sorted(done, key=lambda r: f"request_{self.request_ids[r.index]}_prefill"):
+            self.prefill_completed += 1
+            start = inst.clock_us if self.blis_quirks else sub.left_us
+            self._push(start, EV_TRANSFER_START, self.requests[sub.index])
+
+    def _start_transfer(self, req: SimRequest, time_us: int) -> None:
+        """Reserve KV on the decode instance; the transfer then takes its time (dropped when
+        the reservation fails)."""
+        pd = self.pd
+        parent = self.parents[req.index]
+        sub = req.sub_request(PD_DECODE)
+        parent.transfer_start_us = time_us
+        if not self.instances[parent.decode_instance].reserve_transferred_kv(sub, time_us):
+            parent.dropped_at_decode_kv = True
+            self.dropped_at_decode_kv += 1
+            return
+        parent.decode_sub = sub
+        active = 1
+        if pd.transfer_contention:
+            self.active_transfers += 1
+            active = self.active_transfers
+            self.peak_transfers = max(self.peak_transfers, active)
+            self.transfer_depth_sum += active
+            self.transfer_starts += 1
+        duration = transfer_duration_us(req.input_tokens, self.block_size,
+                                        self.kv_bytes_per_token, pd.transfer_bandwidth_gbps,
+                                        pd.transfer_base_latency_ms, active)
+        self._push(time_us + duration, EV_TRANSFER_DONE, req)
+
+    def _end_transfer(self, req: SimRequest, time_us: int) -> None:
+        """The KV has arrived: the decode sub-request joins the decode instance's queue."""
+        if self.pd.transfer_contention:
+            self.active_transfers -= 1
+        parent = self.parents[req.index]
+        parent.transfer_end_us = time_us
+        self.in_flight[parent.decode_instance] += 1
+        self.tenant_in_flight[req.tenant] += 1  # BLIS starts the tenant's request again
+        self.instances[parent.decode_instance].enqueue_decode(parent.decode_sub, time_us)
 
     # ---- requests and their block hashes ----------------------------------------------------
     @staticmethod
@@ -162,12 +283,21 @@ class ClusterSimulator:
             else:
                 req.state = Stage.REJECTED
                 self.rejected_admission += 1
-        else:
+        elif prio == EV_ROUTING:
             qd, bs, kv = self._snapshots(time_us)
             snap = Snapshot(qd, bs, kv, self.in_flight, lambda: self._cached_blocks(req))
+            if self.pd is not None:
+                self._route_pd(req, time_us, snap)
+                return
             target = self.router.route(req, self._prompt_hashes(req), snap)
             self.in_flight[target] += 1
             self.instances[target].inject_arrival(req, time_us)
+        elif prio == EV_PREFILL_ROUTING:
+            self._route_prefill(req, time_us)
+        elif prio == EV_TRANSFER_START:
+            self._start_transfer(req, time_us)
+        else:
+            self._end_transfer(req, time_us)
 
     # ---- main loop --------------------------------------------------------------------------
     def run(self) -> RunResult:
@@ -195,6 +325,8 @@ class ClusterSimulator:
                     break
                 self.clock_us = i_time
                 inst.process_next_event()
+                if self.pd is not None and inst.finished:
+                    self._prefills_completed(inst)
                 self._settle_finished(inst)
             if self.check_invariants:
                 assert self.clock_us >= last_time, "INV-3: clock moved backwards"
@@ -206,11 +338,13 @@ class ClusterSimulator:
         """Per-event invariants (tests only): KV conservation, batch limit, work conservation,
         bounded event queues (§11 BC-12, BC-13, BC-14; BC-14: per live request on an instance at
         most one pending arrival/enqueue and one timeout, plus one step)."""
+        subs = [sub for p in self.parents.values() for sub in (p.prefill_sub, p.decode_sub)
+                if sub is not None]
         for x in self.instances:
             x.kv.check_conservation()
             assert len(x.running) <= x.max_running, "BC-12: batch exceeds max running requests"
             assert not x.wait_queue or x.step_pending, "INV-8: queued work without a pending step"
-            mine = [r for r in self.requests if r.instance == x.index]
+            mine = [r for r in [*self.requests, *subs] if r.instance == x.index]
             live = sum(1 for r in mine if r.state in (Stage.PENDING, Stage.QUEUED, Stage.RUNNING))
             # completed requests may leave one lazily cancelled timeout behind
             stale = sum(1 for r in mine if r.state == Stage.COMPLETED
@@ -247,6 +381,13 @@ class ClusterSimulator:
                               dtype=np.int64, count=n)
         itl_count = np.fromiter((len(r.itl_us) if r.state == Stage.COMPLETED else 0 for r in reqs),
                                 dtype=np.int64, count=n)
+        rows = dict(status=status, instance=col("instance", np.int32), ttft_us=col("ttft_us"),
+                    e2e_us=e2e, scheduling_delay_us=col("scheduling_delay_us"),
+                    itl_sum_us=itl_sum, itl_count=itl_count,
+                    output_tokens_done=np.where(done, col("output_tokens_done"), 0),
+                    preemptions=col("preemptions", np.int32),
+                    length_capped=col("length_capped", bool))
+        pd = self._project_pd(rows) if self.pd is not None else None
         insts = self.instances
 
         def per_inst(attr):
@@ -254,16 +395,7 @@ class ClusterSimulator:
 
         itl_entries = [e for x in insts for e in x.itl_entries]
         return RunResult(
-            status=status,
-            instance=col("instance", np.int32),
-            ttft_us=col("ttft_us"),
-            e2e_us=e2e,
-            scheduling_delay_us=col("scheduling_delay_us"),
-            itl_sum_us=itl_sum,
-            itl_count=itl_count,
-            output_tokens_done=np.where(done, col("output_tokens_done"), 0),
-            preemptions=col("preemptions", np.int32),
-            length_capped=col("length_capped", bool),
+            **rows,
             itl_entries_us=np.array(itl_entries, dtype=np.int64),
             sim_ended_us=max((x.sim_ended_us() for x in insts), default=0),
             horizon_us=self.horizon_us,
@@ -284,7 +416,69 @@ class ClusterSimulator:
             step_count=per_inst("step_count"),
             peak_kv_blocks_used=per_inst("peak_kv_blocks_used"),
             kv_tier=self._tier_counters(),
+            pd=pd,
         )
+
+    def _project_pd(self, rows: dict[str, np.ndarray]) -> PDCounters:
+        """Each disaggregated request's row from its sub-requests (§5.10, BLIS's projection):
+        the decode instance handles it; completed, its TTFT is the decode sub-request's
+        scheduling delay plus its first inter-token gap, its E2E the decode sub-request's own
+        (plus that delay when it never re-prefilled), its scheduling delay the prefill's;
+        otherwise its TTFT is the prefill's, if any. A failed decode-side reservation drops
+        it (with ``--blis-quirks``: BLIS's completed-looking row, E2E = transfer start −
+        arrival, outside ``completed_requests``). Fills ``rows`` in place."""
+        n = len(self.requests)
+        prefill_instance = np.full(n, -1, np.int32)
+        start = np.full(n, NOT_RECORDED, np.int64)
+        end = np.full(n, NOT_RECORDED, np.int64)
+        in_transfer = 0
+        for r, parent in self.parents.items():
+            req = self.requests[r]
+            rows["instance"][r] = parent.decode_instance
+            prefill_instance[r] = parent.prefill_instance
+            start[r], end[r] = parent.transfer_start_us, parent.transfer_end_us
+            pre, dec = parent.prefill_sub, parent.decode_sub
+            status, ttft, e2e, sched = UNFINISHED, NOT_RECORDED, NOT_RECORDED, NOT_RECORDED
+            itl_sum = itl_count = tokens = preemptions = 0
+            capped = False
+            if pre is not None:
+                preemptions = pre.preemptions
+                if pre.state in (Stage.TIMED_OUT, Stage.DROPPED):
+                    status = OUTCOME_OF_STAGE[pre.state]
+                elif pre.state == Stage.COMPLETED:
+                    ttft = pre.ttft_us
+                    if parent.dropped_at_decode_kv:
+                        status = COMPLETED if self.blis_quirks else DROPPED
+                        if self.blis_quirks:
+                            e2e, sched = parent.transfer_start_us - req.arrival_us, \
+                                pre.scheduling_delay_us
+                        else:
+                            ttft = NOT_RECORDED
+                    elif dec is None or parent.transfer_end_us == NOT_RECORDED:
+                        in_transfer += 1
+                    else:
+                        preemptions += dec.preemptions
+                        status = OUTCOME_OF_STAGE[dec.state]
+                        if status == COMPLETED:
+                            if dec.itl_us:
+                                ttft = dec.scheduling_delay_us + dec.itl_us[0]
+                            e2e = dec.e2e_us + (0 if dec.ttft_set else dec.scheduling_delay_us)
+                            sched = pre.scheduling_delay_us
+                            itl_sum, itl_count = sum(dec.itl_us), len(dec.itl_us)
+                            tokens, capped = dec.output_tokens_done, dec.length_capped
+            rows["status"][r] = status
+            rows["ttft_us"][r], rows["e2e_us"][r] = ttft, e2e
+            rows["scheduling_delay_us"][r] = sched
+            rows["itl_sum_us"][r], rows["itl_count"][r] = itl_sum, itl_count
+            rows["output_tokens_done"][r] = tokens
+            rows["preemptions"][r] = preemptions
+            rows["length_capped"][r] = capped
+        return PDCounters(
+            prefill_instance=prefill_instance, transfer_start_us=start, transfer_end_us=end,
+            role=np.array(self.roles, dtype=np.int8), prefill_completed=self.prefill_completed,
+            in_transfer=in_transfer, dropped_at_decode_kv=self.dropped_at_decode_kv,
+            peak_transfers=self.peak_transfers, transfer_depth_sum=self.transfer_depth_sum,
+            transfer_starts=self.transfer_starts, blis_quirks=self.blis_quirks)
 
     def _tier_counters(self) -> KVTierCounters | None:
         """The CPU tier's counters (None without one)."""

@@ -16,6 +16,7 @@ from blisjax.metrics import records
 from blisjax.metrics.records import Stage
 from blisjax.reference.kvcache import KVCache, TieredKVCache
 from blisjax.reference.policies import reorder_wait_queue
+from blisjax.reference.request import PD_DECODE
 
 # Instance event priorities (§1.2).
 EV_ARRIVAL, EV_QUEUED, EV_STEP, EV_TIMEOUT = 0, 1, 3, 6
@@ -142,7 +143,7 @@ class Instance:
     # ---- enqueue (§2.1) ----------------------------------------------------------------------
     def _enqueue(self, req, now_us: int) -> None:
         l_in = req.input_tokens
-        if records.unservable(l_in, req.output_tokens, self.max_model_len, self.kv.total_blocks,
+        if records.unservable(l_in, req.max_output_len, self.max_model_len, self.kv.total_blocks,
                               self.block_size):
             req.state = Stage.DROPPED
             self.dropped_unservable += 1
@@ -158,6 +159,38 @@ class Instance:
         self.wait_queue.append(req)
         if 0 < req.deadline_us <= self.horizon_us:
             self.push(req.deadline_us, EV_TIMEOUT, req)
+
+    # ---- P/D decode sub-requests (§5.10) -----------------------------------------------------
+    def reserve_transferred_kv(self, sub, now_us: int) -> bool:
+        """Reserve KV for a decode sub-request whose prompt's KV is about to arrive: fresh
+        blocks for its whole prompt (no prefix reuse; with a CPU tier the tiered allocation,
+        which may reload), every block a miss, full blocks registered. On success the request
+        holds them and its progress is its prompt; False (no change) when they do not fit."""
+        sub.instance = self.index
+        if self.tiered:  # evictions happen now (thrashing anomaly)
+            self.kv.now_us = now_us
+        if not self.kv.allocate(sub, 0, sub.input_tokens):
+            return False
+        sub.progress_index = sub.input_tokens
+        return True
+
+    def enqueue_decode(self, sub, now_us: int) -> None:
+        """A decode sub-request's KV has arrived: it joins the wait queue now (no queueing
+        delay, its prompt tokens not counted again), with its deadline's timeout; a deadline
+        already past times it out at once."""
+        if 0 < sub.deadline_us <= now_us:
+            sub.state = Stage.TIMED_OUT
+            self.timed_out += 1
+            self.kv.release(sub)
+            self.finished.append(sub)
+            return
+        sub.state = Stage.QUEUED
+        self.wait_queue.append(sub)
+        if 0 < sub.deadline_us <= self.horizon_us:
+            self.push(sub.deadline_us, EV_TIMEOUT, sub)
+        if not self.step_pending:
+            self.step_pending = True
+            self.push(now_us, EV_STEP, None)
 
     # ---- timeout (§2.9) ----------------------------------------------------------------------
     def _timeout(self, req, now_us: int) -> None:
@@ -240,6 +273,13 @@ class Instance:
         while (len(running) < self.max_running and self.wait_queue and self._budget > 0
                and not self._preempted_this_step):
             head = self.wait_queue[0]
+            if head.pd_part == PD_DECODE and head.progress_index >= head.input_tokens:
+                # a decode sub-request holding its transferred KV: its first decode token
+                l_in = head.input_tokens
+                if not self.kv.allocate(head, l_in, l_in + 1):
+                    break
+                self._admit(head, now_us, 1, l_in + 1)
+                continue
             cached = self.kv.cached_blocks(head)
             if self.reload_before_sizing:
                 reloaded = self.kv.reload_prefix(head, len(cached), keep=cached)
@@ -253,14 +293,18 @@ class Instance:
                 ok = self.kv.allocate(head, start, start + n, cached)
             if not ok:
                 break  # the head blocks everything behind it
-            self.wait_queue.popleft()
-            running.append(head)
-            head.state = Stage.RUNNING
-            head.num_new_tokens = n
-            self._budget -= n
-            head.computed_tokens = n + start
-            head.scheduling_delay_us = now_us - head.arrival_us
+            self._admit(head, now_us, n, n + start)
             self._admitted_cached_tokens[head.index] = start
+
+    def _admit(self, head, now_us: int, n: int, computed: int) -> None:
+        """The wait queue's head joins the running batch with n new tokens."""
+        self.wait_queue.popleft()
+        self.running.append(head)
+        head.state = Stage.RUNNING
+        head.num_new_tokens = n
+        self._budget -= n
+        head.computed_tokens = computed
+        head.scheduling_delay_us = now_us - head.arrival_us
 
     def _clamp_prefill(self, n: int, start: int) -> int:
         """Chunk size: long-prefill threshold, token budget, then the max-model-len cap."""
@@ -387,7 +431,10 @@ class Instance:
             self.length_capped += 1
         r.output_tokens_done = records.output_tokens_done(r.progress_index, r.input_tokens,
                                                           r.output_tokens)
-        r.e2e_us = records.e2e_us(r.ttft_us, sum(r.itl_us), r.output_tokens, self.post_decode_us)
+        # a decode sub-request that never re-prefilled has no first-token time (0, as BLIS)
+        ttft = r.ttft_us if r.ttft_set else 0
+        r.e2e_us = records.e2e_us(ttft, sum(r.itl_us), r.output_tokens, self.post_decode_us)
+        r.left_us = left_us
         self.itl_entries.extend(r.itl_us)
         self.completed += 1
         self.finished.append(r)

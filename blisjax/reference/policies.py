@@ -224,19 +224,25 @@ class Router:
     Effective load = queue depth + batch size + in-flight. Least-loaded and weighted routing
     break ties as BLIS does (``tie_break: blis-random``): only when more than one instance
     ties, ``tied[Intn(len(tied))]`` over the tied instances in instance order, drawn from Go's
-    generator for BLIS's stream "router" (``blisjax.gorand``); ``lowest-index`` takes the
-    first. Always-busiest takes the first (BLIS).
+    generator for BLIS's stream ``stream`` ("router"; a P/D pool's own scorers use
+    "prefill-router" / "decode-router", ``blisjax.gorand``); ``lowest-index`` takes the first.
+    Always-busiest takes the first (BLIS).
+
+    A decision is among ``candidates`` (instance indices in increasing order; default all):
+    a P/D pool routes among its instances only (docs/semantics.md Decision 15), every scorer
+    normalising over them. Round-robin counts decisions per ``counter`` key (one per pool by
+    default; BLIS shares one counter between both pools).
     """
 
     def __init__(self, cfg, num_instances: int, block_size_tokens: int,
-                 prefix_index_capacity_blocks: int, seed: int) -> None:
+                 prefix_index_capacity_blocks: int, seed: int, stream: str = "router") -> None:
         self.policy = RoutingPolicy.of(cfg.policy)
         self.num_instances = num_instances
         self.block_size = block_size_tokens
-        self.counter = 0
+        self.counters: dict[str, int] = {}
         self.scorers = [Scorer.of(s.name) for s in cfg.scorers]
         self.weights = normalized_weights([float(s.weight) for s in cfg.scorers])
-        self.rng = (blis_subsystem_rand(seed, "router")
+        self.rng = (blis_subsystem_rand(seed, stream)
                     if TieBreak.of(cfg.tie_break) == TieBreak.BLIS_RANDOM else None)
         weighted = self.policy == RoutingPolicy.WEIGHTED
         self.prefix_index = None
@@ -252,27 +258,33 @@ class Router:
             return tied[self.rng.intn(len(tied))]
         return tied[0]
 
-    def route(self, req, prompt_hashes: list[int], snap: Snapshot) -> int:
-        """Target instance for ``req``; ``prompt_hashes`` are its full prompt blocks' hashes."""
-        n = self.num_instances
+    def route(self, req, prompt_hashes: list[int], snap: Snapshot,
+              candidates: list[int] | None = None, counter: str = "") -> int:
+        """Target instance for ``req`` among ``candidates``; ``prompt_hashes`` are its full
+        prompt blocks' hashes."""
+        idx = list(range(self.num_instances)) if candidates is None else candidates
+        n = len(idx)
         p = self.policy
         if p == RoutingPolicy.ROUND_ROBIN:
-            target = self.counter % n
-            self.counter += 1
-            return target
-        load = [snap.queue_depth[i] + snap.batch_size[i] + snap.in_flight[i] for i in range(n)]
+            count = self.counters.get(counter, 0)
+            self.counters[counter] = count + 1
+            return idx[count % n]
+        load = [snap.queue_depth[i] + snap.batch_size[i] + snap.in_flight[i] for i in idx]
         if p == RoutingPolicy.ALWAYS_BUSIEST:
-            return min(range(n), key=lambda i: (-load[i], i))
+            return idx[min(range(n), key=lambda k: (-load[k], k))]
         if p == RoutingPolicy.LEAST_LOADED:
             least = min(load)
-            return self._pick([i for i in range(n) if load[i] == least])
-        cached = snap.cached_blocks() if self.reads_caches else None
+            return self._pick([idx[k] for k in range(n) if load[k] == least])
+        cached = None
+        if self.reads_caches:
+            every = snap.cached_blocks()
+            cached = [every[i] for i in idx]
         cold = cached is not None and not any(c > 0 for c in cached)
-        scores = self.weighted_scores(req, prompt_hashes, snap, load, cached, cold)
+        scores = self.weighted_scores(req, prompt_hashes, snap, idx, load, cached, cold)
         best = -1.0
         for score in scores:
             best = max(best, score)
-        target = self._pick([i for i in range(n) if scores[i] == best])
+        target = self._pick([idx[k] for k in range(n) if scores[k] == best])
         # observers: the prefix index records the request; no-hit-lru a cold request's target
         if self.prefix_index is not None:
             self.prefix_index[target].touch(prompt_hashes)
@@ -282,24 +294,24 @@ class Router:
             self.cold_recency.insert(0, target)
         return target
 
-    def weighted_scores(self, req, prompt_hashes, snap: Snapshot, load, cached,
+    def weighted_scores(self, req, prompt_hashes, snap: Snapshot, idx: list[int], load, cached,
                         cold: bool) -> list[float]:
-        n = self.num_instances
-        total = [0.0] * n
+        """Weighted score of each candidate ``idx[k]`` (``load``, ``cached``: per candidate)."""
+        total = [0.0] * len(idx)
         for scorer, w in zip(self.scorers, self.weights, strict=True):
-            s = self.scorer(scorer, req, prompt_hashes, snap, load, cached, cold)
-            for i in range(n):
-                total[i] += min(1.0, max(0.0, s[i])) * w
+            s = self.scorer(scorer, req, prompt_hashes, snap, idx, load, cached, cold)
+            for k in range(len(idx)):
+                total[k] += min(1.0, max(0.0, s[k])) * w
         return total
 
-    def scorer(self, scorer: Scorer, req, prompt_hashes, snap: Snapshot, load, cached,
-               cold: bool) -> list[float]:
-        """One scorer's values per instance (docs/semantics.md §5.6), before clamping."""
-        n = self.num_instances
+    def scorer(self, scorer: Scorer, req, prompt_hashes, snap: Snapshot, idx: list[int], load,
+               cached, cold: bool) -> list[float]:
+        """One scorer's values per candidate (docs/semantics.md §5.6), before clamping."""
+        n = len(idx)
         if scorer == Scorer.QUEUE_DEPTH:
-            return min_max_inverted(snap.queue_depth)
+            return min_max_inverted([snap.queue_depth[i] for i in idx])
         if scorer == Scorer.KV_UTILIZATION:
-            return [1.0 - u for u in snap.kv_util]
+            return [1.0 - snap.kv_util[i] for i in idx]
         if scorer == Scorer.LOAD_BALANCE:
             return [1.0 / float(1 + x) for x in load]
         if scorer == Scorer.PREFIX_AFFINITY:
@@ -307,7 +319,7 @@ class Router:
             if full_blocks == 0:
                 return [0.0] * n
             return [float(self.prefix_index[i].match_length(prompt_hashes)) / float(full_blocks)
-                    for i in range(n)]
+                    for i in idx]
         if scorer == Scorer.PRECISE_PREFIX_CACHE:  # more cached blocks → higher
             lo, hi = min(cached), max(cached)
             if lo == hi:
@@ -316,24 +328,23 @@ class Router:
         if scorer == Scorer.LOAD_AWARE:
             cap = LOAD_AWARE_QUEUE_THRESHOLD
             return [0.5 if q == 0 else 0.5 * (1.0 - float(min(q, cap)) / float(cap))
-                    for q in snap.queue_depth]
+                    for q in (snap.queue_depth[i] for i in idx)]
         if scorer == Scorer.ACTIVE_REQUESTS:
-            most = max(snap.in_flight)
+            flights = [snap.in_flight[i] for i in idx]
+            most = max(flights)
             return [1.0 if c == 0 or most == 0 else float(most - c) / float(most)
-                    for c in snap.in_flight]
+                    for c in flights]
         if scorer == Scorer.RUNNING_REQUESTS:
-            return min_max_inverted(snap.batch_size)
+            return min_max_inverted([snap.batch_size[i] for i in idx])
         if scorer == Scorer.VLLM_DP:
-            return min_max_inverted([4 * q + b for q, b in zip(snap.queue_depth,
-                                                                snap.batch_size, strict=True)])
+            return min_max_inverted([4 * snap.queue_depth[i] + snap.batch_size[i] for i in idx])
         # no-hit-lru: a warm request (cached somewhere) is neutral; a cold one ranks instances
         # never given a cold request first (instance order), then the least recently given
         if not cold:
             return [0.5] * n
         if n == 1:
             return [1.0]
-        order = [i for i in range(n) if i not in self.cold_recency] + self.cold_recency[::-1]
-        out = [0.0] * n
-        for rank, i in enumerate(order):
-            out[i] = 1.0 - float(rank) / float(n - 1)
-        return out
+        recent = [i for i in self.cold_recency if i in idx]
+        order = [i for i in idx if i not in recent] + recent[::-1]
+        rank = {i: k for k, i in enumerate(order)}
+        return [1.0 - float(rank[i]) / float(n - 1) for i in idx]

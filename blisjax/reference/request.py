@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from blisjax.metrics.records import NOT_RECORDED, Stage
 
+PD_WHOLE, PD_PREFILL, PD_DECODE = 0, 1, 2  # ``SimRequest.pd_part``
+
 
 class SimRequest:
     """One request: static facts from the workload plus its evolving state."""
@@ -13,7 +15,7 @@ class SimRequest:
         "tenant", "slo_class", "deadline_us", "state", "instance", "progress_index",
         "num_new_tokens", "computed_tokens", "priority", "ttft_set", "ttft_us", "itl_us",
         "scheduling_delay_us", "preemptions", "e2e_us", "output_tokens_done", "length_capped",
-        "block_hashes",
+        "block_hashes", "max_output_len", "pd_part", "left_us",
     )
 
     def __init__(self, index: int, arrival_us: int, input_tokens: int, output_tokens: int,
@@ -43,3 +45,18 @@ class SimRequest:
         self.output_tokens_done = 0
         self.length_capped = False
         self.block_hashes: list[int] | None = None  # filled lazily by the cluster
+        self.max_output_len = output_tokens  # output budget of the enqueue guards
+        self.pd_part = PD_WHOLE  # P/D: the whole request, or one of its sub-requests
+        self.left_us = NOT_RECORDED  # end of the step it completed in
+
+    def sub_request(self, part: int) -> SimRequest:
+        """A P/D sub-request of this request (docs/semantics.md §5.10): the same index, arrival,
+        prompt, prefix, tenant, class and deadline; the prefill part has no output tokens (its
+        enqueue guards still count the whole output budget), the decode part all of them."""
+        sub = SimRequest(self.index, self.arrival_us, self.input_tokens,
+                         0 if part == PD_PREFILL else self.output_tokens, self.prefix_group,
+                         self.prefix_length, self.tenant, self.slo_class, self.deadline_us)
+        sub.max_output_len = self.output_tokens
+        sub.pd_part = part
+        sub.block_hashes = self.block_hashes
+        return sub

@@ -148,7 +148,8 @@ def _snap(qd, bs=None, kv=None, inflight=None, cached=None) -> Snapshot:
 def _scorer(r, scorer, req, snap, hashes=(), cold=False):
     load = [q + b + f for q, b, f in zip(snap.queue_depth, snap.batch_size, snap.in_flight,
                                          strict=True)]
-    return r.scorer(scorer, req, list(hashes), snap, load, snap.cached_blocks(), cold)
+    every = list(range(len(load)))
+    return r.scorer(scorer, req, list(hashes), snap, every, load, snap.cached_blocks(), cold)
 
 
 def test_scorers_by_hand():
@@ -224,7 +225,7 @@ def test_weighted_normalization_and_argmax():
     assert normalized_weights([3.0, 2.0, 2.0]) == [3 / 7, 2 / 7, 2 / 7]
     r = _router(scorers=(("queue-depth", 1.0), ("load-balance", 1.0)))
     # queue-depth [0, 1, 0.5]; load-balance with load = qd + bs + inflight = [3, 1, 2]
-    scores = r.weighted_scores(_req(), [], _snap([3, 1, 2]), [3, 1, 2], None, False)
+    scores = r.weighted_scores(_req(), [], _snap([3, 1, 2]), [0, 1, 2], [3, 1, 2], None, False)
     assert scores == [0.0 * 0.5 + 0.25 * 0.5, 1.0 * 0.5 + 0.5 * 0.5, 0.5 * 0.5 + (1 / 3) * 0.5]
     assert r.route(_req(), [], _snap([3, 1, 2])) == 1
 
