@@ -499,6 +499,14 @@ def _check_policy_flags(args: Any, cfg: SimConfig) -> None:
         raise ConfigError("--routing-tie-break", "only used with --routing-policy least-loaded "
                                                  f"or weighted (the routing policy here is "
                                                  f"{routing!r})")
+    if not cfg.cluster.pd.enabled:
+        for dest in ("pd_decider", "pd_prefix_threshold", "pd_transfer_bandwidth",
+                     "pd_transfer_base_latency", "pd_transfer_contention",
+                     "prefill_routing_scorers", "decode_routing_scorers"):
+            if getattr(args, dest, None) is not None:
+                raise ConfigError(_flag(dest), "only used with P/D pools (--prefill-instances "
+                                               "and --decode-instances, or "
+                                               "--prefill-decode-instances)")
 
 
 def _distribution_requested(args: Any) -> bool:

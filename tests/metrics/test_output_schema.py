@@ -72,3 +72,23 @@ def test_the_metrics_schema_rejects_malformed_output(mutate):
     mutate(metrics)
     with pytest.raises(jsonschema.ValidationError):
         _validate(metrics, "metrics")
+
+
+def test_pd_output_matches_the_schemas(tmp_path, capsys):
+    """BLIS's P/D replay with transfer contention: the ``pd_*`` metrics (contention's
+    included) and the rows' prefill instance and transfer times are declared."""
+    from tests.paths import GOLDEN_NEXT_DIR
+
+    case = json.loads((GOLDEN_NEXT_DIR / "pd_contention_pool_scorers.json").read_text())
+    metrics_path, results_path = tmp_path / "m.json", tmp_path / "r.json"
+    argv = case["command"].split()[1:]
+    argv = [str(GOLDEN_NEXT_DIR / a) if a.endswith((".yaml", ".csv")) else a for a in argv]
+    argv[argv.index("--results-path") + 1] = str(results_path)
+    assert main([*argv, "--metrics-path", str(metrics_path), "--quiet"]) == 0
+    metrics = json.loads(metrics_path.read_text())
+    assert "pd_peak_concurrent_transfers" in metrics
+    _validate(metrics, "metrics")
+    rows = json.loads(results_path.read_text())
+    assert all(r["prefill_instance"] is not None for r in rows)
+    _validate(rows, "results")
+    capsys.readouterr()

@@ -183,3 +183,12 @@ def test_jax_engine_refuses_pools():
         base.config.cluster, pd=PDConfig(**PD)))
     with pytest.raises(ConfigError, match="cluster.pd: .*reference engine only"):
         build_static(resolve_config(cfg), make_workload([dict(arrival=0, input=16)]))
+
+
+@pytest.mark.parametrize("flag", [["--pd-transfer-bandwidth", "5"], ["--pd-decider", "never"],
+                                  ["--pd-transfer-contention"]])
+def test_pd_flags_without_pools_are_refused(flag, capsys):
+    from blisjax.cli import main
+
+    assert main(["run", "--quiet", *flag]) == 2
+    assert f"{flag[0]}: only used with P/D pools" in capsys.readouterr().err
