@@ -191,4 +191,5 @@ def test_pd_flags_without_pools_are_refused(flag, capsys):
     from blisjax.cli import main
 
     assert main(["run", "--quiet", *flag]) == 2
-    assert f"{flag[0]}: only used with P/D pools" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.startswith(f"blisjax: error: {flag[0]}: ") and "P/D pools" in err
