@@ -93,7 +93,7 @@ CAPACITIES = {
     "offchain": Capacity("--offchain-generations", "offchain_generations",
                          "distinct held predecessors of one block content whose off-chain "
                          "CPU-tier hashes a lane tells apart (a CPU tier with --blis-quirks)",
-                         "4"),
+                         "8"),
 }
 
 

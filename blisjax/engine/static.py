@@ -105,7 +105,7 @@ class EngineStatic:
     cpu_ext_slots: int = 1  # CPU keys of blocks past the full prompt blocks (engine.kvtier)
     # Off-chain CPU keys (``blis_quirks``, engine.kvtier): this many distinct predecessors per
     # block content; a lane that needs more overflows ``offchain``.
-    offchain_generations: int = 4
+    offchain_generations: int = 8
     kv_thrash_window_us: int = 0  # ``metrics.kv_thrash_window_us`` (the thrashing anomaly)
 
     @property
@@ -141,9 +141,9 @@ class EngineStatic:
         lasts the same (the blackbox model's step time depends on the batch's token counts
         only; a roofline step's grows with the contexts)."""
         # With a CPU tier a stretch's mirror passes are one pass at its end
-        # (``stretch._by_tier``); BLIS's off-chain hashes (``blis_quirks``) are not planned.
-        return (self.decode_stretches and self.latency_model == "blackbox"
-                and not (self.tiered and self.blis_quirks))
+        # (``stretch._by_tier``); a batch with BLIS's off-chain hashes (``blis_quirks``) is
+        # not planned (``stretch.outlook``).
+        return self.decode_stretches and self.latency_model == "blackbox"
 
     @property
     def cache_copy_on(self) -> bool:
@@ -206,7 +206,7 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
                  running_width: int = 64, narrow_programs: bool = True,
                  decode_stretches: bool | None = None,
                  cpu_tier_blocks: int | None = None,
-                 offchain_generations: int = 4) -> EngineStatic:
+                 offchain_generations: int = 8) -> EngineStatic:
     """Capacities derived from the configuration and the workload (docs/jax-engine.md, Capacities and overflow).
 
     Defaults are safe upper bounds: the queue can hold every request, the pending window the

@@ -33,6 +33,7 @@ keeps the spare histogram so both are a few gathers.
 With a CPU tier every plain step also mirrors the batch. Its keys only grow within a stretch,
 so while no pass evicts, one pass after the last applied step stands for them all
 (``_by_tier`` bounds the plan, ``materialize`` runs the pass; docs/jax-engine.md, CPU tier).
+With ``blis_quirks`` a request whose blocks would chain off the true chain blocks the plan.
 """
 
 from __future__ import annotations
@@ -86,6 +87,14 @@ def outlook(s: SimState, st, c, i, keep, slots, pi, l_in, out) -> BatchOutlook:
     if st.tiered:  # a request holding fewer blocks than its full prompt blocks may reload
         reqs = jnp.where(keep, s.slot_req[i, slots], 0)
         whole = ~keep | (s.blen[i, slots] >= c.full_blocks[reqs])
+        if st.blis_quirks:
+            # the blocks a request fills chain from its last full block: the plan assumes
+            # they are on the true chain (``_apply`` gives them their true keys), which holds
+            # unless a reload replaced that block's content (off-chain hashes)
+            fill = kv.last_block_fill(s, st, i, slots)
+            m = fill.blen - 1 - ((fill.filled >= 1) & (fill.filled < st.block_size))
+            held = s.tier.key_of_block[i, jnp.maximum(s.bt[i, slots, jnp.maximum(m, 0)], 0)]
+            whole = whole & (~keep | (m < 0) | (held == kv.cpu_key(st, c, i, reqs, m)))
         decoding = decoding & ((s.tier.capacity == 0) | jnp.all(whole))
     left = l_in + out - 2 - pi
     if st.max_model_len > 0:

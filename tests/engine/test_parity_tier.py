@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from blisjax.config import resolve_config
-from blisjax.engine import params_from_config, simulate_population, stack_params
+from blisjax.engine import params_from_config, stack_params
 from blisjax.engine.parity import first_divergence
 from blisjax.engine.run import lane_result, run_lanes
 from blisjax.engine.static import build_consts, build_static
@@ -99,9 +99,8 @@ QUIRK_LANES = ((0, 100.0, 0), (300, 8.0, 25), (600, 0.5, 0), (1200, 100.0, 40))
 @pytest.mark.slow
 def test_lanes_with_distinct_tiers_match_the_reference_with_blis_quirks():
     """The same with ``--blis-quirks`` (reloads inside BLIS's tiered allocation, off-chain
-    hashes after a reload replaced a claimed block), on the configuration of BLIS's replay:
-    with GPU pressure BLIS's quirks can leave requests holding blocks while they wait (see
-    ``kvcache.tiered_allocate``), which the JAX engine refuses to run."""
+    hashes after a reload replaced a claimed block), on the configuration of BLIS's replay,
+    with decode stretches (planned while no request's blocks chain off the true chain)."""
     base = make_resolved(instances=1, kv_blocks=384, max_tokens=2048, max_running=256,
                          cpu_blocks=1200, quirks=True)
     workload = _workload()
@@ -109,9 +108,15 @@ def test_lanes_with_distinct_tiers_match_the_reference_with_blis_quirks():
     refs = [reference(resolve_config(cfg), workload) for cfg in configs]
     assert all(int(ref.kv_tier.reloads.sum()) > 0 for ref in refs[2:])
     params = stack_params([params_from_config(c, workload.tenant_names) for c in configs])
-    lanes = simulate_population(base, workload, params)
+    st = build_static(base, workload, decode_stretches=True)
+    assert st.stretches
+    consts = build_consts(base, workload, st)
+    final = run_lanes(st, consts, params)
+    assert np.all(np.asarray(final.stretched) > 0), np.asarray(final.stretched)
+    lanes = [lane_result(st, consts, final, k) for k in range(len(QUIRK_LANES))]
     for k, ref in enumerate(refs):
         assert first_divergence(ref, lanes[k]) is None, (k, first_divergence(ref, lanes[k]))
+        assert lanes[k].overflow == {}
         if ref.kv_tier is not None:
             for field in ref.kv_tier._fields:
                 assert np.array_equal(getattr(ref.kv_tier, field),

@@ -223,7 +223,7 @@ def test_drawn_tiers_match_reference():
 @pytest.mark.slow
 @pytest.mark.parametrize("config", sorted(CONFIGS))
 def test_drawn_tiers_match_reference_slow(config):
-    # decode stretches wherever the engine plans them with a tier (not with blis_quirks)
+    # decode stretches wherever the engine plans them with a tier
     tally = _run(config, 100, stretches=True)
     # with the quirks, many lanes that reload are refused (and not compared); the others
     # include lanes with off-chain hashes (21 of 400 lanes at this writing)
