@@ -150,15 +150,22 @@ class Instance:
             self.finished.append(req)
             return
         self.total_input_tokens += l_in
+        self._join_queue(req, now_us)
+
+    def _join_queue(self, req, now_us: int) -> bool:
+        """The request joins the wait queue with its deadline's timeout, or times out at once
+        (releasing any KV it holds) when its deadline has passed; True if it joined."""
         if 0 < req.deadline_us <= now_us:
             req.state = Stage.TIMED_OUT
             self.timed_out += 1
+            self.kv.release(req)
             self.finished.append(req)
-            return
+            return False
         req.state = Stage.QUEUED
         self.wait_queue.append(req)
         if 0 < req.deadline_us <= self.horizon_us:
             self.push(req.deadline_us, EV_TIMEOUT, req)
+        return True
 
     # ---- P/D decode sub-requests (§5.10) -----------------------------------------------------
     def reserve_transferred_kv(self, sub, now_us: int) -> bool:
@@ -178,17 +185,7 @@ class Instance:
         """A decode sub-request's KV has arrived: it joins the wait queue now (no queueing
         delay, its prompt tokens not counted again), with its deadline's timeout; a deadline
         already past times it out at once."""
-        if 0 < sub.deadline_us <= now_us:
-            sub.state = Stage.TIMED_OUT
-            self.timed_out += 1
-            self.kv.release(sub)
-            self.finished.append(sub)
-            return
-        sub.state = Stage.QUEUED
-        self.wait_queue.append(sub)
-        if 0 < sub.deadline_us <= self.horizon_us:
-            self.push(sub.deadline_us, EV_TIMEOUT, sub)
-        if not self.step_pending:
+        if self._join_queue(sub, now_us) and not self.step_pending:
             self.step_pending = True
             self.push(now_us, EV_STEP, None)
 
