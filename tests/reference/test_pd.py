@@ -193,3 +193,18 @@ def test_pd_flags_without_pools_are_refused(flag, capsys):
     assert main(["run", "--quiet", *flag]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"blisjax: error: {flag[0]}: ") and "P/D pools" in err
+
+
+def test_pools_round_trip_through_yaml():
+    import yaml
+
+    from blisjax.config import ScorerWeight
+    from blisjax.config.yaml_io import config_from_dict, dump_config
+
+    cfg = SimConfig(cluster=ClusterConfig(num_instances=4, pd=PDConfig(
+        prefill_instances=2, decode_instances=2, decider="prefix-threshold",
+        prefix_threshold_tokens=200, transfer_contention=True,
+        decode_scorers=(ScorerWeight("queue-depth", 1.0),))))
+    text = dump_config(cfg)
+    assert "decode_scorers:\n    - name: queue-depth" in text
+    assert config_from_dict(yaml.safe_load(text)) == cfg
