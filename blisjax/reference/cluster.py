@@ -22,6 +22,7 @@ from blisjax.metrics.records import (
     DROPPED,
     NOT_RECORDED,
     OUTCOME_OF_STAGE,
+    TIMED_OUT,
     UNFINISHED,
     KVTierCounters,
     PDCounters,
@@ -425,8 +426,9 @@ class ClusterSimulator:
         scheduling delay plus its first inter-token gap, its E2E the decode sub-request's own
         (plus that delay when it never re-prefilled), its scheduling delay the prefill's;
         otherwise its TTFT is the prefill's, if any. A failed decode-side reservation drops
-        it (with ``--blis-quirks``: BLIS's completed-looking row, E2E = transfer start −
-        arrival, outside ``completed_requests``). Fills ``rows`` in place."""
+        it, a timed-out decode sub-request times it out (with ``--blis-quirks`` each is BLIS's
+        completed-looking row outside ``completed_requests``: E2E = transfer start −
+        arrival, resp. timeout − arrival). Fills ``rows`` in place."""
         n = len(self.requests)
         prefill_instance = np.full(n, -1, np.int32)
         start = np.full(n, NOT_RECORDED, np.int64)
@@ -459,11 +461,17 @@ class ClusterSimulator:
                     else:
                         preemptions += dec.preemptions
                         status = OUTCOME_OF_STAGE[dec.state]
-                        if status == COMPLETED:
-                            if dec.itl_us:
+                        timed_out = status == TIMED_OUT
+                        if status == COMPLETED or (timed_out and self.blis_quirks):
+                            # a timed-out decode sub-request ends its request too in BLIS:
+                            # a completed-looking row (E2E = timeout − arrival)
+                            status, sched = COMPLETED, pre.scheduling_delay_us
+                            if dec.itl_us and dec.scheduling_delay_us >= 0:
                                 ttft = dec.scheduling_delay_us + dec.itl_us[0]
+                        if timed_out and self.blis_quirks:
+                            e2e = dec.left_us - req.arrival_us
+                        elif status == COMPLETED:
                             e2e = dec.e2e_us + (0 if dec.ttft_set else dec.scheduling_delay_us)
-                            sched = pre.scheduling_delay_us
                             itl_sum, itl_count = sum(dec.itl_us), len(dec.itl_us)
                             tokens, capped = dec.output_tokens_done, dec.length_capped
             rows["status"][r] = status

@@ -157,6 +157,7 @@ class Instance:
         (releasing any KV it holds) when its deadline has passed; True if it joined."""
         if 0 < req.deadline_us <= now_us:
             req.state = Stage.TIMED_OUT
+            req.left_us = now_us
             self.timed_out += 1
             self.kv.release(req)
             self.finished.append(req)
@@ -193,6 +194,7 @@ class Instance:
     def _timeout(self, req, now_us: int) -> None:
         was_running = req.state == Stage.RUNNING
         req.state = Stage.TIMED_OUT
+        req.left_us = now_us
         self.timed_out += 1
         self.kv.release(req)
         req.computed_tokens = 0

@@ -47,7 +47,7 @@ class SimRequest:
         self.block_hashes: list[int] | None = None  # filled lazily by the cluster
         self.max_output_len = output_tokens  # output budget of the enqueue guards
         self.pd_part = PD_WHOLE  # P/D: the whole request, or one of its sub-requests
-        self.left_us = NOT_RECORDED  # end of the step it completed in
+        self.left_us = NOT_RECORDED  # end of the step it completed in, or its timeout
 
     def sub_request(self, part: int) -> SimRequest:
         """A P/D sub-request of this request (docs/semantics.md §5.10): the same index, arrival,

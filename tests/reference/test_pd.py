@@ -18,7 +18,7 @@ from blisjax.config import ConfigError, resolve_config
 from blisjax.config.flags import apply_blis_flag_values
 from blisjax.config.sim import ClusterConfig, PDConfig, SimConfig
 from blisjax.metrics import aggregate_metrics, per_request_rows
-from blisjax.metrics.records import COMPLETED, DROPPED
+from blisjax.metrics.records import COMPLETED, DROPPED, TIMED_OUT
 from blisjax.reference import ClusterSimulator
 from blisjax.reference.pd import Role, disaggregates, instance_roles, transfer_duration_us
 from tests.reference.conftest import make_resolved, make_workload
@@ -208,3 +208,20 @@ def test_pools_round_trip_through_yaml():
     text = dump_config(cfg)
     assert "decode_scorers:\n    - name: queue-depth" in text
     assert config_from_dict(yaml.safe_load(text)) == cfg
+
+
+@pytest.mark.parametrize("quirks", [False, True])
+def test_decode_timeout_times_the_request_out(quirks):
+    """Deadline 6000 µs, 10 output tokens: the decode sub-request (9 steps of 1100 µs from
+    the transfer's end, 3749 or 1149) times out at 6000 while decoding. By default the request
+    times out (keeping its prefill's TTFT, 2600); BLIS ends the request at its decode
+    sub-request's timeout: a completed-looking row with TTFT = decode scheduling delay + first
+    ITL and E2E = 6000 − 0, outside ``completed_requests``."""
+    result, m, _ = _run([dict(arrival=0, input=160, output=10, deadline=6000)], quirks=quirks)
+    assert m["completed_requests"] == 0 and m["timed_out_requests"] == 1
+    if quirks:
+        assert result.status[0] == COMPLETED
+        assert (result.ttft_us[0], result.e2e_us[0]) == (TRANSFER_US + 1100, 6000)
+    else:
+        assert result.status[0] == TIMED_OUT
+        assert (result.ttft_us[0], result.e2e_us[0]) == (2600, -1)
