@@ -308,14 +308,13 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
     return dataclasses.replace(st, latency=model) if on_host else st
 
 
-def _table_blocks(inp, out, bs: int) -> np.ndarray:
-    """Block-table positions a request can fill: prompt + output + 1 tokens."""
-    return -(-(np.asarray(inp, np.int64) + np.asarray(out, np.int64) + 1) // bs)
-
-
 def _ext_counts(inp, out, bs: int) -> np.ndarray:
-    """Positions past a request's full prompt blocks (CPU extension keys per request)."""
-    return np.maximum(_table_blocks(inp, out, bs) - np.asarray(inp, np.int64) // bs, 0)
+    """CPU extension keys per request: its block-table positions past its full prompt blocks,
+    ``ceil((L_in mod B + N_out + 1) / B)``, counted by their bound ``ceil(N_out / B) + 1`` so
+    that a workload with outputs at least as long bounds them whatever the prompts (an
+    envelope workload shares its program, ``build_static_shared``)."""
+    del inp  # the bound does not depend on the prompt
+    return -(-np.asarray(out, np.int64) // bs) + 1
 
 
 def for_lanes(st: EngineStatic, params) -> EngineStatic:
