@@ -375,8 +375,7 @@ def grant_tokens(s: SimState, st, c, i, sb, r, n, prefill, mask,
         s, top_on = register_keys(s, st, c, i, r, blen - 1,
                                   s.bt[i, sb, jnp.maximum(blen - 2, 0)], last, top_full)
         if st.blis_quirks:
-            on_chain = (blen == 0) | (s.tier.key_of_block[i, jnp.maximum(last, 0)]
-                                      == cpu_key(st, c, i, r, blen - 1))
+            on_chain = holds_true_key(s, st, c, i, r, blen - 1, last)
         reg_partial = reg_partial & top_on
     n_chunks = jnp.maximum((total + chunk - 1) // chunk, jnp.any(reg_partial))
     chunk_of = jnp.minimum(before // chunk, n_chunks - 1)
@@ -582,6 +581,14 @@ def cpu_key(st, c, i, r, j):
     return jnp.where(j < c.full_blocks[r], hash_slot(st, c, i, r, j), c.ext_base[r] + j)
 
 
+def holds_true_key(s: SimState, st, c, i, r, m, block):
+    """Whether GPU block ``block``, held by request r at position m, has r's true key there
+    (m < 0: no block, the true chain's start). A block chaining from one that does not has an
+    off-chain hash (``blis_quirks``: a reload replaced the held block's content)."""
+    held = s.tier.key_of_block[i, jnp.clip(block, 0, st.kv_blocks - 1)]
+    return (m < 0) | (held == cpu_key(st, c, i, r, jnp.maximum(m, 0)))
+
+
 def register_keys(s: SimState, st, c, i, r, j, prev_block, block, mask):
     """``(state, on_chain)``: give GPU block ``block`` (block j of request r) the CPU key of its
     hash where ``mask``, chained from the block the request holds at j - 1 (``prev_block``).
@@ -591,10 +598,8 @@ def register_keys(s: SimState, st, c, i, r, j, prev_block, block, mask):
     true_key = cpu_key(st, c, i, r, j)
     t = s.tier
     k_blocks = st.kv_blocks
-    on = jnp.ones_like(mask)
-    if st.blis_quirks:
-        held = t.key_of_block[i, jnp.clip(prev_block, 0, k_blocks - 1)]
-        on = (j <= 0) | (held == cpu_key(st, c, i, r, jnp.maximum(j - 1, 0)))
+    on = holds_true_key(s, st, c, i, r, j - 1, prev_block) if st.blis_quirks \
+        else jnp.ones_like(mask)
     t = t.replace(key_of_block=t.key_of_block.at[
         i, jnp.where(mask & on, block, k_blocks)].set(true_key, mode="drop"))
     if st.blis_quirks:
@@ -764,8 +769,7 @@ def tiered_allocate(s: SimState, st, c, i, sb, r, start, end, cached, n_cached, 
     owned = blen > 0
     scan_from = jnp.where(owned & (blen > n_cached), blen, n_cached)
     last = s.bt[i, sb, jnp.maximum(blen - 1, 0)]
-    chain_known = ~(owned & (blen > n_cached)) | (
-        s.tier.key_of_block[i, jnp.maximum(last, 0)] == cpu_key(st, c, i, r, blen - 1))
+    chain_known = ~(owned & (blen > n_cached)) | holds_true_key(s, st, c, i, r, blen - 1, last)
     scan = active & chain_known & (scan_from < c.full_blocks[r])
     s, count = reload_prefix(s, st, c, i, r, scan_from, None, scan)
     reloaded = count > 0

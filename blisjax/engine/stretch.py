@@ -93,8 +93,8 @@ def outlook(s: SimState, st, c, i, keep, slots, pi, l_in, out) -> BatchOutlook:
             # unless a reload replaced that block's content (off-chain hashes)
             fill = kv.last_block_fill(s, st, i, slots)
             m = fill.blen - 1 - ((fill.filled >= 1) & (fill.filled < st.block_size))
-            held = s.tier.key_of_block[i, jnp.maximum(s.bt[i, slots, jnp.maximum(m, 0)], 0)]
-            whole = whole & (~keep | (m < 0) | (held == kv.cpu_key(st, c, i, reqs, m)))
+            block = s.bt[i, slots, jnp.maximum(m, 0)]
+            whole = whole & (~keep | kv.holds_true_key(s, st, c, i, reqs, m, block))
         decoding = decoding & ((s.tier.capacity == 0) | jnp.all(whole))
     left = l_in + out - 2 - pi
     if st.max_model_len > 0:
