@@ -41,6 +41,9 @@ per-simulation target scenarios (BLIS's anchor workload: Poisson 8 req/s per ins
     python benchmarks/bench_jax.py --cpu-tier --cpu-devices 2 --lanes 64
                                                        # a CPU tier of the KV cache: lanes of
                                                        # distinct tier sizes vs one reference run
+    python benchmarks/bench_jax.py --pd --cpu-devices 2 --lanes 64 --requests 500
+                                                       # P/D pools: lanes of distinct splits,
+                                                       # thresholds and decode-pool weights
 
 ``--anchor`` prints the reference engine's wall time on the same workload first, then for each
 population ``speedup_vs_reference`` = reference seconds / JAX seconds per simulation (first
@@ -155,17 +158,41 @@ def tier_population(cfg: SimConfig, tenants, lanes: int, seed: int = 0):
     return stack_params([params_from_config(c, tenants) for c in configs])
 
 
+PD_CONFIG = os.path.join(os.path.dirname(__file__), "..", "configs", "search", "pd-split.yaml")
+
+
+def pd_split(num_requests: int):
+    """The P/D example (configs/search/pd-split.yaml) with ``num_requests`` requests."""
+    cfg = load_config(PD_CONFIG)
+    cfg = dataclasses.replace(cfg, workload={**cfg.workload, "num_requests": num_requests})
+    return resolve_config(cfg), generate_workload(parse_workload_spec(cfg.workload), seed=cfg.seed)
+
+
+def pd_population(cfg: SimConfig, tenants, lanes: int, seed: int = 0):
+    """Lanes of distinct P/D splits (1–3 prefill instances of 4), prefix thresholds (0–4,096
+    tokens) and decode-pool weights, as the example's search draws them."""
+    rng = np.random.default_rng(seed)
+    configs = []
+    for _ in range(lanes):
+        k, n = int(rng.integers(1, 4)), cfg.cluster.num_instances
+        pd = dataclasses.replace(
+            cfg.cluster.pd, prefill_instances=k, decode_instances=n - k,
+            prefix_threshold_tokens=int(rng.integers(0, 4097)),
+            decode_scorers=(ScorerWeight("kv-utilization", float(rng.uniform(0.1, 2.0))),
+                            ScorerWeight("queue-depth", 1.0)))
+        configs.append(dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster, pd=pd)))
+    return stack_params([params_from_config(c, tenants) for c in configs])
+
+
 def run_jax(resolved, workload, lanes: int, warm_calls: int = 2,
             decode_stretches: bool | None = None, narrow_programs: bool = True,
-            tiers: bool = False) -> dict:
-    """``tiers``: lanes draw CPU-tier sizes (``tier_population``) instead of scenario S's
-    routing weights."""
+            draw=None, **capacities) -> dict:
+    """``draw(config, tenants, lanes)``: the population (default: scenario S's routing weights,
+    ``population``); ``capacities``: ``build_static``'s."""
     st = build_static(resolved, workload, decode_stretches=decode_stretches,
-                      narrow_programs=narrow_programs,
-                      **({"cpu_tier_blocks": TIER_MAX_BLOCKS} if tiers else {}))
+                      narrow_programs=narrow_programs, **capacities)
     consts = build_consts(resolved, workload, st)
-    params = (tier_population if tiers else population)(resolved.config, workload.tenant_names,
-                                                          lanes)
+    params = (draw or population)(resolved.config, workload.tenant_names, lanes)
     start = time.perf_counter()
     compiled = compile_lanes(st, consts, params)
     compile_s = time.perf_counter() - start
@@ -281,6 +308,10 @@ def main() -> None:
                     help="the CPU-tier example (configs/search/cpu-tier.yaml, --requests "
                          "requests): one reference run, then populations of distinct tier "
                          "sizes, in one process")
+    ap.add_argument("--pd", action="store_true",
+                    help="the P/D example (configs/search/pd-split.yaml, --requests of it): "
+                         "the reference engine on its configuration, then populations of "
+                         "distinct splits, thresholds and decode-pool weights")
     ap.add_argument("--saturation", action="store_true",
                     help="measure scenario S's saturation throughput (reference engine)")
     args = ap.parse_args()
@@ -306,9 +337,19 @@ def main() -> None:
         ref = run_reference(resolved, workload)
         print(json.dumps({"workload": "cpu-tier", **ref}), flush=True)
         for p in args.lanes.split(","):
-            row = run_jax(resolved, workload, int(p), args.warm_calls, tiers=True)
+            row = run_jax(resolved, workload, int(p), args.warm_calls, draw=tier_population,
+                          cpu_tier_blocks=TIER_MAX_BLOCKS)
             row["speedup_vs_reference"] = round(ref["run_s"] / row["s_per_sim"], 2)
             print(json.dumps({"workload": "cpu-tier", **row}), flush=True)
+        return
+    if args.pd:
+        resolved, workload = pd_split(args.requests)
+        ref = run_reference(resolved, workload)
+        print(json.dumps({"workload": "pd-split", **ref}), flush=True)
+        for p in args.lanes.split(","):
+            row = run_jax(resolved, workload, int(p), args.warm_calls, draw=pd_population)
+            row["speedup_vs_reference"] = round(ref["run_s"] / row["s_per_sim"], 2)
+            print(json.dumps({"workload": "pd-split", **row}), flush=True)
         return
     if args.targets:
         lanes = [int(p) for p in args.target_lanes.split(",")]

@@ -94,6 +94,13 @@ CAPACITIES = {
                          "distinct held predecessors of one block content whose off-chain "
                          "CPU-tier hashes a lane tells apart (a CPU tier with --blis-quirks)",
                          "8"),
+    "pd_transfers": Capacity("--pd-transfer-slots", "pd_transfer_slots",
+                             "P/D KV transfers pending or in flight at once",
+                             "the request count, which cannot overflow"),
+    "pd_reserve": Capacity("--pd-reserve-slots", "pd_reserve_slots",
+                           "P/D decode sub-requests waiting with reserved KV per instance",
+                           "the request count or the KV blocks, whichever is fewer, which "
+                           "cannot overflow"),
 }
 
 

@@ -351,4 +351,13 @@ def get_knob(config: SimConfig, name: str) -> Any:
         return getattr(config.engine, parts[1])
     if len(parts) == 2 and parts[0] in ("admission", "priority", "routing", "scheduler"):
         return getattr(getattr(config.policy, parts[0]), parts[1])
+    pd = config.cluster.pd
+    if parts[:2] == ["cluster", "pd"] and len(parts) == 4 and parts[2] in ("prefill_scorers",
+                                                                           "decode_scorers"):
+        return {s.name: s.weight for s in getattr(pd, parts[2])}.get(parts[3], 0.0)
+    if parts[:2] == ["cluster", "pd"] and len(parts) == 3:
+        if parts[2] == "split":  # prefill instances (the others decode)
+            return pd.prefill_instances
+        if hasattr(pd, parts[2]):
+            return getattr(pd, parts[2])
     raise ConfigError(f"knob {name!r}: not a per-lane policy knob")

@@ -125,16 +125,19 @@ def _stats_line(stats: dict) -> str:
             f"p99={stats['p99']:.1f}")
 
 
+@pytest.mark.parametrize("engine", ["reference", pytest.param("jax", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("name", GOLDEN_NEXT_PD)
-def test_pd_replay_reproduces_blis_with_its_quirks(name, tmp_path, capsys):
+def test_pd_replay_reproduces_blis_with_its_quirks(name, engine, tmp_path, capsys):
     """BLIS HEAD with prefill/decode pools (one prefill and two decode instances under
     round-robin; prefix-threshold over least-loaded pools; transfer contention with per-pool
     scorers): with ``--blis-quirks`` every request's TTFT and E2E, its decode and prefill
     instances (BLIS's debug routing lines), the aggregate metrics and BLIS's "PD Metrics"
-    block are BLIS's."""
+    block are BLIS's, in either engine (the JAX replays compile a program each: slow tier;
+    the default tier has the JAX engine match the reference on drawn pools,
+    tests/engine/test_parity_pd.py)."""
     case = _case(name)
     metrics, rows = replay(case["command"], GOLDEN_NEXT_DIR, tmp_path, capsys,
-                           ("--blis-quirks", "--engine", "reference"))
+                           ("--blis-quirks", "--engine", engine))
     assert_matches_blis(case, metrics, rows)
     lines = case["routing"]["lines"]
     decode = {int(m.group(1)): int(m.group(2)) for m in map(_DECODE_POD.search, lines) if m}

@@ -95,6 +95,23 @@ class TieBreak(Code):
     LOWEST_INDEX = 1
 
 
+class PDDecider(Code):
+    """Which requests P/D pools disaggregate (docs/semantics.md §5.10, Decision 15)."""
+
+    NEVER = 0
+    ALWAYS = 1
+    PREFIX_THRESHOLD = 2
+
+
+class PDRole(Code):
+    """What an instance serves under P/D pools: a bit mask (prefill 1, decode 2)."""
+
+    NONE = 0  # past the pools: never routed to
+    PREFILL = 1
+    DECODE = 2
+    SHARED = 3  # PREFILL | DECODE
+
+
 class SchedulerPolicy(Code):
     """Instance wait-queue orders (docs/semantics.md §5.9)."""
 

@@ -31,6 +31,7 @@ from blisjax.config._checks import (
 )
 from blisjax.config.codes import (
     AdmissionPolicy,
+    PDDecider,
     PreemptionPolicy,
     PriorityPolicy,
     RoutingPolicy,
@@ -288,7 +289,7 @@ class LatencyConfig:
 
 
 #: P/D deciders (docs/semantics.md Decision 15): never | always | prefix-threshold.
-PD_DECIDERS = ("never", "always", "prefix-threshold")
+PD_DECIDERS = PDDecider.labels()
 
 
 @dataclass(frozen=True)

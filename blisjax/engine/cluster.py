@@ -8,8 +8,9 @@ Counterpart: ``blisjax.reference.cluster.ClusterSimulator`` — ``run``'s loop a
 ``blisjax.engine.instance``'s. Behaviour: docs/semantics.md §1.5, §5.
 
 Events: admission (cursor over requests in arrival order), routing (cursor; rejected requests are
-skipped), a deadline no-op (a deadline whose request is not queued or running), and per instance
-enqueue (end of the α delay), step, and timeout. Every handler is masked by ``active`` so all
+skipped), with P/D pools prefill routing and the starts and ends of KV transfers
+(``engine.pd``), a deadline no-op (a deadline whose request is not queued or running), and per
+instance enqueue (end of the α delay), step, and timeout. Every handler is masked by ``active`` so all
 lanes can run the same program in lockstep; ``lane_advance`` groups a lane's events as "all
 cheap events before its next step, then the step" so lockstep runs the step program about once
 per real step. Decode-only steps planned as a stretch (``engine.stretch``) are not events here:
@@ -23,20 +24,22 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from blisjax.engine import hostlatency, instance, policies, stretch
-from blisjax.engine import kvcache as kv
+from blisjax.engine import instance, pd, policies, stretch
 from blisjax.engine.exactfloat import ieee_divide
 from blisjax.engine.lockstep import add, lane_once, lane_while, upd
+from blisjax.engine.params import POOL_PREFILL
 from blisjax.engine.state import (
     ADMITTED,
     INT64_MAX,
-    NIL,
     QUEUED,
     REJECTED,
-    ROUTED,
     RUNNING,
     SimState,
 )
+
+# Cluster events in the order they run at equal times (the reference's priorities: admission,
+# routing, prefill routing, transfer start and end); a deadline no-op changes nothing else.
+CL_ADMISSION, CL_ROUTING, CL_PREFILL_ROUTING, CL_TRANSFER, CL_NOOP = range(5)
 
 F64 = jnp.float64
 
@@ -63,7 +66,7 @@ def refresh_snapshots(s: SimState, st, c, now, active) -> SimState:
 
     def copy(s, go):  # run only when some lane's copy is due
         # prefix-group slots only: a request's own blocks are never registered before it is
-        # first routed, so the query never finds them (``policies._cache_query``); the copy's
+        # first routed, so the query never finds them (``policies.cache_query``); the copy's
         # size and cost do not grow with the request count
         registered = s.slot_block[:st.group_slots] >= 0
         return s.replace(cache_copy=jnp.where(go, registered, s.cache_copy),
@@ -90,33 +93,52 @@ def admission(s: SimState, st, c, p, now, active) -> SimState:
 
 def routing(s: SimState, st, c, p, now, active) -> SimState:
     """Routing event of the request at the routing cursor, if it was admitted: the router
-    picks an instance (``policies.route``) and the request enters that instance's α-delay
-    window (``Instance.inject_arrival``)."""
+    picks an instance (``policies.route``; with P/D pools ``pd.route_request``, which may
+    disaggregate it) and the request enters that instance's α-delay window
+    (``instance.inject_arrival``)."""
     r = jnp.where(active, s.route_cursor, st.num_requests)
     go = active & (s.status[r] == ADMITTED)
     s = refresh_snapshots(s, st, c, now, go)
-    s, target = policies.route(s, st, c, p, r, go)
-    e = jnp.argmax(s.pend_req[target] == NIL)
-    has_room = s.pend_req[target, e] == NIL
-    ok = go & has_room
-    if st.stateful_latency:  # physics α reads the receiving instance's state now
-        delay = hostlatency.queueing_delay(
-            st.latency, go, s.n_run[target], s.q_len[target], st.kv_blocks - s.kv_free[target],
-            c.input_tokens[r], kv.cached_blocks(s, st, c, target, r).count, s.ema[target])
+    if st.pd:
+        s, target, whole = pd.route_request(s, st, c, p, r, go)
     else:
-        delay = c.queue_delay_us[r]
-    r_or_sink = jnp.where(go, r, st.num_requests)
-    return s.replace(
-        in_flight=add(s.in_flight, target, 1, go),
-        instance=s.instance.at[r_or_sink].set(target),
-        status=s.status.at[r_or_sink].set(ROUTED),
-        clock=upd(s.clock, target, now, go),
-        pend_req=upd(s.pend_req, (target, e), r, ok),
-        pend_time=upd(s.pend_time, (target, e), now + delay, ok),
-        pend_seq=upd(s.pend_seq, (target, e), s.route_seq, ok),
-        route_seq=s.route_seq + go.astype(jnp.int64),
-        route_cursor=s.route_cursor + active.astype(jnp.int32),
-        ovf_pending=s.ovf_pending + (go & ~has_room).astype(jnp.int32))
+        (s, target), whole = policies.route(s, st, c, p, r, go), go
+    s = instance.inject_arrival(s, st, c, target, r, now, whole)
+    return s.replace(route_cursor=s.route_cursor + active.astype(jnp.int32))
+
+
+def prefill_routing(s: SimState, st, c, p, now, active) -> SimState:
+    """A disaggregated request's prefill routing (``ClusterSimulator._route_prefill``): the
+    prefill pool's router picks an instance and the prefill sub-request enters its α-delay
+    window."""
+    r = jnp.where(active, s.pd.pf_next, st.num_requests)
+    s = refresh_snapshots(s, st, c, now, active)
+    s, target = pd.route_pool(s, st, c, p, r, POOL_PREFILL, active)
+    s = instance.inject_arrival(s, st, c, target, pd.prefill_row(st, r), now, active)
+    return pd.prefill_routed(s, st, r, target, active)
+
+
+def transfer_event(s: SimState, st, c, p, k, now, active) -> SimState:
+    """The start or the end of the KV transfer in slot k (``ClusterSimulator.
+    _start_transfer``, ``_end_transfer``): a start reserves the KV on the decode instance
+    (dropping the request when it does not fit); at its end the decode sub-request joins the
+    decode instance's wait queue, counted in flight again."""
+    r = s.pd.x_req[k]
+    d = s.instance[jnp.maximum(r, 0)]
+    ending = active & s.pd.x_done[k]
+
+    def start(s, go):
+        s, reserved = instance.reserve_transferred_kv(s, st, c, d, r, now, go)
+        return pd.transfer_started(s, st, c, p, k, r, now, reserved, go)
+
+    def end(s, go):
+        s = pd.transfer_ended(s, st, p, k, r, now, go)
+        s = s.replace(in_flight=add(s.in_flight, d, 1, go),
+                      tenant_in_flight=add(s.tenant_in_flight, c.tenant[r], 1, go))
+        return instance.enqueue_decode(s, st, c, d, r, now, go)
+
+    s = lane_once(active & ~ending, start, s)
+    return lane_once(ending, end, s)
 
 
 # ---- next-event selection and dispatch ----------------------------------------------------------
@@ -128,7 +150,8 @@ class DeadlineWindow(NamedTuple):
 
     member: jax.Array  # bool [W]: the entry's deadline is that time and is not yet handled
     on_instance: jax.Array  # bool [W]: a member that is queued or running (its timeout is due)
-    requests: jax.Array  # int32 [W]: the entries' requests (N, the sink row, past the end)
+    requests: jax.Array  # int32 [W]: the entries' requests (N, the sink row, past the end;
+    #                      with P/D pools the row on an instance: a prefill sub-request's)
     time_us: jax.Array  # int64: the deadline (INT64_MAX when none is left)
     overflow: jax.Array  # bool: more same-time deadlines than the window holds
 
@@ -145,7 +168,11 @@ def _deadline_window(s: SimState, st, c) -> DeadlineWindow:
     t = jnp.where((s.dl_cursor < st.num_deadlines) & (first >= 0),
                   c.deadline_us[jnp.maximum(first, 0)], INT64_MAX)
     member = valid & (c.deadline_us[wr_safe] == t) & ~s.tdone[wr_safe]
-    on = member & ((s.status[wr_safe] == QUEUED) | (s.status[wr_safe] == RUNNING))
+    live = lambda row: (s.status[row] == QUEUED) | (s.status[row] == RUNNING)  # noqa: E731
+    if st.pd:  # the deadline is its prefill sub-request's while that is on an instance
+        pre = pd.prefill_row(st, wr_safe)
+        wr_safe = jnp.where(valid & live(pre), pre, wr_safe)
+    on = member & live(wr_safe)
     overflow = member[w]  # more same-time deadlines than the window holds
     return DeadlineWindow(member[:w], on[:w], wr_safe[:w], t, overflow)
 
@@ -184,7 +211,7 @@ class NextEvent(NamedTuple):
     """The lane's next event as the reference's shared-clock loop would pop it."""
     t_us: jax.Array  # its time (INT64_MAX when there is none)
     live: jax.Array  # it exists, the lane is not done, and it is within the horizon
-    cluster_kind: jax.Array  # -1 (instance event), 0 admission, 1 routing, 2 deadline no-op
+    cluster_kind: jax.Array  # -1 (instance event), else CL_ADMISSION .. CL_NOOP
     instance: jax.Array  # i*: the instance of an instance event
     kind_enqueue: jax.Array
     kind_step: jax.Array
@@ -193,11 +220,12 @@ class NextEvent(NamedTuple):
     timeout_req: jax.Array  # the request of a timeout event
     noop_req: jax.Array  # the request of a deadline no-op
     deadline_overflow: jax.Array
+    transfer_slot: jax.Array  # the transfer slot of a transfer event (P/D pools)
 
 
 def next_event(s: SimState, st, c) -> NextEvent:
-    """Cluster events precede instance events at equal times (admission, routing, no-op);
-    among instances the lowest index; within one, enqueue, step, timeout."""
+    """Cluster events precede instance events at equal times (in ``CL_*`` order); among
+    instances the lowest index; within one, enqueue, step, timeout."""
     n = st.num_requests
     la, lr = st.admission_latency_us, st.routing_latency_us
     ac, rc = s.adm_cursor, s.route_cursor
@@ -205,8 +233,11 @@ def next_event(s: SimState, st, c) -> NextEvent:
     rt_t = jnp.where(rc < ac, c.arrival_us[jnp.minimum(rc, n)] + la + lr, INT64_MAX)
     deadlines = _deadline_events(s, st, c)
     noop_t, timeout_t = deadlines.noop_t_us, deadlines.timeout_t_us
-    cl_times = jnp.stack([adm_t, rt_t, noop_t])
-    cl_kind = jnp.argmin(cl_times)  # ties: admission, then routing, then the no-op
+    none = jnp.asarray(INT64_MAX, jnp.int64)
+    transfer = pd.next_transfer(s) if st.pd else pd.NextTransfer(none, jnp.asarray(0, jnp.int32))
+    pf_t = pd.prefill_routing_us(s, st, c) if st.pd else none
+    cl_times = jnp.stack([adm_t, rt_t, pf_t, transfer.t_us, noop_t])
+    cl_kind = jnp.argmin(cl_times)  # ties: in CL_* order
     cl_t = cl_times[cl_kind]
     # instance candidates
     pt = jnp.where(s.pend_req >= 0, s.pend_time, INT64_MAX)  # [I, E]
@@ -230,7 +261,7 @@ def next_event(s: SimState, st, c) -> NextEvent:
         instance=i_star, kind_enqueue=kind_enq, kind_step=kind_step,
         kind_timeout=ins & ~kind_enq & ~kind_step, pending_entry=e_star[i_star],
         timeout_req=deadlines.timeout_req[i_star], noop_req=deadlines.noop_req,
-        deadline_overflow=deadlines.overflow)
+        deadline_overflow=deadlines.overflow, transfer_slot=transfer.slot)
 
 
 def _begin(s: SimState, ev: NextEvent, go):
@@ -251,14 +282,19 @@ def _dispatch_cheap(s: SimState, st, c, p, ev: NextEvent, go) -> SimState:
     s, live = _begin(s, ev, go)
     cl = live & (ev.cluster_kind >= 0)
     i_star, t_evt = ev.instance, ev.t_us
-    admit = cl & (ev.cluster_kind == 0)
+    admit = cl & (ev.cluster_kind == CL_ADMISSION)
     s = lane_once(admit, lambda s, go: admission(s, st, c, p, t_evt, go), s)
-    route = cl & (ev.cluster_kind == 1)
+    route = cl & (ev.cluster_kind == CL_ROUTING)
     if st.routing_latency_us == 0:
         fused = _routing_follows(s, st, c, admit)
         s = s.replace(iters=s.iters + fused.astype(jnp.int64))  # an event of its own
         route = route | fused
     s = lane_once(route, lambda s, go: routing(s, st, c, p, t_evt, go), s)
+    if st.pd:
+        s = lane_once(cl & (ev.cluster_kind == CL_PREFILL_ROUTING),
+                      lambda s, go: prefill_routing(s, st, c, p, t_evt, go), s)
+        s = lane_once(cl & (ev.cluster_kind == CL_TRANSFER),
+                      lambda s, go: transfer_event(s, st, c, p, ev.transfer_slot, t_evt, go), s)
     s = lane_once(live & ev.kind_enqueue,
              lambda s, go: instance.enqueue(s, st, c, i_star, ev.pending_entry, t_evt, go), s)
     if st.num_deadlines == 0:  # no timeouts or deadline no-ops exist (see ``next_event``)
@@ -267,7 +303,10 @@ def _dispatch_cheap(s: SimState, st, c, p, ev: NextEvent, go) -> SimState:
     kind_to = live & ev.kind_timeout
     s = lane_once(kind_to, lambda s, go: instance.timeout(s, st, c, i_star, to_r, t_evt, go), s)
     # a handled deadline (timeout or no-op) is marked done; the cursor skips handled entries
-    handled = jnp.where(kind_to, to_r, jnp.where(cl & (ev.cluster_kind == 2), ev.noop_req, n))
+    handled = jnp.where(kind_to, to_r, jnp.where(cl & (ev.cluster_kind == CL_NOOP),
+                                                 ev.noop_req, n))
+    if st.pd:  # the deadline is the request's, whichever of its rows it was for
+        handled = pd.parent_row(st, handled)
     s = s.replace(tdone=s.tdone.at[handled].set(True))
     return _advance_deadline_cursor(s, st, c)
 

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from blisjax.config.codes import PreemptionPolicy
-from blisjax.engine import hostlatency, roofline, stretch
+from blisjax.engine import hostlatency, pd, roofline, stretch
 from blisjax.engine import kvcache as kv
 from blisjax.engine.lockstep import (
     add,
@@ -42,9 +42,11 @@ from blisjax.engine.queues import (
 )
 from blisjax.engine.state import (
     COMPLETED,
+    DECODE,
     DROPPED,
     NIL,
     QUEUED,
+    ROUTED,
     RUNNING,
     TIMED_OUT,
     SimState,
@@ -56,7 +58,33 @@ from blisjax.metrics import records
 F64 = jnp.float64
 
 
-# ---- enqueue and timeout -----------------------------------------------------------------------
+# ---- arrival, enqueue and timeout -------------------------------------------------------------
+
+
+def inject_arrival(s: SimState, st, c, i, r, now, active) -> SimState:
+    """Routing hands request row r to instance i at ``now`` (``Instance.inject_arrival``): it
+    is counted in flight and enters the α-delay window, to be enqueued after its queueing
+    delay (computed now: the arrival event's time)."""
+    e = jnp.argmax(s.pend_req[i] == NIL)
+    has_room = s.pend_req[i, e] == NIL
+    ok = active & has_room
+    if st.stateful_latency:  # physics α reads the receiving instance's state now
+        delay = hostlatency.queueing_delay(
+            st.latency, active, s.n_run[i], s.q_len[i], st.kv_blocks - s.kv_free[i],
+            c.input_tokens[r], kv.cached_blocks(s, st, c, i, r).count, s.ema[i])
+    else:
+        delay = c.queue_delay_us[r]
+    r_or_sink = jnp.where(active, r, st.num_requests)
+    return s.replace(
+        in_flight=add(s.in_flight, i, 1, active),
+        instance=s.instance.at[r_or_sink].set(i),
+        status=s.status.at[r_or_sink].set(ROUTED),
+        clock=upd(s.clock, i, now, active),
+        pend_req=upd(s.pend_req, (i, e), r, ok),
+        pend_time=upd(s.pend_time, (i, e), now + delay, ok),
+        pend_seq=upd(s.pend_seq, (i, e), s.route_seq, ok),
+        route_seq=s.route_seq + active.astype(jnp.int64),
+        ovf_pending=s.ovf_pending + (active & ~has_room).astype(jnp.int32))
 
 
 def _finish_in_flight(s: SimState, c, i, r, active) -> SimState:
@@ -73,7 +101,8 @@ def enqueue(s: SimState, st, c, i, e, now, active) -> SimState:
     queue (docs/semantics.md §2.1)."""
     r = jnp.where(active, s.pend_req[i, e], st.num_requests)
     s = s.replace(pend_req=upd(s.pend_req, (i, e), NIL, active))
-    l_in, out = c.input_tokens[r], c.output_tokens[r]
+    # the guards count a prefill sub-request's parent's output budget (P/D)
+    l_in, out = c.input_tokens[r], c.output_tokens[pd.parent_row(st, r) if st.pd else r]
     drop = active & records.unservable(l_in, out, st.max_model_len, st.kv_blocks, st.block_size)
     admitted = active & ~drop
     due = admitted & (c.deadline_us[r] > 0) & (c.deadline_us[r] <= now)
@@ -103,12 +132,14 @@ def timeout(s: SimState, st, c, i, r, now, active) -> SimState:
     r = jnp.where(active, r, st.num_requests)
     running = active & (s.status[r] == RUNNING)
     queued = active & ~running
-    slots_of_r = (s.slot_req[i] == r) & running
+    slots_of_r = (s.slot_req[i] == r) & active
     sb = jnp.argmax(slots_of_r).astype(jnp.int32)
+    # a queued decode sub-request (P/D) holds its reserved KV in a reservation slot
+    holds = running | (jnp.any(slots_of_r) if st.pd else False)
     pos = jnp.argmax((s.order[i] == sb) & (jnp.arange(st.batch_slots) < s.n_run[i]))
-    s = kv.release(s, st, i, sb, running)
+    s = kv.release(s, st, i, sb, holds)
     s = order_remove_at(s, st, i, pos, running)
-    s = s.replace(slot_req=upd(s.slot_req, (i, sb), NIL, running))
+    s = s.replace(slot_req=upd(s.slot_req, (i, sb), NIL, holds))
     s = q_remove_at(s, st, i, q_offset_of(s, st, i, r, queued), queued)
     s = s.replace(status=s.status.at[r].set(jnp.where(active, TIMED_OUT, s.status[r])
                                             .astype(s.status.dtype)),
@@ -116,6 +147,74 @@ def timeout(s: SimState, st, c, i, r, now, active) -> SimState:
     s = _finish_in_flight(s, c, i, r, active)
     wake = active & (s.n_run[i] == 0) & (s.q_len[i] > 0) & (s.step_time[i] < 0)
     return s.replace(step_time=upd(s.step_time, i, now, wake))
+
+
+# ---- P/D decode sub-requests (docs/semantics.md §5.10) ----------------------------------------
+
+
+def reserve_transferred_kv(s: SimState, st, c, i, r, now, active):
+    """Reserve KV on instance i for request r's decode sub-request, whose prompt's KV is about
+    to arrive (``Instance.reserve_transferred_kv``): fresh blocks for the whole prompt in a
+    reservation slot, every block a miss, full blocks registered; its progress is then its
+    prompt. Returns ``(state, reserved)``; nothing changes where it does not fit (or no
+    reservation slot is free: flagged)."""
+    if st.stretches:  # its virtual steps before now happened; the next ones see the blocks
+        s = stretch.materialize(s, st, c, i, now, active, step_widths(st, PHASE1_PER_OCTAVE))
+        s = s.replace(stretch_steps=upd(s.stretch_steps, i, 0, active))
+    free = s.slot_req[i, st.batch_slots:] == NIL
+    sb = (st.batch_slots + jnp.argmax(free)).astype(jnp.int32)
+    has_room = jnp.any(free)
+    l_in, empty = c.input_tokens[r], jnp.zeros(1, jnp.int32)
+    ok = active & has_room & kv.can_allocate(s, st, c, i, sb, r, 0, l_in, empty, 0)
+    s = kv.allocate(s, st, c, i, sb, r, 0, l_in, empty, 0, ok)
+    q = s.pd
+    return s.replace(
+        slot_req=upd(s.slot_req, (i, sb), r, ok),
+        pi=s.pi.at[jnp.where(ok, r, st.num_requests)].set(l_in),
+        pd=q.replace(ovf_reserve=q.ovf_reserve + (active & ~has_room).astype(jnp.int32))), ok
+
+
+def enqueue_decode(s: SimState, st, c, i, r, now, active) -> SimState:
+    """Request r's KV has arrived on instance i (``Instance.enqueue_decode``): its decode
+    sub-request joins the wait queue now (no α delay, its prompt not counted again), or
+    times out at once, releasing its reservation, when its deadline has passed."""
+    due = active & (c.deadline_us[r] > 0) & (c.deadline_us[r] <= now)
+    queued = active & ~due
+    r_or_sink = jnp.where(active, r, st.num_requests)
+    s = s.replace(
+        status=s.status.at[r_or_sink].set(jnp.where(due, TIMED_OUT, QUEUED)
+                                          .astype(s.status.dtype)),
+        timed_out=add(s.timed_out, i, 1, due),
+        enq_seq=s.enq_seq.at[r_or_sink].set(jnp.where(queued, s.enq_counter, s.enq_seq[r])),
+        enq_counter=s.enq_counter + queued.astype(jnp.int64))
+    holder = s.slot_req[i] == r
+    sb = jnp.argmax(holder).astype(jnp.int32)
+    released = due & jnp.any(holder)
+    s = kv.release(s, st, i, sb, released)
+    s = s.replace(slot_req=upd(s.slot_req, (i, sb), NIL, released))
+    s = _finish_in_flight(s, c, i, r, due)
+    s = q_push_back(s, st, i, r, queued)
+    if st.stretches:  # steps from now on may admit it: they are no longer plain
+        s = stretch.truncate(s, i, now, queued)
+    start_step = queued & (s.step_time[i] < 0)
+    return s.replace(step_time=upd(s.step_time, i, now, start_step))
+
+
+def _admit_decode(s: SimState, st, c, i, r, sb, active):
+    """The first admission of a decode sub-request holding its transferred KV (phase 2's
+    branch in ``Instance._form_batch``): one decode token allocated in its reservation slot,
+    whose blocks then move to running slot sb. Returns ``(state, ok)``."""
+    l_in, empty = c.input_tokens[r], jnp.zeros(1, jnp.int32)
+    src = jnp.argmax(s.slot_req[i] == r).astype(jnp.int32)
+    ok = active & kv.can_allocate(s, st, c, i, src, r, l_in, l_in + 1, empty, 0)
+    s = kv.allocate(s, st, c, i, src, r, l_in, l_in + 1, empty, 0, ok, chunk=1)
+    mb = st.max_blocks_per_request
+    return s.replace(
+        bt=s.bt.at[i, sb].set(jnp.where(ok, s.bt[i, src], s.bt[i, sb]))
+        .at[i, src].set(jnp.where(ok, jnp.full(mb, NIL, jnp.int32), s.bt[i, src])),
+        blen=s.blen.at[i, sb].set(jnp.where(ok, s.blen[i, src], s.blen[i, sb]))
+        .at[i, src].set(jnp.where(ok, 0, s.blen[i, src])),
+        slot_req=upd(s.slot_req, (i, src), NIL, ok)), ok
 
 
 # ---- batch formation (FormBatch) --------------------------------------------------------------
@@ -346,7 +445,14 @@ def phase2(s: SimState, st, c, p, i, now, budget, preempted, active):
         s, budget, stop = carry
         k = head_offset(s, st, c, p, i, now, go)
         r = q_at(s, st, i, k)
-        sb = jnp.argmax(s.slot_req[i] == NIL).astype(jnp.int32)
+        sb = jnp.argmax(s.slot_req[i, :st.batch_slots] == NIL).astype(jnp.int32)
+        if st.pd:  # a decode sub-request holding its transferred KV: its first decode token
+            held = (s.pd.phase[jnp.minimum(r, st.num_requests)] == DECODE) \
+                & (r <= st.num_requests) & (s.pi[r] >= c.input_tokens[r])
+            s, decode_ok = _admit_decode(s, st, c, i, r, sb, go & held)
+            go_prefill = go & ~held
+        else:
+            held, go_prefill = jnp.asarray(False), go
 
         def prefix(carry, go, w):
             """Cached prefix (at width w), chunk, pre-check, and the claim of the cached
@@ -363,15 +469,21 @@ def phase2(s: SimState, st, c, p, i, now, budget, preempted, active):
             return (s, jnp.where(go, start_w, start), jnp.where(go, n_w, n), ok | ok_w)
 
         if st.tiered:
-            s, start, n, ok, allocated = _admit_tiered(s, st, c, p, i, sb, r, budget, go)
+            s, start, n, ok, allocated = _admit_tiered(s, st, c, p, i, sb, r, budget,
+                                                       go_prefill)
         else:
             widths = kv.prefix_widths(st)
-            need = lane_max(jnp.where(go, jnp.where(s.preempt[r] > 0, widths[-1], widths[0]),
-                                      0))
+            need = lane_max(jnp.where(go_prefill, jnp.where(s.preempt[r] > 0, widths[-1],
+                                                            widths[0]), 0))
             zero = jnp.asarray(0, jnp.int32)
-            s, start, n, ok = by_width(widths, need, go, prefix,
+            s, start, n, ok = by_width(widths, need, go_prefill, prefix,
                                        (s, zero, zero, jnp.zeros_like(go)))
             allocated = jnp.zeros_like(ok)
+        if st.pd:
+            start = jnp.where(held, c.input_tokens[r], start)
+            n = jnp.where(held, 1, n).astype(jnp.int32)
+            ok = jnp.where(held, decode_ok, ok)
+            allocated = allocated | held
         s, r = q_remove_at(s, st, i, k, ok, through=r)  # r read before the queue moves
         s = kv.allocate(s, st, c, i, sb, r, start, start + n, jnp.zeros(1, jnp.int32), 0,
                         ok & ~allocated)
@@ -686,7 +798,7 @@ def complete_planned(s: SimState, st, c, i, plan: QueuedPlan) -> SimState:
         left = s.tenant_in_flight
         return s.replace(
             status=s.status.at[jnp.where(m, r, st.num_requests)].set(COMPLETED, mode="drop"),
-            slot_req=s.slot_req.at[i, jnp.where(m, sb, st.batch_slots)].set(NIL, mode="drop"),
+            slot_req=s.slot_req.at[i, jnp.where(m, sb, st.slot_count)].set(NIL, mode="drop"),
             tenant_in_flight=jnp.where(ended > 0, jnp.maximum(left - ended, 0), left),
             rel_slots=s.rel_slots.at[jnp.where(m, s.rel_count + k, depth)].set(sb, mode="drop"),
             rel_inst=jnp.where(go, jnp.asarray(i, jnp.int32), s.rel_inst),
@@ -716,10 +828,13 @@ def _finish_at(s: SimState, st, c, i, now, n_preempted, go, width: int,
     s, releases = done if defer else (done, None)
     more = (s.n_run[i] > 0) | (s.q_len[i] > 0)
     s = s.replace(step_time=upd(s.step_time, i, jnp.where(more, now + d, -1), go))
+    ended = records.output_finished(running.pi, running.l_in, running.out) \
+        | records.at_length_cap(running.pi, st.max_model_len)
+    if st.pd:  # completed prefill sub-requests start their KV transfers
+        s = pd.push_transfer_starts(s, st, c, running.reqs, running.valid & go & ended, now,
+                                    now + d)
     seen = None
     if st.stretches:
-        ended = records.output_finished(running.pi, running.l_in, running.out) \
-            | records.at_length_cap(running.pi, st.max_model_len)
         seen = stretch.outlook(s, st, c, i, running.valid & go & ~ended, running.slots,
                                running.pi, running.l_in, running.out)
     return Finished(s, releases, seen)

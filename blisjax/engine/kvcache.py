@@ -17,7 +17,9 @@ operation is a handful of vector gathers and scatters rather than a loop over bl
 * **Hash slots.** Block hashes are replaced by *hash slots* — dense indices of a block's content
   identity — which the reference's 64-bit chained hashes identify one to one:
   block j of a request in prefix group g, inside the shared prefix → slot (instance, g, j); any
-  other full prompt block j of request r → slot ``group_slots + own_base[r] + j``. Blocks
+  other full prompt block j of request r → slot ``group_slots + own_base[r] + j`` (with P/D
+  pools, whose sub-requests hold a request's blocks on two instances, one such range per
+  instance: ``+ i·own_slots``). Blocks
   holding output tokens are never looked up, so they are not registered.
   ``slot_block[slot]`` plays ``hash_to_block``: registration overwrites, and reusing a block
   clears the slot it was registered under whatever block that slot now points to (as BLIS
@@ -183,7 +185,10 @@ def hash_slot(st, c, i, r, j):
     """Dense slot of block j of request r on instance i (valid for full prompt blocks)."""
     in_group = j < c.group_blocks[r]
     group_slot = (i * st.num_groups + jnp.maximum(c.group[r], 0)) * st.group_blocks_max + j
-    return jnp.where(in_group, group_slot, st.group_slots + c.own_base[r] + j)
+    own = st.group_slots + c.own_base[r] + j
+    if st.pd:
+        own = own + i * st.own_slots
+    return jnp.where(in_group, group_slot, own)
 
 
 def apply_slot_ops(s: SimState, st, slots, values, seq, mask) -> SimState:
@@ -401,7 +406,7 @@ def grant_tokens(s: SimState, st, c, i, sb, r, n, prefill, mask,
         s = lane_once(any_top, lambda s, go: chunks(s, True), s)
         s = lane_once(~any_top, lambda s, go: chunks(s, False), s)
     return s.replace(
-        blen=s.blen.at[i, jnp.where(mask, sb, st.batch_slots)].add(fresh, mode="drop"),
+        blen=s.blen.at[i, jnp.where(mask, sb, st.slot_count)].add(fresh, mode="drop"),
         misses=s.misses.at[i].add(total.astype(jnp.int64)))
 
 
@@ -578,7 +583,8 @@ def flush_releases(s: SimState, st, active) -> SimState:
 def cpu_key(st, c, i, r, j):
     """CPU key of block j of request r on instance i on its true hash chain: its hash slot
     for a full prompt block, else an extension key (``engine.kvtier``)."""
-    return jnp.where(j < c.full_blocks[r], hash_slot(st, c, i, r, j), c.ext_base[r] + j)
+    ext = c.ext_base[r] + j + (i * st.cpu_ext_slots if st.pd else 0)  # per instance (P/D)
+    return jnp.where(j < c.full_blocks[r], hash_slot(st, c, i, r, j), ext)
 
 
 def holds_true_key(s: SimState, st, c, i, r, m, block):

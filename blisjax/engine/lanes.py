@@ -84,7 +84,7 @@ def _flat_release(s: SimState, st, slots, held, width: int) -> SimState:
     held by the queued slots). Same result as running ``kv.release`` for each queued slot in
     queue order, lane by lane."""
     lanes, queue = slots.shape
-    insts, b_slots = st.num_instances, st.batch_slots
+    insts, b_slots = st.num_instances, st.slot_count
     k_blocks, mb, r_size = st.kv_blocks, st.max_blocks_per_request, kv.ring_size(st)
     n = held.reshape(-1)  # [L·D] blocks of each queued release, lane-major, queue order
     end = prefix_sum(n)

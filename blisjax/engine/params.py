@@ -11,6 +11,7 @@ import numpy as np
 
 from blisjax.config.codes import (
     AdmissionPolicy,
+    PDDecider,
     PreemptionPolicy,
     PriorityPolicy,
     RoutingPolicy,
@@ -43,6 +44,15 @@ class PolicyParams:
     kv_cpu_blocks: the CPU tier's size in blocks per instance (0: none; at most the
       program's ``EngineStatic.cpu_tier_blocks``); kv_reload_us: int64 µs one reloaded block
       adds to its step (``reference.kvcache.reload_cost_us``).
+    P/D pools (``cluster.pd``; read only by programs with pools, ``EngineStatic.pd``):
+      pd_pools: the lane has pools (else it serves co-located: every instance shared,
+      decider never, and its results have no P/D counters, as the reference's);
+      pd_role[I] ``PDRole`` code of each instance (the lane's split); pd_decider
+      ``PDDecider`` code; pd_threshold tokens; pd_base_us float64 µs of each transfer's base
+      latency; pd_bandwidth float64 bytes/µs; pd_contention: transfers share the bandwidth;
+      per pool (``POOL_DECODE``, ``POOL_PREFILL``): pd_pool_own — it routes with its own
+      weighted scorers pd_pool_order[S] / pd_pool_weight[S] and random stream
+      pd_pool_rng[607] ("decode-router" / "prefill-router"), else with the lane's routing.
     """
 
     admission: jax.Array
@@ -66,6 +76,53 @@ class PolicyParams:
     kv_reload_us: jax.Array
     scheduler: jax.Array
     preemption: jax.Array
+    pd_pools: jax.Array
+    pd_role: jax.Array
+    pd_decider: jax.Array
+    pd_threshold: jax.Array
+    pd_base_us: jax.Array
+    pd_bandwidth: jax.Array
+    pd_contention: jax.Array
+    pd_pool_own: jax.Array
+    pd_pool_order: jax.Array
+    pd_pool_weight: jax.Array
+    pd_pool_rng: jax.Array
+
+
+#: Pools of ``PolicyParams.pd_pool_*`` (index of the first axis).
+POOL_DECODE, POOL_PREFILL = 0, 1
+
+
+def _scorer_arrays(scorers) -> tuple[np.ndarray, np.ndarray]:
+    """(codes, raw weights) of a scorer list in configuration order, padded with -1 / 0."""
+    codes = [int(Scorer.of(w.name)) for w in scorers]
+    padding = MAX_SCORERS - len(codes)
+    return (np.asarray(codes + [-1] * padding, dtype=np.int32),
+            np.asarray([float(w.weight) for w in scorers] + [0.0] * padding, dtype=np.float64))
+
+
+def _pd_params(cfg) -> dict:
+    """The P/D knobs of ``cfg`` as arrays (every instance shared, decider never, without
+    pools)."""
+    from blisjax.reference.pd import instance_roles
+
+    pd = cfg.cluster.pd
+    pools = (pd.decode_scorers, pd.prefill_scorers)
+    orders, weights = zip(*(_scorer_arrays(x) for x in pools), strict=True)
+    streams = ("decode-router", "prefill-router")
+    return dict(
+        pd_pools=np.asarray(bool(pd.enabled)),
+        pd_role=np.asarray([int(x) for x in instance_roles(pd, cfg.cluster.num_instances)],
+                           dtype=np.int32),
+        pd_decider=np.asarray(PDDecider.of(pd.decider), dtype=np.int32),
+        pd_threshold=np.asarray(pd.prefix_threshold_tokens, dtype=np.int32),
+        pd_base_us=np.asarray(float(pd.transfer_base_latency_ms) * 1000.0, dtype=np.float64),
+        pd_bandwidth=np.asarray(float(pd.transfer_bandwidth_gbps) * 1000.0, dtype=np.float64),
+        pd_contention=np.asarray(bool(pd.transfer_contention)),
+        pd_pool_own=np.asarray([bool(x) for x in pools]),
+        pd_pool_order=np.stack(orders), pd_pool_weight=np.stack(weights),
+        pd_pool_rng=np.stack([np.asarray(blis_subsystem_rand(cfg.seed, name).state().words,
+                                         dtype=np.int64) for name in streams]))
 
 
 def params_from_config(cfg, tenant_names: tuple[str, ...]) -> PolicyParams:
@@ -73,9 +130,7 @@ def params_from_config(cfg, tenant_names: tuple[str, ...]) -> PolicyParams:
     pol = cfg.policy
     adm, pri, rt = pol.admission, pol.priority, pol.routing
     scorers = [Scorer.of(w.name) for w in rt.scorers]
-    padding = MAX_SCORERS - len(scorers)
-    order = [int(code) for code in scorers] + [-1] * padding
-    weights = [float(w.weight) for w in rt.scorers] + [0.0] * padding
+    order, weights = _scorer_arrays(rt.scorers)
     # Host arrays: converting on the device would compile a program per field.
     f64 = lambda x: np.asarray(x, dtype=np.float64)  # noqa: E731
     i32 = lambda x: np.asarray(x, dtype=np.int32)  # noqa: E731
@@ -91,7 +146,7 @@ def params_from_config(cfg, tenant_names: tuple[str, ...]) -> PolicyParams:
         tenant_score=f64(pri.tenant_score_table(tenant_names)),
         no_deadline_score=f64(-float(pri.no_deadline_slack_s)),
         routing=i32(routing),
-        scorer_order=i32(order), scorer_weight=f64(weights),
+        scorer_order=order, scorer_weight=weights,
         prefix_index_on=np.asarray(routing == RoutingPolicy.WEIGHTED
                                    and Scorer.PREFIX_AFFINITY in scorers),
         tie_break=i32(TieBreak.of(rt.tie_break)),
@@ -104,6 +159,7 @@ def params_from_config(cfg, tenant_names: tuple[str, ...]) -> PolicyParams:
                                                cfg.engine.kv_transfer_bandwidth,
                                                cfg.engine.kv_transfer_base_latency_us),
                                 dtype=np.int64),
+        **_pd_params(cfg),
     )
 
 

@@ -193,9 +193,23 @@ class RouterView(NamedTuple):
     cold: jax.Array  # bool (scalar): no instance caches any of the request's prompt
 
 
-def _inverted_min_max(x):
-    """(max − x)/(max − min), 1.0 everywhere when all are equal (``min_max_inverted``)."""
-    lo, hi = jnp.min(x), jnp.max(x)
+def _min(x, among):
+    """Minimum of ``x`` over the instances ``among`` (bool [I]; None: all of them)."""
+    if among is None:
+        return jnp.min(x)
+    return jnp.min(jnp.where(among, x, jnp.iinfo(x.dtype).max if x.dtype.kind in "iu"
+                             else jnp.inf))
+
+
+def _max(x, among):
+    """Maximum of ``x`` over the instances ``among`` (bool [I]; None: all of them)."""
+    return -_min(-x, among)
+
+
+def _inverted_min_max(x, among=None):
+    """(max − x)/(max − min) over the instances ``among``, 1.0 everywhere when all are equal
+    (``min_max_inverted``)."""
+    lo, hi = _min(x, among), _max(x, among)
     q = ieee_divide((hi - x).astype(F64), jnp.maximum(hi - lo, 1).astype(F64))
     return jnp.where(hi == lo, 1.0, q)
 
@@ -216,44 +230,64 @@ def _cold_ramp(s: SimState, st):
     return 1.0 - ieee_divide(rank.astype(F64), jnp.full(n, n - 1, F64))
 
 
-def weighted_scores(s: SimState, st, c, p, r, view: RouterView):
+class RouteSpec(NamedTuple):
+    """One routing decision's router (``reference.policies.Router`` and the candidates its
+    ``route`` gets): the lane's own routing, or a P/D pool's (``engine.pd``)."""
+
+    policy: jax.Array  # int32 ``RoutingPolicy`` code
+    scorer_order: jax.Array  # int32 [S]: ``Scorer`` codes in configuration order, -1 padded
+    scorer_weight: jax.Array  # float64 [S]: their raw weights
+    prefix_index_on: jax.Array  # bool: the prefix index records the decision
+    candidates: jax.Array | None  # bool [I]: the instances it decides among (None: all)
+
+
+def lane_spec(p) -> RouteSpec:
+    """The lane's own router, deciding among every instance."""
+    return RouteSpec(p.routing, p.scorer_order, p.scorer_weight, p.prefix_index_on, None)
+
+
+def weighted_scores(s: SimState, st, c, p, r, view: RouterView, spec: RouteSpec | None = None):
     """Σ clamp(score)·weight in configuration order, products formed exactly (no FMA)
-    (``Router.weighted_scores``); float64 [I]."""
+    (``Router.weighted_scores``); float64 [I]. Scores that normalise over instances do so
+    over ``spec.candidates``."""
+    spec = lane_spec(p) if spec is None else spec
+    among = spec.candidates
     qd, bs, in_flight = s.snap_qd, s.snap_bs, s.in_flight
     full = c.full_blocks[r]
     prefix = jnp.where(full > 0, prefix_match(s, st, c, r).astype(F64)
                        / jnp.maximum(full, 1).astype(F64), 0.0)
-    lo, hi = jnp.min(view.cached), jnp.max(view.cached)
+    lo, hi = _min(view.cached, among), _max(view.cached, among)
     precise = jnp.where(hi == lo, 1.0, ieee_divide((view.cached - lo).astype(F64),
                                                    jnp.maximum(hi - lo, 1).astype(F64)))
     cap = LOAD_AWARE_QUEUE_THRESHOLD
     load_aware = jnp.where(qd == 0, 0.5, 0.5 * (1.0 - jnp.minimum(qd, cap).astype(F64) / cap))
-    most = jnp.max(in_flight)
+    most = _max(in_flight, among)
     active_requests = jnp.where((in_flight == 0) | (most == 0), 1.0, ieee_divide(
         (most - in_flight).astype(F64), jnp.maximum(most, 1).astype(F64)))
     no_hit = jnp.where(view.cold, _cold_ramp(s, st), 0.5) if st.cache_scorers \
         else jnp.full(st.num_instances, 0.5, F64)
     scores = by_code(Scorer, {
-        Scorer.PREFIX_AFFINITY: prefix, Scorer.QUEUE_DEPTH: _inverted_min_max(qd),
+        Scorer.PREFIX_AFFINITY: prefix, Scorer.QUEUE_DEPTH: _inverted_min_max(qd, among),
         Scorer.KV_UTILIZATION: 1.0 - s.snap_kv,
         Scorer.LOAD_BALANCE: 1.0 / (1 + view.load).astype(F64),
         Scorer.PRECISE_PREFIX_CACHE: precise, Scorer.LOAD_AWARE: load_aware,
-        Scorer.ACTIVE_REQUESTS: active_requests, Scorer.RUNNING_REQUESTS: _inverted_min_max(bs),
-        Scorer.NO_HIT_LRU: no_hit, Scorer.VLLM_DP: _inverted_min_max(4 * qd + bs)})
-    w = p.scorer_weight
+        Scorer.ACTIVE_REQUESTS: active_requests,
+        Scorer.RUNNING_REQUESTS: _inverted_min_max(bs, among),
+        Scorer.NO_HIT_LRU: no_hit, Scorer.VLLM_DP: _inverted_min_max(4 * qd + bs, among)})
+    w = spec.scorer_weight
     total_w = 0.0
     for k in range(len(Scorer)):  # left to right, as the reference sums
         total_w = total_w + w[k]
     norm = w / total_w
     total = jnp.zeros(st.num_instances, F64)
     for k in range(len(Scorer)):
-        code = p.scorer_order[k]
+        code = spec.scorer_order[k]
         sk = jnp.clip(scores[jnp.maximum(code, 0)], 0.0, 1.0)
         total = jnp.where(code >= 0, total + exact_mul(sk, norm[k]), total)
     return total
 
 
-def _cache_query(s: SimState, st, c, r):
+def cache_query(s: SimState, st, c, r):
     """Leading full prompt blocks of r registered on each instance [I] (``ClusterSimulator.
     _cached_blocks``): in the live hash slots, or in their periodic copy. Only prefix-group
     blocks can be registered before r is first routed, so the narrow lookup width is exact
@@ -282,7 +316,7 @@ def router_view(s: SimState, st, c, r) -> RouterView:
     if not st.cache_scorers:
         zeros = jnp.zeros(st.num_instances, jnp.int32)
         return RouterView(load, zeros, jnp.asarray(True))
-    cached = _cache_query(s, st, c, r)
+    cached = cache_query(s, st, c, r)
     return RouterView(load, cached, ~jnp.any(cached > 0))
 
 
@@ -304,30 +338,45 @@ def _break_tie(s: SimState, p, tied, active):
     return s.replace(rng_words=src.words, rng_tap=src.tap, rng_feed=src.feed), target
 
 
-def route(s: SimState, st, c, p, r, active):
+def route(s: SimState, st, c, p, r, active, spec: RouteSpec | None = None):
     """Target instance of request r (``Router.route``), from the router's snapshots: round
     robin, least loaded, always busiest (load = queue depth + batch size + in flight; ties to
     the first) or the best weighted score; least-loaded and weighted ties broken by
     ``_break_tie``. Where ``active``, the round-robin counter advances, the prefix index
-    records r and no-hit-lru a cold request's target. Returns ``(state, target)``."""
+    records r and no-hit-lru a cold request's target. ``spec``: the router and its
+    candidates (default: the lane's routing among every instance). Returns
+    ``(state, target)``."""
+    spec = lane_spec(p) if spec is None else spec
+    among = spec.candidates
     view = router_view(s, st, c, r)
+    if among is not None:  # a cold request: none of the candidates caches its prompt
+        view = view._replace(cold=~jnp.any(among & (view.cached > 0)))
     load = view.load
-    weighted_lane = p.routing == RoutingPolicy.WEIGHTED
-    scores = weighted_scores(s, st, c, p, r, view)
-    tied = jnp.where(weighted_lane, scores == jnp.max(scores), load == jnp.min(load))
-    ties_matter = active & (weighted_lane | (p.routing == RoutingPolicy.LEAST_LOADED))
+    weighted_lane = spec.policy == RoutingPolicy.WEIGHTED
+    scores = weighted_scores(s, st, c, p, r, view, spec)
+    tied = jnp.where(weighted_lane, scores == _max(scores, among), load == _min(load, among))
+    if among is not None:
+        tied = tied & among
+    ties_matter = active & (weighted_lane | (spec.policy == RoutingPolicy.LEAST_LOADED))
     s, best = _break_tie(s, p, tied, ties_matter)
+    if among is None:
+        rr_target = s.rr % st.num_instances
+        busiest = jnp.argmax(load)
+    else:  # the (counter mod candidates)-th candidate; the first busiest candidate
+        nth = s.rr % jnp.maximum(jnp.sum(among), 1)
+        rr_target = jnp.argmax(among & (jnp.cumsum(among) - 1 == nth))
+        busiest = jnp.argmax(jnp.where(among, load, -1))
     target = by_code(RoutingPolicy, {
-        RoutingPolicy.ROUND_ROBIN: s.rr % st.num_instances,
+        RoutingPolicy.ROUND_ROBIN: rr_target.astype(jnp.int32),
         RoutingPolicy.LEAST_LOADED: best,
-        RoutingPolicy.ALWAYS_BUSIEST: jnp.argmax(load).astype(jnp.int32),
-        RoutingPolicy.WEIGHTED: best})[p.routing]
-    s = prefix_touch(s, st, c, r, target, active & p.prefix_index_on & weighted_lane)
+        RoutingPolicy.ALWAYS_BUSIEST: busiest.astype(jnp.int32),
+        RoutingPolicy.WEIGHTED: best})[spec.policy]
+    s = prefix_touch(s, st, c, r, target, active & spec.prefix_index_on & weighted_lane)
     if st.cache_scorers:
-        uses_lru = jnp.any(p.scorer_order == Scorer.NO_HIT_LRU)
+        uses_lru = jnp.any(spec.scorer_order == Scorer.NO_HIT_LRU)
         mark = active & weighted_lane & uses_lru & view.cold
         s = s.replace(cold_stamp=upd(s.cold_stamp, target, s.cold_clock, mark),
                       cold_clock=s.cold_clock + mark.astype(jnp.int64))
-    round_robin = p.routing == RoutingPolicy.ROUND_ROBIN
+    round_robin = spec.policy == RoutingPolicy.ROUND_ROBIN
     s = s.replace(rr=s.rr + (active & round_robin).astype(jnp.int32))
     return s, target

@@ -8,7 +8,13 @@ A *knob* is a dotted name of a per-lane policy setting:
 * ``routing.scorers.<scorer>`` — the weight of a weighted-routing scorer (added if absent);
 * ``engine.preemption_policy``, and the CPU tier of the KV cache: ``engine.kv_cpu_blocks``,
   ``engine.kv_transfer_bandwidth``, ``engine.kv_transfer_base_latency_us`` (the program's
-  tier capacity is the largest lane's size, or ``build_static(cpu_tier_blocks=...)``).
+  tier capacity is the largest lane's size, or ``build_static(cpu_tier_blocks=...)``);
+* P/D pools (the base configuration must have pools, so the program models them):
+  ``cluster.pd.<field>`` — any field of ``PDConfig`` (e.g. ``cluster.pd.decider``,
+  ``cluster.pd.prefix_threshold_tokens``, ``cluster.pd.transfer_bandwidth_gbps``);
+  ``cluster.pd.split`` — k prefill instances and the other ``num_instances - k`` decode
+  ones (no shared ones); ``cluster.pd.prefill_scorers.<scorer>`` and
+  ``cluster.pd.decode_scorers.<scorer>`` — a pool's scorer weight (added if absent).
 
 Knobs are applied to the base ``SimConfig`` with full validation, then turned into
 ``PolicyParams`` — so every lane is a configuration the reference engine can run as well.
@@ -35,18 +41,45 @@ ENGINE_KNOBS = ("preemption_policy", "kv_cpu_blocks", "kv_transfer_bandwidth",
                 "kv_transfer_base_latency_us")
 
 
+def _with_weight(scorers: tuple[ScorerWeight, ...], name: str, value) -> tuple:
+    """``scorers`` with scorer ``name``'s weight set to ``value`` (appended if absent)."""
+    old = [s.name for s in scorers]
+    kept = [s for s in scorers if s.name != name]
+    kept.insert(old.index(name) if name in old else len(kept), ScorerWeight(name, float(value)))
+    return tuple(kept)
+
+
+def _set_pd_knob(cfg: SimConfig, parts: list[str], value) -> SimConfig:
+    """``cluster.pd.<field>``, ``cluster.pd.split`` and ``cluster.pd.<pool>_scorers.<scorer>``."""
+    pd = cfg.cluster.pd
+    if len(parts) == 4 and parts[2] in ("prefill_scorers", "decode_scorers"):
+        changes = {parts[2]: _with_weight(getattr(pd, parts[2]), parts[3], value)}
+    elif len(parts) == 3 and parts[2] == "split":
+        k, n = int(value), cfg.cluster.num_instances
+        if not 1 <= k < n:
+            raise ConfigError("cluster.pd.split", f"must be 1 .. {n - 1} (prefill instances; "
+                              f"the other ones decode), got {value!r}")
+        changes = dict(prefill_instances=k, decode_instances=n - k, shared_instances=0)
+    elif len(parts) == 3 and parts[2] in {f.name for f in dataclasses.fields(pd)}:
+        changes = {parts[2]: value}
+    else:
+        raise ConfigError(f"knob {'.'.join(parts)!r}: cluster.pd has no such knob")
+    cluster = dataclasses.replace(cfg.cluster, pd=dataclasses.replace(pd, **changes))
+    return dataclasses.replace(cfg, cluster=cluster)
+
+
 def set_knob(cfg: SimConfig, name: str, value) -> SimConfig:
     """A copy of ``cfg`` with knob ``name`` set to ``value`` (validated)."""
     parts = name.split(".")
     if parts[:2] == ["routing", "scorers"] and len(parts) == 3:
-        routing = cfg.policy.routing
-        scorers = [s for s in routing.scorers if s.name != parts[2]]
-        old = [s.name for s in routing.scorers]
-        entry = ScorerWeight(parts[2], float(value))
-        pos = old.index(parts[2]) if parts[2] in old else len(scorers)
-        scorers.insert(pos, entry)
-        routing = dataclasses.replace(routing, scorers=tuple(scorers))
+        routing = dataclasses.replace(cfg.policy.routing, scorers=_with_weight(
+            cfg.policy.routing.scorers, parts[2], value))
         return dataclasses.replace(cfg, policy=dataclasses.replace(cfg.policy, routing=routing))
+    if parts[:2] == ["cluster", "pd"]:
+        if not cfg.cluster.pd.enabled:
+            raise ConfigError(f"knob {name!r}: the base configuration has no P/D pools "
+                              "(cluster.pd), so its program does not model them")
+        return _set_pd_knob(cfg, parts, value)
     if len(parts) == 2 and parts[0] == "engine" and parts[1] in ENGINE_KNOBS:
         return dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine,
                                                                    **{parts[1]: value}))
@@ -60,7 +93,8 @@ def set_knob(cfg: SimConfig, name: str, value) -> SimConfig:
     raise ConfigError(f"knob {name!r}: not a per-lane policy knob (allowed: admission.<field>, "
                       "priority.<field>, routing.policy, routing.scorers.<scorer>, "
                       "scheduler.policy, engine.<field> for "
-                      f"{', '.join(ENGINE_KNOBS)})")
+                      f"{', '.join(ENGINE_KNOBS)}, cluster.pd.<field>, cluster.pd.split, "
+                      "cluster.pd.prefill_scorers.<scorer>, cluster.pd.decode_scorers.<scorer>)")
 
 
 def grid(**axes) -> list[dict]:

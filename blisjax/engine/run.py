@@ -30,7 +30,14 @@ from blisjax.engine.cluster import lane_advance, next_event  # noqa: E402
 from blisjax.engine.lanes import FLAT_MIN_LANES, release_queued  # noqa: E402
 from blisjax.engine.lockstep import LANES  # noqa: E402
 from blisjax.engine.params import PolicyParams, params_from_config, stack_params  # noqa: E402
-from blisjax.engine.state import init_state  # noqa: E402
+from blisjax.engine.state import (  # noqa: E402
+    DECODE,
+    DROPPED_AT_DECODE,
+    PREFILL,
+    TRANSFER,
+    WHOLE,
+    init_state,
+)
 from blisjax.engine.static import (  # noqa: E402
     EngineStatic,
     build_consts,
@@ -68,7 +75,8 @@ def _run_block(st: EngineStatic, consts, params: PolicyParams):
     next step (``lane_advance``)."""
     init = jax.vmap(lambda p: init_state(st, p.tb_capacity, p.rl_burst, p.admission,
                                          AdmissionPolicy.RATE_LIMIT, p.router_rng,
-                                         p.kv_cpu_blocks, p.kv_reload_us))(params)
+                                         p.kv_cpu_blocks, p.kv_reload_us,
+                                         p.pd_pool_rng, p.pd_role, p.pd_pools))(params)
     # With enough lanes, completions queue their releases and the queues of all lanes run
     # as one pass per iteration (``lanes.release_queued``); a few lanes release in place.
     defer = int(params.admission.shape[0]) >= FLAT_MIN_LANES
@@ -327,15 +335,23 @@ def lane_result(st: EngineStatic, consts, final, k: int) -> records.RunResult:
         overflow["kv_tier"] = int(g.tier.unsupported)
     if st.tiered and int(g.tier.offchain_overflow):
         overflow["offchain"] = int(g.tier.offchain_overflow)
+    if st.pd:
+        for name, count in (("pd_transfers", g.pd.ovf_transfers),
+                            ("pd_reserve", g.pd.ovf_reserve)):
+            if int(count):
+                overflow[name] = int(count)
     ended = int(np.max(np.minimum(clock, st.horizon_us))) if st.num_instances else 0
-    return records.RunResult(
+    rows = dict(
         status=status, instance=g.instance[:n].astype(np.int32),
-        ttft_us=g.ttft[:n].astype(np.int64),
-        e2e_us=e2e,
+        ttft_us=g.ttft[:n].astype(np.int64), e2e_us=e2e,
         scheduling_delay_us=g.sched[:n].astype(np.int64),
         itl_sum_us=np.where(done, g.itl_sum[:n], 0).astype(np.int64), itl_count=itl_count,
-        output_tokens_done=out_done,
-        preemptions=g.preempt[:n].astype(np.int32), length_capped=capped,
+        output_tokens_done=out_done, preemptions=g.preempt[:n].astype(np.int32),
+        length_capped=capped)
+    # a lane without pools in a program with them: no P/D counters, as the reference
+    pd_counters = _project_pd(st, consts, g, rows) if st.pd and bool(g.pd.pools) else None
+    return records.RunResult(
+        **rows,
         itl_entries_us=itl_entries, sim_ended_us=ended, horizon_us=st.horizon_us,
         num_instances=st.num_instances,
         cache_hits=g.hits.astype(np.int64), cache_misses=g.misses.astype(np.int64),
@@ -349,7 +365,69 @@ def lane_result(st: EngineStatic, consts, final, k: int) -> records.RunResult:
         step_count=g.steps.astype(np.int64), peak_kv_blocks_used=g.peak_used.astype(np.int64),
         overflow=overflow,
         kv_tier=_tier_counters(st, g, n),
+        pd=pd_counters,
     )
+
+
+def _project_pd(st: EngineStatic, consts, g, rows: dict) -> records.PDCounters:
+    """Each disaggregated request's row from its sub-requests' rows, as the reference's
+    ``ClusterSimulator._project_pd`` (read it for the rules); fills ``rows`` in place. Row r
+    is the decode sub-request, row N + 1 + r the prefill sub-request."""
+    n, q, quirks = st.num_requests, g.pd, st.blis_quirks
+    c = lambda x: np.asarray(x)[:n].astype(np.int64)  # noqa: E731
+    l_in, out, arrival, deadline = (c(consts.input_tokens), c(consts.output_tokens),
+                                    c(consts.arrival_us), c(consts.deadline_us))
+    phase = q.phase[:n]
+    pre = np.arange(n) + n + 1
+    pre_stage = g.status[pre]
+    pre_status = records.OUTCOME_OF_STAGE[pre_stage]
+    routed = phase >= PREFILL  # it has a prefill sub-request
+    pre_done = routed & (pre_stage == records.Stage.COMPLETED)
+    dropped = pre_done & (phase == DROPPED_AT_DECODE)
+    arrived = pre_done & (phase == DECODE)
+    dec_status = records.OUTCOME_OF_STAGE[g.status[:n]]
+    dec_done = arrived & (dec_status == records.COMPLETED)
+    dec_timed_out = arrived & (dec_status == records.TIMED_OUT)
+    looks_done = dec_done | (dec_timed_out & quirks)  # BLIS's row for a timed-out decode
+    pi = g.pi[:n].astype(np.int64)
+    ttft_raw, sched = g.ttft[:n].astype(np.int64), g.sched[:n].astype(np.int64)
+    ttft_set = ttft_raw >= 0  # it re-prefilled after a preemption
+    first_itl = g.itl_buf[np.asarray(consts.itl_offset)[:n]].astype(np.int64)
+    itl_sum = g.itl_sum[:n].astype(np.int64)
+    nr = records.NOT_RECORDED
+    split = phase != WHOLE
+    status = np.where(routed & np.isin(pre_status, (records.TIMED_OUT, records.DROPPED)),
+                      pre_status, records.UNFINISHED)
+    status = np.where(dropped, records.COMPLETED if quirks else records.DROPPED, status)
+    status = np.where(arrived, dec_status, status)
+    status = np.where(looks_done, records.COMPLETED, status)
+    ttft = np.where(pre_done & ~(dropped & ~quirks), g.ttft[pre], nr)
+    ttft = np.where(looks_done & (pi > l_in) & (sched >= 0), sched + first_itl, ttft)
+    dec_e2e = records.e2e_us(np.where(ttft_set, ttft_raw, 0), itl_sum, out, st.post_decode_us)
+    e2e = np.full(n, nr, np.int64)
+    e2e = np.where(dropped & quirks, q.transfer_start_us[:n] - arrival, e2e)
+    e2e = np.where(dec_done, dec_e2e + np.where(ttft_set, 0, sched), e2e)
+    e2e = np.where(dec_timed_out & quirks,
+                   np.maximum(deadline, q.transfer_end_us[:n]) - arrival, e2e)
+    pre_sched = g.sched[pre].astype(np.int64)
+    delay = np.where(looks_done | (dropped & quirks), pre_sched, nr)
+    preemptions = np.where(routed, g.preempt[pre], 0) + np.where(arrived, g.preempt[:n], 0)
+    fields = dict(
+        status=status, ttft_us=ttft, e2e_us=e2e, scheduling_delay_us=delay,
+        itl_sum_us=np.where(dec_done, itl_sum, 0), itl_count=np.where(dec_done, pi - l_in, 0),
+        output_tokens_done=np.where(dec_done, records.output_tokens_done(pi, l_in, out), 0),
+        preemptions=preemptions,
+        length_capped=dec_done & rows["length_capped"])
+    for name, value in fields.items():
+        rows[name] = np.where(split, value, rows[name]).astype(rows[name].dtype)
+    return records.PDCounters(
+        prefill_instance=q.prefill_instance[:n].astype(np.int32),
+        transfer_start_us=q.transfer_start_us[:n].astype(np.int64),
+        transfer_end_us=q.transfer_end_us[:n].astype(np.int64),
+        role=q.role.astype(np.int8), prefill_completed=int(q.prefill_completed),
+        in_transfer=int(np.sum(pre_done & (phase == TRANSFER))),
+        dropped_at_decode_kv=int(q.dropped_kv), peak_transfers=int(q.peak),
+        transfer_depth_sum=int(q.depth_sum), transfer_starts=int(q.starts), blis_quirks=quirks)
 
 
 def _tier_counters(st: EngineStatic, g, n: int) -> records.KVTierCounters | None:

@@ -19,12 +19,17 @@ from blisjax.engine.pytree import pytree_dataclass
 
 if TYPE_CHECKING:
     from blisjax.engine.kvtier import KVTierState
+    from blisjax.engine.pd import PDState
 from blisjax.engine.static import EngineStatic
 from blisjax.gorand import STATE_WORDS, TAP_LAG
 from blisjax.metrics.records import Stage
 
 # Request stages (``SimState.status``): the one enumeration both engines use.
 PENDING, ADMITTED, ROUTED, QUEUED, RUNNING, COMPLETED, TIMED_OUT, DROPPED, REJECTED = Stage
+# A P/D request's progress (``PDState.phase``, engine.pd): served whole, awaiting its prefill
+# routing, in prefill, its transfer pending or in flight, its decode sub-request queued or
+# running, or dropped when the decode instance could not reserve its KV.
+WHOLE, PREFILL_ROUTING, PREFILL, TRANSFER, DECODE, DROPPED_AT_DECODE = range(6)
 NIL = -1
 DEFERRED_RELEASES = 8  # completions' releases a lane queues before it runs them itself
 INT64_MAX = (1 << 63) - 1
@@ -34,8 +39,10 @@ INT64_MAX = (1 << 63) - 1
 class SimState:
     """One lane's mutable simulation state (stacked over lanes in a population).
 
-    Shapes: N requests (+1: row N is a sink that masked writes go to), I instances, T tenants,
-    B batch slots, MB blocks per request, K KV blocks per instance, R = 2K free-list ring keys,
+    Shapes: N requests (+1: row N is a sink that masked writes go to; with P/D pools N more
+    rows follow, the prefill sub-requests', ``EngineStatic.request_rows``), I instances,
+    T tenants, B batch slots (with P/D pools, reservation slots after them:
+    ``EngineStatic.slot_count``; the running order has B positions), MB blocks per request, K KV blocks per instance, R = 2K free-list ring keys,
     Q wait-queue slots, E α-delay window entries, G prefix groups, Jg blocks per prefix group,
     S hash slots (+1 sink), D deferred releases. Times are int64 µs; -1 (``NIL``) marks an
     empty entry. The compiled loops carry the fields in name order (``pytree_dataclass``).
@@ -131,6 +138,8 @@ class SimState:
     slot_clock: jax.Array  # int64: next stamp
     # ---- CPU tier of the KV cache (engine.kvtier; one-entry placeholders without one) ----
     tier: KVTierState
+    # ---- P/D pools (engine.pd; one-entry placeholders without them) ----
+    pd: PDState
     # ---- releases queued by this step's completions (kvcache.defer_release) ----
     rel_inst: jax.Array  # int32: their instance
     rel_slots: jax.Array  # int32 [D]: their batch slots, in completion order
@@ -159,15 +168,18 @@ class SimState:
 
 
 def init_state(st: EngineStatic, tb_capacity, rl_burst, admission_code, rate_limit_code,
-               router_rng=None, kv_cpu_blocks=0, kv_reload_us=0):
+               router_rng=None, kv_cpu_blocks=0, kv_reload_us=0, pd_rng=None,
+               pd_role=None, pd_pools=False):
     """Initial state of one lane. The bucket starts full (token-bucket or rate-limit size);
     ``router_rng``: the seeded words of the "router" stream (``PolicyParams.router_rng``;
-    zeros if not given)."""
+    zeros if not given); ``pd_rng``, ``pd_role``, ``pd_pools``: the P/D pools' streams, the
+    instances' roles and whether the lane has pools (``PolicyParams.pd_pool_rng`` ...)."""
     from blisjax.engine.kvtier import init_tier
+    from blisjax.engine.pd import init_pd
 
-    n, i, t = st.num_requests + 1, st.num_instances, st.num_tenants  # + sink row
-    q, e, b, mb, k = st.queue_slots, st.pending_slots, st.batch_slots, \
-        st.max_blocks_per_request, st.kv_blocks
+    n, i, t = st.request_rows, st.num_instances, st.num_tenants  # + sink row (+ P/D rows)
+    q, e, mb, k = st.queue_slots, st.pending_slots, st.max_blocks_per_request, st.kv_blocks
+    b, slots = st.batch_slots, st.slot_count
     g, jg = st.num_groups, st.group_blocks_max
     i32, i64, f64 = jnp.int32, jnp.int64, jnp.float64
     zi = lambda *shape: jnp.zeros(shape, i64)  # noqa: E731
@@ -199,15 +211,16 @@ def init_state(st: EngineStatic, tb_capacity, rl_burst, admission_code, rate_lim
         step_time=jnp.full(i, -1, i64), stretch_steps=zi32(i), stretch_d=zi(i),
         stretch_cum=zi32(i, st.block_size), clock=zi(i), last_left=zi(i),
         q_buf=jnp.full((i, q), NIL, i32), q_head=zi32(i), q_len=zi32(i),
-        order=jnp.full((i, b), NIL, i32), n_run=zi32(i), slot_req=jnp.full((i, b), NIL, i32),
-        bt=jnp.full((i, b, mb), NIL, i32), blen=zi32(i, b), step_cached=zi32(i, b),
+        order=jnp.full((i, b), NIL, i32), n_run=zi32(i),
+        slot_req=jnp.full((i, slots), NIL, i32), bt=jnp.full((i, slots, mb), NIL, i32),
+        blen=zi32(i, slots), step_cached=zi32(i, slots),
         ema=jnp.zeros(i, f64),
         kv_ref=zi32(i, k), kv_tok=zi32(i, k), kv_slot=jnp.full((i, k), NIL, i32),
         fifo=fifo, fkey=jnp.broadcast_to(jnp.arange(k, dtype=i32), (i, k)),
         fhead=zi32(i), ftail=jnp.full(i, k, i32), kv_free=jnp.full(i, k, i32),
         slot_block=jnp.full(st.hash_slots + 1, NIL, i32),
         slot_seq=jnp.full(st.hash_slots + 1, -1, i64), slot_clock=jnp.asarray(0, i64),
-        tier=init_tier(st, kv_cpu_blocks, kv_reload_us),
+        tier=init_tier(st, kv_cpu_blocks, kv_reload_us), pd=init_pd(st, pd_rng, pd_role, pd_pools),
         rel_inst=jnp.asarray(0, i32), rel_slots=zi32(DEFERRED_RELEASES),
         rel_count=jnp.asarray(0, i32),
         hits=zi(i), misses=zi(i), preempt_count=zi(i), completed=zi(i), dropped=zi(i),

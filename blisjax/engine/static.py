@@ -107,6 +107,25 @@ class EngineStatic:
     # block content; a lane that needs more overflows ``offchain``.
     offchain_generations: int = 8
     kv_thrash_window_us: int = 0  # ``metrics.kv_thrash_window_us`` (the thrashing anomaly)
+    # ``cluster.pd``: P/D pools are compiled in (``engine.pd``). A disaggregated request's
+    # prefill sub-request is request row N + 1 + r (``request_rows``); its decode sub-request
+    # keeps row r. Capacities: decode sub-requests waiting with reserved KV per instance
+    # (batch slots past ``batch_slots``), and KV transfers pending or in flight per lane.
+    pd: bool = False
+    pd_reserve_slots: int = 0
+    pd_transfer_slots: int = 0
+
+    @property
+    def request_rows(self) -> int:
+        """Rows of the per-request state: N requests, the sink row N, and with P/D pools the
+        prefill sub-requests' rows N + 1 .. 2N."""
+        n = self.num_requests
+        return n + 1 + (n if self.pd else 0)
+
+    @property
+    def slot_count(self) -> int:
+        """Batch slots per instance: the running batch's, then (P/D) the reservations'."""
+        return self.batch_slots + self.pd_reserve_slots
 
     @property
     def tiered(self) -> bool:
@@ -114,9 +133,15 @@ class EngineStatic:
         return self.cpu_tier_blocks > 0
 
     @property
+    def own_copies(self) -> int:
+        """Instances a request's own blocks can be cached on: one, or with P/D pools any (its
+        prefill and decode sub-requests hold them on two), so own keys are per instance."""
+        return self.num_instances if self.pd else 1
+
+    @property
     def cpu_true_keys(self) -> int:
         """CPU keys of blocks on their true hash chain: the hash slots, then extension keys."""
-        return self.hash_slots + self.cpu_ext_slots
+        return self.hash_slots + self.own_copies * self.cpu_ext_slots
 
     @property
     def cpu_off_slots(self) -> int:
@@ -167,7 +192,7 @@ class EngineStatic:
 
     @property
     def hash_slots(self) -> int:
-        return self.group_slots + self.own_slots
+        return self.group_slots + self.own_copies * self.own_slots
 
 
 @pytree_dataclass
@@ -190,6 +215,9 @@ class WorkloadConsts:
     deadline_order: jax.Array  # requests with 0 < deadline <= horizon, by (deadline, index)
     step_prefill: jax.Array  # float64[budget+1]: (0 + β0) + β1·prefill_tokens
     step_decode: jax.Array  # float64[batch+1]: β2·decode_tokens
+    pd_rank: jax.Array  # P/D: rank of the prefill sub-request's id text ("request_<id>_prefill"),
+    #                     BLIS's order of same-event transfer starts ([1] without pools)
+    pd_kv_bytes: jax.Array  # float64 P/D: bytes of the request's prompt KV a transfer moves
     one_e6: jax.Array  # 1e6, 1e-6 and the KV size as traced values (no constant rewriting)
     one_e_6: jax.Array
     kv_blocks_f: jax.Array
@@ -206,7 +234,9 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
                  running_width: int = 64, narrow_programs: bool = True,
                  decode_stretches: bool | None = None,
                  cpu_tier_blocks: int | None = None,
-                 offchain_generations: int = 8) -> EngineStatic:
+                 offchain_generations: int = 8,
+                 pd_reserve_slots: int | None = None,
+                 pd_transfer_slots: int | None = None) -> EngineStatic:
     """Capacities derived from the configuration and the workload (docs/jax-engine.md, Capacities and overflow).
 
     Defaults are safe upper bounds: the queue can hold every request, the pending window the
@@ -217,13 +247,18 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
     (default ``engine.kv_cpu_blocks``; a search over the tier size sets its largest value, so
     every generation runs one program). ``offchain_generations``: with ``blis_quirks`` and a
     CPU tier, the distinct predecessors one block content's off-chain hashes may have
-    (``engine.kvtier``; a lane needing more overflows ``offchain``).
+    (``engine.kvtier``; a lane needing more overflows ``offchain``). With P/D pools,
+    ``pd_reserve_slots`` (decode sub-requests waiting with reserved KV on one instance;
+    default: as many as requests or KV blocks, whichever is fewer) and ``pd_transfer_slots``
+    (transfers pending or in flight; default: one per request).
     """
     for name, value in (("queue_slots", queue_slots), ("pending_slots", pending_slots),
                         ("deadline_window", deadline_window),
                         ("max_blocks_per_request", max_blocks_per_request),
                         ("running_width", running_width),
-                        ("offchain_generations", offchain_generations)):
+                        ("offchain_generations", offchain_generations),
+                        ("pd_reserve_slots", pd_reserve_slots),
+                        ("pd_transfer_slots", pd_transfer_slots)):
         if value is not None and (isinstance(value, bool)
                                   or not isinstance(value, int | np.integer) or value < 1):
             raise ValueError(f"{name} must be an integer >= 1 (or left to its default), "
@@ -239,9 +274,9 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
         raise ValueError("decode_stretches must be True, False or None (decided by the "
                          f"workload), got {decode_stretches!r}")
     cfg = resolved.config
-    if cfg.cluster.pd.enabled:
-        raise ConfigError("cluster.pd", "prefill/decode pools run in the reference engine only "
-                          "(--engine reference); the JAX engine does not model them")
+    pd = cfg.cluster.pd.enabled
+    if pd:
+        _check_pd_supported(cfg)
     eng = cfg.engine
     bs = eng.block_size_tokens
     n = workload.num_requests
@@ -287,18 +322,24 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
         post_decode_us=int(model.post_decode_overhead_us),
         num_deadlines=num_deadlines,
         deadline_window=deadline_window,
-        itl_capacity=int(np.maximum(out - 1, 0).sum()) if n else 0,
+        itl_capacity=int(_itl_counts(out, pd).sum()) if n else 0,
         running_width=max(1, min(int(running_width), eng.max_num_running_reqs)),
         narrow_programs=bool(narrow_programs),
         decode_stretches=bool(decode_stretches),
         latency_model=cfg.latency.model,
-        cache_scorers=any(Scorer.of(w.name) in CACHE_SCORERS for w in cfg.policy.routing.scorers),
+        # the prefix-threshold decider reads the cache query (any lane may use it)
+        cache_scorers=pd or any(Scorer.of(w.name) in CACHE_SCORERS
+                                for w in cfg.policy.routing.scorers),
         cache_signal_delay_us=cfg.cluster.cache_signal_delay_us,
         blis_quirks=cfg.compat.blis_quirks,
         cpu_tier_blocks=int(max(eng.kv_cpu_blocks, cpu_tier_blocks or 0)),
         kv_thrash_window_us=int(cfg.metrics.kv_thrash_window_us),
         cpu_ext_slots=max(int(_ext_counts(inp, out, bs).sum()) if n else 0, 1),
         offchain_generations=int(offchain_generations),
+        pd=pd,
+        pd_reserve_slots=(int(pd_reserve_slots or max(min(n, int(resolved.total_kv_blocks)), 1))
+                          if pd else 0),
+        pd_transfer_slots=int(pd_transfer_slots or max(n, 1)) if pd else 0,
     )
     # Evaluated on the host through a callback: physics, and a roofline configuration the
     # program cannot evaluate exactly.
@@ -306,6 +347,28 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
         st.latency_model == "roofline"
         and not roofline_fits_the_program(model, st.max_step_tokens, int(total.max())))
     return dataclasses.replace(st, latency=model) if on_host else st
+
+
+def _check_pd_supported(cfg) -> None:
+    """P/D pools with what the JAX engine models of them; a clear error otherwise."""
+    pd = cfg.cluster.pd
+    stateful = {Scorer.PREFIX_AFFINITY, Scorer.NO_HIT_LRU}
+    for name in ("prefill_scorers", "decode_scorers"):
+        if any(Scorer.of(w.name) in stateful for w in getattr(pd, name)):
+            raise ConfigError(f"cluster.pd.{name}", "prefix-affinity and no-hit-lru keep router "
+                              "state per pool: reference engine only (--engine reference)")
+    if any(Scorer.of(w.name) == Scorer.NO_HIT_LRU for w in cfg.policy.routing.scorers):
+        raise ConfigError("policy.routing.scorers", "no-hit-lru with P/D pools runs in the "
+                          "reference engine only (--engine reference)")
+    if cfg.engine.kv_cpu_blocks > 0:
+        raise ConfigError("engine.kv_cpu_blocks", "a CPU tier with P/D pools runs in the "
+                          "reference engine only (--engine reference)")
+
+
+def _itl_counts(out, pd: bool) -> np.ndarray:
+    """Raw ITL entries per request: one per output token after the first; with P/D pools at
+    least one (a decode sub-request's first step decodes a token even with one output)."""
+    return np.maximum(np.asarray(out, np.int64) - 1, 1 if pd else 0)
 
 
 def _ext_counts(inp, out, bs: int) -> np.ndarray:
@@ -350,7 +413,8 @@ def stretches_pay_off(output_tokens) -> bool:
 # Capacities that may be raised above what one workload needs (upper bounds, never semantics).
 _SHAREABLE = ("queue_slots", "pending_slots", "max_blocks_per_request", "max_prompt_blocks",
               "num_groups", "group_blocks_max", "own_slots", "num_deadlines", "itl_capacity",
-              "cpu_ext_slots", "offchain_generations")
+              "cpu_ext_slots", "offchain_generations", "pd_reserve_slots",
+              "pd_transfer_slots")
 
 
 def build_static_shared(resolved, workloads, **capacities) -> EngineStatic:
@@ -431,18 +495,35 @@ def build_consts(resolved, workload, st: EngineStatic) -> WorkloadConsts:
     dl = np.asarray(workload.deadline_us, dtype=np.int64)
     has = np.nonzero((dl > 0) & (dl <= st.horizon_us))[0]
     order = has[np.lexsort((has, dl[has]))] if has.size else np.zeros(0, np.int64)
-    itl_off = np.concatenate([[0], np.cumsum(np.maximum(out - 1, 0))[:-1]]) if st.num_requests \
-        else np.zeros(0, np.int64)
+    itl_off = np.concatenate([[0], np.cumsum(_itl_counts(out, st.pd))[:-1]]) \
+        if st.num_requests else np.zeros(0, np.int64)
     # Every per-request array gets one extra "sink" row (index N): masked scatters write there.
-    # Built on the host and put on the device as they are: ``jnp.asarray`` would compile a
-    # small program per array (~0.1 s in a new process).
-    def pad(x, value, dtype):
-        return jax.device_put(np.concatenate([np.asarray(x), [value]]).astype(dtype))
+    # With P/D pools the prefill sub-requests' rows follow, each its request's constants
+    # (``shadow``: what differs; it has no output tokens). Built on the host and put on the
+    # device as they are: ``jnp.asarray`` would compile a small program per array (~0.1 s in
+    # a new process).
+    def pad(x, value, dtype, shadow=None):
+        x = np.asarray(x)
+        rows = [x, [value]]
+        if st.pd:
+            rows.append(x if shadow is None else shadow)
+        return jax.device_put(np.concatenate(rows).astype(dtype))
 
     i32, i64 = np.int32, np.int64
+    if st.pd:
+        ids = [f"request_{int(x)}_prefill" for x in np.asarray(workload.request_id).tolist()]
+        rank = np.empty(len(ids), np.int64)
+        rank[sorted(range(len(ids)), key=ids.__getitem__)] = np.arange(len(ids))
+        pd_rank = pad(rank, 0, i32)
+        # bytes = ceil(L_in / B) · (B · KV bytes per token), in the reference's float order
+        per_block = float(bs) * float(resolved.pd_kv_bytes_per_token)
+        pd_kv_bytes = pad([float(-(-int(x) // bs)) * per_block for x in inp], 0.0, np.float64)
+    else:
+        pd_rank = jax.device_put(np.zeros(1, i32))
+        pd_kv_bytes = jax.device_put(np.zeros(1, np.float64))
     return WorkloadConsts(
         arrival_us=pad(workload.arrival_us, 0, i64),
-        input_tokens=pad(inp, 1, i32), output_tokens=pad(out, 0, i32),
+        input_tokens=pad(inp, 1, i32), output_tokens=pad(out, 0, i32, np.zeros_like(out)),
         deadline_us=pad(dl, 0, i64),
         tenant=pad(workload.tenant, 0, i32), slo_class=pad(workload.slo_class, 0, i32),
         group=pad(workload.prefix_group, -1, i32), group_blocks=pad(gb, 0, i32),
@@ -452,6 +533,7 @@ def build_consts(resolved, workload, st: EngineStatic) -> WorkloadConsts:
         deadline_order=jax.device_put(np.concatenate(
             [order, np.full(st.num_deadlines + 1 - order.size, -1)]).astype(i32)),
         step_prefill=jax.device_put(step_prefill), step_decode=jax.device_put(step_decode),
+        pd_rank=pd_rank, pd_kv_bytes=pd_kv_bytes,
         one_e6=jax.device_put(np.float64(1e6)), one_e_6=jax.device_put(np.float64(1e-6)),
         kv_blocks_f=jax.device_put(np.float64(st.kv_blocks)),
         roofline=roofline_consts(

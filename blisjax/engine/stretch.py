@@ -252,7 +252,7 @@ def _apply(s: SimState, st, c, i, kc, go, width: int) -> SimState:
             jnp.minimum(spare, kc), mode="drop").at[i, b].set(kc - spare, mode="drop"),
         kv_ref=s.kv_ref.at[i, b].set(1, mode="drop"),
         bt=s.bt.at[i, slots, table_pos].set(b, mode="drop"),
-        blen=s.blen.at[i, jnp.where(fresh, slots, st.batch_slots)].add(1, mode="drop"),
+        blen=s.blen.at[i, jnp.where(fresh, slots, st.slot_count)].add(1, mode="drop"),
         misses=add(s.misses, i, count.astype(jnp.int64), go),
         ovf_blocks=s.ovf_blocks + jnp.sum(fresh & (fill.blen >= mb), dtype=jnp.int32))
     if st.tiered:  # before the hash-slot writes, which read no CPU key

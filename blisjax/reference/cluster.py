@@ -208,7 +208,9 @@ class ClusterSimulator:
         parent.transfer_end_us = time_us
         self.in_flight[parent.decode_instance] += 1
         self.tenant_in_flight[req.tenant] += 1  # BLIS starts the tenant's request again
-        self.instances[parent.decode_instance].enqueue_decode(parent.decode_sub, time_us)
+        decode = self.instances[parent.decode_instance]
+        decode.enqueue_decode(parent.decode_sub, time_us)
+        self._settle_finished(decode)  # one whose deadline has passed leaves at once
 
     # ---- requests and their block hashes ----------------------------------------------------
     @staticmethod

@@ -12,18 +12,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from enum import IntEnum
 
+from blisjax.config.codes import PDRole
 from blisjax.metrics.records import NOT_RECORDED
 
-
-class Role(IntEnum):
-    """What an instance serves under P/D pools (a bit mask, as BLIS's roles)."""
-
-    NONE = 0  # past the pools: never routed to
-    PREFILL = 1
-    DECODE = 2
-    SHARED = 3  # PREFILL | DECODE
+Role = PDRole  # what an instance serves (a bit mask, as BLIS's roles)
 
 
 def instance_roles(pd, num_instances: int) -> list[Role]:

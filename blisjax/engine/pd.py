@@ -1,0 +1,303 @@
+"""P/D pools in the JAX engine: routing into pools, the decider, prefill sub-requests, KV
+transfers and the decode side's reservation (docs/semantics.md §5.10, Decision 15).
+
+Counterpart: ``blisjax.reference.pd`` and ``ClusterSimulator``'s ``_route_pd`` (``route``),
+``_route_prefill`` (``prefill_routing``), ``_prefills_completed`` (``push_transfer_starts``),
+``_start_transfer`` and ``_end_transfer`` (``transfer_event``); ``Instance.
+reserve_transferred_kv`` and ``enqueue_decode`` are ``_reserve`` and ``_enqueue_decode``.
+
+Request rows: a disaggregated request r keeps row r for its decode sub-request (and for the
+parent's facts) while its prefill sub-request is row N + 1 + r (``prefill_row``), whose
+constants are r's without output tokens (``static.build_consts``). Transfer starts (cluster
+priority 5) and ends (priority 6) are entries of a fixed-capacity array ordered by (time,
+priority, sequence) as the reference's cluster heap; prefill routings (priority 4) follow the
+routings of their own time in request order (``PDState.pf_next``). A decode sub-request
+waiting with its reserved KV holds a reservation slot (batch slots past ``batch_slots``) and
+moves into a running slot when admitted.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from blisjax.config.codes import PDDecider, PDRole, RoutingPolicy
+from blisjax.engine import policies
+from blisjax.engine.exactfloat import ieee_divide
+from blisjax.engine.lockstep import lane_while, upd
+from blisjax.engine.params import POOL_DECODE
+from blisjax.engine.pytree import pytree_dataclass
+from blisjax.engine.state import (
+    DECODE,
+    DROPPED_AT_DECODE,
+    INT64_MAX,
+    NIL,
+    PREFILL,
+    PREFILL_ROUTING,
+    ROUTED,
+    TRANSFER,
+    SimState,
+)
+from blisjax.gorand import STATE_WORDS, TAP_LAG
+
+
+@pytree_dataclass
+class PDState:
+    """One lane's P/D state (``SimState.pd``; one-entry placeholders without pools). Shapes:
+    N requests (+1, the sink), X transfer slots (``EngineStatic.pd_transfer_slots``)."""
+
+    phase: jax.Array  # int8 [N + 1]: the request's progress (``state.WHOLE`` .. ``DROPPED_AT_DECODE``)
+    prefill_instance: jax.Array  # int32 [N + 1]: its prefill sub-request's instance, -1
+    transfer_start_us: jax.Array  # int64 [N + 1]: -1 until its transfer starts
+    transfer_end_us: jax.Array  # int64 [N + 1]: -1 until its KV arrives
+    pf_next: jax.Array  # int32: the first request awaiting prefill routing (N: none)
+    x_req: jax.Array  # int32 [X]: the transfer's request, -1 = free
+    x_time: jax.Array  # int64 µs [X]: time of its next event
+    x_done: jax.Array  # bool [X]: False: its start is due (priority 5); True: its end (6)
+    x_seq: jax.Array  # int64 [X]: push order (ties of equal time and priority)
+    x_clock: jax.Array  # int64: events that pushed transfer events so far
+    active: jax.Array  # int32: transfers in flight (contention)
+    peak: jax.Array  # int32: most transfers in flight at once (contention)
+    depth_sum: jax.Array  # int64: transfers in flight at each start, summed (contention)
+    starts: jax.Array  # int64: transfer starts counted by contention
+    prefill_completed: jax.Array  # int32: prefill sub-requests completed
+    dropped_kv: jax.Array  # int32: reservations that failed (requests dropped)
+    rr: jax.Array  # int32 [2]: round-robin counters per pool (``POOL_DECODE``, ``POOL_PREFILL``)
+    rng_words: jax.Array  # int64 [2, 607]: each pool's own random stream (pools with scorers)
+    rng_tap: jax.Array  # int32 [2]
+    rng_feed: jax.Array  # int32 [2]
+    pools: jax.Array  # bool: the lane has pools (``PolicyParams.pd_pools``; for its results)
+    role: jax.Array  # int8 [I]: the lane's ``PDRole`` of each instance (for its results)
+    ovf_transfers: jax.Array  # int32: transfers refused by full transfer slots (flagged)
+    ovf_reserve: jax.Array  # int32: reservations refused by full reservation slots (flagged)
+
+
+def init_pd(st, pd_rng=None, pd_role=None, pd_pools=False) -> PDState:
+    """No transfer, nothing disaggregated; ``pd_rng``: the pools' seeded streams [2, 607];
+    ``pd_role``, ``pd_pools``: the instances' roles [I] and whether the lane has pools
+    (``PolicyParams``)."""
+    on = st.pd
+    n = st.num_requests + 1 if on else 1
+    x = st.pd_transfer_slots if on else 1
+    i32, i64 = jnp.int32, jnp.int64
+    words = jnp.zeros((2, STATE_WORDS), i64) if pd_rng is None else jnp.asarray(pd_rng, i64)
+    return PDState(
+        phase=jnp.zeros(n, jnp.int8), prefill_instance=jnp.full(n, NIL, i32),
+        transfer_start_us=jnp.full(n, -1, i64), transfer_end_us=jnp.full(n, -1, i64),
+        pf_next=jnp.asarray(st.num_requests, i32),
+        x_req=jnp.full(x, NIL, i32), x_time=jnp.zeros(x, i64), x_done=jnp.zeros(x, bool),
+        x_seq=jnp.zeros(x, i64), x_clock=jnp.asarray(0, i64),
+        active=jnp.asarray(0, i32), peak=jnp.asarray(0, i32), depth_sum=jnp.asarray(0, i64),
+        starts=jnp.asarray(0, i64), prefill_completed=jnp.asarray(0, i32),
+        dropped_kv=jnp.asarray(0, i32), rr=jnp.zeros(2, i32),
+        rng_words=words, rng_tap=jnp.zeros(2, i32),
+        rng_feed=jnp.full(2, STATE_WORDS - TAP_LAG, i32),
+        pools=jnp.asarray(pd_pools, bool),
+        role=(jnp.full(st.num_instances, PDRole.SHARED, jnp.int8) if pd_role is None
+              else jnp.asarray(pd_role).astype(jnp.int8)),
+        ovf_transfers=jnp.asarray(0, i32), ovf_reserve=jnp.asarray(0, i32))
+
+
+def prefill_row(st, r):
+    """The row of request r's prefill sub-request."""
+    return r + st.num_requests + 1
+
+
+def parent_row(st, row):
+    """The request a row belongs to (a prefill sub-request's row is its parent's + N + 1)."""
+    return jnp.where(row > st.num_requests, row - st.num_requests - 1, row)
+
+
+def disaggregates(p, c, r, cached_on_decode, block_size: int):
+    """The lane's decider (``reference.pd.disaggregates``): never, always, or whether the
+    prompt tokens not cached on the pre-selected decode instance exceed the threshold."""
+    l_in = c.input_tokens[r]
+    uncached = l_in - cached_on_decode * block_size
+    by_prefix = (l_in > 0) & (uncached > p.pd_threshold)
+    return jnp.where(p.pd_decider == PDDecider.ALWAYS, True,
+                     jnp.where(p.pd_decider == PDDecider.PREFIX_THRESHOLD, by_prefix, False))
+
+
+def transfer_duration_us(p, c, r, active):
+    """``reference.pd.transfer_duration_us``: ceil(base + bytes / bandwidth) µs, at least 1,
+    the bandwidth divided by the transfers in flight (``active``) when more than one."""
+    bandwidth = jnp.where(active > 1, ieee_divide(p.pd_bandwidth, active.astype(jnp.float64)),
+                          p.pd_bandwidth)
+    span = p.pd_base_us + ieee_divide(c.pd_kv_bytes[r], bandwidth)
+    return jnp.maximum(jnp.ceil(span).astype(jnp.int64), 1)
+
+
+# ---- routing into pools -------------------------------------------------------------------------
+
+
+def _exchange(s: SimState, st, pool: int, own) -> SimState:
+    """The router's random stream and round-robin counter exchanged with the pool's: the
+    stream where the pool has its own scorers (``own``), the counter unless ``blis_quirks``
+    (BLIS's one shared counter, Decision 12). Its own inverse: it brings the pool's in before
+    the pool's decision and takes them out after it."""
+    q = s.pd
+
+    def swap(mine, pools, on):
+        return jnp.where(on, pools, mine), jnp.where(on, mine, pools)
+
+    words, q_words = swap(s.rng_words, q.rng_words[pool], own)
+    tap, q_tap = swap(s.rng_tap, q.rng_tap[pool], own)
+    feed, q_feed = swap(s.rng_feed, q.rng_feed[pool], own)
+    rr, q_rr = swap(s.rr, q.rr[pool], not st.blis_quirks)
+    return s.replace(rng_words=words, rng_tap=tap, rng_feed=feed, rr=rr, pd=q.replace(
+        rng_words=q.rng_words.at[pool].set(q_words), rng_tap=q.rng_tap.at[pool].set(q_tap),
+        rng_feed=q.rng_feed.at[pool].set(q_feed), rr=q.rr.at[pool].set(q_rr)))
+
+
+def route_pool(s: SimState, st, c, p, r, pool: int, active):
+    """Route r among the pool's instances (``Router.route`` with the pool's candidates). A
+    pool with its own scorers routes by weight with its own random stream; otherwise with the
+    lane's routing and the "router" stream. Round-robin counts per pool, or on one counter
+    with ``blis_quirks``. Returns ``(state, target)``."""
+    own = p.pd_pool_own[pool]
+    wanted = PDRole.DECODE if pool == POOL_DECODE else PDRole.PREFILL
+    spec = policies.RouteSpec(
+        policy=jnp.where(own, RoutingPolicy.WEIGHTED, p.routing),
+        scorer_order=jnp.where(own, p.pd_pool_order[pool], p.scorer_order),
+        scorer_weight=jnp.where(own, p.pd_pool_weight[pool], p.scorer_weight),
+        prefix_index_on=p.prefix_index_on & ~own,
+        candidates=(p.pd_role & wanted) != 0)
+    s = _exchange(s, st, pool, own)
+    s, target = policies.route(s, st, c, p, r, active, spec)
+    return _exchange(s, st, pool, own), target
+
+
+def route_request(s: SimState, st, c, p, r, active):
+    """Routing with pools (``ClusterSimulator._route_pd``): the decode instance first, then
+    the decider, which reads that instance's cached prefix (the cache query). A
+    disaggregated request awaits its prefill routing at this time; any other is served
+    whole by the decode instance. Returns ``(state, decode instance, whole)``."""
+    s, decode = route_pool(s, st, c, p, r, POOL_DECODE, active)
+    cached = policies.cache_query(s, st, c, r)[decode]
+    split = active & disaggregates(p, c, r, cached, st.block_size)
+    q = s.pd
+    r_or_sink = jnp.where(split, r, st.num_requests)
+    s = s.replace(
+        status=s.status.at[r_or_sink].set(ROUTED), instance=s.instance.at[r_or_sink].set(decode),
+        pd=q.replace(phase=q.phase.at[r_or_sink].set(PREFILL_ROUTING),
+                     pf_next=jnp.where(split & (q.pf_next == st.num_requests), r, q.pf_next)))
+    return s, decode, active & ~split
+
+
+def prefill_routing_us(s: SimState, st, c):
+    """Time of the next prefill routing (INT64_MAX: none): its request's routing time."""
+    r = s.pd.pf_next
+    n = st.num_requests
+    due = c.arrival_us[jnp.minimum(r, n)] + st.admission_latency_us + st.routing_latency_us
+    return jnp.where(r < n, due, INT64_MAX)
+
+
+def prefill_routed(s: SimState, st, r, target, active) -> SimState:
+    """Request r's prefill sub-request went to ``target``; the next request awaiting its
+    prefill routing is the first one after r (all of them were routed at this time)."""
+    q = s.pd
+    r_or_sink = jnp.where(active, r, st.num_requests)
+
+    def cond(cur):
+        return (cur < s.route_cursor) & (q.phase[jnp.minimum(cur, st.num_requests)]
+                                         != PREFILL_ROUTING)
+
+    def body(cur, go):
+        return cur + go.astype(cur.dtype)
+
+    after = lane_while(cond, body, jnp.where(active, r + 1, s.route_cursor))
+    return s.replace(pd=q.replace(
+        phase=q.phase.at[r_or_sink].set(PREFILL),
+        prefill_instance=q.prefill_instance.at[r_or_sink].set(target),
+        pf_next=jnp.where(active, jnp.where(after < s.route_cursor, after, st.num_requests),
+                          q.pf_next)))
+
+
+# ---- transfers ---------------------------------------------------------------------------------
+
+
+class NextTransfer(NamedTuple):
+    """The lane's next transfer event (``next_transfer``)."""
+
+    t_us: jax.Array  # int64: its time (INT64_MAX: none)
+    slot: jax.Array  # int32: its transfer slot
+
+
+def next_transfer(s: SimState) -> NextTransfer:
+    """The earliest transfer event by (time, priority: start before end, push order)."""
+    q = s.pd
+    used = q.x_req >= 0
+    t = jnp.where(used, q.x_time, INT64_MAX)
+    first = used & (t == jnp.min(t))
+    first = first & (q.x_done == jnp.all(~first | q.x_done))  # a start, if one is due
+    slot = jnp.argmin(jnp.where(first, q.x_seq, INT64_MAX)).astype(jnp.int32)
+    return NextTransfer(jnp.min(t), slot)
+
+
+def push_transfer_starts(s: SimState, st, c, reqs, finished, now, left) -> SimState:
+    """Prefill sub-requests among ``reqs`` that ``finished`` in a step at ``now`` ending at
+    ``left`` start their transfers (``ClusterSimulator._prefills_completed``): at ``left``,
+    or with ``blis_quirks`` at ``now`` (Decision 12), pushed in the order of their id text
+    (``WorkloadConsts.pd_rank``)."""
+    q = s.pd
+    n = st.num_requests
+    done = finished & (reqs > n)
+    r = parent_row(st, reqs)
+    count = jnp.sum(done, dtype=jnp.int32)
+    x = q.x_req.shape[0]
+    free = q.x_req < 0
+    # the k-th finishing prefill takes the k-th free slot
+    slot_of = jnp.zeros(x, jnp.int32).at[jnp.where(free, jnp.cumsum(free) - 1, x)].set(
+        jnp.arange(x, dtype=jnp.int32), mode="drop")
+    k = jnp.cumsum(done) - 1
+    fits = done & (k < jnp.sum(free))
+    slot = jnp.where(fits, slot_of[jnp.clip(k, 0, x - 1)], x)
+    start = now if st.blis_quirks else left
+    seq = q.x_clock * (n + 1) + c.pd_rank[jnp.where(done, r, n)].astype(jnp.int64)
+    r_or_sink = jnp.where(done, r, n)
+    return s.replace(pd=q.replace(
+        x_req=q.x_req.at[slot].set(r, mode="drop"),
+        x_time=q.x_time.at[slot].set(start, mode="drop"),
+        x_done=q.x_done.at[slot].set(False, mode="drop"),
+        x_seq=q.x_seq.at[slot].set(seq, mode="drop"),
+        x_clock=q.x_clock + (count > 0).astype(jnp.int64),
+        phase=q.phase.at[r_or_sink].set(TRANSFER),
+        prefill_completed=q.prefill_completed + count,
+        ovf_transfers=q.ovf_transfers + jnp.sum(done & ~fits, dtype=jnp.int32)))
+
+
+def transfer_started(s: SimState, st, c, p, k, r, now, reserved, active) -> SimState:
+    """The bookkeeping of request r's transfer start in slot k (``_start_transfer``): the
+    start time; a failed reservation drops the request, a successful one schedules the
+    transfer's end (its bandwidth shared by the transfers in flight under contention)."""
+    q = s.pd
+    n = st.num_requests
+    go = active & reserved
+    failed = active & ~reserved
+    contention = go & p.pd_contention
+    in_flight = jnp.where(contention, q.active + 1, 1)
+    end = now + transfer_duration_us(p, c, r, in_flight)
+    return s.replace(pd=q.replace(
+        transfer_start_us=q.transfer_start_us.at[jnp.where(active, r, n)].set(now),
+        phase=q.phase.at[jnp.where(failed, r, n)].set(DROPPED_AT_DECODE),
+        dropped_kv=q.dropped_kv + failed.astype(jnp.int32),
+        x_req=upd(q.x_req, k, NIL, failed), x_done=upd(q.x_done, k, True, go),
+        x_time=upd(q.x_time, k, end, go), x_seq=upd(q.x_seq, k, q.x_clock * (n + 1), go),
+        x_clock=q.x_clock + go.astype(jnp.int64),
+        active=q.active + contention.astype(jnp.int32),
+        peak=jnp.where(contention, jnp.maximum(q.peak, in_flight), q.peak),
+        depth_sum=q.depth_sum + jnp.where(contention, in_flight, 0).astype(jnp.int64),
+        starts=q.starts + contention.astype(jnp.int64)))
+
+
+def transfer_ended(s: SimState, st, p, k, r, now, active) -> SimState:
+    """The bookkeeping of a transfer's end in slot k (``_end_transfer``)."""
+    q = s.pd
+    r_or_sink = jnp.where(active, r, st.num_requests)
+    return s.replace(pd=q.replace(
+        x_req=upd(q.x_req, k, NIL, active),
+        active=q.active - (active & p.pd_contention).astype(jnp.int32),
+        transfer_end_us=q.transfer_end_us.at[r_or_sink].set(now),
+        phase=q.phase.at[r_or_sink].set(DECODE)))

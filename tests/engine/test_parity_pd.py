@@ -1,0 +1,200 @@
+"""P/D pools: every lane of a JAX population equals its own reference run, request by request,
+with the P/D counters (docs/semantics.md §5.10).
+
+All examples of a test share one compiled program (four instances, a small KV cache, chunked
+prefill; the capacities from an envelope workload, as in ``test_parity_hypothesis``). Each lane
+draws its own split of the instances into prefill, decode and shared pools (or none), its
+decider and threshold, the transfer's bandwidth, base latency and contention, its routing and
+each pool's own scorers, so one population mixes disaggregated and co-located lanes. Workloads
+draw simultaneous arrivals, prefix groups and deadlines; the small cache makes decode-side
+reservations fail and requests preempt. The default tier runs a few examples without
+``--blis-quirks``; the slow tier runs both modes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from blisjax.config import PDConfig, RoutingConfig, ScorerWeight, resolve_config
+from blisjax.engine import params_from_config, simulate_population, stack_params
+from blisjax.engine.parity import first_divergence
+from blisjax.engine.static import build_static, build_static_shared
+from blisjax.reference import simulate as reference
+from tests.reference.conftest import make_resolved, make_workload
+
+REQUESTS, LANES, INSTANCES = 12, 4, 4
+MAX_PREFIX, MAX_EXTRA, MAX_OUTPUT = 32, 80, 12
+HORIZON_US = 2_000_000  # decode instances full of reservations step empty: bound every run
+GROUPS = ("g0", "g1")
+ENGINE = dict(instances=INSTANCES, block_size=16, kv_blocks=20, max_running=3, max_tokens=64,
+              horizon_us=HORIZON_US)
+# the base configuration's pools only make the program model P/D; every lane has its own
+BASE_PD = PDConfig(prefill_instances=1, decode_instances=1, shared_instances=1,
+                   decider="always")
+STATELESS_SCORERS = ["queue-depth", "kv-utilization", "load-balance", "precise-prefix-cache",
+                     "load-aware", "active-requests", "running-requests", "vllm-dp"]
+
+
+def _envelope():
+    rows = [dict(arrival=0, input=MAX_PREFIX + MAX_EXTRA, output=MAX_OUTPUT, group=k % 2,
+                 prefix=MAX_PREFIX, deadline=1 + k) for k in range(REQUESTS)]
+    return make_workload(rows, groups=GROUPS)
+
+
+@st.composite
+def workloads(draw):
+    rows, t = [], 0
+    for _ in range(REQUESTS):
+        t += draw(st.one_of(st.just(0), st.integers(1, 3000)))
+        group = draw(st.sampled_from([-1, 0, 1]))
+        pre = MAX_PREFIX if group >= 0 else 0
+        rows.append(dict(arrival=t, input=pre + draw(st.integers(1, MAX_EXTRA)),
+                         output=draw(st.integers(0, MAX_OUTPUT)), group=group, prefix=pre,
+                         deadline=draw(st.one_of(st.just(0), st.integers(t + 1, t + 40_000)))))
+    return make_workload(rows, groups=GROUPS)
+
+
+@st.composite
+def pools(draw) -> PDConfig:
+    """A split of the instances (or none), a decider and a transfer model."""
+    shared = draw(st.integers(0, INSTANCES - 1))
+    if draw(st.integers(0, 5)) == 0:
+        prefill = decode = shared = 0  # no pools: co-located serving in the same program
+    else:
+        prefill = draw(st.integers(1, INSTANCES - shared - 1)) if INSTANCES - shared >= 2 else 0
+        decode = draw(st.integers(1, INSTANCES - shared - prefill)) if prefill else 0
+        shared = max(shared, 1) if prefill + decode == 0 else shared
+    decider = "never" if prefill == 0 else draw(st.sampled_from(
+        ["never", "always", "prefix-threshold"]))
+    scorers = st.lists(st.tuples(st.sampled_from(STATELESS_SCORERS), st.integers(1, 3)),
+                       max_size=2, unique_by=lambda x: x[0])
+    pooled = prefill + decode + shared > 0
+    return PDConfig(
+        prefill_instances=prefill, decode_instances=decode, shared_instances=shared,
+        decider=decider, prefix_threshold_tokens=draw(st.integers(0, 64)),
+        transfer_bandwidth_gbps=draw(st.sampled_from([0.5, 5.0, 50.0])),
+        transfer_base_latency_ms=draw(st.sampled_from([0.0, 0.1, 2.0])),
+        transfer_contention=pooled and draw(st.booleans()),
+        prefill_scorers=tuple(ScorerWeight(n, w) for n, w in draw(scorers)) if pooled else (),
+        decode_scorers=tuple(ScorerWeight(n, w) for n, w in draw(scorers)) if pooled else ())
+
+
+@st.composite
+def lanes(draw, base):
+    routing = RoutingConfig(
+        policy=draw(st.sampled_from(["round-robin", "least-loaded", "always-busiest",
+                                     "weighted"])),
+        scorers=tuple(ScorerWeight(n, 1.0 + k) for k, n in enumerate(draw(st.lists(
+            st.sampled_from(["prefix-affinity", *STATELESS_SCORERS]), min_size=1, max_size=3,
+            unique=True)))),
+        tie_break=draw(st.sampled_from(["blis-random", "lowest-index"])))
+    cluster = dataclasses.replace(base.cluster, pd=draw(pools()))
+    policy = dataclasses.replace(base.policy, routing=routing)
+    return dataclasses.replace(base, cluster=cluster, policy=policy)
+
+
+def _base(quirks: bool):
+    resolved = make_resolved(quirks=quirks, **ENGINE)
+    cfg = resolved.config
+    return resolve_config(dataclasses.replace(cfg, cluster=dataclasses.replace(
+        cfg.cluster, pd=BASE_PD)))
+
+
+def _check(quirks: bool, data) -> None:
+    base = _base(quirks)
+    static = build_static(base, _envelope(), decode_stretches=True)
+    assert static.pd
+    w = data.draw(workloads(), label="workload")
+    assert build_static_shared(base, [_envelope(), w], decode_stretches=True) == static
+    configs = [data.draw(lanes(base.config), label=f"lane {k}") for k in range(LANES)]
+    params = stack_params([params_from_config(c, ("",)) for c in configs])
+    results = simulate_population(base, w, params, static=static)
+    for k, cfg in enumerate(configs):
+        want = reference(resolve_config(cfg), w)
+        assert first_divergence(want, results[k]) is None, (k, cfg.cluster.pd, cfg.policy.routing)
+
+
+_SETTINGS = dict(deadline=None, derandomize=True, database=None,
+                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+@settings(max_examples=10, **_SETTINGS)
+@given(data=st.data())
+def test_drawn_pools_match_reference(data):
+    _check(False, data)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("quirks", [False, True])
+@settings(max_examples=150, **_SETTINGS)
+@given(data=st.data())
+def test_drawn_pools_match_reference_slow(quirks, data):
+    _check(quirks, data)
+
+
+def test_population_mixes_splits_deciders_and_co_located_lanes():
+    """One program, lanes that differ only in their P/D knobs, against the reference; and the
+    knobs act (a co-located lane disaggregates nothing, an always lane everything)."""
+    base = _base(False)
+    rows = [dict(arrival=700 * k, input=40 + 6 * k, output=6 + k % 5, group=k % 3 - 1,
+                 prefix=MAX_PREFIX if k % 3 else 0) for k in range(REQUESTS)]
+    w = make_workload(rows, groups=GROUPS)
+    splits = [PDConfig(),  # co-located
+              PDConfig(prefill_instances=1, decode_instances=3, decider="always"),
+              PDConfig(prefill_instances=2, decode_instances=2, decider="prefix-threshold",
+                       prefix_threshold_tokens=40, transfer_contention=True,
+                       decode_scorers=(ScorerWeight("kv-utilization", 1.0),)),
+              PDConfig(prefill_instances=3, decode_instances=1, decider="always",
+                       transfer_bandwidth_gbps=0.5)]
+    configs = [dataclasses.replace(base.config, cluster=dataclasses.replace(
+        base.config.cluster, pd=pd)) for pd in splits]
+    params = stack_params([params_from_config(c, ("",)) for c in configs])
+    static = build_static(base, _envelope(), decode_stretches=True)  # the tests' one program
+    results = simulate_population(base, w, params, static=static)
+    for k, cfg in enumerate(configs):
+        want = reference(resolve_config(cfg), w)
+        assert first_divergence(want, results[k]) is None, k
+    assert results[0].pd is None  # co-located: no P/D counters, as the reference's
+    split = [int(np.sum(r.pd.prefill_instance >= 0)) for r in results[1:]]
+    assert split[0] == REQUESTS and 0 < split[1] < REQUESTS and split[2] == REQUESTS
+    assert list(results[3].pd.role) == [1, 1, 1, 2]
+
+
+# The hand-computed timelines of tests/reference/test_pd.py (the reference engine matches the
+# hand values there; here the JAX engine matches the reference on each): one request, a
+# chunked prefill, a failed decode-side reservation, a decode sub-request timing out, and the
+# never decider with an unpooled instance. Each compiles its own program: slow tier.
+HAND_PD = dict(prefill_instances=1, decode_instances=1, decider="always",
+               transfer_bandwidth_gbps=20.0, transfer_base_latency_ms=0.1)
+HAND_CASES = {
+    "one-request": (dict(), [dict(arrival=0, input=160, output=3)]),
+    "chunked-prefill": (dict(max_tokens=64), [dict(arrival=0, input=160, output=3)]),
+    "reservation-drop": (dict(kv_blocks=14), [dict(arrival=0, input=160, output=50),
+                                              dict(arrival=0, input=160, output=3)]),
+    "decode-timeout": (dict(), [dict(arrival=0, input=160, output=10, deadline=6000)]),
+    "never-with-unpooled": (dict(instances=3, pd=dict(prefill_instances=1, decode_instances=1,
+                                                      decider="never")),
+                            [dict(arrival=k * 10, input=32, output=2) for k in range(4)]),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("quirks", [False, True])
+@pytest.mark.parametrize("case", sorted(HAND_CASES))
+def test_hand_timelines_match_reference(case, quirks):
+    from blisjax.engine import simulate
+
+    engine, rows = HAND_CASES[case]
+    engine = dict(engine)
+    pd = PDConfig(**engine.pop("pd", HAND_PD))
+    base = make_resolved(instances=engine.pop("instances", 2), quirks=quirks, **engine)
+    cfg = dataclasses.replace(base.config, cluster=dataclasses.replace(base.config.cluster,
+                                                                       pd=pd))
+    resolved, w = resolve_config(cfg), make_workload(rows)
+    got = simulate(resolved, w)
+    assert got.pd is not None and first_divergence(reference(resolved, w), got) is None
