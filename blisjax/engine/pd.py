@@ -23,7 +23,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from blisjax.config.codes import PDDecider, PDRole, RoutingPolicy
+from blisjax.config.codes import PDDecider, PDRole, RoutingPolicy, Scorer
 from blisjax.engine import policies
 from blisjax.engine.exactfloat import ieee_divide
 from blisjax.engine.lockstep import lane_while, upd
@@ -68,6 +68,14 @@ class PDState:
     rng_words: jax.Array  # int64 [2, 607]: each pool's own random stream (pools with scorers)
     rng_tap: jax.Array  # int32 [2]
     rng_feed: jax.Array  # int32 [2]
+    # each pool's own router state when it has its own scorers (``SimState``'s fields of the
+    # same names are the lane router's): the prefix index and no-hit-lru's recency
+    lru_pos: jax.Array  # int64 [2, I, G, Jg]
+    lru_own_at: jax.Array  # int64 [2, I, G, Jg]
+    lru_clock: jax.Array  # int64 [2, I]
+    lru_own: jax.Array  # int64 [2, I]
+    cold_stamp: jax.Array  # int64 [2, I]
+    cold_clock: jax.Array  # int64 [2]
     pools: jax.Array  # bool: the lane has pools (``PolicyParams.pd_pools``; for its results)
     role: jax.Array  # int8 [I]: the lane's ``PDRole`` of each instance (for its results)
     ovf_transfers: jax.Array  # int32: transfers refused by full transfer slots (flagged)
@@ -82,6 +90,8 @@ def init_pd(st, pd_rng=None, pd_role=None, pd_pools=False) -> PDState:
     n = st.num_requests + 1 if on else 1
     x = st.pd_transfer_slots if on else 1
     i32, i64 = jnp.int32, jnp.int64
+    inst = st.num_instances if on else 1
+    groups = (inst, st.num_groups, st.group_blocks_max) if on else (1, 1, 1)
     words = jnp.zeros((2, STATE_WORDS), i64) if pd_rng is None else jnp.asarray(pd_rng, i64)
     return PDState(
         phase=jnp.zeros(n, jnp.int8), prefill_instance=jnp.full(n, NIL, i32),
@@ -94,6 +104,9 @@ def init_pd(st, pd_rng=None, pd_role=None, pd_pools=False) -> PDState:
         dropped_kv=jnp.asarray(0, i32), rr=jnp.zeros(2, i32),
         rng_words=words, rng_tap=jnp.zeros(2, i32),
         rng_feed=jnp.full(2, STATE_WORDS - TAP_LAG, i32),
+        lru_pos=jnp.full((2, *groups), -1, i64), lru_own_at=jnp.zeros((2, *groups), i64),
+        lru_clock=jnp.zeros((2, inst), i64), lru_own=jnp.zeros((2, inst), i64),
+        cold_stamp=jnp.full((2, inst), -1, i64), cold_clock=jnp.zeros(2, i64),
         pools=jnp.asarray(pd_pools, bool),
         role=(jnp.full(st.num_instances, PDRole.SHARED, jnp.int8) if pd_role is None
               else jnp.asarray(pd_role).astype(jnp.int8)),
@@ -132,23 +145,29 @@ def transfer_duration_us(p, c, r, active):
 # ---- routing into pools -------------------------------------------------------------------------
 
 
+# The lane router's state that a pool with its own scorers keeps apart (``PDState``'s fields of
+# the same names): its random stream, prefix index and no-hit-lru recency.
+_ROUTER_FIELDS = ("rng_words", "rng_tap", "rng_feed", "lru_pos", "lru_own_at", "lru_clock",
+                  "lru_own", "cold_stamp", "cold_clock")
+
+
 def _exchange(s: SimState, st, pool: int, own) -> SimState:
-    """The router's random stream and round-robin counter exchanged with the pool's: the
-    stream where the pool has its own scorers (``own``), the counter unless ``blis_quirks``
-    (BLIS's one shared counter, Decision 12). Its own inverse: it brings the pool's in before
-    the pool's decision and takes them out after it."""
+    """The lane router's state exchanged with the pool's: all of it where the pool has its
+    own scorers (``own``, BLIS's separate router), and the round-robin counter unless
+    ``blis_quirks`` (BLIS's one shared counter, Decision 12). Its own inverse: it brings the
+    pool's in before the pool's decision and takes them out after it."""
     q = s.pd
+    mine, pools = {}, {}
 
-    def swap(mine, pools, on):
-        return jnp.where(on, pools, mine), jnp.where(on, mine, pools)
+    def swap(name, on, counter=None):
+        lane, kept = getattr(s, name), getattr(q, counter or name)
+        mine[name] = jnp.where(on, kept[pool], lane)
+        pools[counter or name] = kept.at[pool].set(jnp.where(on, lane, kept[pool]))
 
-    words, q_words = swap(s.rng_words, q.rng_words[pool], own)
-    tap, q_tap = swap(s.rng_tap, q.rng_tap[pool], own)
-    feed, q_feed = swap(s.rng_feed, q.rng_feed[pool], own)
-    rr, q_rr = swap(s.rr, q.rr[pool], not st.blis_quirks)
-    return s.replace(rng_words=words, rng_tap=tap, rng_feed=feed, rr=rr, pd=q.replace(
-        rng_words=q.rng_words.at[pool].set(q_words), rng_tap=q.rng_tap.at[pool].set(q_tap),
-        rng_feed=q.rng_feed.at[pool].set(q_feed), rr=q.rr.at[pool].set(q_rr)))
+    for name in _ROUTER_FIELDS:
+        swap(name, own)
+    swap("rr", not st.blis_quirks)
+    return s.replace(**mine, pd=q.replace(**pools))
 
 
 def route_pool(s: SimState, st, c, p, r, pool: int, active):
@@ -162,7 +181,8 @@ def route_pool(s: SimState, st, c, p, r, pool: int, active):
         policy=jnp.where(own, RoutingPolicy.WEIGHTED, p.routing),
         scorer_order=jnp.where(own, p.pd_pool_order[pool], p.scorer_order),
         scorer_weight=jnp.where(own, p.pd_pool_weight[pool], p.scorer_weight),
-        prefix_index_on=p.prefix_index_on & ~own,
+        prefix_index_on=jnp.where(own, jnp.any(p.pd_pool_order[pool] == Scorer.PREFIX_AFFINITY),
+                                  p.prefix_index_on),
         candidates=(p.pd_role & wanted) != 0)
     s = _exchange(s, st, pool, own)
     s, target = policies.route(s, st, c, p, r, active, spec)

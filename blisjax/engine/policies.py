@@ -214,20 +214,22 @@ def _inverted_min_max(x, among=None):
     return jnp.where(hi == lo, 1.0, q)
 
 
-def _cold_ramp(s: SimState, st):
-    """no-hit-lru's scores for a cold request (``Router.scorer``): instances that never took
-    a cold request first (instance order), then the least recently given one; rank k scores
-    1 − k/(I − 1)."""
-    n = st.num_instances
-    if n == 1:
+def _cold_ramp(s: SimState, st, among=None):
+    """no-hit-lru's scores for a cold request (``Router.scorer``): among the candidates
+    (``among``; None: every instance), those that never took a cold request first (instance
+    order), then the least recently given one; rank k of n scores 1 − k/(n − 1)."""
+    if st.num_instances == 1:
         return jnp.ones(1, F64)
+    idx = jnp.arange(st.num_instances)
     stamp = s.cold_stamp
     never = stamp < 0
-    idx = jnp.arange(n)
-    never_before = jnp.sum(never[None, :] & (idx[None, :] < idx[:, None]), axis=1)
-    used_before = jnp.sum(~never[None, :] & (stamp[None, :] < stamp[:, None]), axis=1)
-    rank = jnp.where(never, never_before, jnp.sum(never) + used_before)
-    return 1.0 - ieee_divide(rank.astype(F64), jnp.full(n, n - 1, F64))
+    cand = jnp.ones(st.num_instances, bool) if among is None else among
+    n = st.num_instances if among is None else jnp.sum(among)
+    never_before = jnp.sum((cand & never)[None, :] & (idx[None, :] < idx[:, None]), axis=1)
+    used_before = jnp.sum((cand & ~never)[None, :] & (stamp[None, :] < stamp[:, None]), axis=1)
+    rank = jnp.where(never, never_before, jnp.sum(cand & never) + used_before)
+    denominator = jnp.broadcast_to(jnp.maximum(n - 1, 1), rank.shape).astype(F64)
+    return jnp.where(n == 1, 1.0, 1.0 - ieee_divide(rank.astype(F64), denominator))
 
 
 class RouteSpec(NamedTuple):
@@ -264,7 +266,7 @@ def weighted_scores(s: SimState, st, c, p, r, view: RouterView, spec: RouteSpec 
     most = _max(in_flight, among)
     active_requests = jnp.where((in_flight == 0) | (most == 0), 1.0, ieee_divide(
         (most - in_flight).astype(F64), jnp.maximum(most, 1).astype(F64)))
-    no_hit = jnp.where(view.cold, _cold_ramp(s, st), 0.5) if st.cache_scorers \
+    no_hit = jnp.where(view.cold, _cold_ramp(s, st, among), 0.5) if st.cache_scorers \
         else jnp.full(st.num_instances, 0.5, F64)
     scores = by_code(Scorer, {
         Scorer.PREFIX_AFFINITY: prefix, Scorer.QUEUE_DEPTH: _inverted_min_max(qd, among),

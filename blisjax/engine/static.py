@@ -350,16 +350,8 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
 
 
 def _check_pd_supported(cfg) -> None:
-    """P/D pools with what the JAX engine models of them; a clear error otherwise."""
-    pd = cfg.cluster.pd
-    stateful = {Scorer.PREFIX_AFFINITY, Scorer.NO_HIT_LRU}
-    for name in ("prefill_scorers", "decode_scorers"):
-        if any(Scorer.of(w.name) in stateful for w in getattr(pd, name)):
-            raise ConfigError(f"cluster.pd.{name}", "prefix-affinity and no-hit-lru keep router "
-                              "state per pool: reference engine only (--engine reference)")
-    if any(Scorer.of(w.name) == Scorer.NO_HIT_LRU for w in cfg.policy.routing.scorers):
-        raise ConfigError("policy.routing.scorers", "no-hit-lru with P/D pools runs in the "
-                          "reference engine only (--engine reference)")
+    """P/D pools with what the JAX engine models of them (not a CPU tier with them yet); a
+    clear error otherwise."""
     if cfg.engine.kv_cpu_blocks > 0:
         raise ConfigError("engine.kv_cpu_blocks", "a CPU tier with P/D pools runs in the "
                           "reference engine only (--engine reference)")

@@ -5,7 +5,9 @@ All examples of a test share one compiled program (four instances, a small KV ca
 prefill; the capacities from an envelope workload, as in ``test_parity_hypothesis``). Each lane
 draws its own split of the instances into prefill, decode and shared pools (or none), its
 decider and threshold, the transfer's bandwidth, base latency and contention, its routing and
-each pool's own scorers, so one population mixes disaggregated and co-located lanes. Workloads
+each pool's own scorers (any of them: a pool with its own scorers is a router of its own, with
+its prefix index and no-hit-lru recency), so one population mixes disaggregated and co-located
+lanes. Workloads
 draw simultaneous arrivals, prefix groups and deadlines; the small cache makes decode-side
 reservations fail and requests preempt. The default tier runs a few examples without
 ``--blis-quirks``; the slow tier runs both modes.
@@ -21,6 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from blisjax.config import PDConfig, RoutingConfig, ScorerWeight, resolve_config
+from blisjax.config.codes import Scorer
 from blisjax.engine import params_from_config, simulate_population, stack_params
 from blisjax.engine.parity import first_divergence
 from blisjax.engine.static import build_static, build_static_shared
@@ -36,8 +39,7 @@ ENGINE = dict(instances=INSTANCES, block_size=16, kv_blocks=20, max_running=3, m
 # the base configuration's pools only make the program model P/D; every lane has its own
 BASE_PD = PDConfig(prefill_instances=1, decode_instances=1, shared_instances=1,
                    decider="always")
-STATELESS_SCORERS = ["queue-depth", "kv-utilization", "load-balance", "precise-prefix-cache",
-                     "load-aware", "active-requests", "running-requests", "vllm-dp"]
+SCORERS = Scorer.labels()
 
 
 def _envelope():
@@ -71,7 +73,7 @@ def pools(draw) -> PDConfig:
         shared = max(shared, 1) if prefill + decode == 0 else shared
     decider = "never" if prefill == 0 else draw(st.sampled_from(
         ["never", "always", "prefix-threshold"]))
-    scorers = st.lists(st.tuples(st.sampled_from(STATELESS_SCORERS), st.integers(1, 3)),
+    scorers = st.lists(st.tuples(st.sampled_from(SCORERS), st.integers(1, 3)),
                        max_size=2, unique_by=lambda x: x[0])
     pooled = prefill + decode + shared > 0
     return PDConfig(
@@ -90,8 +92,7 @@ def lanes(draw, base):
         policy=draw(st.sampled_from(["round-robin", "least-loaded", "always-busiest",
                                      "weighted"])),
         scorers=tuple(ScorerWeight(n, 1.0 + k) for k, n in enumerate(draw(st.lists(
-            st.sampled_from(["prefix-affinity", *STATELESS_SCORERS]), min_size=1, max_size=3,
-            unique=True)))),
+            st.sampled_from(SCORERS), min_size=1, max_size=3, unique=True)))),
         tie_break=draw(st.sampled_from(["blis-random", "lowest-index"])))
     cluster = dataclasses.replace(base.cluster, pd=draw(pools()))
     policy = dataclasses.replace(base.policy, routing=routing)
@@ -148,7 +149,10 @@ def test_population_mixes_splits_deciders_and_co_located_lanes():
               PDConfig(prefill_instances=1, decode_instances=3, decider="always"),
               PDConfig(prefill_instances=2, decode_instances=2, decider="prefix-threshold",
                        prefix_threshold_tokens=40, transfer_contention=True,
-                       decode_scorers=(ScorerWeight("kv-utilization", 1.0),)),
+                       decode_scorers=(ScorerWeight("prefix-affinity", 2.0),
+                                       ScorerWeight("kv-utilization", 1.0)),
+                       prefill_scorers=(ScorerWeight("no-hit-lru", 1.0),
+                                        ScorerWeight("queue-depth", 1.0))),
               PDConfig(prefill_instances=3, decode_instances=1, decider="always",
                        transfer_bandwidth_gbps=0.5)]
     configs = [dataclasses.replace(base.config, cluster=dataclasses.replace(
@@ -198,3 +202,27 @@ def test_hand_timelines_match_reference(case, quirks):
     resolved, w = resolve_config(cfg), make_workload(rows)
     got = simulate(resolved, w)
     assert got.pd is not None and first_divergence(reference(resolved, w), got) is None
+
+
+@pytest.mark.slow
+def test_pd_capacities_are_flagged_when_exceeded():
+    """Two transfer slots and two reservation slots. Four requests arrive at once on one
+    prefill and one decode instance that each run one request at a time, so the prefills take
+    one step each; a prefill's transfer is pending from its step's start and reserves KV from
+    its own start. With a slow transfer (2 s) the first two are in flight when the third
+    prefill completes: its transfer (and the fourth's) is refused. With a fast one the first
+    decode sub-request runs its 50 tokens while the next two wait with their reserved KV, so
+    the fourth finds no reservation slot."""
+    base = make_resolved(instances=2, max_running=1)
+    pools = dict(prefill_instances=1, decode_instances=1, decider="always")
+    cfg = dataclasses.replace(base.config, cluster=dataclasses.replace(
+        base.config.cluster, pd=PDConfig(**pools)))
+    resolved = resolve_config(cfg)
+    w = make_workload([dict(arrival=0, input=16, output=50) for _ in range(4)])
+    lanes = [dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster, pd=PDConfig(
+        **pools, transfer_bandwidth_gbps=gbps))) for gbps in (0.001, 50.0)]
+    static = build_static(resolved, w, pd_transfer_slots=2, pd_reserve_slots=2)
+    params = stack_params([params_from_config(c, ("",)) for c in lanes])
+    slow, fast = simulate_population(resolved, w, params, static=static)
+    assert set(slow.overflow) == {"pd_transfers"} and slow.overflow["pd_transfers"] == 2
+    assert fast.overflow == {"pd_reserve": 1}

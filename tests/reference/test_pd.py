@@ -14,7 +14,7 @@ import dataclasses
 
 import pytest
 
-from blisjax.config import ConfigError, RoutingConfig, ScorerWeight, resolve_config
+from blisjax.config import ConfigError, resolve_config
 from blisjax.config.flags import apply_blis_flag_values
 from blisjax.config.sim import ClusterConfig, PDConfig, SimConfig
 from blisjax.metrics import aggregate_metrics, per_request_rows
@@ -175,25 +175,15 @@ def test_blis_flags():
         apply_blis_flag_values(cfg, {"decode-tp": "2"})
 
 
-@pytest.mark.parametrize("change, field", [
-    (dict(pd=dict(prefill_scorers=(ScorerWeight("prefix-affinity", 1.0),))),
-     "cluster.pd.prefill_scorers"),
-    (dict(pd=dict(decode_scorers=(ScorerWeight("no-hit-lru", 1.0),))),
-     "cluster.pd.decode_scorers"),
-    (dict(routing=("no-hit-lru",)), "policy.routing.scorers"),
-    (dict(cpu_blocks=8), "engine.kv_cpu_blocks")])
-def test_jax_engine_refuses_what_it_does_not_model_of_pools(change, field):
-    """Router state kept per pool (prefix-affinity, no-hit-lru) and a CPU tier with pools run
-    in the reference engine only; the JAX engine names the field."""
+def test_jax_engine_refuses_a_cpu_tier_with_pools():
+    """A CPU tier with pools runs in the reference engine only; the JAX engine names the
+    field."""
     from blisjax.engine.static import build_static
 
-    routing = RoutingConfig(policy="weighted", scorers=tuple(
-        ScorerWeight(n, 1.0) for n in change.get("routing", ("queue-depth",))))
-    base = make_resolved(instances=2, cpu_blocks=change.get("cpu_blocks", 0), routing=routing)
-    pd = PDConfig(**{**PD, **change.get("pd", {})})
+    base = make_resolved(instances=2, cpu_blocks=8)
     cfg = dataclasses.replace(base.config, cluster=dataclasses.replace(base.config.cluster,
-                                                                       pd=pd))
-    with pytest.raises(ConfigError, match=f"{field}: .*reference engine only"):
+                                                                       pd=PDConfig(**PD)))
+    with pytest.raises(ConfigError, match="engine.kv_cpu_blocks: .*reference engine only"):
         build_static(resolve_config(cfg), make_workload([dict(arrival=0, input=16)]))
 
 
