@@ -20,6 +20,7 @@ kernels; use the time split as a pointer and decide with ``ab_engine.py``. Needs
     python benchmarks/profile_engine.py --cpu-devices 2 --lanes 128 --top 60
     python benchmarks/profile_engine.py --anchor --requests 1000   # 512-token outputs
     python benchmarks/profile_engine.py --cpu-tier --lanes 4 --requests 300
+    python benchmarks/profile_engine.py --pd --lanes 16 --requests 500
 """
 
 from __future__ import annotations
@@ -185,11 +186,19 @@ def main() -> None:
     ap.add_argument("--cpu-tier", action="store_true",
                     help="the CPU-tier example (bench_jax.cpu_tier): lanes draw tier sizes up to "
                          "bench_jax.TIER_MAX_BLOCKS")
+    ap.add_argument("--pd", action="store_true",
+                    help="the P/D example (bench_jax.pd_split): lanes draw splits, thresholds "
+                         "and decode-pool weights")
     args = ap.parse_args()
     tiers = {}
-    if args.cpu_tier:
+    draw = bench_jax.population
+    if args.pd:
+        resolved, workload = bench_jax.pd_split(args.requests)
+        draw = bench_jax.pd_population
+    elif args.cpu_tier:
         resolved, workload = bench_jax.cpu_tier(args.requests)
         tiers = {"cpu_tier_blocks": bench_jax.TIER_MAX_BLOCKS}
+        draw = bench_jax.tier_population
     elif args.anchor:
         resolved, workload = bench_jax.anchor(args.requests, 4)
     else:
@@ -198,8 +207,7 @@ def main() -> None:
     st = build_static(resolved, workload, decode_stretches=False if args.no_stretches else None,
                       **tiers)
     consts = build_consts(resolved, workload, st)
-    params = (bench_jax.tier_population if tiers else bench_jax.population)(
-        resolved.config, workload.tenant_names, args.lanes)
+    params = draw(resolved.config, workload.tenant_names, args.lanes)
     devices, padded, _ = engine_run._placement(params, None, engine_run.LANE_BLOCK)
     compiled = engine_run._run_sharded.lower(st, consts, padded, devices,
                                               engine_run.LANE_BLOCK).compile()

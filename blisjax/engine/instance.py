@@ -166,7 +166,10 @@ def reserve_transferred_kv(s: SimState, st, c, i, r, now, active):
     has_room = jnp.any(free)
     l_in, empty = c.input_tokens[r], jnp.zeros(1, jnp.int32)
     ok = active & has_room & kv.can_allocate(s, st, c, i, sb, r, 0, l_in, empty, 0)
-    s = kv.allocate(s, st, c, i, sb, r, 0, l_in, empty, 0, ok)
+    # the whole prompt's blocks in one pass (a prefill's chunk takes a few at a time): in a
+    # lockstep block some lane reserves in almost every pass of the cheap events
+    s = kv.allocate(s, st, c, i, sb, r, 0, l_in, empty, 0, ok,
+                    chunk=max(1, st.max_blocks_per_request))
     q = s.pd
     return s.replace(
         slot_req=upd(s.slot_req, (i, sb), r, ok),
@@ -208,12 +211,14 @@ def _admit_decode(s: SimState, st, c, i, r, sb, active):
     src = jnp.argmax(s.slot_req[i] == r).astype(jnp.int32)
     ok = active & kv.can_allocate(s, st, c, i, src, r, l_in, l_in + 1, empty, 0)
     s = kv.allocate(s, st, c, i, src, r, l_in, l_in + 1, empty, 0, ok, chunk=1)
-    mb = st.max_blocks_per_request
+    # one gather and one scatter per array (src >= batch_slots > sb): a second read of the
+    # old array after a first write would make XLA copy the whole block table
+    pair = jnp.stack([src, sb])
+    tables, held = s.bt[i, pair], s.blen[i, pair]
+    empty_row = jnp.full_like(tables[0], NIL)
     return s.replace(
-        bt=s.bt.at[i, sb].set(jnp.where(ok, s.bt[i, src], s.bt[i, sb]))
-        .at[i, src].set(jnp.where(ok, jnp.full(mb, NIL, jnp.int32), s.bt[i, src])),
-        blen=s.blen.at[i, sb].set(jnp.where(ok, s.blen[i, src], s.blen[i, sb]))
-        .at[i, src].set(jnp.where(ok, 0, s.blen[i, src])),
+        bt=s.bt.at[i, pair].set(jnp.where(ok, jnp.stack([empty_row, tables[0]]), tables)),
+        blen=s.blen.at[i, pair].set(jnp.where(ok, jnp.stack([0, held[0]]), held)),
         slot_req=upd(s.slot_req, (i, src), NIL, ok)), ok
 
 
