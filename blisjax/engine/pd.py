@@ -1,10 +1,12 @@
 """P/D pools in the JAX engine: routing into pools, the decider, prefill sub-requests, KV
 transfers and the decode side's reservation (docs/semantics.md §5.10, Decision 15).
 
-Counterpart: ``blisjax.reference.pd`` and ``ClusterSimulator``'s ``_route_pd`` (``route``),
-``_route_prefill`` (``prefill_routing``), ``_prefills_completed`` (``push_transfer_starts``),
-``_start_transfer`` and ``_end_transfer`` (``transfer_event``); ``Instance.
-reserve_transferred_kv`` and ``enqueue_decode`` are ``_reserve`` and ``_enqueue_decode``.
+Counterpart: ``blisjax.reference.pd`` and ``ClusterSimulator``'s ``_route_pd``
+(``route_request``), ``_route_prefill`` (``route_pool`` and ``prefill_routed``, called by
+``cluster.prefill_routing``), ``_prefills_completed`` (``push_transfer_starts``),
+``_start_transfer`` and ``_end_transfer`` (``transfer_started`` and ``transfer_ended``, called
+by ``cluster.transfer_event``). ``Instance.reserve_transferred_kv`` and ``enqueue_decode`` have
+their counterparts of the same names in ``engine.instance``.
 
 Request rows: a disaggregated request r keeps row r for its decode sub-request (and for the
 parent's facts) while its prefill sub-request is row N + 1 + r (``prefill_row``), whose
