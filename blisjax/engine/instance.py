@@ -87,6 +87,16 @@ def inject_arrival(s: SimState, st, c, i, r, now, active) -> SimState:
         ovf_pending=s.ovf_pending + (active & ~has_room).astype(jnp.int32))
 
 
+def _release_slot_of(s: SimState, st, i, r, active):
+    """Free the blocks of the batch slot holding request r on instance i, if one does, where
+    ``active`` (``KVCache.release``); returns ``(state, that slot)``."""
+    holder = s.slot_req[i] == r
+    sb = jnp.argmax(holder).astype(jnp.int32)
+    held = active & jnp.any(holder)
+    s = kv.release(s, st, i, sb, held)
+    return s.replace(slot_req=upd(s.slot_req, (i, sb), NIL, held)), sb
+
+
 def _finish_in_flight(s: SimState, c, i, r, active) -> SimState:
     """A request left instance i (dropped, timed out): router in-flight counts go down."""
     t = c.tenant[r]
@@ -132,14 +142,10 @@ def timeout(s: SimState, st, c, i, r, now, active) -> SimState:
     r = jnp.where(active, r, st.num_requests)
     running = active & (s.status[r] == RUNNING)
     queued = active & ~running
-    slots_of_r = (s.slot_req[i] == r) & active
-    sb = jnp.argmax(slots_of_r).astype(jnp.int32)
     # a queued decode sub-request (P/D) holds its reserved KV in a reservation slot
-    holds = running | (jnp.any(slots_of_r) if st.pd else False)
+    s, sb = _release_slot_of(s, st, i, r, active if st.pd else running)
     pos = jnp.argmax((s.order[i] == sb) & (jnp.arange(st.batch_slots) < s.n_run[i]))
-    s = kv.release(s, st, i, sb, holds)
     s = order_remove_at(s, st, i, pos, running)
-    s = s.replace(slot_req=upd(s.slot_req, (i, sb), NIL, holds))
     s = q_remove_at(s, st, i, q_offset_of(s, st, i, r, queued), queued)
     s = s.replace(status=s.status.at[r].set(jnp.where(active, TIMED_OUT, s.status[r])
                                             .astype(s.status.dtype)),
@@ -190,11 +196,7 @@ def enqueue_decode(s: SimState, st, c, i, r, now, active) -> SimState:
         timed_out=add(s.timed_out, i, 1, due),
         enq_seq=s.enq_seq.at[r_or_sink].set(jnp.where(queued, s.enq_counter, s.enq_seq[r])),
         enq_counter=s.enq_counter + queued.astype(jnp.int64))
-    holder = s.slot_req[i] == r
-    sb = jnp.argmax(holder).astype(jnp.int32)
-    released = due & jnp.any(holder)
-    s = kv.release(s, st, i, sb, released)
-    s = s.replace(slot_req=upd(s.slot_req, (i, sb), NIL, released))
+    s, _ = _release_slot_of(s, st, i, r, due)
     s = _finish_in_flight(s, c, i, r, due)
     s = q_push_back(s, st, i, r, queued)
     if st.stretches:  # steps from now on may admit it: they are no longer plain
