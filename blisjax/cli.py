@@ -35,7 +35,13 @@ from blisjax.config import (
     resolve_config,
 )
 from blisjax.devices import use_cpu_cores
-from blisjax.metrics import aggregate_metrics, kv_cache_summary, per_request_rows, write_json_atomic
+from blisjax.metrics import (
+    aggregate_metrics,
+    kv_cache_summary,
+    per_request_rows,
+    timeline_csv,
+    write_json_atomic,
+)
 from blisjax.progress import Progress
 from blisjax.workload import (
     distribution_spec,
@@ -204,6 +210,9 @@ def _add_outputs(p: argparse.ArgumentParser) -> None:
                    help="write per-request results (JSON array sorted by request_id)")
     p.add_argument("--metrics-path", metavar="FILE",
                    help="also write the aggregate metrics JSON to FILE")
+    p.add_argument("--timeline-path", metavar="FILE",
+                   help="write the instances' lifecycle state changes as CSV (time_us, "
+                        "instance, state, replicas held and routable after the change)")
 
 
 def _add_engine_flag(p: argparse.ArgumentParser) -> None:
@@ -733,6 +742,9 @@ def _simulate(args: Any, cfg: SimConfig, choice: WorkloadChoice, base: str) -> i
         if args.metrics_path:
             progress.phase(f"writing {args.metrics_path}")
             write_json_atomic(args.metrics_path, metrics)
+        if args.timeline_path:
+            progress.phase(f"writing {args.timeline_path}")
+            write_text_atomic(args.timeline_path, timeline_csv(result))
     summary = kv_cache_summary(result)
     if summary and not args.quiet:
         print(summary, file=sys.stderr)
@@ -746,7 +758,7 @@ def _simulate(args: Any, cfg: SimConfig, choice: WorkloadChoice, base: str) -> i
 def _check_run_flags(args: Any) -> None:
     """Checks of `run` and `replay` that need no configuration (before any file is read)."""
     _check_capacities_used(args)
-    _check_outputs(args, ("results_path", "metrics_path"))
+    _check_outputs(args, ("results_path", "metrics_path", "timeline_path"))
 
 
 def cmd_run(args: Any) -> int:

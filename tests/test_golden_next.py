@@ -11,12 +11,15 @@ token counts, in both engines; aggregate metrics equal up to float round-off.
 
 from __future__ import annotations
 
+import csv
 import json
 import re
+import shlex
 from pathlib import Path
 
 import pytest
 
+from blisjax.cli import main
 from tests.blis_replay import assert_matches_blis, replay
 from tests.paths import GOLDEN_NEXT_CASES, GOLDEN_NEXT_DIR, GOLDEN_NEXT_PD, GOLDEN_NEXT_TIERED
 
@@ -175,3 +178,72 @@ def test_pd_default_counts_round_robin_per_pool_and_the_prefill_step(tmp_path, c
     assert decode[:4] == [1, 2, 1, 2] and decode.count(2) == len(decode) // 2
     assert metrics["ttft_mean_ms"] > case["metrics"]["ttft_mean_ms"]
     assert metrics["completed_requests"] == case["metrics"]["completed_requests"]
+
+
+# ---- autoscaler and instance lifecycle ------------------------------------------------------
+
+GOLDEN_NEXT_AUTOSCALE = "autoscale_surge_rr"
+
+
+def _autoscale_replay_command(case: dict) -> str:
+    """BLIS's ``blis run`` line as the replay of the trace that run exported (BLIS's replay
+    refuses autoscalers; ours accepts them, Decision 16)."""
+    argv = case["command"].split()
+    out = ["blis", "replay", "--trace-header", f"{case['trace']}.yaml",
+           "--trace-data", f"{case['trace']}.csv"]
+    skip = {"--workload-spec", "--metrics-path", "--trace-output"}
+    i = 2
+    while i < len(argv):
+        if argv[i] in skip:
+            i += 2
+            continue
+        out.append(argv[i])
+        i += 1
+    return " ".join([*out, "--results-path", "results.json"])
+
+
+def _blis_slot(case: dict) -> dict[str, int]:
+    """BLIS's instance names → slots: the initial instances, then autoscaled ones in order."""
+    names = [block["instance_id"] for block in case["per_instance_metrics"]]
+    return {name: k for k, name in enumerate(names)}
+
+
+@pytest.mark.parametrize("engine", ["reference"])
+def test_autoscale_run_reproduces_blis_with_its_quirks(engine, tmp_path, capsys):
+    """BLIS HEAD's saturation autoscaler on a surge (2 warm instances on a 6-GPU pool; tick
+    1.5 s, windows 1.5 s / 4.5 s, scrape delay 0.25 s, loading 2 s): with ``--blis-quirks``
+    every request's TTFT, E2E and instance, the aggregate metrics, the per-instance completed
+    and preemption counts, and the actuations BLIS logged (one instance placed at 10.75 s,
+    loaded 2 s later; it and instance_0 drained together at 24.25 s) are BLIS's."""
+    case = _case(GOLDEN_NEXT_AUTOSCALE)
+    argv = [str(GOLDEN_NEXT_DIR / a) if a.endswith((".yaml", ".csv")) else a
+            for a in shlex.split(_autoscale_replay_command(case))[1:]]
+    argv[argv.index("--results-path") + 1] = str(tmp_path / "results.json")
+    argv += ["--timeline-path", str(tmp_path / "timeline.csv")]
+    assert main([*argv, "--blis-quirks", "--engine", engine]) == 0
+    metrics = json.loads(capsys.readouterr().out)
+    rows = {r["request_id"]: r for r in json.loads((tmp_path / "results.json").read_text())}
+    slot = _blis_slot(case)
+    assert len(rows) == len(case["results_us"])
+    for want in case["results_us"]:
+        got = rows[want["request_id"]]
+        assert (got["status"], got["ttft_us"], got["e2e_us"], got["instance"]) == (
+            "completed", want["ttft_us"], want["e2e_us"], slot[want["handled_by"]])
+    for key, want in case["metrics"].items():
+        if key != "instance_id":
+            assert metrics[key] == pytest.approx(want, rel=1e-12, abs=1e-12), key
+    assert metrics["cache_hit_rate"] == pytest.approx(case["metrics_path_file"]["cache_hit_rate"],
+                                                      rel=1e-12)
+    assert metrics["hol_blocking_instances"] == 1  # BLIS's "HOL Blocking Events: 1"
+    for block in case["per_instance_metrics"]:
+        k = slot[block["instance_id"]]
+        assert metrics["instances"][str(k)]["completed_requests"] == block["completed_requests"]
+        assert metrics["instances"][str(k)]["preemption_count"] == block["preemption_count"]
+    auto = metrics["autoscaling"]
+    assert (auto["scale_ups"], auto["instances_added"]) == (1, 1)
+    assert (auto["scale_downs"], auto["instances_drained"]) == (1, 2)
+    with (tmp_path / "timeline.csv").open() as f:
+        changes = [(int(r["time_us"]), int(r["instance"]), r["state"])
+                   for r in csv.DictReader(f)]
+    assert (10_750_000, 2, "loading") in changes and (12_750_000, 2, "active") in changes
+    assert (24_250_000, 2, "draining") in changes and (24_250_000, 0, "draining") in changes

@@ -12,6 +12,7 @@
 """
 
 from blisjax.config._checks import ConfigError
+from blisjax.config.autoscale import AutoscalerConfig, DelaySpec, LifecycleConfig, NodePool
 from blisjax.config.coefficients import (
     BlackboxCoefficients,
     lookup_blackbox_coefficients,
@@ -51,6 +52,7 @@ from blisjax.config.sim import (
     SLOTarget,
 )
 from blisjax.config.yaml_io import (
+    apply_blis_bundle,
     config_from_dict,
     config_to_dict,
     dump_config,
@@ -61,6 +63,7 @@ from blisjax.config.yaml_io import (
 
 __all__ = [
     "AdmissionConfig",
+    "AutoscalerConfig",
     "BlackboxCoefficients",
     "ClusterConfig",
     "PDConfig",
@@ -70,9 +73,12 @@ __all__ = [
     "KVCapacityParamsError",
     "LatencyConfig",
     "CompatConfig",
+    "DelaySpec",
+    "LifecycleConfig",
     "MetricsConfig",
     "MoEConfig",
     "ModelConfig",
+    "NodePool",
     "PolicyConfig",
     "PriorityConfig",
     "ResolvedConfig",
@@ -83,6 +89,7 @@ __all__ = [
     "SimConfig",
     "UnknownModelError",
     "add_blis_flags",
+    "apply_blis_bundle",
     "apply_blis_flag_values",
     "apply_blis_flags",
     "available_hardware",

@@ -125,3 +125,34 @@ class PreemptionPolicy(Code):
 
     FCFS = 0
     PRIORITY = 1
+
+
+class AutoscalerPolicy(Code):
+    """Autoscaling templates (docs/semantics.md Decision 16; docs/autoscaling.md)."""
+
+    NONE = 0
+    THRESHOLD = 1
+    TARGET_UTILIZATION = 2
+    QUEUE_DEPTH = 3
+    BLIS_SATURATION = 4
+
+
+class DrainPolicy(Code):
+    """What a draining instance does with the requests it holds (Decision 16)."""
+
+    WAIT = 0  # serve everything it holds, then terminate
+    IMMEDIATE = 1  # drop everything it holds and terminate at once
+    REDIRECT = 2  # route its not-yet-running requests again, serve the running ones
+
+
+class InstanceState(Code):
+    """An instance slot's lifecycle state (Decision 16). Only WARMING_UP and ACTIVE are
+    routable; UNUSED slots have never held an instance."""
+
+    UNUSED = 0
+    SCHEDULING = 1  # placed, waiting for its node to be provisioned
+    LOADING = 2  # loading the model
+    WARMING_UP = 3
+    ACTIVE = 4
+    DRAINING = 5  # not routable, serving what it holds
+    TERMINATED = 6

@@ -27,8 +27,8 @@ from blisjax.config.sim import (
 )
 from blisjax.config.yaml_io import (
     BLIS_INVERTED_SLO,
+    apply_blis_bundle,
     blis_priority_overrides,
-    load_blis_policy_config,
 )
 
 
@@ -572,7 +572,7 @@ def apply_blis_flag_values(cfg: SimConfig, values: Mapping[str, Any]) -> SimConf
         (v for k, v in values.items() if k.lstrip("-") in ("policy-config", "policy_config")), None
     )
     if bundle is not None:
-        cfg = dataclasses.replace(cfg, policy=load_blis_policy_config(str(bundle), cfg.policy))
+        cfg = apply_blis_bundle(cfg, str(bundle))
     tree = _override_tree(values)
     try:
         cfg = _apply_tree(cfg, tree)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,6 +108,13 @@ def _total_kv_blocks(cfg: SimConfig, model: ModelConfig | None, hardware: Hardwa
         return engine.total_kv_blocks
     if model is None:  # unreachable: _load_model insists on a model when blocks are implicit
         raise ConfigError("engine.total_kv_blocks", "must be given when the model is unknown")
+    pools = cfg.cluster.node_pools
+    if pools:  # instances are sized by their pool's GPU memory (BLIS applyPerInstanceKVCapacity)
+        memories = {p.gpu_memory_gib for p in pools}
+        if len(memories) > 1:
+            raise ConfigError("engine.total_kv_blocks", "must be given when node pools differ in "
+                              f"gpu_memory_gib ({', '.join(f'{m:g}' for m in sorted(memories))})")
+        hardware = dataclasses.replace(hardware, memory_gib=pools[0].gpu_memory_gib)
     if hardware.memory_gib <= 0:
         warnings.warn(
             f"GPU {hardware.name!r} has no memory_gib; using {BLIS_FALLBACK_TOTAL_KV_BLOCKS} KV "

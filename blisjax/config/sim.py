@@ -29,6 +29,15 @@ from blisjax.config._checks import (
     check_str,
     set_field,
 )
+from blisjax.config.autoscale import (
+    AutoscalerConfig,
+    LifecycleConfig,
+    NodePool,
+    as_autoscaler,
+    as_lifecycle,
+    as_node_pools,
+    check_cluster_autoscaling,
+)
 from blisjax.config.codes import (
     AdmissionPolicy,
     PDDecider,
@@ -404,6 +413,9 @@ class ClusterConfig:
         long has passed since the last refresh and empty before the first (BLIS HEAD's
         ``--cache-signal-delay``, whose default is 50000).
       pd: prefill/decode disaggregation (``PDConfig``; no pools by default).
+      lifecycle: how instances load, warm up and what they cost (``LifecycleConfig``).
+      node_pools: nodes the instances are placed on (``NodePool`` list); empty = no placement
+        limit beyond ``policy.autoscaler.max_replicas``.
     """
 
     num_instances: int = 1
@@ -413,8 +425,12 @@ class ClusterConfig:
     prefix_index_capacity_blocks: int = 10000
     cache_signal_delay_us: int = 0
     pd: PDConfig = field(default_factory=PDConfig)
+    lifecycle: LifecycleConfig = field(default_factory=LifecycleConfig)
+    node_pools: tuple[NodePool, ...] = ()
 
     def __post_init__(self) -> None:
+        set_field(self, "lifecycle", as_lifecycle(self.lifecycle))
+        set_field(self, "node_pools", as_node_pools(self.node_pools))
         set_field(
             self,
             "num_instances",
@@ -647,14 +663,16 @@ class SchedulerConfig:
 
 @dataclass(frozen=True)
 class PolicyConfig:
-    """The four control policies (a BLIS policy bundle plus our extra knobs)."""
+    """The control policies (a BLIS policy bundle plus our extra knobs)."""
 
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     priority: PriorityConfig = field(default_factory=PriorityConfig)
     routing: RoutingConfig = field(default_factory=RoutingConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    autoscaler: AutoscalerConfig = field(default_factory=AutoscalerConfig)
 
     def __post_init__(self) -> None:
+        set_field(self, "autoscaler", as_autoscaler(self.autoscaler))
         _ensure_type("policy.admission", self.admission, AdmissionConfig)
         _ensure_type("policy.priority", self.priority, PriorityConfig)
         _ensure_type("policy.routing", self.routing, RoutingConfig)
@@ -812,3 +830,7 @@ class SimConfig:
             raise ConfigError(
                 "engine.data_parallel_size", "must be 1 with latency.model 'roofline' (as BLIS)"
             )
+        cluster = self.cluster
+        check_cluster_autoscaling(self.policy.autoscaler, cluster.num_instances,
+                                  cluster.node_pools, cluster.lifecycle,
+                                  self.engine.tensor_parallel_size, cluster.pd.enabled)

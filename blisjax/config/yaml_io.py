@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from blisjax.config._checks import ConfigError, check_float
+from blisjax.config.autoscale import AutoscalerConfig, blis_bundle_sections
 from blisjax.config.sim import (
     AdmissionConfig,
     ClusterConfig,
@@ -53,7 +54,10 @@ _POLICY_SECTIONS: dict[str, type] = {
     "priority": PriorityConfig,
     "routing": RoutingConfig,
     "scheduler": SchedulerConfig,
+    "autoscaler": AutoscalerConfig,
 }
+#: Sections of a BLIS policy bundle that configure the cluster rather than a policy.
+BUNDLE_CLUSTER_KEYS = ("node_pools", "instance_lifecycle")
 
 
 # --------------------------------------------------------------------------- helpers
@@ -197,25 +201,51 @@ def _merge_section(current: Any, path: str, value: Any) -> Any:
 def load_blis_policy_config(
     source: str | Path | Mapping[str, Any], base: PolicyConfig | None = None
 ) -> PolicyConfig:
-    """Apply a BLIS policy bundle (``--policy-config`` YAML) on top of ``base``.
+    """Apply a BLIS policy bundle's policy sections (``--policy-config`` YAML) on top of
+    ``base``.
 
     Sections ``admission: {policy, token_bucket_capacity, token_bucket_refill_rate}``,
-    ``priority: {policy}``, ``routing: {policy, scorers: [{name, weight}]}`` and
-    ``scheduler: <name>`` (or ``{policy: <name>}``), plus our extra knobs under the same
-    sections. Absent, null or "" values keep ``base``; BLIS's ``inverted-slo`` priority becomes
-    ``slo-based`` with ``age_weight = -|age_weight|``.
+    ``priority: {policy}``, ``routing: {policy, scorers: [{name, weight}]}``,
+    ``scheduler: <name>`` (or ``{policy: <name>}``) and ``autoscaler`` (BLIS's
+    ``{interval_us, …, analyzer}``, or ours when it names a ``policy``), plus our extra knobs
+    under the same sections. Absent, null or "" values keep ``base``; BLIS's ``inverted-slo``
+    priority becomes ``slo-based`` with ``age_weight = -|age_weight|``. The cluster sections
+    ``node_pools`` and ``instance_lifecycle`` are accepted and read by
+    :func:`apply_blis_bundle`.
 
     Raises:
       ConfigError: unreadable file, unknown key (naming it and the allowed keys), bad value.
     """
     base = PolicyConfig() if base is None else base
-    data = _read_yaml(source, "policy-config") if isinstance(source, (str, Path)) else source
-    data = _mapping("policy-config", data)
-    _check_keys("policy-config", data, POLICY_KEYS)
+    data = _bundle_data(source)
     merged = {}
     for name in POLICY_KEYS:
         raw = data.get(name)
         if name == "scheduler":
             raw = _scheduler_mapping("policy-config.scheduler", raw)
+        if name == "autoscaler" and raw and "policy" not in raw:  # BLIS's form
+            merged[name] = blis_bundle_sections(data, base.autoscaler, ClusterConfig().lifecycle
+                                                ).get("autoscaler", base.autoscaler)
+            continue
         merged[name] = _merge_section(getattr(base, name), f"policy-config.{name}", raw)
     return PolicyConfig(**merged)
+
+
+def _bundle_data(source: str | Path | Mapping[str, Any]) -> Mapping[str, Any]:
+    data = _read_yaml(source, "policy-config") if isinstance(source, (str, Path)) else source
+    data = _mapping("policy-config", data)
+    _check_keys("policy-config", data, POLICY_KEYS + BUNDLE_CLUSTER_KEYS)
+    return data
+
+
+def apply_blis_bundle(cfg: SimConfig, source: str | Path | Mapping[str, Any]) -> SimConfig:
+    """``cfg`` with a whole BLIS policy bundle applied: its policy sections
+    (:func:`load_blis_policy_config`) and its ``node_pools`` and ``instance_lifecycle``
+    (``semantics-next.md`` §3.1)."""
+    data = _bundle_data(source)
+    policy = load_blis_policy_config(data, cfg.policy)
+    cluster_part = blis_bundle_sections(
+        {k: v for k, v in data.items() if k in BUNDLE_CLUSTER_KEYS}, policy.autoscaler,
+        cfg.cluster.lifecycle)
+    cluster = dataclasses.replace(cfg.cluster, **cluster_part) if cluster_part else cfg.cluster
+    return dataclasses.replace(cfg, policy=policy, cluster=cluster)

@@ -277,6 +277,7 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
     pd = cfg.cluster.pd.enabled
     if pd:
         _check_pd_supported(cfg)
+    _check_lifecycle_supported(cfg)
     eng = cfg.engine
     bs = eng.block_size_tokens
     n = workload.num_requests
@@ -347,6 +348,19 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
         st.latency_model == "roofline"
         and not roofline_fits_the_program(model, st.max_step_tokens, int(total.max())))
     return dataclasses.replace(st, latency=model) if on_host else st
+
+
+def _check_lifecycle_supported(cfg) -> None:
+    """Instance lifecycles (autoscaling, node pools, loading, warm-up) run in the reference
+    engine only for now; a clear error otherwise."""
+    from blisjax.config.autoscale import LifecycleConfig
+
+    for path, used in (("policy.autoscaler.policy", cfg.policy.autoscaler.enabled),
+                       ("cluster.node_pools", bool(cfg.cluster.node_pools)),
+                       ("cluster.lifecycle", cfg.cluster.lifecycle != LifecycleConfig())):
+        if used:
+            raise ConfigError(path, "instance lifecycles (autoscaling, node pools, loading and "
+                              "warm-up) run in the reference engine only (--engine reference)")
 
 
 def _check_pd_supported(cfg) -> None:

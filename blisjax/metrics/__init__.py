@@ -9,6 +9,9 @@ from blisjax.metrics.aggregate import (
     aggregate_metrics,
     kv_cache_rates,
     kv_cache_summary,
+    lifecycle_metrics,
+    replica_timeline,
+    timeline_csv,
 )
 from blisjax.metrics.per_request import per_request_rows, write_json_atomic
 from blisjax.metrics.percentile import mean, percentile_linear
@@ -20,6 +23,9 @@ __all__ = [
     "aggregate_metrics",
     "kv_cache_rates",
     "kv_cache_summary",
+    "lifecycle_metrics",
+    "replica_timeline",
+    "timeline_csv",
     "mean",
     "per_request_rows",
     "percentile_linear",

@@ -18,7 +18,7 @@ class Outcome(IntEnum):
     ``status``)."""
 
     COMPLETED = 0
-    REJECTED = 1  # refused by the admission policy
+    REJECTED = 1  # refused by the admission policy, or no routable instance
     TIMED_OUT = 2  # deadline reached before completion (including past-due at enqueue)
     UNFINISHED = 3  # still in the pipeline, queued or running at the horizon
     DROPPED = 4  # dropped as unservable at enqueue (length / KV capacity guards)
@@ -151,6 +151,40 @@ class PDCounters(NamedTuple):
     blis_quirks: bool
 
 
+class LifecycleCounters(NamedTuple):
+    """Instance lifecycles and autoscaling (runs with an autoscaler, node pools or a
+    non-default lifecycle; docs/semantics.md Decision 16).
+
+    Per instance slot, [S]: ``final_state`` (int8 ``config.codes.InstanceState`` at the end),
+    ``placements`` (int32, instances the slot has held), ``replica_us`` (int64, time they held
+    it, placement to termination or the run's end), ``cost`` (float64, Σ held time × cost per
+    hour), ``dropped_at_drain`` (int64, requests an ``immediate`` drain dropped).
+    Run level: ``end_us`` (the last executed event, where held instances stop costing),
+    ``scale_ups`` / ``scale_downs`` (actuations that added / drained at least one instance),
+    ``instances_added`` / ``instances_drained``, ``oscillations`` (actuations against the
+    previous one's direction within ``cooldown_us`` of it), ``refused_no_room`` (instances a
+    scale-up could not place on the node pools), ``redirected`` (requests a ``redirect`` drain
+    routed again). ``timeline_us``, ``timeline_slot``, ``timeline_state``: every state change
+    in order (int64, int32, int8 [T])."""
+
+    final_state: np.ndarray
+    placements: np.ndarray
+    replica_us: np.ndarray
+    cost: np.ndarray
+    dropped_at_drain: np.ndarray
+    end_us: int
+    scale_ups: int
+    scale_downs: int
+    instances_added: int
+    instances_drained: int
+    oscillations: int
+    refused_no_room: int
+    redirected: int
+    timeline_us: np.ndarray
+    timeline_slot: np.ndarray
+    timeline_state: np.ndarray
+
+
 @dataclass(frozen=True, eq=False)
 class RunResult:
     """Outcome of one simulation (one lane), rows indexed like the ``Workload``.
@@ -189,6 +223,10 @@ class RunResult:
         per-request fields describe the whole request (its sub-requests' projection,
         ``reference.pd``) and the per-instance ones each instance's own work, sub-requests
         included.
+      rejected_routing: requests that found no routable instance (status rejected).
+      lifecycle: instance lifecycles and autoscaling (``LifecycleCounters``), None when every
+        instance is up throughout. Per-instance fields then have one entry per instance slot
+        (``num_instances`` slots; a reused slot sums its instances).
     """
 
     status: np.ndarray
@@ -223,6 +261,8 @@ class RunResult:
     overflow: dict = field(default_factory=dict)
     kv_tier: KVTierCounters | None = None
     pd: PDCounters | None = None
+    rejected_routing: int = 0
+    lifecycle: LifecycleCounters | None = None
 
     @property
     def num_requests(self) -> int:

@@ -14,8 +14,9 @@ import heapq
 import numpy as np
 
 from blisjax.blockhash import CHAIN_SEED, block_code, chain
-from blisjax.config.codes import SchedulerPolicy
-from blisjax.config.sim import RoutingConfig
+from blisjax.config.autoscale import LifecycleConfig, max_replicas
+from blisjax.config.codes import DrainPolicy, InstanceState, SchedulerPolicy
+from blisjax.config.sim import INT64_MAX, RoutingConfig
 from blisjax.latency import make_latency_model
 from blisjax.metrics.records import (
     COMPLETED,
@@ -25,11 +26,22 @@ from blisjax.metrics.records import (
     TIMED_OUT,
     UNFINISHED,
     KVTierCounters,
+    LifecycleCounters,
     PDCounters,
     RunResult,
     Stage,
 )
+from blisjax.reference.autoscaler import Autoscaler, Decision, Reading, Variant
 from blisjax.reference.instance import Instance
+from blisjax.reference.lifecycle import (
+    COMING_UP,
+    HOLDING,
+    LIVE,
+    ROUTABLE,
+    Placement,
+    Slot,
+    Streams,
+)
 from blisjax.reference.pd import (
     Parent,
     Role,
@@ -41,9 +53,11 @@ from blisjax.reference.pd import (
 from blisjax.reference.policies import Admission, Priority, Router, Snapshot, leading_present
 from blisjax.reference.request import PD_DECODE, PD_PREFILL, SimRequest
 
-# Cluster event priorities (§5.2; P/D §5.10).
+# Cluster event priorities (§5.2; P/D §5.10; lifecycle and autoscaler semantics-next.md §3).
+EV_PROVISIONED, EV_LOADED = -2, -1
 EV_CLUSTER_ARRIVAL, EV_ADMISSION, EV_ROUTING = 0, 1, 2
 EV_PREFILL_ROUTING, EV_TRANSFER_START, EV_TRANSFER_DONE = 4, 5, 6
+EV_SCALING_TICK, EV_SCALE_ACTUATION = 8, 9
 
 class ClusterSimulator:
     """Reference simulation of one configuration on one workload.
@@ -62,11 +76,12 @@ class ClusterSimulator:
         self.block_size = cfg.engine.block_size_tokens
         self.check_invariants = check_invariants
         # compat.blis_quirks (docs/semantics.md Decision 12): read by the features whose BLIS
-        # behaviour it switches (P/D, tiered KV, autoscaling); none is modelled yet
+        # behaviour it switches (P/D, tiered KV, autoscaling)
         self.blis_quirks = cfg.compat.blis_quirks
         latency = make_latency_model(resolved)
         priority = Priority(cfg.policy.priority, workload.tenant_names)
-        n_inst = cfg.cluster.num_instances
+        n_inst = max_replicas(cfg.policy.autoscaler, cfg.cluster.num_instances,
+                              cfg.cluster.node_pools, cfg.engine.tensor_parallel_size)
         self.instances = [
             Instance(i, engine=cfg.engine, total_kv_blocks=resolved.total_kv_blocks,
                      max_model_len=resolved.max_model_len, latency=latency, priority=priority,
@@ -92,6 +107,7 @@ class ClusterSimulator:
         self._snap_qd = [0] * n_inst
         self._snap_bs = [0] * n_inst
         self._snap_kv = [0.0] * n_inst
+        self._snap_used = [0] * n_inst
         # Periodic copy of each instance's cached-block hashes (§5.4): empty until the first
         # refresh at a decision >= cache_signal_delay_us; unused when the delay is 0 (live).
         self.cache_delay_us = cfg.cluster.cache_signal_delay_us
@@ -103,6 +119,7 @@ class ClusterSimulator:
         self.events: list = []
         self.seq = -1
         self.clock_us = 0
+        self._init_lifecycle()
 
     # ---- P/D disaggregation (§5.10) ------------------------------------------------------------
     def _init_pd(self, resolved) -> None:
@@ -212,6 +229,248 @@ class ClusterSimulator:
         decode.enqueue_decode(parent.decode_sub, time_us)
         self._settle_finished(decode)  # one whose deadline has passed leaves at once
 
+    # ---- instance lifecycle and autoscaling (Decision 16; semantics-next.md §3) ----------------
+    def _init_lifecycle(self) -> None:
+        cfg = self.cfg
+        self.life = cfg.cluster.lifecycle
+        self.autoscale_cfg = cfg.policy.autoscaler
+        self.pools = cfg.cluster.node_pools
+        self.tp = cfg.engine.tensor_parallel_size
+        self.initial_instances = cfg.cluster.num_instances
+        #: the run models lifecycles at all (otherwise every instance is Active throughout)
+        self.lifecycle_on = (self.autoscale_cfg.enabled or bool(self.pools)
+                             or self.life != LifecycleConfig())
+        self.slots = [Slot() for _ in self.instances]
+        self.streams = Streams(cfg.seed)
+        self.placement = Placement(self.pools, self.tp, not self.blis_quirks, self.streams)
+        self.variants: list[Variant] = []
+        self.timeline: list[tuple[int, int, int]] = []
+        self.rejected_routing = 0
+        self.awaiting_routing = len(self.requests)  # requests not routed yet (tick stop rule)
+        self.scale_ups = self.scale_downs = self.instances_added = self.instances_drained = 0
+        self.oscillations = self.refused_no_slot = self.refused_no_room = self.redirected = 0
+        self._last_direction, self._last_actuation_us = 0, 0
+        # --blis-quirks warm-up: the first requests routed to each instance (TTFT × factor)
+        self.warm_up_routed: list[list[int]] = [[] for _ in self.instances]
+        self.autoscaler = (Autoscaler(self.autoscale_cfg, self.variants, self.block_size)
+                           if self.autoscale_cfg.enabled else None)
+        for i in range(self.initial_instances):
+            placed = self._place(i, None, 0, initial=True)
+            assert placed, "the initial nodes hold the initial instances (config check)"
+
+    def _variant(self, gpu_type: str, cost_per_hour: float) -> int:
+        """Index of the variant (GPU type, TP); the first instance of a variant sets its
+        cost."""
+        tp = max(self.tp, 1)
+        for v, x in enumerate(self.variants):
+            if (x.gpu_type, x.tp) == (gpu_type, tp):
+                return v
+        self.variants.append(Variant(cost_per_hour, gpu_type, tp))
+        return len(self.variants) - 1
+
+    def _set_state(self, slot: int, state: InstanceState, now_us: int) -> None:
+        self.slots[slot].state = state
+        self.timeline.append((now_us, slot, int(state)))
+
+    def _place(self, slot: int, gpu_type: str | None, now_us: int, initial: bool) -> bool:
+        """Place an instance in ``slot`` (False: no room on the node pools). It starts ready
+        (a warm-started initial instance), waits for its node, or starts loading."""
+        node = None
+        if self.pools:
+            node = self.placement.place(gpu_type, now_us)
+            if node is None:
+                return False
+        s = self.slots[slot]
+        s.placed_us, s.node = now_us, -1 if node is None else node
+        s.placements += 1
+        pool = self.pools[self.placement.nodes[node].pool] if node is not None else None
+        s.cost_per_hour = pool.cost_per_hour if pool else self.life.cost_per_hour
+        s.variant = self._variant(pool.gpu_type if pool else self.cfg.hardware, s.cost_per_hour)
+        if s.placements > 1:  # a reused slot: a new instance with cold caches
+            self.instances[slot].restart()
+            self.router.forget_instance(slot)
+        if initial and self.life.warm_start_initial_instances:
+            self._ready(slot, now_us)
+            return True
+        ready_us = self.placement.nodes[node].ready_us if node is not None else now_us
+        if ready_us > now_us:
+            self._set_state(slot, InstanceState.SCHEDULING, now_us)
+            self._push(ready_us, EV_PROVISIONED, slot)
+        else:
+            self._start_loading(slot, now_us)
+        return True
+
+    def _start_loading(self, slot: int, now_us: int) -> None:
+        self._set_state(slot, InstanceState.LOADING, now_us)
+        delay = self.streams.delay_us(self.life.loading_delay, "instance-loading")
+        if delay == 0:
+            self._ready(slot, now_us)
+        else:
+            self._push(now_us + delay, EV_LOADED, slot)
+
+    def _ready(self, slot: int, now_us: int) -> None:
+        """Loaded: routable, warming up first when the lifecycle has a warm-up."""
+        warm_up = self.life.warm_up_requests
+        if warm_up == 0:
+            self._set_state(slot, InstanceState.ACTIVE, now_us)
+            return
+        self.slots[slot].warm_up_left = warm_up
+        if not self.blis_quirks:  # BLIS multiplies TTFTs after the run instead
+            self.instances[slot].step_factor = self.life.warm_up_factor
+        self._set_state(slot, InstanceState.WARMING_UP, now_us)
+
+    def _routable(self) -> list[int] | None:
+        """Slots the router may pick, in slot order (None: every instance, no lifecycle)."""
+        if not self.lifecycle_on:
+            return None
+        return [i for i, s in enumerate(self.slots) if s.state in ROUTABLE]
+
+    def _counts(self) -> tuple[int, int]:
+        """(live, holding): instances counted by a scale-down's minimum / by the maximum."""
+        live = sum(1 for s in self.slots if s.state in LIVE)
+        return live, sum(1 for s in self.slots if s.state in HOLDING)
+
+    def _bounded(self, delta: int) -> int:
+        """A decision within the replica bounds and step limits (by default at most
+        ``max_replicas`` instances held; with --blis-quirks no maximum, as BLIS)."""
+        cfg = self.autoscale_cfg
+        live, holding = self._counts()
+        if delta > 0:
+            if not self.blis_quirks:
+                delta = min(delta, len(self.slots) - holding)
+            if cfg.max_scale_up_step:
+                delta = min(delta, cfg.max_scale_up_step)
+            return max(delta, 0)
+        if delta < 0:
+            delta = max(delta, cfg.min_replicas - live)
+            if cfg.max_scale_down_step:
+                delta = max(delta, -cfg.max_scale_down_step)
+            return min(delta, 0)
+        return 0
+
+    def _tick(self, now_us: int) -> None:
+        """The autoscaler's periodic tick (§3.4): read, decide, schedule the actuation, and
+        the next tick unless an unbounded run has nothing left to do."""
+        qd, bs, _ = self._snapshots(now_us)
+        routable = self._routable()
+        coming_up = [i for i, s in enumerate(self.slots) if s.state in COMING_UP]
+        reading = Reading(
+            kv_used_blocks=[self._snap_used[i] for i in routable],
+            kv_total_blocks=[self.instances[i].kv.total_blocks for i in routable],
+            queue_depth=[qd[i] for i in routable], batch_size=[bs[i] for i in routable],
+            variant=[self.slots[i].variant for i in routable],
+            pending_kv_tokens=sum(self.instances[i].kv.total_blocks * self.block_size
+                                  for i in coming_up),
+            live=self._counts()[0])
+        decision = self.autoscaler.decide(reading, now_us)
+        delta = self._bounded(decision.delta)
+        if delta and self.autoscaler.cooled_down(delta, now_us):
+            self.autoscaler.passed(delta, now_us)
+            delay = self.streams.delay_us(self.autoscale_cfg.actuation_delay, "autoscaler")
+            self._push(now_us + delay, EV_SCALE_ACTUATION, Decision(delta, decision.variant))
+        idle = self.awaiting_routing <= 0 and sum(self.in_flight) == 0
+        if not (self.horizon_us == INT64_MAX and idle):
+            self._push(now_us + self.autoscale_cfg.interval_us, EV_SCALING_TICK, None)
+
+    def _actuate(self, decision: Decision, now_us: int) -> None:
+        """Carry out a decision, within the bounds as they stand now: place new instances
+        (free slot, node room) or drain the oldest Active ones (of the decision's variant)."""
+        delta = self._bounded(decision.delta)
+        done = 0
+        if delta > 0:
+            gpu_type = self.variants[decision.variant].gpu_type if decision.variant >= 0 else None
+            for _ in range(delta):
+                slot = self._free_slot()
+                if slot is None:
+                    self.refused_no_slot += 1
+                elif not self._place(slot, gpu_type, now_us, initial=False):
+                    self.refused_no_room += 1
+                else:
+                    done += 1
+            self.instances_added += done
+            self.scale_ups += done > 0
+        elif delta < 0:
+            active = [i for i, s in enumerate(self.slots) if s.state == InstanceState.ACTIVE
+                      and (decision.variant < 0 or s.variant == decision.variant)]
+            for slot in sorted(active, key=self._drain_order)[:-delta]:
+                self._drain(slot, now_us)
+                done += 1
+            self.instances_drained += done
+            self.scale_downs += done > 0
+        if done:  # a scale against the previous one within the cooldown is an oscillation
+            direction = 1 if delta > 0 else -1
+            if (self._last_direction == -direction
+                    and now_us - self._last_actuation_us < self.autoscale_cfg.cooldown_us):
+                self.oscillations += 1
+            self._last_direction, self._last_actuation_us = direction, now_us
+
+    def _free_slot(self) -> int | None:
+        """The slot a new instance takes: the lowest not holding one (with --blis-quirks the
+        lowest never used, as BLIS appends)."""
+        free = ((InstanceState.UNUSED,) if self.blis_quirks
+                else (InstanceState.UNUSED, InstanceState.TERMINATED))
+        return next((i for i, s in enumerate(self.slots) if s.state in free), None)
+
+    def _drain_order(self, slot: int) -> tuple:
+        """Which Active instance drains first: the earliest placed (then the lowest slot);
+        with --blis-quirks BLIS's smallest ID string ("autoscale-<model>-<seq>" before
+        "instance_<i>", compared as text)."""
+        if not self.blis_quirks:
+            return (self.slots[slot].placed_us, slot)
+        if slot >= self.initial_instances:
+            return (0, "", slot)
+        return (1, f"instance_{slot}", slot)
+
+    def _drain(self, slot: int, now_us: int) -> None:
+        """Stop routing to the instance; its drain policy decides what happens to the requests
+        it holds. It terminates once it holds none (by default at once when idle)."""
+        self._set_state(slot, InstanceState.DRAINING, now_us)
+        inst = self.instances[slot]
+        policy = DrainPolicy.of(self.autoscale_cfg.drain_policy)
+        if policy == DrainPolicy.IMMEDIATE:
+            inst.drop_everything(now_us)
+            self._settle_finished(inst)
+            self._terminate(slot, now_us)
+            return
+        if policy == DrainPolicy.REDIRECT:
+            for req in inst.take_not_running():
+                self.in_flight[slot] -= 1
+                req.state, req.instance = Stage.PENDING, -1
+                self.awaiting_routing += 1
+                self.redirected += 1
+                self._push(now_us, EV_ROUTING, req)
+        if not self.blis_quirks and self._holds_nothing(slot):
+            self._terminate(slot, now_us)
+
+    def _holds_nothing(self, slot: int) -> bool:
+        """A draining instance may terminate: it holds no request (with --blis-quirks: its
+        wait queue and batch are empty, checked after its events only)."""
+        if self.blis_quirks:
+            inst = self.instances[slot]
+            return not inst.wait_queue and not inst.running
+        return self.in_flight[slot] == 0
+
+    def _terminate(self, slot: int, now_us: int) -> None:
+        s = self.slots[slot]
+        self._set_state(slot, InstanceState.TERMINATED, now_us)
+        s.settle(now_us)
+        if s.node >= 0:
+            self.placement.release(s.node)
+
+    def _after_instance_event(self, inst: Instance) -> None:
+        """Lifecycle consequences of an instance's event: completions end a warm-up; a
+        draining instance that holds nothing terminates."""
+        slot = self.slots[inst.index]
+        if slot.state == InstanceState.WARMING_UP:
+            done = sum(1 for r in inst.finished if r.state == Stage.COMPLETED)
+            slot.warm_up_left -= min(done, slot.warm_up_left)
+            if slot.warm_up_left == 0:
+                inst.step_factor = 1.0
+                self._set_state(inst.index, InstanceState.ACTIVE, inst.clock_us)
+        self._settle_finished(inst)
+        if slot.state == InstanceState.DRAINING and self._holds_nothing(inst.index):
+            self._terminate(inst.index, inst.clock_us)
+
     # ---- requests and their block hashes ----------------------------------------------------
     @staticmethod
     def _make_requests(w) -> list[SimRequest]:
@@ -258,6 +517,7 @@ class ClusterSimulator:
             self._snap_qd = [len(x.wait_queue) for x in self.instances]
             self._snap_bs = [len(x.running) for x in self.instances]
             self._snap_kv = [x.kv.used_blocks / x.kv.total_blocks for x in self.instances]
+            self._snap_used = [x.kv.used_blocks for x in self.instances]
             self._snap_last_refresh_us = now_us
         delay = self.cache_delay_us
         if delay > 0 and now_us - self._cache_last_refresh_us >= delay:
@@ -275,35 +535,64 @@ class ClusterSimulator:
         hashes = self._prompt_hashes(req)
         return [leading_present(hashes, copy) for copy in self._cache_copy]
 
-    def _execute_cluster_event(self, time_us: int, prio: int, req: SimRequest) -> None:
+    def _execute_cluster_event(self, time_us: int, prio: int, payload) -> None:
         if prio == EV_CLUSTER_ARRIVAL:
-            self._push(time_us + self.admission_latency_us, EV_ADMISSION, req)
+            self._push(time_us + self.admission_latency_us, EV_ADMISSION, payload)
         elif prio == EV_ADMISSION:
-            self._snapshots(time_us)  # building router state refreshes stale snapshots
-            if self.admission.admit(req, time_us, self.tenant_in_flight):
-                self.tenant_in_flight[req.tenant] += 1
-                self._push(time_us + self.routing_latency_us, EV_ROUTING, req)
-            else:
-                req.state = Stage.REJECTED
-                self.rejected_admission += 1
+            self._admit(payload, time_us)
         elif prio == EV_ROUTING:
-            qd, bs, kv = self._snapshots(time_us)
-            snap = Snapshot(qd, bs, kv, self.in_flight, lambda: self._cached_blocks(req))
-            if self.pd is not None:
-                self._route_pd(req, time_us, snap)
-                return
-            target = self.router.route(req, self._prompt_hashes(req), snap)
-            self.in_flight[target] += 1
-            self.instances[target].inject_arrival(req, time_us)
+            self._route(payload, time_us)
         elif prio == EV_PREFILL_ROUTING:
-            self._route_prefill(req, time_us)
+            self._route_prefill(payload, time_us)
         elif prio == EV_TRANSFER_START:
-            self._start_transfer(req, time_us)
+            self._start_transfer(payload, time_us)
+        elif prio == EV_TRANSFER_DONE:
+            self._end_transfer(payload, time_us)
+        elif prio == EV_PROVISIONED:
+            self._start_loading(payload, time_us)
+        elif prio == EV_LOADED:
+            self._ready(payload, time_us)
+        elif prio == EV_SCALING_TICK:
+            self._tick(time_us)
         else:
-            self._end_transfer(req, time_us)
+            self._actuate(payload, time_us)
+
+    def _admit(self, req: SimRequest, time_us: int) -> None:
+        self._snapshots(time_us)  # building router state refreshes stale snapshots
+        if self.admission.admit(req, time_us, self.tenant_in_flight):
+            self.tenant_in_flight[req.tenant] += 1
+            self._push(time_us + self.routing_latency_us, EV_ROUTING, req)
+        else:
+            req.state = Stage.REJECTED
+            self.rejected_admission += 1
+            self.awaiting_routing -= 1
+
+    def _route(self, req: SimRequest, time_us: int) -> None:
+        """The routing decision among the routable instances; none routable rejects the
+        request (BLIS's routing rejections)."""
+        self.awaiting_routing -= 1
+        qd, bs, kv = self._snapshots(time_us)
+        snap = Snapshot(qd, bs, kv, self.in_flight, lambda: self._cached_blocks(req))
+        if self.pd is not None:
+            self._route_pd(req, time_us, snap)
+            return
+        routable = self._routable()
+        if routable == []:
+            req.state = Stage.REJECTED
+            self.rejected_routing += 1
+            self.tenant_in_flight[req.tenant] = max(0, self.tenant_in_flight[req.tenant] - 1)
+            return
+        target = self.router.route(req, self._prompt_hashes(req), snap, routable)
+        self.in_flight[target] += 1
+        warm_up = self.warm_up_routed[target]
+        if self.blis_quirks and len(warm_up) < self.life.warm_up_requests:
+            warm_up.append(req.index)
+        self.instances[target].inject_arrival(req, time_us)
 
     # ---- main loop --------------------------------------------------------------------------
     def run(self) -> RunResult:
+        if self.autoscaler is not None:  # BLIS pushes the first tick before the arrivals
+            self._push(0, EV_SCALING_TICK, None)
         for req in self.requests:
             self._push(req.arrival_us, EV_CLUSTER_ARRIVAL, req)
         instances = self.instances
@@ -330,7 +619,10 @@ class ClusterSimulator:
                 inst.process_next_event()
                 if self.pd is not None and inst.finished:
                     self._prefills_completed(inst)
-                self._settle_finished(inst)
+                if self.lifecycle_on:
+                    self._after_instance_event(inst)
+                else:
+                    self._settle_finished(inst)
             if self.check_invariants:
                 assert self.clock_us >= last_time, "INV-3: clock moved backwards"
                 last_time = self.clock_us
@@ -420,7 +712,40 @@ class ClusterSimulator:
             peak_kv_blocks_used=per_inst("peak_kv_blocks_used"),
             kv_tier=self._tier_counters(),
             pd=pd,
+            rejected_routing=self.rejected_routing,
+            lifecycle=self._lifecycle_counters(rows) if self.lifecycle_on else None,
         )
+
+    def _lifecycle_counters(self, rows: dict[str, np.ndarray]) -> LifecycleCounters:
+        """Settle the instances still held at the end; with --blis-quirks apply BLIS's
+        after-the-run warm-up TTFT factor (§3.3) to ``rows``."""
+        end_us = min(self.clock_us, self.horizon_us)
+        for s in self.slots:
+            if s.state in HOLDING:
+                s.settle(end_us)
+        factor = self.life.warm_up_factor
+        if self.blis_quirks and factor > 1:
+            ttft = rows["ttft_us"]
+            for routed in self.warm_up_routed:
+                for r in routed:
+                    if ttft[r] >= 0:
+                        ttft[r] = int(float(ttft[r]) * factor)
+        slots = self.slots
+        t = self.timeline
+        return LifecycleCounters(
+            final_state=np.array([s.state for s in slots], dtype=np.int8),
+            placements=np.array([s.placements for s in slots], dtype=np.int32),
+            replica_us=np.array([s.replica_us for s in slots], dtype=np.int64),
+            cost=np.array([s.cost for s in slots], dtype=np.float64),
+            dropped_at_drain=np.array([x.dropped_at_drain for x in self.instances],
+                                      dtype=np.int64),
+            end_us=end_us, scale_ups=self.scale_ups, scale_downs=self.scale_downs,
+            instances_added=self.instances_added, instances_drained=self.instances_drained,
+            oscillations=self.oscillations, refused_no_room=self.refused_no_room,
+            redirected=self.redirected,
+            timeline_us=np.array([x[0] for x in t], dtype=np.int64),
+            timeline_slot=np.array([x[1] for x in t], dtype=np.int32),
+            timeline_state=np.array([x[2] for x in t], dtype=np.int8))
 
     def _project_pd(self, rows: dict[str, np.ndarray]) -> PDCounters:
         """Each disaggregated request's row from its sub-requests (§5.10, BLIS's projection):

@@ -29,6 +29,12 @@ class Instance:
                  latency, priority, scheduler: SchedulerPolicy, horizon_us: int, hash_of,
                  blis_quirks: bool = False, hash_after=None, thrash_window_us: int = 0) -> None:
         self.index = index
+        self.engine = engine
+        self.total_kv_blocks = total_kv_blocks
+        self.hash_of, self.hash_after = hash_of, hash_after
+        self.thrash_window_us = thrash_window_us
+        # a warming-up instance's steps take this factor longer (docs/semantics.md Decision 12)
+        self.step_factor = 1.0
         self.max_running = engine.max_num_running_reqs
         self.max_batched_tokens = engine.max_num_scheduled_tokens
         self.block_size = engine.block_size_tokens
@@ -41,14 +47,7 @@ class Instance:
         self.priority = priority
         self.scheduler = scheduler
         self.horizon_us = horizon_us
-        if engine.kv_cpu_blocks > 0:
-            self.kv = TieredKVCache(total_kv_blocks, self.block_size, hash_of,
-                                    engine.kv_cpu_blocks, engine.kv_transfer_bandwidth,
-                                    engine.kv_transfer_base_latency_us, hash_after,
-                                    thrash_window_us)
-        else:
-            self.kv = KVCache(total_kv_blocks, self.block_size, hash_of,
-                              engine.enable_prefix_caching)
+        self.kv = self._new_kv_cache()
         self.tiered = engine.kv_cpu_blocks > 0
         # Decision 12: by default an admission reloads before its prefill is sized (reloaded
         # blocks count as cached in that step) and keeps its own cached blocks while it
@@ -67,6 +66,7 @@ class Instance:
         self.dropped_unservable = 0
         self.timed_out = 0
         self.length_capped = 0
+        self.dropped_at_drain = 0
         self.total_input_tokens = 0
         self.preemption_count = 0
         self.step_count = 0
@@ -84,6 +84,59 @@ class Instance:
         # Optional observer (tracing / latency fitting): on_queue(...) and on_step(...) get the
         # state a latency model sees; it must not change the simulation.
         self.observer = None
+
+    def _new_kv_cache(self) -> KVCache:
+        engine = self.engine
+        if engine.kv_cpu_blocks > 0:
+            return TieredKVCache(self.total_kv_blocks, self.block_size, self.hash_of,
+                                 engine.kv_cpu_blocks, engine.kv_transfer_bandwidth,
+                                 engine.kv_transfer_base_latency_us, self.hash_after,
+                                 self.thrash_window_us)
+        return KVCache(self.total_kv_blocks, self.block_size, self.hash_of,
+                       engine.enable_prefix_caching)
+
+    # ---- lifecycle (Decision 16) -----------------------------------------------------------
+    def restart(self) -> None:
+        """A new instance in this slot: empty caches and no preemption history; the slot's
+        counters carry on."""
+        self.kv = self._new_kv_cache()
+        self.preemption_ema = 0.0
+        self.step_factor = 1.0
+
+    def _held_requests(self) -> list:
+        """Requests the instance holds that are not running: inside their queueing delay
+        (in event order), then the wait queue (in queue order)."""
+        arriving = [req for _, prio, _, req in sorted(self.events)
+                    if prio in (EV_ARRIVAL, EV_QUEUED)]
+        return arriving + list(self.wait_queue)
+
+    def _forget(self, reqs: list) -> None:
+        """Remove ``reqs`` and their pending events (a timeout included) from the instance."""
+        gone = {id(r) for r in reqs}
+        self.events = [e for e in self.events if e[3] is None or id(e[3]) not in gone]
+        heapq.heapify(self.events)
+        self.wait_queue = deque(r for r in self.wait_queue if id(r) not in gone)
+        self.running = [r for r in self.running if id(r) not in gone]
+        self.step_pending = any(e[1] == EV_STEP for e in self.events)
+
+    def take_not_running(self) -> list:
+        """Drain policy ``redirect``: hand back every request not yet running (in queueing
+        delay, then queued), with no trace of it left here."""
+        taken = self._held_requests()
+        self._forget(taken)
+        return taken
+
+    def drop_everything(self, now_us: int) -> None:
+        """Drain policy ``immediate``: every request held, running or not, is dropped and its
+        KV released."""
+        dropped = self._held_requests() + list(self.running)
+        for r in dropped:
+            self.kv.release(r)
+            r.state = Stage.DROPPED
+            r.left_us = now_us
+            self.dropped_at_drain += 1
+            self.finished.append(r)
+        self._forget(dropped)
 
     # ---- event heap ------------------------------------------------------------------------
     def push(self, time_us: int, prio: int, req) -> None:
@@ -382,6 +435,8 @@ class Instance:
             d = max(1, self.latency.step_time_us(inputs) + transfer)
         else:
             d = max(1, self.latency.step_time_us(batch) + transfer)
+        if self.step_factor != 1.0:
+            d = max(1, int(float(d) * self.step_factor))
         if self.observer is not None:
             self.observer.on_step(
                 instance=self.index, time_us=now_us, duration_us=d, batch=batch,

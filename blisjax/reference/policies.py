@@ -253,6 +253,13 @@ class Router:
         # no-hit-lru: instances that took a cold request, most recent first
         self.cold_recency: list[int] = []
 
+    def forget_instance(self, i: int) -> None:
+        """A new instance took slot ``i``: the router knows nothing of it yet."""
+        if self.prefix_index is not None:
+            self.prefix_index[i] = PrefixIndex(self.prefix_index[i].capacity)
+        if i in self.cold_recency:
+            self.cold_recency.remove(i)
+
     def _pick(self, tied: list[int]) -> int:
         if len(tied) > 1 and self.rng is not None:
             return tied[self.rng.intn(len(tied))]
