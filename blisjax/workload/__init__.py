@@ -7,9 +7,11 @@ consumes. Randomness comes from ``PartitionedRNG`` named streams (seed + name pa
 from blisjax.workload.generate import generate_workload
 from blisjax.workload.rng import PartitionedRNG
 from blisjax.workload.spec import (
+    ActiveWindow,
     ArrivalSpec,
     ClientSpec,
     DistSpec,
+    LifecycleSpec,
     WorkloadSpec,
     distribution_spec,
     parse_workload_spec,
@@ -19,9 +21,11 @@ from blisjax.workload.types import SLO_CLASSES, Workload
 
 __all__ = [
     "SLO_CLASSES",
+    "ActiveWindow",
     "ArrivalSpec",
     "ClientSpec",
     "DistSpec",
+    "LifecycleSpec",
     "PartitionedRNG",
     "Workload",
     "WorkloadSpec",

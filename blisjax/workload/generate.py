@@ -1,11 +1,15 @@
 """Synthetic workload generation from a ``WorkloadSpec`` (docs/semantics.md §8).
 
-Per client ``c`` (rate share ``aggregate_rate * fraction_c / sum(fractions) / 1e6`` req/µs):
+Per client ``c`` (rate ``aggregate_rate * fraction_c / S_c / 1e6`` req/µs, where ``S_c`` sums the
+fractions of the clients active together with ``c``; see ``client_rates_per_us``):
 
 1. inter-arrival times (IATs, integer µs >= 1) from ``stream("workload", c, "arrival")``; the
    first arrival is the first IAT, arrivals are cumulative sums, generation stops at the first
    arrival >= horizon, and at most ``2 * num_requests`` requests per client when a count is set;
-2. the k-th request's input length is the k-th draw of ``stream("workload", c, "input")``,
+   a client with a lifecycle draws the same arrivals, keeps only those inside one of its windows
+   ``[start_us, end_us)`` (the cap counts kept ones) and also stops at the first arrival >= its
+   largest ``end_us`` (BLIS ``GenerateRequests``);
+2. the k-th kept request's input length is the k-th draw of ``stream("workload", c, "input")``,
    its output length the k-th draw of ``stream("workload", c, "output")``.
 
 Three streams per client, keyed by the client's index, make generation isolated: changing one
@@ -24,7 +28,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from blisjax.workload.rng import DEFAULT_SEED, PartitionedRNG
-from blisjax.workload.spec import ArrivalSpec, ClientSpec, DistSpec, WorkloadSpec
+from blisjax.workload.spec import (
+    ArrivalSpec,
+    ClientSpec,
+    DistSpec,
+    LifecycleSpec,
+    WorkloadSpec,
+)
 from blisjax.workload.types import NO_PREFIX_GROUP, SLO_CLASS_CODE, Workload
 
 #: BLIS floors a client's rate here (req/µs) to avoid dividing by zero.
@@ -170,31 +180,44 @@ def client_arrivals(
     rng: np.random.Generator,
     horizon_us: int | None,
     max_requests: int | None,
+    lifecycle: LifecycleSpec | None = None,
 ) -> np.ndarray:
     """One client's arrival times (int64 µs, increasing): first arrival = first IAT.
 
     Stops at the first arrival >= ``horizon_us`` (None = no limit) or after ``max_requests``.
-    IATs are drawn in growing vectorised chunks; numpy draws element by element, so the result
-    does not depend on the chunking.
+    With a ``lifecycle``, the same arrivals are drawn but only those inside a window are kept
+    (``max_requests`` counts kept arrivals), and drawing also stops at the first arrival >= the
+    largest window end. IATs are drawn in growing vectorised chunks; numpy draws element by
+    element, so the result does not depend on the chunking.
     """
-    if horizon_us is None and max_requests is None:
-        raise ValueError("client_arrivals: needs a horizon or a request cap")
+    if horizon_us is None and max_requests is None and lifecycle is None:
+        raise ValueError("client_arrivals: needs a horizon, a request cap or a lifecycle")
     horizon = _INT64_MAX if horizon_us is None else int(horizon_us)
-    expected = horizon * rate_per_us if horizon_us is not None else float(max_requests or 0)
+    if lifecycle is not None:
+        horizon = min(horizon, lifecycle.end_us)
+    bounded = horizon_us is not None or lifecycle is not None
+    expected = horizon * rate_per_us if bounded else float(max_requests or 0)
     chunk = int(min(expected * 1.05 + 16, _MAX_CHUNK))
     parts: list[np.ndarray] = []
     t, count = 0, 0
+    # Without windows every drawn arrival is kept, so a chunk never needs to pass the cap.
+    uncapped = max_requests is None or lifecycle is not None
     while max_requests is None or count < max_requests:
-        n = chunk if max_requests is None else min(chunk, max_requests - count)
+        n = chunk if uncapped else min(chunk, max_requests - count)
         iats = sample_iats(arrival, rate_per_us, rng, n)
         times = _cumulative(t, iats, horizon)
+        crossed = times.size < n  # crossed the horizon inside this chunk
+        if not crossed:
+            t = int(times[-1])
+        if lifecycle is not None:
+            times = times[lifecycle.contains(times)]
         parts.append(times)
         count += times.size
-        if times.size < n:  # crossed the horizon inside this chunk
+        if crossed:
             break
-        t = int(times[-1])
         chunk = min(chunk * 2, _MAX_CHUNK)
-    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+    out = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+    return out if max_requests is None else out[:max_requests]
 
 
 # --------------------------------------------------------------------------- token lengths
@@ -266,10 +289,27 @@ def _sample_pareto_lognormal(p: dict, rng: np.random.Generator, n: int) -> np.nd
 # --------------------------------------------------------------------------- workload assembly
 
 
+def lifecycles_overlap(a: LifecycleSpec | None, b: LifecycleSpec | None) -> bool:
+    """Whether two clients are ever active at the same time (None = always active)."""
+    return a is None or b is None or a.overlaps(b)
+
+
 def client_rates_per_us(spec: WorkloadSpec) -> np.ndarray:
-    """Per-client rate in requests/µs: aggregate * (fraction / sum(fractions)) / 1e6 (BLIS)."""
-    total = sum(c.rate_fraction for c in spec.clients)
-    return np.array([spec.aggregate_rate * (c.rate_fraction / total) / 1e6 for c in spec.clients])
+    """Per-client rate in requests/µs (BLIS ``normalizeRateFractions``).
+
+    Client ``c`` gets ``aggregate * (fraction_c / S_c) / 1e6`` where ``S_c`` is the sum, in client
+    order, of the fractions of every client whose lifecycle overlaps ``c``'s (``c`` included; a
+    client without a lifecycle overlaps every client). Without lifecycles ``S_c`` is the sum of
+    all fractions. The rate is constant: it does not change as other clients' windows open and
+    close.
+    """
+    rates = []
+    for c in spec.clients:
+        total = sum(
+            o.rate_fraction for o in spec.clients if lifecycles_overlap(c.lifecycle, o.lifecycle)
+        )
+        rates.append(spec.aggregate_rate * (c.rate_fraction / total) / 1e6)
+    return np.array(rates)
 
 
 def _first_appearance(names: list[str]) -> tuple[tuple[str, ...], np.ndarray]:
@@ -326,8 +366,15 @@ def generate_workload(spec: WorkloadSpec, seed: int | None = None) -> Workload:
     Returns a ``Workload`` of N rows sorted by arrival; ``input_tokens`` includes the shared
     prefix; ``deadline_us`` = arrival + timeout for clients with a positive timeout, else 0.
     """
-    if spec.horizon_us is None and spec.num_requests is None:
-        raise ValueError("horizon/num_requests: at least one must be set to bound generation")
+    if (
+        spec.horizon_us is None
+        and spec.num_requests is None
+        and any(c.lifecycle is None for c in spec.clients)
+    ):
+        raise ValueError(
+            "horizon/num_requests: at least one must be set to bound generation "
+            "(or every client needs a lifecycle)"
+        )
     seed = seed if seed is not None else spec.seed if spec.seed is not None else DEFAULT_SEED
     rng = PartitionedRNG(seed)
     cap = 2 * spec.num_requests if spec.num_requests is not None else None
@@ -335,7 +382,9 @@ def generate_workload(spec: WorkloadSpec, seed: int | None = None) -> Workload:
     arrivals, inputs, outputs, owners = [], [], [], []
     for i, client in enumerate(spec.clients):
         arrival_rng = rng.stream("workload", i, "arrival")
-        times = client_arrivals(client.arrival, float(rates[i]), arrival_rng, spec.horizon_us, cap)
+        times = client_arrivals(
+            client.arrival, float(rates[i]), arrival_rng, spec.horizon_us, cap, client.lifecycle
+        )
         n = times.size
         arrivals.append(times)
         input_rng = rng.stream("workload", i, "input")

@@ -9,9 +9,11 @@ Units: rates in requests/second, times in integer microseconds, lengths in token
 Every value is validated when a ``WorkloadSpec`` is built; errors name the field path, e.g.
 ``clients[1].arrival.cv: must be > 0``.
 
-Supported subset: open-loop, rate-based clients. BLIS features that change request generation
-(cohorts, concurrency/closed-loop sessions, lifecycle windows, multimodal, reasoning, network,
-ServeGen/inference-perf sources) are rejected with a clear error rather than silently ignored.
+Supported subset: open-loop, rate-based clients, optionally active only inside lifecycle windows
+(``lifecycle.windows``; ``LifecycleSpec``). BLIS features that change request generation (cohorts,
+concurrency/closed-loop sessions, per-window overrides of a lifecycle window, multimodal,
+reasoning, network, ServeGen/inference-perf sources) are rejected with a clear error rather than
+silently ignored.
 """
 
 from __future__ import annotations
@@ -260,13 +262,87 @@ def _default_dist() -> DistSpec:
 
 
 @dataclass(frozen=True)
+class ActiveWindow:
+    """One activity window of a client: the half-open interval [start_us, end_us) in µs.
+
+    Attributes:
+      start_us: first microsecond of the window (integer >= 0).
+      end_us: first microsecond after the window (integer > start_us).
+    """
+
+    start_us: int
+    end_us: int
+
+    def check(self, path: str) -> None:
+        """Raise ValueError naming the first invalid field under ``path``."""
+        _check_number(f"{path}.start_us", self.start_us, ge=0, integral=True)
+        _check_number(f"{path}.end_us", self.end_us, integral=True)
+        if not self.end_us > self.start_us:
+            raise ValueError(
+                f"{path}.end_us: must be > start_us ({self.start_us!r}), got {self.end_us!r}"
+            )
+
+
+@dataclass(frozen=True)
+class LifecycleSpec:
+    """When a client is active (BLIS ``lifecycle``): the union of its windows.
+
+    A client with a lifecycle draws its arrivals exactly as without one (from time 0, at its
+    rate) and keeps only those inside a window; it stops at the first arrival at or after the
+    largest ``end_us`` (docs/configuration.md, ``workload``). Windows may overlap and come in any
+    order. ``windows`` accepts ``ActiveWindow`` objects or ``(start_us, end_us)`` pairs.
+    """
+
+    windows: tuple[ActiveWindow, ...] = ()
+
+    def __post_init__(self) -> None:
+        windows = tuple(
+            w if isinstance(w, ActiveWindow) or not isinstance(w, (tuple, list))
+            else ActiveWindow(*w)
+            for w in self.windows
+        )  # fmt: skip
+        object.__setattr__(self, "windows", windows)
+
+    @property
+    def end_us(self) -> int:
+        """The largest ``end_us``: no arrival at or after it is kept."""
+        return max(w.end_us for w in self.windows)
+
+    def contains(self, times_us: Any) -> Any:
+        """Boolean mask: which of ``times_us`` (a numpy integer array) fall inside a window."""
+        inside = times_us < 0  # all False, same shape
+        for w in self.windows:
+            inside |= (times_us >= w.start_us) & (times_us < w.end_us)
+        return inside
+
+    def overlaps(self, other: LifecycleSpec) -> bool:
+        """True when some window of ``self`` and some window of ``other`` share a microsecond."""
+        return any(
+            a.start_us < b.end_us and b.start_us < a.end_us
+            for a in self.windows
+            for b in other.windows
+        )
+
+    def check(self, path: str) -> None:
+        """Raise ValueError naming the first invalid field under ``path``."""
+        if not self.windows:
+            raise ValueError(f"{path}.windows: at least one window is required")
+        for i, w in enumerate(self.windows):
+            if not isinstance(w, ActiveWindow):
+                raise ValueError(f"{path}.windows[{i}]: must be an ActiveWindow")
+            w.check(f"{path}.windows[{i}]")
+
+
+@dataclass(frozen=True)
 class ClientSpec:
     """One client: a rate share, arrival process, length distributions and request labels.
 
     Attributes:
       id, tenant_id: names (empty string is a valid name).
       slo_class: one of ``SLO_CLASSES`` ("" = none).
-      rate_fraction: > 0; the client's rate is aggregate_rate * fraction / sum(fractions).
+      rate_fraction: > 0; the client's rate is aggregate_rate * fraction / S, S = the sum of
+        the fractions of the clients whose lifecycle overlaps this one's (all clients when
+        there are no lifecycles; ``generate.client_rates_per_us``).
       arrival: inter-arrival process.
       input_distribution, output_distribution: token lengths (the input excludes the prefix).
       prefix_group: shared-prefix group name ("" = none).
@@ -274,6 +350,7 @@ class ClientSpec:
         All clients of a group share the length of the group's first client (BLIS).
       timeout_us: per-request timeout; deadline = arrival + timeout. None or 0 = no deadline.
       slo_target_us: per-request TTFT target in µs carried as metadata (None = no target).
+      lifecycle: activity windows (None = always active); see ``LifecycleSpec``.
     """
 
     id: str = ""
@@ -287,6 +364,7 @@ class ClientSpec:
     prefix_length: int = DEFAULT_PREFIX_LENGTH
     timeout_us: int | None = None
     slo_target_us: int | None = None
+    lifecycle: LifecycleSpec | None = None
 
     def check(self, path: str) -> None:
         """Raise ValueError naming the first invalid field under ``path``."""
@@ -310,6 +388,10 @@ class ClientSpec:
             value = getattr(self, name)
             if value is not None:
                 _check_number(f"{path}.{key}", value, ge=0, integral=True)
+        if self.lifecycle is not None:
+            if not isinstance(self.lifecycle, LifecycleSpec):
+                raise ValueError(f"{path}.lifecycle: must be a LifecycleSpec")
+            self.lifecycle.check(f"{path}.lifecycle")
 
 
 @dataclass(frozen=True)
@@ -324,7 +406,8 @@ class WorkloadSpec:
       aggregate_rate: total request rate in requests/second (> 0).
       horizon_us: stop generating at arrival >= horizon (None = no time limit).
       num_requests: keep the first N requests by arrival (None = no count limit).
-        Generation needs at least one of horizon_us / num_requests.
+        Generation needs at least one of horizon_us / num_requests, unless every client has a
+        lifecycle (its last window then ends its arrivals).
       goodput_slo_targets: BLIS ``goodput_slo_targets`` mapping, carried unchanged.
     """
 
@@ -413,7 +496,13 @@ _CLIENT_KEYS = frozenset(
      "multimodal", "reasoning", "network"}
 )  # fmt: skip
 #: BLIS client features that change what is generated; blisjax rejects them when set.
-_UNSUPPORTED_CLIENT_KEYS = ("lifecycle", "multimodal", "reasoning", "network")
+_UNSUPPORTED_CLIENT_KEYS = ("multimodal", "reasoning", "network")
+_LIFECYCLE_KEYS = frozenset({"windows"})
+_WINDOW_KEYS = frozenset(
+    {"start_us", "end_us", "trace_rate", "arrival", "input_distribution", "output_distribution"}
+)
+#: BLIS per-window overrides; any of them switches BLIS to a different (time-varying) generator.
+_UNSUPPORTED_WINDOW_KEYS = ("trace_rate", "arrival", "input_distribution", "output_distribution")
 _ARRIVAL_KEYS = frozenset(
     {"process", "cv", "shape", "scale", "period_us", "jitter_us", "pareto_alpha"}
 )
@@ -498,6 +587,34 @@ def _parse_dist(path: str, data: Any) -> DistSpec:
     return DistSpec(data["type"], dict(params))
 
 
+def _parse_lifecycle(path: str, data: Any) -> LifecycleSpec | None:
+    """BLIS ``lifecycle: {windows: [{start_us, end_us}, ...]}``; absent or null = always active.
+
+    ``start_us`` defaults to 0 (BLIS's zero value); ``end_us`` is required.
+    """
+    if data is None:
+        return None
+    data = _check_keys(path, data, _LIFECYCLE_KEYS)
+    windows = data.get("windows")
+    if not isinstance(windows, list) or not windows:
+        raise ValueError(f"{path}.windows: must be a non-empty list of {{start_us, end_us}}")
+    parsed = []
+    for i, w in enumerate(windows):
+        wpath = f"{path}.windows[{i}]"
+        w = _check_keys(wpath, w, _WINDOW_KEYS)
+        for key in _UNSUPPORTED_WINDOW_KEYS:
+            if w.get(key) is not None:
+                raise ValueError(
+                    f"{wpath}.{key}: per-window overrides are not supported by blisjax"
+                )
+        if w.get("end_us") is None:
+            raise ValueError(f"{wpath}.end_us: required")
+        start = _opt_int(f"{wpath}.start_us", w.get("start_us"))
+        end = _opt_int(f"{wpath}.end_us", w["end_us"])
+        parsed.append(ActiveWindow(start if start is not None else 0, end))
+    return LifecycleSpec(tuple(parsed))
+
+
 def _reject_unsupported_client(path: str, data: Mapping[str, Any]) -> None:
     for key in _UNSUPPORTED_CLIENT_KEYS:
         if data.get(key):
@@ -547,6 +664,7 @@ def _parse_client(path: str, data: Any, v1: bool) -> ClientSpec:
         prefix_length=prefix_length if prefix_length is not None else DEFAULT_PREFIX_LENGTH,
         timeout_us=_opt_int(f"{path}.timeout", data.get("timeout")),
         slo_target_us=_opt_int(f"{path}.slo_target_us", data.get("slo_target_us")),
+        lifecycle=_parse_lifecycle(f"{path}.lifecycle", data.get("lifecycle")),
     )
 
 
