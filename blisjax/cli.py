@@ -107,6 +107,22 @@ CAPACITIES = {
                            "P/D decode sub-requests waiting with reserved KV per instance",
                            "the request count or the KV blocks, whichever is fewer, which "
                            "cannot overflow"),
+    "actuations": Capacity("--actuation-slots", "actuation_slots",
+                           "scale actuations pending at once (instance lifecycles)", "8"),
+    "timeline": Capacity("--timeline-slots", "timeline_slots",
+                         "instance state changes recorded (instance lifecycles)",
+                         "64 per instance slot + 64"),
+}
+#: Overflows that are not capacities of the program: what to do instead.
+NOT_CAPACITIES = {
+    "kv_tier": "a CPU-tier reload was followed by a failed allocation {times} time(s), which "
+               "leaves a request holding blocks outside the batch (BLIS's behaviour, kept by "
+               "--blis-quirks); run it with --engine reference",
+    "instance_slots": "with --blis-quirks every new instance takes a fresh slot (BLIS never "
+                      "reuses one) and {times} scale-up instance(s) found none; raise "
+                      "policy.autoscaler.max_replicas",
+    "lifecycle_draws": "a random lifecycle delay stream needed more than its 64 stored draws "
+                       "{times} time(s); run it with --engine reference",
 }
 
 
@@ -704,11 +720,8 @@ def _run_jax(resolved: Any, workload: Any, capacities: dict[str, int],
     static = build_static(resolved, workload, **capacities)
     parts = []
     for name, times in result.overflow.items():
-        if name == "kv_tier":  # not a capacity: a case the program does not model
-            parts.append(f"a CPU-tier reload was followed by a failed allocation {times} "
-                         "time(s), which leaves a request holding blocks outside the batch "
-                         "(BLIS's behaviour, kept by --blis-quirks); run it with --engine "
-                         "reference")
+        if name in NOT_CAPACITIES:  # not a capacity: a case the program does not model
+            parts.append(NOT_CAPACITIES[name].format(times=times))
             continue
         cap = CAPACITIES[name]
         size = getattr(static, cap.field)
@@ -733,6 +746,10 @@ def _simulate(args: Any, cfg: SimConfig, choice: WorkloadChoice, base: str) -> i
         else:
             progress.phase(f"simulating {workload.num_requests} requests (reference engine)")
             result = _engine(args.engine)(resolved, workload)
+            if result.overflow:  # the instance slots under --blis-quirks
+                raise ConfigError("policy.autoscaler.max_replicas", "; ".join(
+                    NOT_CAPACITIES[name].format(times=times)
+                    for name, times in result.overflow.items()))
         wall_s = time.perf_counter() - start
         metrics = aggregate_metrics(result, workload, cfg.metrics,
                                     scheduler=cfg.policy.scheduler.policy)

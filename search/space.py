@@ -349,8 +349,11 @@ def get_knob(config: SimConfig, name: str) -> Any:
         return weights.get(parts[2], 0.0)
     if len(parts) == 2 and parts[0] == "engine" and parts[1] in ENGINE_KNOBS:
         return getattr(config.engine, parts[1])
-    if len(parts) == 2 and parts[0] in ("admission", "priority", "routing", "scheduler"):
+    if len(parts) == 2 and parts[0] in ("admission", "priority", "routing", "scheduler",
+                                        "autoscaler"):
         return getattr(getattr(config.policy, parts[0]), parts[1])
+    if parts[:2] == ["cluster", "lifecycle"] and len(parts) == 3:
+        return getattr(config.cluster.lifecycle, parts[2])
     pd = config.cluster.pd
     if parts[:2] == ["cluster", "pd"] and len(parts) == 4 and parts[2] in ("prefill_scorers",
                                                                            "decode_scorers"):

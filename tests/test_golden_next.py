@@ -208,13 +208,15 @@ def _blis_slot(case: dict) -> dict[str, int]:
     return {name: k for k, name in enumerate(names)}
 
 
-@pytest.mark.parametrize("engine", ["reference"])
+@pytest.mark.parametrize("engine", ["reference", pytest.param("jax", marks=pytest.mark.slow)])
 def test_autoscale_run_reproduces_blis_with_its_quirks(engine, tmp_path, capsys):
     """BLIS HEAD's saturation autoscaler on a surge (2 warm instances on a 6-GPU pool; tick
     1.5 s, windows 1.5 s / 4.5 s, scrape delay 0.25 s, loading 2 s): with ``--blis-quirks``
     every request's TTFT, E2E and instance, the aggregate metrics, the per-instance completed
     and preemption counts, and the actuations BLIS logged (one instance placed at 10.75 s,
-    loaded 2 s later; it and instance_0 drained together at 24.25 s) are BLIS's."""
+    loaded 2 s later; it and instance_0 drained together at 24.25 s) are BLIS's. The JAX
+    replay compiles a roofline program of its own (slow tier; the default tier has the JAX
+    engine match the reference on drawn autoscalers, tests/engine/test_parity_lifecycle.py)."""
     case = _case(GOLDEN_NEXT_AUTOSCALE)
     argv = [str(GOLDEN_NEXT_DIR / a) if a.endswith((".yaml", ".csv")) else a
             for a in shlex.split(_autoscale_replay_command(case))[1:]]
@@ -247,3 +249,22 @@ def test_autoscale_run_reproduces_blis_with_its_quirks(engine, tmp_path, capsys)
                    for r in csv.DictReader(f)]
     assert (10_750_000, 2, "loading") in changes and (12_750_000, 2, "active") in changes
     assert (24_250_000, 2, "draining") in changes and (24_250_000, 0, "draining") in changes
+
+
+def test_autoscale_default_drains_the_earliest_placed(tmp_path, capsys):
+    """Without the quirks the same scale-down drains the two instances placed first, the
+    initial ones (BLIS drains the smallest ID string: the autoscaled instance and instance_0),
+    so the autoscaled instance serves the tail."""
+    case = _case(GOLDEN_NEXT_AUTOSCALE)
+    argv = [str(GOLDEN_NEXT_DIR / a) if a.endswith((".yaml", ".csv")) else a
+            for a in shlex.split(_autoscale_replay_command(case))[1:]]
+    argv[argv.index("--results-path") + 1] = str(tmp_path / "results.json")
+    argv += ["--timeline-path", str(tmp_path / "timeline.csv")]
+    assert main(argv) == 0
+    capsys.readouterr()
+    with (tmp_path / "timeline.csv").open() as f:
+        drained = {int(r["instance"]) for r in csv.DictReader(f) if r["state"] == "draining"}
+    assert drained == {0, 1}
+    rows = json.loads((tmp_path / "results.json").read_text())
+    last = max(rows, key=lambda r: r["arrival_us"])
+    assert last["instance"] == 2

@@ -24,22 +24,27 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from blisjax.engine import instance, pd, policies, stretch
+from blisjax.config.codes import DrainPolicy
+from blisjax.engine import instance, lifecycle, pd, policies, stretch
 from blisjax.engine.exactfloat import ieee_divide
 from blisjax.engine.lockstep import add, lane_once, lane_while, upd
 from blisjax.engine.params import POOL_PREFILL
 from blisjax.engine.state import (
     ADMITTED,
+    COMPLETED,
     INT64_MAX,
+    NIL,
     QUEUED,
     REJECTED,
     RUNNING,
     SimState,
 )
 
-# Cluster events in the order they run at equal times (the reference's priorities: admission,
-# routing, prefill routing, transfer start and end); a deadline no-op changes nothing else.
-CL_ADMISSION, CL_ROUTING, CL_PREFILL_ROUTING, CL_TRANSFER, CL_NOOP = range(5)
+# Cluster events in the order they run at equal times (the reference's priorities: a node
+# provisioned or a model loaded, admission, routing, prefill routing, transfer start and end,
+# the autoscaler's tick and actuation); a deadline no-op changes nothing else.
+(CL_LIFECYCLE, CL_ADMISSION, CL_ROUTING, CL_PREFILL_ROUTING, CL_TRANSFER, CL_TICK,
+ CL_ACTUATION, CL_NOOP) = range(8)
 
 F64 = jnp.float64
 
@@ -60,6 +65,10 @@ def refresh_snapshots(s: SimState, st, c, now, active) -> SimState:
                   snap_bs=jnp.where(due, s.n_run, s.snap_bs),
                   snap_kv=jnp.where(due, kv_util, s.snap_kv),
                   snap_last=jnp.where(due, now, s.snap_last))
+    if st.lifecycle:  # the autoscaler reads the blocks in use
+        life = s.life
+        s = s.replace(life=life.replace(snap_used=jnp.where(due, used.astype(jnp.int32),
+                                                            life.snap_used)))
     if not st.cache_copy_on:
         return s
     copy_due = active & (now - s.cache_copy_last >= st.cache_signal_delay_us)
@@ -83,12 +92,16 @@ def admission(s: SimState, st, c, p, now, active) -> SimState:
     s = refresh_snapshots(s, st, c, now, active)
     decision = policies.admit(s, c, p, r, now, active)
     admitted = decision.admitted
-    return s.replace(
+    s = s.replace(
         bucket=decision.bucket, bucket_last=decision.bucket_last,
         status=s.status.at[r].set(jnp.where(admitted, ADMITTED, REJECTED).astype(s.status.dtype)),
         rejected=s.rejected + (active & ~admitted).astype(jnp.int32),
         tenant_in_flight=add(s.tenant_in_flight, c.tenant[r], 1, active & admitted),
         adm_cursor=s.adm_cursor + active.astype(jnp.int32))
+    if st.lifecycle:
+        s = s.replace(life=s.life.replace(
+            unrouted=s.life.unrouted + (active & admitted).astype(jnp.int32)))
+    return s
 
 
 def routing(s: SimState, st, c, p, now, active) -> SimState:
@@ -101,10 +114,33 @@ def routing(s: SimState, st, c, p, now, active) -> SimState:
     s = refresh_snapshots(s, st, c, now, go)
     if st.pd:
         s, target, whole = pd.route_request(s, st, c, p, r, go)
+        s = instance.inject_arrival(s, st, c, target, r, now, whole)
     else:
-        (s, target), whole = policies.route(s, st, c, p, r, go), go
-    s = instance.inject_arrival(s, st, c, target, r, now, whole)
+        s = route_to_instance(s, st, c, p, r, now, go)
     return s.replace(route_cursor=s.route_cursor + active.astype(jnp.int32))
+
+
+def route_to_instance(s: SimState, st, c, p, r, now, go) -> SimState:
+    """The router's decision for request r and its arrival at the chosen instance; with
+    lifecycles among the routable instances, and rejected when there is none
+    (``ClusterSimulator._route``)."""
+    if not st.lifecycle:
+        s, target = policies.route(s, st, c, p, r, go)
+        return instance.inject_arrival(s, st, c, target, r, now, go)
+    life = s.life
+    candidates = lifecycle.routable(life)
+    none = go & ~jnp.any(candidates)
+    routed = go & ~none
+    s, target = policies.route(s, st, c, p, r, routed,
+                               policies.lane_spec(p)._replace(candidates=candidates))
+    s = instance.inject_arrival(s, st, c, target, r, now, routed)
+    t = c.tenant[r]
+    s = s.replace(
+        status=s.status.at[jnp.where(none, r, st.num_requests)].set(REJECTED),
+        instance=s.instance.at[jnp.where(none, r, st.num_requests)].set(NIL),  # redirected
+        tenant_in_flight=upd(s.tenant_in_flight, t, jnp.maximum(s.tenant_in_flight[t] - 1, 0),
+                             none))
+    return s.replace(life=lifecycle.routed(s.life, st, p, r, target, routed, none))
 
 
 def prefill_routing(s: SimState, st, c, p, now, active) -> SimState:
@@ -139,6 +175,117 @@ def transfer_event(s: SimState, st, c, p, k, now, active) -> SimState:
 
     s = lane_once(active & ~ending, start, s)
     return lane_once(ending, end, s)
+
+
+# ---- cluster events: instance lifecycles and the autoscaler -------------------------------------
+
+
+def lifecycle_event(s: SimState, st, c, p, now, active) -> SimState:
+    """A node provisioned or a model loaded (``ClusterSimulator._start_loading``,
+    ``_ready``)."""
+    return s.replace(life=lifecycle.ready_event(s.life, st, p, now, active))
+
+
+def scaling_tick(s: SimState, st, c, p, now, active) -> SimState:
+    """The autoscaler's tick, on snapshots refreshed as a routing decision would
+    (``ClusterSimulator._tick``)."""
+    s = refresh_snapshots(s, st, c, now, active)
+    return lifecycle.tick(s, st, c, p, now, active)
+
+
+def actuation(s: SimState, st, c, p, now, active) -> SimState:
+    """The next scale actuation (``ClusterSimulator._actuate``): within the bounds as they
+    stand, place new instances or drain the oldest Active ones."""
+    life = s.life
+    _, a = lifecycle.next_actuation(life)
+    delta = lifecycle.bounded(life, st, p, life.act_delta[a].astype(jnp.int64))
+    variant = life.act_variant[a]
+    s = s.replace(life=life.replace(act_us=upd(life.act_us, a, INT64_MAX, active)))
+    s, added = lane_once(active & (delta > 0),
+                         lambda carry, go: _scale_up(carry[0], st, p, delta, variant, now, go),
+                         (s, jnp.asarray(0, jnp.int32)))
+    s, drained = lane_once(active & (delta < 0),
+                           lambda carry, go: _scale_down(carry[0], st, c, p, -delta, variant,
+                                                         now, go), (s, jnp.asarray(0, jnp.int32)))
+    return s.replace(life=lifecycle.actuated(s.life, p, delta, added + drained, now, active))
+
+
+def _scale_up(s: SimState, st, p, count, variant, now, active):
+    """Place ``count`` instances, each in a free slot (a reused one restarts empty). Returns
+    (state, instances placed)."""
+    def body(carry, go):
+        s, j, done = carry
+        life = s.life
+        k, has = lifecycle.free_slot(life, st, p)
+        life, ok = lifecycle.place_instance(life, st, p, k, variant, now, False, go & has)
+        life = life.replace(ovf_slots=life.ovf_slots + (go & ~has).astype(jnp.int32),
+                            refused_no_room=life.refused_no_room + (go & has & ~ok).astype(
+                                jnp.int32))
+        s = lane_once(ok & (life.placements[k] > 1),
+                      lambda s, go: instance.reset_instance(s, st, k, go), s.replace(life=life))
+        return s, j + go.astype(jnp.int32), done + ok.astype(jnp.int32)
+
+    zero = jnp.asarray(0, jnp.int32)
+    s, _, done = lane_while(lambda carry: active & (carry[1] < count), body, (s, zero, zero))
+    return s, done
+
+
+def _scale_down(s: SimState, st, c, p, count, variant, now, active):
+    """Drain ``count`` Active instances (of ``variant``) in drain order; then route the
+    requests a redirect drain took from them, victim by victim, as the reference's routing
+    events pushed by the drains run after the actuation. Returns (state, instances drained)."""
+    zero = jnp.asarray(0, jnp.int32)
+
+    def more(carry):
+        return active & (carry[1] < count) & lifecycle.drain_victim(carry[0].life, st,
+                                                                   variant)[1]
+
+    def body(carry, go):
+        s, j, victims = carry
+        v, _ = lifecycle.drain_victim(s.life, st, variant)
+        s = _drain(s, st, c, p, v, now, go)
+        return s, j + go.astype(jnp.int32), upd(victims, j, v, go)
+
+    victims = jnp.zeros(st.num_instances, jnp.int32)
+    s, drained, victims = lane_while(more, body, (s, zero, victims))
+    redirect = active & (p.as_drain == DrainPolicy.REDIRECT)
+
+    def reroute_victim(carry, go):
+        s, j = carry
+        s, held = instance.take_not_running(s, st, c, victims[j], now, go)
+        life = s.life
+        count = jnp.where(go, held.count, 0)
+        s = s.replace(life=life.replace(unrouted=life.unrouted + count,
+                                        redirected=life.redirected + count))
+
+        def route_one(carry, go):
+            s, k = carry
+            r = jnp.where(go, held.reqs[k], st.num_requests)
+            s = refresh_snapshots(s, st, c, now, go)
+            return route_to_instance(s, st, c, p, r, now, go), k + go.astype(jnp.int32)
+
+        s, _ = lane_while(lambda cr: go & (cr[1] < count), route_one, (s, zero))
+        return s, j + go.astype(jnp.int32)
+
+    s, _ = lane_while(lambda carry: redirect & (carry[1] < drained), reroute_victim, (s, zero))
+    return s, drained
+
+
+def _drain(s: SimState, st, c, p, v, now, go) -> SimState:
+    """Instance v stops being routable (``ClusterSimulator._drain``); ``immediate`` drops what
+    it holds and terminates it; by default an instance left holding nothing (after a
+    redirect takes its waiting requests) terminates at once."""
+    life = s.life
+    s = s.replace(life=lifecycle.set_state(life, st, v, lifecycle.DRAINING, now, go))
+    immediate = go & (p.as_drain == DrainPolicy.IMMEDIATE)
+    s, dropped = lane_once(immediate, lambda carry, go: instance.drop_everything(
+        carry[0], st, c, v, now, go), (s, jnp.asarray(0, jnp.int32)))
+    life = s.life
+    life = life.replace(dropped_at_drain=add(life.dropped_at_drain, v, dropped, immediate))
+    taken = jnp.where(p.as_drain == DrainPolicy.REDIRECT,
+                      instance.held_requests(s, st, v).count, 0)
+    idle = (s.in_flight[v] - taken == 0) & (not st.blis_quirks)
+    return s.replace(life=lifecycle.terminate(life, st, v, now, immediate | (go & idle)))
 
 
 # ---- next-event selection and dispatch ----------------------------------------------------------
@@ -213,6 +360,7 @@ class NextEvent(NamedTuple):
     live: jax.Array  # it exists, the lane is not done, and it is within the horizon
     cluster_kind: jax.Array  # -1 (instance event), else CL_ADMISSION .. CL_NOOP
     instance: jax.Array  # i*: the instance of an instance event
+    kind_arrival: jax.Array  # an arrival event (lifecycles with --blis-quirks only)
     kind_enqueue: jax.Array
     kind_step: jax.Array
     kind_timeout: jax.Array
@@ -236,9 +384,17 @@ def next_event(s: SimState, st, c) -> NextEvent:
     none = jnp.asarray(INT64_MAX, jnp.int64)
     transfer = pd.next_transfer(s) if st.pd else pd.NextTransfer(none, jnp.asarray(0, jnp.int32))
     pf_t = pd.prefill_routing_us(s, st, c) if st.pd else none
-    cl_times = jnp.stack([adm_t, rt_t, pf_t, transfer.t_us, noop_t])
-    cl_kind = jnp.argmin(cl_times)  # ties: in CL_* order
-    cl_t = cl_times[cl_kind]
+    kinds = [(CL_ADMISSION, adm_t), (CL_ROUTING, rt_t), (CL_PREFILL_ROUTING, pf_t),
+             (CL_TRANSFER, transfer.t_us), (CL_NOOP, noop_t)]
+    if st.lifecycle:  # compiled in only with lifecycles
+        life = s.life
+        kinds += [(CL_LIFECYCLE, lifecycle.next_ready(life)[0]), (CL_TICK, life.tick_us),
+                  (CL_ACTUATION, lifecycle.next_actuation(life)[0])]
+        kinds.sort(key=lambda kind: kind[0])
+    cl_times = jnp.stack([t for _, t in kinds])
+    first = jnp.argmin(cl_times)  # ties: in CL_* order
+    cl_kind = jnp.asarray([k for k, _ in kinds], jnp.int32)[first]
+    cl_t = cl_times[first]
     # instance candidates
     pt = jnp.where(s.pend_req >= 0, s.pend_time, INT64_MAX)  # [I, E]
     pmin = jnp.min(pt, axis=1)
@@ -248,28 +404,41 @@ def next_event(s: SimState, st, c) -> NextEvent:
     step_at = stretch.next_step_us(s) if st.stretches else s.step_time
     ts = jnp.where(step_at >= 0, step_at, INT64_MAX)
     inst_t = jnp.minimum(jnp.minimum(pmin, ts), timeout_t)
+    if st.lifecycle and st.blis_quirks:  # arrival events (priority 0) come first
+        amin = jnp.min(s.life.arrive_us, axis=1)
+        inst_t = jnp.minimum(inst_t, amin)
     i_star = jnp.argmin(inst_t).astype(jnp.int32)
     best_t = inst_t[i_star]
     use_cluster = cl_t <= best_t
     t_evt = jnp.minimum(cl_t, best_t)
     live = ~s.done & (t_evt <= st.horizon_us) & (t_evt < INT64_MAX)
     ins = live & ~use_cluster
+    kind_arr = ins & (amin[i_star] == best_t) if st.lifecycle and st.blis_quirks \
+        else jnp.asarray(False)
+    ins = ins & ~kind_arr
     kind_enq = ins & (pmin[i_star] == best_t)
     kind_step = ins & ~kind_enq & (ts[i_star] == best_t)
     return NextEvent(
         t_us=t_evt, live=live, cluster_kind=jnp.where(use_cluster, cl_kind, -1),
-        instance=i_star, kind_enqueue=kind_enq, kind_step=kind_step,
+        instance=i_star, kind_arrival=kind_arr, kind_enqueue=kind_enq, kind_step=kind_step,
         kind_timeout=ins & ~kind_enq & ~kind_step, pending_entry=e_star[i_star],
         timeout_req=deadlines.timeout_req[i_star], noop_req=deadlines.noop_req,
         deadline_overflow=deadlines.overflow, transfer_slot=transfer.slot)
 
 
-def _begin(s: SimState, ev: NextEvent, go):
+def _begin(s: SimState, st, ev: NextEvent, go):
     """Bookkeeping of every event: a lane with no live event is done; counters; the clock of
     the event's instance. Returns (state, whether the lane handles ``ev``)."""
     live = go & ev.live
     s = s.replace(done=s.done | (go & ~ev.live), iters=s.iters + live.astype(jnp.int64),
                   ovf_deadline=s.ovf_deadline + (live & ev.deadline_overflow).astype(jnp.int32))
+    if st.lifecycle:  # held instances cost until the run's last event
+        # a deadline no-op is a reference event only as a completed request's lazily
+        # cancelled timeout (a dropped or redirected request's was removed, a request not yet
+        # enqueued had none)
+        phantom = (ev.cluster_kind == CL_NOOP) & (s.status[ev.noop_req] != COMPLETED)
+        s = s.replace(life=s.life.replace(last_event_us=jnp.where(
+            live & ~phantom, ev.t_us, s.life.last_event_us)))
     ins = live & (ev.cluster_kind < 0)
     return s.replace(clock=upd(s.clock, ev.instance, ev.t_us, ins)), live
 
@@ -279,7 +448,7 @@ def _dispatch_cheap(s: SimState, st, c, p, ev: NextEvent, go) -> SimState:
     event is one), and after an admission the same request's routing when that is the lane's
     next event (``_routing_follows``). Each handler is skipped outright when no lane needs it."""
     n = st.num_requests
-    s, live = _begin(s, ev, go)
+    s, live = _begin(s, st, ev, go)
     cl = live & (ev.cluster_kind >= 0)
     i_star, t_evt = ev.instance, ev.t_us
     admit = cl & (ev.cluster_kind == CL_ADMISSION)
@@ -295,13 +464,30 @@ def _dispatch_cheap(s: SimState, st, c, p, ev: NextEvent, go) -> SimState:
                       lambda s, go: prefill_routing(s, st, c, p, t_evt, go), s)
         s = lane_once(cl & (ev.cluster_kind == CL_TRANSFER),
                       lambda s, go: transfer_event(s, st, c, p, ev.transfer_slot, t_evt, go), s)
+    if st.lifecycle:
+        for kind, handler in ((CL_LIFECYCLE, lifecycle_event), (CL_TICK, scaling_tick),
+                              (CL_ACTUATION, actuation)):
+            s = lane_once(cl & (ev.cluster_kind == kind),
+                          lambda s, go, handler=handler: handler(s, st, c, p, t_evt, go), s)
+    if st.lifecycle and st.blis_quirks:
+        arrive = live & ev.kind_arrival
+        s = lane_once(arrive, lambda s, go: instance.arrival(s, st, i_star, t_evt, go), s)
+        s = _after_instance_event(s, st, i_star, 0, t_evt, arrive)
     s = lane_once(live & ev.kind_enqueue,
              lambda s, go: instance.enqueue(s, st, c, i_star, ev.pending_entry, t_evt, go), s)
+    s = _after_instance_event(s, st, i_star, 0, t_evt, live & ev.kind_enqueue)
     if st.num_deadlines == 0:  # no timeouts or deadline no-ops exist (see ``next_event``)
         return s
     to_r = ev.timeout_req
     kind_to = live & ev.kind_timeout
     s = lane_once(kind_to, lambda s, go: instance.timeout(s, st, c, i_star, to_r, t_evt, go), s)
+    s = _after_instance_event(s, st, i_star, 0, t_evt, kind_to)
+    if st.lifecycle and st.blis_quirks:
+        # a completed request's timeout is still pending in BLIS (lazily cancelled), an event
+        # of its instance after which a draining instance with nothing left terminates
+        stale = cl & (ev.cluster_kind == CL_NOOP) & (s.status[ev.noop_req] == COMPLETED)
+        s = _after_instance_event(s, st, jnp.maximum(s.instance[ev.noop_req], 0), 0, t_evt,
+                                  stale)
     # a handled deadline (timeout or no-op) is marked done; the cursor skips handled entries
     handled = jnp.where(kind_to, to_r, jnp.where(cl & (ev.cluster_kind == CL_NOOP),
                                                  ev.noop_req, n))
@@ -329,10 +515,21 @@ def _dispatch_step(s: SimState, st, c, p, ev: NextEvent, defer: bool = False) ->
     """Run ``ev``, which is a step or no event at all (the cheap ones were drained): only the
     step handler is compiled here. A step marks no deadline handled, so the deadline cursor
     stays where it is."""
-    s, live = _begin(s, ev, jnp.asarray(True))
-    return lane_once(live & ev.kind_step,
-                        lambda s, go: instance.step(s, st, c, p, ev.instance, ev.t_us, go,
-                                                 defer), s)
+    s, live = _begin(s, st, ev, jnp.asarray(True))
+    before = s.completed[ev.instance]
+    s = lane_once(live & ev.kind_step,
+                  lambda s, go: instance.step(s, st, c, p, ev.instance, ev.t_us, go, defer), s)
+    return _after_instance_event(s, st, ev.instance, s.completed[ev.instance] - before,
+                                 ev.t_us, live & ev.kind_step)
+
+
+def _after_instance_event(s: SimState, st, i, completions, now, go) -> SimState:
+    """Lifecycle consequences of instance i's event where ``go`` (``lifecycle.
+    after_instance_event``); nothing without lifecycles."""
+    if not st.lifecycle:
+        return s
+    return lane_once(go, lambda s, go: lifecycle.after_instance_event(s, st, i, completions,
+                                                                      now, go), s)
 
 
 def lane_advance(s: SimState, ev: NextEvent, st, c, p,
@@ -366,8 +563,9 @@ def lane_advance(s: SimState, ev: NextEvent, st, c, p,
 
     def enqueue_next(carry, go):
         s, ev = carry
-        s, live = _begin(s, ev, go)
+        s, live = _begin(s, st, ev, go)
         s = instance.enqueue(s, st, c, ev.instance, ev.pending_entry, ev.t_us, live)
+        s = _after_instance_event(s, st, ev.instance, 0, ev.t_us, live)
         return s, next_event(s, st, c)
 
     s, ev = lane_while(lambda carry: carry[1].live & ~carry[1].kind_step, cheap, (s, ev))

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from blisjax.config.codes import PreemptionPolicy
-from blisjax.engine import hostlatency, pd, roofline, stretch
+from blisjax.engine import hostlatency, lifecycle, pd, roofline, stretch
 from blisjax.engine import kvcache as kv
 from blisjax.engine.lockstep import (
     add,
@@ -44,6 +44,7 @@ from blisjax.engine.state import (
     COMPLETED,
     DECODE,
     DROPPED,
+    INT64_MAX,
     NIL,
     QUEUED,
     ROUTED,
@@ -75,11 +76,20 @@ def inject_arrival(s: SimState, st, c, i, r, now, active) -> SimState:
     else:
         delay = c.queue_delay_us[r]
     r_or_sink = jnp.where(active, r, st.num_requests)
+    arrival_event = st.lifecycle and st.blis_quirks
+    if arrival_event:  # the arrival is an event of its own (``arrival``)
+        life = s.life
+        s = s.replace(life=life.replace(arrive_us=upd(life.arrive_us, (i, e), now, ok)))
+    elif st.lifecycle:  # a drain at this time may cancel the arrival (``_arrivals_cancelled``)
+        life = s.life
+        first = active & (s.clock[i] < now)
+        s = s.replace(life=life.replace(clock_before=upd(life.clock_before, i, s.clock[i],
+                                                         first)))
     return s.replace(
         in_flight=add(s.in_flight, i, 1, active),
         instance=s.instance.at[r_or_sink].set(i),
         status=s.status.at[r_or_sink].set(ROUTED),
-        clock=upd(s.clock, i, now, active),
+        clock=s.clock if arrival_event else upd(s.clock, i, now, active),
         pend_req=upd(s.pend_req, (i, e), r, ok),
         pend_time=upd(s.pend_time, (i, e), now + delay, ok),
         pend_seq=upd(s.pend_seq, (i, e), s.route_seq, ok),
@@ -153,6 +163,136 @@ def timeout(s: SimState, st, c, i, r, now, active) -> SimState:
     s = _finish_in_flight(s, c, i, r, active)
     wake = active & (s.n_run[i] == 0) & (s.q_len[i] > 0) & (s.step_time[i] < 0)
     return s.replace(step_time=upd(s.step_time, i, now, wake))
+
+
+# ---- lifecycle (Decision 16) ------------------------------------------------------------------
+
+
+def reset_instance(s: SimState, st, i, active) -> SimState:
+    """A new instance in slot i (``Instance.restart`` and ``Router.forget_instance``): empty
+    KV cache, free list in id order, no pending step or virtual steps, no preemption history,
+    and the router knows nothing of it; the slot's counters carry on."""
+    k, ring = st.kv_blocks, kv.ring_size(st)
+    g = st.num_groups * st.group_blocks_max
+    groups = jnp.arange(st.group_slots) // max(g, 1) == i  # the instance's group hash slots
+
+    def row(arr, value):
+        return arr.at[i].set(jnp.where(active, value, arr[i]))
+
+    return s.replace(
+        step_time=upd(s.step_time, i, -1, active), stretch_steps=upd(s.stretch_steps, i, 0, active),
+        ema=upd(s.ema, i, 0.0, active),
+        blen=row(s.blen, 0), kv_ref=row(s.kv_ref, 0), kv_tok=row(s.kv_tok, 0),
+        kv_slot=row(s.kv_slot, NIL),
+        fifo=row(s.fifo, jnp.where(jnp.arange(ring) < k, jnp.arange(ring), NIL).astype(jnp.int32)),
+        fkey=row(s.fkey, jnp.arange(k, dtype=jnp.int32)), fhead=upd(s.fhead, i, 0, active),
+        ftail=upd(s.ftail, i, k, active), kv_free=upd(s.kv_free, i, k, active),
+        slot_block=s.slot_block.at[:st.group_slots].set(
+            jnp.where(active & groups, NIL, s.slot_block[:st.group_slots])),
+        lru_pos=row(s.lru_pos, -1), lru_own_at=row(s.lru_own_at, 0),
+        lru_clock=upd(s.lru_clock, i, 0, active), lru_own=upd(s.lru_own, i, 0, active),
+        cold_stamp=upd(s.cold_stamp, i, -1, active))
+
+
+class HeldRequests(NamedTuple):
+    """The requests instance i holds that are not running (``Instance._held_requests``):
+    those in their queueing delay in routing order, then the wait queue in queue order."""
+
+    reqs: jax.Array  # int32 [E + Q] (the sink row past ``count``)
+    count: jax.Array  # int32
+
+
+def held_requests(s: SimState, st, i) -> HeldRequests:
+    e, q = st.pending_slots, st.queue_slots
+    waiting = s.pend_req[i] >= 0
+    order = jnp.argsort(jnp.where(waiting, s.pend_seq[i], jnp.iinfo(jnp.int64).max))
+    arriving = jnp.where(waiting[order], s.pend_req[i, order], st.num_requests)
+    n_arriving = jnp.sum(waiting).astype(jnp.int32)
+    k = jnp.arange(q)
+    queued = jnp.where(k < s.q_len[i], s.q_buf[i, (s.q_head[i] + k) % q], st.num_requests)
+    # arrivals first, then the queue, packed
+    pos = jnp.concatenate([jnp.arange(e), n_arriving + k])
+    reqs = jnp.full(e + q + 1, st.num_requests, jnp.int32).at[
+        jnp.where(jnp.concatenate([jnp.arange(e) < n_arriving, k < s.q_len[i]]), pos, e + q)
+    ].set(jnp.concatenate([arriving, queued]).astype(jnp.int32))[:e + q]
+    return HeldRequests(reqs, n_arriving + s.q_len[i])
+
+
+def take_not_running(s: SimState, st, c, i, now, active) -> tuple[SimState, HeldRequests]:
+    """Drain policy ``redirect`` (``Instance.take_not_running``): hand back the requests
+    held and not running, leaving no trace of them here. A request preempted here had its own
+    prompt blocks cached here; it will never return, so their hash registrations go (the
+    reference keeps them in this instance's own cache, where nothing ever looks them up)."""
+    held = held_requests(s, st, i)
+    on = active & (jnp.arange(held.reqs.shape[0]) < held.count)
+    r = jnp.where(on, held.reqs, st.num_requests)
+    j = jnp.arange(max(st.max_prompt_blocks, 1))[None, :]
+    own = on[:, None] & (j >= c.group_blocks[r][:, None]) & (j < c.full_blocks[r][:, None])
+    slots = jnp.where(own, kv.hash_slot(st, c, i, r[:, None], j), st.hash_slots)
+    block = s.slot_block[slots]
+    mine = own & (block >= 0) & (s.kv_slot[i, jnp.maximum(block, 0)] == slots)
+    s = s.replace(
+        kv_slot=s.kv_slot.at[i, jnp.where(mine, block, st.kv_blocks)].set(NIL, mode="drop"),
+        slot_block=s.slot_block.at[jnp.where(mine, slots, st.hash_slots)].set(NIL),
+        pend_req=s.pend_req.at[i].set(jnp.where(active, NIL, s.pend_req[i])),
+        q_len=upd(s.q_len, i, 0, active),
+        in_flight=upd(s.in_flight, i, jnp.maximum(s.in_flight[i] - held.count, 0), active))
+    return _arrivals_cancelled(s, st, i, now, active), held
+
+
+def _arrivals_cancelled(s: SimState, st, i, now, active) -> SimState:
+    """A drain at ``now`` took every request instance i holds outside its batch: the
+    arrivals routed to it at this very time never happen (the reference removes their
+    arrival events, which would run after the cluster's events), so its clock is what it was
+    before them; with --blis-quirks, where arrivals are events of their own, they go."""
+    life = s.life
+    if st.blis_quirks:
+        return s.replace(life=life.replace(arrive_us=life.arrive_us.at[i].set(
+            jnp.where(active, INT64_MAX, life.arrive_us[i]))))
+    back = active & (s.clock[i] == now)
+    return s.replace(clock=upd(s.clock, i, life.clock_before[i], back))
+
+
+def arrival(s: SimState, st, i, now, active) -> SimState:
+    """The arrival event of instance i's earliest α-window entry not yet arrived (BLIS's
+    ArrivalEvent, with --blis-quirks and lifecycles): the instance's clock moves to it."""
+    life = s.life
+    t = life.arrive_us[i]
+    e = jnp.argmin(jnp.where(t == now, s.pend_seq[i], jnp.iinfo(jnp.int64).max))
+    return s.replace(clock=upd(s.clock, i, now, active),
+                     life=life.replace(arrive_us=upd(life.arrive_us, (i, e), INT64_MAX, active)))
+
+
+def drop_everything(s: SimState, st, c, i, now, active) -> tuple[SimState, jax.Array]:
+    """Drain policy ``immediate`` (``Instance.drop_everything``): every request held, running
+    or not, is dropped. The instance terminates at once, so its KV cache is left as it is
+    (a reused slot starts empty, ``reset_instance``); its virtual steps before ``now``
+    happened, the rest never will. Returns (state, requests dropped)."""
+    if st.stretches:
+        s = stretch.materialize(s, st, c, i, now, active, step_widths(st, PHASE1_PER_OCTAVE))
+        s = s.replace(stretch_steps=upd(s.stretch_steps, i, 0, active))
+    held = held_requests(s, st, i)
+    b = st.batch_slots
+    running = jnp.where(active & (jnp.arange(b) < s.n_run[i]), s.slot_req[i, jnp.maximum(
+        s.order[i], 0)], st.num_requests)
+    reqs = jnp.concatenate([jnp.where(active & (jnp.arange(held.reqs.shape[0]) < held.count),
+                                      held.reqs, st.num_requests), running])
+    count = jnp.where(active, held.count + s.n_run[i], 0)
+    on = reqs < st.num_requests
+    n_tenants = s.tenant_in_flight.shape[0]
+    ended = jnp.zeros(n_tenants, jnp.int32).at[jnp.where(on, c.tenant[reqs], n_tenants)].add(
+        1, mode="drop")
+    left = s.tenant_in_flight
+    s = s.replace(
+        status=s.status.at[reqs].set(jnp.where(on, DROPPED, s.status[reqs]).astype(s.status.dtype)),
+        tenant_in_flight=jnp.where(ended > 0, jnp.maximum(left - ended, 0), left),
+        in_flight=upd(s.in_flight, i, jnp.maximum(s.in_flight[i] - count, 0), active),
+        pend_req=s.pend_req.at[i].set(jnp.where(active, NIL, s.pend_req[i])),
+        q_len=upd(s.q_len, i, 0, active), n_run=upd(s.n_run, i, 0, active),
+        order=s.order.at[i].set(jnp.where(active, NIL, s.order[i])),
+        slot_req=s.slot_req.at[i].set(jnp.where(active, NIL, s.slot_req[i])),
+        blen=s.blen.at[i].set(jnp.where(active, 0, s.blen[i])))
+    return _arrivals_cancelled(s, st, i, now, active), count
 
 
 # ---- P/D decode sub-requests (docs/semantics.md §5.10) ----------------------------------------
@@ -580,9 +720,10 @@ def step_duration(c, cm, dc):
     return jnp.maximum(1, float_to_ticks_array(c.step_prefill[cm] + c.step_decode[dc], jnp))
 
 
-def execute(s: SimState, st, c, i, now, n_preempted, active, width: int):
+def execute(s: SimState, st, c, i, now, n_preempted, active, width: int, factor=None):
     """Step time from the scheduled requests; then progress, ITL and TTFT
-    (``Instance._execute``; docs/semantics.md §2.6)."""
+    (``Instance._execute``; docs/semantics.md §2.6). ``factor``: a warming-up instance's
+    (``lifecycle.warm_factor``)."""
     run_slots = _running(s, st, i, width)
     valid, slots, reqs = run_slots.valid, run_slots.slots, run_slots.reqs
     nn = jnp.where(valid, s.num_new[reqs], 0)
@@ -602,6 +743,7 @@ def execute(s: SimState, st, c, i, now, n_preempted, active, width: int):
         d = jnp.maximum(1, d + s.tier.pending_us[i])
         t = s.tier
         s = s.replace(tier=t.replace(pending_us=upd(t.pending_us, i, 0, active)))
+    d = lifecycle.slowed(d, factor)
     itl = d + st.otp_us
     on = valid & active
     dec = on & (pi >= l_in) & (nn > 0)
@@ -826,9 +968,9 @@ class Finished(NamedTuple):
 
 
 def _finish_at(s: SimState, st, c, i, now, n_preempted, go, width: int,
-               defer: bool = False) -> Finished:
+               defer: bool = False, factor=None) -> Finished:
     """Execute and complete over running positions 0..width-1 (>= n_run); the next step."""
-    s, d, running = execute(s, st, c, i, now, n_preempted, go, width)
+    s, d, running = execute(s, st, c, i, now, n_preempted, go, width, factor)
     if st.tiered:  # after execution, before completions leave the batch (§3.8)
         s = kv.mirror_batch(s, st, i, running.slots, running.valid, go)
     done = complete(s, st, c, i, now, d, go, running, defer)
@@ -908,11 +1050,16 @@ def step(s: SimState, st, c, p, i, now, active, defer: bool = False):
     running = lane_max(jnp.where(go, s.n_run[i], 0))
     init = Finished(s, no_plan(s) if defer else None,
                     stretch.no_outlook(st) if st.stretches else None)
+    factor = lifecycle.warm_factor(s, st, p, i)
+    completed_before = s.completed[i]
     out = by_width(step_widths(st, FINISH_PER_OCTAVE), running, go,
                    lambda f, go, w: _finish_at(f.state, st, c, i, now, n_preempted, go, w,
-                                               defer), init)
+                                               defer, factor), init)
     s = complete_planned(out.state, st, c, i, out.releases) if defer else out.state
     if not st.stretches:
         return s
-    plain_us = step_duration(c, 0, s.n_run[i])  # no prefill tokens, one decode token each
+    # no prefill tokens, one decode token each; slowed while the instance still warms up
+    # after this step's completions
+    plain_us = lifecycle.slowed(step_duration(c, 0, s.n_run[i]), lifecycle.warm_factor(
+        s, st, p, i, (s.completed[i] - completed_before).astype(jnp.int32)))
     return stretch.plan(s, st, i, out.outlook, plain_us, go)

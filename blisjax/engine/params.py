@@ -19,6 +19,7 @@ from blisjax.config.codes import (
     Scorer,
     TieBreak,
 )
+from blisjax.engine.lifecycle import lifecycle_params
 from blisjax.engine.pytree import pytree_dataclass
 from blisjax.gorand import blis_subsystem_rand
 from blisjax.reference.kvcache import reload_cost_us
@@ -53,6 +54,14 @@ class PolicyParams:
       per pool (``POOL_DECODE``, ``POOL_PREFILL``): pd_pool_own — it routes with its own
       weighted scorers pd_pool_order[S] / pd_pool_weight[S] and random stream
       pd_pool_rng[607] ("decode-router" / "prefill-router"), else with the lane's routing.
+    Instance lifecycles (``policy.autoscaler``, ``cluster.lifecycle``, ``cluster.node_pools``;
+    read only by programs with lifecycles, ``EngineStatic.lifecycle``): ``life_on`` the lane
+    models them (else its results are a fixed cluster's, as the reference's); ``as_*`` the
+    autoscaler's knobs (``AutoscalerPolicy`` and ``DrainPolicy`` codes, thresholds, windows
+    and intervals in µs, replica bounds, its actuation delays drawn in stream order,
+    ``DELAY_DRAWS`` of them); ``life_*`` the lifecycle's (loading and node-provisioning delays
+    drawn likewise, warm-up, cost) and the node pools' (GPUs and nodes per pool, cost,
+    variant; variants' costs and cost order) — ``engine.lifecycle.lifecycle_params``.
     """
 
     admission: jax.Array
@@ -87,6 +96,42 @@ class PolicyParams:
     pd_pool_order: jax.Array
     pd_pool_weight: jax.Array
     pd_pool_rng: jax.Array
+    life_on: jax.Array
+    as_policy: jax.Array
+    as_interval_us: jax.Array
+    as_min: jax.Array
+    as_max: jax.Array
+    as_up_step: jax.Array
+    as_down_step: jax.Array
+    as_cooldown_us: jax.Array
+    as_drain: jax.Array
+    as_up_util: jax.Array
+    as_down_util: jax.Array
+    as_target_util: jax.Array
+    as_tolerance: jax.Array
+    as_target_qd: jax.Array
+    as_kv_threshold: jax.Array
+    as_sat_up: jax.Array
+    as_sat_down: jax.Array
+    as_avg_input: jax.Array
+    as_up_window_us: jax.Array
+    as_down_window_us: jax.Array
+    as_act_delay_us: jax.Array
+    as_act_random: jax.Array
+    life_load_delay_us: jax.Array
+    life_load_random: jax.Array
+    life_prov_delay_us: jax.Array
+    life_prov_random: jax.Array
+    life_warm_start: jax.Array
+    life_warm_requests: jax.Array
+    life_warm_factor: jax.Array
+    life_cost_per_hour: jax.Array
+    life_pool_gpus: jax.Array
+    life_pool_max_nodes: jax.Array
+    life_pool_cost: jax.Array
+    life_pool_variant: jax.Array
+    life_variant_cost: jax.Array
+    life_variant_order: jax.Array
 
 
 #: Pools of ``PolicyParams.pd_pool_*`` (index of the first axis).
@@ -160,6 +205,7 @@ def params_from_config(cfg, tenant_names: tuple[str, ...]) -> PolicyParams:
                                                cfg.engine.kv_transfer_base_latency_us),
                                 dtype=np.int64),
         **_pd_params(cfg),
+        **lifecycle_params(cfg),
     )
 
 

@@ -15,11 +15,14 @@ REQUEST_FIELDS = ("status", "instance", "scheduling_delay_us", "ttft_us", "e2e_u
 RUN_FIELDS = ("sim_ended_us", "cache_hits", "cache_misses", "preemption_count", "still_queued",
               "still_running", "dropped_unservable", "timed_out", "length_capped_count",
               "completed", "total_input_tokens", "rejected_admission", "busy_time_us",
-              "queue_depth_time_us", "step_count", "peak_kv_blocks_used", "itl_entries_us")
+              "queue_depth_time_us", "step_count", "peak_kv_blocks_used", "itl_entries_us",
+              "rejected_routing")
 #: P/D fields compared (``RunResult.pd``), per request then run level.
 PD_FIELDS = ("prefill_instance", "transfer_start_us", "transfer_end_us", "role",
              "prefill_completed", "in_transfer", "dropped_at_decode_kv", "peak_transfers",
              "transfer_depth_sum", "transfer_starts")
+#: Lifecycle fields compared (``RunResult.lifecycle``): every one.
+LIFECYCLE_FIELDS = records.LifecycleCounters._fields
 #: Shape of the run: the same workload and cluster on both sides.
 SHAPE_FIELDS = ("num_requests", "num_instances", "horizon_us")
 
@@ -66,11 +69,14 @@ def count_mismatch(result) -> str | None:
         return None
     extra_completed = pd.prefill_completed if pd is not None else 0
     extra_dropped = pd.dropped_at_decode_kv if pd is not None else 0
+    if result.lifecycle is not None:  # an immediate drain drops what the instance held
+        extra_dropped += int(np.sum(result.lifecycle.dropped_at_drain))
     pairs = (("completed", int(np.sum(result.completed)) - extra_completed, counts.completed),
              ("timed_out", int(np.sum(result.timed_out)), counts.timed_out),
              ("dropped_unservable", int(np.sum(result.dropped_unservable)) + extra_dropped,
               counts.dropped),
-             ("rejected_admission", int(result.rejected_admission), counts.rejected))
+             ("rejected_admission + rejected_routing",
+              int(result.rejected_admission) + int(result.rejected_routing), counts.rejected))
     for name, counter, by_status in pairs:
         if counter != by_status:
             return f"{name} counts {counter} requests but {by_status} have that status"
@@ -119,6 +125,13 @@ def first_divergence(a, b, request_ids=None) -> str | None:
                 where = np.flatnonzero(x != y)[:1].tolist() if x.shape == y.shape else ""
                 return f"P/D field {f}{where}: {x.tolist() if x.size < 8 else '...'} vs " \
                        f"{y.tolist() if y.size < 8 else '...'}"
+    if (a.lifecycle is None) != (b.lifecycle is None):
+        return f"lifecycle counters: {a.lifecycle is not None} vs {b.lifecycle is not None}"
+    if a.lifecycle is not None:
+        for f in LIFECYCLE_FIELDS:
+            x, y = np.asarray(getattr(a.lifecycle, f)), np.asarray(getattr(b.lifecycle, f))
+            if x.shape != y.shape or not np.array_equal(x, y):
+                return f"lifecycle field {f}: {x.tolist()} vs {y.tolist()}"
     for side, result in (("first", a), ("second", b)):
         mismatch = count_mismatch(result)
         if mismatch is not None:

@@ -6,6 +6,10 @@ A *knob* is a dotted name of a per-lane policy setting:
   field of ``AdmissionConfig``/``PriorityConfig``/``RoutingConfig``/``SchedulerConfig``
   (e.g. ``admission.token_bucket_capacity``, ``priority.policy``);
 * ``routing.scorers.<scorer>`` — the weight of a weighted-routing scorer (added if absent);
+* instance lifecycles (the base configuration must model them: an autoscaler, node pools,
+  loading or warm-up): ``autoscaler.<field>`` — any field of ``AutoscalerConfig`` (its policy,
+  thresholds, windows, cooldown, replica bounds up to the base's ``max_replicas``, drain
+  policy); ``cluster.lifecycle.<field>`` — any field of ``LifecycleConfig``;
 * ``engine.preemption_policy``, and the CPU tier of the KV cache: ``engine.kv_cpu_blocks``,
   ``engine.kv_transfer_bandwidth``, ``engine.kv_transfer_base_latency_us`` (the program's
   tier capacity is the largest lane's size, or ``build_static(cpu_tier_blocks=...)``);
@@ -35,7 +39,7 @@ from blisjax.engine.params import params_from_config, stack_params
 from blisjax.engine.run import simulate_population
 from blisjax.metrics import aggregate_metrics
 
-_POLICY_SECTIONS = ("admission", "priority", "routing", "scheduler")
+_POLICY_SECTIONS = ("admission", "priority", "routing", "scheduler", "autoscaler")
 #: ``EngineConfig`` fields that are per-lane knobs (``PolicyParams``).
 ENGINE_KNOBS = ("preemption_policy", "kv_cpu_blocks", "kv_transfer_bandwidth",
                 "kv_transfer_base_latency_us")
@@ -80,6 +84,20 @@ def set_knob(cfg: SimConfig, name: str, value) -> SimConfig:
             raise ConfigError(f"knob {name!r}: the base configuration has no P/D pools "
                               "(cluster.pd), so its program does not model them")
         return _set_pd_knob(cfg, parts, value)
+    if parts[0] == "autoscaler" or parts[:2] == ["cluster", "lifecycle"]:
+        from blisjax.engine.lifecycle import uses_lifecycle
+
+        if not uses_lifecycle(cfg):
+            raise ConfigError(f"knob {name!r}: the base configuration has no instance "
+                              "lifecycles (an autoscaler, node pools, loading or warm-up), so "
+                              "its program does not model them")
+    if parts[:2] == ["cluster", "lifecycle"] and len(parts) == 3:
+        life = cfg.cluster.lifecycle
+        if parts[2] not in {f.name for f in dataclasses.fields(life)}:
+            raise ConfigError(f"knob {name!r}: cluster.lifecycle has no field {parts[2]!r}")
+        cluster = dataclasses.replace(cfg.cluster, lifecycle=dataclasses.replace(
+            life, **{parts[2]: value}))
+        return dataclasses.replace(cfg, cluster=cluster)
     if len(parts) == 2 and parts[0] == "engine" and parts[1] in ENGINE_KNOBS:
         return dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine,
                                                                    **{parts[1]: value}))
@@ -94,7 +112,8 @@ def set_knob(cfg: SimConfig, name: str, value) -> SimConfig:
                       "priority.<field>, routing.policy, routing.scorers.<scorer>, "
                       "scheduler.policy, engine.<field> for "
                       f"{', '.join(ENGINE_KNOBS)}, cluster.pd.<field>, cluster.pd.split, "
-                      "cluster.pd.prefill_scorers.<scorer>, cluster.pd.decode_scorers.<scorer>)")
+                      "cluster.pd.prefill_scorers.<scorer>, cluster.pd.decode_scorers.<scorer>, "
+                      "autoscaler.<field>, cluster.lifecycle.<field>)")
 
 
 def grid(**axes) -> list[dict]:

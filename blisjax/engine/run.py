@@ -12,6 +12,7 @@ Counterpart: ``blisjax.reference.cluster.simulate`` (``simulate`` here) and
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from typing import NamedTuple
@@ -24,7 +25,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import Mesh, PartitionSpec  # noqa: E402
 
-from blisjax.config.codes import AdmissionPolicy  # noqa: E402
+from blisjax.config.codes import AdmissionPolicy, InstanceState  # noqa: E402
 from blisjax.engine import progcache  # noqa: E402
 from blisjax.engine.cluster import lane_advance, next_event  # noqa: E402
 from blisjax.engine.lanes import FLAT_MIN_LANES, release_queued  # noqa: E402
@@ -45,6 +46,7 @@ from blisjax.engine.static import (  # noqa: E402
     for_lanes,
 )
 from blisjax.metrics import records  # noqa: E402
+from blisjax.reference.lifecycle import US_PER_HOUR  # noqa: E402
 
 # Lanes per lockstep loop. Measured on scenario S: 32–128 lanes per device cost about the same
 # per lane-event; 512 in one loop was 1.38x slower than blocks of 64 (cache misses).
@@ -76,7 +78,7 @@ def _run_block(st: EngineStatic, consts, params: PolicyParams):
     init = jax.vmap(lambda p: init_state(st, p.tb_capacity, p.rl_burst, p.admission,
                                          AdmissionPolicy.RATE_LIMIT, p.router_rng,
                                          p.kv_cpu_blocks, p.kv_reload_us,
-                                         p.pd_pool_rng, p.pd_role, p.pd_pools))(params)
+                                         p.pd_pool_rng, p.pd_role, p.pd_pools, p))(params)
     # With enough lanes, completions queue their releases and the queues of all lanes run
     # as one pass per iteration (``lanes.release_queued``); a few lanes release in place.
     defer = int(params.admission.shape[0]) >= FLAT_MIN_LANES
@@ -340,6 +342,14 @@ def lane_result(st: EngineStatic, consts, final, k: int) -> records.RunResult:
                             ("pd_reserve", g.pd.ovf_reserve)):
             if int(count):
                 overflow[name] = int(count)
+    if st.lifecycle:
+        for name, count in (("actuations", g.life.ovf_actuations),
+                            ("instance_slots", g.life.ovf_slots),
+                            ("lifecycle_draws", g.life.ovf_draws)):
+            if int(count):
+                overflow[name] = int(count)
+        if int(g.life.tl_count) > st.timeline_slots:
+            overflow["timeline"] = int(g.life.tl_count) - st.timeline_slots
     ended = int(np.max(np.minimum(clock, st.horizon_us))) if st.num_instances else 0
     rows = dict(
         status=status, instance=g.instance[:n].astype(np.int32),
@@ -350,7 +360,8 @@ def lane_result(st: EngineStatic, consts, final, k: int) -> records.RunResult:
         length_capped=capped)
     # a lane without pools in a program with them: no P/D counters, as the reference
     pd_counters = _project_pd(st, consts, g, rows) if st.pd and bool(g.pd.pools) else None
-    return records.RunResult(
+    life = _lifecycle_counters(st, g, rows) if st.lifecycle else None
+    result = records.RunResult(
         **rows,
         itl_entries_us=itl_entries, sim_ended_us=ended, horizon_us=st.horizon_us,
         num_instances=st.num_instances,
@@ -366,7 +377,62 @@ def lane_result(st: EngineStatic, consts, final, k: int) -> records.RunResult:
         overflow=overflow,
         kv_tier=_tier_counters(st, g, n),
         pd=pd_counters,
+        rejected_routing=int(g.life.rejected_routing) if st.lifecycle else 0,
+        lifecycle=life,
     )
+    return _lane_slots(result, int(g.life.lane_slots), bool(g.life.lane_on)) \
+        if st.lifecycle else result
+
+
+#: ``RunResult`` fields with one entry per instance.
+_PER_INSTANCE = ("cache_hits", "cache_misses", "preemption_count", "still_queued",
+                 "still_running", "dropped_unservable", "timed_out", "length_capped_count",
+                 "completed", "total_input_tokens", "queue_depth_time_us", "busy_time_us",
+                 "step_count", "peak_kv_blocks_used")
+
+
+def _lane_slots(result: records.RunResult, slots: int, lane_on: bool) -> records.RunResult:
+    """A lane's result with its own instance slots only (the program has the largest lane's),
+    and without lifecycle counters when the lane itself has none (as the reference's)."""
+    life = result.lifecycle
+    if life is not None and lane_on:
+        life = life._replace(**{f: getattr(life, f)[:slots] for f in (
+            "final_state", "placements", "replica_us", "cost", "dropped_at_drain")})
+    return dataclasses.replace(
+        result, num_instances=slots, lifecycle=life if lane_on else None,
+        **{f: getattr(result, f)[:slots] for f in _PER_INSTANCE})
+
+
+def _lifecycle_counters(st: EngineStatic, g, rows: dict) -> records.LifecycleCounters:
+    """The lane's lifecycle counters, the instances still held settled at the run's end, as
+    the reference's ``ClusterSimulator._lifecycle_counters`` (read it for the rules); with
+    --blis-quirks BLIS's after-the-run warm-up TTFT factor applied to ``rows``."""
+    q = g.life
+    end = min(int(q.last_event_us), st.horizon_us)
+    state = q.state.astype(np.int8)
+    replica_us = q.replica_us.astype(np.int64).copy()
+    cost = q.cost.astype(np.float64).copy()
+    for k in np.nonzero((state >= int(InstanceState.SCHEDULING))
+                        & (state <= int(InstanceState.DRAINING)))[0].tolist():
+        held = end - int(q.placed_us[k])
+        replica_us[k] += held
+        cost[k] += float(held) * float(q.cost_per_hour[k]) / US_PER_HOUR
+    factor = float(q.warm_factor)
+    if st.blis_quirks and factor > 1:
+        n = st.num_requests
+        ttft = rows["ttft_us"]
+        marked = q.warm_routed[:n] & (ttft >= 0)
+        ttft[marked] = (ttft[marked].astype(np.float64) * factor).astype(np.int64)
+    count = min(int(q.tl_count), st.timeline_slots)
+    return records.LifecycleCounters(
+        final_state=state, placements=q.placements.astype(np.int32), replica_us=replica_us,
+        cost=cost, dropped_at_drain=q.dropped_at_drain.astype(np.int64), end_us=end,
+        scale_ups=int(q.scale_ups), scale_downs=int(q.scale_downs),
+        instances_added=int(q.added), instances_drained=int(q.drained),
+        oscillations=int(q.oscillations), refused_no_room=int(q.refused_no_room),
+        redirected=int(q.redirected), timeline_us=q.tl_us[:count].astype(np.int64),
+        timeline_slot=q.tl_slot[:count].astype(np.int32),
+        timeline_state=q.tl_state[:count].astype(np.int8))
 
 
 def _project_pd(st: EngineStatic, consts, g, rows: dict) -> records.PDCounters:

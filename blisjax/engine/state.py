@@ -19,6 +19,7 @@ from blisjax.engine.pytree import pytree_dataclass
 
 if TYPE_CHECKING:
     from blisjax.engine.kvtier import KVTierState
+    from blisjax.engine.lifecycle import LifecycleState
     from blisjax.engine.pd import PDState
 from blisjax.engine.static import EngineStatic
 from blisjax.gorand import STATE_WORDS, TAP_LAG
@@ -140,6 +141,8 @@ class SimState:
     tier: KVTierState
     # ---- P/D pools (engine.pd; one-entry placeholders without them) ----
     pd: PDState
+    # ---- instance lifecycles and the autoscaler (engine.lifecycle; placeholders without) ----
+    life: LifecycleState
     # ---- releases queued by this step's completions (kvcache.defer_release) ----
     rel_inst: jax.Array  # int32: their instance
     rel_slots: jax.Array  # int32 [D]: their batch slots, in completion order
@@ -169,12 +172,15 @@ class SimState:
 
 def init_state(st: EngineStatic, tb_capacity, rl_burst, admission_code, rate_limit_code,
                router_rng=None, kv_cpu_blocks=0, kv_reload_us=0, pd_rng=None,
-               pd_role=None, pd_pools=False):
+               pd_role=None, pd_pools=False, params=None):
     """Initial state of one lane. The bucket starts full (token-bucket or rate-limit size);
     ``router_rng``: the seeded words of the "router" stream (``PolicyParams.router_rng``;
     zeros if not given); ``pd_rng``, ``pd_role``, ``pd_pools``: the P/D pools' streams, the
-    instances' roles and whether the lane has pools (``PolicyParams.pd_pool_rng`` ...)."""
+    instances' roles and whether the lane has pools (``PolicyParams.pd_pool_rng`` ...);
+    ``params``: the lane's ``PolicyParams``, which place its initial instances when the
+    program models lifecycles (``engine.lifecycle``)."""
     from blisjax.engine.kvtier import init_tier
+    from blisjax.engine.lifecycle import init_lifecycle
     from blisjax.engine.pd import init_pd
 
     n, i, t = st.request_rows, st.num_instances, st.num_tenants  # + sink row (+ P/D rows)
@@ -221,6 +227,7 @@ def init_state(st: EngineStatic, tb_capacity, rl_burst, admission_code, rate_lim
         slot_block=jnp.full(st.hash_slots + 1, NIL, i32),
         slot_seq=jnp.full(st.hash_slots + 1, -1, i64), slot_clock=jnp.asarray(0, i64),
         tier=init_tier(st, kv_cpu_blocks, kv_reload_us), pd=init_pd(st, pd_rng, pd_role, pd_pools),
+        life=init_lifecycle(st, params),
         rel_inst=jnp.asarray(0, i32), rel_slots=zi32(DEFERRED_RELEASES),
         rel_count=jnp.asarray(0, i32),
         hits=zi(i), misses=zi(i), preempt_count=zi(i), completed=zi(i), dropped=zi(i),

@@ -18,6 +18,7 @@ import jax
 import numpy as np
 
 from blisjax.config._checks import ConfigError
+from blisjax.config.autoscale import max_replicas
 from blisjax.config.codes import CACHE_SCORERS, Scorer
 from blisjax.engine.pytree import pytree_dataclass
 from blisjax.engine.roofline import RooflineConsts, roofline_consts
@@ -114,6 +115,23 @@ class EngineStatic:
     pd: bool = False
     pd_reserve_slots: int = 0
     pd_transfer_slots: int = 0
+    # Instance lifecycles (``engine.lifecycle``; autoscaling, node pools, loading, warm-up):
+    # the instance count is then the slot count (``max_replicas``); the node pools' layout (nodes pool-major, ``node_pool`` per node,
+    # ``pool_first_node`` and ``pool_initial_nodes`` per pool); instance variants; the initial
+    # instances and the text order of their names (BLIS's drain order under --blis-quirks);
+    # pending actuations per lane and state changes recorded per lane.
+    lifecycle: bool = False
+    gpus_per_instance: int = 1
+    num_pools: int = 0
+    num_nodes: int = 1
+    node_pool: tuple = (0,)
+    pool_first_node: tuple = (0,)
+    pool_initial_nodes: tuple = (0,)
+    num_variants: int = 1
+    initial_instances: int = 0
+    initial_name_rank: tuple = ()
+    actuation_slots: int = 0
+    timeline_slots: int = 0
 
     @property
     def request_rows(self) -> int:
@@ -236,7 +254,9 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
                  cpu_tier_blocks: int | None = None,
                  offchain_generations: int = 8,
                  pd_reserve_slots: int | None = None,
-                 pd_transfer_slots: int | None = None) -> EngineStatic:
+                 pd_transfer_slots: int | None = None,
+                 actuation_slots: int | None = None,
+                 timeline_slots: int | None = None) -> EngineStatic:
     """Capacities derived from the configuration and the workload (docs/jax-engine.md, Capacities and overflow).
 
     Defaults are safe upper bounds: the queue can hold every request, the pending window the
@@ -250,7 +270,10 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
     (``engine.kvtier``; a lane needing more overflows ``offchain``). With P/D pools,
     ``pd_reserve_slots`` (decode sub-requests waiting with reserved KV on one instance;
     default: as many as requests or KV blocks, whichever is fewer) and ``pd_transfer_slots``
-    (transfers pending or in flight; default: one per request).
+    (transfers pending or in flight; default: one per request). With instance lifecycles,
+    ``actuation_slots`` (scale actuations pending at once per lane; default 8) and
+    ``timeline_slots`` (lifecycle state changes recorded per lane; default 64 per instance
+    slot + 64).
     """
     for name, value in (("queue_slots", queue_slots), ("pending_slots", pending_slots),
                         ("deadline_window", deadline_window),
@@ -258,7 +281,9 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
                         ("running_width", running_width),
                         ("offchain_generations", offchain_generations),
                         ("pd_reserve_slots", pd_reserve_slots),
-                        ("pd_transfer_slots", pd_transfer_slots)):
+                        ("pd_transfer_slots", pd_transfer_slots),
+                        ("actuation_slots", actuation_slots),
+                        ("timeline_slots", timeline_slots)):
         if value is not None and (isinstance(value, bool)
                                   or not isinstance(value, int | np.integer) or value < 1):
             raise ValueError(f"{name} must be an integer >= 1 (or left to its default), "
@@ -277,7 +302,6 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
     pd = cfg.cluster.pd.enabled
     if pd:
         _check_pd_supported(cfg)
-    _check_lifecycle_supported(cfg)
     eng = cfg.engine
     bs = eng.block_size_tokens
     n = workload.num_requests
@@ -295,7 +319,8 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
         decode_stretches = stretches_pay_off(out)
     st = EngineStatic(
         num_requests=n,
-        num_instances=cfg.cluster.num_instances,
+        num_instances=max_replicas(cfg.policy.autoscaler, cfg.cluster.num_instances,
+                                   cfg.cluster.node_pools, eng.tensor_parallel_size),
         num_tenants=len(workload.tenant_names),
         queue_slots=int(max(n, 1) if queue_slots is None else queue_slots),
         pending_slots=int(_max_pending(resolved, workload) if pending_slots is None
@@ -341,6 +366,7 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
         pd_reserve_slots=(int(pd_reserve_slots or max(min(n, int(resolved.total_kv_blocks)), 1))
                           if pd else 0),
         pd_transfer_slots=int(pd_transfer_slots or max(n, 1)) if pd else 0,
+        **_lifecycle_shape(cfg, actuation_slots, timeline_slots),
     )
     # Evaluated on the host through a callback: physics, and a roofline configuration the
     # program cannot evaluate exactly.
@@ -350,17 +376,34 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
     return dataclasses.replace(st, latency=model) if on_host else st
 
 
-def _check_lifecycle_supported(cfg) -> None:
-    """Instance lifecycles (autoscaling, node pools, loading, warm-up) run in the reference
-    engine only for now; a clear error otherwise."""
-    from blisjax.config.autoscale import LifecycleConfig
+def _lifecycle_shape(cfg, actuation_slots: int | None, timeline_slots: int | None) -> dict:
+    """``EngineStatic``'s lifecycle fields (``engine.lifecycle``; all off without one)."""
+    from blisjax.engine.lifecycle import uses_lifecycle
+    from blisjax.reference.autoscaler import instance_variants
 
-    for path, used in (("policy.autoscaler.policy", cfg.policy.autoscaler.enabled),
-                       ("cluster.node_pools", bool(cfg.cluster.node_pools)),
-                       ("cluster.lifecycle", cfg.cluster.lifecycle != LifecycleConfig())):
-        if used:
-            raise ConfigError(path, "instance lifecycles (autoscaling, node pools, loading and "
-                              "warm-up) run in the reference engine only (--engine reference)")
+    if not uses_lifecycle(cfg):
+        return {}
+    if cfg.engine.kv_cpu_blocks > 0:
+        raise ConfigError("engine.kv_cpu_blocks", "a CPU tier with instance lifecycles "
+                          "(autoscaling, node pools, loading, warm-up) runs in the reference "
+                          "engine only (--engine reference)")
+    pools = cfg.cluster.node_pools
+    tp = cfg.engine.tensor_parallel_size
+    slots = max_replicas(cfg.policy.autoscaler, cfg.cluster.num_instances, pools, tp)
+    first = tuple(int(x) for x in np.cumsum([0] + [p.max_nodes for p in pools])[:-1])
+    n0 = cfg.cluster.num_instances
+    names = sorted(range(n0), key=lambda i: f"instance_{i}")
+    return dict(
+        lifecycle=True, gpus_per_instance=tp,
+        num_pools=len(pools), num_nodes=max(sum(p.max_nodes for p in pools), 1),
+        node_pool=tuple(k for k, p in enumerate(pools) for _ in range(p.max_nodes)) or (0,),
+        pool_first_node=first or (0,),
+        pool_initial_nodes=tuple(p.initial_nodes for p in pools) or (0,),
+        num_variants=len(instance_variants(pools, cfg.hardware,
+                                           cfg.cluster.lifecycle.cost_per_hour, tp)),
+        initial_instances=n0, initial_name_rank=tuple(names.index(i) for i in range(n0)),
+        actuation_slots=int(actuation_slots or 8),
+        timeline_slots=int(timeline_slots or 64 * slots + 64))
 
 
 def _check_pd_supported(cfg) -> None:
@@ -392,6 +435,10 @@ def for_lanes(st: EngineStatic, params) -> EngineStatic:
     add scorers its base configuration does not use. Whether the lane routes with weights is
     not consulted: a search's lanes keep their scorer lists from one generation to the next
     while a ``routing.policy`` knob changes, and one program must serve them all."""
+    if st.lifecycle and int(np.max(np.asarray(params.as_max), initial=0)) > st.num_instances:
+        raise ConfigError("policy.autoscaler.max_replicas", "a lane's max_replicas exceeds "
+                          f"the program's {st.num_instances} instance slots (the base "
+                          "configuration's max_replicas): raise the base's")
     cpu = int(np.max(np.asarray(params.kv_cpu_blocks), initial=0))
     if cpu > st.cpu_tier_blocks:  # a lane sizes a CPU tier larger than the base's
         st = dataclasses.replace(st, cpu_tier_blocks=cpu)
@@ -420,7 +467,7 @@ def stretches_pay_off(output_tokens) -> bool:
 _SHAREABLE = ("queue_slots", "pending_slots", "max_blocks_per_request", "max_prompt_blocks",
               "num_groups", "group_blocks_max", "own_slots", "num_deadlines", "itl_capacity",
               "cpu_ext_slots", "offchain_generations", "pd_reserve_slots",
-              "pd_transfer_slots")
+              "pd_transfer_slots", "actuation_slots", "timeline_slots")
 
 
 def build_static_shared(resolved, workloads, **capacities) -> EngineStatic:

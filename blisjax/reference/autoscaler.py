@@ -41,6 +41,23 @@ class Variant(NamedTuple):
     tp: int
 
 
+def instance_variants(pools, hardware: str, cost_per_hour: float, tp: int) -> list[Variant]:
+    """The variants instances can be: one per GPU type of the node pools, in pool order,
+    costing what the first pool of that type costs (without pools: the configured hardware
+    at ``cost_per_hour``)."""
+    if not pools:
+        return [Variant(cost_per_hour, hardware, max(tp, 1))]
+    out: list[Variant] = []
+    for pool in pools:
+        if all(v.gpu_type != pool.gpu_type for v in out):
+            out.append(Variant(pool.cost_per_hour, pool.gpu_type, max(tp, 1)))
+    return out
+
+
+def variant_of(variants: list[Variant], gpu_type: str) -> int:
+    return next(v for v, x in enumerate(variants) if x.gpu_type == gpu_type)
+
+
 class Decision(NamedTuple):
     """A tick's outcome: replicas to add (> 0) or remove (< 0), and for blis-saturation the
     variant to add or remove (-1: any)."""

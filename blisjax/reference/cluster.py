@@ -31,7 +31,13 @@ from blisjax.metrics.records import (
     RunResult,
     Stage,
 )
-from blisjax.reference.autoscaler import Autoscaler, Decision, Reading, Variant
+from blisjax.reference.autoscaler import (
+    Autoscaler,
+    Decision,
+    Reading,
+    instance_variants,
+    variant_of,
+)
 from blisjax.reference.instance import Instance
 from blisjax.reference.lifecycle import (
     COMING_UP,
@@ -243,10 +249,12 @@ class ClusterSimulator:
         self.slots = [Slot() for _ in self.instances]
         self.streams = Streams(cfg.seed)
         self.placement = Placement(self.pools, self.tp, not self.blis_quirks, self.streams)
-        self.variants: list[Variant] = []
+        self.variants = instance_variants(self.pools, cfg.hardware, self.life.cost_per_hour,
+                                          self.tp)
         self.timeline: list[tuple[int, int, int]] = []
         self.rejected_routing = 0
         self.awaiting_routing = len(self.requests)  # requests not routed yet (tick stop rule)
+        self.route_count = 0  # routings so far (the order a redirect drain routes again in)
         self.scale_ups = self.scale_downs = self.instances_added = self.instances_drained = 0
         self.oscillations = self.refused_no_slot = self.refused_no_room = self.redirected = 0
         self._last_direction, self._last_actuation_us = 0, 0
@@ -258,15 +266,6 @@ class ClusterSimulator:
             placed = self._place(i, None, 0, initial=True)
             assert placed, "the initial nodes hold the initial instances (config check)"
 
-    def _variant(self, gpu_type: str, cost_per_hour: float) -> int:
-        """Index of the variant (GPU type, TP); the first instance of a variant sets its
-        cost."""
-        tp = max(self.tp, 1)
-        for v, x in enumerate(self.variants):
-            if (x.gpu_type, x.tp) == (gpu_type, tp):
-                return v
-        self.variants.append(Variant(cost_per_hour, gpu_type, tp))
-        return len(self.variants) - 1
 
     def _set_state(self, slot: int, state: InstanceState, now_us: int) -> None:
         self.slots[slot].state = state
@@ -285,7 +284,7 @@ class ClusterSimulator:
         s.placements += 1
         pool = self.pools[self.placement.nodes[node].pool] if node is not None else None
         s.cost_per_hour = pool.cost_per_hour if pool else self.life.cost_per_hour
-        s.variant = self._variant(pool.gpu_type if pool else self.cfg.hardware, s.cost_per_hour)
+        s.variant = variant_of(self.variants, pool.gpu_type if pool else self.cfg.hardware)
         if s.placements > 1:  # a reused slot: a new instance with cold caches
             self.instances[slot].restart()
             self.router.forget_instance(slot)
@@ -460,16 +459,16 @@ class ClusterSimulator:
     def _after_instance_event(self, inst: Instance) -> None:
         """Lifecycle consequences of an instance's event: completions end a warm-up; a
         draining instance that holds nothing terminates."""
-        slot = self.slots[inst.index]
+        slot, now_us = self.slots[inst.index], self.clock_us
         if slot.state == InstanceState.WARMING_UP:
             done = sum(1 for r in inst.finished if r.state == Stage.COMPLETED)
             slot.warm_up_left -= min(done, slot.warm_up_left)
             if slot.warm_up_left == 0:
                 inst.step_factor = 1.0
-                self._set_state(inst.index, InstanceState.ACTIVE, inst.clock_us)
+                self._set_state(inst.index, InstanceState.ACTIVE, now_us)
         self._settle_finished(inst)
         if slot.state == InstanceState.DRAINING and self._holds_nothing(inst.index):
-            self._terminate(inst.index, inst.clock_us)
+            self._terminate(inst.index, now_us)
 
     # ---- requests and their block hashes ----------------------------------------------------
     @staticmethod
@@ -583,6 +582,8 @@ class ClusterSimulator:
             self.tenant_in_flight[req.tenant] = max(0, self.tenant_in_flight[req.tenant] - 1)
             return
         target = self.router.route(req, self._prompt_hashes(req), snap, routable)
+        req.route_order = self.route_count
+        self.route_count += 1
         self.in_flight[target] += 1
         warm_up = self.warm_up_routed[target]
         if self.blis_quirks and len(warm_up) < self.life.warm_up_requests:
@@ -713,6 +714,8 @@ class ClusterSimulator:
             kv_tier=self._tier_counters(),
             pd=pd,
             rejected_routing=self.rejected_routing,
+            # with --blis-quirks a scale-up past the instance slots (BLIS has no such limit)
+            overflow={"instance_slots": self.refused_no_slot} if self.refused_no_slot else {},
             lifecycle=self._lifecycle_counters(rows) if self.lifecycle_on else None,
         )
 

@@ -99,16 +99,19 @@ class Instance:
     def restart(self) -> None:
         """A new instance in this slot: empty caches and no preemption history; the slot's
         counters carry on."""
+        old = self.kv
         self.kv = self._new_kv_cache()
+        self.kv.hits, self.kv.misses = old.hits, old.misses  # the slot's counters
         self.preemption_ema = 0.0
         self.step_factor = 1.0
+        self.events = []  # a new instance has no pending events
+        self.step_pending = False
 
     def _held_requests(self) -> list:
         """Requests the instance holds that are not running: inside their queueing delay
-        (in event order), then the wait queue (in queue order)."""
-        arriving = [req for _, prio, _, req in sorted(self.events)
-                    if prio in (EV_ARRIVAL, EV_QUEUED)]
-        return arriving + list(self.wait_queue)
+        (in routing order), then the wait queue (in queue order)."""
+        arriving = [req for _, prio, _, req in self.events if prio in (EV_ARRIVAL, EV_QUEUED)]
+        return sorted(arriving, key=lambda r: r.route_order) + list(self.wait_queue)
 
     def _forget(self, reqs: list) -> None:
         """Remove ``reqs`` and their pending events (a timeout included) from the instance."""

@@ -15,7 +15,7 @@ class SimRequest:
         "tenant", "slo_class", "deadline_us", "state", "instance", "progress_index",
         "num_new_tokens", "computed_tokens", "priority", "ttft_set", "ttft_us", "itl_us",
         "scheduling_delay_us", "preemptions", "e2e_us", "output_tokens_done", "length_capped",
-        "block_hashes", "max_output_len", "pd_part", "left_us",
+        "block_hashes", "max_output_len", "pd_part", "left_us", "route_order",
     )
 
     def __init__(self, index: int, arrival_us: int, input_tokens: int, output_tokens: int,
@@ -48,6 +48,7 @@ class SimRequest:
         self.max_output_len = output_tokens  # output budget of the enqueue guards
         self.pd_part = PD_WHOLE  # P/D: the whole request, or one of its sub-requests
         self.left_us = NOT_RECORDED  # end of the step it completed in, or its timeout
+        self.route_order = 0  # routings before its last one (a redirect drain's order)
 
     def sub_request(self, part: int) -> SimRequest:
         """A P/D sub-request of this request (docs/semantics.md §5.10): the same index, arrival,

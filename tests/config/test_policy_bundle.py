@@ -143,3 +143,59 @@ def test_shipped_example_policy():
     assert policy.priority.policy == "slo-based"
     assert policy.routing.policy == "weighted" and len(policy.routing.scorers) == 3
     assert policy.scheduler.policy == "priority-fcfs"
+
+
+BLIS_AUTOSCALE_BUNDLE = """\
+node_pools:
+  - name: east
+    gpu_type: H100
+    gpus_per_node: 6
+    gpu_memory_gib: 80
+    initial_nodes: 1
+    min_nodes: 1
+    max_nodes: 2
+    provisioning_delay: {mean: 30, stddev: 0}
+    cost_per_hour: 12
+autoscaler:
+  interval_us: 1500000.7
+  scale_up_stabilization_window_us: 1500000
+  scale_down_stabilization_window_us: 4500000
+  hpa_scrape_delay: {mean: 0.25, stddev: 0}
+  analyzer: {kv_cache_threshold: 0.75, scale_up_threshold: 0, avg_input_tokens: 1024}
+instance_lifecycle:
+  loading_delay: {mean: 2, stddev: 0.5}
+"""
+
+
+def test_blis_autoscaler_sections(tmp_path):
+    """BLIS's autoscaling sections (semantics-next §3.1): the blis-saturation policy with
+    BLIS's windows (µs, truncated) and scrape delay, analyzer zeros keeping their defaults; the
+    node pool with its delays in seconds; warm start false unless given (BLIS's default)."""
+    from blisjax.config import SimConfig, apply_blis_bundle
+
+    path = tmp_path / "bundle.yaml"
+    path.write_text(BLIS_AUTOSCALE_BUNDLE)
+    cfg = apply_blis_bundle(SimConfig(), path)
+    a = cfg.policy.autoscaler
+    assert (a.policy, a.interval_us, a.scale_up_window_us, a.scale_down_window_us) == (
+        "blis-saturation", 1_500_000, 1_500_000, 4_500_000)
+    assert (a.actuation_delay.mean_s, a.kv_cache_threshold, a.saturation_up_threshold,
+            a.saturation_down_boundary, a.avg_input_tokens) == (0.25, 0.75, 0.8, 0.4, 1024.0)
+    (pool,) = cfg.cluster.node_pools
+    assert (pool.name, pool.gpus_per_node, pool.max_nodes, pool.provisioning_delay.mean_s,
+            pool.cost_per_hour) == ("east", 6, 2, 30.0, 12.0)
+    life = cfg.cluster.lifecycle
+    assert (life.loading_delay.mean_s, life.loading_delay.stddev_s,
+            life.warm_start_initial_instances) == (2.0, 0.5, False)
+
+
+def test_blis_autoscaler_bundle_errors_name_the_field(tmp_path):
+    from blisjax.config import SimConfig, apply_blis_bundle
+
+    with pytest.raises(ConfigError, match="policy-config.autoscaler.analyzer.typo"):
+        apply_blis_bundle(SimConfig(), {"autoscaler": {"interval_us": 1, "analyzer": {"typo": 1}}})
+    with pytest.raises(ConfigError, match="node_pools.*max_nodes"):
+        apply_blis_bundle(SimConfig(), {"node_pools": [{"name": "p", "max_nodes": 0}]})
+    with pytest.raises(ConfigError, match="hpa_scrape_delay.mean_s"):
+        apply_blis_bundle(SimConfig(), {"autoscaler": {"interval_us": 1,
+                                                       "hpa_scrape_delay": {"mean": -1}}})

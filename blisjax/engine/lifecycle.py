@@ -1,0 +1,644 @@
+"""Instance lifecycles and the autoscaler of one lane (docs/semantics.md Decision 16).
+
+Counterpart: ``blisjax.reference.lifecycle`` (slots, node pools, delays) and
+``blisjax.reference.autoscaler`` (the tick's decisions), with ``ClusterSimulator``'s
+lifecycle methods: ``_place`` as ``place_instance``, ``_start_loading``, ``_ready``,
+``_tick`` as ``tick``, ``_actuate`` as ``actuate``, ``_drain``, ``_terminate`` and
+``_after_instance_event`` as ``after_instance_event``. Read them for the rules; this module
+does the same with arrays.
+
+Every instance slot has a state (``config.codes.InstanceState``); the program's instance count
+is the slot count (the largest lane's ``max_replicas``). The lane's pending lifecycle events
+are a time per slot (its node provisioned, priority −2, while Scheduling; its model loaded,
+priority −1, while Loading), the next tick (priority 8) and a few actuation slots
+(priority 9, ``EngineStatic.actuation_slots``). Random delays are drawn on the host in
+stream order (``PolicyParams.life_*_delay_us``): the k-th draw of a stream is the k-th
+entry. Compiled out of programs whose lanes have no lifecycle (``EngineStatic.lifecycle``).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from blisjax.config.autoscale import LifecycleConfig, max_replicas
+from blisjax.config.codes import AutoscalerPolicy, DrainPolicy, InstanceState
+from blisjax.engine.exactfloat import exact_mul, ieee_divide
+from blisjax.engine.lockstep import add, upd
+from blisjax.engine.pytree import pytree_dataclass
+from blisjax.engine.state import INT64_MAX, NIL, SimState
+from blisjax.gorand import blis_subsystem_rand
+from blisjax.reference.autoscaler import NEVER_US, instance_variants
+from blisjax.reference.lifecycle import US_PER_HOUR, delay_us
+
+F64 = jnp.float64
+I32, I64 = jnp.int32, jnp.int64
+UNUSED, SCHEDULING, LOADING, WARMING_UP, ACTIVE, DRAINING, TERMINATED = (
+    int(x) for x in InstanceState)
+NO_TIMER = jnp.iinfo(jnp.int64).min  # a stabilization window not started
+#: Delay draws stored per random stream (a lane needing more overflows ``lifecycle_draws``).
+DELAY_DRAWS = 64
+
+
+@pytree_dataclass
+class LifecycleState:
+    """One lane's lifecycle and autoscaler state ([1] placeholders without lifecycles).
+
+    Per slot [I]: ``state`` (int8), ``placed_us``, ``node`` (-1 without pools),
+    ``cost_per_hour``, ``variant``, ``warm_left`` (completions left to warm up),
+    ``replica_us`` and ``cost`` (held time and its cost, settled at termination),
+    ``placements``, ``dropped_at_drain``, ``ready_us``/``ready_seq`` (its pending provisioned
+    or loaded event; INT64_MAX: none), ``snap_used`` (KV blocks in use, the router snapshot's).
+    Per node [NODES]: ``node_free`` GPUs, ``node_ready_us`` (-1: not provisioned).
+    Events: ``tick_us``; actuation slots [A] ``act_us`` (INT64_MAX: free), ``act_delta``,
+    ``act_variant``, ``act_seq``; ``seq`` orders same-time pushes.
+    Autoscaler: cooldown clocks, stabilization timers, the last actuation's direction and time.
+    Counters, draw cursors per stream, the state-change timeline [TL] and overflow counts.
+    """
+
+    state: jax.Array
+    placed_us: jax.Array
+    node: jax.Array
+    cost_per_hour: jax.Array
+    variant: jax.Array
+    warm_left: jax.Array
+    replica_us: jax.Array
+    cost: jax.Array
+    placements: jax.Array
+    dropped_at_drain: jax.Array
+    ready_us: jax.Array
+    ready_seq: jax.Array
+    snap_used: jax.Array
+    node_free: jax.Array
+    node_ready_us: jax.Array
+    pool_nodes: jax.Array
+    tick_us: jax.Array
+    act_us: jax.Array
+    act_delta: jax.Array
+    act_variant: jax.Array
+    act_seq: jax.Array
+    seq: jax.Array
+    last_up_us: jax.Array
+    last_scale_us: jax.Array
+    window_up_us: jax.Array
+    window_down_us: jax.Array
+    last_direction: jax.Array
+    last_actuation_us: jax.Array
+    unrouted: jax.Array  # admitted requests not yet routed (the tick's stop rule)
+    warm_routed: jax.Array  # bool [N + 1] (--blis-quirks): among its instance's first routed
+    warm_count: jax.Array  # int32 [I] (--blis-quirks): requests recorded per instance
+    warm_factor: jax.Array  # float64: ``warm_up_factor`` (read after the run)
+    clock_before: jax.Array  # int64 [I]: each instance's clock before its latest routings
+    arrive_us: jax.Array  # int64 [I, E] (--blis-quirks): an α-window entry's arrival event
+    #                       not yet run (its routing time; INT64_MAX: none) — BLIS's
+    #                       ArrivalEvent, after which a draining instance may terminate
+    lane_on: jax.Array  # bool: the lane itself models lifecycles (read after the run)
+    lane_slots: jax.Array  # int32: the lane's own instance slots (read after the run)
+    last_event_us: jax.Array  # the lane's last executed event (where held instances stop costing)
+    scale_ups: jax.Array
+    scale_downs: jax.Array
+    added: jax.Array
+    drained: jax.Array
+    oscillations: jax.Array
+    refused_no_room: jax.Array
+    redirected: jax.Array
+    rejected_routing: jax.Array
+    load_draw: jax.Array
+    act_draw: jax.Array
+    prov_draw: jax.Array
+    tl_us: jax.Array
+    tl_slot: jax.Array
+    tl_state: jax.Array
+    tl_count: jax.Array
+    ovf_actuations: jax.Array
+    ovf_slots: jax.Array
+    ovf_draws: jax.Array
+
+
+# ---- knobs (PolicyParams fields) ----------------------------------------------------------------
+
+
+def lifecycle_params(cfg) -> dict:
+    """The lifecycle and autoscaler knobs of ``cfg`` as ``PolicyParams`` fields (``as_*``: the
+    autoscaler's, per lane; ``life_*``: the lifecycle's and the node pools'). Random delays are
+    drawn here, in their streams' order."""
+    a, life, pools = cfg.policy.autoscaler, cfg.cluster.lifecycle, cfg.cluster.node_pools
+    tp = cfg.engine.tensor_parallel_size
+    f64 = lambda x: np.asarray(x, dtype=np.float64)  # noqa: E731
+    i32 = lambda x: np.asarray(x, dtype=np.int32)  # noqa: E731
+    i64 = lambda x: np.asarray(x, dtype=np.int64)  # noqa: E731
+
+    def draws(spec, stream: str) -> np.ndarray:
+        if not spec.random:
+            return np.full(DELAY_DRAWS, delay_us(spec, None), np.int64)
+        rng = blis_subsystem_rand(cfg.seed, stream)
+        return np.asarray([delay_us(spec, rng) for _ in range(DELAY_DRAWS)], np.int64)
+
+    variants = instance_variants(pools, cfg.hardware, life.cost_per_hour, tp)
+    order = sorted(range(len(variants)),
+                   key=lambda v: (variants[v].cost_per_hour, variants[v].gpu_type, variants[v].tp))
+    pool_list = pools or ()
+    prov_rng = blis_subsystem_rand(cfg.seed, "node-provisioning")
+    prov = np.zeros((max(len(pool_list), 1), DELAY_DRAWS), np.int64)
+    if any(p.provisioning_delay.random for p in pool_list):  # one stream, any pool's spec
+        normals = [prov_rng.norm_float64() for _ in range(DELAY_DRAWS)]
+    for k, pool in enumerate(pool_list):
+        spec = pool.provisioning_delay
+        prov[k] = ([int(max(0.0, x * spec.stddev_s + spec.mean_s) * 1e6) for x in normals]
+                   if spec.random else delay_us(spec, None))
+    return dict(
+        life_on=np.asarray(uses_lifecycle(cfg)),
+        as_policy=i32(a.code), as_interval_us=i64(a.interval_us),
+        as_min=i32(a.min_replicas),
+        as_max=i32(max_replicas(a, cfg.cluster.num_instances, pools, tp)),
+        as_up_step=i32(a.max_scale_up_step), as_down_step=i32(a.max_scale_down_step),
+        as_cooldown_us=i64(a.cooldown_us), as_drain=i32(DrainPolicy.of(a.drain_policy)),
+        as_up_util=f64(a.scale_up_utilization), as_down_util=f64(a.scale_down_utilization),
+        as_target_util=f64(a.target_utilization), as_tolerance=f64(a.utilization_tolerance),
+        as_target_qd=f64(a.target_queue_depth), as_kv_threshold=f64(a.kv_cache_threshold),
+        as_sat_up=f64(a.saturation_up_threshold), as_sat_down=f64(a.saturation_down_boundary),
+        as_avg_input=f64(a.avg_input_tokens), as_up_window_us=i64(a.scale_up_window_us),
+        as_down_window_us=i64(a.scale_down_window_us),
+        as_act_delay_us=draws(a.actuation_delay, "autoscaler"),
+        as_act_random=np.asarray(a.actuation_delay.random),
+        life_load_delay_us=draws(life.loading_delay, "instance-loading"),
+        life_load_random=np.asarray(life.loading_delay.random),
+        life_prov_delay_us=prov,
+        life_prov_random=np.asarray([p.provisioning_delay.random for p in pool_list] or [False]),
+        life_warm_start=np.asarray(life.warm_start_initial_instances),
+        life_warm_requests=i32(life.warm_up_requests), life_warm_factor=f64(life.warm_up_factor),
+        life_cost_per_hour=f64(life.cost_per_hour),
+        life_pool_gpus=i32([p.gpus_per_node for p in pool_list] or [0]),
+        life_pool_max_nodes=i32([p.max_nodes for p in pool_list] or [0]),
+        life_pool_cost=f64([p.cost_per_hour for p in pool_list] or [0.0]),
+        life_pool_variant=i32([next(v for v, x in enumerate(variants)
+                                    if x.gpu_type == p.gpu_type) for p in pool_list] or [0]),
+        life_variant_cost=f64([v.cost_per_hour for v in variants]),
+        life_variant_order=i32(order),
+    )
+
+
+def uses_lifecycle(cfg) -> bool:
+    """The configuration models instance lifecycles (else every instance is up throughout)."""
+    return (cfg.policy.autoscaler.enabled or bool(cfg.cluster.node_pools)
+            or cfg.cluster.lifecycle != LifecycleConfig())
+
+
+# ---- initial state ------------------------------------------------------------------------------
+
+
+def init_lifecycle(st, p) -> LifecycleState:
+    """The lane's lifecycle state at time 0: the initial instances placed in the first slots
+    (``ClusterSimulator._init_lifecycle``); placeholders without lifecycles."""
+    on = st.lifecycle
+    i = st.num_instances if on else 1
+    nodes = st.num_nodes if on else 1
+    a = st.actuation_slots if on else 1
+    tl = st.timeline_slots if on else 1
+    z = lambda n, dt=I64: jnp.zeros(n, dt)  # noqa: E731
+    zero = lambda dt=I32: jnp.asarray(0, dt)  # noqa: E731
+    node_ready = jnp.full(nodes, -1, I64)
+    node_free = z(nodes, I32)
+    pool_nodes = z(max(st.num_pools, 1), I32)
+    if on and st.num_pools:  # the initial nodes are ready at 0
+        first = st.pool_first_node
+        for k in range(st.num_pools):
+            n0 = st.pool_initial_nodes[k]
+            node_ready = node_ready.at[first[k]:first[k] + n0].set(0)
+            node_free = node_free.at[first[k]:first[k] + n0].set(p.life_pool_gpus[k])
+            pool_nodes = pool_nodes.at[k].set(n0)
+    life = LifecycleState(
+        state=jnp.zeros(i, jnp.int8), placed_us=jnp.full(i, -1, I64), node=jnp.full(i, NIL, I32),
+        cost_per_hour=z(i, F64), variant=z(i, I32), warm_left=z(i, I32), replica_us=z(i),
+        cost=z(i, F64), placements=z(i, I32), dropped_at_drain=z(i),
+        ready_us=jnp.full(i, INT64_MAX, I64), ready_seq=z(i), snap_used=z(i, I32),
+        node_free=node_free, node_ready_us=node_ready, pool_nodes=pool_nodes,
+        tick_us=(jnp.where(p.as_policy != AutoscalerPolicy.NONE, 0, INT64_MAX).astype(I64)
+                 if on else jnp.asarray(INT64_MAX, I64)),
+        act_us=jnp.full(a, INT64_MAX, I64), act_delta=z(a, I32), act_variant=z(a, I32),
+        act_seq=z(a), seq=zero(I64), last_up_us=jnp.asarray(NEVER_US, I64),
+        last_scale_us=jnp.asarray(NEVER_US, I64), window_up_us=jnp.asarray(NO_TIMER, I64),
+        window_down_us=jnp.asarray(NO_TIMER, I64), last_direction=zero(),
+        last_actuation_us=zero(I64), unrouted=zero(), last_event_us=zero(I64),
+        warm_routed=jnp.zeros(st.num_requests + 1 if on and st.blis_quirks else 1, bool),
+        warm_count=z(i, I32),
+        warm_factor=jnp.asarray(p.life_warm_factor if on else 1.0, F64),
+        clock_before=z(i),
+        arrive_us=jnp.full((i, st.pending_slots) if on and st.blis_quirks else (1, 1),
+                           INT64_MAX, I64),
+        lane_on=jnp.asarray(p.life_on if on else False),
+        lane_slots=jnp.asarray(p.as_max if on else st.num_instances, I32),
+        scale_ups=zero(), scale_downs=zero(), added=zero(), drained=zero(),
+        oscillations=zero(), refused_no_room=zero(), redirected=zero(),
+        rejected_routing=zero(), load_draw=zero(), act_draw=zero(), prov_draw=zero(),
+        tl_us=z(tl), tl_slot=z(tl, I32), tl_state=jnp.zeros(tl, jnp.int8), tl_count=zero(),
+        ovf_actuations=zero(), ovf_slots=zero(), ovf_draws=zero())
+    if not on:
+        return life
+    go = jnp.asarray(True)
+    for k in range(st.initial_instances):  # in slot order, at time 0
+        life, _ = place_instance(life, st, p, k, -1, 0, True, go)
+    return life
+
+
+# ---- small pieces -------------------------------------------------------------------------------
+
+
+def set_state(life: LifecycleState, st, k, state, now, go) -> LifecycleState:
+    """Slot k enters ``state`` at ``now`` where ``go``; the timeline records it."""
+    n = life.tl_count
+    at = jnp.where(go & (n < st.timeline_slots), n, st.timeline_slots)
+    return life.replace(
+        state=upd(life.state, k, jnp.asarray(state, jnp.int8), go),
+        tl_us=life.tl_us.at[at].set(now, mode="drop"),
+        tl_slot=life.tl_slot.at[at].set(k, mode="drop"),
+        tl_state=life.tl_state.at[at].set(jnp.asarray(state, jnp.int8), mode="drop"),
+        tl_count=n + go.astype(I32))
+
+
+def _draw(table, cursor, random, go):
+    """The stream's next delay (µs) and its cursor after the draw (a fixed delay draws
+    nothing); ``overflow``: a random stream ran past its stored draws."""
+    k = jnp.minimum(cursor, DELAY_DRAWS - 1)
+    take = go & random
+    return table[k], cursor + take.astype(I32), take & (cursor >= DELAY_DRAWS)
+
+
+def routable(life: LifecycleState):
+    """[I] the slots the router may pick (WarmingUp or Active)."""
+    return (life.state == WARMING_UP) | (life.state == ACTIVE)
+
+
+def _live(life: LifecycleState):
+    return (life.state >= SCHEDULING) & (life.state <= ACTIVE)
+
+
+def _holding(life: LifecycleState):
+    return (life.state >= SCHEDULING) & (life.state <= DRAINING)
+
+
+# ---- placement and coming up --------------------------------------------------------------------
+
+
+def _place_on_node(life: LifecycleState, st, p, variant, now, go):
+    """A node for one instance, its GPUs taken (``reference.lifecycle.Placement.place``):
+    first fit over provisioned nodes in (pool, index) order, else (not with --blis-quirks)
+    a new node of the first pool with room to grow. Returns (life, node, ok)."""
+    tp = st.gpus_per_instance
+    pool_of = jnp.asarray(st.node_pool, I32)
+    wanted = (variant < 0) | (p.life_pool_variant == variant)  # [P]
+    fits = (life.node_ready_us >= 0) & wanted[pool_of] & (life.node_free >= tp)
+    node = jnp.argmax(fits).astype(I32)
+    found = jnp.any(fits)
+    if not st.blis_quirks:
+        grow = wanted & (life.pool_nodes < p.life_pool_max_nodes) & (p.life_pool_gpus >= tp)
+        pool = jnp.argmax(grow).astype(I32)
+        new = go & ~found & jnp.any(grow)
+        fresh = jnp.asarray(st.pool_first_node, I32)[pool] + life.pool_nodes[pool]
+        delay, cursor, ovf = _draw(p.life_prov_delay_us[pool], life.prov_draw,
+                                   p.life_prov_random[pool], new)
+        life = life.replace(
+            node_ready_us=upd(life.node_ready_us, fresh, now + delay, new),
+            node_free=upd(life.node_free, fresh, p.life_pool_gpus[pool], new),
+            pool_nodes=add(life.pool_nodes, pool, 1, new), prov_draw=cursor,
+            ovf_draws=life.ovf_draws + ovf.astype(I32))
+        node = jnp.where(found, node, fresh)
+        found = found | new
+    ok = go & found
+    return life.replace(node_free=add(life.node_free, node, -tp, ok)), node, ok
+
+
+def place_instance(life: LifecycleState, st, p, k, variant, now, initial: bool, go):
+    """Place an instance in slot k (``ClusterSimulator._place``): ready at once (a warm
+    initial instance), Scheduling until its node is ready, or Loading. Returns (life, ok).
+    The caller resets the slot's instance state when it is reused (``reset_instance``)."""
+    if st.num_pools:
+        life, node, ok = _place_on_node(life, st, p, variant, now, go)
+        pool = jnp.asarray(st.node_pool, I32)[node]
+        cost = p.life_pool_cost[pool]
+        var = p.life_pool_variant[pool]
+        node_ready = life.node_ready_us[node]
+    else:
+        node, ok, cost, var, node_ready = NIL, go, p.life_cost_per_hour, 0, now
+    life = life.replace(placed_us=upd(life.placed_us, k, now, ok),
+                        node=upd(life.node, k, node, ok),
+                        placements=add(life.placements, k, 1, ok),
+                        cost_per_hour=upd(life.cost_per_hour, k, cost, ok),
+                        variant=upd(life.variant, k, var, ok))
+    warm = ok & p.life_warm_start if initial else jnp.asarray(False)
+    waits = ok & ~warm & (node_ready > now)
+    life = _ready(life, st, p, k, now, warm)
+    life = set_state(life, st, k, SCHEDULING, now, waits)
+    life = _push_ready(life, k, node_ready, waits)
+    return start_loading(life, st, p, k, now, ok & ~warm & ~waits), ok
+
+
+def _push_ready(life: LifecycleState, k, t, go) -> LifecycleState:
+    return life.replace(ready_us=upd(life.ready_us, k, t, go),
+                        ready_seq=upd(life.ready_seq, k, life.seq, go),
+                        seq=life.seq + go.astype(I64))
+
+
+def start_loading(life: LifecycleState, st, p, k, now, go) -> LifecycleState:
+    """Slot k starts loading its model (``ClusterSimulator._start_loading``)."""
+    life = set_state(life, st, k, LOADING, now, go)
+    delay, cursor, ovf = _draw(p.life_load_delay_us, life.load_draw, p.life_load_random, go)
+    life = life.replace(load_draw=cursor, ovf_draws=life.ovf_draws + ovf.astype(I32))
+    life = _ready(life, st, p, k, now, go & (delay == 0))
+    return _push_ready(life, k, now + delay, go & (delay > 0))
+
+
+def _ready(life: LifecycleState, st, p, k, now, go) -> LifecycleState:
+    """Loaded: routable, warming up first when the lifecycle has a warm-up
+    (``ClusterSimulator._ready``)."""
+    warm = go & (p.life_warm_requests > 0)
+    life = life.replace(warm_left=upd(life.warm_left, k, p.life_warm_requests, warm),
+                        ready_us=upd(life.ready_us, k, INT64_MAX, go))
+    return set_state(life, st, k, jnp.where(warm, WARMING_UP, ACTIVE), now, go)
+
+
+def routed(life: LifecycleState, st, p, r, target, went, rejected) -> LifecycleState:
+    """A routing decision's bookkeeping (``ClusterSimulator._route``): one request fewer
+    awaits routing, a rejection is counted; with --blis-quirks the first ``warm_up_requests``
+    routed to each instance are recorded (BLIS multiplies their TTFT after the run)."""
+    life = life.replace(unrouted=life.unrouted - (went | rejected).astype(I32),
+                        rejected_routing=life.rejected_routing + rejected.astype(I32))
+    if not st.blis_quirks:
+        return life
+    record = went & (life.warm_count[target] < p.life_warm_requests)
+    return life.replace(
+        warm_routed=life.warm_routed.at[jnp.where(record, r, st.num_requests)].set(True),
+        warm_count=add(life.warm_count, target, 1, record))
+
+
+def next_ready(life: LifecycleState):
+    """(time, slot) of the lane's next provisioned or loaded event: by time, then priority
+    (a node provisioned, −2, before a model loaded, −1), then push order."""
+    t = jnp.min(life.ready_us)
+    due = life.ready_us == t
+    first_kind = jnp.where(jnp.any(due & (life.state == SCHEDULING)), SCHEDULING, LOADING)
+    cand = due & (life.state == first_kind)
+    k = jnp.argmin(jnp.where(cand, life.ready_seq, INT64_MAX)).astype(I32)
+    return t, k
+
+
+def ready_event(life: LifecycleState, st, p, now, go) -> LifecycleState:
+    """The lane's provisioned or loaded event: a Scheduling slot starts loading, a Loading
+    one is ready."""
+    _, k = next_ready(life)
+    scheduling = life.state[k] == SCHEDULING
+    life = life.replace(ready_us=upd(life.ready_us, k, INT64_MAX, go))
+    life = start_loading(life, st, p, k, now, go & scheduling)
+    return _ready(life, st, p, k, now, go & ~scheduling)
+
+
+def warm_factor(s: SimState, st, p, i, completions=0):
+    """The factor instance i's steps take longer by: ``warm_up_factor`` while it warms up
+    (still warming after ``completions`` more), else 1 (``Instance.step_factor``); BLIS's
+    warm-up (--blis-quirks) changes no step. None where the program has no lifecycles."""
+    if not st.lifecycle or st.blis_quirks:
+        return None
+    life = s.life
+    left = life.warm_left[i] - jnp.minimum(completions, life.warm_left[i])
+    return jnp.where((life.state[i] == WARMING_UP) & (left > 0), p.life_warm_factor, 1.0)
+
+
+def slowed(d, factor):
+    """A step of ``d`` µs at ``factor`` (None: unchanged): max(1, trunc(d · factor))."""
+    if factor is None:
+        return d
+    return jnp.where(factor != 1.0, jnp.maximum(1, (d.astype(F64) * factor).astype(I64)), d)
+
+
+# ---- the autoscaler's tick ----------------------------------------------------------------------
+
+
+def _sequential_sum(values, mask):
+    """Σ values where mask, added in index order (as the reference's loops add)."""
+    total = jnp.asarray(0.0, F64)
+    for k in range(values.shape[0]):
+        total = total + jnp.where(mask[k], values[k], 0.0)
+    return total
+
+
+def _ceil_int(x):
+    return jnp.ceil(jnp.clip(x, -1e15, 1e15)).astype(I64)
+
+
+def _floor_int(x):
+    return jnp.floor(jnp.clip(x, -1e15, 1e15)).astype(I64)
+
+
+def _template_delta(s: SimState, st, c, p, rt, n, live):
+    """The seed templates' raw decisions (``reference.autoscaler``): threshold,
+    target-utilization, queue-depth; [3] in that order."""
+    life = s.life
+    util = ieee_divide(life.snap_used.astype(F64), c.kv_blocks_f)
+    mean = jnp.where(n > 0, ieee_divide(_sequential_sum(util, rt), jnp.maximum(n, 1).astype(F64)),
+                     0.0)
+    threshold = jnp.where(mean > p.as_up_util, 1, jnp.where(mean < p.as_down_util, -1, 0))
+    within = jnp.abs(ieee_divide(mean, p.as_target_util) - 1.0) <= p.as_tolerance
+    desired = _ceil_int(ieee_divide(live.astype(F64) * mean, p.as_target_util))
+    target = jnp.where((n == 0) | within, 0, desired - live)
+    load = jnp.sum(jnp.where(rt, s.snap_qd + s.snap_bs, 0)).astype(I64)
+    queue = jnp.where(n == 0, 0, _ceil_int(ieee_divide(load.astype(F64), p.as_target_qd)) - live)
+    return threshold.astype(I64), target.astype(I64), queue.astype(I64)
+
+
+def _saturation(s: SimState, st, p, rt, n):
+    """blis-saturation's analyzer and unlimited engine (``reference.autoscaler.
+    saturation_decision``): (delta, variant)."""
+    life = s.life
+    v_count = st.num_variants
+    bs = st.block_size
+    # a replica's supply (the same KV on all); products formed exactly (no FMA with the sums)
+    k1 = exact_mul(float(st.kv_blocks * bs), p.as_kv_threshold)
+    count = jnp.zeros(v_count, I64)
+    supply = jnp.zeros(v_count, F64)
+    demand = jnp.zeros(v_count, F64)
+    for k in range(st.num_instances):  # replica order
+        v, m = life.variant[k], rt[k]
+        d = (life.snap_used[k] * bs).astype(F64) + exact_mul(s.snap_qd[k].astype(F64),
+                                                             p.as_avg_input)
+        count = count.at[v].add(m.astype(I64))
+        supply = supply.at[v].set(jnp.where(m, supply[v] + k1, supply[v]))
+        demand = demand.at[v].set(jnp.where(m, demand[v] + d, demand[v]))
+    order = p.life_variant_order
+    total_supply = total_demand = jnp.asarray(0.0, F64)
+    for j in range(v_count):  # cost order
+        v = order[j]
+        total_supply = total_supply + jnp.where(count[v] > 0, supply[v], 0.0)
+        total_demand = total_demand + jnp.where(count[v] > 0, demand[v], 0.0)
+    coming = (life.state == SCHEDULING) | (life.state == LOADING)
+    pending = float(st.kv_blocks * bs) * jnp.sum(coming).astype(F64)  # exact: integers
+    pending_supply = exact_mul(pending, p.as_kv_threshold)
+    required = ieee_divide(total_demand, p.as_sat_up) - (total_supply + pending_supply)
+    present = count[order] > 0
+    cheapest = order[jnp.argmax(present)]
+    per_cheap = ieee_divide(supply[cheapest], jnp.maximum(count[cheapest], 1).astype(F64))
+    up = jnp.where(per_cheap <= 0, 1,
+                   jnp.maximum(1, _ceil_int(ieee_divide(required, per_cheap))))
+    spare = total_supply - ieee_divide(total_demand, p.as_sat_down)
+    per = ieee_divide(supply, jnp.maximum(count, 1).astype(F64))
+    max_per = jnp.max(jnp.where(count > 0, per, -jnp.inf))
+    cost = p.life_variant_cost[order]
+    dear_rank = jnp.argmax(present & (cost == jnp.max(jnp.where(present, cost, -jnp.inf))))
+    dearest = order[dear_rank]
+    down = -jnp.minimum(jnp.maximum(_floor_int(ieee_divide(spare, per[dearest])), 1),
+                        count[dearest])
+    shrink = (n >= 2) & (spare > 0) & (total_supply - max_per
+                                       > ieee_divide(total_demand, p.as_sat_down))
+    delta = jnp.where(n == 0, 0, jnp.where(required > 0, up, jnp.where(shrink, down, 0)))
+    variant = jnp.where(required > 0, cheapest, dearest)
+    return delta.astype(I64), variant.astype(I32)
+
+
+def _stabilized(life: LifecycleState, p, delta, now):
+    """BLIS's stabilization windows (``Autoscaler._stabilized``): (life, passes)."""
+    sign = jnp.sign(delta)
+    up_timer = jnp.where(sign > 0, life.window_up_us, NO_TIMER)
+    down_timer = jnp.where(sign < 0, life.window_down_us, NO_TIMER)
+    timer = jnp.where(sign > 0, up_timer, down_timer)
+    window = jnp.where(sign > 0, p.as_up_window_us, p.as_down_window_us)
+    unset = timer == NO_TIMER
+    passes = (sign != 0) & jnp.where(unset, window == 0, now - timer >= window)
+    new_timer = jnp.where(unset & (window > 0), now, jnp.where(passes, NO_TIMER, timer))
+    return life.replace(window_up_us=jnp.where(sign > 0, new_timer, NO_TIMER),
+                        window_down_us=jnp.where(sign < 0, new_timer, NO_TIMER)), passes
+
+
+def bounded(life: LifecycleState, st, p, delta):
+    """A decision within the replica bounds and step limits (``ClusterSimulator._bounded``)."""
+    live = jnp.sum(_live(life)).astype(I64)
+    holding = jnp.sum(_holding(life)).astype(I64)
+    up = delta if st.blis_quirks else jnp.minimum(delta, p.as_max - holding)
+    up = jnp.where(p.as_up_step > 0, jnp.minimum(up, p.as_up_step), up)
+    down = jnp.maximum(delta, p.as_min - live)
+    down = jnp.where(p.as_down_step > 0, jnp.maximum(down, -p.as_down_step), down)
+    return jnp.where(delta > 0, jnp.maximum(up, 0), jnp.where(delta < 0, jnp.minimum(down, 0), 0))
+
+
+def tick(s: SimState, st, c, p, now, go) -> SimState:
+    """The autoscaler's tick (``ClusterSimulator._tick``); the caller refreshed the
+    snapshots at ``now``."""
+    life = s.life
+    rt = routable(life)
+    n = jnp.sum(rt).astype(I64)
+    live = jnp.sum(_live(life)).astype(I64)
+    threshold, target, queue = _template_delta(s, st, c, p, rt, n, live)
+    sat_delta, sat_variant = _saturation(s, st, p, rt, n)
+    saturation = p.as_policy == AutoscalerPolicy.BLIS_SATURATION
+    stabilized_life, stable = _stabilized(life, p, sat_delta, now)
+    life = jax.tree_util.tree_map(lambda a, b: jnp.where(go & saturation, a, b),
+                                  stabilized_life, life)
+    raw = jnp.where(p.as_policy == AutoscalerPolicy.THRESHOLD, threshold,
+                    jnp.where(p.as_policy == AutoscalerPolicy.TARGET_UTILIZATION, target,
+                              jnp.where(p.as_policy == AutoscalerPolicy.QUEUE_DEPTH, queue,
+                                        jnp.where(stable, sat_delta, 0))))
+    delta = bounded(life, st, p, raw)
+    last = jnp.where(delta > 0, life.last_up_us, life.last_scale_us)
+    cooled = saturation | (now - last >= p.as_cooldown_us)
+    passed = go & (delta != 0) & cooled
+    life = life.replace(last_scale_us=jnp.where(passed, now, life.last_scale_us),
+                        last_up_us=jnp.where(passed & (delta > 0), now, life.last_up_us))
+    # the actuation, after the HPA scrape delay
+    free = life.act_us == INT64_MAX
+    a = jnp.argmax(free)
+    room = jnp.any(free)
+    delay, cursor, ovf = _draw(p.as_act_delay_us, life.act_draw, p.as_act_random, passed)
+    push = passed & room
+    life = life.replace(
+        act_us=upd(life.act_us, a, now + delay, push),
+        act_delta=upd(life.act_delta, a, delta.astype(I32), push),
+        act_variant=upd(life.act_variant, a, jnp.where(saturation, sat_variant, -1), push),
+        act_seq=upd(life.act_seq, a, life.seq, push), seq=life.seq + push.astype(I64),
+        act_draw=cursor, ovf_draws=life.ovf_draws + ovf.astype(I32),
+        ovf_actuations=life.ovf_actuations + (passed & ~room).astype(I32))
+    # the next tick, unless an unbounded run has nothing left to do
+    awaiting = st.num_requests - s.adm_cursor + life.unrouted
+    idle = (awaiting <= 0) & (jnp.sum(s.in_flight) == 0)
+    stop = (st.horizon_us == INT64_MAX) & idle
+    nxt = jnp.where(stop, INT64_MAX, now + p.as_interval_us)
+    return s.replace(life=life.replace(tick_us=jnp.where(go, nxt, life.tick_us)))
+
+
+def next_actuation(life: LifecycleState):
+    """(time, slot) of the lane's next actuation: by time, then push order."""
+    t = jnp.min(life.act_us)
+    a = jnp.argmin(jnp.where(life.act_us == t, life.act_seq, INT64_MAX)).astype(I32)
+    return t, a
+
+
+# ---- actuation ----------------------------------------------------------------------------------
+
+
+def free_slot(life: LifecycleState, st, p):
+    """(slot, found): the lowest slot a new instance may take — not holding one (with
+    --blis-quirks never used), within the lane's ``max_replicas``."""
+    free = life.state == UNUSED
+    if not st.blis_quirks:
+        free = free | (life.state == TERMINATED)
+    free = free & (jnp.arange(st.num_instances) < p.as_max)
+    return jnp.argmax(free).astype(I32), jnp.any(free)
+
+
+def drain_victim(life: LifecycleState, st, variant):
+    """(slot, found): the Active instance (of ``variant``, -1: any) a scale-down drains
+    first (``ClusterSimulator._drain_order``): the earliest placed, then the lowest slot;
+    with --blis-quirks BLIS's smallest ID string (autoscaled instances in creation order,
+    then the initial ones by "instance_<i>" as text)."""
+    cand = (life.state == ACTIVE) & ((variant < 0) | (life.variant == variant))
+    slot = jnp.arange(st.num_instances)
+    if st.blis_quirks:
+        initial = jnp.asarray(st.initial_name_rank + (0,) * (st.num_instances
+                                                             - st.initial_instances), I64)
+        key = jnp.where(slot >= st.initial_instances, slot, st.num_instances + initial)
+        return jnp.argmin(jnp.where(cand, key, INT64_MAX)).astype(I32), jnp.any(cand)
+    first = jnp.min(jnp.where(cand, life.placed_us, INT64_MAX))
+    return jnp.argmax(cand & (life.placed_us == first)).astype(I32), jnp.any(cand)
+
+
+def terminate(life: LifecycleState, st, k, now, go) -> LifecycleState:
+    """Slot k's instance terminates (``ClusterSimulator._terminate``): its held time is
+    settled and its GPUs go back to its node."""
+    held = now - life.placed_us[k]
+    cost = ieee_divide(held.astype(F64) * life.cost_per_hour[k], US_PER_HOUR)
+    node = life.node[k]
+    life = set_state(life, st, k, TERMINATED, now, go)
+    return life.replace(
+        replica_us=add(life.replica_us, k, held, go),
+        cost=add(life.cost, k, cost, go),
+        node_free=add(life.node_free, jnp.maximum(node, 0), st.gpus_per_instance,
+                      go & (node >= 0)))
+
+
+def actuated(life: LifecycleState, p, delta, done, now, go) -> LifecycleState:
+    """An actuation's counts, and an oscillation when it scales against the previous one
+    within the cooldown (``ClusterSimulator._actuate``)."""
+    up, down = go & (delta > 0), go & (delta < 0)
+    moved = (up | down) & (done > 0)
+    direction = jnp.where(up, 1, -1)
+    oscillates = moved & (life.last_direction == -direction) & (
+        now - life.last_actuation_us < p.as_cooldown_us)
+    return life.replace(
+        added=life.added + jnp.where(up, done, 0), drained=life.drained + jnp.where(down, done, 0),
+        scale_ups=life.scale_ups + (up & moved).astype(I32),
+        scale_downs=life.scale_downs + (down & moved).astype(I32),
+        oscillations=life.oscillations + oscillates.astype(I32),
+        last_direction=jnp.where(moved, direction, life.last_direction),
+        last_actuation_us=jnp.where(moved, now, life.last_actuation_us))
+
+
+def after_instance_event(s: SimState, st, i, completions, now, go) -> SimState:
+    """After instance i's event (``ClusterSimulator._after_instance_event``): completions end
+    a warm-up; a draining instance that holds nothing terminates (by default: nothing in
+    flight on it; with --blis-quirks: its queue and batch are empty)."""
+    life = s.life
+    warming = go & (life.state[i] == WARMING_UP)
+    left = life.warm_left[i] - jnp.minimum(jnp.asarray(completions, I32), life.warm_left[i])
+    life = life.replace(warm_left=upd(life.warm_left, i, left, warming))
+    life = set_state(life, st, i, ACTIVE, now, warming & (left == 0))
+    empty = ((s.q_len[i] == 0) & (s.n_run[i] == 0)) if st.blis_quirks else (s.in_flight[i] == 0)
+    life = terminate(life, st, i, now, go & (life.state[i] == DRAINING) & empty)
+    return s.replace(life=life)
