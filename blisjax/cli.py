@@ -229,6 +229,9 @@ def _add_outputs(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeline-path", metavar="FILE",
                    help="write the instances' lifecycle state changes as CSV (time_us, "
                         "instance, state, replicas held and routable after the change)")
+    p.add_argument("--timeline-plot", metavar="PNG",
+                   help="plot the instances held and routable over time against the arrival "
+                        "rate")
 
 
 def _add_engine_flag(p: argparse.ArgumentParser) -> None:
@@ -762,6 +765,11 @@ def _simulate(args: Any, cfg: SimConfig, choice: WorkloadChoice, base: str) -> i
         if args.timeline_path:
             progress.phase(f"writing {args.timeline_path}")
             write_text_atomic(args.timeline_path, timeline_csv(result))
+        if args.timeline_plot:
+            from blisjax.metrics.plots import plot_replicas
+
+            progress.phase(f"writing {args.timeline_plot}")
+            plot_replicas([("this run", result)], workload.arrival_us, args.timeline_plot)
     summary = kv_cache_summary(result)
     if summary and not args.quiet:
         print(summary, file=sys.stderr)
@@ -775,7 +783,7 @@ def _simulate(args: Any, cfg: SimConfig, choice: WorkloadChoice, base: str) -> i
 def _check_run_flags(args: Any) -> None:
     """Checks of `run` and `replay` that need no configuration (before any file is read)."""
     _check_capacities_used(args)
-    _check_outputs(args, ("results_path", "metrics_path", "timeline_path"))
+    _check_outputs(args, ("results_path", "metrics_path", "timeline_path", "timeline_plot"))
 
 
 def cmd_run(args: Any) -> int:

@@ -293,6 +293,14 @@ BLIS_FLAGS: tuple[BlisFlag, ...] = (
         "router signal refresh interval, µs (0 = live)",
     ),
     BlisFlag(
+        ("--model-autoscaler-interval-us",),
+        "model_autoscaler_interval_us",
+        _float,
+        "",
+        "autoscaler tick period, µs (BLIS's; > 0 runs blis-saturation unless the "
+        "configuration names another autoscaler; 0 = none)",
+    ),
+    BlisFlag(
         ("--cache-signal-delay",),
         "cache_signal_delay",
         _int,
@@ -579,10 +587,33 @@ def apply_blis_flag_values(cfg: SimConfig, values: Mapping[str, Any]) -> SimConf
     except ConfigError as err:
         raise _blame_flag(err) from err
     given = {k.lstrip("-").replace("_", "-") for k, v in values.items() if v is not None}
+    if "model-autoscaler-interval-us" in given:  # overrides the bundle's interval (BLIS)
+        cfg = _autoscaler_interval(cfg, next(v for k, v in values.items() if k.lstrip("-")
+                                             .replace("_", "-") == "model-autoscaler-interval-us"))
     if "pd-prefix-threshold" in given and cfg.cluster.pd.decider != "prefix-threshold":
         raise ConfigError("--pd-prefix-threshold", "is only used with --pd-decider "
                           f"prefix-threshold (the decider is {cfg.cluster.pd.decider!r})")
     return cfg
+
+
+def _autoscaler_interval(cfg: SimConfig, raw: Any) -> SimConfig:
+    """BLIS's ``--model-autoscaler-interval-us``: the tick period (truncated to µs); 0 turns
+    the autoscaler off, a positive period turns BLIS's (blis-saturation) on when none is
+    configured."""
+    flag = "--model-autoscaler-interval-us"
+    value = _float(flag, raw)
+    if not value >= 0 or value != value or value == float("inf"):
+        raise ConfigError(flag, f"must be a finite number >= 0, got {raw!r}")
+    a = cfg.policy.autoscaler
+    if int(value) == 0:
+        a = dataclasses.replace(a, policy="none")
+    else:
+        a = dataclasses.replace(a, interval_us=int(value),
+                                policy=a.policy if a.enabled else "blis-saturation")
+    try:
+        return dataclasses.replace(cfg, policy=dataclasses.replace(cfg.policy, autoscaler=a))
+    except ConfigError as err:
+        raise ConfigError(flag, f"{err.path}: {err.problem}") from err
 
 
 def apply_blis_flags(cfg: SimConfig, ns: argparse.Namespace) -> SimConfig:

@@ -87,6 +87,22 @@ def count_mismatch(result) -> str | None:
     return None
 
 
+def _counters_divergence(label: str, a, b, fields) -> str | None:
+    """None if two runs' counters of one feature (None: the feature is off) are identical;
+    else which field differs first, and where."""
+    if (a is None) != (b is None):
+        return f"{label} counters: {a is not None} vs {b is not None}"
+    if a is None:
+        return None
+    for f in fields:
+        x, y = np.asarray(getattr(a, f)), np.asarray(getattr(b, f))
+        if x.shape != y.shape or not np.array_equal(x, y):
+            where = np.flatnonzero(x != y)[:1].tolist() if x.shape == y.shape else ""
+            return f"{label} field {f}{where}: {x.tolist() if x.size < 8 else '...'} vs " \
+                   f"{y.tolist() if y.size < 8 else '...'}"
+    return None
+
+
 def first_divergence(a, b, request_ids=None) -> str | None:
     """None if identical; otherwise a sentence naming the first difference.
 
@@ -116,22 +132,11 @@ def first_divergence(a, b, request_ids=None) -> str | None:
             x, y = np.sort(x), np.sort(y)  # the engines collect entries in different orders
         if x.shape != y.shape or not np.array_equal(x, y):
             return f"run field {f}: {x.tolist()} vs {y.tolist()}"
-    if (a.pd is None) != (b.pd is None):
-        return f"P/D counters: {a.pd is not None} vs {b.pd is not None}"
-    if a.pd is not None:
-        for f in PD_FIELDS:
-            x, y = np.asarray(getattr(a.pd, f)), np.asarray(getattr(b.pd, f))
-            if x.shape != y.shape or not np.array_equal(x, y):
-                where = np.flatnonzero(x != y)[:1].tolist() if x.shape == y.shape else ""
-                return f"P/D field {f}{where}: {x.tolist() if x.size < 8 else '...'} vs " \
-                       f"{y.tolist() if y.size < 8 else '...'}"
-    if (a.lifecycle is None) != (b.lifecycle is None):
-        return f"lifecycle counters: {a.lifecycle is not None} vs {b.lifecycle is not None}"
-    if a.lifecycle is not None:
-        for f in LIFECYCLE_FIELDS:
-            x, y = np.asarray(getattr(a.lifecycle, f)), np.asarray(getattr(b.lifecycle, f))
-            if x.shape != y.shape or not np.array_equal(x, y):
-                return f"lifecycle field {f}: {x.tolist()} vs {y.tolist()}"
+    for label, x, y, fields in (("P/D", a.pd, b.pd, PD_FIELDS),
+                                ("lifecycle", a.lifecycle, b.lifecycle, LIFECYCLE_FIELDS)):
+        found = _counters_divergence(label, x, y, fields)
+        if found is not None:
+            return found
     for side, result in (("first", a), ("second", b)):
         mismatch = count_mismatch(result)
         if mismatch is not None:

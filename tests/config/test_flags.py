@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 
 import pytest
@@ -221,3 +222,22 @@ def test_golden_flags_resolve(case):
     assert resolved.beta == tuple(float(x) for x in flags["beta-coeffs"].split(","))
     assert cfg.horizon_us == 2**63 - 1 and cfg.cluster.snapshot_refresh_interval_us == 0
     assert (resolved.model_config is None) == flags["model"].startswith("ibm-granite/")
+
+
+def test_model_autoscaler_interval_flag():
+    """BLIS's --model-autoscaler-interval-us (semantics-next §3.1): overrides the bundle's
+    interval (truncated to µs), turns BLIS's saturation autoscaler on when none is configured,
+    and 0 turns it off; a negative value names the flag."""
+    from blisjax.config import AutoscalerConfig, ConfigError, SimConfig
+
+    cfg = apply_blis_flag_values(SimConfig(), {"--model-autoscaler-interval-us": "2500000.9"})
+    assert (cfg.policy.autoscaler.policy, cfg.policy.autoscaler.interval_us) == (
+        "blis-saturation", 2_500_000)
+    threshold = dataclasses.replace(SimConfig(), policy=dataclasses.replace(
+        SimConfig().policy, autoscaler=AutoscalerConfig(policy="threshold")))
+    cfg = apply_blis_flag_values(threshold, {"model_autoscaler_interval_us": 7})
+    assert (cfg.policy.autoscaler.policy, cfg.policy.autoscaler.interval_us) == ("threshold", 7)
+    assert apply_blis_flag_values(cfg, {"--model-autoscaler-interval-us": "0"}
+                                  ).policy.autoscaler.policy == "none"
+    with pytest.raises(ConfigError, match="--model-autoscaler-interval-us"):
+        apply_blis_flag_values(SimConfig(), {"--model-autoscaler-interval-us": "-1"})

@@ -25,10 +25,10 @@ from blisjax.workload import (
     parse_workload_spec,
 )
 from blisjax.workload.generate import client_arrivals, client_rates_per_us
+from tests.workload.test_workload_spec import client, spec_dict
 
 S = 1_000_000  # µs per second
 EXP = DistSpec("exponential", {"mean": 300})
-GAUSS = {"type": "gaussian", "params": {"mean": 100, "std_dev": 10, "min": 1, "max": 200}}
 
 
 def windows(*pairs):
@@ -282,22 +282,6 @@ def test_a_clients_windows_leave_other_clients_draws_alone():
 # --------------------------------------------------------------------------- parsing, validation
 
 
-def client(**overrides):
-    data = {
-        "id": "c",
-        "rate_fraction": 1.0,
-        "arrival": {"process": "poisson"},
-        "input_distribution": GAUSS,
-        "output_distribution": GAUSS,
-    }
-    data.update(overrides)
-    return data
-
-
-def spec_dict(*clients, **top):
-    data = {"version": "2", "aggregate_rate": 10.0, "num_requests": 50, "clients": list(clients)}
-    data.update(top)
-    return data
 
 
 def test_lifecycle_is_parsed_from_blis_yaml_keys():
