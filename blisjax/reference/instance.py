@@ -104,7 +104,10 @@ class Instance:
         self.kv.hits, self.kv.misses = old.hits, old.misses  # the slot's counters
         self.preemption_ema = 0.0
         self.step_factor = 1.0
-        self.events = []  # a new instance has no pending events
+        # a new instance has no step pending; a completed request's lazily cancelled timeout
+        # stays, an event that changes nothing (the JAX engine's deadline no-op)
+        self.events = [e for e in self.events if e[1] == EV_TIMEOUT]
+        heapq.heapify(self.events)
         self.step_pending = False
 
     def _held_requests(self) -> list:

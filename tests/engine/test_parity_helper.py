@@ -76,7 +76,9 @@ def test_counters_that_disagree_with_statuses_are_caught_on_both_sides():
         changed[1] += bump
         assert count_mismatch(dataclasses.replace(run, **{field: changed})).startswith(field)
     assert count_mismatch(dataclasses.replace(run, rejected_admission=1)).startswith(
-        "rejected_admission counts 1 requests but 0")
+        "rejected_admission + rejected_routing counts 1 requests but 0")
+    assert count_mismatch(dataclasses.replace(run, rejected_routing=1)).startswith(
+        "rejected_admission + rejected_routing counts 1 requests but 0")
     too_many = run.still_queued.copy()
     too_many[0] = counts.unfinished + 1
     assert "exceed the" in count_mismatch(dataclasses.replace(run, still_queued=too_many))
