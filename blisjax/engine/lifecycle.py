@@ -319,14 +319,17 @@ def place_instance(life: LifecycleState, st, p, k, variant, now, initial: bool, 
         cost = p.life_pool_cost[pool]
         var = p.life_pool_variant[pool]
         node_ready = life.node_ready_us[node]
-    else:
-        node, ok, cost, var, node_ready = NIL, go, p.life_cost_per_hour, 0, now
+    else:  # BLIS (--blis-quirks) places no scale-up without node pools
+        ok = go if initial or not st.blis_quirks else jnp.asarray(False)
+        node, cost, var, node_ready = NIL, p.life_cost_per_hour, 0, now
     life = life.replace(placed_us=upd(life.placed_us, k, now, ok),
                         node=upd(life.node, k, node, ok),
                         placements=add(life.placements, k, 1, ok),
                         cost_per_hour=upd(life.cost_per_hour, k, cost, ok),
                         variant=upd(life.variant, k, var, ok))
-    warm = ok & p.life_warm_start if initial else jnp.asarray(False)
+    # BLIS starts initial instances ready without node pools, whatever its lifecycle says
+    warm_start = p.life_warm_start | (st.blis_quirks and not st.num_pools)
+    warm = ok & warm_start if initial else jnp.asarray(False)
     waits = ok & ~warm & (node_ready > now)
     life = _ready(life, st, p, k, now, warm)
     life = set_state(life, st, k, SCHEDULING, now, waits)

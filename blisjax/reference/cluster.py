@@ -279,6 +279,8 @@ class ClusterSimulator:
             node = self.placement.place(gpu_type, now_us)
             if node is None:
                 return False
+        elif self.blis_quirks and not initial:
+            return False  # BLIS: "PlacementManager not available"
         s = self.slots[slot]
         s.placed_us, s.node = now_us, -1 if node is None else node
         s.placements += 1
@@ -288,7 +290,9 @@ class ClusterSimulator:
         if s.placements > 1:  # a reused slot: a new instance with cold caches
             self.instances[slot].restart()
             self.router.forget_instance(slot)
-        if initial and self.life.warm_start_initial_instances:
+        # BLIS starts initial instances ready without node pools, whatever its lifecycle says
+        warm = self.life.warm_start_initial_instances or (self.blis_quirks and not self.pools)
+        if initial and warm:
             self._ready(slot, now_us)
             return True
         ready_us = self.placement.nodes[node].ready_us if node is not None else now_us

@@ -175,7 +175,7 @@ def test_drain_redirect_routes_the_queue_again():
     assert metrics["autoscaling"]["redirected_requests"] == 1
 
 
-def _oscillating(quirks: bool, max_replicas: int):
+def _oscillating(quirks: bool, max_replicas: int, pools=()):
     """Threshold with a 10 s cooldown over two idle instances: the 0 s tick drains instance 0
     (utilization 0 < 0.005; it terminates at once, idle); the burst at 0.1 s lands on
     instance 1, whose utilization 0.02 > 0.01 at the 0.5 s tick adds an instance: a scale
@@ -184,7 +184,7 @@ def _oscillating(quirks: bool, max_replicas: int):
     auto = AutoscalerConfig(policy="threshold", interval_us=500_000, max_replicas=max_replicas,
                             scale_up_utilization=0.01, scale_down_utilization=0.005,
                             cooldown_us=10_000_000)
-    return _run(BURST, autoscaler=auto, instances=2, quirks=quirks)
+    return _run(BURST, autoscaler=auto, instances=2, quirks=quirks, pools=pools)
 
 
 def test_oscillation_is_counted_and_the_slot_reused():
@@ -200,13 +200,24 @@ def test_oscillation_is_counted_and_the_slot_reused():
 
 
 def test_oscillation_under_quirks_appends_the_new_instance():
-    """BLIS never reuses an instance: with --blis-quirks the new one takes slot 2. An idle
-    drained instance never terminates in BLIS, so instance 0 stays draining."""
-    result, metrics, _ = _oscillating(True, 3)
+    """BLIS never reuses an instance: with --blis-quirks the new one takes slot 2 (on the
+    node pool's third GPU). An idle drained instance never terminates in BLIS, so instance 0
+    stays draining."""
+    pool = NodePool(name="p", gpus_per_node=4, initial_nodes=1, max_nodes=1)
+    result, metrics, _ = _oscillating(True, 3, [pool])
     assert _changes(result) == [(0, 0, "active"), (0, 1, "active"), (0, 0, "draining"),
                                 (500_000, 2, "loading"), (500_000, 2, "active")]
     assert result.lifecycle.final_state.tolist()[:3] == [
         InstanceState.DRAINING, InstanceState.ACTIVE, InstanceState.ACTIVE]
+
+
+def test_blis_places_nothing_without_node_pools():
+    """BLIS's scale-up without node pools only logs "PlacementManager not available": with
+    --blis-quirks the 0.5 s scale-up of the oscillation scenario places nothing."""
+    result, metrics, _ = _oscillating(True, 3)
+    assert metrics["autoscaling"]["refused_no_room"] == 1
+    assert metrics["autoscaling"]["scale_ups"] == 0
+    assert [x[2] for x in _changes(result)] == ["active", "active", "draining"]
 
 
 def test_requests_finding_no_routable_instance_are_rejected():
