@@ -3,8 +3,9 @@
 Counterpart: ``blisjax.reference.lifecycle`` (slots, node pools, delays) and
 ``blisjax.reference.autoscaler`` (the tick's decisions), with ``ClusterSimulator``'s
 lifecycle methods: ``_place`` as ``place_instance``, ``_start_loading``, ``_ready``,
-``_tick`` as ``tick``, ``_actuate`` as ``actuate``, ``_drain``, ``_terminate`` and
-``_after_instance_event`` as ``after_instance_event``. Read them for the rules; this module
+``_tick`` as ``tick``, ``_terminate`` as ``terminate`` and ``_after_instance_event`` as
+``after_instance_event``; ``_actuate`` and ``_drain`` are ``engine.cluster``'s ``actuation``
+and ``_drain`` (they move requests between instances). Read them for the rules; this module
 does the same with arrays.
 
 Every instance slot has a state (``config.codes.InstanceState``); the program's instance count
