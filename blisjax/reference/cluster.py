@@ -126,6 +126,12 @@ class ClusterSimulator:
         self.seq = -1
         self.clock_us = 0
         self._init_lifecycle()
+        self._handlers = {EV_ADMISSION: self._admit, EV_ROUTING: self._route,
+                          EV_PREFILL_ROUTING: self._route_prefill,
+                          EV_TRANSFER_START: self._start_transfer,
+                          EV_TRANSFER_DONE: self._end_transfer,
+                          EV_PROVISIONED: self._start_loading, EV_LOADED: self._ready,
+                          EV_SCALE_ACTUATION: self._actuate}
 
     # ---- P/D disaggregation (§5.10) ------------------------------------------------------------
     def _init_pd(self, resolved) -> None:
@@ -539,26 +545,14 @@ class ClusterSimulator:
         return [leading_present(hashes, copy) for copy in self._cache_copy]
 
     def _execute_cluster_event(self, time_us: int, prio: int, payload) -> None:
+        """Run the cluster event of priority ``prio`` (its kind) for ``payload`` (a request,
+        a slot or a decision)."""
         if prio == EV_CLUSTER_ARRIVAL:
             self._push(time_us + self.admission_latency_us, EV_ADMISSION, payload)
-        elif prio == EV_ADMISSION:
-            self._admit(payload, time_us)
-        elif prio == EV_ROUTING:
-            self._route(payload, time_us)
-        elif prio == EV_PREFILL_ROUTING:
-            self._route_prefill(payload, time_us)
-        elif prio == EV_TRANSFER_START:
-            self._start_transfer(payload, time_us)
-        elif prio == EV_TRANSFER_DONE:
-            self._end_transfer(payload, time_us)
-        elif prio == EV_PROVISIONED:
-            self._start_loading(payload, time_us)
-        elif prio == EV_LOADED:
-            self._ready(payload, time_us)
         elif prio == EV_SCALING_TICK:
             self._tick(time_us)
         else:
-            self._actuate(payload, time_us)
+            self._handlers[prio](payload, time_us)
 
     def _admit(self, req: SimRequest, time_us: int) -> None:
         self._snapshots(time_us)  # building router state refreshes stale snapshots
