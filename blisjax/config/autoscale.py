@@ -367,8 +367,14 @@ def _section_mapping(path: str, value: Any, allowed: tuple[str, ...]) -> Mapping
 
 
 def _blis_delay(path: str, value: Any) -> DelaySpec:
+    """BLIS's ``{mean, stddev}`` in seconds; errors name BLIS's keys."""
     raw = _section_mapping(path, value, ("mean", "stddev"))
-    return _delay(path, {"mean_s": raw.get("mean", 0) or 0, "stddev_s": raw.get("stddev", 0) or 0})
+    try:
+        return _delay(path, {"mean_s": raw.get("mean", 0) or 0,
+                             "stddev_s": raw.get("stddev", 0) or 0})
+    except ConfigError as err:
+        raise ConfigError(err.path.replace(".mean_s", ".mean").replace(".stddev_s", ".stddev"),
+                          err.problem) from None
 
 
 def pool_capacity(pools: tuple[NodePool, ...], tp: int, *, initial: bool = False) -> int:

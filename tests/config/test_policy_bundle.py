@@ -196,6 +196,6 @@ def test_blis_autoscaler_bundle_errors_name_the_field(tmp_path):
         apply_blis_bundle(SimConfig(), {"autoscaler": {"interval_us": 1, "analyzer": {"typo": 1}}})
     with pytest.raises(ConfigError, match="node_pools.*max_nodes"):
         apply_blis_bundle(SimConfig(), {"node_pools": [{"name": "p", "max_nodes": 0}]})
-    with pytest.raises(ConfigError, match="hpa_scrape_delay.mean_s"):
+    with pytest.raises(ConfigError, match=r"hpa_scrape_delay\.mean: must be"):
         apply_blis_bundle(SimConfig(), {"autoscaler": {"interval_us": 1,
                                                        "hpa_scrape_delay": {"mean": -1}}})
