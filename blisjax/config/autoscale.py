@@ -27,21 +27,21 @@ AUTOSCALER_POLICIES = AutoscalerPolicy.labels()
 DRAIN_POLICIES = DrainPolicy.labels()
 
 
-def _known_keys(path: str, value: Mapping[str, Any], cls: type) -> None:
-    allowed = tuple(f.name for f in dataclasses.fields(cls))
+def _section_mapping(path: str, value: Any, allowed: tuple[str, ...]) -> Mapping[str, Any]:
+    """``value``, a mapping whose keys are all in ``allowed``; else a ``ConfigError``."""
+    if not isinstance(value, Mapping):
+        raise ConfigError(path, f"must be a mapping, got {value!r}")
     for key in value:
         if key not in allowed:
             raise ConfigError(f"{path}.{key}", f"unknown key; allowed keys: {', '.join(allowed)}")
+    return value
 
 
 def _as(cls: type, path: str, value: Any) -> Any:
     """``value`` as a ``cls``: itself, or built from a mapping of its fields."""
     if isinstance(value, cls):
         return value
-    if isinstance(value, Mapping):
-        _known_keys(path, value, cls)
-        return cls(**value)
-    raise ConfigError(path, f"must be a mapping, got {value!r}")
+    return cls(**_section_mapping(path, value, tuple(f.name for f in dataclasses.fields(cls))))
 
 
 @dataclass(frozen=True)
@@ -54,14 +54,8 @@ class DelaySpec:
     stddev_s: float = 0.0
 
     def __post_init__(self) -> None:
-        self.check("delay")
-
-    def check(self, path: str) -> DelaySpec:
-        """Validate under the name ``path``; returns itself."""
         for name in ("mean_s", "stddev_s"):
-            set_field(self, name, check_float(f"{path}.{name}", getattr(self, name),
-                                              min_value=0, max_value=1e9))
-        return self
+            set_field(self, name, _delay_seconds(f"delay.{name}", getattr(self, name)))
 
     @property
     def random(self) -> bool:
@@ -69,12 +63,16 @@ class DelaySpec:
         return self.stddev_s > 0
 
 
+def _delay_seconds(path: str, value: Any) -> float:
+    return check_float(path, value, min_value=0, max_value=1e9)
+
+
 def _delay(path: str, value: Any) -> DelaySpec:
+    """A ``DelaySpec`` from itself or a mapping, errors naming the field under ``path``."""
     if isinstance(value, Mapping):
-        _known_keys(path, value, DelaySpec)
-        value = {k: check_float(f"{path}.{k}", v, min_value=0, max_value=1e9)
-                 for k, v in value.items()}
-    return _as(DelaySpec, path, value).check(path)
+        value = {k: _delay_seconds(f"{path}.{k}", v)
+                 for k, v in _section_mapping(path, value, ("mean_s", "stddev_s")).items()}
+    return _as(DelaySpec, path, value)
 
 
 @dataclass(frozen=True)
@@ -292,53 +290,48 @@ def as_autoscaler(value: Any) -> AutoscalerConfig:
     return _as(AutoscalerConfig, "policy.autoscaler", value)
 
 
-def blis_bundle_sections(data: Mapping[str, Any], autoscaler: AutoscalerConfig,
-                         lifecycle: LifecycleConfig) -> dict[str, Any]:
-    """BLIS policy-bundle sections ``autoscaler``, ``node_pools`` and ``instance_lifecycle``
-    (``semantics-next.md`` §3.1) as our settings: a dict with the keys among ``autoscaler``,
-    ``node_pools``, ``lifecycle`` that the bundle sets.
+def blis_autoscaler(raw: Any, base: AutoscalerConfig) -> AutoscalerConfig:
+    """A BLIS policy bundle's ``autoscaler`` block (``semantics-next.md`` §3.1) on top of
+    ``base``: read only when ``interval_us > 0`` (the policy is then blis-saturation);
+    analyzer fields left at 0 keep their defaults; the scrape delay is ``{mean, stddev}`` in
+    seconds."""
+    p = "policy-config.autoscaler"
+    raw = _section_mapping(p, raw, ("interval_us", "scale_up_stabilization_window_us",
+                                    "scale_down_stabilization_window_us", "hpa_scrape_delay",
+                                    "analyzer"))
+    interval = check_float(f"{p}.interval_us", raw.get("interval_us", 0) or 0, min_value=0)
+    if interval <= 0:
+        return base
+    fields: dict[str, Any] = {"policy": "blis-saturation", "interval_us": int(interval)}
+    for key, name in (("scale_up_stabilization_window_us", "scale_up_window_us"),
+                      ("scale_down_stabilization_window_us", "scale_down_window_us")):
+        fields[name] = int(check_float(f"{p}.{key}", raw.get(key, 0) or 0, min_value=0))
+    if raw.get("hpa_scrape_delay"):
+        fields["actuation_delay"] = _blis_delay(f"{p}.hpa_scrape_delay", raw["hpa_scrape_delay"])
+    analyzer = _section_mapping(f"{p}.analyzer", raw.get("analyzer") or {}, (
+        "kv_cache_threshold", "scale_up_threshold", "scale_down_boundary", "avg_input_tokens"))
+    for key, name in (("kv_cache_threshold", "kv_cache_threshold"),
+                      ("scale_up_threshold", "saturation_up_threshold"),
+                      ("scale_down_boundary", "saturation_down_boundary"),
+                      ("avg_input_tokens", "avg_input_tokens")):
+        if analyzer.get(key):  # BLIS: 0 or absent = the default
+            fields[name] = analyzer[key]
+    return dataclasses.replace(base, **fields)
 
-    BLIS reads ``autoscaler`` only when ``interval_us > 0`` (its policy is then
-    blis-saturation); analyzer fields left at 0 keep their defaults; delays are in seconds
-    ``{mean, stddev}``; ``warm_start_initial_instances`` defaults to false, as in BLIS.
-    """
+
+def blis_cluster_sections(data: Mapping[str, Any], lifecycle: LifecycleConfig) -> dict[str, Any]:
+    """A BLIS policy bundle's ``node_pools`` and ``instance_lifecycle`` as ``ClusterConfig``
+    fields (the keys among ``node_pools``, ``lifecycle`` that the bundle sets): delays
+    ``{mean, stddev}`` in seconds; ``warm_start_initial_instances`` false unless given, as in
+    BLIS."""
     out: dict[str, Any] = {}
-    raw = data.get("autoscaler")
-    if raw:
-        raw = _section_mapping("policy-config.autoscaler", raw, (
-            "interval_us", "scale_up_stabilization_window_us",
-            "scale_down_stabilization_window_us", "hpa_scrape_delay", "analyzer"))
-        interval = check_float("policy-config.autoscaler.interval_us",
-                               raw.get("interval_us", 0) or 0, min_value=0)
-        if interval > 0:
-            fields: dict[str, Any] = {"policy": "blis-saturation", "interval_us": int(interval)}
-            for key, name in (("scale_up_stabilization_window_us", "scale_up_window_us"),
-                              ("scale_down_stabilization_window_us", "scale_down_window_us")):
-                value = check_float(f"policy-config.autoscaler.{key}", raw.get(key, 0) or 0,
-                                    min_value=0)
-                fields[name] = int(value)
-            if raw.get("hpa_scrape_delay"):
-                fields["actuation_delay"] = _blis_delay("policy-config.autoscaler.hpa_scrape_delay",
-                                                        raw["hpa_scrape_delay"])
-            analyzer = _section_mapping("policy-config.autoscaler.analyzer",
-                                        raw.get("analyzer") or {}, (
-                                            "kv_cache_threshold", "scale_up_threshold",
-                                            "scale_down_boundary", "avg_input_tokens"))
-            for key, name in (("kv_cache_threshold", "kv_cache_threshold"),
-                              ("scale_up_threshold", "saturation_up_threshold"),
-                              ("scale_down_boundary", "saturation_down_boundary"),
-                              ("avg_input_tokens", "avg_input_tokens")):
-                if analyzer.get(key):  # BLIS: 0 or absent = the default
-                    fields[name] = analyzer[key]
-            out["autoscaler"] = dataclasses.replace(autoscaler, **fields)
     pools = data.get("node_pools")
     if pools:
         items = []
         for i, item in enumerate(pools):
             path = f"policy-config.node_pools[{i}]"
-            item = dict(_section_mapping(path, item, (
-                "name", "gpu_type", "gpus_per_node", "gpu_memory_gib", "initial_nodes",
-                "min_nodes", "max_nodes", "provisioning_delay", "cost_per_hour")))
+            item = dict(_section_mapping(path, item, tuple(
+                f.name for f in dataclasses.fields(NodePool))))
             if "provisioning_delay" in item:
                 item["provisioning_delay"] = _blis_delay(f"{path}.provisioning_delay",
                                                          item["provisioning_delay"])
@@ -346,24 +339,14 @@ def blis_bundle_sections(data: Mapping[str, Any], autoscaler: AutoscalerConfig,
         out["node_pools"] = as_node_pools(items)
     life = data.get("instance_lifecycle")
     if pools or life:
-        life = _section_mapping("policy-config.instance_lifecycle", life or {},
-                                ("loading_delay", "warm_start_initial_instances"))
+        p = "policy-config.instance_lifecycle"
+        life = _section_mapping(p, life or {}, ("loading_delay", "warm_start_initial_instances"))
         fields = {"warm_start_initial_instances": life.get("warm_start_initial_instances",
                                                            False)}
         if life.get("loading_delay"):
-            fields["loading_delay"] = _blis_delay("policy-config.instance_lifecycle.loading_delay",
-                                                  life["loading_delay"])
+            fields["loading_delay"] = _blis_delay(f"{p}.loading_delay", life["loading_delay"])
         out["lifecycle"] = dataclasses.replace(lifecycle, **fields)
     return out
-
-
-def _section_mapping(path: str, value: Any, allowed: tuple[str, ...]) -> Mapping[str, Any]:
-    if not isinstance(value, Mapping):
-        raise ConfigError(path, f"must be a mapping, got {value!r}")
-    for key in value:
-        if key not in allowed:
-            raise ConfigError(f"{path}.{key}", f"unknown key; allowed keys: {', '.join(allowed)}")
-    return value
 
 
 def _blis_delay(path: str, value: Any) -> DelaySpec:

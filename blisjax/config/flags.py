@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from blisjax.config._checks import ConfigError
+from blisjax.config._checks import ConfigError, check_float
 from blisjax.config.sim import (
     ADMISSION_POLICIES,
     LATENCY_MODELS,
@@ -601,9 +601,7 @@ def _autoscaler_interval(cfg: SimConfig, raw: Any) -> SimConfig:
     the autoscaler off, a positive period turns BLIS's (blis-saturation) on when none is
     configured."""
     flag = "--model-autoscaler-interval-us"
-    value = _float(flag, raw)
-    if not value >= 0 or value != value or value == float("inf"):
-        raise ConfigError(flag, f"must be a finite number >= 0, got {raw!r}")
+    value = check_float(flag, _float(flag, raw), min_value=0)
     a = cfg.policy.autoscaler
     if int(value) == 0:
         a = dataclasses.replace(a, policy="none")

@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from blisjax.config._checks import ConfigError, check_float
-from blisjax.config.autoscale import AutoscalerConfig, blis_bundle_sections
+from blisjax.config.autoscale import AutoscalerConfig, blis_autoscaler, blis_cluster_sections
 from blisjax.config.sim import (
     AdmissionConfig,
     ClusterConfig,
@@ -224,8 +224,7 @@ def load_blis_policy_config(
         if name == "scheduler":
             raw = _scheduler_mapping("policy-config.scheduler", raw)
         if name == "autoscaler" and raw and "policy" not in raw:  # BLIS's form
-            merged[name] = blis_bundle_sections(data, base.autoscaler, ClusterConfig().lifecycle
-                                                ).get("autoscaler", base.autoscaler)
+            merged[name] = blis_autoscaler(raw, base.autoscaler)
             continue
         merged[name] = _merge_section(getattr(base, name), f"policy-config.{name}", raw)
     return PolicyConfig(**merged)
@@ -244,8 +243,6 @@ def apply_blis_bundle(cfg: SimConfig, source: str | Path | Mapping[str, Any]) ->
     (``semantics-next.md`` §3.1)."""
     data = _bundle_data(source)
     policy = load_blis_policy_config(data, cfg.policy)
-    cluster_part = blis_bundle_sections(
-        {k: v for k, v in data.items() if k in BUNDLE_CLUSTER_KEYS}, policy.autoscaler,
-        cfg.cluster.lifecycle)
+    cluster_part = blis_cluster_sections(data, cfg.cluster.lifecycle)
     cluster = dataclasses.replace(cfg.cluster, **cluster_part) if cluster_part else cfg.cluster
     return dataclasses.replace(cfg, policy=policy, cluster=cluster)
