@@ -378,6 +378,13 @@ def max_replicas(autoscaler: AutoscalerConfig, num_instances: int,
     return max(num_instances, pool_capacity(pools, tp)) if pools else num_instances
 
 
+def lifecycle_configured(autoscaler: AutoscalerConfig, pools: tuple[NodePool, ...],
+                         lifecycle: LifecycleConfig) -> bool:
+    """The configuration models instance lifecycles: an autoscaler, node pools, or a
+    lifecycle other than always-up instances."""
+    return autoscaler.enabled or bool(pools) or lifecycle != LifecycleConfig()
+
+
 def check_cluster_autoscaling(autoscaler: AutoscalerConfig, num_instances: int,
                               pools: tuple[NodePool, ...], lifecycle: LifecycleConfig, tp: int,
                               pd_enabled: bool) -> None:
@@ -386,13 +393,9 @@ def check_cluster_autoscaling(autoscaler: AutoscalerConfig, num_instances: int,
         raise ConfigError("cluster.node_pools", f"the initial nodes hold "
                           f"{pool_capacity(pools, tp, initial=True)} instances of "
                           f"{tp} GPU(s); cluster.num_instances is {num_instances}")
-    if pd_enabled:
-        for path, used in (("policy.autoscaler.policy", autoscaler.enabled),
-                           ("cluster.node_pools", bool(pools)),
-                           ("cluster.lifecycle", lifecycle != LifecycleConfig())):
-            if used:
-                raise ConfigError(path, "instance lifecycles (autoscaling, node pools, loading "
-                                  "and warm-up) are not supported with P/D pools")
+    if pd_enabled and lifecycle_configured(autoscaler, pools, lifecycle):
+        raise ConfigError("cluster.pd", "instance lifecycles (autoscaling, node pools, loading "
+                          "and warm-up) are not supported with P/D pools")
     if not autoscaler.enabled:
         return
     if autoscaler.max_replicas and autoscaler.max_replicas < num_instances:

@@ -156,3 +156,11 @@ class InstanceState(Code):
     ACTIVE = 4
     DRAINING = 5  # not routable, serving what it holds
     TERMINATED = 6
+
+
+#: States in which an instance holds its slot (and its GPUs, and costs).
+HOLDING_STATES = frozenset({InstanceState.SCHEDULING, InstanceState.LOADING,
+                            InstanceState.WARMING_UP, InstanceState.ACTIVE,
+                            InstanceState.DRAINING})
+#: States the router sends requests to.
+ROUTABLE_STATES = frozenset({InstanceState.WARMING_UP, InstanceState.ACTIVE})

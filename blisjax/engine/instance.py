@@ -107,6 +107,16 @@ def _release_slot_of(s: SimState, st, i, r, active):
     return s.replace(slot_req=upd(s.slot_req, (i, sb), NIL, held)), sb
 
 
+def tenants_left(s: SimState, c, reqs, mask):
+    """``tenant_in_flight`` after the requests ``reqs`` where ``mask`` left: max(x − 1, 0)
+    once per request of the tenant, which is max(x − n, 0) (the reference's loop)."""
+    n_tenants = s.tenant_in_flight.shape[0]
+    ended = jnp.zeros(n_tenants, jnp.int32).at[jnp.where(mask, c.tenant[reqs], n_tenants)].add(
+        1, mode="drop")
+    left = s.tenant_in_flight
+    return jnp.where(ended > 0, jnp.maximum(left - ended, 0), left)
+
+
 def _finish_in_flight(s: SimState, c, i, r, active) -> SimState:
     """A request left instance i (dropped, timed out): router in-flight counts go down."""
     t = c.tenant[r]
@@ -279,13 +289,9 @@ def drop_everything(s: SimState, st, c, i, now, active) -> tuple[SimState, jax.A
                                       held.reqs, st.num_requests), running])
     count = jnp.where(active, held.count + s.n_run[i], 0)
     on = reqs < st.num_requests
-    n_tenants = s.tenant_in_flight.shape[0]
-    ended = jnp.zeros(n_tenants, jnp.int32).at[jnp.where(on, c.tenant[reqs], n_tenants)].add(
-        1, mode="drop")
-    left = s.tenant_in_flight
     s = s.replace(
         status=s.status.at[reqs].set(jnp.where(on, DROPPED, s.status[reqs]).astype(s.status.dtype)),
-        tenant_in_flight=jnp.where(ended > 0, jnp.maximum(left - ended, 0), left),
+        tenant_in_flight=tenants_left(s, c, reqs, on),
         in_flight=upd(s.in_flight, i, jnp.maximum(s.in_flight[i] - count, 0), active),
         pend_req=s.pend_req.at[i].set(jnp.where(active, NIL, s.pend_req[i])),
         q_len=upd(s.q_len, i, 0, active), n_run=upd(s.n_run, i, 0, active),
@@ -939,16 +945,10 @@ def complete_planned(s: SimState, st, c, i, plan: QueuedPlan) -> SimState:
             s, _ = kv.register_keys(s, st, c, i, r, plan.blen - 1,
                                     s.bt[i, sb, jnp.maximum(plan.blen - 2, 0)], plan.last,
                                     filled)
-        t = c.tenant[r]
-        n_tenants = s.tenant_in_flight.shape[0]
-        # max(x - 1, 0) applied once per completion of the tenant = max(x - n, 0)
-        ended = jnp.zeros(n_tenants, jnp.int32).at[jnp.where(m, t, n_tenants)].add(
-            1, mode="drop")
-        left = s.tenant_in_flight
         return s.replace(
             status=s.status.at[jnp.where(m, r, st.num_requests)].set(COMPLETED, mode="drop"),
             slot_req=s.slot_req.at[i, jnp.where(m, sb, st.slot_count)].set(NIL, mode="drop"),
-            tenant_in_flight=jnp.where(ended > 0, jnp.maximum(left - ended, 0), left),
+            tenant_in_flight=tenants_left(s, c, r, m),
             rel_slots=s.rel_slots.at[jnp.where(m, s.rel_count + k, depth)].set(sb, mode="drop"),
             rel_inst=jnp.where(go, jnp.asarray(i, jnp.int32), s.rel_inst),
             rel_count=s.rel_count + jnp.where(go, plan.count, 0))

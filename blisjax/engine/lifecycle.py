@@ -23,14 +23,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from blisjax.config.autoscale import LifecycleConfig, max_replicas
+from blisjax.config.autoscale import lifecycle_configured, max_replicas
 from blisjax.config.codes import AutoscalerPolicy, DrainPolicy, InstanceState
 from blisjax.engine.exactfloat import exact_mul, ieee_divide
 from blisjax.engine.lockstep import add, upd
 from blisjax.engine.pytree import pytree_dataclass
 from blisjax.engine.state import INT64_MAX, NIL, SimState
 from blisjax.gorand import blis_subsystem_rand
-from blisjax.reference.autoscaler import NEVER_US, instance_variants
+from blisjax.reference.autoscaler import NEVER_US, cost_order, instance_variants
 from blisjax.reference.lifecycle import US_PER_HOUR, delay_us
 
 F64 = jnp.float64
@@ -137,8 +137,7 @@ def lifecycle_params(cfg) -> dict:
         return np.asarray([delay_us(spec, rng) for _ in range(DELAY_DRAWS)], np.int64)
 
     variants = instance_variants(pools, cfg.hardware, life.cost_per_hour, tp)
-    order = sorted(range(len(variants)),
-                   key=lambda v: (variants[v].cost_per_hour, variants[v].gpu_type, variants[v].tp))
+    order = cost_order(variants)
     pool_list = pools or ()
     prov_rng = blis_subsystem_rand(cfg.seed, "node-provisioning")
     prov = np.zeros((max(len(pool_list), 1), DELAY_DRAWS), np.int64)
@@ -182,8 +181,8 @@ def lifecycle_params(cfg) -> dict:
 
 def uses_lifecycle(cfg) -> bool:
     """The configuration models instance lifecycles (else every instance is up throughout)."""
-    return (cfg.policy.autoscaler.enabled or bool(cfg.cluster.node_pools)
-            or cfg.cluster.lifecycle != LifecycleConfig())
+    return lifecycle_configured(cfg.policy.autoscaler, cfg.cluster.node_pools,
+                                cfg.cluster.lifecycle)
 
 
 # ---- initial state ------------------------------------------------------------------------------

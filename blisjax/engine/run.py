@@ -25,7 +25,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import Mesh, PartitionSpec  # noqa: E402
 
-from blisjax.config.codes import AdmissionPolicy, InstanceState  # noqa: E402
+from blisjax.config.codes import HOLDING_STATES, AdmissionPolicy  # noqa: E402
 from blisjax.engine import progcache  # noqa: E402
 from blisjax.engine.cluster import lane_advance, next_event  # noqa: E402
 from blisjax.engine.lanes import FLAT_MIN_LANES, release_queued  # noqa: E402
@@ -46,7 +46,7 @@ from blisjax.engine.static import (  # noqa: E402
     for_lanes,
 )
 from blisjax.metrics import records  # noqa: E402
-from blisjax.reference.lifecycle import US_PER_HOUR  # noqa: E402
+from blisjax.reference.lifecycle import held_cost  # noqa: E402
 
 # Lanes per lockstep loop. Measured on scenario S: 32–128 lanes per device cost about the same
 # per lane-event; 512 in one loop was 1.38x slower than blocks of 64 (cache misses).
@@ -412,11 +412,10 @@ def _lifecycle_counters(st: EngineStatic, g, rows: dict) -> records.LifecycleCou
     state = q.state.astype(np.int8)
     replica_us = q.replica_us.astype(np.int64).copy()
     cost = q.cost.astype(np.float64).copy()
-    for k in np.nonzero((state >= int(InstanceState.SCHEDULING))
-                        & (state <= int(InstanceState.DRAINING)))[0].tolist():
+    for k in np.nonzero(np.isin(state, [int(x) for x in HOLDING_STATES]))[0].tolist():
         held = end - int(q.placed_us[k])
         replica_us[k] += held
-        cost[k] += float(held) * float(q.cost_per_hour[k]) / US_PER_HOUR
+        cost[k] += held_cost(held, float(q.cost_per_hour[k]))
     factor = float(q.warm_factor)
     if st.blis_quirks and factor > 1:
         n = st.num_requests

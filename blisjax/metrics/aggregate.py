@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from blisjax.config.codes import InstanceState
+from blisjax.config.codes import HOLDING_STATES, ROUTABLE_STATES, InstanceState
 from blisjax.metrics.formulas import (
     cache_hit_rate,
     fitness,
@@ -490,10 +490,8 @@ def timeline_csv(result: RunResult) -> str:
     return "\n".join(lines) + "\n"
 
 
-_HOLDING_CODES = [int(s) for s in (InstanceState.SCHEDULING, InstanceState.LOADING,
-                                   InstanceState.WARMING_UP, InstanceState.ACTIVE,
-                                   InstanceState.DRAINING)]
-_ROUTABLE_CODES = [int(InstanceState.WARMING_UP), int(InstanceState.ACTIVE)]
+_HOLDING_CODES = [int(x) for x in HOLDING_STATES]
+_ROUTABLE_CODES = [int(x) for x in ROUTABLE_STATES]
 
 
 def lifecycle_metrics(result: RunResult) -> dict[str, Any]:

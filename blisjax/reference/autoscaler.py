@@ -21,7 +21,7 @@ NEVER_US = -(1 << 62)
 class Reading(NamedTuple):
     """What a tick reads. Per routable instance, in instance order ([R] lists): KV blocks
     used and in total, queue depth and batch size (the router's snapshots), and its variant
-    (an index into ``variant_keys``). ``pending_kv_tokens``: KV capacity, tokens, of the
+    (an index into the run's variants). ``pending_kv_tokens``: KV capacity, tokens, of the
     instances still coming up; ``live``: instances placed and not draining."""
 
     kv_used_blocks: list[int]
@@ -56,6 +56,12 @@ def instance_variants(pools, hardware: str, cost_per_hour: float, tp: int) -> li
 
 def variant_of(variants: list[Variant], gpu_type: str) -> int:
     return next(v for v, x in enumerate(variants) if x.gpu_type == gpu_type)
+
+
+def cost_order(variants: list[Variant]) -> list[int]:
+    """Variant indices in BLIS's order: cost ascending, then GPU type, then TP."""
+    return sorted(range(len(variants)),
+                  key=lambda v: (variants[v].cost_per_hour, variants[v].gpu_type, variants[v].tp))
 
 
 class Decision(NamedTuple):
@@ -125,8 +131,7 @@ def saturation_decision(r: Reading, variants: list[Variant], block_size: int, th
         demand[v] += float(used * block_size) + float(q) * avg_input_tokens
     if with_capacity == 0:
         return Decision(0)
-    order = sorted((v for v in range(len(variants)) if count[v] > 0),
-                   key=lambda v: (variants[v].cost_per_hour, variants[v].gpu_type, variants[v].tp))
+    order = [v for v in cost_order(variants) if count[v] > 0]
     total_supply = total_demand = 0.0
     for v in order:
         total_supply += supply[v]

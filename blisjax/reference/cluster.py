@@ -14,7 +14,7 @@ import heapq
 import numpy as np
 
 from blisjax.blockhash import CHAIN_SEED, block_code, chain
-from blisjax.config.autoscale import LifecycleConfig, max_replicas
+from blisjax.config.autoscale import lifecycle_configured, max_replicas
 from blisjax.config.codes import DrainPolicy, InstanceState, SchedulerPolicy
 from blisjax.config.sim import INT64_MAX, RoutingConfig
 from blisjax.latency import make_latency_model
@@ -250,8 +250,7 @@ class ClusterSimulator:
         self.tp = cfg.engine.tensor_parallel_size
         self.initial_instances = cfg.cluster.num_instances
         #: the run models lifecycles at all (otherwise every instance is Active throughout)
-        self.lifecycle_on = (self.autoscale_cfg.enabled or bool(self.pools)
-                             or self.life != LifecycleConfig())
+        self.lifecycle_on = lifecycle_configured(self.autoscale_cfg, self.pools, self.life)
         self.slots = [Slot() for _ in self.instances]
         self.streams = Streams(cfg.seed)
         self.placement = Placement(self.pools, self.tp, not self.blis_quirks, self.streams)
@@ -271,7 +270,6 @@ class ClusterSimulator:
         for i in range(self.initial_instances):
             placed = self._place(i, None, 0, initial=True)
             assert placed, "the initial nodes hold the initial instances (config check)"
-
 
     def _set_state(self, slot: int, state: InstanceState, now_us: int) -> None:
         self.slots[slot].state = state

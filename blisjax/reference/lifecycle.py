@@ -16,20 +16,22 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from blisjax.config.codes import InstanceState
+from blisjax.config.codes import HOLDING_STATES, ROUTABLE_STATES, InstanceState
 from blisjax.gorand import blis_subsystem_rand
 
-#: States in which an instance holds its slot (and its GPUs, and costs).
-HOLDING = frozenset({InstanceState.SCHEDULING, InstanceState.LOADING, InstanceState.WARMING_UP,
-                     InstanceState.ACTIVE, InstanceState.DRAINING})
+HOLDING, ROUTABLE = HOLDING_STATES, ROUTABLE_STATES
 #: States in which an instance counts toward the replicas a scale-down leaves.
 LIVE = HOLDING - {InstanceState.DRAINING}
-#: States the router sends requests to.
-ROUTABLE = frozenset({InstanceState.WARMING_UP, InstanceState.ACTIVE})
 #: States of an instance still coming up (BLIS's pending replicas).
 COMING_UP = frozenset({InstanceState.SCHEDULING, InstanceState.LOADING})
 
 US_PER_HOUR = 3.6e9
+
+
+def held_cost(held_us: int, cost_per_hour: float) -> float:
+    """The cost of holding an instance ``held_us`` µs at ``cost_per_hour`` (one product, one
+    division: the JAX engine's ``lifecycle.terminate`` forms it in the same order)."""
+    return float(held_us) * cost_per_hour / US_PER_HOUR
 
 
 def delay_us(spec, rng) -> int:
@@ -133,4 +135,4 @@ class Slot:
         """Account the time held since placement (at termination, or the run's end)."""
         held = now_us - self.placed_us
         self.replica_us += held
-        self.cost += float(held) * self.cost_per_hour / US_PER_HOUR
+        self.cost += held_cost(held, self.cost_per_hour)
