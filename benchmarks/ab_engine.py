@@ -22,12 +22,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import io
 import json
-import re
-import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -41,23 +37,9 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-BASE_NAME = "blisjax_base"
 # per-request state compared between the two engines (the last row is a write sink); E2E,
 # output tokens done and ITL counts are derived from these (run._completion_fields)
 OUTPUT_FIELDS = ("status", "ttft", "sched", "itl_sum", "preempt", "pi")
-
-
-def export_base(rev: str, into: Path) -> None:
-    """Write revision ``rev``'s ``blisjax`` package to ``into/blisjax_base`` with every
-    self-import renamed, so both versions can be imported side by side."""
-    blob = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "blisjax"],
-                          check=True, capture_output=True).stdout
-    with tarfile.open(fileobj=io.BytesIO(blob)) as tar:
-        tar.extractall(into, filter="data")
-    (into / "blisjax").rename(into / BASE_NAME)
-    own = re.compile(r"\bblisjax(?=[. ]|$)", re.MULTILINE)
-    for path in (into / BASE_NAME).rglob("*.py"):
-        path.write_text(own.sub(BASE_NAME, path.read_text()))
 
 
 def timed(run, consts, params) -> float:
@@ -88,6 +70,7 @@ def main() -> None:
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
     sys.path.insert(0, str(ROOT))
+    from base_revision import BASE_NAME, export_base  # noqa: E402
     from bench_jax import population, scenario  # noqa: E402
 
     from blisjax.engine.static import build_consts, build_static  # noqa: E402

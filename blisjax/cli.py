@@ -234,6 +234,28 @@ def _add_outputs(p: argparse.ArgumentParser) -> None:
                         "rate")
 
 
+#: Text-summary strategies of ``--summary-strategy`` (``blisjax.trace.reflect``).
+SUMMARY_STRATEGIES = ("issue_focused", "decision_audit", "counterfactual")
+
+
+def _add_trace_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("decision trace (reference engine; docs/tracing.md)")
+    g.add_argument("--trace-level", choices=("none", "decisions", "full"), default="none",
+                   help="record every policy decision with its context (decisions), and every "
+                        "event too (full); default none (no collector, no cost)")
+    g.add_argument("--counterfactual-k", type=int, default=0, metavar="K",
+                   help="keep the K best-scored candidates of each routing decision and its "
+                        "regret (BLIS's; default 0: none, regret 0)")
+    g.add_argument("--summarize-trace", action="store_true",
+                   help="print BLIS's \"Trace Summary\" block (on stderr; the metrics JSON "
+                        "gets trace_summary whenever a trace is recorded)")
+    g.add_argument("--trace-out", metavar="DIR",
+                   help="write trace.jsonl (the records), timeline.json (Chrome/Perfetto "
+                        "trace events) and summary.txt (a text summary for reflection) to DIR")
+    g.add_argument("--summary-strategy", choices=SUMMARY_STRATEGIES, default=None,
+                   help="what summary.txt dwells on (default issue_focused)")
+
+
 def _add_engine_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine", choices=ENGINES, default="reference",
                    help="simulation engine: reference (default) or jax (bit-identical, compiled)")
@@ -294,6 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_flag(run)
     _add_engine_flag(run)
     _add_outputs(run)
+    _add_trace_flags(run)
     _add_workload_spec_flag(run)
     _add_physics_flags(run)
     add_blis_flags(run)
@@ -305,6 +328,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_flag(replay)
     _add_engine_flag(replay)
     _add_outputs(replay)
+    _add_trace_flags(replay)
     _add_physics_flags(replay)
     add_blis_flags(replay)
     _set_help(replay, "--seed", "accepted so BLIS replay command lines run unchanged; it changes "
@@ -344,6 +368,43 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--llmd-api-version", default=LLMD_DEFAULT_API_VERSION, metavar="V",
                         help=f"apiVersion: {' | '.join(LLMD_API_VERSIONS)} (default "
                              f"{LLMD_DEFAULT_API_VERSION}; the second writes integer weights)")
+
+    plot = command("plot", "plot a trace's per-instance queue depth, batch size and KV "
+                           "utilization over time (PNG), and optionally its timeline")
+    plot.add_argument("trace", metavar="TRACE",
+                      help="a --trace-out directory or its trace.jsonl")
+    plot.add_argument("--out", metavar="PNG",
+                      help="write the plot here (default: instances.png beside the trace)")
+    plot.add_argument("--timeline-png", metavar="PNG",
+                      help="also draw the timeline's tracks (steps, routing, request flows) "
+                           "over --start-s .. --end-s")
+    plot.add_argument("--start-s", type=float, metavar="S",
+                      help="timeline window start, seconds of simulated time")
+    plot.add_argument("--end-s", type=float, metavar="S",
+                      help="timeline window end, seconds of simulated time")
+
+    explain = command("explain", "re-run a candidate of a `search`/`sweep` results directory "
+                                 "in the reference engine with a decision trace; print its "
+                                 "text summary, write its trace, timeline and plots")
+    explain.add_argument("results", metavar="RESULTS_DIR",
+                         help="a `blisjax search` or `sweep` --out directory")
+    explain.add_argument("--candidate", "--lane", type=int, metavar="N", dest="candidate",
+                         help="the candidate: its history.csv row from 0 (a sweep's grid point "
+                              "= its lane); default: the best")
+    explain.add_argument("--seed", type=int, metavar="S",
+                         help="workload seed (default: the run's first)")
+    explain.add_argument("--config", metavar="FILE",
+                         help="the experiment (default: RESULTS_DIR/best_config.yaml, whose "
+                              "knobs the candidate's replace)")
+    explain.add_argument("--out", metavar="DIR",
+                         help="output directory (default RESULTS_DIR/explain/"
+                              "candidate-N-seed-S)")
+    explain.add_argument("--trace-level", choices=("decisions", "full"), default="decisions",
+                         help="default decisions")
+    explain.add_argument("--counterfactual-k", type=int, default=3, metavar="K",
+                         help="candidates kept per routing decision (default 3)")
+    explain.add_argument("--summary-strategy", choices=SUMMARY_STRATEGIES,
+                         default=SUMMARY_STRATEGIES[0], help="default issue_focused")
 
     _add_fit_parser(command("fit-latency",
                             "fit physics (and blackbox) latency coefficients from step/journey "
@@ -742,13 +803,20 @@ def _simulate(args: Any, cfg: SimConfig, choice: WorkloadChoice, base: str) -> i
     _check_capacity_for_workload(resolved, workload)
     if args.engine == "jax":
         _announce_compile_cache(args)
+    trace = None
     with Progress(enabled=not args.quiet) as progress:
         start = time.perf_counter()
         if args.engine == "jax":
             result = _run_jax(resolved, workload, _capacities(args), progress)
         else:
             progress.phase(f"simulating {workload.num_requests} requests (reference engine)")
-            result = _engine(args.engine)(resolved, workload)
+            if args.trace_level != "none":
+                from blisjax.trace import simulate_traced
+
+                result, trace = simulate_traced(resolved, workload, args.trace_level,
+                                                args.counterfactual_k)
+            else:
+                result = _engine(args.engine)(resolved, workload)
             if result.overflow:  # the instance slots under --blis-quirks
                 raise ConfigError("policy.autoscaler.max_replicas", "; ".join(
                     NOT_CAPACITIES[name].format(times=times)
@@ -756,9 +824,19 @@ def _simulate(args: Any, cfg: SimConfig, choice: WorkloadChoice, base: str) -> i
         wall_s = time.perf_counter() - start
         metrics = aggregate_metrics(result, workload, cfg.metrics,
                                     scheduler=cfg.policy.scheduler.policy)
+        rows = (per_request_rows(result, workload)
+                if args.results_path or (trace is not None and args.trace_out) else None)
+        if trace is not None:
+            metrics["trace_summary"] = trace.summary().as_json()
+            if args.trace_out:
+                from blisjax.trace.outputs import write_trace_outputs
+
+                progress.phase(f"writing the trace to {args.trace_out}")
+                write_trace_outputs(Path(args.trace_out), trace, metrics, cfg,
+                                    args.summary_strategy or SUMMARY_STRATEGIES[0], rows)
         if args.results_path:
             progress.phase(f"writing {args.results_path}")
-            write_json_atomic(args.results_path, per_request_rows(result, workload))
+            write_json_atomic(args.results_path, rows)
         if args.metrics_path:
             progress.phase(f"writing {args.metrics_path}")
             write_json_atomic(args.metrics_path, metrics)
@@ -773,6 +851,8 @@ def _simulate(args: Any, cfg: SimConfig, choice: WorkloadChoice, base: str) -> i
     summary = kv_cache_summary(result)
     if summary and not args.quiet:
         print(summary, file=sys.stderr)
+    if trace is not None and args.summarize_trace:
+        print(trace.summary().blis_text(), end="", file=sys.stderr)
     _warn_degenerate(metrics, workload.num_requests)
     _log(args, f"{workload.num_requests} requests, {cfg.cluster.num_instances} instance(s), "
                f"engine {args.engine}: {wall_s:.3f} s wall")
@@ -784,6 +864,31 @@ def _check_run_flags(args: Any) -> None:
     """Checks of `run` and `replay` that need no configuration (before any file is read)."""
     _check_capacities_used(args)
     _check_outputs(args, ("results_path", "metrics_path", "timeline_path", "timeline_plot"))
+    _check_trace_flags(args)
+
+
+def _check_trace_flags(args: Any) -> None:
+    """The trace flags: what needs a trace level, and the engine that records traces."""
+    if args.counterfactual_k < 0:
+        raise ConfigError("--counterfactual-k", f"must be >= 0, got {args.counterfactual_k}")
+    traced = args.trace_level != "none"
+    for flag, value in (("--trace-out", args.trace_out),
+                        ("--summary-strategy", args.summary_strategy)):
+        if value is not None and not traced:
+            raise ConfigError(flag, "needs --trace-level decisions or full (nothing is "
+                                    "recorded without a trace level)")
+    if not traced:  # BLIS accepts these without a trace and does nothing
+        if args.summarize_trace:
+            _warn("--summarize-trace without --trace-level: no trace, no summary")
+        if args.counterfactual_k:
+            _warn("--counterfactual-k without --trace-level: no trace, no candidates")
+        return
+    if args.engine == "jax":
+        raise ConfigError("--trace-level", "traces are recorded by the reference engine "
+                                           "(--engine reference); any JAX lane replays there bit "
+                                           "for bit (`blisjax explain` re-runs a searched one)")
+    if args.trace_out:
+        check_output_dir("--trace-out", args.trace_out)
 
 
 def cmd_run(args: Any) -> int:
@@ -994,9 +1099,66 @@ def cmd_search(args: Any) -> int:
     return search(args)
 
 
+def cmd_plot(args: Any) -> int:
+    """Per-instance series of a trace (and its timeline) as PNG."""
+    from blisjax.trace import read_jsonl
+    from blisjax.trace.outputs import TRACE_FILE
+    from blisjax.trace.plots import plot_instances, plot_timeline
+
+    path = Path(args.trace)
+    if path.is_dir():
+        path = path / TRACE_FILE
+    check_input_file("TRACE", str(path))
+    out = args.out or str(path.parent / "instances.png")
+    check_output_path("--out", out)
+    if args.timeline_png:
+        check_output_path("--timeline-png", args.timeline_png)
+    elif args.start_s is not None or args.end_s is not None:
+        raise ConfigError("--start-s", "only used with --timeline-png")
+    for flag, value in (("--start-s", args.start_s), ("--end-s", args.end_s)):
+        if value is not None and not (value >= 0 and np.isfinite(value)):
+            raise ConfigError(flag, f"must be a finite number of seconds >= 0, got {value}")
+    if args.start_s is not None and args.end_s is not None and args.end_s <= args.start_s:
+        raise ConfigError("--end-s", f"must be after --start-s ({args.start_s}), got "
+                                     f"{args.end_s}")
+    with reading("TRACE", str(path)):
+        lines = read_jsonl(path)
+    plot_instances(lines, out)
+    written = [out]
+    if args.timeline_png:
+        def us(s):
+            return None if s is None else round(s * 1e6)
+
+        plot_timeline(lines, args.timeline_png, us(args.start_s), us(args.end_s))
+        written.append(args.timeline_png)
+    _log(args, f"wrote {', '.join(written)}")
+    return 0
+
+
+def cmd_explain(args: Any) -> int:
+    """Re-run a searched candidate traced (``search.explain``); the text summary on stdout."""
+    from search.trace_candidate import explain
+
+    if args.counterfactual_k < 0:
+        raise ConfigError("--counterfactual-k", f"must be >= 0, got {args.counterfactual_k}")
+    if args.config:
+        check_text_file("--config", args.config)
+    if args.out:
+        check_output_dir("--out", args.out)
+    if not Path(args.results).is_dir():
+        raise ConfigError("RESULTS_DIR", f"{args.results!r} is not a directory")
+    done = explain(args.results, args.candidate, args.seed, args.config, args.out,
+                   args.trace_level, args.counterfactual_k, args.summary_strategy)
+    _log(args, f"candidate {done.candidate} ({', '.join(f'{k}={v!r}' for k, v in done.knobs.items())}), "
+               f"workload seed {done.seed}: wrote "
+               + ", ".join(str(p) for p in done.files.values()))
+    print(done.text, end="")
+    return 0
+
+
 COMMANDS = {"run": cmd_run, "replay": cmd_replay, "trace": cmd_trace, "parity": cmd_parity,
             "fit-latency": cmd_fit_latency, "sweep": cmd_sweep, "search": cmd_search,
-            "export-llmd": cmd_export_llmd}
+            "export-llmd": cmd_export_llmd, "plot": cmd_plot, "explain": cmd_explain}
 
 
 # ---- JAX compile cache --------------------------------------------------------------------------

@@ -30,7 +30,7 @@ _EXPORTS = {
     "make_strategy": "search.strategies",
     "SimulationProblem": "search.evaluate",
     "run_search": "search.runner",
-    "prepare": "search.api", "execute": "search.api",
+    "prepare": "search.api", "execute": "search.api", "explain": "search.trace_candidate",
     "endpoint_picker_config": "search.llmd",
 }
 

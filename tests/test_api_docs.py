@@ -50,6 +50,7 @@ PUBLIC_NAMES: dict[str, Callable[[Any], list[str]]] = {
     "blisjax.reference": lambda m: list(m.__all__),
     "blisjax.engine": lambda m: list(m.__all__),
     "blisjax.metrics": lambda m: list(m.__all__),
+    "blisjax.trace": lambda m: list(m.__all__),
     "blisjax.latency": lambda m: list(m.__all__),
     "search": lambda m: list(m.__all__),
     "blisjax.devices": lambda m: ["use_cpu_cores"],

@@ -268,3 +268,36 @@ def test_autoscale_default_drains_the_earliest_placed(tmp_path, capsys):
     rows = json.loads((tmp_path / "results.json").read_text())
     last = max(rows, key=lambda r: r["arrival_us"])
     assert last["instance"] == 2
+
+
+# ---- decision traces -------------------------------------------------------------------------
+
+GOLDEN_NEXT_TRACE = "trace_rr_cf2"
+
+
+def test_decision_trace_summary_is_blis(tmp_path, capsys):
+    """BLIS's own command line with ``--trace-level decisions --counterfactual-k 2
+    --summarize-trace`` (3 instances, round-robin, whose regret is the load it passes by):
+    the "Trace Summary" block is BLIS's, character for character (mean regret 1.083333, max
+    10), the metrics' ``trace_summary`` holds the same numbers, and every request keeps
+    BLIS's instance, TTFT and E2E."""
+    case = _case(GOLDEN_NEXT_TRACE)
+    metrics, rows = _replay(case, tmp_path, capsys, "reference")
+    _check(case, metrics, rows)
+    assert main([*_trace_argv(case, tmp_path), "--quiet"]) == 0
+    err = capsys.readouterr().err
+    want = (GOLDEN_NEXT_DIR / f"{GOLDEN_NEXT_TRACE}.trace.summary.txt").read_text()
+    assert err[err.index("=== Trace Summary ==="):].strip() == want.strip()
+    summary = metrics["trace_summary"]
+    assert summary == {
+        "total_decisions": 600, "admitted": 600, "rejected": 0, "unique_targets": 3,
+        "target_distribution": {"instance_0": 200, "instance_1": 200, "instance_2": 200},
+        "mean_regret": summary["mean_regret"], "max_regret": 10.0}
+    assert f"{summary['mean_regret']:.6f}" == "1.083333"
+
+
+def _trace_argv(case: dict, tmp_path: Path) -> list[str]:
+    argv = [str(GOLDEN_NEXT_DIR / a) if a.endswith((".yaml", ".csv")) else a
+            for a in shlex.split(case["command"])[1:]]
+    argv[argv.index("--results-path") + 1] = str(tmp_path / "results.json")
+    return argv

@@ -164,3 +164,11 @@ HOLDING_STATES = frozenset({InstanceState.SCHEDULING, InstanceState.LOADING,
                             InstanceState.DRAINING})
 #: States the router sends requests to.
 ROUTABLE_STATES = frozenset({InstanceState.WARMING_UP, InstanceState.ACTIVE})
+
+
+class TraceLevel(Code):
+    """What a decision trace records (docs/semantics.md Decision 17; docs/tracing.md)."""
+
+    NONE = 0  # no trace (no collector: an untraced run pays nothing)
+    DECISIONS = 1  # every policy decision with its context, and the anomalies
+    FULL = 2  # the decisions and every executed event

@@ -86,7 +86,18 @@ BLIS_METRIC_KEYS: tuple[str, ...] = (
 )
 
 #: Schedulers for which priority inversions are meaningful (docs/semantics.md §6.5).
-_INVERSION_SCHEDULERS = frozenset({"priority-fcfs"})
+INVERSION_SCHEDULERS = frozenset({"priority-fcfs"})
+
+
+def inversion_inputs(result: RunResult, workload: Workload
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(request rows, arrival µs, E2E µs, group code) of the completed requests, as BLIS
+    counts priority inversions: grouped by (instance, SLO class)."""
+    rows = np.nonzero(np.asarray(result.status) == COMPLETED)[0]
+    instance = np.asarray(result.instance, dtype=np.int64)
+    group = instance * len(SLO_CLASSES) + workload.slo_class.astype(np.int64)
+    return (rows, workload.arrival_us[rows], np.asarray(result.e2e_us, dtype=np.int64)[rows],
+            group[rows])
 
 
 def _check_shapes(result: RunResult, workload: Workload) -> None:
@@ -404,14 +415,8 @@ def aggregate_metrics(
     out["hol_blocking_instances"] = hol_blocking_count(
         np.asarray(result.queue_depth_time_us)[existed], np.asarray(result.busy_time_us)[existed]
     )
-    if scheduler in _INVERSION_SCHEDULERS:
-        instance = np.asarray(result.instance, dtype=np.int64)
-        group = instance * len(SLO_CLASSES) + workload.slo_class.astype(np.int64)
-        out["priority_inversions"] = priority_inversion_count(
-            workload.arrival_us[is_completed], e2e_us[is_completed], group[is_completed]
-        )
-    else:
-        out["priority_inversions"] = 0
+    out["priority_inversions"] = (priority_inversion_count(*inversion_inputs(result, workload)[1:])
+                                  if scheduler in INVERSION_SCHEDULERS else 0)
 
     weight_pairs = _config_pairs(metrics_cfg, "fitness_weights")
     weights = {str(k): float(w) for k, w in weight_pairs}

@@ -22,10 +22,13 @@ __all__ = [
     "fitness",
     "fitness_components",
     "hol_blocking_count",
+    "hol_blocking_flags",
+    "hol_blocking_means",
     "jain_fairness",
     "latency_score",
     "preemption_rate",
     "priority_inversion_count",
+    "priority_inversions_per_request",
     "request_tpot_us",
     "throughput_per_s",
     "throughput_score",
@@ -221,32 +224,44 @@ def fitness(weights: Mapping[str, float], components: Mapping[str, float]) -> fl
     return score
 
 
-def hol_blocking_count(queue_depth_time_us: np.ndarray, busy_time_us: np.ndarray) -> int:
-    """Number of instances whose mean wait-queue depth exceeds 2× the cross-instance mean.
+def hol_blocking_means(queue_depth_time_us: np.ndarray, busy_time_us: np.ndarray
+                       ) -> tuple[list[float], float]:
+    """Each instance's mean wait-queue depth and their cross-instance mean.
 
     An instance's mean depth is its time-weighted average ``Σ(depth·step_us) / Σ step_us``
     (0 for an instance that never stepped; idle instances stay in the mean, so one instance
-    hoarding the queue stands out). Fewer than two instances, or a zero mean, give 0.
+    hoarding the queue stands out). An instance is HOL-blocking when its mean exceeds twice the
+    cross-instance mean, with at least two instances and a positive mean.
     """
     depth_time = np.asarray(queue_depth_time_us, dtype=np.int64).tolist()
     busy = np.asarray(busy_time_us, dtype=np.int64).tolist()
-    if len(depth_time) < 2:
-        return 0
     avgs = [float(q) / float(b) if b > 0 else 0.0 for q, b in zip(depth_time, busy, strict=True)]
     total = 0.0
     for a in avgs:
         total += a
-    mean_avg = total / float(len(avgs))
-    if mean_avg <= 0.0:
-        return 0
-    return sum(1 for a in avgs if a > 2.0 * mean_avg)
+    return avgs, total / float(len(avgs)) if avgs else 0.0
 
 
-def priority_inversion_count(arrival_us: np.ndarray, e2e_us: np.ndarray, group: np.ndarray) -> int:
-    """Pairs (earlier, later arrival) in the same group where ``E2E_earlier > 2·E2E_later``.
+def hol_blocking_flags(queue_depth_time_us: np.ndarray, busy_time_us: np.ndarray) -> list[bool]:
+    """Per instance: is it HOL-blocking (:func:`hol_blocking_means`)?"""
+    avgs, mean_avg = hol_blocking_means(queue_depth_time_us, busy_time_us)
+    if len(avgs) < 2 or mean_avg <= 0.0:
+        return [False] * len(avgs)
+    return [a > 2.0 * mean_avg for a in avgs]
 
-    BLIS groups completed requests by (instance, SLO class); pass a combined group code. Within a
-    group requests are ordered by arrival, ties by row (request index) order.
+
+def hol_blocking_count(queue_depth_time_us: np.ndarray, busy_time_us: np.ndarray) -> int:
+    """Number of HOL-blocking instances (:func:`hol_blocking_means`)."""
+    return sum(hol_blocking_flags(queue_depth_time_us, busy_time_us))
+
+
+def priority_inversions_per_request(arrival_us: np.ndarray, e2e_us: np.ndarray,
+                                    group: np.ndarray) -> np.ndarray:
+    """For each request, how many later arrivals of its group finished in under half its E2E.
+
+    BLIS groups completed requests by (instance, SLO class); pass a combined group code. Within
+    a group requests are ordered by arrival, ties by row (request index) order; a pair (earlier
+    i, later j) is an inversion when ``E2E_i > 2·E2E_j``.
 
     Args:
       arrival_us: int64 arrival times of the completed requests.
@@ -254,12 +269,13 @@ def priority_inversion_count(arrival_us: np.ndarray, e2e_us: np.ndarray, group: 
       group: int64 group code of the same requests.
 
     Returns:
-      The number of inverted pairs (counted in O(n log n) with a Fenwick tree over E2E ranks).
+      int64 counts aligned with the inputs (computed in O(n log n) with a Fenwick tree over
+      E2E ranks, from the latest arrival back).
     """
     arrival = np.asarray(arrival_us, dtype=np.int64)
     e2e = np.asarray(e2e_us, dtype=np.int64)
     grp = np.asarray(group, dtype=np.int64)
-    count = 0
+    counts = np.zeros(arrival.shape[0], dtype=np.int64)
     for g in np.unique(grp).tolist():
         idx = np.nonzero(grp == g)[0]
         if idx.shape[0] < 2:
@@ -267,20 +283,25 @@ def priority_inversion_count(arrival_us: np.ndarray, e2e_us: np.ndarray, group: 
         order = idx[np.lexsort((idx, arrival[idx]))]
         e = e2e[order]
         ranks_sorted = np.sort(e)
-        # Position of each value in ranks_sorted (1-based Fenwick index) and, for each later
-        # request j, how many earlier values are <= 2·e_j (those are *not* inversions).
+        # 1-based Fenwick position of each value, and how many values v satisfy 2·v < e_i
         pos = np.searchsorted(ranks_sorted, e, side="left") + 1
-        le_twice = np.searchsorted(ranks_sorted, 2 * e, side="right")
+        below_half = np.searchsorted(2 * ranks_sorted, e, side="left")
         tree = [0] * (len(e) + 1)
-        for j, (p_j, q_j) in enumerate(zip(pos.tolist(), le_twice.tolist(), strict=True)):
-            not_inverted = 0
-            k = q_j
+        for i in range(len(e) - 1, -1, -1):
+            later = 0
+            k = int(below_half[i])
             while k > 0:
-                not_inverted += tree[k]
+                later += tree[k]
                 k -= k & -k
-            count += j - not_inverted
-            k = p_j
+            counts[order[i]] = later
+            k = int(pos[i])
             while k <= len(e):
                 tree[k] += 1
                 k += k & -k
-    return count
+    return counts
+
+
+def priority_inversion_count(arrival_us: np.ndarray, e2e_us: np.ndarray, group: np.ndarray) -> int:
+    """Pairs (earlier, later arrival) in the same group where ``E2E_earlier > 2·E2E_later``
+    (:func:`priority_inversions_per_request`, summed)."""
+    return int(np.sum(priority_inversions_per_request(arrival_us, e2e_us, group)))

@@ -38,7 +38,7 @@ from blisjax.reference.autoscaler import (
     instance_variants,
     variant_of,
 )
-from blisjax.reference.instance import Instance
+from blisjax.reference.instance import EV_ARRIVAL, EV_QUEUED, EV_STEP, EV_TIMEOUT, Instance
 from blisjax.reference.lifecycle import (
     COMING_UP,
     HOLDING,
@@ -58,12 +58,21 @@ from blisjax.reference.pd import (
 )
 from blisjax.reference.policies import Admission, Priority, Router, Snapshot, leading_present
 from blisjax.reference.request import PD_DECODE, PD_PREFILL, SimRequest
+from blisjax.trace.records import InstanceView
 
 # Cluster event priorities (§5.2; P/D §5.10; lifecycle and autoscaler semantics-next.md §3).
 EV_PROVISIONED, EV_LOADED = -2, -1
 EV_CLUSTER_ARRIVAL, EV_ADMISSION, EV_ROUTING = 0, 1, 2
 EV_PREFILL_ROUTING, EV_TRANSFER_START, EV_TRANSFER_DONE = 4, 5, 6
 EV_SCALING_TICK, EV_SCALE_ACTUATION = 8, 9
+#: Event names in ``full`` traces.
+CLUSTER_EVENT_NAMES = {
+    EV_PROVISIONED: "node_ready", EV_LOADED: "instance_loaded", EV_CLUSTER_ARRIVAL: "arrival",
+    EV_ADMISSION: "admission", EV_ROUTING: "routing", EV_PREFILL_ROUTING: "prefill_routing",
+    EV_TRANSFER_START: "kv_transfer_start", EV_TRANSFER_DONE: "kv_transfer_done",
+    EV_SCALING_TICK: "scaling_tick", EV_SCALE_ACTUATION: "scale_actuation"}
+INSTANCE_EVENT_NAMES = {EV_ARRIVAL: "instance_arrival", EV_QUEUED: "enqueue", EV_STEP: "step",
+                        EV_TIMEOUT: "timeout"}
 
 class ClusterSimulator:
     """Reference simulation of one configuration on one workload.
@@ -74,7 +83,7 @@ class ClusterSimulator:
     """
 
     def __init__(self, resolved, workload, check_invariants: bool = False,
-                 observer=None) -> None:
+                 observer=None, trace=None) -> None:
         cfg = resolved.config
         self.cfg = cfg
         self.workload = workload
@@ -97,8 +106,11 @@ class ClusterSimulator:
                      thrash_window_us=cfg.metrics.kv_thrash_window_us)
             for i in range(n_inst)
         ]
+        #: the decision-trace collector (``blisjax.trace.TraceCollector``) or None
+        self.trace = trace
         for x in self.instances:
             x.observer = observer
+            x.trace = trace
         self.admission = Admission(cfg.policy.admission, workload.tenant_names)
         self.router = Router(cfg.policy.routing, n_inst, self.block_size,
                              cfg.cluster.prefix_index_capacity_blocks, cfg.seed)
@@ -170,13 +182,19 @@ class ClusterSimulator:
         request goes on to prefill routing at the same time; any other is served whole by
         the decode instance."""
         pd = self.pd
-        decode = self.decode_router.route(req, self._prompt_hashes(req), snap, self.decode_pool,
-                                          self.counter_of["decode"])
+        routed = self.decode_router.decide(req, self._prompt_hashes(req), snap,
+                                           self.decode_pool, self.counter_of["decode"])
+        decode = routed.target
         cached = 0
         if pd.decider == "prefix-threshold" and req.input_tokens > 0:
             cached = self._cached_blocks(req)[decode]
-        if disaggregates(pd.decider, pd.prefix_threshold_tokens, req.input_tokens, cached,
-                         self.block_size):
+        split = disaggregates(pd.decider, pd.prefix_threshold_tokens, req.input_tokens, cached,
+                              self.block_size)
+        if self.trace is not None:  # BLIS: a routing record only for a request served whole
+            self.trace.disaggregation(req, time_us, split, decode)
+            if not split:
+                self._trace_routing(req, time_us, routed, self.decode_router, self.decode_pool)
+        if split:
             self.parents[req.index] = Parent(decode_instance=decode)
             self._push(time_us, EV_PREFILL_ROUTING, req)
             return
@@ -187,8 +205,12 @@ class ClusterSimulator:
         """The prefill pool's decision; the prefill sub-request arrives at its instance."""
         qd, bs, kv = self._snapshots(time_us)
         snap = Snapshot(qd, bs, kv, self.in_flight, lambda: self._cached_blocks(req))
-        target = self.prefill_router.route(req, self._prompt_hashes(req), snap,
-                                           self.prefill_pool, self.counter_of["prefill"])
+        routed = self.prefill_router.decide(req, self._prompt_hashes(req), snap,
+                                            self.prefill_pool, self.counter_of["prefill"])
+        target = routed.target
+        if self.trace is not None:
+            self._trace_routing(req, time_us, routed, self.prefill_router, self.prefill_pool,
+                                prefill=True)
         self.in_flight[target] += 1
         parent = self.parents[req.index]
         parent.prefill_instance = target
@@ -235,6 +257,10 @@ class ClusterSimulator:
             self.active_transfers -= 1
         parent = self.parents[req.index]
         parent.transfer_end_us = time_us
+        if self.trace is not None:
+            self.trace.kv_transfer(req, time_us, parent.transfer_start_us,
+                                   -(-req.input_tokens // self.block_size),
+                                   parent.prefill_instance, parent.decode_instance)
         self.in_flight[parent.decode_instance] += 1
         self.tenant_in_flight[req.tenant] += 1  # BLIS starts the tenant's request again
         decode = self.instances[parent.decode_instance]
@@ -274,6 +300,8 @@ class ClusterSimulator:
     def _set_state(self, slot: int, state: InstanceState, now_us: int) -> None:
         self.slots[slot].state = state
         self.timeline.append((now_us, slot, int(state)))
+        if self.trace is not None:
+            self.trace.instance_state(now_us, slot, state)
 
     def _place(self, slot: int, gpu_type: str | None, now_us: int, initial: bool) -> bool:
         """Place an instance in ``slot`` (False: no room on the node pools). It starts ready
@@ -371,7 +399,12 @@ class ClusterSimulator:
             live=self._counts()[0])
         decision = self.autoscaler.decide(reading, now_us)
         delta = self._bounded(decision.delta)
-        if delta and self.autoscaler.cooled_down(delta, now_us):
+        actuate = bool(delta) and self.autoscaler.cooled_down(delta, now_us)
+        if self.trace is not None:
+            self.trace.scale_decision(now_us, self.autoscale_cfg.policy, reading.live,
+                                      len(routable), sum(reading.queue_depth),
+                                      sum(reading.batch_size), decision.delta, delta, actuate)
+        if actuate:
             self.autoscaler.passed(delta, now_us)
             delay = self.streams.delay_us(self.autoscale_cfg.actuation_delay, "autoscaler")
             self._push(now_us + delay, EV_SCALE_ACTUATION, Decision(delta, decision.variant))
@@ -383,7 +416,8 @@ class ClusterSimulator:
         """Carry out a decision, within the bounds as they stand now: place new instances
         (free slot, node room) or drain the oldest Active ones (of the decision's variant)."""
         delta = self._bounded(decision.delta)
-        done = 0
+        placed, drained = [], []
+        refused = 0
         if delta > 0:
             gpu_type = self.variants[decision.variant].gpu_type if decision.variant >= 0 else None
             for _ in range(delta):
@@ -393,22 +427,28 @@ class ClusterSimulator:
                 elif not self._place(slot, gpu_type, now_us, initial=False):
                     self.refused_no_room += 1
                 else:
-                    done += 1
-            self.instances_added += done
-            self.scale_ups += done > 0
+                    placed.append(slot)
+            refused = delta - len(placed)
+            self.instances_added += len(placed)
+            self.scale_ups += bool(placed)
         elif delta < 0:
             active = [i for i, s in enumerate(self.slots) if s.state == InstanceState.ACTIVE
                       and (decision.variant < 0 or s.variant == decision.variant)]
             for slot in sorted(active, key=self._drain_order)[:-delta]:
                 self._drain(slot, now_us)
-                done += 1
-            self.instances_drained += done
-            self.scale_downs += done > 0
-        if done:  # a scale against the previous one within the cooldown is an oscillation
+                drained.append(slot)
+            self.instances_drained += len(drained)
+            self.scale_downs += bool(drained)
+        if self.trace is not None:
+            self.trace.scale_actuation(now_us, delta, placed, drained, refused)
+        if placed or drained:  # a scale against the previous one within the cooldown
             direction = 1 if delta > 0 else -1
             if (self._last_direction == -direction
                     and now_us - self._last_actuation_us < self.autoscale_cfg.cooldown_us):
                 self.oscillations += 1
+                if self.trace is not None:
+                    self.trace.oscillation(now_us, direction, self._last_actuation_us,
+                                           placed or drained)
             self._last_direction, self._last_actuation_us = direction, now_us
 
     def _free_slot(self) -> int | None:
@@ -542,6 +582,27 @@ class ClusterSimulator:
         hashes = self._prompt_hashes(req)
         return [leading_present(hashes, copy) for copy in self._cache_copy]
 
+    def _trace_routing(self, req: SimRequest, time_us: int, routed, router: Router,
+                       candidates: list[int] | None, prefill: bool = False) -> None:
+        """The routing record: every candidate as the router saw it (the snapshots read by
+        this decision; in-flight counts before its own increment)."""
+        idx = range(len(self.instances)) if candidates is None else candidates
+        cached = self._cached_blocks(req)
+        views = [InstanceView(i, self._snap_qd[i], self._snap_bs[i], self.in_flight[i],
+                              self._snap_kv[i],
+                              self.instances[i].kv.total_blocks - self._snap_used[i], cached[i])
+                 for i in idx]
+        self.trace.routing(req, time_us, routed.target, router.policy.label, routed.scores,
+                           views, prefill)
+
+    def _trace_event(self, time_us: int, name: str, instance: int, payload) -> None:
+        """``full`` level: an executed event (a lifecycle event's payload is its slot)."""
+        if isinstance(payload, int):
+            instance, payload = payload, None
+        elif not isinstance(payload, SimRequest):
+            payload = None  # an actuation's decision
+        self.trace.event(time_us, name, instance, payload)
+
     def _execute_cluster_event(self, time_us: int, prio: int, payload) -> None:
         """Run the cluster event of priority ``prio`` (its kind) for ``payload`` (a request,
         a slot or a decision)."""
@@ -554,7 +615,10 @@ class ClusterSimulator:
 
     def _admit(self, req: SimRequest, time_us: int) -> None:
         self._snapshots(time_us)  # building router state refreshes stale snapshots
-        if self.admission.admit(req, time_us, self.tenant_in_flight):
+        admitted = self.admission.admit(req, time_us, self.tenant_in_flight)
+        if self.trace is not None:
+            self.trace.admission(req, time_us, admitted, self.cfg.policy.admission.policy)
+        if admitted:
             self.tenant_in_flight[req.tenant] += 1
             self._push(time_us + self.routing_latency_us, EV_ROUTING, req)
         else:
@@ -576,8 +640,13 @@ class ClusterSimulator:
             req.state = Stage.REJECTED
             self.rejected_routing += 1
             self.tenant_in_flight[req.tenant] = max(0, self.tenant_in_flight[req.tenant] - 1)
+            if self.trace is not None:
+                self.trace.routing_rejection(req, time_us)
             return
-        target = self.router.route(req, self._prompt_hashes(req), snap, routable)
+        routed = self.router.decide(req, self._prompt_hashes(req), snap, routable)
+        target = routed.target
+        if self.trace is not None:
+            self._trace_routing(req, time_us, routed, self.router, routable)
         req.route_order = self.route_count
         self.route_count += 1
         self.in_flight[target] += 1
@@ -608,11 +677,17 @@ class ClusterSimulator:
                     break
                 time_us, prio, _, req = heapq.heappop(self.events)
                 self.clock_us = time_us
+                if self.trace is not None and self.trace.full:
+                    self._trace_event(time_us, CLUSTER_EVENT_NAMES[prio], -1, req)
                 self._execute_cluster_event(time_us, prio, req)
             else:
                 if i_time > self.horizon_us:
                     break
                 self.clock_us = i_time
+                if self.trace is not None and self.trace.full:
+                    _, prio, _, req = inst.events[0]
+                    if not inst.cancelled(prio, req):
+                        self._trace_event(i_time, INSTANCE_EVENT_NAMES[prio], inst.index, req)
                 inst.process_next_event()
                 if self.pd is not None and inst.finished:
                     self._prefills_completed(inst)

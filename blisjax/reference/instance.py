@@ -84,6 +84,8 @@ class Instance:
         # Optional observer (tracing / latency fitting): on_queue(...) and on_step(...) get the
         # state a latency model sees; it must not change the simulation.
         self.observer = None
+        # Decision trace collector (blisjax.trace.TraceCollector) or None: it reads, never writes
+        self.trace = None
 
     def _new_kv_cache(self) -> KVCache:
         engine = self.engine
@@ -157,10 +159,15 @@ class Instance:
         req.instance = self.index
         self.push(time_us, EV_ARRIVAL, req)
 
+    @staticmethod
+    def cancelled(prio: int, req) -> bool:
+        """A timeout whose request already left: lazily cancelled (§1.4)."""
+        return prio == EV_TIMEOUT and req.state in (Stage.COMPLETED, Stage.TIMED_OUT)
+
     def process_next_event(self) -> None:
         time_us, prio, _, req = heapq.heappop(self.events)
-        if prio == EV_TIMEOUT and req.state in (Stage.COMPLETED, Stage.TIMED_OUT):
-            return  # lazily cancelled: the clock does not advance (§1.4)
+        if self.cancelled(prio, req):
+            return  # the clock does not advance
         self.clock_us = time_us
         if prio == EV_ARRIVAL:
             self.push(time_us + self._queueing_delay_us(req), EV_QUEUED, req)
@@ -234,9 +241,15 @@ class Instance:
         which may reload), every block a miss, full blocks registered. On success the request
         holds them and its progress is its prompt; False (no change) when they do not fit."""
         sub.instance = self.index
+        thrash = 0
         if self.tiered:  # evictions happen now (thrashing anomaly)
             self.kv.now_us = now_us
-        if not self.kv.allocate(sub, 0, sub.input_tokens):
+            thrash = self.kv.thrash_reloads
+        reserved = self.kv.allocate(sub, 0, sub.input_tokens)
+        if self.trace is not None and self.tiered and self.kv.thrash_reloads > thrash:
+            self.trace.thrashing(self, now_us, self.kv.thrash_reloads - thrash,
+                                 [self.trace.ids[sub.index]])
+        if not reserved:
             return False
         sub.progress_index = sub.input_tokens
         return True
@@ -279,7 +292,12 @@ class Instance:
                 r.priority = self.priority.score(r, now_us)
         if self.scheduler != SchedulerPolicy.FCFS:
             self.wait_queue = deque(reorder_wait_queue(self.scheduler, list(self.wait_queue)))
+        trace = self.trace
+        if trace is not None:
+            trace.before_batch(self)
         self._form_batch(now_us)
+        if trace is not None:
+            trace.formed(self)
         if self.stateful_latency:  # one EMA step per step, before this step's features
             self.preemption_ema = self.latency.update_preemption_ema(
                 self.preemption_ema, self._preempted_count_step, len(self.running))
@@ -288,6 +306,8 @@ class Instance:
         if self.tiered:  # after execution, before completions leave the batch (§3.8)
             self.kv.mirror(self.running)
         self._complete(now_us, d)
+        if trace is not None:
+            trace.stepped(self, now_us, d)
         if self.running or self.wait_queue:
             self.push(now_us + d, EV_STEP, None)
         else:
@@ -386,6 +406,8 @@ class Instance:
                 return False, cursor
             vi = self._victim_index()
             victim = self.running.pop(vi)
+            if self.trace is not None:
+                self.trace.preemption(self, victim, req)
             self._preempt(victim)
             if victim is req:
                 return False, cursor

@@ -218,6 +218,14 @@ class Snapshot(NamedTuple):
     cached_blocks: Callable[[], list[int]]
 
 
+class Routed(NamedTuple):
+    """A routing decision: the target instance, and the policy's score per candidate instance
+    (``None`` for the templates that do not score: round-robin, least-loaded, busiest)."""
+
+    target: int
+    scores: dict[int, float] | None
+
+
 class Router:
     """Routing templates: round-robin, least-loaded, always-busiest, weighted (with scorers).
 
@@ -269,19 +277,25 @@ class Router:
               candidates: list[int] | None = None, counter: str = "") -> int:
         """Target instance for ``req`` among ``candidates``; ``prompt_hashes`` are its full
         prompt blocks' hashes."""
+        return self.decide(req, prompt_hashes, snap, candidates, counter).target
+
+    def decide(self, req, prompt_hashes: list[int], snap: Snapshot,
+               candidates: list[int] | None = None, counter: str = "") -> Routed:
+        """``route``, with the policy's scores (weighted routing only, as BLIS's decisions
+        carry them)."""
         idx = list(range(self.num_instances)) if candidates is None else candidates
         n = len(idx)
         p = self.policy
         if p == RoutingPolicy.ROUND_ROBIN:
             count = self.counters.get(counter, 0)
             self.counters[counter] = count + 1
-            return idx[count % n]
+            return Routed(idx[count % n], None)
         load = [snap.queue_depth[i] + snap.batch_size[i] + snap.in_flight[i] for i in idx]
         if p == RoutingPolicy.ALWAYS_BUSIEST:
-            return idx[min(range(n), key=lambda k: (-load[k], k))]
+            return Routed(idx[min(range(n), key=lambda k: (-load[k], k))], None)
         if p == RoutingPolicy.LEAST_LOADED:
             least = min(load)
-            return self._pick([idx[k] for k in range(n) if load[k] == least])
+            return Routed(self._pick([idx[k] for k in range(n) if load[k] == least]), None)
         cached = None
         if self.reads_caches:
             every = snap.cached_blocks()
@@ -299,7 +313,7 @@ class Router:
             if target in self.cold_recency:
                 self.cold_recency.remove(target)
             self.cold_recency.insert(0, target)
-        return target
+        return Routed(target, dict(zip(idx, scores, strict=True)))
 
     def weighted_scores(self, req, prompt_hashes, snap: Snapshot, idx: list[int], load, cached,
                         cold: bool) -> list[float]:

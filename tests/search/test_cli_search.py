@@ -15,7 +15,11 @@ import pytest
 import yaml
 
 from blisjax.cli import main
-from blisjax.config import load_blis_policy_config, load_config
+from blisjax.config import load_blis_policy_config, load_config, resolve_config
+from blisjax.engine.population import set_knob
+from blisjax.metrics import aggregate_metrics
+from blisjax.reference import simulate
+from blisjax.workload import generate_workload, parse_workload_spec
 from search.cli import parse_grid_axis
 from search.space import get_knob
 from tests.search.conftest import TINY_CONFIG, TINY_LANES, TINY_SPACE
@@ -224,6 +228,47 @@ def test_exported_policy_reproduces_the_best_run(search_run, capsys):
     for key in ("completed_requests", "ttft_mean_ms", "e2e_p99_ms", "fitness"):
         assert metrics[key] == jax_metrics[key], key
     assert metrics["fitness"] == best["objectives"]["fitness"]
+
+
+def test_explain_reruns_candidates_with_a_trace(search_run, tmp_path, capsys):
+    """`blisjax explain` re-runs the best candidate in the reference engine with a trace: its
+    metrics are the search's JAX lane's; another candidate (a history row) runs with that
+    row's knobs, as a plain reference run of the tiny experiment with them gives."""
+    summary = json.loads((search_run / "summary.json").read_text())
+    out = tmp_path / "best"
+    code = main(["explain", str(search_run), "--out", str(out), "--quiet"])
+    text = capsys.readouterr().out
+    assert code == 0
+    assert text == (out / "summary.txt").read_text() and "## Outcome" in text
+    assert {p.name for p in out.iterdir()} == {"trace.jsonl", "timeline.json", "summary.txt",
+                                               "metrics.json", "instances.png"}
+    metrics = json.loads((out / "metrics.json").read_text())
+    jax_metrics = summary["best"]["metrics_per_seed"][0]
+    for key in ("completed_requests", "ttft_mean_ms", "e2e_p99_ms", "fitness"):
+        assert metrics[key] == jax_metrics[key], key
+    assert metrics["trace_summary"]["total_decisions"] == 30
+    rows = list(csv.DictReader((search_run / "history.csv").read_text().splitlines()))
+    best = (summary["best"]["generation"], summary["best"]["candidate"])
+    n = next(i for i, r in enumerate(rows)
+             if r["note"] != "invalid" and (int(r["generation"]), int(r["candidate"])) != best)
+    out_n = tmp_path / "n"
+    assert main(["explain", str(search_run), "--candidate", str(n), "--out", str(out_n),
+                 "--quiet"]) == 0
+    capsys.readouterr()
+    knobs = {k: rows[n][k] for k in ("routing.scorers.prefix-affinity",
+                                     "routing.scorers.load-balance", "scheduler.policy")}
+    cfg = load_config(TINY_CONFIG)
+    for name in ("routing.scorers.prefix-affinity", "routing.scorers.load-balance"):
+        cfg = set_knob(cfg, name, float(knobs[name]))
+    cfg = set_knob(cfg, "scheduler.policy", knobs["scheduler.policy"])
+    workload = generate_workload(parse_workload_spec(cfg.workload), seed=cfg.seed)
+    want = aggregate_metrics(simulate(resolve_config(cfg), workload), workload, cfg.metrics,
+                             scheduler=cfg.policy.scheduler.policy)
+    got = json.loads((out_n / "metrics.json").read_text())
+    assert got["fitness"] == want["fitness"] == float(rows[n]["objective[fitness]"])
+    code = main(["explain", str(search_run), "--candidate", str(len(rows))])
+    assert code == 2
+    assert f"--candidate: must be in [0, {len(rows) - 1}]" in capsys.readouterr().err
 
 
 def test_search_is_reproducible_and_resumable(search_run, tmp_path, capsys):
