@@ -43,6 +43,7 @@ from blisjax.metrics import (
     write_json_atomic,
 )
 from blisjax.progress import Progress
+from blisjax.trace.reflect import STRATEGIES as SUMMARY_STRATEGIES
 from blisjax.workload import (
     distribution_spec,
     generate_workload,
@@ -234,8 +235,6 @@ def _add_outputs(p: argparse.ArgumentParser) -> None:
                         "rate")
 
 
-#: Text-summary strategies of ``--summary-strategy`` (``blisjax.trace.reflect``).
-SUMMARY_STRATEGIES = ("issue_focused", "decision_audit", "counterfactual")
 
 
 def _add_trace_flags(p: argparse.ArgumentParser) -> None:

@@ -9,33 +9,16 @@
 
 from __future__ import annotations
 
-import io
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from search.io import write_bytes_atomic
+from blisjax.figures import new_figure, save_png
 from search.runner import Record
 
 __all__ = ["plot_convergence", "plot_pareto", "plot_sweep"]
-
-
-def _figure(width: float = 6.4, height: float = 4.2):
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(width, height), dpi=100)
-    FigureCanvasAgg(fig)
-    return fig
-
-
-def _save(fig, path: str | Path) -> Path:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", metadata={"Software": None})
-    write_bytes_atomic(path, buf.getvalue())
-    return Path(path)
 
 
 def _feasible(records: Sequence[Record]) -> list[Record]:
@@ -50,7 +33,7 @@ def plot_convergence(records: Sequence[Record], path: str | Path, objective_name
     Several objectives: one panel per objective.
     """
     m = len(objective_names)
-    fig = _figure(6.4, 3.2 * m if m > 1 else 4.2)
+    fig = new_figure(6.4, 3.2 * m if m > 1 else 4.2)
     gens = sorted({r.generation for r in records})
     ok = _feasible(records)
     bad = [r for r in records if r.valid and not r.feasible]
@@ -83,14 +66,14 @@ def plot_convergence(records: Sequence[Record], path: str | Path, objective_name
             if title:
                 ax.set_title(title, fontsize=10)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 def plot_pareto(records: Sequence[Record], front: Sequence[int], path: str | Path,
                 objective_names: Sequence[str], baseline: dict | None = None,
                 title: str = "") -> Path:
     """Objective 0 vs objective 1: feasible candidates, the front (connected), the baseline."""
-    fig = _figure()
+    fig = new_figure()
     ax = fig.add_subplot(1, 1, 1)
     ok = _feasible(records)
     ax.scatter([r.objectives[0] for r in ok], [r.objectives[1] for r in ok], s=12,
@@ -111,7 +94,7 @@ def plot_pareto(records: Sequence[Record], front: Sequence[int], path: str | Pat
     if title:
         ax.set_title(title, fontsize=10)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 def _axis_values(records: Sequence[Record], name: str) -> list[Any]:
@@ -147,7 +130,7 @@ def plot_sweep(records: Sequence[Record], knob_names: Sequence[str], path: str |
     over the others: feasible first, then by objective). Infeasible cells are marked ×,
     invalid ones left blank.
     """
-    fig = _figure()
+    fig = new_figure()
     ax = fig.add_subplot(1, 1, 1)
     xs = _axis_values(records, knob_names[0])
     index_x = {repr(v): i for i, v in enumerate(xs)}
@@ -195,4 +178,4 @@ def plot_sweep(records: Sequence[Record], knob_names: Sequence[str], path: str |
     if title:
         ax.set_title(title, fontsize=10)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_png(fig, path)

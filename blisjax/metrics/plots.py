@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import io
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
-from blisjax.atomicio import write_bytes_atomic
+from blisjax.figures import new_figure, save_png
 from blisjax.metrics.aggregate import replica_timeline
 from blisjax.metrics.records import RunResult
 
@@ -39,17 +38,13 @@ def plot_replicas(runs: Sequence[tuple[str, RunResult]], arrival_us: np.ndarray,
     """Two panels sharing the time axis (s): the arrival rate (requests/s, in bins of a
     hundredth of the span, at least 1 s) and, per labelled run, the instances holding a slot
     (solid) and the routable ones (dotted) over time. Written as PNG to ``path``."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
     arrivals = np.asarray(arrival_us, dtype=np.int64)
     end_us = max([int(arrivals.max()) if arrivals.size else 0]
                  + [int(r.lifecycle.end_us) for _, r in runs if r.lifecycle is not None])
     width_s = max(1.0, end_us / US_PER_S / 100)
     edges = np.arange(0.0, end_us / US_PER_S + width_s, width_s)
     counts, _ = np.histogram(arrivals / US_PER_S, bins=edges)
-    fig = Figure(figsize=(7.0, 5.0), dpi=100)
-    FigureCanvasAgg(fig)
+    fig = new_figure(7.0, 5.0)
     load, reps = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [1, 2]})
     load.stairs(counts / width_s, edges, fill=True, alpha=0.4, color="tab:gray")
     load.set_ylabel("arrivals (req/s)")
@@ -68,7 +63,4 @@ def plot_replicas(runs: Sequence[tuple[str, RunResult]], arrival_us: np.ndarray,
     if title:
         load.set_title(title, fontsize=10)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", metadata={"Software": None})
-    write_bytes_atomic(path, buf.getvalue())
-    return Path(path)
+    return save_png(fig, path)

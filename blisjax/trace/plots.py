@@ -9,14 +9,13 @@ and write a PNG atomically.
 
 from __future__ import annotations
 
-import io
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from blisjax.atomicio import write_bytes_atomic
+from blisjax.figures import new_figure, save_png
 from blisjax.trace.timeline import ROUTING_KINDS, counter_samples, instance_steps
 
 __all__ = ["RequestFlow", "Series", "StepSlice", "busiest_window", "instance_series",
@@ -139,22 +138,6 @@ def busiest_window(lines: Iterable[dict[str, Any]],
     return start, start + width_us
 
 
-def _figure(width_in: float, height_in: float, dpi: int):
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(width_in, height_in), dpi=dpi)
-    FigureCanvasAgg(fig)
-    return fig
-
-
-def _write_png(fig, path: str | Path) -> Path:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", metadata={"Software": None})
-    write_bytes_atomic(path, buf.getvalue())
-    return Path(path)
-
-
 def plot_instances(lines: Sequence[dict[str, Any]], png_path: str | Path,
                    title: str | None = None) -> Path:
     """Three panels sharing the time axis (s): per instance (one colour each), queue depth,
@@ -163,7 +146,7 @@ def plot_instances(lines: Sequence[dict[str, Any]], png_path: str | Path,
     from matplotlib.ticker import MaxNLocator
 
     series = instance_series(lines)
-    fig = _figure(7.0, 6.0, 100)
+    fig = new_figure(7.0, 6.0, 100)
     panels = fig.subplots(3, 1, sharex=True)
     fields = (("queue_depth", "queue depth", 1.0), ("batch_size", "batch size", 1.0),
               ("kv_utilization", "KV used (%)", 100.0))
@@ -183,7 +166,7 @@ def plot_instances(lines: Sequence[dict[str, Any]], png_path: str | Path,
     if title:
         panels[0].set_title(title, fontsize=10)
     fig.tight_layout()
-    return _write_png(fig, png_path)
+    return save_png(fig, png_path)
 
 
 def _window(lines: Sequence[dict[str, Any]], start_us: int | None,
@@ -222,7 +205,7 @@ def plot_timeline(lines: Sequence[dict[str, Any]], png_path: str | Path,
     start_us, end_us = _window(lines, start_us, end_us)
     instances = sorted(instance_steps(lines))
     row = {k: i + 1 for i, k in enumerate(instances)}  # router on row 0, at the top
-    fig = _figure(9.0, 1.4 + 0.45 * (len(instances) + 1), 110)
+    fig = new_figure(9.0, 1.4 + 0.45 * (len(instances) + 1), 110)
     ax = fig.subplots()
     slices = window_slices(lines, start_us, end_us)
     for k in instances:
@@ -257,4 +240,4 @@ def plot_timeline(lines: Sequence[dict[str, Any]], png_path: str | Path,
               fontsize=7, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=4,
               frameon=False)
     fig.tight_layout()
-    return _write_png(fig, png_path)
+    return save_png(fig, png_path)

@@ -202,3 +202,27 @@ def test_scale_oscillation_anomalies_match_the_metric():
         k = next(i for i, a in enumerate(acts) if a["time_us"] == flip["time_us"])
         done = [a for a in acts[:k] if a["placed"] or a["drained"]]
         assert bool(acts[k]["placed"]) != bool(done[-1]["placed"])  # the direction turned
+
+
+def test_requests_no_instance_can_take_get_routing_rejections():
+    """tests/reference/test_autoscaling.py's cold start: the only instance loads for 1 s, so
+    the four requests of the burst at 0.1 s find nothing routable: four routing-rejection
+    records at 0.1 s, no routing record, and BLIS's summary counts them admitted."""
+    from blisjax.config import AutoscalerConfig, DelaySpec, LifecycleConfig, resolve_config
+
+    base = make_resolved(beta=(10_000.0, 0.0, 0.0), kv_blocks=1000)
+    cfg = base.config
+    life = LifecycleConfig(loading_delay=DelaySpec(1.0), warm_start_initial_instances=False)
+    cfg = dataclasses.replace(
+        cfg, policy=dataclasses.replace(cfg.policy, autoscaler=AutoscalerConfig()),
+        cluster=dataclasses.replace(cfg.cluster, lifecycle=life))
+    rows = [dict(arrival=100_000, input=32, output=100) for _ in range(4)]
+    _, trace = simulate_traced(resolve_config(cfg), make_workload(rows))
+    lines = list(trace.lines())
+    assert [(r["time_us"], r["request_id"]) for r in of_kind(lines, "routing_rejection")] == [
+        (100_000, 0), (100_000, 1), (100_000, 2), (100_000, 3)]
+    assert of_kind(lines, "routing") == []
+    assert [(s["time_us"], s["state"]) for s in of_kind(lines, "instance_state")] == [
+        (0, "loading"), (1_000_000, "active")]
+    summary = trace.summary()
+    assert (summary.admitted, summary.unique_targets, summary.mean_regret) == (4, 0, 0.0)
