@@ -405,12 +405,51 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--summary-strategy", choices=SUMMARY_STRATEGIES,
                          default=SUMMARY_STRATEGIES[0], help="default issue_focused")
 
+    gepa = command("gepa-evaluate", "score a policy bundle as the GEPA adapter scores a "
+                                    "candidate (per experiment and seed), with the feedback "
+                                    "its reflection LM reads")
+    gepa.add_argument("--policy-config", required=True, metavar="FILE",
+                      help="the candidate: a BLIS policy bundle (as `run --policy-config`)")
+    gepa.add_argument("--config", action="append", metavar="FILE",
+                      help="an experiment to score it on (repeatable; default the shipped "
+                           "default experiment)")
+    _add_adapter_scoring(gepa, "fitness")
+    gepa.add_argument("--engine", choices=("auto", "jax", "reference"), default="auto",
+                      help="auto (default): the JAX engine when the policy is a set of "
+                           "per-lane knobs of the experiment, else the reference engine")
+    gepa.add_argument("--feedback-strategy", choices=SUMMARY_STRATEGIES,
+                      default=SUMMARY_STRATEGIES[0], help="default issue_focused")
+
+    evolve = command("openevolve-evaluate", "score a program as the OpenEvolve evaluator "
+                                            "does (sandboxed reference runs), with its "
+                                            "summary artifact")
+    evolve.add_argument("program", metavar="PROGRAM",
+                        help="a Python file defining policy() (a policy bundle) or "
+                             "route_scores() / priority() (a code policy)")
+    evolve.add_argument("--config", required=True, metavar="FILE", help="the experiment")
+    _add_adapter_scoring(evolve, "slo_attainment")
+    evolve.add_argument("--holdout-seeds", metavar="S1,S2,...",
+                        help="stage 2 also scores these seeds (reported apart)")
+    evolve.add_argument("--stage", type=int, choices=(1, 2), default=2,
+                        help="1: the first requests of one seed (the cascade's cheap filter); "
+                             "2 (default): the full workload on every seed")
+    evolve.add_argument("--time-limit", type=float, default=60.0, metavar="S",
+                        help="wall seconds the sandboxed run may take (default 60)")
+
     _add_fit_parser(command("fit-latency",
                             "fit physics (and blackbox) latency coefficients from step/journey "
                             "tables, or export such tables from a simulation "
                             "(--export-from-config)"))
     _add_search_parsers(sub, command)
     return parser
+
+
+def _add_adapter_scoring(p: argparse.ArgumentParser, objective: str) -> None:
+    p.add_argument("--seeds", metavar="S1,S2,...",
+                   help="workload seeds (default: the experiment's seed)")
+    p.add_argument("--objective", default=objective, metavar="EXPR",
+                   help=f"the score, higher is better: an expression over the metrics "
+                        f"(default {objective})")
 
 
 def _set_help(parser: argparse.ArgumentParser, option: str, text: str) -> None:
@@ -1155,9 +1194,61 @@ def cmd_explain(args: Any) -> int:
     return 0
 
 
+def _adapter_seeds(args: Any, config_path: str) -> tuple[int, ...]:
+    from search.api import parse_seed_list
+
+    if args.seeds is not None:
+        return parse_seed_list("--seeds", args.seeds)
+    return (load_config(config_path).seed,)
+
+
+def cmd_gepa_evaluate(args: Any) -> int:
+    """The GEPA adapter's score and feedback for one policy bundle (``search.adapters.gepa_adapter``);
+    JSON on stdout, the feedback text also on stderr."""
+    from search.adapters.gepa_adapter import gepa_evaluate
+
+    check_text_file("--policy-config", args.policy_config)
+    configs = args.config or [str(default_config_path())]
+    for path in configs:
+        check_text_file("--config", path)
+    report = gepa_evaluate(args.policy_config, configs, _adapter_seeds(args, configs[0]),
+                           args.objective, args.engine,
+                           feedback_strategy=args.feedback_strategy)
+    if not args.quiet:
+        print(report.feedback, end="", file=sys.stderr)
+    print(json.dumps({"cases": list(report.cases), "scores": list(report.scores),
+                      "engines": list(report.engines), "errors": list(report.errors),
+                      "mean_score": report.mean_score, "feedback_case": report.feedback_case,
+                      "feedback": report.feedback}, indent=2, ensure_ascii=False))
+    return 0
+
+
+def cmd_openevolve_evaluate(args: Any) -> int:
+    """The OpenEvolve evaluator's metrics and summary for one program
+    (``search.adapters.openevolve_evaluator``); JSON on stdout, the summary also on stderr."""
+    from search.adapters.openevolve_evaluator import openevolve_evaluate
+    from search.api import parse_seed_list
+
+    check_text_file("PROGRAM", args.program)
+    check_text_file("--config", args.config)
+    if not args.time_limit > 0:
+        raise ConfigError("--time-limit", f"must be > 0 seconds, got {args.time_limit}")
+    holdout = (parse_seed_list("--holdout-seeds", args.holdout_seeds)
+               if args.holdout_seeds else ())
+    report = openevolve_evaluate(args.program, args.config, _adapter_seeds(args, args.config),
+                                 args.objective, args.stage, holdout_seeds=holdout,
+                                 time_limit_s=args.time_limit)
+    if not args.quiet and report.summary:
+        print(report.summary, end="", file=sys.stderr)
+    print(json.dumps({"metrics": report.metrics, "error": report.error,
+                      "summary": report.summary}, indent=2, ensure_ascii=False))
+    return 0
+
+
 COMMANDS = {"run": cmd_run, "replay": cmd_replay, "trace": cmd_trace, "parity": cmd_parity,
             "fit-latency": cmd_fit_latency, "sweep": cmd_sweep, "search": cmd_search,
-            "export-llmd": cmd_export_llmd, "plot": cmd_plot, "explain": cmd_explain}
+            "export-llmd": cmd_export_llmd, "plot": cmd_plot, "explain": cmd_explain,
+            "gepa-evaluate": cmd_gepa_evaluate, "openevolve-evaluate": cmd_openevolve_evaluate}
 
 
 # ---- JAX compile cache --------------------------------------------------------------------------

@@ -38,6 +38,7 @@ from blisjax.reference.autoscaler import (
     instance_variants,
     variant_of,
 )
+from blisjax.reference.code_policy import RequestInfo, request_info
 from blisjax.reference.instance import EV_ARRIVAL, EV_QUEUED, EV_STEP, EV_TIMEOUT, Instance
 from blisjax.reference.lifecycle import (
     COMING_UP,
@@ -83,7 +84,7 @@ class ClusterSimulator:
     """
 
     def __init__(self, resolved, workload, check_invariants: bool = False,
-                 observer=None, trace=None) -> None:
+                 observer=None, trace=None, code_policy=None) -> None:
         cfg = resolved.config
         self.cfg = cfg
         self.workload = workload
@@ -134,6 +135,12 @@ class ClusterSimulator:
         self.requests = self._make_requests(workload)
         self.request_ids = [int(x) for x in np.asarray(workload.request_id).tolist()]
         self._init_pd(resolved)
+        if code_policy is not None:  # functions instead of templates (code_policy.py)
+            def describe(req: SimRequest) -> RequestInfo:
+                return request_info(req, self.request_ids[req.index], workload.tenant_names)
+
+            self.router.code, self.router.describe = code_policy.route_scores, describe
+            priority.code, priority.describe = code_policy.priority, describe
         self.events: list = []
         self.seq = -1
         self.clock_us = 0
@@ -592,8 +599,8 @@ class ClusterSimulator:
                               self._snap_kv[i],
                               self.instances[i].kv.total_blocks - self._snap_used[i], cached[i])
                  for i in idx]
-        self.trace.routing(req, time_us, routed.target, router.policy.label, routed.scores,
-                           views, prefill)
+        policy = "code:route_scores" if router.code is not None else router.policy.label
+        self.trace.routing(req, time_us, routed.target, policy, routed.scores, views, prefill)
 
     def _trace_event(self, time_us: int, name: str, instance: int, payload) -> None:
         """``full`` level: an executed event (a lifecycle event's payload is its slot)."""

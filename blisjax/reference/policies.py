@@ -23,6 +23,12 @@ from blisjax.config.codes import (
     TieBreak,
 )
 from blisjax.gorand import blis_subsystem_rand
+from blisjax.reference.code_policy import (
+    CodePolicyError,
+    InstanceInfo,
+    checked_priority,
+    checked_scores,
+)
 
 # ---------------------------------------------------------------------------------------------
 # Admission
@@ -107,12 +113,18 @@ class Priority:
         self.class_score = cfg.slo_class_score_table()
         self.tenant_score = cfg.tenant_score_table(tenant_names)
         self.no_deadline_score = -float(cfg.no_deadline_slack_s)
+        # a code policy's priority function and the request view it reads (code_policy.py)
+        self.code: Callable | None = None
+        self.describe: Callable | None = None
 
     @property
     def is_constant(self) -> bool:
-        return self.policy == PriorityPolicy.CONSTANT
+        return self.policy == PriorityPolicy.CONSTANT and self.code is None
 
     def score(self, req, now_us: int) -> float:
+        if self.code is not None:
+            return call_code("priority", checked_priority, self.code, self.describe(req),
+                             now_us)
         p = self.policy
         if p == PriorityPolicy.CONSTANT:
             return 0.0
@@ -150,6 +162,15 @@ def reorder_wait_queue(policy: SchedulerPolicy, queue: list) -> list:
 # ---------------------------------------------------------------------------------------------
 # Routing
 # ---------------------------------------------------------------------------------------------
+
+
+def call_code(name: str, check: Callable, fn: Callable, *args):
+    """``check(fn(*args))``; anything the function raises becomes a ``CodePolicyError``."""
+    try:
+        raw = fn(*args)
+    except Exception as e:  # the policy's own bug, reported as its own
+        raise CodePolicyError(f"{name} raised {type(e).__name__}: {e}") from e
+    return check(raw)
 
 
 def leading_present(hashes: list[int], present) -> int:
@@ -260,6 +281,9 @@ class Router:
         self.reads_caches = weighted and any(x in CACHE_SCORERS for x in self.scorers)
         # no-hit-lru: instances that took a cold request, most recent first
         self.cold_recency: list[int] = []
+        # a code policy's route_scores and the request view it reads (code_policy.py)
+        self.code: Callable | None = None
+        self.describe: Callable | None = None
 
     def forget_instance(self, i: int) -> None:
         """A new instance took slot ``i``: the router knows nothing of it yet."""
@@ -285,6 +309,8 @@ class Router:
         carry them)."""
         idx = list(range(self.num_instances)) if candidates is None else candidates
         n = len(idx)
+        if self.code is not None:
+            return self._code_decision(req, snap, idx)
         p = self.policy
         if p == RoutingPolicy.ROUND_ROBIN:
             count = self.counters.get(counter, 0)
@@ -314,6 +340,16 @@ class Router:
                 self.cold_recency.remove(target)
             self.cold_recency.insert(0, target)
         return Routed(target, dict(zip(idx, scores, strict=True)))
+
+    def _code_decision(self, req, snap: Snapshot, idx: list[int]) -> Routed:
+        """A code policy's decision: the highest score, the first candidate on a tie."""
+        cached = snap.cached_blocks()
+        infos = [InstanceInfo(i, snap.queue_depth[i], snap.batch_size[i], snap.in_flight[i],
+                              snap.kv_util[i], cached[i]) for i in idx]
+        scores = call_code("route_scores", lambda raw: checked_scores(raw, len(idx)), self.code,
+                           self.describe(req), infos)
+        best = max(scores)
+        return Routed(idx[scores.index(best)], dict(zip(idx, scores, strict=True)))
 
     def weighted_scores(self, req, prompt_hashes, snap: Snapshot, idx: list[int], load, cached,
                         cold: bool) -> list[float]:

@@ -51,16 +51,18 @@ def of_kind(lines: Iterable[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
 
 
 def simulate_traced(resolved, workload, level: str | TraceLevel = TraceLevel.DECISIONS,
-                    counterfactual_k: int = 0) -> tuple[RunResult, Trace]:
+                    counterfactual_k: int = 0, code_policy=None) -> tuple[RunResult, Trace]:
     """Run the reference engine with a trace: ``ResolvedConfig`` × ``Workload`` →
-    (``RunResult``, ``Trace``). The result is the untraced run's, bit for bit."""
+    (``RunResult``, ``Trace``). The result is the untraced run's, bit for bit.
+    ``code_policy``: a ``blisjax.reference.CodePolicy`` in place of templates."""
     from blisjax.reference.cluster import ClusterSimulator  # the engine imports the records
 
     level = TraceLevel.of(level) if isinstance(level, str) else TraceLevel(level)
     if counterfactual_k < 0:
         raise ValueError(f"counterfactual_k must be >= 0, got {counterfactual_k}")
     collector = TraceCollector(level, counterfactual_k, workload.request_id.tolist())
-    result = ClusterSimulator(resolved, workload, trace=collector).run()
+    result = ClusterSimulator(resolved, workload, trace=collector,
+                              code_policy=code_policy).run()
     scheduler = resolved.config.policy.scheduler.policy
     records = [*collector.records,
                *priority_inversion_records(result, workload, scheduler),

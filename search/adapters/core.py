@@ -1,0 +1,310 @@
+"""blisjax as the evaluator of text-evolved policies: the part GEPA and OpenEvolve share.
+
+A *candidate* is a policy written as text: one BLIS policy-bundle section per component
+(``admission``, ``priority``, ``routing``, ``scheduler``, and ``autoscaler`` when the experiment
+has instance lifecycles), each a YAML mapping. A *case* is one workload to score it on: an
+experiment (``SimConfig``, whose own policy the candidate's sections replace) and a workload
+seed. Scoring a candidate on a case simulates the experiment with the candidate's policy and
+reads one metric expression (``fitness`` by default; any expression of ``search.expr`` over
+the metrics) — higher is better, and a candidate that is not a valid policy scores 0 with the
+validation message as its feedback.
+
+``evaluate_candidates`` scores many candidates on many cases with as few engine calls as
+possible: per case, every candidate whose policy differs from the experiment's only in per-lane
+knobs (``blisjax.engine.population.set_knob``) is one lane of a single JAX population; the
+others (a policy the compiled program does not model, e.g. an autoscaler on an experiment
+without lifecycles) run in the reference engine. Both engines give the same numbers bit for bit,
+so which one ran never changes a score. ``feedback_text`` re-runs one (candidate, case) traced in
+the reference engine and returns the decision-trace text summary (``blisjax.trace.reflect``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+import yaml
+
+from blisjax.config import (
+    ConfigError,
+    SimConfig,
+    config_to_dict,
+    load_blis_policy_config,
+    resolve_config,
+)
+from search.expr import Expression, compile_expression, flatten_metrics
+
+__all__ = ["CaseOutcome", "WorkloadCase", "candidate_config", "evaluate_candidates",
+           "feedback_text", "policy_knobs", "seed_candidate", "sections_of"]
+
+#: Policy-bundle sections a candidate may carry, in bundle order.
+SECTIONS = ("admission", "priority", "routing", "scheduler", "autoscaler")
+#: Score of a candidate that could not be simulated on a case.
+FAILED_SCORE = 0.0
+#: Fewest lanes of a JAX call (``lane_bucket``).
+MIN_LANES = 4
+
+
+class WorkloadCase(NamedTuple):
+    """One workload a candidate is scored on: ``config``'s experiment (its workload section
+    generated with ``seed``); ``name`` labels it in feedback."""
+
+    name: str
+    config: SimConfig
+    seed: int
+
+
+class CaseOutcome(NamedTuple):
+    """A candidate on a case: its ``score`` (the objective, higher is better; ``FAILED_SCORE``
+    when ``error``), the flattened ``metrics`` (empty on error), which ``engine`` ran it
+    (``"jax"``, ``"reference"``, or None on error), and ``error``, the reason it could not
+    run."""
+
+    case: WorkloadCase
+    score: float
+    metrics: dict[str, float]
+    engine: str | None
+    error: str | None
+
+
+# ---- candidates as text ----------------------------------------------------------------------
+
+
+def _has_lifecycle(config: SimConfig) -> bool:
+    from blisjax.engine.lifecycle import uses_lifecycle
+
+    return uses_lifecycle(config)
+
+
+def sections_of(config: SimConfig) -> tuple[str, ...]:
+    """The components of a candidate for this experiment: the four policy sections, and the
+    autoscaler when the experiment models instance lifecycles."""
+    return SECTIONS if _has_lifecycle(config) else SECTIONS[:4]
+
+
+def seed_candidate(config: SimConfig) -> dict[str, str]:
+    """The experiment's own policy as a candidate: one YAML section per component."""
+    policy = config_to_dict(config)["policy"]
+    policy["scheduler"] = policy["scheduler"]["policy"]
+    return {name: yaml.safe_dump({name: policy[name]}, sort_keys=False,
+                                 default_flow_style=False)
+            for name in sections_of(config)}
+
+
+_FENCE = re.compile(r"^\s*```[A-Za-z]*\s*\n(.*?)\n\s*```\s*$", re.S)
+
+
+def _section_data(name: str, text: str) -> Any:
+    """A component's YAML: ``<name>: {...}`` or the section's body alone (a bare scheduler
+    name for ``scheduler``); a markdown code fence around it is ignored."""
+    fenced = _FENCE.match(text)
+    if fenced:
+        text = fenced.group(1)
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"candidate.{name}", f"is not valid YAML: {e}") from None
+    if isinstance(data, dict) and set(data) == {name}:
+        return data[name]
+    if isinstance(data, dict) and name in data:
+        others = sorted(k for k in data if k != name)
+        raise ConfigError(f"candidate.{name}", f"holds other sections too ({', '.join(others)}); "
+                                               f"give only the {name} section")
+    return data
+
+
+def candidate_config(config: SimConfig, candidate: Mapping[str, str]) -> SimConfig:
+    """``config`` with the candidate's policy sections (components absent from the candidate
+    keep the experiment's). Raises ``ConfigError`` naming the component and the problem."""
+    unknown = sorted(set(candidate) - set(SECTIONS))
+    if unknown:
+        raise ConfigError("candidate", f"unknown component(s) {', '.join(unknown)}; allowed: "
+                                       f"{', '.join(SECTIONS)}")
+    data = {name: _section_data(name, text) for name, text in candidate.items()}
+    try:
+        policy = load_blis_policy_config(data, config.policy)
+    except ConfigError as e:
+        raise ConfigError(str(e).replace("policy-config.", "candidate.")) from None
+    return dataclasses.replace(config, policy=policy)
+
+
+def policy_knobs(base: SimConfig, config: SimConfig) -> dict[str, Any] | None:
+    """The per-lane knobs that turn ``base``'s policy into ``config``'s (None when some
+    difference is not a knob, or the configurations differ outside their policies): what lets
+    a candidate be one lane of the experiment's compiled JAX program."""
+    if dataclasses.replace(config, policy=base.policy) != base:
+        return None
+    knobs: dict[str, Any] = {}
+    old, new = base.policy, config.policy
+    for section in ("admission", "priority", "autoscaler"):
+        a, b = getattr(old, section), getattr(new, section)
+        for f in dataclasses.fields(a):
+            if getattr(a, f.name) != getattr(b, f.name):
+                knobs[f"{section}.{f.name}"] = getattr(b, f.name)
+    if old.scheduler != new.scheduler:
+        knobs["scheduler.policy"] = new.scheduler.policy
+    for f in dataclasses.fields(old.routing):
+        if f.name != "scorers" and getattr(old.routing, f.name) != getattr(new.routing, f.name):
+            knobs[f"routing.{f.name}"] = getattr(new.routing, f.name)
+    weights = {s.name: s.weight for s in new.routing.scorers}
+    for name in dict.fromkeys([s.name for s in old.routing.scorers] + list(weights)):
+        if weights.get(name, 0.0) != next((s.weight for s in old.routing.scorers
+                                           if s.name == name), None):
+            knobs[f"routing.scorers.{name}"] = weights.get(name, 0.0)
+    from search.evaluate import apply_knobs  # (imports the JAX engine)
+
+    try:
+        if apply_knobs(base, knobs) != config:  # e.g. scorers in another order
+            return None
+    except ConfigError:
+        return None
+    return knobs
+
+
+# ---- scoring ---------------------------------------------------------------------------------
+
+
+def _outcome(case: WorkloadCase, objective: Expression, metrics: dict[str, Any],
+             engine: str) -> CaseOutcome:
+    """The scored outcome of one run (a NaN objective, e.g. a division by zero, fails)."""
+    flat = flatten_metrics(metrics)
+    score = objective.evaluate(flat, "objective")
+    if math.isnan(score):
+        return CaseOutcome(case, FAILED_SCORE, flat, engine,
+                           f"the objective {objective.text!r} is not a number on this run")
+    return CaseOutcome(case, score, flat, engine, None)
+
+
+def evaluate_candidates(candidates: Sequence[Mapping[str, str]], cases: Sequence[WorkloadCase],
+                        objective: str = "fitness", engine: str = "auto"
+                        ) -> list[list[CaseOutcome]]:
+    """Score every candidate on every case: ``[candidate][case]`` outcomes.
+
+    ``engine``: ``"auto"`` (per case, the candidates expressible as knobs of the experiment in
+    one JAX population call, the rest in the reference engine), ``"jax"`` (refuse the rest:
+    they get an error outcome) or ``"reference"`` (every candidate in the reference engine).
+    An objective that a case's metrics cannot evaluate is a ``ConfigError``; everything a
+    candidate gets wrong is its own outcome's ``error``.
+    """
+    if engine not in ("auto", "jax", "reference"):
+        raise ConfigError("engine", f"must be auto, jax or reference, got {engine!r}")
+    expr = compile_expression(objective)
+    out: list[list[CaseOutcome | None]] = [[None] * len(cases) for _ in candidates]
+    for j, case in enumerate(cases):
+        lanes: list[tuple[int, dict[str, Any]]] = []
+        for i, cand in enumerate(candidates):
+            try:
+                cfg = candidate_config(case.config, cand)
+                resolve_config(cfg)  # cross-field checks
+            except (ConfigError, ValueError) as e:
+                out[i][j] = CaseOutcome(case, FAILED_SCORE, {}, None, str(e))
+                continue
+            knobs = policy_knobs(case.config, cfg) if engine != "reference" else None
+            if knobs is not None:
+                lanes.append((i, knobs))
+            elif engine == "jax":
+                out[i][j] = CaseOutcome(case, FAILED_SCORE, {}, None,
+                                        "the policy is not a set of per-lane knobs of the "
+                                        "experiment's JAX program")
+            else:
+                out[i][j] = _reference_outcome(case, cfg, expr)
+        if lanes:
+            for (i, _), outcome in zip(lanes, _jax_outcomes(case, [k for _, k in lanes], expr),
+                                       strict=True):
+                out[i][j] = outcome
+    return out  # type: ignore[return-value]
+
+
+def _reference_outcome(case: WorkloadCase, cfg: SimConfig, expr: Expression) -> CaseOutcome:
+    from blisjax.metrics import aggregate_metrics
+    from blisjax.reference import simulate
+
+    workload = make_workload(cfg, case.seed)
+    result = simulate(resolve_config(cfg), workload)
+    metrics = aggregate_metrics(result, workload, cfg.metrics,
+                                scheduler=cfg.policy.scheduler.policy)
+    return _outcome(case, expr, metrics, "reference")
+
+
+def make_workload(config: SimConfig, seed: int):
+    """The experiment's workload for ``seed`` (``search.evaluate.make_workload``, imported when
+    needed: that module starts JAX)."""
+    from search.evaluate import make_workload as generate
+
+    return generate(config, seed)
+
+
+def lane_bucket(n: int) -> int:
+    """Lanes of the JAX call for ``n`` candidates: the next power of two, at least
+    ``MIN_LANES`` — the program is compiled per lane count, so a few sizes serve every batch
+    (the padding lanes repeat the first candidate and are dropped)."""
+    lanes = MIN_LANES
+    while lanes < n:
+        lanes *= 2
+    return lanes
+
+
+#: Per experiment (its YAML), the workloads its cases have used, by seed: one compiled program
+#: (``build_static_shared``) covers them all, so scoring a new minibatch of seeds recompiles
+#: only when a workload needs larger capacities than every earlier one.
+_SEEN: dict[str, dict[int, Any]] = {}
+
+
+def _workload_and_program(case: WorkloadCase, resolved) -> tuple[Any, Any]:
+    """The case's workload and the shared program shape (``EngineStatic``) of its experiment;
+    None when the workloads cannot share one (e.g. request counts differ: per-case shapes)."""
+    from blisjax.config import dump_config
+    from blisjax.engine.static import build_static_shared
+
+    seen = _SEEN.setdefault(dump_config(case.config), {})
+    if case.seed not in seen:
+        seen[case.seed] = make_workload(case.config, case.seed)
+    try:
+        return seen[case.seed], build_static_shared(resolved, list(seen.values()))
+    except ValueError:
+        return seen[case.seed], None
+
+
+def _jax_outcomes(case: WorkloadCase, knob_sets: list[dict[str, Any]],
+                  expr: Expression) -> list[CaseOutcome]:
+    """One JAX population call: a lane per knob set on the case's experiment."""
+    from blisjax.engine.population import evaluate_population
+
+    resolved = resolve_config(case.config)
+    workload, static = _workload_and_program(case, resolved)
+    padded = knob_sets + [knob_sets[0]] * (lane_bucket(len(knob_sets)) - len(knob_sets))
+    population = evaluate_population(resolved, workload, padded, static=static)
+    out = []
+    for metrics, result in zip(population.metrics[:len(knob_sets)],
+                               population.results[:len(knob_sets)], strict=True):
+        if result.overflow:
+            out.append(CaseOutcome(case, FAILED_SCORE, {}, None,
+                                   f"JAX engine capacity exceeded: {result.overflow}"))
+            continue
+        out.append(_outcome(case, expr, metrics, "jax"))
+    return out
+
+
+def feedback_text(case: WorkloadCase, candidate: Mapping[str, str],
+                  strategy: str = "issue_focused", max_tokens: int = 1500,
+                  counterfactual_k: int = 3) -> str:
+    """The decision-trace text summary of ``candidate`` on ``case`` (a traced reference run);
+    for an invalid candidate, the validation message."""
+    from blisjax.metrics import aggregate_metrics, per_request_rows
+    from blisjax.trace import simulate_traced
+    from blisjax.trace.reflect import reflection_text
+
+    try:
+        cfg = candidate_config(case.config, candidate)
+        resolved = resolve_config(cfg)
+    except (ConfigError, ValueError) as e:
+        return f"The candidate is not a valid policy: {e}\n"
+    workload = make_workload(cfg, case.seed)
+    result, trace = simulate_traced(resolved, workload, "decisions", counterfactual_k)
+    metrics = aggregate_metrics(result, workload, cfg.metrics,
+                                scheduler=cfg.policy.scheduler.policy)
+    return reflection_text(list(trace.lines()), metrics, cfg, strategy, max_tokens,
+                           requests=per_request_rows(result, workload))
