@@ -94,6 +94,7 @@ def seed_candidate(config: SimConfig) -> dict[str, str]:
             for name in sections_of(config)}
 
 
+_POLICY_FIELD = re.compile(r"^(policy-config|policy)\.")
 _FENCE = re.compile(r"^\s*```[A-Za-z]*\s*\n(.*?)\n\s*```\s*$", re.S)
 
 
@@ -126,8 +127,8 @@ def candidate_config(config: SimConfig, candidate: Mapping[str, str]) -> SimConf
     data = {name: _section_data(name, text) for name, text in candidate.items()}
     try:
         policy = load_blis_policy_config(data, config.policy)
-    except ConfigError as e:
-        raise ConfigError(str(e).replace("policy-config.", "candidate.")) from None
+    except ConfigError as e:  # name the candidate's component, not a configuration file's
+        raise ConfigError(_POLICY_FIELD.sub("candidate.", str(e), count=1)) from None
     return dataclasses.replace(config, policy=policy)
 
 

@@ -27,7 +27,8 @@ from blisjax.metrics import aggregate_metrics  # noqa: E402
 from blisjax.reference import ClusterSimulator, CodePolicy, simulate  # noqa: E402
 from search.adapters import openevolve_evaluator as adapter  # noqa: E402
 from search.adapters.core import candidate_config  # noqa: E402
-from search.adapters.sandbox import Case, _module_proxies, run_program  # noqa: E402
+from search.adapters.sandbox import Case, run_program  # noqa: E402
+from search.adapters.sandbox.guard import _module_proxies  # noqa: E402
 from search.evaluate import make_workload  # noqa: E402
 from search.expr import flatten_metrics  # noqa: E402
 
