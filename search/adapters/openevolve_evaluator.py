@@ -56,10 +56,9 @@ openevolve-evaluate``). ``ScriptedLLM`` / ``scripted_client`` are an offline LLM
 tests and ``examples/openevolve_run.py --offline``).
 
 OpenEvolve loads this file after putting its directory on ``sys.path`` (for the rest of the
-process): there the sibling modules ``openevolve.py`` and ``gepa.py`` shadow the packages of
-those names for code that imports them for the first time. ``openevolve`` itself is imported
-by then, so this module's own imports are unaffected; a process that imports ``gepa`` after an
-OpenEvolve run should restore ``sys.path`` (the tests do).
+process), where its sibling modules become top-level names; they are named
+(``openevolve_evaluator``, ``gepa_adapter``, ``core``, ``sandbox``) so that none shadows the
+``openevolve`` or ``gepa`` package.
 """
 
 from __future__ import annotations
