@@ -103,7 +103,7 @@ class Instance:
         counters carry on."""
         old = self.kv
         self.kv = self._new_kv_cache()
-        self.kv.hits, self.kv.misses = old.hits, old.misses  # the slot's counters
+        self.kv.carry_counters(old)  # the slot's counters, CPU tier's included
         self.preemption_ema = 0.0
         self.step_factor = 1.0
         # a new instance has no step pending; a completed request's lazily cancelled timeout

@@ -97,6 +97,11 @@ class KVCache:
         return self.total_blocks - self.free_count
 
     # ---- prefix lookup ---------------------------------------------------------------------
+    def carry_counters(self, old: KVCache) -> None:
+        """Continue ``old``'s counters: a new instance in the same slot (its caches empty)
+        adds to the slot's counts."""
+        self.hits, self.misses = old.hits, old.misses
+
     def cached_blocks(self, req) -> list[int]:
         """Longest chain of cached full prompt blocks (may include free blocks with refcount 0)."""
         if not self.prefix_caching:
@@ -298,6 +303,13 @@ class TieredKVCache(KVCache):
         self.now_us = 0
         self.evicted_at: dict[int, int] = {}
         self.thrash_reloads = 0
+
+    def carry_counters(self, old: KVCache) -> None:
+        super().carry_counters(old)
+        self.reloads, self.cpu_misses = old.reloads, old.cpu_misses
+        self.mirror_stores, self.thrash_reloads = old.mirror_stores, old.thrash_reloads
+        self.cpu.evictions = old.cpu.evictions
+        self.request_reloads = dict(old.request_reloads)
 
     def _evicted(self, h: int) -> None:
         self.evicted_at[h] = self.now_us

@@ -123,3 +123,19 @@ def test_reloads_soon_after_the_gpu_eviction_are_thrashing(window_us, thrash):
 def test_thrash_window_is_checked():
     with pytest.raises(ConfigError, match="metrics.kv_thrash_window_us"):
         MetricsConfig(kv_thrash_window_us=-1)
+
+
+def test_a_new_instance_in_the_slot_keeps_the_slots_tier_counters():
+    """Instance lifecycles reuse a slot for a new instance with cold caches (Decision 16): its
+    caches start empty, its counters carry on — the CPU tier's as the GPU's (this timeline:
+    two reloads, both thrashing, one for request 2)."""
+    _, sim = run(ROWS, thrash_window_us=1_000_000, **TIER)
+    inst = sim.instances[0]
+    before = (inst.kv.hits, inst.kv.misses, inst.kv.reloads, inst.kv.cpu_misses,
+              inst.kv.mirror_stores, inst.kv.thrash_reloads, inst.kv.cpu.evictions)
+    assert (inst.kv.reloads, inst.kv.thrash_reloads) == (2, 2)
+    inst.restart()
+    assert (inst.kv.hits, inst.kv.misses, inst.kv.reloads, inst.kv.cpu_misses,
+            inst.kv.mirror_stores, inst.kv.thrash_reloads, inst.kv.cpu.evictions) == before
+    assert inst.kv.request_reloads == {2: 2}
+    assert not inst.kv.hash_to_block and not inst.kv.cpu.lru  # a cold instance
