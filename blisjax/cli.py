@@ -51,6 +51,7 @@ from blisjax.workload import (
     read_trace,
     write_trace,
 )
+from search.adapters.core import ENGINES as ADAPTER_ENGINES
 
 ENGINES = ("reference", "jax")
 #: apiVersion values of ``export-llmd`` (``search.llmd``'s, named here so the parser does not
@@ -414,7 +415,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="an experiment to score it on (repeatable; default the shipped "
                            "default experiment)")
     _add_adapter_scoring(gepa, "fitness")
-    gepa.add_argument("--engine", choices=("auto", "jax", "reference"), default="auto",
+    gepa.add_argument("--engine", choices=ADAPTER_ENGINES, default="auto",
                       help="auto (default): the JAX engine when the policy is a set of "
                            "per-lane knobs of the experiment, else the reference engine")
     gepa.add_argument("--feedback-strategy", choices=SUMMARY_STRATEGIES,

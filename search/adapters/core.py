@@ -37,7 +37,8 @@ from blisjax.config import (
 )
 from search.expr import Expression, compile_expression, flatten_metrics
 
-__all__ = ["CaseOutcome", "WorkloadCase", "candidate_config", "evaluate_candidates",
+__all__ = ["ENGINES", "CaseOutcome", "WorkloadCase", "candidate_config", "check_engine",
+           "evaluate_candidates",
            "feedback_text", "policy_knobs", "seed_candidate", "sections_of"]
 
 #: Policy-bundle sections a candidate may carry, in bundle order.
@@ -60,14 +61,15 @@ class WorkloadCase(NamedTuple):
 class CaseOutcome(NamedTuple):
     """A candidate on a case: its ``score`` (the objective, higher is better; ``FAILED_SCORE``
     when ``error``), the flattened ``metrics`` (empty on error), which ``engine`` ran it
-    (``"jax"``, ``"reference"``, or None on error), and ``error``, the reason it could not
-    run."""
+    (``"jax"``, ``"reference"``, or None on error), ``error``, the reason it could not run,
+    and ``invalid``: whether that reason is that the candidate is not a valid policy."""
 
     case: WorkloadCase
     score: float
     metrics: dict[str, float]
     engine: str | None
     error: str | None
+    invalid: bool = False
 
 
 # ---- candidates as text ----------------------------------------------------------------------
@@ -179,6 +181,16 @@ def _outcome(case: WorkloadCase, objective: Expression, metrics: dict[str, Any],
     return CaseOutcome(case, score, flat, engine, None)
 
 
+#: Which engine scores candidates (``evaluate_candidates``).
+ENGINES = ("auto", "jax", "reference")
+
+
+def check_engine(engine: str) -> None:
+    """``ConfigError`` unless ``engine`` is one of ``ENGINES``."""
+    if engine not in ENGINES:
+        raise ConfigError("engine", f"must be one of {', '.join(ENGINES)}, got {engine!r}")
+
+
 def evaluate_candidates(candidates: Sequence[Mapping[str, str]], cases: Sequence[WorkloadCase],
                         objective: str = "fitness", engine: str = "auto"
                         ) -> list[list[CaseOutcome]]:
@@ -190,8 +202,7 @@ def evaluate_candidates(candidates: Sequence[Mapping[str, str]], cases: Sequence
     An objective that a case's metrics cannot evaluate is a ``ConfigError``; everything a
     candidate gets wrong is its own outcome's ``error``.
     """
-    if engine not in ("auto", "jax", "reference"):
-        raise ConfigError("engine", f"must be auto, jax or reference, got {engine!r}")
+    check_engine(engine)
     expr = compile_expression(objective)
     out: list[list[CaseOutcome | None]] = [[None] * len(cases) for _ in candidates]
     for j, case in enumerate(cases):
@@ -201,7 +212,7 @@ def evaluate_candidates(candidates: Sequence[Mapping[str, str]], cases: Sequence
                 cfg = candidate_config(case.config, cand)
                 resolve_config(cfg)  # cross-field checks
             except (ConfigError, ValueError) as e:
-                out[i][j] = CaseOutcome(case, FAILED_SCORE, {}, None, str(e))
+                out[i][j] = CaseOutcome(case, FAILED_SCORE, {}, None, str(e), invalid=True)
                 continue
             knobs = policy_knobs(case.config, cfg) if engine != "reference" else None
             if knobs is not None:

@@ -47,13 +47,13 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import yaml
 
-from blisjax.config import ConfigError, SimConfig, load_config, resolve_config
+from blisjax.config import ConfigError, SimConfig, load_config
 from search.adapters.core import (
     FAILED_SCORE,
     SECTIONS,
     CaseOutcome,
     WorkloadCase,
-    candidate_config,
+    check_engine,
     evaluate_candidates,
     feedback_text,
 )
@@ -326,15 +326,6 @@ class CaseTrajectory(NamedTuple):
     feedback: TraceFeedback | None
 
 
-def _validation_error(case: WorkloadCase, candidate: Mapping[str, str]) -> str | None:
-    """The message that makes ``candidate`` an invalid policy for ``case``, or None."""
-    try:
-        resolve_config(candidate_config(case.config, candidate))
-    except (ConfigError, ValueError) as e:
-        return str(e)
-    return None
-
-
 def _frontier_scores(outcome: CaseOutcome) -> dict[str, float]:
     """GEPA's per-example objective scores, every one higher-is-better: the objective, then
     ``FRONTIER_METRICS``; a metric a failed run lacks (or a NaN) counts as the worst value so
@@ -391,8 +382,7 @@ class BlisjaxGEPAAdapter:
         from search.expr import compile_expression
 
         compile_expression(objective)  # a syntax error is the caller's, now
-        if engine not in ("auto", "jax", "reference"):
-            raise ConfigError("engine", f"must be auto, jax or reference, got {engine!r}")
+        check_engine(engine)
         if feedback_strategy not in STRATEGIES:
             raise ConfigError("feedback_strategy", f"must be one of {', '.join(STRATEGIES)}, "
                                                    f"got {feedback_strategy!r}")
@@ -470,9 +460,7 @@ class BlisjaxGEPAAdapter:
         return fb
 
     def _trajectory(self, candidate: Mapping[str, str], outcome: CaseOutcome) -> CaseTrajectory:
-        # Only an outcome without an engine may be an invalid policy (a run that happened
-        # validated it), so the validation is repeated only there.
-        invalid = _validation_error(outcome.case, candidate) if outcome.engine is None else None
+        invalid = outcome.error if outcome.invalid else None
         feedback = None if invalid else self._trace_feedback(outcome.case, candidate)
         return CaseTrajectory(outcome.case.name, workload_description(outcome.case),
                               outcome.score, outcome.engine, outcome.error,

@@ -66,3 +66,18 @@ def test_class_scores_are_the_slo_class_priority():
 def test_invalid_decisions_stop_the_run(code, message):
     with pytest.raises(CodePolicyError, match=message):
         _run(code, instances=2, max_running=1, scheduler="priority-fcfs")
+
+
+def test_traced_code_routing_names_the_function_and_its_scores():
+    """A trace of a code policy's routing: the reason names the function and the scores are
+    the function's, one per candidate."""
+    from blisjax.trace import of_kind, simulate_traced
+
+    def by_index(request, instances):
+        return [float(x.index) for x in instances]
+
+    _, trace = simulate_traced(make_resolved(instances=3), make_workload(ROWS[:5]),
+                               code_policy=CodePolicy(route_scores=by_index))
+    routing = of_kind(trace.lines(), "routing")
+    assert [(r["reason"], r["chosen_instance"], r["scores"]) for r in routing] == [
+        ("code:route_scores", 2, [0.0, 1.0, 2.0])] * 5

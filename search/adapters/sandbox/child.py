@@ -147,15 +147,6 @@ def _traced_run(resolved: Any, workload: Any, code_policy: Any,
     return result, list(trace.lines())
 
 
-def _code_policy_lines(lines: list[dict[str, Any]], code_policy: Any) -> list[dict[str, Any]]:
-    """The trace as the summary should tell it: routing decisions made by ``route_scores``
-    carry the configured template's label; name the function instead."""
-    if code_policy is None or code_policy.route_scores is None:
-        return lines
-    return [{**line, "reason": "route_scores"} if line.get("kind") in (
-        "routing", "prefill_routing") else line for line in lines]
-
-
 def _code_policy_note(code_policy: Any) -> str:
     replaced = [text for fn, text in (
         (code_policy.route_scores, "routing by the program's route_scores"),
@@ -173,8 +164,8 @@ def _summary(policy: Policy, result: Any, workload: Any, metrics: dict[str, Any]
     from blisjax.trace.reflect import reflection_text
 
     try:
-        text = reflection_text(_code_policy_lines(lines, policy.code_policy), metrics,
-                               policy.config, spec["strategy"], int(spec["max_tokens"]),
+        text = reflection_text(lines, metrics, policy.config, spec["strategy"],
+                               int(spec["max_tokens"]),
                                requests=per_request_rows(result, workload))
     except MemoryError:
         raise
