@@ -12,7 +12,6 @@ lane whose engine capacities overflowed.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -41,22 +40,13 @@ def make_workload(config: SimConfig, seed: int) -> Workload:
     return generate_workload(parse_workload_spec(config.workload), seed=seed)
 
 
-def _head(workload: Workload, n: int) -> Workload:
-    """The first ``n`` requests of a workload (arrival order), names kept."""
-    arrays = {f.name: getattr(workload, f.name)[:n] for f in dataclasses.fields(workload)
-              if f.name in ("request_id", "arrival_us", "input_tokens", "output_tokens",
-                            "prefix_group", "prefix_length", "tenant", "client", "slo_class",
-                            "deadline_us")}
-    return dataclasses.replace(workload, **arrays)
-
-
 def probe_metrics(resolved, workload: Workload, requests: int = 3) -> dict[str, float]:
     """Flattened metric keys of this configuration, from a reference-engine run of the first
     few requests (milliseconds; used to validate expressions before a search starts)."""
     from blisjax.metrics import aggregate_metrics
     from blisjax.reference import simulate
 
-    head = _head(workload, min(requests, workload.num_requests))
+    head = workload.head(requests)
     cfg = resolved.config
     result = simulate(resolved, head)
     return flatten_metrics(aggregate_metrics(result, head, cfg.metrics,

@@ -10,6 +10,7 @@ trace/generator gave the request (printed in results).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -88,6 +89,14 @@ class Workload:
 
     def __len__(self) -> int:
         return self.num_requests
+
+    def head(self, n: int) -> Workload:
+        """The first ``n`` requests (in arrival order), name tables kept."""
+        if n >= self.num_requests:
+            return self
+        return dataclasses.replace(self, **{f.name: getattr(self, f.name)[:n]
+                                            for f in dataclasses.fields(self)
+                                            if isinstance(getattr(self, f.name), np.ndarray)})
 
     def validate(self) -> None:
         """Raise ValueError naming the first invalid field and the allowed range."""

@@ -44,7 +44,7 @@ def _run(knobs: dict, n: int = N_REQUESTS, k: int = 3, engine: dict | None = Non
     if rate is not None:
         cfg = dataclasses.replace(cfg, workload={**cfg.workload, "aggregate_rate": rate})
     w = generate_workload(parse_workload_spec(cfg.workload), seed=cfg.seed)
-    w = dataclasses.replace(w, **{f: getattr(w, f)[:n] for f in w._INT_FIELDS})
+    w = w.head(n)
     result, trace = simulate_traced(resolve_config(cfg), w, "decisions", k)
     metrics = aggregate_metrics(result, w, cfg.metrics, scheduler=cfg.policy.scheduler.policy)
     return list(trace.lines()), metrics, cfg, per_request_rows(result, w)

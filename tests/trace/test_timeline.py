@@ -6,7 +6,6 @@ hand-made traces against events worked out by hand, the real runs against their 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -14,7 +13,6 @@ from collections import Counter, defaultdict
 from functools import cache
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from blisjax.trace.timeline import assign_lanes, timeline_events, write_timeline
@@ -338,13 +336,6 @@ def test_write_timeline_is_compact_deterministic_and_atomic(tmp_path):
 # ---- real runs -------------------------------------------------------------------------------
 
 
-def _cut(workload, n):
-    """The workload's first ``n`` requests."""
-    arrays = {f.name: getattr(workload, f.name)[:n] for f in dataclasses.fields(workload)
-              if isinstance(getattr(workload, f.name), np.ndarray)}
-    return dataclasses.replace(workload, **arrays)
-
-
 @cache
 def traced_lines(config: str, n: int) -> tuple[dict, ...]:
     """The decision trace of ``config`` (repo-relative) on its workload's first ``n``
@@ -354,7 +345,7 @@ def traced_lines(config: str, n: int) -> tuple[dict, ...]:
     from blisjax.workload import generate_workload, parse_workload_spec
 
     cfg = load_config(REPO / config)
-    workload = _cut(generate_workload(parse_workload_spec(cfg.workload), seed=cfg.seed), n)
+    workload = generate_workload(parse_workload_spec(cfg.workload), seed=cfg.seed).head(n)
     _, trace = simulate_traced(resolve_config(cfg), workload, "decisions", 2)
     return tuple(trace.lines())
 

@@ -189,9 +189,7 @@ def test_scale_oscillation_anomalies_match_the_metric():
 
     cfg = load_config(REPO / "configs" / "autoscale.yaml")
     w = generate_workload(parse_workload_spec(cfg.workload), seed=cfg.seed)
-    w = dataclasses.replace(w, **{f: getattr(w, f)[:2300] for f in (
-        "request_id", "arrival_us", "input_tokens", "output_tokens", "prefix_group",
-        "prefix_length", "tenant", "client", "slo_class", "deadline_us")})
+    w = w.head(2300)
     result, trace = simulate_traced(resolve_config(cfg), w)
     lines = list(trace.lines())
     metrics = aggregate_metrics(result, w, cfg.metrics)

@@ -199,3 +199,14 @@ def test_hundred_thousand_requests_are_fast():
     elapsed = time.perf_counter() - start
     assert w.num_requests == 100_000
     assert elapsed < 1.0, f"generation took {elapsed:.2f} s"
+
+
+def test_head_keeps_the_first_requests_and_the_name_tables():
+    w = generate_workload(two_client_spec(), seed=3)
+    head = w.head(7)
+    assert head.num_requests == 7
+    for name in ("request_id", "arrival_us", "input_tokens", "output_tokens", "tenant",
+                 "client", "slo_class", "deadline_us", "prefix_group", "prefix_length"):
+        assert np.array_equal(getattr(head, name), getattr(w, name)[:7]), name
+    assert (head.tenant_names, head.client_names) == (w.tenant_names, w.client_names)
+    assert w.head(w.num_requests + 5) is w

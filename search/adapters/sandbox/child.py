@@ -124,19 +124,6 @@ def _experiment(config_path: str, objective: str) -> Experiment:
     return Experiment(config, expr)
 
 
-def _head(workload: Any, n: int | None) -> Any:
-    """The first ``n`` requests of a workload (every per-request array cut; names kept)."""
-    import dataclasses
-
-    import numpy as np
-
-    if n is None or n >= workload.num_requests:
-        return workload
-    cut = {f.name: getattr(workload, f.name)[:n] for f in dataclasses.fields(workload)
-           if isinstance(getattr(workload, f.name), np.ndarray)}
-    return dataclasses.replace(workload, **cut)
-
-
 def _traced_run(resolved: Any, workload: Any, code_policy: Any,
                 counterfactual_k: int) -> tuple[Any, list[dict[str, Any]]]:
     """A traced reference run at level ``decisions``: (result, trace lines)."""
@@ -185,8 +172,9 @@ def _run_case(experiment: Experiment, policy: Policy, case: Mapping[str, Any],
 
     cfg = policy.config
     seed = experiment.config.seed if case.get("seed") is None else int(case["seed"])
-    workload = _head(generate_workload(parse_workload_spec(cfg.workload), seed=seed),
-                     case.get("requests"))
+    workload = generate_workload(parse_workload_spec(cfg.workload), seed=seed)
+    if case.get("requests") is not None:
+        workload = workload.head(int(case["requests"]))
     resolved = resolve_config(cfg)
     if summary is not None:  # the traced run's result is the untraced run's, bit for bit
         result, lines = _traced_run(resolved, workload, policy.code_policy,
