@@ -248,7 +248,7 @@ class Instance:
         reserved = self.kv.allocate(sub, 0, sub.input_tokens)
         if self.trace is not None and self.tiered and self.kv.thrash_reloads > thrash:
             self.trace.thrashing(self, now_us, self.kv.thrash_reloads - thrash,
-                                 [self.trace.ids[sub.index]])
+                                 [self.trace.request_id(sub)])
         if not reserved:
             return False
         sub.progress_index = sub.input_tokens

@@ -66,20 +66,20 @@ class TraceCollector:
                  request_ids: Sequence[int]) -> None:
         if level == TraceLevel.NONE:
             raise ValueError("a collector records at level decisions or full")
-        self.level = level
         self.full = level == TraceLevel.FULL
         self.k = counterfactual_k
         self.ids = list(request_ids)
         self.records: list[Record] = []
         self._mark: StepMark | None = None  # the step being formed
 
-    def _id(self, req) -> int:
+    def request_id(self, req) -> int:
+        """The workload request id of a reference-engine request (-1 for none)."""
         return -1 if req is None else self.ids[req.index]
 
     # ---- cluster decisions ---------------------------------------------------------------------
     def admission(self, req, time_us: int, admitted: bool, policy: str) -> None:
         reason = f"{policy}: {'admitted' if admitted else 'rejected'}"
-        self.records.append(AdmissionRecord(time_us, self._id(req), admitted, reason))
+        self.records.append(AdmissionRecord(time_us, self.request_id(req), admitted, reason))
 
     def routing(self, req, time_us: int, chosen: int, policy: str,
                 scores: dict[int, float] | None, views: list[InstanceView],
@@ -88,21 +88,21 @@ class TraceCollector:
         top, regret = counterfactual(views, scores, chosen, self.k)
         kind = PrefillRoutingRecord if prefill else RoutingRecord
         self.records.append(kind(
-            time_us, self._id(req), chosen, policy, req.input_tokens, req.prefix_group,
+            time_us, self.request_id(req), chosen, policy, req.input_tokens, req.prefix_group,
             req.tenant, req.slo_class,
             None if scores is None else tuple(scores.get(v.instance, 0.0) for v in views),
             tuple(views), top, regret))
 
     def routing_rejection(self, req, time_us: int) -> None:
-        self.records.append(RoutingRejectionRecord(time_us, self._id(req),
+        self.records.append(RoutingRejectionRecord(time_us, self.request_id(req),
                                                    "no routable instance"))
 
     def disaggregation(self, req, time_us: int, disaggregate: bool, decode: int) -> None:
-        self.records.append(DisaggregationRecord(time_us, self._id(req), disaggregate, decode))
+        self.records.append(DisaggregationRecord(time_us, self.request_id(req), disaggregate, decode))
 
     def kv_transfer(self, req, time_us: int, start_us: int, kv_blocks: int, prefill: int,
                     decode: int) -> None:
-        self.records.append(KVTransferRecord(time_us, self._id(req), start_us,
+        self.records.append(KVTransferRecord(time_us, self.request_id(req), start_us,
                                              max(0, time_us - start_us), kv_blocks, prefill,
                                              decode))
 
@@ -121,12 +121,12 @@ class TraceCollector:
         """``victim`` is about to be evicted so that ``for_req`` gets KV blocks."""
         policy = inst.preemption_policy.label
         why = ("it needed KV blocks itself" if victim is for_req
-               else f"request {self._id(for_req)} needed KV blocks")
+               else f"request {self.request_id(for_req)} needed KV blocks")
         self.records.append(PreemptionRecord(
-            inst.clock_us, inst.index, self._id(victim), self._id(for_req), policy,
+            inst.clock_us, inst.index, self.request_id(victim), self.request_id(for_req), policy,
             victim.progress_index, f"{policy} victim: {why}"))
         if self._mark is not None:
-            self._mark.preempted.append(self._id(victim))
+            self._mark.preempted.append(self.request_id(victim))
 
     def formed(self, inst) -> None:
         """Called after batch formation: who got which tokens."""
@@ -135,11 +135,11 @@ class TraceCollector:
         cached = inst._admitted_cached_tokens
         for r in inst.running:
             if id(r) not in mark.running:  # (a fully cached prompt is admitted with 0 tokens)
-                admitted.append(Chunk(self._id(r), r.num_new_tokens, cached.get(r.index, 0)))
+                admitted.append(Chunk(self.request_id(r), r.num_new_tokens, cached.get(r.index, 0)))
             elif r.num_new_tokens <= 0:
                 continue
             elif r.progress_index < r.input_tokens:
-                chunks.append(Chunk(self._id(r), r.num_new_tokens))
+                chunks.append(Chunk(self.request_id(r), r.num_new_tokens))
             else:
                 decoding += 1
         mark.admitted, mark.prefill_chunks, mark.decoding = tuple(admitted), tuple(chunks), \
@@ -158,13 +158,13 @@ class TraceCollector:
                                               if r.arrival_us < latest)
         self.records.append(PriorityRecord(
             inst.clock_us, inst.index, inst.priority.policy.label, inst.scheduler.label,
-            tuple(QueuedRequest(self._id(r), r.arrival_us, r.priority) for r in considered),
+            tuple(QueuedRequest(self.request_id(r), r.arrival_us, r.priority) for r in considered),
             passed))
 
     def stepped(self, inst, now_us: int, duration_us: int) -> None:
         """Called at the end of a step: the batch record (and a thrashing anomaly)."""
         mark = self._mark
-        completed = tuple(self._id(r) for r in inst.finished[mark.finished:])
+        completed = tuple(self.request_id(r) for r in inst.finished[mark.finished:])
         self.records.append(BatchRecord(
             now_us, inst.index, duration_us, mark.admitted, mark.prefill_chunks, mark.decoding,
             tuple(mark.preempted), completed, mark.budget_left, mark.batch_size,
@@ -205,4 +205,4 @@ class TraceCollector:
 
     # ---- full level ------------------------------------------------------------------------------
     def event(self, time_us: int, name: str, instance: int, req) -> None:
-        self.records.append(EventRecord(time_us, name, instance, self._id(req)))
+        self.records.append(EventRecord(time_us, name, instance, self.request_id(req)))
