@@ -29,6 +29,7 @@ _EXPORTS = {
     "GridSweep": "search.strategies", "EvosaxStrategy": "search.strategies",
     "make_strategy": "search.strategies",
     "SimulationProblem": "search.evaluate",
+    "LocalBackend": "search.backends", "RayBackend": "search.backends",
     "run_search": "search.runner",
     "prepare": "search.api", "execute": "search.api", "explain": "search.trace_candidate",
     "endpoint_picker_config": "search.llmd",

@@ -440,11 +440,16 @@ def finalize(plan: Plan, result: SearchResult, holdout: dict | None = None) -> d
 
 def execute(plan: Plan, *, progress: bool | TextIO = True,
             callback: Callable[[GenerationReport], None] | None = None,
-            problem: SimulationProblem | None = None) -> dict:
-    """Run a prepared plan and write its results directory; returns the summary dict."""
+            problem: SimulationProblem | None = None, backend=None) -> dict:
+    """Run a prepared plan and write its results directory; returns the summary dict.
+    ``backend``: where the simulations run (``search.backends``; default this process) —
+    the files written are the same bytes on every backend."""
     if problem is None:
         problem = SimulationProblem(plan.resolved, plan.seeds, plan.scoring, plan.population,
-                                    capacities=search_capacities(plan.space))
+                                    capacities=search_capacities(plan.space), backend=backend)
+    elif backend is not None:
+        raise ValueError("give the backend to the SimulationProblem, not to execute, when "
+                         "passing a problem")
     result = run_search(plan.space, _strategy(plan), problem.evaluate, plan.scoring,
                         generations=plan.generations, seed=plan.seed, out_dir=plan.out_dir,
                         resume=plan.resume, fingerprint=plan.fingerprint,

@@ -140,6 +140,55 @@ def _add_scoring(p: argparse.ArgumentParser) -> None:
                    help=f"apiVersion of endpoint_picker.yaml, the best routing as an llm-d "
                         f"EndpointPickerConfig: {' | '.join(API_VERSIONS)} (default "
                         f"{DEFAULT_API_VERSION}; the other one writes integer weights)")
+    _add_ray(p)
+
+
+def _add_ray(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("running on a Ray cluster (pip install 'blisjax[ray]')")
+    g.add_argument("--ray", metavar="WHERE",
+                   help="run the simulations on Ray actors: local (start Ray on this machine), "
+                        "auto (the cluster `ray start` runs here, or RAY_ADDRESS) or a cluster "
+                        "address (host:6379, ray://host:10001). Results are the same bytes as "
+                        "without --ray")
+    g.add_argument("--ray-workers", metavar="N",
+                   help="actors to start (default: one per node, with all its CPUs)")
+    g.add_argument("--ray-worker-cpus", metavar="C",
+                   help="CPUs, and XLA devices, per actor (default: the node's CPUs, or the "
+                        "cluster's CPUs shared evenly among --ray-workers)")
+    g.add_argument("--ray-lanes", metavar="N",
+                   help="lanes per task sent to an actor (default: each seed's population "
+                        "split so that every actor gets a task)")
+
+
+#: Most Ray actors or CPUs per actor a command line may ask for.
+MAX_RAY_WORKERS = 4096
+
+
+def _ray_settings(args: Any) -> dict | None:
+    """The RayBackend arguments of ``--ray*``, or None without ``--ray`` (the other ``--ray-*``
+    flags are refused then)."""
+    from search.api import check_int
+
+    flags = {"workers": ("--ray-workers", args.ray_workers),
+             "worker_cpus": ("--ray-worker-cpus", args.ray_worker_cpus),
+             "lanes_per_task": ("--ray-lanes", args.ray_lanes)}
+    if args.ray is None:
+        given = [flag for flag, value in flags.values() if value is not None]
+        if given:
+            raise ConfigError(given[0], "only used with --ray")
+        return None
+    if not args.ray.strip():
+        raise ConfigError("--ray", "must be local, auto or a cluster address, got ''")
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        raise ConfigError("--ray", "needs Ray: pip install 'blisjax[ray]'") from None
+    settings: dict[str, Any] = {"address": args.ray.strip()}
+    for name, (flag, value) in flags.items():
+        if value is not None:
+            settings[name] = check_int(flag, value, 1, MAX_RAY_WORKERS if name != "lanes_per_task"
+                                       else 1 << 20)
+    return settings
 
 
 def add_sweep_parser(sub: Any) -> argparse.ArgumentParser:
@@ -206,23 +255,61 @@ def _common(args: Any) -> dict:
             "llmd_api_version": args.llmd_api_version}
 
 
-def _run(plan: Any, args: Any) -> int:
+def _resume_hint(plan: Any, what: str) -> str:
+    from search.io import CHECKPOINT
+
+    if plan.out_dir is not None and (Path(plan.out_dir) / CHECKPOINT).is_file():
+        return (f"{what}; continue with the same arguments and --resume (checkpoint in "
+                f"{plan.out_dir})")
+    return f"{what} before the first generation finished (no checkpoint yet: run the " \
+           "command again)"
+
+
+def _open_backend(plan: Any, args: Any, ray: dict | None):
+    """The backend of ``--ray`` (None: this process), its start-up reported on stderr."""
+    if ray is None:
+        return None
+    from search.backends.ray_cluster import RayBackend
+
+    def log(message: str) -> None:
+        print(f"{plan.kind}: ray: {message}", file=sys.stderr, flush=True)
+
+    if not args.quiet:
+        log(f"connecting to {ray['address']} and starting the workers")
+    backend = RayBackend(**ray, log=log)
+    if not args.quiet:
+        log(backend.events[-1])
+    return backend
+
+
+def _workers_lost(ray: dict | None) -> tuple[type[BaseException], ...]:
+    """The error of a lost Ray cluster (nothing to catch without --ray)."""
+    if ray is None:
+        return ()
+    from search.backends.ray_cluster import RayWorkersLost
+
+    return (RayWorkersLost,)
+
+
+def _run(plan: Any, args: Any, ray: dict | None = None) -> int:
     from search.api import execute
 
     for warning in plan.warnings:
         print(f"blisjax: warning: {warning}", file=sys.stderr)
+    backend = None
     try:
-        summary = execute(plan, progress=not args.quiet)
+        backend = _open_backend(plan, args, ray)
+        summary = execute(plan, progress=not args.quiet, backend=backend)
     except KeyboardInterrupt:
-        from search.io import CHECKPOINT
-
-        if plan.out_dir is not None and (Path(plan.out_dir) / CHECKPOINT).is_file():
-            print(f"blisjax: interrupted; continue with the same arguments and --resume "
-                  f"(checkpoint in {plan.out_dir})", file=sys.stderr)
-        else:
-            print("blisjax: interrupted before the first generation finished (no checkpoint "
-                  "yet: run the command again)", file=sys.stderr)
+        print(f"blisjax: {_resume_hint(plan, 'interrupted')}", file=sys.stderr)
         return 130
+    except _workers_lost(ray) as err:
+        print(f"blisjax: error: {err}; {_resume_hint(plan, f'the {plan.kind} stopped')}",
+              file=sys.stderr)
+        return 1
+    finally:
+        if backend is not None:
+            backend.close()
     print(f"blisjax: results in {plan.out_dir}/ ({', '.join(summary['files'].values())})",
           file=sys.stderr)
     print(json.dumps(summary, indent=2))
@@ -238,8 +325,9 @@ def cmd_sweep(args: Any) -> int:
         raise ConfigError("--grid", f"knob {dupes[0]!r} is given twice")
     from search.api import prepare
 
+    ray = _ray_settings(args)
     plan = prepare("sweep", args.config, grid=axes, batch=args.batch, **_common(args))
-    return _run(plan, args)
+    return _run(plan, args, ray)
 
 
 def cmd_search(args: Any) -> int:
@@ -251,8 +339,9 @@ def cmd_search(args: Any) -> int:
     if args.sigma is not None and args.strategy == "random":
         raise ConfigError("--sigma", "only used with --strategy cma, openes or ga")
 
+    ray = _ray_settings(args)
     plan = prepare("search", args.config, space=Path(args.space), strategy=args.strategy,
                    population=args.population, generations=args.generations, seed=args.seed,
                    holdout_seeds=args.holdout_seeds, sigma=args.sigma,
                    learning_rate=args.learning_rate, **_common(args))
-    return _run(plan, args)
+    return _run(plan, args, ray)

@@ -8,6 +8,10 @@ count means one compile per seed for a whole search), runs every seed, and score
 candidate. A knob set that is not a valid configuration (e.g. every routing weight 0) is not
 simulated: its lane runs the base configuration and the candidate is reported invalid; so is a
 lane whose engine capacities overflowed.
+
+Where the engine calls run is the problem's *backend* (``search.backends``): this process by
+default, or a Ray cluster (``RayBackend``); every call of one ``evaluate`` goes to the backend
+at once, and the results are the same bits either way.
 """
 
 from __future__ import annotations
@@ -16,9 +20,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from blisjax.config import ConfigError, SimConfig
-from blisjax.engine.population import evaluate_population, set_knob
+from blisjax.engine.population import set_knob
 from blisjax.engine.static import build_static_shared
 from blisjax.workload import Workload, generate_workload, parse_workload_spec
+from search.backends import LocalBackend, PopulationJob, Unit
 from search.expr import flatten_metrics
 from search.objectives import CandidateEval, Scoring, invalid_candidate, score_candidate
 
@@ -63,11 +68,12 @@ class SimulationProblem:
       lanes: lanes per engine call (knob sets are padded to it, or split into chunks of it).
       capacities: passed to ``evaluate_population`` (queue_slots, pending_slots, …).
       keep_metrics: keep each candidate's per-seed metric dicts in its CandidateEval.
+      backend: where the engine calls run (default ``LocalBackend()``: this process).
     """
 
     def __init__(self, resolved, seeds: Sequence[int], scoring: Scoring, lanes: int,
                  capacities: Mapping[str, Any] | None = None, keep_metrics: bool = True,
-                 shape_workloads: Sequence[Workload] = (), static=None) -> None:
+                 shape_workloads: Sequence[Workload] = (), static=None, backend=None) -> None:
         if lanes < 1:
             raise ValueError(f"lanes must be >= 1, got {lanes}")
         if not seeds:
@@ -83,6 +89,8 @@ class SimulationProblem:
         # ``shape_workloads`` too): a seed then costs a run, not a 30-40 s compile.
         self.static = static if static is not None else build_static_shared(
             resolved, [*self.workloads.values(), *shape_workloads], **self.capacities)
+        self.job = PopulationJob(resolved, self.workloads, self.static)
+        self.backend = backend if backend is not None else LocalBackend()
         self.calls = 0
 
     def with_seeds(self, seeds: Sequence[int], same_program: bool = False) -> SimulationProblem:
@@ -91,10 +99,12 @@ class SimulationProblem:
         subset of a problem built over a superset of seeds)."""
         if same_program:
             return SimulationProblem(self.resolved, seeds, self.scoring, self.lanes,
-                                     self.capacities, self.keep_metrics, static=self.static)
+                                     self.capacities, self.keep_metrics, static=self.static,
+                                     backend=self.backend)
         return SimulationProblem(self.resolved, seeds, self.scoring, self.lanes,
                                  self.capacities, self.keep_metrics,
-                                 shape_workloads=tuple(self.workloads.values()))
+                                 shape_workloads=tuple(self.workloads.values()),
+                                 backend=self.backend)
 
     def check_knobs(self, knobs: Mapping[str, Any]) -> str:
         """'' when ``knobs`` form a valid configuration, else the reason."""
@@ -105,25 +115,26 @@ class SimulationProblem:
         return ""
 
     def metrics(self, knob_sets: Sequence[Mapping[str, Any]]) -> list[list[dict | str]]:
-        """Per knob set, per seed: the metrics dict, or a reason string when not evaluated."""
+        """Per knob set, per seed: the metrics dict, or a reason string when not evaluated.
+        Knob sets go to the engine in chunks of ``lanes``, each chunk on every seed: one
+        backend call for all of them."""
         reasons = [self.check_knobs(k) for k in knob_sets]
+        chunks = [range(start, min(start + self.lanes, len(knob_sets)))
+                  for start in range(0, len(knob_sets), self.lanes)]
+        units = [Unit(seed, tuple(dict(knob_sets[i]) if not reasons[i] else {} for i in chunk))
+                 for chunk in chunks for seed in self.seeds]
+        outcomes = iter(self.backend.run(self.job, units, self.lanes))
+        self.calls += len(units)
         out: list[list[dict | str]] = [[] for _ in knob_sets]
-        for start in range(0, len(knob_sets), self.lanes):
-            chunk = list(range(start, min(start + self.lanes, len(knob_sets))))
-            lane_sets = [dict(knob_sets[i]) if not reasons[i] else {} for i in chunk]
-            lane_sets += [{}] * (self.lanes - len(lane_sets))
-            for seed in self.seeds:
-                pop = evaluate_population(self.resolved, self.workloads[seed], lane_sets,
-                                          static=self.static)
-                self.calls += 1
-                for lane, i in enumerate(chunk):
-                    overflow = pop.results[lane].overflow
+        for chunk in chunks:
+            for _seed in self.seeds:
+                for i, lane in zip(chunk, next(outcomes), strict=True):
                     if reasons[i]:
                         out[i].append(reasons[i])
-                    elif overflow:
-                        out[i].append(f"engine overflow {dict(overflow)} (raise capacities)")
+                    elif lane.overflow:
+                        out[i].append(f"engine overflow {lane.overflow} (raise capacities)")
                     else:
-                        out[i].append(pop.metrics[lane])
+                        out[i].append(lane.metrics)
         return out
 
     def evaluate(self, knob_sets: Sequence[Mapping[str, Any]]) -> list[CandidateEval]:
