@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import warnings
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -360,5 +361,10 @@ def start_local_ray(num_cpus: int | None = None) -> None:
 
     root = str(Path(blisjax.__file__).resolve().parents[1])
     path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
-    ray.init(num_cpus=num_cpus or usable_cores(),
-             runtime_env={"env_vars": {"PYTHONPATH": path}}, **_INIT_OPTIONS)
+    with warnings.catch_warnings():
+        # Ray starts its daemons with subprocess (fork + exec), which JAX's warning about
+        # fork in a multithreaded process does not concern: the child runs nothing before exec.
+        warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called",
+                                category=RuntimeWarning)
+        ray.init(num_cpus=num_cpus or usable_cores(),
+                 runtime_env={"env_vars": {"PYTHONPATH": path}}, **_INIT_OPTIONS)
