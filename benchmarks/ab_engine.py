@@ -11,6 +11,7 @@ Prints one JSON line: each side's wall times, medians, and the per-round ratios 
     python benchmarks/ab_engine.py --base HEAD~1             # P = 64, 6 rounds, one device
     taskset -c 0 python benchmarks/ab_engine.py --base main --lanes 64 --rounds 8
     python benchmarks/ab_engine.py --base main --cpu-devices 2 --lanes 256 --rounds 5
+    python benchmarks/ab_engine.py --base main --anchor 50000 --lanes 4 --rounds 3
 
 Confirm a change with ``--cpu-devices 2``, the configuration of the headline benchmark: that
 program goes through XLA's SPMD partitioner and is fused differently. Removing a whole-array
@@ -61,6 +62,9 @@ def main() -> None:
                          "lowest-index routes as revisions before random tie-breaks did")
     ap.add_argument("--cpu-devices", type=int, default=1,
                     help="split the CPU into this many devices; lanes are sharded over them")
+    ap.add_argument("--anchor", type=int, default=0, metavar="N",
+                    help="BLIS's anchor workload with N requests on 4 instances (512-token "
+                         "outputs: decode stretches) instead of scenario S")
     args = ap.parse_args()
     if args.lanes < 1 or args.rounds < 1 or args.cpu_devices < 1 or args.kv_blocks < 0:
         ap.error("--lanes, --rounds and --cpu-devices must be >= 1, --kv-blocks >= 0")
@@ -71,11 +75,14 @@ def main() -> None:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     sys.path.insert(0, str(ROOT))
     from base_revision import BASE_NAME, export_base  # noqa: E402
-    from bench_jax import population, scenario  # noqa: E402
+    from bench_jax import anchor, population, scenario  # noqa: E402
 
     from blisjax.engine.static import build_consts, build_static  # noqa: E402
 
-    resolved, wl = scenario(2_000, 4, 106.0, kv_blocks=args.kv_blocks)
+    if args.anchor and args.kv_blocks:
+        ap.error("--kv-blocks applies to scenario S, not --anchor")
+    resolved, wl = (anchor(args.anchor, 4) if args.anchor else
+                    scenario(2_000, 4, 106.0, kv_blocks=args.kv_blocks))
     if args.tie_break is not None:
         from blisjax.config import resolve_config  # noqa: E402
         from blisjax.engine.population import set_knob  # noqa: E402
@@ -100,7 +107,8 @@ def main() -> None:
             walls[name].append(timed(runs[name], consts, params))
     base, new = walls[BASE_NAME], walls["blisjax"]
     print(json.dumps({
-        "base": args.base, "lanes": args.lanes, "devices": args.cpu_devices,
+        "base": args.base, "anchor_requests": args.anchor or None, "lanes": args.lanes,
+        "devices": args.cpu_devices,
         "kv_blocks": args.kv_blocks or None, "tie_break": args.tie_break,
         "same_results": bool(same),
         "base_s": [round(x, 3) for x in base], "new_s": [round(x, 3) for x in new],

@@ -260,15 +260,18 @@ def _apply(s: SimState, st, c, i, kc, go, width: int) -> SimState:
     if st.prefix_caching:
         s = _hash_slot_ops(s, st, c, i, reqs, fill, spare, fresh, top_up, b, kc, width)
     itl = d + st.otp_us
-    pi0, l_in = s.pi[reqs], c.input_tokens[reqs]
     grown = jnp.where(valid, kc, 0)  # the sink row (invalid positions) gets nothing
     s = s.replace(
         pi=s.pi.at[reqs].add(grown), computed=s.computed.at[reqs].add(grown),
         num_new=s.num_new.at[reqs].set(jnp.where(valid, 1, 0)),
         itl_sum=s.itl_sum.at[reqs].add(grown.astype(jnp.int64) * itl))
     if st.itl_capacity > 0:
+        # the progress before the pass, read back from the updated array (valid requests are
+        # distinct and the sink row grows by 0): a read of the old array beside the in-place
+        # add made XLA copy the whole [requests] array twice per pass
+        pi0 = s.pi[reqs] - grown
         k = jnp.arange(chunk_steps(st), dtype=jnp.int32)
-        entry = c.itl_offset[reqs][:, None] + (pi0 - l_in)[:, None] + k[None, :]
+        entry = c.itl_offset[reqs][:, None] + (pi0 - c.input_tokens[reqs])[:, None] + k[None, :]
         write = valid[:, None] & (k[None, :] < kc)
         s = s.replace(itl_buf=s.itl_buf.at[jnp.where(write, entry, st.itl_capacity)].set(
             itl.astype(jnp.int32), mode="drop"))
