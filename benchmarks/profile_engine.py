@@ -34,6 +34,8 @@ import re
 import sys
 import tempfile
 import time
+from pathlib import Path
+from typing import Any, NamedTuple
 
 from blisjax.devices import use_cpu_cores  # imports no JAX
 
@@ -48,9 +50,8 @@ from blisjax.engine.static import build_consts, build_static  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_jax  # noqa: E402
 
-ENGINE_FILES = ("instance.py", "cluster.py", "kvcache.py", "policies.py", "lockstep.py",
-                "queues.py", "vec.py", "exactfloat.py", "hostlatency.py", "state.py", "lanes.py",
-                "stretch.py", "roofline.py", "kvtier.py")
+# every module of the JAX engine (a frame in another file is not the engine's)
+ENGINE_FILES = tuple(sorted(p.name for p in Path(engine_run.__file__).parent.glob("*.py")))
 # HloModuleProto field numbers (xla/service/hlo.proto): the module's stack_frame_index, and
 # inside it file_names, function_names, file_locations, stack_frames.
 _MODULE_STACK_INDEX, _FILES, _FUNCS, _LOCATIONS, _FRAMES = 17, 1, 2, 3, 4
@@ -170,13 +171,12 @@ def attribute(events, hlo_text: str, stack):
     return lines, funcs, kernels, n_kernels
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_case_arguments(ap: argparse.ArgumentParser) -> None:
+    """The workload options shared with ``hlo_copies.py``."""
     ap.add_argument("--lanes", type=int, default=64)
     ap.add_argument("--requests", type=int, default=600)
     ap.add_argument("--cpu-devices", type=int, default=1)
     ap.add_argument("--kv-blocks", type=int, default=None)
-    ap.add_argument("--top", type=int, default=40, help="rows per table")
     ap.add_argument("--anchor", action="store_true",
                     help="BLIS's anchor workload (bench_jax.anchor, 4 instances) instead of "
                          "scenario S")
@@ -189,7 +189,20 @@ def main() -> None:
     ap.add_argument("--pd", action="store_true",
                     help="the P/D example (bench_jax.pd_split): lanes draw splits, thresholds "
                          "and decode-pool weights")
-    args = ap.parse_args()
+
+
+class Case(NamedTuple):
+    """A compiled engine program and its inputs."""
+
+    static: Any
+    consts: Any
+    params: Any  # padded to the lane blocks of ``devices``
+    devices: tuple
+    compiled: Any
+
+
+def compile_case(args) -> Case:
+    """The case the ``add_case_arguments`` options name, compiled."""
     tiers = {}
     draw = bench_jax.population
     if args.pd:
@@ -211,6 +224,15 @@ def main() -> None:
     devices, padded, _ = engine_run._placement(params, None, engine_run.LANE_BLOCK)
     compiled = engine_run._run_sharded.lower(st, consts, padded, devices,
                                               engine_run.LANE_BLOCK).compile()
+    return Case(st, consts, padded, devices, compiled)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_case_arguments(ap)
+    ap.add_argument("--top", type=int, default=40, help="rows per table")
+    args = ap.parse_args()
+    _, consts, padded, devices, compiled = compile_case(args)
     module = compiled.runtime_executable().hlo_modules()[0]
     jax.block_until_ready(compiled(consts, padded))  # warm
     start = time.perf_counter()
