@@ -19,14 +19,8 @@ from __future__ import annotations
 import argparse
 import collections
 import re
-import sys
 
-from blisjax.devices import use_cpu_cores  # imports no JAX
-
-if "--cpu-devices" in sys.argv:  # must come before JAX starts: split the CPU into N devices
-    use_cpu_cores(int(sys.argv[sys.argv.index("--cpu-devices") + 1]))
-
-import profile_engine  # noqa: E402
+import profile_engine  # splits the CPU for --cpu-devices before JAX starts
 
 _INSTRUCTION = re.compile(r"\s*(?:ROOT )?%([\w.\-]+) = (\S+) ([a-z][\w\-]*)\((.*)")
 _FRAME = re.compile(r"stack_frame_id=(\d+)")
