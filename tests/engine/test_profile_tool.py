@@ -54,3 +54,38 @@ def test_exclusive_times_subtract_nested_events_per_thread():
     excl, count = tool.exclusive_times(events)
     assert dict(excl) == {"loop": 4, "a": 3, "b": 4, "c": 5}
     assert dict(count) == {"loop": 1, "a": 2, "b": 1, "c": 1}
+
+
+HLO = """\
+%body.1 (arg: (s32[4,2001], s32[4,3])) -> (s32[4,2001], s32[4,3]) {
+  %gte.1 = s32[4,2001]{1,0} get-tuple-element(%arg), index=0
+  %copy.7 = s32[4,2001]{1,0} copy(%gte.1)
+  %copy.8 = s32[4,3]{1,0} copy(%gte.1)
+  %gather.2 = s32[4,1]{1,0} gather(%copy.7, %idx), metadata={op_name="x" stack_frame_id=5}
+}
+
+ENTRY %main.9 (p: s32[4,2001]) -> s32[4,2001] {
+  %copy.1 = s32[4,2001]{1,0} copy(%p)
+}
+"""
+
+
+def test_hlo_copies_lists_large_copies_in_loop_bodies_with_their_users(monkeypatch):
+    """``hlo_copies.py``: a copy of 8,004 elements in a loop body is listed, a small one and
+    one in the entry computation are not, and its user's engine frames are named."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    spec = importlib.util.spec_from_file_location("hlo_copies",
+                                                  REPO / "benchmarks" / "hlo_copies.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    assert tool._elements("s32[4,2001]{1,0}") == 8004 and tool._elements("(s32[2], f64[])") == 0
+    copies = tool.loop_copies(HLO, min_elements=8000)
+    assert copies == [("body.1", "copy.7", "s32[4,2001]{1,0}")]
+
+    def stack(frame_id):
+        assert frame_id == 5
+        return [("stretch.py", "_apply", 263), ("elsewhere.py", "f", 1),
+                ("lockstep.py", "lane_while", 41)]
+
+    users = tool.engine_lines(HLO, {"copy.7"}, stack)
+    assert dict(users) == {"stretch.py:_apply:263 < lockstep.py:lane_while:41": 1}
