@@ -160,20 +160,20 @@ def _add_ray(p: argparse.ArgumentParser) -> None:
                         "split so that every actor gets a task)")
 
 
-#: Most Ray actors or CPUs per actor a command line may ask for.
+#: Most Ray actors, or CPUs per actor, a command line may ask for.
 MAX_RAY_WORKERS = 4096
 
 
 def _ray_settings(args: Any) -> dict | None:
     """The RayBackend arguments of ``--ray*``, or None without ``--ray`` (the other ``--ray-*``
     flags are refused then)."""
-    from search.api import check_int
+    from search.api import MAX_POPULATION, check_int
 
-    flags = {"workers": ("--ray-workers", args.ray_workers),
-             "worker_cpus": ("--ray-worker-cpus", args.ray_worker_cpus),
-             "lanes_per_task": ("--ray-lanes", args.ray_lanes)}
+    flags = {"workers": ("--ray-workers", args.ray_workers, MAX_RAY_WORKERS),
+             "worker_cpus": ("--ray-worker-cpus", args.ray_worker_cpus, MAX_RAY_WORKERS),
+             "lanes_per_task": ("--ray-lanes", args.ray_lanes, MAX_POPULATION)}
     if args.ray is None:
-        given = [flag for flag, value in flags.values() if value is not None]
+        given = [flag for flag, value, _ in flags.values() if value is not None]
         if given:
             raise ConfigError(given[0], "only used with --ray")
         return None
@@ -184,10 +184,9 @@ def _ray_settings(args: Any) -> dict | None:
     except ImportError:
         raise ConfigError("--ray", "needs Ray: pip install 'blisjax[ray]'") from None
     settings: dict[str, Any] = {"address": args.ray.strip()}
-    for name, (flag, value) in flags.items():
+    for name, (flag, value, most) in flags.items():
         if value is not None:
-            settings[name] = check_int(flag, value, 1, MAX_RAY_WORKERS if name != "lanes_per_task"
-                                       else 1 << 20)
+            settings[name] = check_int(flag, value, 1, most)
     return settings
 
 

@@ -91,7 +91,6 @@ class SimulationProblem:
             resolved, [*self.workloads.values(), *shape_workloads], **self.capacities)
         self.job = PopulationJob(resolved, self.workloads, self.static)
         self.backend = backend if backend is not None else LocalBackend()
-        self.calls = 0
 
     def with_seeds(self, seeds: Sequence[int], same_program: bool = False) -> SimulationProblem:
         """The same problem on other workload seeds (e.g. held-out seeds). ``same_program``:
@@ -124,7 +123,6 @@ class SimulationProblem:
         units = [Unit(seed, tuple(dict(knob_sets[i]) if not reasons[i] else {} for i in chunk))
                  for chunk in chunks for seed in self.seeds]
         outcomes = iter(self.backend.run(self.job, units, self.lanes))
-        self.calls += len(units)
         out: list[list[dict | str]] = [[] for _ in knob_sets]
         for chunk in chunks:
             for _seed in self.seeds:

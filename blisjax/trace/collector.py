@@ -98,7 +98,8 @@ class TraceCollector:
                                                    "no routable instance"))
 
     def disaggregation(self, req, time_us: int, disaggregate: bool, decode: int) -> None:
-        self.records.append(DisaggregationRecord(time_us, self.request_id(req), disaggregate, decode))
+        self.records.append(DisaggregationRecord(time_us, self.request_id(req), disaggregate,
+                                                 decode))
 
     def kv_transfer(self, req, time_us: int, start_us: int, kv_blocks: int, prefill: int,
                     decode: int) -> None:

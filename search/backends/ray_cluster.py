@@ -32,7 +32,8 @@ import ray.exceptions
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from blisjax.config import ConfigError
-from blisjax.devices import DEVICE_COUNT_FLAG, usable_cores
+from blisjax.devices import DEVICE_COUNT_FLAG, usable_cores, with_device_count
+from blisjax.engine import progcache
 from search.backends.job import LaneOutcome, PopulationJob, Unit
 from search.backends.ray_worker import PopulationWorker, WorkerInfo, code_fingerprint
 
@@ -41,7 +42,7 @@ __all__ = ["RayBackend", "RayWorkersLost", "Task", "start_local_ray", "task_lane
 
 #: Environment variables a worker inherits from the driver: where compiled programs are kept
 #: (the same path on every node; a shared filesystem shares the entries).
-FORWARDED_ENV = ("BLISJAX_PROGRAM_CACHE_DIR", "JAX_COMPILATION_CACHE_DIR")
+FORWARDED_ENV = (progcache.ENV_DIRECTORY, "JAX_COMPILATION_CACHE_DIR")
 
 #: What a dead worker's task raises on ``ray.get``: the actor process or its node is gone.
 _WORKER_FAULTS = tuple(getattr(ray.exceptions, name) for name in (
@@ -78,10 +79,8 @@ def task_lanes(width: int, seeds: int, workers: int) -> int:
 def worker_xla_flags(driver_flags: str, devices: int) -> str:
     """The driver's ``XLA_FLAGS`` with its CPU device count replaced by ``devices`` (none when
     1: XLA's default), so a worker runs one lockstep loop per CPU it holds."""
-    kept = [f for f in driver_flags.split() if not f.startswith(DEVICE_COUNT_FLAG)]
-    if devices > 1:
-        kept.append(f"{DEVICE_COUNT_FLAG}={devices}")
-    return " ".join(kept)
+    kept = " ".join(f for f in driver_flags.split() if not f.startswith(DEVICE_COUNT_FLAG))
+    return with_device_count(kept, devices) or kept
 
 
 @dataclass
@@ -270,10 +269,11 @@ class RayBackend:
         running: dict[Any, tuple[_Slot, int]] = {}
         done: dict[int, list] = {}
         while pending or running:
+            busy = {id(s) for s, _ in running.values()}
             for slot in self._slots:
                 if not pending:
                     break
-                if slot.info is None or any(s is slot for s, _ in running.values()):
+                if slot.info is None or id(slot) in busy:
                     continue
                 i = pending.popleft()
                 t = tasks[i]
