@@ -2,8 +2,8 @@
 
 The default experiment (``configs/default.yaml``: llama-3.1-8b-instruct / H100, 4 instances,
 1,000 requests) with its blackbox model (decode stretches on, as the workload's 128-token mean
-output decides, and off), then with the roofline model (``latency.model: roofline``; no decode
-stretches) computed in the compiled program, and (``--host-roofline``) with the same
+output decides, and off), then with the roofline model (``latency.model: roofline``) computed in
+the compiled program, with decode stretches and without, and (``--host-roofline``) with the same
 roofline model evaluated on the host by the reference's Python code through a callback per step
 (``EngineStatic.latency`` set; the way every roofline step was timed before the roofline moved
 into the program). Each lane is a weighted-routing policy with its own random scorer weights.
@@ -58,6 +58,11 @@ def population(cfg, tenants, lanes: int, seed: int = 0):
     return stack_params([params_from_config(c, tenants) for c in configs])
 
 
+# Each variant after the first of its model, and the variant whose results it must repeat.
+SAME_RESULTS_AS = {"blackbox-no-stretches": "blackbox", "roofline-no-stretches": "roofline",
+                   "roofline-host": "roofline"}
+
+
 def variants(host_roofline: bool):
     """(name, resolved config, workload, static) of each variant."""
     cfg = load_config(DEFAULT)
@@ -67,9 +72,11 @@ def variants(host_roofline: bool):
     out = [("blackbox", blackbox, workload, build_static(blackbox, workload)),
            ("blackbox-no-stretches", blackbox, workload,
             build_static(blackbox, workload, decode_stretches=False)),
-           ("roofline", roofline, workload, build_static(roofline, workload))]
+           ("roofline", roofline, workload, build_static(roofline, workload)),
+           ("roofline-no-stretches", roofline, workload,
+            build_static(roofline, workload, decode_stretches=False))]
     if host_roofline:
-        st = dataclasses.replace(out[2][3], latency=make_latency_model(roofline))
+        st = dataclasses.replace(out[3][3], latency=make_latency_model(roofline))
         out.append(("roofline-host", roofline, workload, st))
     return out
 
@@ -110,9 +117,9 @@ def main() -> None:
                    "s_per_sim": round(run_s / lanes, 4),
                    "requests_per_s": round(lanes * r["steps"] / run_s, 1),
                    "time_vs_blackbox": round(run_s / base, 2)}
-            if r["name"] == "roofline-host":  # both roofline paths give the same results
-                row["same_ttft_as_roofline"] = bool(np.array_equal(ttft["roofline"],
-                                                                   ttft["roofline-host"]))
+            if r["name"] in SAME_RESULTS_AS:  # variants of one model give the same results
+                twin = SAME_RESULTS_AS[r["name"]]
+                row[f"same_ttft_as_{twin}"] = bool(np.array_equal(ttft[twin], ttft[r["name"]]))
             print(json.dumps(row), flush=True)
 
 

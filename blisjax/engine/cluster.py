@@ -401,7 +401,7 @@ def next_event(s: SimState, st, c) -> NextEvent:
     pseq = jnp.where(pt == pmin[:, None], s.pend_seq, INT64_MAX)
     e_star = jnp.argmin(pseq, axis=1)
     # an instance's next step that runs on its own: after its virtual ones (``stretch``)
-    step_at = stretch.next_step_us(s) if st.stretches else s.step_time
+    step_at = stretch.next_step_us(s, st) if st.stretches else s.step_time
     ts = jnp.where(step_at >= 0, step_at, INT64_MAX)
     inst_t = jnp.minimum(jnp.minimum(pmin, ts), timeout_t)
     if st.lifecycle and st.blis_quirks:  # arrival events (priority 0) come first

@@ -147,7 +147,7 @@ def enqueue(s: SimState, st, c, i, e, now, active) -> SimState:
     s = _finish_in_flight(s, c, i, r, drop | due)
     s = q_push_back(s, st, i, r, queued)
     if st.stretches:  # steps from now on may admit it: they are no longer plain
-        s = stretch.truncate(s, i, now, queued)
+        s = stretch.truncate(s, st, i, now, queued)
     start_step = queued & (s.step_time[i] < 0)
     return s.replace(step_time=upd(s.step_time, i, now, start_step))
 
@@ -346,7 +346,7 @@ def enqueue_decode(s: SimState, st, c, i, r, now, active) -> SimState:
     s = _finish_in_flight(s, c, i, r, due)
     s = q_push_back(s, st, i, r, queued)
     if st.stretches:  # steps from now on may admit it: they are no longer plain
-        s = stretch.truncate(s, i, now, queued)
+        s = stretch.truncate(s, st, i, now, queued)
     start_step = queued & (s.step_time[i] < 0)
     return s.replace(step_time=upd(s.step_time, i, now, start_step))
 
@@ -1060,6 +1060,8 @@ def step(s: SimState, st, c, p, i, now, active, defer: bool = False):
         return s
     # no prefill tokens, one decode token each; slowed while the instance still warms up
     # after this step's completions
-    plain_us = lifecycle.slowed(step_duration(c, 0, s.n_run[i]), lifecycle.warm_factor(
+    model_us = (out.outlook.step_us if st.stretch_times_vary
+                else step_duration(c, 0, s.n_run[i]))
+    plain_us = lifecycle.slowed(model_us, lifecycle.warm_factor(
         s, st, p, i, (s.completed[i] - completed_before).astype(jnp.int32)))
     return stretch.plan(s, st, i, out.outlook, plain_us, go)

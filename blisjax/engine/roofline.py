@@ -216,10 +216,11 @@ def step_seconds(rc: RooflineConsts, nn, pi, l_in, out) -> RooflineSeconds:
     """Compute and memory seconds of one step (``roofline_step_seconds`` after
     ``split_roofline_requests``).
 
-    Args (each [W], the running batch in running order): ``nn`` new tokens this step (> 0 =
-    scheduled), ``pi`` progress at the step's start, ``l_in`` input tokens, ``out`` output
-    tokens. Prefill: scheduled and pi < l_in (s = pi, t = nn); decode: scheduled, pi >= l_in and
-    out > 0 (s = pi, t = 1); other positions contribute nothing. Exact when the configuration
+    Args (each [..., W], running batches in running order; the result has shape [...]):
+    ``nn`` new tokens this step (> 0 = scheduled), ``pi`` progress at the step's start,
+    ``l_in`` input tokens, ``out`` output tokens. Prefill: scheduled and pi < l_in (s = pi,
+    t = nn); decode: scheduled, pi >= l_in and out > 0 (s = pi, t = 1); other positions
+    contribute nothing. Exact when the configuration
     passes :func:`fits_the_program` for the table's last row and the largest ``pi``.
     """
     sched = nn > 0
@@ -246,8 +247,8 @@ def step_seconds(rc: RooflineConsts, nn, pi, l_in, out) -> RooflineSeconds:
     dynamic_terms = (total - w) / tp
     compute = _ordered_sum(compute_terms, prefill, decode)
     dynamic = _ordered_sum(dynamic_terms, prefill, decode)
-    n_tok = jnp.sum(jnp.where(prefill, nn, 0)) + jnp.sum(decode)
-    any_request = jnp.any(prefill | decode)
+    n_tok = jnp.sum(jnp.where(prefill, nn, 0), axis=-1) + jnp.sum(decode, axis=-1)
+    any_request = jnp.any(prefill | decode, axis=-1)
     memory = ((rc.by_tokens[n_tok, WEIGHTS] / spread_divisor(rc.tp, any_request)) + dynamic) \
         / spread_divisor(rc.bandwidth, any_request)
     return RooflineSeconds(compute, memory, any_request)

@@ -47,8 +47,8 @@ class EngineStatic:
         a quarter the size, faster to compile and to load from the program cache, whose steps
         cost more while batches are small. ``simulate`` (one lane) turns it off.
       decode_stretches: advance runs of decode-only steps as one (``engine.stretch``) where
-        the latency model allows it (blackbox). Off, every step is its own lockstep
-        iteration; results are identical either way. ``build_static`` decides it from the
+        the step times are computed in the program (blackbox, roofline). Off, every step is
+        its own lockstep iteration; results are identical either way. ``build_static`` decides it from the
         workload's output lengths unless told (``stretches_pay_off``).
     """
 
@@ -180,13 +180,26 @@ class EngineStatic:
 
     @property
     def stretches(self) -> bool:
-        """Decode stretches are compiled in: asked for, and every plain step of a stretch
-        lasts the same (the blackbox model's step time depends on the batch's token counts
-        only; a roofline step's grows with the contexts)."""
+        """Decode stretches are compiled in: asked for, and the plain steps' times are
+        computed in the program (blackbox, or roofline without the host callback)."""
         # With a CPU tier a stretch's mirror passes are one pass at its end
         # (``stretch._by_tier``); a batch with BLIS's off-chain hashes (``blis_quirks``) is
         # not planned (``stretch.outlook``).
-        return self.decode_stretches and self.latency_model == "blackbox"
+        return self.decode_stretches and self.latency is None and self.latency_model in (
+            "blackbox", "roofline")
+
+    @property
+    def stretch_times_vary(self) -> bool:
+        """The plain steps of a stretch have times of their own (a roofline step's grows with
+        the contexts), planned a bounded number of steps ahead (``VARYING_PLAN``);
+        under the blackbox model they all last the same (the batch's token counts alone)."""
+        return self.stretches and self.latency_model == "roofline"
+
+    @property
+    def stretch_offset_slots(self) -> int:
+        """Entries per instance of ``SimState.stretch_offset``: the starts of a plan's steps
+        and of the real step after them where the times vary, none otherwise."""
+        return VARYING_PLAN + 1 if self.stretch_times_vary else 0
 
     @property
     def cache_copy_on(self) -> bool:
@@ -464,6 +477,10 @@ def stretches_pay_off(output_tokens) -> bool:
 
 
 # Capacities that may be raised above what one workload needs (upper bounds, never semantics).
+# Plain steps planned at most at once where their times vary (roofline): each plan evaluates
+# the model for every one of them over the whole batch, and the plan's step starts are state.
+VARYING_PLAN = 32
+
 _SHAREABLE = ("queue_slots", "pending_slots", "max_blocks_per_request", "max_prompt_blocks",
               "num_groups", "group_blocks_max", "own_slots", "num_deadlines", "itl_capacity",
               "cpu_ext_slots", "offchain_generations", "pd_reserve_slots",

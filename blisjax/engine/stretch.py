@@ -12,6 +12,13 @@ steps has a fixed batch, so under the blackbox model each lasts the same ``d`` �
 start at t0, t0 + d, t0 + 2d, …; their effects are per-request sums (progress, ITL entries,
 computed tokens) plus KV growth, which is a function of each request's last-block fill.
 
+Under the roofline model a plain step's time grows with the contexts, which grow by one token
+per step: the plan evaluates the model for its next ``VARYING_PLAN`` steps at once (the
+batch's progress plus 0, 1, …; each evaluation is the same float64 program as a real step's,
+so each time is exact) and keeps their starts relative to the plan's first
+(``SimState.stretch_offset``), so a plan covers at most that many steps. Each step's time is truncated to µs on its own, so the
+integer starts are exact prefix sums.
+
 After every step the instance *plans* its stretch (``plan``): how many plain steps follow
 before the first step that must run on its own (a completion or length cap, a KV shortfall,
 the last step within the horizon). The planned steps are *virtual*: ``next_event`` sees the
@@ -44,9 +51,18 @@ import jax
 import jax.numpy as jnp
 
 from blisjax.engine import kvcache as kv
-from blisjax.engine import kvtier
-from blisjax.engine.lockstep import add, after_reads, by_width, lane_max, lane_while, upd
+from blisjax.engine import kvtier, roofline
+from blisjax.engine.lockstep import (
+    add,
+    after_reads,
+    by_width,
+    lane_max,
+    lane_once,
+    lane_while,
+    upd,
+)
 from blisjax.engine.state import NIL, SimState
+from blisjax.engine.static import VARYING_PLAN
 
 CHUNK_STEPS = 16  # plain steps applied per pass of ``materialize`` (at most the block size)
 
@@ -67,12 +83,19 @@ class BatchOutlook(NamedTuple):
     decoding: jax.Array  # bool: every request left running is past its prompt
     plain_steps: jax.Array  # int32: plain steps before the first completion or length cap
     spare_cum: jax.Array  # int32 [B]: requests whose last block has <= v free positions
+    step_us: jax.Array  # int64 µs [VARYING_PLAN]: the model's times of the next plain steps
+    #                     where they vary (roofline; before any slow-down), [0] otherwise
+
+
+def _plain_times(st) -> int:
+    return VARYING_PLAN if st.stretch_times_vary else 0
 
 
 def no_outlook(st) -> BatchOutlook:
     """The carry's start value (no stretch)."""
     return BatchOutlook(jnp.asarray(False), jnp.asarray(0, jnp.int32),
-                        jnp.zeros(st.block_size, jnp.int32))
+                        jnp.zeros(st.block_size, jnp.int32),
+                        jnp.ones(_plain_times(st), jnp.int64))
 
 
 def outlook(s: SimState, st, c, i, keep, slots, pi, l_in, out) -> BatchOutlook:
@@ -105,7 +128,21 @@ def outlook(s: SimState, st, c, i, keep, slots, pi, l_in, out) -> BatchOutlook:
     spare = kv.spare_positions(st, fill.blen, fill.filled).astype(jnp.int32)
     v = jnp.arange(st.block_size, dtype=jnp.int32)
     cum = jnp.sum(keep[:, None] & (spare[:, None] <= v[None, :]), axis=0, dtype=jnp.int32)
-    return BatchOutlook(decoding, plain, cum)
+    step_us = jnp.ones(_plain_times(st), jnp.int64)
+    if st.stretch_times_vary:  # evaluated only when some lane may plan
+        wanted = decoding & (s.q_len[i] == 0) & jnp.any(keep)
+        step_us = lane_once(wanted, lambda us, go: plain_step_times(c, keep, pi, l_in, out),
+                            step_us)
+    return BatchOutlook(decoding, plain, cum, step_us)
+
+
+def plain_step_times(c, keep, pi, l_in, out):
+    """int64 µs [VARYING_PLAN]: roofline times of the plain steps k = 0, 1, … of the requests
+    ``keep`` (progress ``pi`` after the step just run; [width] like ``outlook``'s): each
+    decodes one token at progress pi + k."""
+    k = jnp.arange(VARYING_PLAN, dtype=pi.dtype)[:, None]
+    nn = jnp.broadcast_to(keep.astype(jnp.int32), (VARYING_PLAN, keep.shape[0]))
+    return roofline.step_time_us(c.roofline, nn, pi[None, :] + k, l_in[None, :], out[None, :])
 
 
 def _block_step(cum, running, g, block_size: int):
@@ -126,26 +163,34 @@ def blocks_taken(cum, running, k, block_size: int):
 
 def plan(s: SimState, st, i, seen: BatchOutlook, plain_us, active) -> SimState:
     """After instance i's step (where ``active``): the plain steps that follow it, each
-    ``plain_us`` long (the step time of the batch's decode tokens alone). Zero unless
-    the batch decodes, the wait queue is empty, the budget covers the batch and a next step is
-    due; else the fewest of: steps to the first completion or length cap, steps whose fresh
-    blocks the free list holds, and steps that start before the horizon's last one (which
-    runs on its own, so the lane never ends with virtual steps)."""
+    ``plain_us`` long (the step time of the batch's decode tokens alone; where step times vary,
+    [VARYING_PLAN] times of the steps in order). Zero unless the batch decodes, the wait queue
+    is empty, the budget covers the batch and a next step is due; else the fewest of: steps to
+    the first completion or length cap, steps whose fresh blocks the free list holds, steps
+    that start before the horizon's last one (which runs on its own, so the lane never ends
+    with virtual steps) and, where times vary, the steps whose times are known."""
     running = s.n_run[i]
     t0 = s.step_time[i]
     ok = (active & seen.decoding & (running > 0) & (s.q_len[i] == 0)
           & (running <= st.token_budget) & (t0 >= 0) & (t0 <= st.horizon_us))
-    d = plain_us
     by_kv = _block_step(seen.spare_cum, running, s.kv_free[i], st.block_size)
-    by_horizon = (st.horizon_us - t0) // d
+    if st.stretch_times_vary:
+        # offset[k] = the first k times: the real step after k plain ones starts there
+        offset = jnp.concatenate([jnp.zeros(1, jnp.int64), jnp.cumsum(plain_us)])
+        by_horizon = jnp.sum(t0 + offset[1:] <= st.horizon_us, dtype=jnp.int64)
+    else:
+        by_horizon = (st.horizon_us - t0) // plain_us
     k = jnp.minimum(jnp.minimum(seen.plain_steps, by_kv).astype(jnp.int64), by_horizon)
     if st.tiered:
         k = jnp.minimum(k, _by_tier(s, st, i, seen, running))
     k = jnp.where(ok, jnp.maximum(k, 0), 0).astype(jnp.int32)
-    return s.replace(
+    s = s.replace(
         stretch_steps=upd(s.stretch_steps, i, k, active),
-        stretch_d=upd(s.stretch_d, i, d.astype(jnp.int64), active),
         stretch_cum=s.stretch_cum.at[i].set(jnp.where(active, seen.spare_cum, s.stretch_cum[i])))
+    if st.stretch_times_vary:
+        return s.replace(stretch_offset=s.stretch_offset.at[i].set(
+            jnp.where(active, offset, s.stretch_offset[i])))
+    return s.replace(stretch_d=upd(s.stretch_d, i, plain_us.astype(jnp.int64), active))
 
 
 def _by_tier(s: SimState, st, i, seen: BatchOutlook, running):
@@ -163,29 +208,39 @@ def _by_tier(s: SimState, st, i, seen: BatchOutlook, running):
     return jnp.where(t.capacity == 0, big, jnp.where(holds_all, by_room, 0)).astype(jnp.int64)
 
 
-def next_step_us(s: SimState):
+def next_step_us(s: SimState, st):
     """[I] start of each instance's next real step (after its virtual ones); -1 where none."""
-    return jnp.where(s.step_time >= 0, s.step_time + s.stretch_steps * s.stretch_d, -1)
+    if st.stretch_times_vary:
+        span = jnp.take_along_axis(s.stretch_offset, s.stretch_steps[:, None], 1)[:, 0]
+    else:
+        span = s.stretch_steps * s.stretch_d
+    return jnp.where(s.step_time >= 0, s.step_time + span, -1)
 
 
-def _steps_before(s: SimState, t0, now, inclusive: bool):
-    """Virtual steps of the plan that start before ``now`` (at or before, if inclusive)."""
+def _steps_before(s: SimState, st, now, inclusive: bool):
+    """[I] virtual steps of each plan that start before ``now`` (at or before, if
+    inclusive)."""
+    if st.stretch_times_vary:
+        starts = s.step_time[:, None] + s.stretch_offset[:, :VARYING_PLAN]
+        k = jnp.arange(VARYING_PLAN, dtype=jnp.int32)
+        started = (starts <= now) if inclusive else (starts < now)
+        return jnp.sum(started & (k < s.stretch_steps[:, None]), axis=1, dtype=jnp.int32)
     d = jnp.maximum(s.stretch_d, 1)
-    span = now - t0 + (1 if inclusive else 0)
+    span = now - s.step_time + (1 if inclusive else 0)
     started = jnp.where(span > 0, (span + d - 1) // d, 0)
     return jnp.minimum(started, s.stretch_steps).astype(jnp.int32)
 
 
-def truncate(s: SimState, i, now, active) -> SimState:
+def truncate(s: SimState, st, i, now, active) -> SimState:
     """A request joins instance i's wait queue at ``now``: the plain steps starting before it
     stay virtual, the first one at or after it will run on its own (phase 2 may admit)."""
-    before = _steps_before(s, s.step_time, now, False)[i]
+    before = _steps_before(s, st, now, False)[i]
     return s.replace(stretch_steps=upd(s.stretch_steps, i, before, active))
 
 
 def kv_used_at(s: SimState, st, now):
     """[I] KV blocks in use at ``now`` with every virtual step starting before it applied."""
-    done = _steps_before(s, s.step_time, now, False)
+    done = _steps_before(s, st, now, False)
     pending = jnp.where(s.step_time >= 0, done, 0)
     grown = blocks_taken(s.stretch_cum, s.n_run, pending, st.block_size)
     return st.kv_blocks - s.kv_free + grown
@@ -199,7 +254,7 @@ def materialize(s: SimState, st, c, i, now, active, widths: tuple[int, ...],
     """Apply instance i's virtual steps that start before ``now`` (or at it, if
     ``inclusive``), where ``active``; the plan keeps the rest. ``widths``: the vector widths
     of the running-batch programs (``instance.step_widths``)."""
-    due = jnp.where(active, _steps_before(s, s.step_time, now, inclusive)[i], 0)
+    due = jnp.where(active, _steps_before(s, st, now, inclusive)[i], 0)
     widest = lane_max(jnp.where(due > 0, s.n_run[i], 0))
 
     def program(s, go, width):
@@ -218,12 +273,30 @@ def materialize(s: SimState, st, c, i, now, active, widths: tuple[int, ...],
     return by_width(widths, widest, active & (due > 0), program, s)
 
 
+class PassTimes(NamedTuple):
+    """Times of a pass of kc plain steps of one instance (``pass_times``)."""
+
+    starts: jax.Array  # int64 µs [chunk + 1]: start of the pass's step k (k = kc: the next)
+    span: jax.Array  # int64 µs: from the first step's start to the next step's
+    step_us: jax.Array  # int64 µs [chunk]: each step's time (steps k < kc are the pass's)
+
+
+def pass_times(s: SimState, st, i, kc) -> PassTimes:
+    """The times of instance i's next ``kc`` (<= ``chunk_steps``) virtual steps."""
+    n = chunk_steps(st)
+    if st.stretch_times_vary:
+        starts = s.step_time[i] + s.stretch_offset[i, :n + 1]
+    else:
+        starts = s.step_time[i] + jnp.arange(n + 1, dtype=jnp.int64) * s.stretch_d[i]
+    return PassTimes(starts, starts[kc] - starts[0], starts[1:] - starts[:-1])
+
+
 def _apply(s: SimState, st, c, i, kc, go, width: int) -> SimState:
     """Apply ``kc`` (1 .. block size) plain steps of instance i at running positions
     0 .. width - 1, where ``go``: the effects of kc consecutive ``Instance._step`` calls."""
     bs = st.block_size
     kc = jnp.where(go, kc, 0).astype(jnp.int32)
-    t0, d = s.step_time[i], s.stretch_d[i]
+    times = pass_times(s, st, i, kc)
     pos = jnp.arange(width, dtype=jnp.int32)
     valid = go & (pos < s.n_run[i])
     slots = jnp.maximum(s.order[i, :width], 0)
@@ -256,15 +329,16 @@ def _apply(s: SimState, st, c, i, kc, go, width: int) -> SimState:
         misses=add(s.misses, i, count.astype(jnp.int64), go),
         ovf_blocks=s.ovf_blocks + jnp.sum(fresh & (fill.blen >= mb), dtype=jnp.int32))
     if st.tiered:  # before the hash-slot writes, which read no CPU key
-        s = _cpu_keys(s, st, c, i, reqs, fill, spare, fresh, top_up, b, kc)
+        s = _cpu_keys(s, st, c, i, reqs, fill, spare, fresh, top_up, b, kc, times)
     if st.prefix_caching:
         s = _hash_slot_ops(s, st, c, i, reqs, fill, spare, fresh, top_up, b, kc, width)
-    itl = d + st.otp_us
     grown = jnp.where(valid, kc, 0)  # the sink row (invalid positions) gets nothing
+    # each step adds its time plus the output-token processing time to every ITL sum
+    itl_total = times.span + kc.astype(jnp.int64) * st.otp_us
     s = s.replace(
         pi=s.pi.at[reqs].add(grown), computed=s.computed.at[reqs].add(grown),
         num_new=s.num_new.at[reqs].set(jnp.where(valid, 1, 0)),
-        itl_sum=s.itl_sum.at[reqs].add(grown.astype(jnp.int64) * itl))
+        itl_sum=s.itl_sum.at[reqs].add(jnp.where(valid, itl_total, 0)))
     if st.itl_capacity > 0:
         # the progress before the pass, read back from the updated array (valid requests are
         # distinct and the sink row grows by 0): a read of the old array beside the in-place
@@ -273,17 +347,22 @@ def _apply(s: SimState, st, c, i, kc, go, width: int) -> SimState:
         k = jnp.arange(chunk_steps(st), dtype=jnp.int32)
         entry = c.itl_offset[reqs][:, None] + (pi0 - c.input_tokens[reqs])[:, None] + k[None, :]
         write = valid[:, None] & (k[None, :] < kc)
+        itl = jnp.broadcast_to((times.step_us + st.otp_us).astype(jnp.int32), write.shape)
         s = s.replace(itl_buf=s.itl_buf.at[jnp.where(write, entry, st.itl_capacity)].set(
-            itl.astype(jnp.int32), mode="drop"))
-    span = kc.astype(jnp.int64) * d
+            itl, mode="drop"))
     used = (st.kv_blocks - s.kv_free[i]).astype(jnp.int64)
+    if st.stretch_times_vary:  # the plan's offsets from the next virtual step on
+        later = jnp.minimum(jnp.arange(VARYING_PLAN + 1) + kc, VARYING_PLAN)
+        s = s.replace(stretch_offset=s.stretch_offset.at[i].set(
+            jnp.where(go, s.stretch_offset[i, later] - times.span, s.stretch_offset[i])))
     return s.replace(
-        steps=add(s.steps, i, kc.astype(jnp.int64), go), busy=add(s.busy, i, span, go),
+        steps=add(s.steps, i, kc.astype(jnp.int64), go), busy=add(s.busy, i, times.span, go),
         peak_used=upd(s.peak_used, i, jnp.maximum(s.peak_used[i], used), go),
         # the instance's clock is the last event's time: this pass's last step, unless a later
         # event (the real step that materializes it) has set it already
-        clock=upd(s.clock, i, jnp.maximum(s.clock[i], t0 + span - d), go),
-        step_time=upd(s.step_time, i, t0 + span, go),
+        clock=upd(s.clock, i, jnp.maximum(s.clock[i], times.starts[jnp.maximum(kc - 1, 0)]),
+                  go),
+        step_time=upd(s.step_time, i, times.starts[kc], go),
         stretch_steps=add(s.stretch_steps, i, -kc, go),
         iters=s.iters + kc.astype(jnp.int64), stretched=s.stretched + kc.astype(jnp.int64))
 
@@ -322,7 +401,8 @@ def _hash_slot_ops(s: SimState, st, c, i, reqs, fill, spare, fresh, top_up, b, k
         slot_last, mode="drop"))
 
 
-def _cpu_keys(s: SimState, st, c, i, reqs, fill, spare, fresh, top_up, b, kc) -> SimState:
+def _cpu_keys(s: SimState, st, c, i, reqs, fill, spare, fresh, top_up, b, kc,
+              times: PassTimes) -> SimState:
     """The CPU keys of a ``_apply`` pass (``kvcache.grant_tokens``): a block taken for decode
     growth forgets its content's key, noted as a GPU eviction at the start of its step
     (``spare``); a block the pass fills gets its key — the last block at step ``spare - 1``,
@@ -331,8 +411,7 @@ def _cpu_keys(s: SimState, st, c, i, reqs, fill, spare, fresh, top_up, b, kc) ->
     bs, k_blocks = st.block_size, st.kv_blocks
     t = s.tier
     old = t.key_of_block[i, jnp.clip(b, 0, k_blocks - 1)]
-    t = kvtier.note_evictions(t, old, fresh, s.step_time[i] + spare.astype(jnp.int64)
-                              * s.stretch_d[i])
+    t = kvtier.note_evictions(t, old, fresh, times.starts[jnp.minimum(spare, kc)])
     fills_fresh = fresh & (spare == 0) & (kc == bs) & (bs > 1)
     fills_last = top_up & (spare <= kc)
     key_of_block = t.key_of_block.at[i, b].set(

@@ -11,16 +11,23 @@ that read KV use while other instances are mid-stretch.
 from __future__ import annotations
 
 import dataclasses
+from types import SimpleNamespace
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from blisjax.config import PriorityConfig, RoutingConfig, ScorerWeight
+from blisjax.config import (
+    LatencyConfig,
+    PriorityConfig,
+    RoutingConfig,
+    ScorerWeight,
+    resolve_config,
+)
 from blisjax.engine import params_from_config, stack_params, stretch
 from blisjax.engine.parity import first_divergence
 from blisjax.engine.run import lane_result, run_lanes
-from blisjax.engine.static import build_consts, build_static
+from blisjax.engine.static import VARYING_PLAN, build_consts, build_static
 from blisjax.metrics import records
 from blisjax.reference import simulate as reference
 from tests.reference.conftest import make_resolved, make_workload
@@ -68,43 +75,58 @@ def test_blocks_taken_and_block_steps_match_token_by_token_growth(block_size):
 
 
 def test_steps_before_counts_step_starts_strictly_before_or_at_a_time():
-    """Virtual steps start at t0, t0 + d, …: those starting before (or at) a time."""
-    class S:  # the three plan fields ``_steps_before`` reads
-        stretch_d = jnp.asarray([7, 7, 1])
-        stretch_steps = jnp.asarray([5, 2, 0])
-
-    t0 = jnp.asarray([100, 100, 100])
-    for now in range(90, 150):
+    """Virtual steps start at t0, t0 + d, … (blackbox) or at planned times (roofline): those
+    starting before (or at) a time, and the next real step's start."""
+    constant = SimpleNamespace(stretch_times_vary=False)
+    varying = SimpleNamespace(stretch_times_vary=True)
+    plans = (((7,) * 5, 5), ((7,) * 5, 2), ((1,), 0), ((3, 4, 9, 1, 1, 30), 6),
+             ((2, 2, 5), 1))
+    times = [(*d, *(1,) * (VARYING_PLAN - len(d))) for d, _ in plans]
+    s = SimpleNamespace(step_time=jnp.full(len(plans), 100, jnp.int64),
+                        stretch_d=jnp.asarray([d[0] for d, _ in plans], jnp.int64),
+                        stretch_steps=jnp.asarray([k for _, k in plans], jnp.int32),
+                        stretch_offset=jnp.asarray(np.cumsum([[0, *d] for d in times], axis=1)))
+    for now in range(90, 170):
         for inclusive in (False, True):
-            got = np.asarray(stretch._steps_before(S, t0, jnp.asarray(now), inclusive))
-            for i, (d, k) in enumerate(((7, 5), (7, 2), (1, 0))):
-                starts = [100 + d * m for m in range(k)]
-                want = sum(1 for x in starts if (x <= now if inclusive else x < now))
-                assert got[i] == want, (now, inclusive, i)
+            got = {st.stretch_times_vary: np.asarray(stretch._steps_before(
+                s, st, jnp.asarray(now), inclusive)) for st in (constant, varying)}
+            for i, (d, k) in enumerate(plans):
+                step_starts = 100 + np.cumsum([0, *d])[:k]
+                want = sum(1 for x in step_starts if (x <= now if inclusive else x < now))
+                assert got[True][i] == want, (now, inclusive, i)
+                if len(set(d)) == 1:  # a constant plan: both representations
+                    assert got[False][i] == want, (now, inclusive, i)
+    assert np.asarray(stretch.next_step_us(s, varying)).tolist() == [135, 114, 100, 148, 102]
+    assert np.asarray(stretch.next_step_us(s, constant))[:3].tolist() == [135, 114, 100]
 
 
 # ---- a scenario with every kind of stretch end ------------------------------------------------
 
 
-def _rows():
+def _rows(scale: float = 1.0):
     """Staggered arrivals of 30–82 output tokens on two instances of 48 blocks of 4 tokens (a
     running request's decode growth preempts others), a third sharing a prefix block (free
     cached blocks that decode growth reclaims), two with deadlines that fall mid-decode, and
-    one of 100 + 20 tokens that finishes exactly at the 120-token length cap."""
+    one of 100 + 20 tokens that finishes exactly at the 120-token length cap. ``scale``
+    stretches every time for a model with longer steps."""
     rows = []
     for k in range(18):
-        row = dict(arrival=k * 6_000 + (k % 3) * 1_000, input=12 + 5 * (k % 4),
+        arrival = int((k * 6_000 + (k % 3) * 1_000) * scale)
+        row = dict(arrival=arrival, input=12 + 5 * (k % 4),
                    output=30 + 13 * (k % 5), tenant="a", slo=("critical", "batch")[k % 2])
         if k % 3 == 0:
             row.update(group=0, prefix=8)
         if k in (4, 11):
-            row["deadline"] = row["arrival"] + 45_000
+            row["deadline"] = arrival + int(45_000 * scale)
         rows.append(row)
-    rows.append(dict(arrival=20_000, input=100, output=20, tenant="a"))
+    rows.append(dict(arrival=int(20_000 * scale), input=100, output=20, tenant="a"))
     return sorted(rows, key=lambda r: r["arrival"])
 
 
 HORIZON_US = 150_000  # requests are still decoding when it falls
+# Times of the roofline scenario (llama-3.1-8b on an H100: decode steps of ~3 ms against the
+# blackbox test model's ~1.8 ms), so that it keeps every kind of stretch end
+ROOFLINE_SCALE = 2.0
 
 
 def _policies(base):
@@ -125,20 +147,26 @@ def _policies(base):
     return out
 
 
-def stretch_scenario():
+def stretch_scenario(latency: str = "blackbox"):
     """(resolved configuration, workload, lane configurations): the ``_rows`` on two instances
     of 48 blocks of 4 tokens, 8 running requests and a 120-token length cap, the ``_policies``
-    lanes. (tests/engine/test_program_cache.py compiles its program first: one compile for
-    both.)"""
+    lanes; ``latency`` "roofline": BLIS's default model and GPU, times scaled by
+    ``ROOFLINE_SCALE``. (tests/engine/test_program_cache.py compiles the blackbox program
+    first: one compile for both.)"""
+    scale = ROOFLINE_SCALE if latency == "roofline" else 1.0
     resolved = make_resolved(instances=2, block_size=4, kv_blocks=48, max_running=8,
-                             max_model_len=120, horizon_us=HORIZON_US)
-    return resolved, make_workload(_rows(), ("a",), ("g",)), _policies(resolved.config)
+                             max_model_len=120, horizon_us=int(HORIZON_US * scale))
+    if latency == "roofline":
+        resolved = resolve_config(dataclasses.replace(
+            resolved.config, latency=LatencyConfig(model="roofline")))
+    return resolved, make_workload(_rows(scale), ("a",), ("g",)), _policies(resolved.config)
 
 
-def test_stretch_ends_of_every_kind_match_the_reference_step_by_step():
-    resolved, w, configs = stretch_scenario()
+@pytest.mark.parametrize("latency", ["blackbox", "roofline"])
+def test_stretch_ends_of_every_kind_match_the_reference_step_by_step(latency):
+    resolved, w, configs = stretch_scenario(latency)
     st = build_static(resolved, w, decode_stretches=True)
-    assert st.stretches
+    assert st.stretches and st.stretch_times_vary == (latency == "roofline")
     consts = build_consts(resolved, w, st)
     final = run_lanes(st, consts, stack_params([params_from_config(c, w.tenant_names)
                                                 for c in configs]))
@@ -155,11 +183,13 @@ def test_stretch_ends_of_every_kind_match_the_reference_step_by_step():
     steps = np.asarray(final.steps).sum(axis=1)
     stretched = np.asarray(final.stretched)
     # under this much preemption still over 40 % of the steps ran inside stretches, in
-    # every lane (about 55 %); without stretches none would
-    assert np.all(stretched > 0.4 * steps), (stretched, steps)
+    # every lane (about 55 %; roofline 40–56 %, its plans at most VARYING_PLAN steps long);
+    # without stretches none would
+    assert np.all(stretched > (0.35 if st.stretch_times_vary else 0.4) * steps), (
+        stretched, steps)
 
 
-def test_decode_stretches_switch_is_checked_and_compiled_only_for_blackbox():
+def test_decode_stretches_switch_is_checked_and_compiled_for_in_program_models():
     resolved = make_resolved()
     w = make_workload([dict(arrival=0, input=8, output=4)])
     assert build_static(resolved, w, decode_stretches=True).stretches
@@ -172,6 +202,11 @@ def test_decode_stretches_switch_is_checked_and_compiled_only_for_blackbox():
     rows = [dict(arrival=0, input=8, output=n) for n in (100, 156)]
     assert build_static(resolved, make_workload(rows)).stretches
     assert not build_static(resolved, make_workload(rows[:1])).stretches
-    # a roofline or physics model (evaluated on the host) has step times that change within a
-    # run of plain steps: no stretches
+    # a model evaluated on the host (physics, or roofline beyond the program's exact range)
+    # has no stretches; roofline in the program has stretches whose step times vary
     assert not dataclasses.replace(build_static(resolved, w), latency=object()).stretches
+    roofline = resolve_config(dataclasses.replace(resolved.config,
+                                                  latency=LatencyConfig(model="roofline")))
+    st = build_static(roofline, w, decode_stretches=True)
+    assert st.stretches and st.stretch_times_vary and st.stretch_offset_slots == VARYING_PLAN + 1
+    assert not build_static(resolved, w, decode_stretches=True).stretch_times_vary
