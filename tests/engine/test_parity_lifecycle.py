@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from blisjax.config import (
     AutoscalerConfig,
     DelaySpec,
+    LatencyConfig,
     LifecycleConfig,
     NodePool,
     resolve_config,
@@ -95,9 +96,10 @@ def lifecycles(draw) -> LifecycleConfig:
         cost_per_hour=draw(st.sampled_from([1.0, 2.5])))
 
 
-def _base(quirks: bool, pools: bool):
+def _base(quirks: bool, pools: bool, latency: str = "blackbox"):
     resolved = make_resolved(quirks=quirks, **ENGINE)
-    cfg = resolved.config
+    cfg = dataclasses.replace(resolved.config, latency=LatencyConfig(model="roofline")) \
+        if latency == "roofline" else resolved.config
     autoscaler = dataclasses.replace(BASE_AUTOSCALER, max_replicas=0 if pools else SLOTS)
     cluster = dataclasses.replace(cfg.cluster, node_pools=POOLS if pools else ())
     return resolve_config(dataclasses.replace(
@@ -111,8 +113,8 @@ def _lane(base, autoscaler, life):
         cluster=dataclasses.replace(cfg.cluster, lifecycle=life))
 
 
-def _check(quirks: bool, pools: bool, data) -> None:
-    base = _base(quirks, pools)
+def _check(quirks: bool, pools: bool, data, latency: str = "blackbox") -> None:
+    base = _base(quirks, pools, latency)
     static = build_static(base, _envelope(), decode_stretches=True)
     assert static.lifecycle and static.num_instances == (5 if pools else SLOTS)
     w = data.draw(workloads(), label="workload")
@@ -152,3 +154,11 @@ def test_drawn_autoscalers_match_reference(data):
 @given(data=st.data())
 def test_drawn_autoscalers_match_reference_slow(quirks, pools, data):
     _check(quirks, pools, data)
+
+
+@pytest.mark.slow
+@settings(max_examples=30, **_SETTINGS)
+@given(data=st.data())
+def test_drawn_autoscalers_match_reference_roofline(data):
+    """Roofline decode stretches whose step times vary, slowed while instances warm up."""
+    _check(False, False, data, "roofline")

@@ -16,7 +16,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from blisjax.config import resolve_config
+from blisjax.config import LatencyConfig, resolve_config
 from blisjax.engine import params_from_config, stack_params
 from blisjax.engine.parity import first_divergence
 from blisjax.engine.run import lane_result, run_lanes
@@ -43,14 +43,20 @@ def _config(base, cpu_blocks, bandwidth, base_us):
     return dataclasses.replace(base.config, engine=engine)
 
 
-@pytest.mark.parametrize("stretches", [True, pytest.param(False, marks=pytest.mark.slow)])
-def test_lanes_with_distinct_tiers_match_the_reference(stretches):
+@pytest.mark.parametrize(("stretches", "latency"), [
+    (True, "blackbox"), pytest.param(False, "blackbox", marks=pytest.mark.slow),
+    pytest.param(True, "roofline", marks=pytest.mark.slow)])
+def test_lanes_with_distinct_tiers_match_the_reference(stretches, latency):
     """With decode stretches (the default-tier case) a stretch's mirror passes are one pass
     at its end, planned only while the tier evicts nothing: the lanes whose tier holds the
-    batch stretch, the thrashing one mostly runs step by step, and all match."""
+    batch stretch, the thrashing one mostly runs step by step, and all match (under the
+    roofline model too, whose plain steps have times of their own)."""
     base = make_resolved(instances=1, kv_blocks=100, max_tokens=256, max_running=32,
                          preemption="fcfs",
                          cpu_blocks=max(c for c, _, _ in LANES))
+    if latency == "roofline":
+        base = resolve_config(dataclasses.replace(base.config,
+                                                  latency=LatencyConfig(model="roofline")))
     workload = _workload()
     configs = [_config(base, *lane) for lane in LANES]
     running_reloads = {"count": 0}
