@@ -156,8 +156,9 @@ def test_moe_weights_follow_the_token_count():
 
 def test_roofline_static_runs_in_the_program(tmp_path, monkeypatch):
     """A roofline configuration compiles without host callbacks: no latency object in the
-    static, so the program cache keeps it; decode stretches stay off (step times grow with
-    the contexts); the physics model keeps its callback."""
+    static, so the program cache keeps it; decode stretches are compiled in, with step times
+    of their own (they grow with the contexts); the physics model keeps its callback and has
+    no stretches."""
     from blisjax.config import LatencyConfig, load_config, resolve_config
     from blisjax.engine import progcache
     from blisjax.workload import generate_workload, parse_workload_spec
@@ -172,9 +173,10 @@ def test_roofline_static_runs_in_the_program(tmp_path, monkeypatch):
     roof = build_static(resolve_config(dataclasses.replace(
         cfg, latency=LatencyConfig(model="roofline"))), workload, decode_stretches=True)
     assert roof.latency_model == "roofline" and roof.latency is None
-    assert progcache.cacheable(roof) and not roof.stretches
-    physics = build_static(resolve_config(cfg), workload)
+    assert progcache.cacheable(roof) and roof.stretches and roof.stretch_times_vary
+    physics = build_static(resolve_config(cfg), workload, decode_stretches=True)
     assert physics.latency is not None and not progcache.cacheable(physics)
+    assert not physics.stretches
 
 
 def test_placeholder_has_the_same_structure():
