@@ -274,21 +274,26 @@ def materialize(s: SimState, st, c, i, now, active, widths: tuple[int, ...],
 
 
 class PassTimes(NamedTuple):
-    """Times of a pass of kc plain steps of one instance (``pass_times``)."""
+    """Times of instance i's next virtual steps, from the first (``pass_times``)."""
 
-    starts: jax.Array  # int64 µs [chunk + 1]: start of the pass's step k (k = kc: the next)
-    span: jax.Array  # int64 µs: from the first step's start to the next step's
-    step_us: jax.Array  # int64 µs [chunk]: each step's time (steps k < kc are the pass's)
+    t0: jax.Array  # int64 µs: start of the first
+    d: jax.Array | None  # int64 µs: each one's time, where they all last the same
+    offset: jax.Array | None  # int64 µs [chunk + 1]: start of step k after t0, where they vary
+
+    def after(self, k):
+        """µs from t0 to the start of step k (k <= chunk; any shape)."""
+        return k * self.d if self.offset is None else self.offset[k]
+
+    def step_us(self):
+        """Each step's time: a scalar where they all last the same, else [chunk]."""
+        return self.d if self.offset is None else self.offset[1:] - self.offset[:-1]
 
 
-def pass_times(s: SimState, st, i, kc) -> PassTimes:
-    """The times of instance i's next ``kc`` (<= ``chunk_steps``) virtual steps."""
-    n = chunk_steps(st)
+def pass_times(s: SimState, st, i) -> PassTimes:
+    """The times of instance i's next ``chunk_steps`` virtual steps."""
     if st.stretch_times_vary:
-        starts = s.step_time[i] + s.stretch_offset[i, :n + 1]
-    else:
-        starts = s.step_time[i] + jnp.arange(n + 1, dtype=jnp.int64) * s.stretch_d[i]
-    return PassTimes(starts, starts[kc] - starts[0], starts[1:] - starts[:-1])
+        return PassTimes(s.step_time[i], None, s.stretch_offset[i, :chunk_steps(st) + 1])
+    return PassTimes(s.step_time[i], s.stretch_d[i], None)
 
 
 def _apply(s: SimState, st, c, i, kc, go, width: int) -> SimState:
@@ -296,7 +301,8 @@ def _apply(s: SimState, st, c, i, kc, go, width: int) -> SimState:
     0 .. width - 1, where ``go``: the effects of kc consecutive ``Instance._step`` calls."""
     bs = st.block_size
     kc = jnp.where(go, kc, 0).astype(jnp.int32)
-    times = pass_times(s, st, i, kc)
+    times = pass_times(s, st, i)
+    span = times.after(kc)  # µs from the pass's first step to the step after its last
     pos = jnp.arange(width, dtype=jnp.int32)
     valid = go & (pos < s.n_run[i])
     slots = jnp.maximum(s.order[i, :width], 0)
@@ -334,7 +340,7 @@ def _apply(s: SimState, st, c, i, kc, go, width: int) -> SimState:
         s = _hash_slot_ops(s, st, c, i, reqs, fill, spare, fresh, top_up, b, kc, width)
     grown = jnp.where(valid, kc, 0)  # the sink row (invalid positions) gets nothing
     # each step adds its time plus the output-token processing time to every ITL sum
-    itl_total = times.span + kc.astype(jnp.int64) * st.otp_us
+    itl_total = span + kc.astype(jnp.int64) * st.otp_us
     s = s.replace(
         pi=s.pi.at[reqs].add(grown), computed=s.computed.at[reqs].add(grown),
         num_new=s.num_new.at[reqs].set(jnp.where(valid, 1, 0)),
@@ -347,22 +353,24 @@ def _apply(s: SimState, st, c, i, kc, go, width: int) -> SimState:
         k = jnp.arange(chunk_steps(st), dtype=jnp.int32)
         entry = c.itl_offset[reqs][:, None] + (pi0 - c.input_tokens[reqs])[:, None] + k[None, :]
         write = valid[:, None] & (k[None, :] < kc)
-        itl = jnp.broadcast_to((times.step_us + st.otp_us).astype(jnp.int32), write.shape)
+        itl = (times.step_us() + st.otp_us).astype(jnp.int32)
+        if st.stretch_times_vary:
+            itl = jnp.broadcast_to(itl, write.shape)
         s = s.replace(itl_buf=s.itl_buf.at[jnp.where(write, entry, st.itl_capacity)].set(
             itl, mode="drop"))
     used = (st.kv_blocks - s.kv_free[i]).astype(jnp.int64)
     if st.stretch_times_vary:  # the plan's offsets from the next virtual step on
         later = jnp.minimum(jnp.arange(VARYING_PLAN + 1) + kc, VARYING_PLAN)
         s = s.replace(stretch_offset=s.stretch_offset.at[i].set(
-            jnp.where(go, s.stretch_offset[i, later] - times.span, s.stretch_offset[i])))
+            jnp.where(go, s.stretch_offset[i, later] - span, s.stretch_offset[i])))
     return s.replace(
-        steps=add(s.steps, i, kc.astype(jnp.int64), go), busy=add(s.busy, i, times.span, go),
+        steps=add(s.steps, i, kc.astype(jnp.int64), go), busy=add(s.busy, i, span, go),
         peak_used=upd(s.peak_used, i, jnp.maximum(s.peak_used[i], used), go),
         # the instance's clock is the last event's time: this pass's last step, unless a later
         # event (the real step that materializes it) has set it already
-        clock=upd(s.clock, i, jnp.maximum(s.clock[i], times.starts[jnp.maximum(kc - 1, 0)]),
-                  go),
-        step_time=upd(s.step_time, i, times.starts[kc], go),
+        clock=upd(s.clock, i, jnp.maximum(s.clock[i], times.t0 + times.after(
+            jnp.maximum(kc - 1, 0))), go),
+        step_time=upd(s.step_time, i, times.t0 + span, go),
         stretch_steps=add(s.stretch_steps, i, -kc, go),
         iters=s.iters + kc.astype(jnp.int64), stretched=s.stretched + kc.astype(jnp.int64))
 
@@ -411,7 +419,7 @@ def _cpu_keys(s: SimState, st, c, i, reqs, fill, spare, fresh, top_up, b, kc,
     bs, k_blocks = st.block_size, st.kv_blocks
     t = s.tier
     old = t.key_of_block[i, jnp.clip(b, 0, k_blocks - 1)]
-    t = kvtier.note_evictions(t, old, fresh, times.starts[jnp.minimum(spare, kc)])
+    t = kvtier.note_evictions(t, old, fresh, times.t0 + times.after(jnp.minimum(spare, kc)))
     fills_fresh = fresh & (spare == 0) & (kc == bs) & (bs > 1)
     fills_last = top_up & (spare <= kc)
     key_of_block = t.key_of_block.at[i, b].set(
