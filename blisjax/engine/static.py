@@ -48,8 +48,8 @@ class EngineStatic:
         cost more while batches are small. ``simulate`` (one lane) turns it off.
       decode_stretches: advance runs of decode-only steps as one (``engine.stretch``) where
         the step times are computed in the program (blackbox, roofline). Off, every step is
-        its own lockstep iteration; results are identical either way. ``build_static`` decides it from the
-        workload's output lengths unless told (``stretches_pay_off``).
+        its own lockstep iteration; results are identical either way. ``build_static``
+        decides it from the workload's output lengths unless told (``stretches_pay_off``).
     """
 
     num_requests: int

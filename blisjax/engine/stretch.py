@@ -16,8 +16,8 @@ Under the roofline model a plain step's time grows with the contexts, which grow
 per step: the plan evaluates the model for its next ``VARYING_PLAN`` steps at once (the
 batch's progress plus 0, 1, …; each evaluation is the same float64 program as a real step's,
 so each time is exact) and keeps their starts relative to the plan's first
-(``SimState.stretch_offset``), so a plan covers at most that many steps. Each step's time is truncated to µs on its own, so the
-integer starts are exact prefix sums.
+(``SimState.stretch_offset``), so a plan covers at most that many steps. Each step's time is
+truncated to µs on its own, so the integer starts are exact prefix sums.
 
 After every step the instance *plans* its stretch (``plan``): how many plain steps follow
 before the first step that must run on its own (a completion or length cap, a KV shortfall,
