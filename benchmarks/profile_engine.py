@@ -21,12 +21,14 @@ kernels; use the time split as a pointer and decide with ``ab_engine.py``. Needs
     python benchmarks/profile_engine.py --anchor --requests 1000   # 512-token outputs
     python benchmarks/profile_engine.py --cpu-tier --lanes 4 --requests 300
     python benchmarks/profile_engine.py --pd --lanes 16 --requests 500
+    python benchmarks/profile_engine.py --anchor --roofline --requests 1000  # roofline stretches
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import glob
 import json
 import os
@@ -44,6 +46,7 @@ if "--cpu-devices" in sys.argv:  # must come before JAX starts: split the CPU in
 
 import jax  # noqa: E402
 
+from blisjax.config import LatencyConfig, resolve_config  # noqa: E402
 from blisjax.engine import run as engine_run  # noqa: E402
 from blisjax.engine.static import build_consts, build_static  # noqa: E402
 
@@ -189,6 +192,9 @@ def add_case_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--pd", action="store_true",
                     help="the P/D example (bench_jax.pd_split): lanes draw splits, thresholds "
                          "and decode-pool weights")
+    ap.add_argument("--roofline", action="store_true",
+                    help="the case's model and GPU under the roofline latency model (with "
+                         "--anchor: roofline decode stretches)")
 
 
 class Case(NamedTuple):
@@ -217,6 +223,9 @@ def compile_case(args) -> Case:
     else:
         resolved, workload = bench_jax.scenario(args.requests, 4, 106.0,
                                                 kv_blocks=args.kv_blocks)
+    if args.roofline:
+        resolved = resolve_config(dataclasses.replace(
+            resolved.config, latency=LatencyConfig(model="roofline")))
     st = build_static(resolved, workload, decode_stretches=False if args.no_stretches else None,
                       **tiers)
     consts = build_consts(resolved, workload, st)
