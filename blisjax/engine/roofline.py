@@ -220,8 +220,8 @@ def step_seconds(rc: RooflineConsts, nn, pi, l_in, out) -> RooflineSeconds:
     ``nn`` new tokens this step (> 0 = scheduled), ``pi`` progress at the step's start,
     ``l_in`` input tokens, ``out`` output tokens. Prefill: scheduled and pi < l_in (s = pi,
     t = nn); decode: scheduled, pi >= l_in and out > 0 (s = pi, t = 1); other positions
-    contribute nothing. Exact when the configuration
-    passes :func:`fits_the_program` for the table's last row and the largest ``pi``.
+    contribute nothing. Exact when the configuration passes :func:`fits_the_program` for the
+    table's last row and the largest ``pi``.
     """
     sched = nn > 0
     prefill = sched & (pi < l_in)

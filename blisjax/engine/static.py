@@ -476,13 +476,13 @@ def stretches_pay_off(output_tokens) -> bool:
     return bool(out.size) and float(out.mean()) >= STRETCH_MIN_MEAN_OUTPUT
 
 
-# Capacities that may be raised above what one workload needs (upper bounds, never semantics).
 # Plain steps planned at most at once where their times vary (roofline): each plan evaluates
 # the model for every one of them over the whole batch, and the plan's step starts are state.
 # At least ``stretch.CHUNK_STEPS`` (a pass reads the starts of its steps). On the default
 # experiment 16 ran 1.07-1.16x faster than 32 and 32 faster than 64 (docs/performance.md).
 VARYING_PLAN = 16
 
+# Capacities that may be raised above what one workload needs (upper bounds, never semantics).
 _SHAREABLE = ("queue_slots", "pending_slots", "max_blocks_per_request", "max_prompt_blocks",
               "num_groups", "group_blocks_max", "own_slots", "num_deadlines", "itl_capacity",
               "cpu_ext_slots", "offchain_generations", "pd_reserve_slots",
