@@ -5,14 +5,16 @@ The default experiment (``configs/default.yaml``: llama-3.1-8b-instruct / H100, 
 output decides, and off), then with the roofline model (``latency.model: roofline``) computed in
 the compiled program, with decode stretches and without, and (``--host-roofline``) with the same
 roofline model evaluated on the host by the reference's Python code through a callback per step
-(``EngineStatic.latency`` set; the way every roofline step was timed before the roofline moved
-into the program). Each lane is a weighted-routing policy with its own random scorer weights.
+(``EngineStatic.latency`` set). Then the physics model with the latency-fitting sample's
+coefficients (``configs/latency/sample-config.yaml``, fitted for the same model and GPU) in the
+compiled program (no decode stretches: its EMA changes every step), and (``--host-physics``)
+through the host callback. Each lane is a weighted-routing policy with its own random scorer weights.
 All variants run in this process, alternating, so machine drift hits them alike; each is
 compiled once (compile_s, reported apart) and timed ``--rounds`` times (run_s: the median).
 Prints one JSON line per variant and population size, then the ratios to blackbox.
 
     python benchmarks/bench_latency_models.py                        # P = 64
-    python benchmarks/bench_latency_models.py --lanes 64,256 --host-roofline --rounds 2
+    python benchmarks/bench_latency_models.py --lanes 64,256 --host-roofline --host-physics
     python benchmarks/bench_latency_models.py --cpu-devices 2 --lanes 256
 """
 
@@ -41,6 +43,7 @@ from blisjax.latency.factory import make_latency_model  # noqa: E402
 from blisjax.workload import generate_workload, parse_workload_spec  # noqa: E402
 
 DEFAULT = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"
+PHYSICS_SAMPLE = DEFAULT.parent / "latency" / "sample-config.yaml"
 
 
 def population(cfg, tenants, lanes: int, seed: int = 0):
@@ -60,10 +63,10 @@ def population(cfg, tenants, lanes: int, seed: int = 0):
 
 # Each variant after the first of its model, and the variant whose results it must repeat.
 SAME_RESULTS_AS = {"blackbox-no-stretches": "blackbox", "roofline-no-stretches": "roofline",
-                   "roofline-host": "roofline"}
+                   "roofline-host": "roofline", "physics-host": "physics"}
 
 
-def variants(host_roofline: bool):
+def variants(host_roofline: bool, host_physics: bool):
     """(name, resolved config, workload, static) of each variant."""
     cfg = load_config(DEFAULT)
     workload = generate_workload(parse_workload_spec(cfg.workload), seed=cfg.seed)
@@ -78,6 +81,11 @@ def variants(host_roofline: bool):
     if host_roofline:
         st = dataclasses.replace(out[3][3], latency=make_latency_model(roofline))
         out.append(("roofline-host", roofline, workload, st))
+    physics = resolve_config(dataclasses.replace(cfg, latency=load_config(PHYSICS_SAMPLE).latency))
+    out.append(("physics", physics, workload, build_static(physics, workload)))
+    if host_physics:
+        st = dataclasses.replace(out[-1][3], latency=make_latency_model(physics))
+        out.append(("physics-host", physics, workload, st))
     return out
 
 
@@ -87,13 +95,15 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="timed calls per variant")
     ap.add_argument("--host-roofline", action="store_true",
                     help="also the roofline model through a host callback per step")
+    ap.add_argument("--host-physics", action="store_true",
+                    help="also the physics model through a host callback per step")
     ap.add_argument("--cpu-devices", type=int, default=1,
                     help="split the CPU into this many JAX devices (lanes sharded over them)")
     args = ap.parse_args()
     print(json.dumps({"jax": jax.__version__, "devices": jax.local_device_count()}), flush=True)
     for lanes in (int(p) for p in args.lanes.split(",")):
         runs = []
-        for name, resolved, workload, st in variants(args.host_roofline):
+        for name, resolved, workload, st in variants(args.host_roofline, args.host_physics):
             consts = build_consts(resolved, workload, st)
             params = population(resolved.config, workload.tenant_names, lanes)
             start = time.perf_counter()

@@ -20,7 +20,8 @@ Modules and their reference counterparts (``blisjax.reference``):
 ``lanes``           (none) the releases of all lanes of a lockstep block in one pass
 ``lockstep``        (none) loops and masked updates for code ``vmap`` runs over lanes
 ``roofline``        ``latency.roofline``: the roofline step time, in the program
-``hostlatency``     the physics model's calls from ``Instance._step`` and routing, on the host
+``physics``         ``latency.physics``: step time, EMA and queueing delay, in the program
+``hostlatency``     a latency model's calls from ``Instance._step`` and routing, on the host
 ``vec``             (none) prefix sums and leading counts in the forms XLA:CPU runs fastest
 ``exactfloat``      (none) float64 products no compiler can fuse into a multiply-add
 ==================  ==============================================================================

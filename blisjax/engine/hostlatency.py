@@ -1,17 +1,15 @@
-"""Physics latency in the JAX engine: the reference's own formulas, on the host.
+"""Latency models on the host: the reference's own formulas, through a host callback.
 
-Blackbox and roofline step times are computed inside the compiled program from host-exact
-tables (``instance.step_duration``, ``blisjax.engine.roofline``). The physics model's step
-time and queueing delay read instance state and an EMA through transcendental functions that
-XLA's library would not round as Python does, so the kernel hands its inputs to the *same
-Python code* the reference engine calls (``jax.pure_callback``), once per step for all lanes of
-a device, and gets integer microseconds back. Results are exact by construction; the price is a
-host round trip per step (docs/latency-models.md), so the JAX engine's throughput with physics
-is close to the reference engine's per simulation, amortized only over lanes, and its programs
-are not kept by the program cache. ``step_time`` takes any latency model object: a roofline
-configuration the program cannot evaluate exactly (``roofline.fits_the_program``) runs this
-way too, and so does any roofline run given an ``EngineStatic`` with ``latency`` set (for
-comparisons, e.g. ``benchmarks/bench_latency_models.py --host-roofline``).
+Blackbox, roofline and physics step times (and physics queueing delays) are computed inside the
+compiled program (``instance.step_duration``, ``blisjax.engine.roofline``,
+``blisjax.engine.physics``). This module is the fallback for a configuration the program
+cannot evaluate exactly (a roofline model that ``roofline.fits_the_program`` rejects), and for
+comparisons: any roofline or physics model set as ``EngineStatic.latency`` runs here
+(``benchmarks/bench_latency_models.py --host-roofline --host-physics``). The kernel hands its
+inputs to the *same Python code* the reference engine calls (``jax.pure_callback``), once per
+step for all lanes of a device, and gets integer microseconds back. Results are exact by
+construction; the price is a host round trip per step (docs/latency-models.md), amortized only
+over lanes, and such programs are not kept by the program cache.
 
 Counterpart: the latency-model calls of ``blisjax.reference.instance.Instance._step`` and
 ``_execute`` (``step_time``) and of ``Instance._model_queueing_delay_us`` (``queueing_delay``).

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from blisjax.config.codes import PreemptionPolicy
-from blisjax.engine import hostlatency, lifecycle, pd, roofline, stretch
+from blisjax.engine import hostlatency, lifecycle, pd, physics, roofline, stretch
 from blisjax.engine import kvcache as kv
 from blisjax.engine.lockstep import (
     add,
@@ -70,9 +70,10 @@ def inject_arrival(s: SimState, st, c, i, r, now, active) -> SimState:
     has_room = s.pend_req[i, e] == NIL
     ok = active & has_room
     if st.stateful_latency:  # physics α reads the receiving instance's state now
-        delay = hostlatency.queueing_delay(
-            st.latency, active, s.n_run[i], s.q_len[i], st.kv_blocks - s.kv_free[i],
-            c.input_tokens[r], kv.cached_blocks(s, st, c, i, r).count, s.ema[i])
+        inputs = (s.n_run[i], s.q_len[i], st.kv_blocks - s.kv_free[i], c.input_tokens[r],
+                  kv.cached_blocks(s, st, c, i, r).count, s.ema[i])
+        delay = (physics.queueing_delay(c.physics, *inputs) if st.latency is None
+                 else hostlatency.queueing_delay(st.latency, active, *inputs))
     else:
         delay = c.queue_delay_us[r]
     r_or_sink = jnp.where(active, r, st.num_requests)
@@ -734,10 +735,12 @@ def execute(s: SimState, st, c, i, now, n_preempted, active, width: int, factor=
     valid, slots, reqs = run_slots.valid, run_slots.slots, run_slots.reqs
     nn = jnp.where(valid, s.num_new[reqs], 0)
     pi, l_in, out = s.pi[reqs], c.input_tokens[reqs], c.output_tokens[reqs]
-    if st.latency is not None:  # physics: the reference's own code, through a host callback
+    if st.stateful_latency or st.latency is not None:
+        # physics in the program, or a model through the reference's own code on the host
         cached = jnp.where(valid, s.step_cached[i, slots], 0)
-        d, ema = hostlatency.step_time(st.latency, active, nn, pi, l_in, out, cached, s.ema[i],
-                                       n_preempted, s.n_run[i])
+        inputs = (nn, pi, l_in, out, cached, s.ema[i], n_preempted, s.n_run[i])
+        d, ema = (physics.step_time(c.physics, *inputs) if st.latency is None
+                  else hostlatency.step_time(st.latency, active, *inputs))
         s = s.replace(ema=upd(s.ema, i, ema, active))
     elif st.latency_model == "roofline":
         d = roofline.step_time_us(c.roofline, nn, pi, l_in, out)

@@ -13,9 +13,10 @@ Off unless a directory is chosen: ``use_program_cache(path)``, or the environmen
 ``$XDG_CACHE_HOME/blisjax/programs`` unless ``--no-compile-cache`` / ``BLISJAX_COMPILE_CACHE=0``).
 Entries are safe to delete; an unreadable entry is reported in one line and rebuilt.
 
-Not cached: programs with host callbacks (the physics latency model, and a roofline
-configuration ``engine.roofline.fits_the_program`` rejects: a callback is a pointer into this
-process), which compile the usual way.
+Not cached: programs with host callbacks (a roofline configuration
+``engine.roofline.fits_the_program`` rejects, or a model put on the host by hand through
+``EngineStatic.latency``: a callback is a pointer into this process), which compile the usual
+way.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ import numpy as np
 from blisjax.config._checks import ConfigError
 from blisjax.config.autoscale import max_replicas
 from blisjax.config.codes import CACHE_SCORERS, Scorer
+from blisjax.engine.physics import PhysicsConsts, physics_consts
 from blisjax.engine.pytree import pytree_dataclass
 from blisjax.engine.roofline import RooflineConsts, roofline_consts
 from blisjax.engine.roofline import fits_the_program as roofline_fits_the_program
@@ -82,13 +83,15 @@ class EngineStatic:
     running_width: int = 64
     narrow_programs: bool = True
     decode_stretches: bool = True
-    # ``latency.model``: "blackbox" and "roofline" step times are computed in the program
-    # (exact host tables; ``blisjax.engine.roofline``), "physics" through ``latency``.
+    # ``latency.model``: step times (and physics queueing delays) are computed in the program
+    # with the reference's float operations in its order (``blisjax.engine.roofline``,
+    # ``blisjax.engine.physics``), unless ``latency`` is set.
     latency_model: str = "blackbox"
     # Latency model object (hashable) evaluated on the host once per step through a callback
-    # (``blisjax.engine.hostlatency``): the physics model, and a roofline model whose
-    # configuration the program cannot evaluate exactly (``roofline.fits_the_program``: contexts
-    # of 2^25 tokens or more with an unusual model); None for the in-program models.
+    # (``blisjax.engine.hostlatency``): a roofline model whose configuration the program cannot
+    # evaluate exactly (``roofline.fits_the_program``: contexts of 2^25 tokens or more with an
+    # unusual model), or any roofline or physics model set here by hand (for comparisons);
+    # None: the model runs in the program.
     latency: object = None
     # The precise-prefix-cache and no-hit-lru scorers' cache query (every instance's cached
     # prefix of the request at routing) is compiled in: some lane lists one of them
@@ -215,7 +218,7 @@ class EngineStatic:
     @property
     def stateful_latency(self) -> bool:
         """Physics: the queueing delay and step time read instance state (and an EMA)."""
-        return hasattr(self.latency, "step_inputs")
+        return self.latency_model == "physics"
 
     @property
     def group_slots(self) -> int:
@@ -253,6 +256,7 @@ class WorkloadConsts:
     one_e_6: jax.Array
     kv_blocks_f: jax.Array
     roofline: RooflineConsts  # roofline tables and constants (a placeholder for other models)
+    physics: PhysicsConsts  # physics coefficients, tables and constants (a placeholder for others)
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -381,11 +385,10 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
         pd_transfer_slots=int(pd_transfer_slots or max(n, 1)) if pd else 0,
         **_lifecycle_shape(cfg, actuation_slots, timeline_slots),
     )
-    # Evaluated on the host through a callback: physics, and a roofline configuration the
-    # program cannot evaluate exactly.
-    on_host = st.latency_model == "physics" or (
-        st.latency_model == "roofline"
-        and not roofline_fits_the_program(model, st.max_step_tokens, int(total.max())))
+    # Evaluated on the host through a callback: a roofline configuration the program cannot
+    # evaluate exactly.
+    on_host = (st.latency_model == "roofline"
+               and not roofline_fits_the_program(model, st.max_step_tokens, int(total.max())))
     return dataclasses.replace(st, latency=model) if on_host else st
 
 
@@ -593,6 +596,7 @@ def build_consts(resolved, workload, st: EngineStatic) -> WorkloadConsts:
     else:
         pd_rank = jax.device_put(np.zeros(1, i32))
         pd_kv_bytes = jax.device_put(np.zeros(1, np.float64))
+    model = make_latency_model(resolved) if st.latency_model != "blackbox" else None
     return WorkloadConsts(
         arrival_us=pad(workload.arrival_us, 0, i64),
         input_tokens=pad(inp, 1, i32), output_tokens=pad(out, 0, i32, np.zeros_like(out)),
@@ -608,7 +612,8 @@ def build_consts(resolved, workload, st: EngineStatic) -> WorkloadConsts:
         pd_rank=pd_rank, pd_kv_bytes=pd_kv_bytes,
         one_e6=jax.device_put(np.float64(1e6)), one_e_6=jax.device_put(np.float64(1e-6)),
         kv_blocks_f=jax.device_put(np.float64(st.kv_blocks)),
-        roofline=roofline_consts(
-            make_latency_model(resolved) if st.latency_model == "roofline" else None,
-            st.max_step_tokens),
+        roofline=roofline_consts(model if st.latency_model == "roofline" else None,
+                                 st.max_step_tokens),
+        physics=physics_consts(model if st.latency_model == "physics" else None,
+                               st.max_step_tokens, st.queue_slots),
     )

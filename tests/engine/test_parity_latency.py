@@ -1,12 +1,13 @@
 """Roofline and physics latency in the JAX engine: bit parity with the reference engine.
 
-Roofline step times are computed in the compiled program (``blisjax.engine.roofline``, checked
-formula by formula in test_roofline_graph.py); physics runs the reference's own Python formulas
-through a host callback (``blisjax.engine.hostlatency``). These tests pin the plumbing: the
-batch each step reads (order, progress at the step start, cached prefix tokens of newly admitted
-requests), the preemption EMA (count and running depth per step), the physics α inputs at
-routing time, and roofline's α queueing delay. The shipped latency-fitting sample is used
-because its small KV cache causes preemptions (the EMA moves).
+Roofline and physics step times (and physics queueing delays) are computed in the compiled
+program (``blisjax.engine.roofline`` and ``blisjax.engine.physics``, checked formula by formula
+in test_roofline_graph.py and test_physics_graph.py), or by the reference's own Python formulas
+through a host callback (``blisjax.engine.hostlatency``, slow tier). These tests pin the
+plumbing: the batch each step reads (order, progress at the step start, cached prefix tokens of
+newly admitted requests), the preemption EMA (count and running depth per step), the physics α
+inputs at routing time, and roofline's α queueing delay. The shipped latency-fitting sample is
+used because its small KV cache causes preemptions (the EMA moves).
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ import numpy as np
 import pytest
 
 from blisjax.config import LatencyConfig, load_config, resolve_config
-from blisjax.engine import simulate
+from blisjax.engine import params_from_config, simulate, simulate_population, stack_params
 from blisjax.engine.parity import first_divergence
 from blisjax.engine.static import build_static
+from blisjax.latency.factory import make_latency_model
 from blisjax.reference import simulate as reference
 from blisjax.workload import generate_workload, parse_workload_spec
 from tests.engine.conftest import room_for_a_program
+from tests.engine.test_parity import _random_policy_configs
 from tests.paths import REPO
 
 SAMPLE = REPO / "configs" / "latency" / "sample-config.yaml"
@@ -55,12 +58,36 @@ def roofline_runs():
     return {model: simulate(*sample, pending_slots=pending) for model, sample in samples.items()}
 
 
-@pytest.mark.parametrize("model", ["roofline", "roofline-moe", "physics"])
-def test_latency_model_parity(model, request):
+@pytest.mark.parametrize("model", SHARED_ROOFLINE)
+def test_latency_model_parity(model, roofline_runs):
     resolved, workload = _sample(model)
     ref = reference(resolved, workload)
     assert int(np.sum(ref.preemption_count)) > 0  # the EMA and re-admission paths are exercised
     assert int(np.sum(ref.cache_hits)) > 0
-    got = (request.getfixturevalue("roofline_runs")[model] if model in SHARED_ROOFLINE
-           else simulate(resolved, workload))
-    assert first_divergence(ref, got) is None
+    assert first_divergence(ref, roofline_runs[model]) is None
+
+
+@pytest.mark.parametrize("where", ["program", pytest.param("host", marks=pytest.mark.slow)])
+def test_physics_population_parity(where):
+    """The sample's own policy and seven random ones (admission, priority, routing, scheduler,
+    preemption) in one population, physics in the program or through the host callback;
+    every lane equals its own reference run."""
+    resolved, workload = _sample("physics")
+    configs = [resolved.config, *_random_policy_configs(resolved.config, workload.tenant_names,
+                                                        7, seed=11)]
+    if any(c.engine.preemption_policy == "priority" for c in configs):
+        # priority preemption can thrash forever; the horizon is shared by all lanes
+        configs = [dataclasses.replace(c, horizon_us=60_000_000) for c in configs]
+    params = stack_params([params_from_config(c, workload.tenant_names) for c in configs])
+    st = build_static(resolve_config(configs[0]), workload)
+    assert st.stateful_latency and (st.latency is None)
+    if where == "host":
+        st = dataclasses.replace(st, latency=make_latency_model(resolved))
+    room_for_a_program()
+    lanes = simulate_population(resolve_config(configs[0]), workload, params, static=st)
+    preempted = 0
+    for k, cfg in enumerate(configs):
+        want = reference(resolve_config(cfg), workload)
+        preempted += int(np.sum(want.preemption_count))
+        assert first_divergence(want, lanes[k]) is None, (k, cfg.policy, cfg.engine)
+    assert preempted > 0  # the EMA moves

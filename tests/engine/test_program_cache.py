@@ -127,7 +127,7 @@ def test_latency_models_with_host_callbacks_are_not_cached(cache_dir):
             return "compiled"
 
     class Static:
-        latency = "physics"  # a model evaluated on the host (EngineStatic.latency)
+        latency = "a model"  # a model evaluated on the host (EngineStatic.latency)
 
     got = progcache.compiled_program(Static(), Lowered, (np.zeros(3),), (), 64)
     assert got == progcache.Program("compiled", None, False)
