@@ -141,11 +141,13 @@ def physics_consts(model: PhysicsLatency | None, max_tokens: int,
         return put(np.asarray(x, np.float64))
 
     if model is None:
-        zero = f64(0.0)
-        return PhysicsConsts(f64(np.zeros(NUM_ALPHA_FEATURES)), f64(np.zeros(NUM_BETA_FEATURES)),
-                             f64(np.zeros((1, TOKEN_COLUMNS))), f64(np.zeros(1)),
-                             *([zero] * 8), put(np.int64(1)), *([zero] * 11),
-                             put(np.bool_(False)), put(np.bool_(False)))
+        fields = dict.fromkeys(PhysicsConsts._fields, f64(0.0))
+        fields.update(alpha=f64(np.zeros(NUM_ALPHA_FEATURES)),
+                      beta=f64(np.zeros(NUM_BETA_FEATURES)),
+                      by_tokens=f64(np.zeros((1, TOKEN_COLUMNS))), log1p_depth=f64(np.zeros(1)),
+                      block_tokens=put(np.int64(1)), prefix_caching=put(np.bool_(False)),
+                      chunked_prefill=put(np.bool_(False)))
+        return PhysicsConsts(**fields)
     cfg, coef = model.config, model.coefficients
     by_tokens = np.array([_tokens_row(cfg, t) for t in range(max_tokens + 1)], np.float64)
     return PhysicsConsts(
