@@ -70,6 +70,9 @@ def inject_arrival(s: SimState, st, c, i, r, now, active) -> SimState:
     has_room = s.pend_req[i, e] == NIL
     ok = active & has_room
     if st.stateful_latency:  # physics α reads the receiving instance's state now
+        if st.stretches:  # its virtual steps before now have run (cluster events come first)
+            s = stretch.materialize(s, st, c, i, now, active,
+                                    step_widths(st, PHASE1_PER_OCTAVE))
         inputs = (s.n_run[i], s.q_len[i], st.kv_blocks - s.kv_free[i], c.input_tokens[r],
                   kv.cached_blocks(s, st, c, i, r).count, s.ema[i])
         delay = (physics.queueing_delay(c.physics, *inputs) if st.latency is None

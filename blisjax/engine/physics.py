@@ -260,6 +260,30 @@ def step_time(pc: PhysicsConsts, *inputs):
     return jnp.maximum(1, float_to_ticks_array(dot_left_to_right(pc.beta, f.features), jnp)), f.ema
 
 
+def plain_step_times(pc: PhysicsConsts, keep, pi, l_in, out, ema, steps: int):
+    """(int64 µs [steps], float64 EMA [steps + 1]) of the plain steps k = 0 .. steps − 1 of a
+    decode stretch (``blisjax.engine.stretch``): the requests ``keep`` ([W], progress ``pi``
+    after the step just run) each decode one token at progress pi + k, nothing is admitted or
+    preempted, and the running depth is theirs. EMA entry 0 is ``ema`` (after the step just
+    run), entry k + 1 the EMA after plain step k: the reference's update with no preemption,
+    one step after the other."""
+    depth = jnp.sum(keep, dtype=jnp.int32)
+    zero = jnp.zeros((), jnp.int32)
+
+    def one_step(ema, _):
+        after = update_ema(pc, ema, zero, depth)
+        return after, after
+
+    _, later = jax.lax.scan(one_step, ema, None, length=steps)
+    emas = jnp.concatenate([ema[None], later])
+    k = jnp.arange(steps, dtype=pi.dtype)[:, None]
+    nn = jnp.broadcast_to(keep.astype(jnp.int32), (steps, keep.shape[0]))
+    none = jnp.zeros_like(nn)
+    d, _ = step_time(pc, nn, pi[None, :] + k, l_in[None, :], out[None, :], none, emas[:-1],
+                     jnp.zeros(steps, jnp.int32), jnp.broadcast_to(depth, (steps,)))
+    return d, emas
+
+
 def queue_features(pc: PhysicsConsts, running_depth, waiting_depth, kv_used_blocks,
                    prompt_tokens, prefix_cached_blocks, ema) -> tuple:
     """The 11 α features (§P.5 order) of a request an instance receives

@@ -110,6 +110,8 @@ class SimState:
     stretch_offset: jax.Array  # int64 µs [I, S + 1]: with step times that vary (roofline),
     #                            start of virtual step k = 0 .. S after step_time's (entry 0
     #                            is 0; S = static.VARYING_PLAN); [I, 0] otherwise
+    stretch_ema: jax.Array  # float64 [I, S + 1]: physics, the EMA after k = 0 .. S virtual
+    #                         steps (entry 0: the current EMA); [I, 0] otherwise
     stretch_cum: jax.Array  # int32 [I, block size]: running requests with <= v free
     #                          positions in their last block, at step_time
     clock: jax.Array  # int64 µs [I]: time of the last executed event
@@ -219,6 +221,7 @@ def init_state(st: EngineStatic, tb_capacity, rl_burst, admission_code, rate_lim
         pend_req=jnp.full((i, e), NIL, i32), pend_time=zi(i, e), pend_seq=zi(i, e),
         step_time=jnp.full(i, -1, i64), stretch_steps=zi32(i), stretch_d=zi(i),
         stretch_offset=zi(i, st.stretch_offset_slots),
+        stretch_ema=jnp.zeros((i, st.stretch_ema_slots), f64),
         stretch_cum=zi32(i, st.block_size), clock=zi(i), last_left=zi(i),
         q_buf=jnp.full((i, q), NIL, i32), q_head=zi32(i), q_len=zi32(i),
         order=jnp.full((i, b), NIL, i32), n_run=zi32(i),

@@ -184,25 +184,31 @@ class EngineStatic:
     @property
     def stretches(self) -> bool:
         """Decode stretches are compiled in: asked for, and the plain steps' times are
-        computed in the program (blackbox, or roofline without the host callback)."""
+        computed in the program (not through the host callback)."""
         # With a CPU tier a stretch's mirror passes are one pass at its end
         # (``stretch._by_tier``); a batch with BLIS's off-chain hashes (``blis_quirks``) is
         # not planned (``stretch.outlook``).
-        return self.decode_stretches and self.latency is None and self.latency_model in (
-            "blackbox", "roofline")
+        return self.decode_stretches and self.latency is None
 
     @property
     def stretch_times_vary(self) -> bool:
-        """The plain steps of a stretch have times of their own (a roofline step's grows with
-        the contexts), planned a bounded number of steps ahead (``VARYING_PLAN``);
-        under the blackbox model they all last the same (the batch's token counts alone)."""
-        return self.stretches and self.latency_model == "roofline"
+        """The plain steps of a stretch have times of their own (a roofline or physics step's
+        grows with the contexts; a physics step's also follows the preemption EMA), planned a
+        bounded number of steps ahead (``VARYING_PLAN``); under the blackbox model they all
+        last the same (the batch's token counts alone)."""
+        return self.stretches and self.latency_model in ("roofline", "physics")
 
     @property
     def stretch_offset_slots(self) -> int:
         """Entries per instance of ``SimState.stretch_offset``: the starts of a plan's steps
         and of the real step after them where the times vary, none otherwise."""
         return VARYING_PLAN + 1 if self.stretch_times_vary else 0
+
+    @property
+    def stretch_ema_slots(self) -> int:
+        """Entries per instance of ``SimState.stretch_ema``: the physics EMA after each of a
+        plan's steps (and before the first), none for other models or without stretches."""
+        return VARYING_PLAN + 1 if self.stretches and self.stateful_latency else 0
 
     @property
     def cache_copy_on(self) -> bool:

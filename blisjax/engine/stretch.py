@@ -12,12 +12,15 @@ steps has a fixed batch, so under the blackbox model each lasts the same ``d`` �
 start at t0, t0 + d, t0 + 2d, …; their effects are per-request sums (progress, ITL entries,
 computed tokens) plus KV growth, which is a function of each request's last-block fill.
 
-Under the roofline model a plain step's time grows with the contexts, which grow by one token
-per step: the plan evaluates the model for its next ``VARYING_PLAN`` steps at once (the
-batch's progress plus 0, 1, …; each evaluation is the same float64 program as a real step's,
-so each time is exact) and keeps their starts relative to the plan's first
+Under the roofline and physics models a plain step's time grows with the contexts, which grow
+by one token per step: the plan evaluates the model for its next ``VARYING_PLAN`` steps at once
+(the batch's progress plus 0, 1, …; each evaluation is the same float64 program as a real
+step's, so each time is exact) and keeps their starts relative to the plan's first
 (``SimState.stretch_offset``), so a plan covers at most that many steps. Each step's time is
-truncated to µs on its own, so the integer starts are exact prefix sums.
+truncated to µs on its own, so the integer starts are exact prefix sums. A physics step also
+reads the preemption EMA, which every step updates (with no preemption in a plain step, it
+decays): the plan runs the reference's update step after step and keeps the EMA after each
+(``SimState.stretch_ema``); applying k steps sets the instance's EMA to entry k.
 
 After every step the instance *plans* its stretch (``plan``): how many plain steps follow
 before the first step that must run on its own (a completion or length cap, a KV shortfall,
@@ -51,7 +54,7 @@ import jax
 import jax.numpy as jnp
 
 from blisjax.engine import kvcache as kv
-from blisjax.engine import kvtier, roofline
+from blisjax.engine import kvtier, physics, roofline
 from blisjax.engine.lockstep import (
     add,
     after_reads,
@@ -84,7 +87,8 @@ class BatchOutlook(NamedTuple):
     plain_steps: jax.Array  # int32: plain steps before the first completion or length cap
     spare_cum: jax.Array  # int32 [B]: requests whose last block has <= v free positions
     step_us: jax.Array  # int64 µs [VARYING_PLAN]: the model's times of the next plain steps
-    #                     where they vary (roofline; before any slow-down), [0] otherwise
+    #                     where they vary (roofline, physics; before any slow-down), [0] otherwise
+    ema: jax.Array  # float64 [VARYING_PLAN + 1]: physics, the EMA after 0, 1, … of them; [0]
 
 
 def _plain_times(st) -> int:
@@ -95,7 +99,8 @@ def no_outlook(st) -> BatchOutlook:
     """The carry's start value (no stretch)."""
     return BatchOutlook(jnp.asarray(False), jnp.asarray(0, jnp.int32),
                         jnp.zeros(st.block_size, jnp.int32),
-                        jnp.ones(_plain_times(st), jnp.int64))
+                        jnp.ones(_plain_times(st), jnp.int64),
+                        jnp.zeros(st.stretch_ema_slots, jnp.float64))
 
 
 def outlook(s: SimState, st, c, i, keep, slots, pi, l_in, out) -> BatchOutlook:
@@ -128,21 +133,25 @@ def outlook(s: SimState, st, c, i, keep, slots, pi, l_in, out) -> BatchOutlook:
     spare = kv.spare_positions(st, fill.blen, fill.filled).astype(jnp.int32)
     v = jnp.arange(st.block_size, dtype=jnp.int32)
     cum = jnp.sum(keep[:, None] & (spare[:, None] <= v[None, :]), axis=0, dtype=jnp.int32)
-    step_us = jnp.ones(_plain_times(st), jnp.int64)
+    times = (jnp.ones(_plain_times(st), jnp.int64), jnp.zeros(st.stretch_ema_slots, jnp.float64))
     if st.stretch_times_vary:  # evaluated only when some lane may plan
         wanted = decoding & (s.q_len[i] == 0) & jnp.any(keep)
-        step_us = lane_once(wanted, lambda us, go: plain_step_times(c, keep, pi, l_in, out),
-                            step_us)
-    return BatchOutlook(decoding, plain, cum, step_us)
+        times = lane_once(wanted, lambda times, go: plain_step_times(
+            st, c, keep, pi, l_in, out, s.ema[i]), times)
+    return BatchOutlook(decoding, plain, cum, *times)
 
 
-def plain_step_times(c, keep, pi, l_in, out):
-    """int64 µs [VARYING_PLAN]: roofline times of the plain steps k = 0, 1, … of the requests
-    ``keep`` (progress ``pi`` after the step just run; [width] like ``outlook``'s): each
-    decodes one token at progress pi + k."""
+def plain_step_times(st, c, keep, pi, l_in, out, ema):
+    """(int64 µs [VARYING_PLAN], float64 EMA [VARYING_PLAN + 1] or [0]): the model's times of
+    the plain steps k = 0, 1, … of the requests ``keep`` (progress ``pi`` after the step just
+    run; [width] like ``outlook``'s), each decoding one token at progress pi + k; with
+    physics, the EMA after each of them (``ema``: after the step just run)."""
+    if st.stateful_latency:
+        return physics.plain_step_times(c.physics, keep, pi, l_in, out, ema, VARYING_PLAN)
     k = jnp.arange(VARYING_PLAN, dtype=pi.dtype)[:, None]
     nn = jnp.broadcast_to(keep.astype(jnp.int32), (VARYING_PLAN, keep.shape[0]))
-    return roofline.step_time_us(c.roofline, nn, pi[None, :] + k, l_in[None, :], out[None, :])
+    return (roofline.step_time_us(c.roofline, nn, pi[None, :] + k, l_in[None, :], out[None, :]),
+            jnp.zeros(0, jnp.float64))
 
 
 def _block_step(cum, running, g, block_size: int):
@@ -187,6 +196,9 @@ def plan(s: SimState, st, i, seen: BatchOutlook, plain_us, active) -> SimState:
     s = s.replace(
         stretch_steps=upd(s.stretch_steps, i, k, active),
         stretch_cum=s.stretch_cum.at[i].set(jnp.where(active, seen.spare_cum, s.stretch_cum[i])))
+    if st.stateful_latency:
+        s = s.replace(stretch_ema=s.stretch_ema.at[i].set(
+            jnp.where(active, seen.ema, s.stretch_ema[i])))
     if st.stretch_times_vary:
         return s.replace(stretch_offset=s.stretch_offset.at[i].set(
             jnp.where(active, offset, s.stretch_offset[i])))
@@ -363,6 +375,10 @@ def _apply(s: SimState, st, c, i, kc, go, width: int) -> SimState:
         later = jnp.minimum(jnp.arange(VARYING_PLAN + 1) + kc, VARYING_PLAN)
         s = s.replace(stretch_offset=s.stretch_offset.at[i].set(
             jnp.where(go, s.stretch_offset[i, later] - span, s.stretch_offset[i])))
+    if st.stateful_latency:  # the EMA after the pass's last step; the plan's from there on
+        s = s.replace(ema=upd(s.ema, i, s.stretch_ema[i, kc], go),
+                      stretch_ema=s.stretch_ema.at[i].set(
+                          jnp.where(go, s.stretch_ema[i, later], s.stretch_ema[i])))
     return s.replace(
         steps=add(s.steps, i, kc.astype(jnp.int64), go), busy=add(s.busy, i, span, go),
         peak_used=upd(s.peak_used, i, jnp.maximum(s.peak_used[i], used), go),

@@ -2,10 +2,12 @@
 must leave exactly what the reference engine's step-by-step run leaves.
 
 The formulas are checked against brute-force step-by-step counts; the engine against
-independent reference runs of a scenario in which every kind of stretch end occurs: arrivals
-joining a decoding instance, completions, KV shortfalls (preemption), timeouts of running
-requests, the horizon, a request finishing exactly at the length cap, and routing decisions
-that read KV use while other instances are mid-stretch.
+independent reference runs (blackbox, roofline and physics latency) of a scenario in which
+every kind of stretch end occurs: arrivals joining a decoding instance (with physics, whose
+queueing delay reads the instance's KV use and EMA mid-stretch), completions, KV shortfalls
+(preemption, which moves the physics EMA), timeouts of running requests, the horizon, a
+request finishing exactly at the length cap, and routing decisions that read KV use while
+other instances are mid-stretch.
 """
 
 from __future__ import annotations
@@ -124,9 +126,17 @@ def _rows(scale: float = 1.0):
 
 
 HORIZON_US = 150_000  # requests are still decoding when it falls
-# Times of the roofline scenario (llama-3.1-8b on an H100: decode steps of ~3 ms against the
-# blackbox test model's ~1.8 ms), so that it keeps every kind of stretch end
-ROOFLINE_SCALE = 2.0
+# Times of the roofline and physics scenarios (llama-3.1-8b on an H100: decode steps of ~3 ms
+# and, with the latency-fitting sample's coefficients, ~6 ms, against the blackbox test
+# model's ~1.8 ms), so that they keep every kind of stretch end
+SCALE = {"blackbox": 1.0, "roofline": 2.0, "physics": 3.5}
+# The latency-fitting sample's physics coefficients (configs/latency/sample-config.yaml)
+PHYSICS = LatencyConfig(
+    model="physics", preemption_ema_gamma=0.3,
+    alpha_coeffs=(300.0, 200.0, 500000.0, 150.0, 20000.0, 1000.0, 100.0, 40.0, 3000.0, 0.0,
+                  400.0),
+    beta_coeffs=(1600000.0, 2000000.0, 1100000.0, 3000000.0, 1500000.0, 400.0, 150.0, 0.0, 0.0,
+                 200.0, 300.0, 2000.0, 0.0, 0.0, 250.0, 800.0))
 
 
 def _policies(base):
@@ -150,23 +160,23 @@ def _policies(base):
 def stretch_scenario(latency: str = "blackbox"):
     """(resolved configuration, workload, lane configurations): the ``_rows`` on two instances
     of 48 blocks of 4 tokens, 8 running requests and a 120-token length cap, the ``_policies``
-    lanes; ``latency`` "roofline": BLIS's default model and GPU, times scaled by
-    ``ROOFLINE_SCALE``. (tests/engine/test_program_cache.py compiles the blackbox program
-    first: one compile for both.)"""
-    scale = ROOFLINE_SCALE if latency == "roofline" else 1.0
+    lanes; ``latency`` "roofline" or "physics" (``PHYSICS``): BLIS's default model and GPU,
+    times scaled by ``SCALE``. (tests/engine/test_program_cache.py compiles the blackbox
+    program first: one compile for both.)"""
+    scale = SCALE[latency]
     resolved = make_resolved(instances=2, block_size=4, kv_blocks=48, max_running=8,
                              max_model_len=120, horizon_us=int(HORIZON_US * scale))
-    if latency == "roofline":
-        resolved = resolve_config(dataclasses.replace(
-            resolved.config, latency=LatencyConfig(model="roofline")))
+    if latency != "blackbox":
+        model = LatencyConfig(model="roofline") if latency == "roofline" else PHYSICS
+        resolved = resolve_config(dataclasses.replace(resolved.config, latency=model))
     return resolved, make_workload(_rows(scale), ("a",), ("g",)), _policies(resolved.config)
 
 
-@pytest.mark.parametrize("latency", ["blackbox", "roofline"])
+@pytest.mark.parametrize("latency", ["blackbox", "roofline", "physics"])
 def test_stretch_ends_of_every_kind_match_the_reference_step_by_step(latency):
     resolved, w, configs = stretch_scenario(latency)
     st = build_static(resolved, w, decode_stretches=True)
-    assert st.stretches and st.stretch_times_vary == (latency == "roofline")
+    assert st.stretches and st.stretch_times_vary == (latency != "blackbox")
     consts = build_consts(resolved, w, st)
     final = run_lanes(st, consts, stack_params([params_from_config(c, w.tenant_names)
                                                 for c in configs]))
@@ -209,4 +219,10 @@ def test_decode_stretches_switch_is_checked_and_compiled_for_in_program_models()
                                                   latency=LatencyConfig(model="roofline")))
     st = build_static(roofline, w, decode_stretches=True)
     assert st.stretches and st.stretch_times_vary and st.stretch_offset_slots == VARYING_PLAN + 1
+    assert st.stretch_ema_slots == 0
     assert not build_static(resolved, w, decode_stretches=True).stretch_times_vary
+    # physics in the program: times that vary, and the preemption EMA after each planned step
+    physics = resolve_config(dataclasses.replace(resolved.config, latency=PHYSICS))
+    st = build_static(physics, w, decode_stretches=True)
+    assert st.stretches and st.stretch_times_vary and st.stretch_ema_slots == VARYING_PLAN + 1
+    assert not build_static(physics, w, decode_stretches=False).stretch_ema_slots
