@@ -7,8 +7,8 @@ the compiled program, with decode stretches and without, and (``--host-roofline`
 roofline model evaluated on the host by the reference's Python code through a callback per step
 (``EngineStatic.latency`` set). Then the physics model with the latency-fitting sample's
 coefficients (``configs/latency/sample-config.yaml``, fitted for the same model and GPU) in the
-compiled program (no decode stretches: its EMA changes every step), and (``--host-physics``)
-through the host callback. Each lane is a weighted-routing policy with its own random scorer weights.
+compiled program, with decode stretches and without, and (``--host-physics``) through the host
+callback. Each lane is a weighted-routing policy with its own random scorer weights.
 All variants run in this process, alternating, so machine drift hits them alike; each is
 compiled once (compile_s, reported apart) and timed ``--rounds`` times (run_s: the median).
 Prints one JSON line per variant and population size, then the ratios to blackbox.
@@ -63,7 +63,8 @@ def population(cfg, tenants, lanes: int, seed: int = 0):
 
 # Each variant after the first of its model, and the variant whose results it must repeat.
 SAME_RESULTS_AS = {"blackbox-no-stretches": "blackbox", "roofline-no-stretches": "roofline",
-                   "roofline-host": "roofline", "physics-host": "physics"}
+                   "roofline-host": "roofline", "physics-no-stretches": "physics",
+                   "physics-host": "physics"}
 
 
 def variants(host_roofline: bool, host_physics: bool):
@@ -83,8 +84,10 @@ def variants(host_roofline: bool, host_physics: bool):
         out.append(("roofline-host", roofline, workload, st))
     physics = resolve_config(dataclasses.replace(cfg, latency=load_config(PHYSICS_SAMPLE).latency))
     out.append(("physics", physics, workload, build_static(physics, workload)))
+    no_stretches = build_static(physics, workload, decode_stretches=False)
+    out.append(("physics-no-stretches", physics, workload, no_stretches))
     if host_physics:
-        st = dataclasses.replace(out[-1][3], latency=make_latency_model(physics))
+        st = dataclasses.replace(no_stretches, latency=make_latency_model(physics))
         out.append(("physics-host", physics, workload, st))
     return out
 
