@@ -70,9 +70,11 @@ def inject_arrival(s: SimState, st, c, i, r, now, active) -> SimState:
     has_room = s.pend_req[i, e] == NIL
     ok = active & has_room
     if st.stateful_latency:  # physics α reads the receiving instance's state now
-        if st.stretches:  # its virtual steps before now have run (cluster events come first)
+        if st.stretches:  # its virtual steps before now have run (cluster events come
+            # first); the next runs on its own, as the plan's KV outlook is that of its start
             s = stretch.materialize(s, st, c, i, now, active,
                                     step_widths(st, PHASE1_PER_OCTAVE))
+            s = s.replace(stretch_steps=upd(s.stretch_steps, i, 0, active))
         inputs = (s.n_run[i], s.q_len[i], st.kv_blocks - s.kv_free[i], c.input_tokens[r],
                   kv.cached_blocks(s, st, c, i, r).count, s.ema[i])
         delay = (physics.queueing_delay(c.physics, *inputs) if st.latency is None

@@ -26,8 +26,9 @@ After every step the instance *plans* its stretch (``plan``): how many plain ste
 before the first step that must run on its own (a completion or length cap, a KV shortfall,
 the last step within the horizon). The planned steps are *virtual*: ``next_event`` sees the
 instance's next step at the stretch's end, and the state is brought forward (``materialize``)
-only when something must read or change it — the instance's next real step, or a timeout of
-one of its running requests. Everything else reads around them: a request joining the
+only when something must read or change it — the instance's next real step, a timeout of
+one of its running requests, or (physics) an arrival whose queueing delay reads it; the
+steps after it then run on their own. Everything else reads around them: a request joining the
 instance only cuts the stretch short (``truncate``: the steps before its enqueue stay plain),
 and router snapshots compute KV use at their time from the plan (``kv_used_at``). Nothing
 else reads another instance's state.
@@ -264,8 +265,10 @@ def kv_used_at(s: SimState, st, now):
 def materialize(s: SimState, st, c, i, now, active, widths: tuple[int, ...],
                 inclusive: bool = False) -> SimState:
     """Apply instance i's virtual steps that start before ``now`` (or at it, if
-    ``inclusive``), where ``active``; the plan keeps the rest. ``widths``: the vector widths
-    of the running-batch programs (``instance.step_widths``)."""
+    ``inclusive``), where ``active``. ``widths``: the vector widths of the running-batch
+    programs (``instance.step_widths``). The caller ends the plan there (or runs the real
+    step that follows it): its KV outlook (``stretch_cum``) stays that of the plan's start,
+    which ``kv_used_at`` would misread after part of the plan was applied."""
     due = jnp.where(active, _steps_before(s, st, now, inclusive)[i], 0)
     widest = lane_max(jnp.where(due > 0, s.n_run[i], 0))
 

@@ -33,6 +33,9 @@ SAMPLE = REPO / "configs" / "latency" / "sample-config.yaml"
 
 def _sample(model: str, num_requests: int = 60):
     cfg = load_config(SAMPLE)
+    if model == "physics-default":  # the default experiment with the sample's physics model
+        cfg = dataclasses.replace(load_config(REPO / "configs" / "default.yaml"),
+                                  latency=cfg.latency)
     if model == "roofline":
         cfg = dataclasses.replace(cfg, latency=LatencyConfig(model="roofline"))
     if model == "roofline-moe":  # MoE weights depend on the step's tokens; TP 2; α delays
@@ -67,20 +70,25 @@ def test_latency_model_parity(model, roofline_runs):
     assert first_divergence(ref, roofline_runs[model]) is None
 
 
-@pytest.mark.parametrize("where", ["program", pytest.param("host", marks=pytest.mark.slow)])
-def test_physics_population_parity(where):
-    """The sample's own policy and seven random ones (admission, priority, routing, scheduler,
-    preemption) in one population, physics in the program or through the host callback;
-    every lane equals its own reference run."""
-    resolved, workload = _sample("physics")
+@pytest.mark.parametrize(("case", "where"), [
+    ("physics-default", "program"),
+    pytest.param("physics", "program", marks=pytest.mark.slow),
+    pytest.param("physics", "host", marks=pytest.mark.slow)])
+def test_physics_population_parity(case, where):
+    """A configuration's own policy and seven random ones (admission, priority, routing,
+    scheduler, preemption) in one population, physics in the program (with decode stretches)
+    or through the host callback; every lane equals its own reference run. The default experiment (300 requests) routes by KV use among four
+    instances while queueing delays of milliseconds overlap other arrivals; the sample
+    preempts (the EMA moves)."""
+    resolved, workload = _sample(case, num_requests=60 if case == "physics" else 300)
     configs = [resolved.config, *_random_policy_configs(resolved.config, workload.tenant_names,
                                                         7, seed=11)]
     if any(c.engine.preemption_policy == "priority" for c in configs):
         # priority preemption can thrash forever; the horizon is shared by all lanes
         configs = [dataclasses.replace(c, horizon_us=60_000_000) for c in configs]
     params = stack_params([params_from_config(c, workload.tenant_names) for c in configs])
-    st = build_static(resolve_config(configs[0]), workload)
-    assert st.stateful_latency and (st.latency is None)
+    st = build_static(resolve_config(configs[0]), workload, decode_stretches=True)
+    assert st.stateful_latency and (st.latency is None) and st.stretches
     if where == "host":
         st = dataclasses.replace(st, latency=make_latency_model(resolved))
     room_for_a_program()
@@ -90,4 +98,4 @@ def test_physics_population_parity(where):
         want = reference(resolve_config(cfg), workload)
         preempted += int(np.sum(want.preemption_count))
         assert first_divergence(want, lanes[k]) is None, (k, cfg.policy, cfg.engine)
-    assert preempted > 0  # the EMA moves
+    assert preempted > 0 or case != "physics"  # the sample's EMA moves

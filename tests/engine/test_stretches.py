@@ -105,12 +105,13 @@ def test_steps_before_counts_step_starts_strictly_before_or_at_a_time():
 # ---- a scenario with every kind of stretch end ------------------------------------------------
 
 
-def _rows(scale: float = 1.0):
+def _rows(scale: float = 1.0, delay_us: int = 0):
     """Staggered arrivals of 30–82 output tokens on two instances of 48 blocks of 4 tokens (a
     running request's decode growth preempts others), a third sharing a prefix block (free
     cached blocks that decode growth reclaims), two with deadlines that fall mid-decode, and
     one of 100 + 20 tokens that finishes exactly at the 120-token length cap. ``scale``
-    stretches every time for a model with longer steps."""
+    stretches every time for a model with longer steps; ``delay_us``, a model's queueing delay,
+    moves the deadlines by as much."""
     rows = []
     for k in range(18):
         arrival = int((k * 6_000 + (k % 3) * 1_000) * scale)
@@ -119,7 +120,7 @@ def _rows(scale: float = 1.0):
         if k % 3 == 0:
             row.update(group=0, prefix=8)
         if k in (4, 11):
-            row["deadline"] = arrival + int(45_000 * scale)
+            row["deadline"] = arrival + delay_us + int(45_000 * scale)
         rows.append(row)
     rows.append(dict(arrival=int(20_000 * scale), input=100, output=20, tenant="a"))
     return sorted(rows, key=lambda r: r["arrival"])
@@ -130,10 +131,13 @@ HORIZON_US = 150_000  # requests are still decoding when it falls
 # and, with the latency-fitting sample's coefficients, ~6 ms, against the blackbox test
 # model's ~1.8 ms), so that they keep every kind of stretch end
 SCALE = {"blackbox": 1.0, "roofline": 2.0, "physics": 3.5}
-# The latency-fitting sample's physics coefficients (configs/latency/sample-config.yaml)
+# The latency-fitting sample's physics coefficients (configs/latency/sample-config.yaml), but
+# a base queueing delay of 30 ms (150 µs there): longer than the gaps between arrivals, so
+# routing decisions read KV use while an earlier arrival's instance is mid-stretch with its
+# steps up to that arrival applied
 PHYSICS = LatencyConfig(
     model="physics", preemption_ema_gamma=0.3,
-    alpha_coeffs=(300.0, 200.0, 500000.0, 150.0, 20000.0, 1000.0, 100.0, 40.0, 3000.0, 0.0,
+    alpha_coeffs=(300.0, 200.0, 500000.0, 30000.0, 20000.0, 1000.0, 100.0, 40.0, 3000.0, 0.0,
                   400.0),
     beta_coeffs=(1600000.0, 2000000.0, 1100000.0, 3000000.0, 1500000.0, 400.0, 150.0, 0.0, 0.0,
                  200.0, 300.0, 2000.0, 0.0, 0.0, 250.0, 800.0))
@@ -169,7 +173,9 @@ def stretch_scenario(latency: str = "blackbox"):
     if latency != "blackbox":
         model = LatencyConfig(model="roofline") if latency == "roofline" else PHYSICS
         resolved = resolve_config(dataclasses.replace(resolved.config, latency=model))
-    return resolved, make_workload(_rows(scale), ("a",), ("g",)), _policies(resolved.config)
+    delay_us = int(PHYSICS.alpha_coeffs[3]) if latency == "physics" else 0
+    return (resolved, make_workload(_rows(scale, delay_us), ("a",), ("g",)),
+            _policies(resolved.config))
 
 
 @pytest.mark.parametrize("latency", ["blackbox", "roofline", "physics"])
