@@ -11,7 +11,8 @@ compiled program, with decode stretches and without, and (``--host-physics``) th
 callback. Each lane is a weighted-routing policy with its own random scorer weights.
 All variants run in this process, alternating, so machine drift hits them alike; each is
 compiled once (compile_s, reported apart) and timed ``--rounds`` times (run_s: the median).
-Prints one JSON line per variant and population size, then the ratios to blackbox.
+Prints one JSON line per variant and population size: times, the ratio to the first variant
+(blackbox by default), and the simulated steps (those inside decode stretches apart).
 
     python benchmarks/bench_latency_models.py                        # P = 64
     python benchmarks/bench_latency_models.py --lanes 64,256 --host-roofline --host-physics
@@ -119,7 +120,7 @@ def main() -> None:
             compiled = compile_lanes(st, consts, params)
             runs.append({"name": name, "compiled": compiled, "consts": consts,
                          "params": params, "compile_s": time.perf_counter() - start,
-                         "times": [], "steps": st.num_requests})
+                         "times": [], "requests": st.num_requests})
         first = {}
         for _ in range(max(args.rounds, 1)):  # alternate: drift hits every variant alike
             for r in runs:
@@ -134,7 +135,10 @@ def main() -> None:
             row = {"variant": r["name"], "lanes": lanes, "compile_s": round(r["compile_s"], 1),
                    "run_s": [round(t, 2) for t in r["times"]], "median_s": round(run_s, 2),
                    "s_per_sim": round(run_s / lanes, 4),
-                   "requests_per_s": round(lanes * r["steps"] / run_s, 1),
+                   "requests_per_s": round(lanes * r["requests"] / run_s, 1),
+                   # simulated instance steps over all lanes, and those inside decode stretches
+                   "steps": int(np.asarray(first[r["name"]].steps).sum()),
+                   "stretched_steps": int(np.asarray(first[r["name"]].stretched).sum()),
                    f"time_vs_{runs[0]['name']}": round(run_s / base, 2)}
             if SAME_RESULTS_AS.get(r["name"]) in ttft:  # variants of one model give the same results
                 twin = SAME_RESULTS_AS[r["name"]]
