@@ -70,11 +70,8 @@ def inject_arrival(s: SimState, st, c, i, r, now, active) -> SimState:
     has_room = s.pend_req[i, e] == NIL
     ok = active & has_room
     if st.stateful_latency:  # physics α reads the receiving instance's state now
-        if st.stretches:  # its virtual steps before now have run (cluster events come
-            # first); the next runs on its own, as the plan's KV outlook is that of its start
-            s = stretch.materialize(s, st, c, i, now, active,
-                                    step_widths(st, PHASE1_PER_OCTAVE))
-            s = s.replace(stretch_steps=upd(s.stretch_steps, i, 0, active))
+        if st.stretches:  # its virtual steps before now have run (cluster events come first)
+            s = end_stretch(s, st, c, i, now, active)
         inputs = (s.n_run[i], s.q_len[i], st.kv_blocks - s.kv_free[i], c.input_tokens[r],
                   kv.cached_blocks(s, st, c, i, r).count, s.ema[i])
         delay = (physics.queueing_delay(c.physics, *inputs) if st.latency is None
@@ -101,6 +98,14 @@ def inject_arrival(s: SimState, st, c, i, r, now, active) -> SimState:
         pend_seq=upd(s.pend_seq, (i, e), s.route_seq, ok),
         route_seq=s.route_seq + active.astype(jnp.int64),
         ovf_pending=s.ovf_pending + (active & ~has_room).astype(jnp.int32))
+
+
+def end_stretch(s: SimState, st, c, i, now, active, inclusive: bool = False) -> SimState:
+    """Instance i's virtual steps before ``now`` (or at it, if ``inclusive``) happen, the rest
+    of its plan is dropped: its next step runs on its own (``stretch.materialize``)."""
+    s = stretch.materialize(s, st, c, i, now, active, step_widths(st, PHASE1_PER_OCTAVE),
+                            inclusive=inclusive)
+    return s.replace(stretch_steps=upd(s.stretch_steps, i, 0, active))
 
 
 def _release_slot_of(s: SimState, st, i, r, active):
@@ -162,9 +167,7 @@ def timeout(s: SimState, st, c, i, r, now, active) -> SimState:
     """Client deadline for a queued or running request (``Instance._timeout``;
     docs/semantics.md §2.9)."""
     if st.stretches:  # steps at its time come first (event priority); later ones are cut
-        s = stretch.materialize(s, st, c, i, now, active, step_widths(st, PHASE1_PER_OCTAVE),
-                                inclusive=True)
-        s = s.replace(stretch_steps=upd(s.stretch_steps, i, 0, active))
+        s = end_stretch(s, st, c, i, now, active, inclusive=True)
     r = jnp.where(active, r, st.num_requests)
     running = active & (s.status[r] == RUNNING)
     queued = active & ~running
@@ -285,8 +288,7 @@ def drop_everything(s: SimState, st, c, i, now, active) -> tuple[SimState, jax.A
     (a reused slot starts empty, ``reset_instance``); its virtual steps before ``now``
     happened, the rest never will. Returns (state, requests dropped)."""
     if st.stretches:
-        s = stretch.materialize(s, st, c, i, now, active, step_widths(st, PHASE1_PER_OCTAVE))
-        s = s.replace(stretch_steps=upd(s.stretch_steps, i, 0, active))
+        s = end_stretch(s, st, c, i, now, active)
     held = held_requests(s, st, i)
     b = st.batch_slots
     running = jnp.where(active & (jnp.arange(b) < s.n_run[i]), s.slot_req[i, jnp.maximum(
@@ -317,8 +319,7 @@ def reserve_transferred_kv(s: SimState, st, c, i, r, now, active):
     prompt. Returns ``(state, reserved)``; nothing changes where it does not fit (or no
     reservation slot is free: flagged)."""
     if st.stretches:  # its virtual steps before now happened; the next ones see the blocks
-        s = stretch.materialize(s, st, c, i, now, active, step_widths(st, PHASE1_PER_OCTAVE))
-        s = s.replace(stretch_steps=upd(s.stretch_steps, i, 0, active))
+        s = end_stretch(s, st, c, i, now, active)
     free = s.slot_req[i, st.batch_slots:] == NIL
     sb = (st.batch_slots + jnp.argmax(free)).astype(jnp.int32)
     has_room = jnp.any(free)
