@@ -154,13 +154,14 @@ def test_moe_weights_follow_the_token_count():
     assert np.unique(rl.token_table(dense, 10)[:, rl.WEIGHTS]).size == 1
 
 
-def test_roofline_static_runs_in_the_program(tmp_path, monkeypatch):
-    """A roofline configuration compiles without host callbacks: no latency object in the
-    static, so the program cache keeps it; decode stretches are compiled in, with step times
-    of their own (they grow with the contexts); the physics model keeps its callback and has
-    no stretches."""
+def test_roofline_and_physics_statics_run_in_the_program(tmp_path, monkeypatch):
+    """Roofline and physics configurations compile without host callbacks: no latency object
+    in the static, so the program cache keeps them; decode stretches are compiled in, with
+    step times of their own (they grow with the contexts), and physics plans carry the
+    preemption EMA; a model set on the host by hand has neither."""
     from blisjax.config import LatencyConfig, load_config, resolve_config
     from blisjax.engine import progcache
+    from blisjax.latency.factory import make_latency_model
     from blisjax.workload import generate_workload, parse_workload_spec
     from tests.paths import REPO
 
@@ -175,8 +176,10 @@ def test_roofline_static_runs_in_the_program(tmp_path, monkeypatch):
     assert roof.latency_model == "roofline" and roof.latency is None
     assert progcache.cacheable(roof) and roof.stretches and roof.stretch_times_vary
     physics = build_static(resolve_config(cfg), workload, decode_stretches=True)
-    assert physics.latency is not None and not progcache.cacheable(physics)
-    assert not physics.stretches
+    assert physics.latency_model == "physics" and physics.latency is None
+    assert progcache.cacheable(physics) and physics.stretches and physics.stretch_ema_slots
+    on_host = dataclasses.replace(physics, latency=make_latency_model(resolve_config(cfg)))
+    assert not progcache.cacheable(on_host) and not on_host.stretches
 
 
 def test_placeholder_has_the_same_structure():
