@@ -87,7 +87,9 @@ def test_physics_population_parity(case, where):
         # priority preemption can thrash forever; the horizon is shared by all lanes
         configs = [dataclasses.replace(c, horizon_us=60_000_000) for c in configs]
     params = stack_params([params_from_config(c, workload.tenant_names) for c in configs])
-    st = build_static(resolve_config(configs[0]), workload, decode_stretches=True)
+    # one program per step part (narrow_programs=False): half the compile
+    st = build_static(resolve_config(configs[0]), workload, decode_stretches=True,
+                      narrow_programs=False)
     assert st.stateful_latency and (st.latency is None) and st.stretches
     if where == "host":
         st = dataclasses.replace(st, latency=make_latency_model(resolved))
