@@ -140,8 +140,8 @@ def main() -> None:
                    "steps": int(np.asarray(first[r["name"]].steps).sum()),
                    "stretched_steps": int(np.asarray(first[r["name"]].stretched).sum()),
                    f"time_vs_{runs[0]['name']}": round(run_s / base, 2)}
-            if SAME_RESULTS_AS.get(r["name"]) in ttft:  # variants of one model give the same results
-                twin = SAME_RESULTS_AS[r["name"]]
+            twin = SAME_RESULTS_AS.get(r["name"])
+            if twin in ttft:  # variants of one model give the same results
                 row[f"same_ttft_as_{twin}"] = bool(np.array_equal(ttft[twin], ttft[r["name"]]))
             print(json.dumps(row), flush=True)
 

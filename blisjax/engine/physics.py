@@ -197,24 +197,14 @@ def update_ema(pc: PhysicsConsts, ema, num_preempted, running_depth):
     return exact_mul(pc.gamma, rate) + exact_mul(pc.one_minus_gamma, ema)
 
 
-class StepFeatures(NamedTuple):
-    """A step's β features (§P.6 order) and the EMA they were measured with."""
-
-    features: tuple  # 16 float64 arrays [...]
-    ema: jax.Array  # float64 [...]: the EMA after this step's update
-
-
-def step_features(pc: PhysicsConsts, nn, pi, l_in, out, cached, ema, num_preempted,
-                  running_depth) -> StepFeatures:
-    """The EMA update of the reference's ``_step``, then ``step_inputs`` and
-    ``beta_features``.
+def step_features(pc: PhysicsConsts, nn, pi, l_in, out, cached, ema) -> tuple:
+    """The 16 β features (§P.6 order) of one step (``step_inputs``, then ``beta_features``).
 
     Args: batch arrays [..., W] in running order: ``nn`` new tokens (> 0 = scheduled), ``pi``
     progress at the step's start, ``l_in`` input and ``out`` output tokens, ``cached`` prefix
-    tokens credited to a request admitted in this step (else 0); [...]: ``ema`` the instance's
-    EMA before the step, the step's preemption count and running depth after batch formation.
+    tokens credited to a request admitted in this step (else 0); ``ema`` [...]: the EMA after
+    this step's update (:func:`update_ema`).
     """
-    ema = update_ema(pc, ema, num_preempted, running_depth)
     sched = nn > 0
     prefill = sched & (pi < l_in)
     decode = sched & (pi >= l_in) & (out > 0)
@@ -230,7 +220,7 @@ def step_features(pc: PhysicsConsts, nn, pi, l_in, out, cached, ema, num_preempt
     scheduled = prefill_tokens + decode_tokens
     row = pc.by_tokens[scheduled]
     attn, peak = pc.attn_flops_per_unit, pc.peak_flops
-    features = (
+    return (
         pc.by_tokens[prefill_tokens, PREFILL_LINEAR],
         _clamp(ieee_divide(_as_f64(work) * attn, peak)),
         jnp.where(decode_tokens > 0, row[..., WEIGHT_LOADING], 0.0),
@@ -250,14 +240,20 @@ def step_features(pc: PhysicsConsts, nn, pi, l_in, out, cached, ema, num_preempt
                   1.0, 0.0),
         jnp.ones_like(ema),
     )
-    return StepFeatures(features, ema)
 
 
-def step_time(pc: PhysicsConsts, *inputs):
-    """(duration µs >= 1, updated EMA) of one step (``step_time_us``: max(1, trunc(β·F))).
-    Arguments as :func:`step_features`."""
-    f = step_features(pc, *inputs)
-    return jnp.maximum(1, float_to_ticks_array(dot_left_to_right(pc.beta, f.features), jnp)), f.ema
+def _step_us(pc: PhysicsConsts, features):
+    """``step_time_us``: max(1, trunc(β·F)) µs."""
+    return jnp.maximum(1, float_to_ticks_array(dot_left_to_right(pc.beta, features), jnp))
+
+
+def step_time(pc: PhysicsConsts, nn, pi, l_in, out, cached, ema, num_preempted,
+              running_depth):
+    """(duration µs >= 1, updated EMA) of one step: the reference ``_step``'s EMA update from
+    ``ema`` (before the step) with the step's preemption count and running depth after batch
+    formation, then its features (:func:`step_features`) and time."""
+    ema = update_ema(pc, ema, num_preempted, running_depth)
+    return _step_us(pc, step_features(pc, nn, pi, l_in, out, cached, ema)), ema
 
 
 def plain_step_times(pc: PhysicsConsts, keep, pi, l_in, out, ema, steps: int):
@@ -275,13 +271,11 @@ def plain_step_times(pc: PhysicsConsts, keep, pi, l_in, out, ema, steps: int):
         return after, after
 
     _, later = jax.lax.scan(one_step, ema, None, length=steps)
-    emas = jnp.concatenate([ema[None], later])
     k = jnp.arange(steps, dtype=pi.dtype)[:, None]
     nn = jnp.broadcast_to(keep.astype(jnp.int32), (steps, keep.shape[0]))
-    none = jnp.zeros_like(nn)
-    d, _ = step_time(pc, nn, pi[None, :] + k, l_in[None, :], out[None, :], none, emas[:-1],
-                     jnp.zeros(steps, jnp.int32), jnp.broadcast_to(depth, (steps,)))
-    return d, emas
+    features = step_features(pc, nn, pi[None, :] + k, l_in[None, :], out[None, :],
+                             jnp.zeros_like(nn), later)
+    return _step_us(pc, features), jnp.concatenate([ema[None], later])
 
 
 def queue_features(pc: PhysicsConsts, running_depth, waiting_depth, kv_used_blocks,
@@ -320,5 +314,5 @@ def queue_features(pc: PhysicsConsts, running_depth, waiting_depth, kv_used_bloc
 def queueing_delay(pc: PhysicsConsts, *inputs):
     """α delay in µs, >= 0 (``queueing_delay_us``: max(0, trunc(α·F))). Arguments as
     :func:`queue_features`."""
-    return jnp.maximum(0, float_to_ticks_array(dot_left_to_right(pc.alpha, queue_features(pc, *inputs)),
-                                               jnp))
+    features = queue_features(pc, *inputs)
+    return jnp.maximum(0, float_to_ticks_array(dot_left_to_right(pc.alpha, features), jnp))

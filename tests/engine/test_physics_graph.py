@@ -2,11 +2,12 @@
 the reference formulas (``blisjax.latency.physics``, the oracle; docs/latency-models.md §P).
 
 Thousands of random steps (prefill only, decode only, mixed, prefix-cached admissions,
-unscheduled positions, empty batches, contexts of up to 10^8 tokens, preemptions moving the
-EMA) and random arrivals (idle and saturated instances, full KV caches
-whose memory feature clamps at 100, long wait queues, cached prefixes) are evaluated by one jitted program per function, vmapped
-as the engine's lanes, and by the reference; every feature's float64 bits, the EMA's bits, the
-step times and the queueing delays must agree.
+unscheduled positions, empty batches, contexts of up to 10^8 tokens, preemptions moving the EMA)
+and random arrivals (idle and saturated instances, full KV caches whose memory feature clamps at
+100, long wait queues, cached prefixes) are evaluated by one jitted program each, vmapped as the
+engine's lanes, and by the reference; every feature's float64 bits, the EMA's bits, the step
+times and the queueing delays must agree. A stretch's plan (16 decode steps and the EMA after
+each) is checked against the reference step by step.
 
 Coefficients and the EMA decay are random floats with full significands and the ``odd`` model
 (d = 4099, 31 heads, 7 KV heads, 37 layers) at TP = 3 makes the model's constants inexact, so
@@ -141,19 +142,24 @@ def _arrivals(seed: int, blocks: int) -> Arrivals:
                     ema=np.where(rng.random(n) < 0.3, 0.0, rng.random(n)))
 
 
+def _step_all(pc, nn, pi, l_in, out, cached, ema, preempted, depth):
+    """The engine's step time and updated EMA, and the features and dot product (whose float
+    bits the truncation to µs would mostly hide) they come from."""
+    us, after = physics.step_time(pc, nn, pi, l_in, out, cached, ema, preempted, depth)
+    features = physics.step_features(pc, nn, pi, l_in, out, cached, after)
+    return features, after, physics.dot_left_to_right(pc.beta, features), us
+
+
+def _arrival_all(pc, *arrival):
+    """The engine's queueing delay, and the features and dot product it comes from."""
+    features = physics.queue_features(pc, *arrival)
+    return (features, physics.dot_left_to_right(pc.alpha, features),
+            physics.queueing_delay(pc, *arrival))
+
+
 # One program each, the model's coefficients and tables being its arguments (as in the engine).
-_step = jax.jit(jax.vmap(physics.step_features, in_axes=(None, *[0] * 8)))
-_step_us = jax.jit(jax.vmap(physics.step_time, in_axes=(None, *[0] * 8)))
-_queue = jax.jit(jax.vmap(physics.queue_features, in_axes=(None, *[0] * 6)))
-# the dot products' float bits (the engine truncates them to µs, which hides most last bits)
-_beta_dot = jax.jit(jax.vmap(
-    lambda pc, *step: physics.dot_left_to_right(pc.beta, physics.step_features(pc, *step)[0]),
-    in_axes=(None, *[0] * 8)))
-_alpha_dot = jax.jit(jax.vmap(
-    lambda pc, *arrival: physics.dot_left_to_right(pc.alpha,
-                                                   physics.queue_features(pc, *arrival)),
-    in_axes=(None, *[0] * 6)))
-_delay = jax.jit(jax.vmap(physics.queueing_delay, in_axes=(None, *[0] * 6)))
+_step = jax.jit(jax.vmap(_step_all, in_axes=(None, *[0] * 8)))
+_arrival = jax.jit(jax.vmap(_arrival_all, in_axes=(None, *[0] * 6)))
 
 
 def _bits(values) -> list[int]:
@@ -165,10 +171,8 @@ def test_step_features_and_times_match_the_reference_bit_for_bit(case):
     model = _model(case, seed=len(case))
     steps = _steps(seed=3 * len(case))
     pc = physics.physics_consts(model, BUDGET + WIDTH, QUEUE)
-    got = jax.device_get(_step(pc, *steps))
-    got_us, got_ema = (np.asarray(x) for x in _step_us(pc, *steps))
-    got_dot = np.asarray(_beta_dot(pc, *steps))
-    features = np.stack(got.features, axis=-1)
+    got_features, got_ema, got_dot, got_us = jax.device_get(_step(pc, *steps))
+    features = np.stack(got_features, axis=-1)
     mismatches, mixed, moe = [], 0, 0
     for b in range(STEPS):
         on = steps.nn[b] > 0
@@ -180,8 +184,7 @@ def test_step_features_and_times_match_the_reference_bit_for_bit(case):
         want = model.beta_features(inputs)
         mixed += want[14] == 1.0
         moe += 0.0 < want[7] < 1.0
-        if (_bits(want) != _bits(features[b]) or _bits([ema]) != _bits([got.ema[b]])
-                or _bits([ema]) != _bits([got_ema[b]])
+        if (_bits(want) != _bits(features[b]) or _bits([ema]) != _bits([got_ema[b]])
                 or _bits([dot_left_to_right(model.coefficients.beta, want)]) != _bits(
                     [got_dot[b]])
                 or model.step_time_us(inputs) != int(got_us[b])):
@@ -197,9 +200,8 @@ def test_queue_features_and_delays_match_the_reference_bit_for_bit(case):
     model = _model(case, seed=len(case))
     arrivals = _arrivals(seed=5 * len(case), blocks=model.config.total_kv_blocks_gpu)
     pc = physics.physics_consts(model, BUDGET + WIDTH, QUEUE)
-    features = np.stack(jax.device_get(_queue(pc, *arrivals)), axis=-1)
-    delays = np.asarray(_delay(pc, *arrivals))
-    dots = np.asarray(_alpha_dot(pc, *arrivals))
+    got_features, dots, delays = jax.device_get(_arrival(pc, *arrivals))
+    features = np.stack(got_features, axis=-1)
     mismatches, positive, clamped = [], 0, 0
     for k in range(ARRIVALS):
         inputs = PhysicsQueueInputs.from_state(
@@ -217,3 +219,34 @@ def test_queue_features_and_delays_match_the_reference_bit_for_bit(case):
     assert not mismatches, mismatches[:3]
     assert 0 < positive < ARRIVALS  # delays of both signs before the floor at 0
     assert clamped > 0
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_stretch_plan_times_each_step_as_the_reference_would(case):
+    """``plain_step_times``: 16 decode steps of a fixed batch at progress pi + k, each with
+    the EMA the reference's update gives after the steps before (no preemption)."""
+    model = _model(case, seed=len(case))
+    pc = physics.physics_consts(model, BUDGET + WIDTH, QUEUE)
+    rng = np.random.default_rng(7 * len(case))
+    plan = jax.jit(jax.vmap(physics.plain_step_times, in_axes=(None, 0, 0, 0, 0, 0, None)),
+                   static_argnums=6)
+    lanes = 40
+    keep = rng.random((lanes, WIDTH)) < 0.7
+    l_in = rng.integers(1, 30_000, (lanes, WIDTH))
+    pi = l_in + rng.integers(0, 4_000, (lanes, WIDTH))
+    out = rng.integers(1, 4_000, (lanes, WIDTH))
+    ema = np.where(np.arange(lanes) % 4 == 0, 0.0, rng.random(lanes))
+    got_us, got_ema = (np.asarray(x) for x in plan(
+        pc, keep, *(x.astype(np.int32) for x in (pi, l_in, out)), ema, 16))
+    for b in range(lanes):
+        on = keep[b]
+        e, want_us, want_ema = float(ema[b]), [], [float(ema[b])]
+        for k in range(16):
+            e = model.update_preemption_ema(e, 0, int(on.sum()))
+            batch = StepBatch([1] * int(on.sum()), [int(x) + k for x in pi[b][on]],
+                              [int(x) for x in l_in[b][on]], [int(x) for x in out[b][on]])
+            want_us.append(model.step_time_us(model.step_inputs(batch, e)))
+            want_ema.append(e)
+        assert got_us[b].tolist() == want_us, b
+        assert _bits(got_ema[b]) == _bits(want_ema), b
+    assert len({tuple(x) for x in got_us.tolist()}) > 1 and np.any(got_us[:, 0] != got_us[:, -1])
