@@ -17,6 +17,7 @@ from __future__ import annotations
 MASK64 = (1 << 64) - 1
 _KIND_REQUEST = 1
 _KIND_GROUP = 2
+_KIND_MISALIGNED = 3  # bit 61 then tells a group's content from a request's
 # The chain starts from this value (BLIS: the empty string as the "previous hash").
 CHAIN_SEED = 0
 
@@ -38,6 +39,21 @@ def block_code(request_index: int, group: int, prefix_length: int, block_index: 
     if group >= 0 and (block_index + 1) * block_size_tokens <= prefix_length:
         return (_KIND_GROUP << 62) | (group << 24) | block_index
     return (_KIND_REQUEST << 62) | (request_index << 24) | block_index
+
+
+def content_code(request_index: int, group: int, prefix_length: int, start_token: int,
+                 block_size_tokens: int) -> int:
+    """Content identity of a full block holding a request's tokens ``start_token ..
+    start_token + block_size_tokens - 1``: ``block_code`` of its block index when the block is
+    aligned, else a code of its own (a tiered reload can leave a request's blocks covering
+    positions that are not multiples of the block size, docs/semantics.md §3.8). Shared by the
+    prefix group iff all its tokens lie inside the prefix."""
+    if start_token % block_size_tokens == 0:
+        return block_code(request_index, group, prefix_length,
+                          start_token // block_size_tokens, block_size_tokens)
+    if group >= 0 and start_token + block_size_tokens <= prefix_length:
+        return (_KIND_MISALIGNED << 62) | (1 << 61) | (group << 24) | start_token
+    return (_KIND_MISALIGNED << 62) | (request_index << 24) | start_token
 
 
 def chain(prev_hash: int, code: int) -> int:

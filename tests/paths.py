@@ -25,8 +25,11 @@ GOLDEN_NEXT_DIR = DATA_DIR / "blis-golden-next"
 GOLDEN_NEXT_CASES = ("bb_leastloaded_4inst_ties", "bb_weighted_prefix_affinity_3inst",
                      "weighted_default_scorers_4inst")
 
-# A BLIS HEAD replay with a CPU tier (BLIS's behaviour, so --blis-quirks).
+# BLIS HEAD replays with a CPU tier (BLIS's behaviour, so --blis-quirks): reloads without
+# preemption, and reloads meeting 63 preemptions.
 GOLDEN_NEXT_TIERED = "kv_tiered_reload"
+GOLDEN_NEXT_TIERED_PREEMPT = "kv_tiered_preempt"
+GOLDEN_NEXT_TIERED_CASES = (GOLDEN_NEXT_TIERED, GOLDEN_NEXT_TIERED_PREEMPT)
 
 # BLIS HEAD replays with prefill/decode pools (BLIS's behaviour, so --blis-quirks).
 GOLDEN_NEXT_PD = ("pd_1p2d_always_rr", "pd_2p2d_prefix_threshold_ll",

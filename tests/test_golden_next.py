@@ -21,7 +21,14 @@ import pytest
 
 from blisjax.cli import main
 from tests.blis_replay import assert_matches_blis, replay
-from tests.paths import GOLDEN_NEXT_CASES, GOLDEN_NEXT_DIR, GOLDEN_NEXT_PD, GOLDEN_NEXT_TIERED
+from tests.paths import (
+    GOLDEN_NEXT_CASES,
+    GOLDEN_NEXT_DIR,
+    GOLDEN_NEXT_PD,
+    GOLDEN_NEXT_TIERED,
+    GOLDEN_NEXT_TIERED_CASES,
+    GOLDEN_NEXT_TIERED_PREEMPT,
+)
 
 _ROUTED = re.compile(r"req request_(\d+) → instance instance_(\d+) ")
 
@@ -71,19 +78,41 @@ def test_lowest_index_ties_do_not_reproduce_blis(name, tmp_path, capsys):
     assert moved > len(case["results"]) // 5
 
 
-def test_tiered_kv_replay_reproduces_blis_with_its_quirks(tmp_path, capsys):
-    """BLIS HEAD with a CPU tier (1 instance, 384 GPU blocks, 1,200 CPU blocks, reloads of
-    25 + ceil(16/8) µs per block): with ``--blis-quirks`` every request's TTFT and E2E, the
-    hit rate (0.7229 with the CPU-miss term) and the thrashing rate (0.8064) are BLIS's."""
-    case = _case(GOLDEN_NEXT_TIERED)
-    metrics, rows = replay(case["command"], GOLDEN_NEXT_DIR, tmp_path, capsys,
-                           ("--blis-quirks",))
+def _check_tiered(case: dict, metrics: dict, rows: dict[int, dict]) -> None:
+    """Every request's TTFT and E2E, BLIS's metrics, and its printed hit and thrashing rates."""
     assert_matches_blis(case, metrics, rows)
     lines = dict(line.split(": ") for line in case["stdout_other_sections"].splitlines()
                  if ": " in line)
     assert f"{metrics['cache_hit_rate']:.4f}" == lines["Cache Hit Rate"]
     assert f"{metrics['kv_thrashing_rate']:.4f}" == lines["KV Thrashing Rate"]
     assert sum(r["kv_reloads"] for r in rows.values()) == metrics["kv_reloads"] > 0
+
+
+@pytest.mark.parametrize("name", GOLDEN_NEXT_TIERED_CASES)
+def test_tiered_kv_replay_reproduces_blis_with_its_quirks(name, tmp_path, capsys):
+    """BLIS HEAD with a CPU tier, with ``--blis-quirks``: every request's TTFT and E2E, the
+    hit rate (with the CPU-miss term) and the thrashing rate are BLIS's. ``kv_tiered_reload``:
+    1 instance, 384 GPU blocks, 1,200 CPU blocks, reloads of 25 + ceil(16/8) µs per block, no
+    preemption. ``kv_tiered_preempt``: 448 GPU blocks, 2,500 CPU blocks, 63 preemptions whose
+    readmissions reload over their own cached prefixes, hold blocks after failed admissions,
+    and write blocks at positions that are not multiples of the block size."""
+    case = _case(name)
+    metrics, rows = replay(case["command"], GOLDEN_NEXT_DIR, tmp_path, capsys,
+                           ("--blis-quirks",))
+    _check_tiered(case, metrics, rows)
+
+
+def test_tiered_kv_preempt_counts_blis_tier_traffic(tmp_path, capsys):
+    """The tier's counters of the preemption case are BLIS's own, read from an instrumented
+    build of BLIS f90a1e3a (shared notes, semantics-sessions-tier.md §1.12-1.13): 22,536
+    reloaded blocks, 8,982 mirror stores, 6,482 CPU evictions, 429 CPU misses, 63
+    preemptions."""
+    case = _case(GOLDEN_NEXT_TIERED_PREEMPT)
+    metrics, _ = replay(case["command"], GOLDEN_NEXT_DIR, tmp_path, capsys, ("--blis-quirks",))
+    assert (metrics["kv_reloads"], metrics["kv_mirror_stores"], metrics["kv_cpu_evictions"],
+            metrics["preemption_count"]) == (22_536, 8_982, 6_482, 63)
+    # BLIS's CPU hit rate would be reloads / (reloads + CPU misses), with 429 CPU misses
+    assert metrics["kv_cpu_hit_rate"] == 22_536 / (22_536 + 429)
 
 
 def test_tiered_kv_default_saves_the_prefill_of_reloaded_blocks(tmp_path, capsys):
@@ -96,18 +125,15 @@ def test_tiered_kv_default_saves_the_prefill_of_reloaded_blocks(tmp_path, capsys
 
 
 @pytest.mark.slow
-def test_tiered_kv_replay_reproduces_blis_in_the_jax_engine(tmp_path, capsys):
-    """The same replay with ``--blis-quirks`` in the JAX engine: BLIS's every request, hit
+@pytest.mark.parametrize("name", GOLDEN_NEXT_TIERED_CASES)
+def test_tiered_kv_replay_reproduces_blis_in_the_jax_engine(name, tmp_path, capsys):
+    """The same replays with ``--blis-quirks`` in the JAX engine: BLIS's every request, hit
     rate and thrashing rate (the population test ``tests/engine/test_parity_tier.py`` covers
     the tier in the default tier)."""
-    case = _case(GOLDEN_NEXT_TIERED)
+    case = _case(name)
     metrics, rows = replay(case["command"], GOLDEN_NEXT_DIR, tmp_path, capsys,
                            ("--blis-quirks", "--engine", "jax"))
-    assert_matches_blis(case, metrics, rows)
-    lines = dict(line.split(": ") for line in case["stdout_other_sections"].splitlines()
-                 if ": " in line)
-    assert f"{metrics['kv_thrashing_rate']:.4f}" == lines["KV Thrashing Rate"]
-    assert sum(r["kv_reloads"] for r in rows.values()) == metrics["kv_reloads"] > 0
+    _check_tiered(case, metrics, rows)
 
 
 # ---- prefill/decode disaggregation -----------------------------------------------------------

@@ -828,11 +828,14 @@ def complete(s: SimState, st, c, i, now, d, active, running: Running, defer: boo
                              lambda s, go: kv.flush_releases(s, st, go), s)
         if st.tiered:  # the tiered allocation (it may reload, see phase1_fast)
             no_prefix = jnp.full(max(st.max_prompt_blocks, 1), NIL, jnp.int32)
-            s, _ = kv.tiered_allocate(s, st, c, i, sb, r, p_r, p_r + 1, no_prefix, 0, final,
-                                      chunk=1)
+            s, got = kv.tiered_allocate(s, st, c, i, sb, r, p_r, p_r + 1, no_prefix, 0, final,
+                                        chunk=1)
+            ok = got.ok
         else:
             ok = final & kv.can_allocate(s, st, c, i, sb, r, p_r, p_r + 1, empty, 0)
             s = kv.allocate(s, st, c, i, sb, r, p_r, p_r + 1, empty, 0, ok, chunk=1)
+        # a final token that finds no block is counted; the request completes all the same
+        s = s.replace(alloc_failures=add(s.alloc_failures, i, 1, final & ~ok))
         s = kv.defer_release(s, st, i, sb, go) if defer else kv.release(s, st, i, sb, go)
         t = c.tenant[r]
         # E2E, output tokens done and the length-cap flag are functions of progress, TTFT

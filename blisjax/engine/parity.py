@@ -14,7 +14,8 @@ REQUEST_FIELDS = ("status", "instance", "scheduling_delay_us", "ttft_us", "e2e_u
 #: Run-level fields compared.
 RUN_FIELDS = ("sim_ended_us", "cache_hits", "cache_misses", "preemption_count", "still_queued",
               "still_running", "dropped_unservable", "timed_out", "length_capped_count",
-              "completed", "total_input_tokens", "rejected_admission", "busy_time_us",
+              "completed", "total_input_tokens", "kv_allocation_failures", "rejected_admission",
+              "busy_time_us",
               "queue_depth_time_us", "step_count", "peak_kv_blocks_used", "itl_entries_us",
               "rejected_routing")
 #: P/D fields compared (``RunResult.pd``), per request then run level.

@@ -371,6 +371,7 @@ def lane_result(st: EngineStatic, consts, final, k: int) -> records.RunResult:
         dropped_unservable=g.dropped.astype(np.int64), timed_out=g.timed_out.astype(np.int64),
         length_capped_count=g.capped_count.astype(np.int64),
         completed=g.completed.astype(np.int64), total_input_tokens=g.input_tokens.astype(np.int64),
+        kv_allocation_failures=g.alloc_failures.astype(np.int64),
         rejected_admission=int(g.rejected),
         queue_depth_time_us=g.qdepth_time.astype(np.int64), busy_time_us=g.busy.astype(np.int64),
         step_count=g.steps.astype(np.int64), peak_kv_blocks_used=g.peak_used.astype(np.int64),
@@ -388,7 +389,7 @@ def lane_result(st: EngineStatic, consts, final, k: int) -> records.RunResult:
 _PER_INSTANCE = ("cache_hits", "cache_misses", "preemption_count", "still_queued",
                  "still_running", "dropped_unservable", "timed_out", "length_capped_count",
                  "completed", "total_input_tokens", "queue_depth_time_us", "busy_time_us",
-                 "step_count", "peak_kv_blocks_used")
+                 "step_count", "peak_kv_blocks_used", "kv_allocation_failures")
 
 
 def _lane_slots(result: records.RunResult, slots: int, lane_on: bool) -> records.RunResult:

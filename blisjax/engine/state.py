@@ -160,6 +160,7 @@ class SimState:
     dropped: jax.Array  # requests dropped as unservable at enqueue
     timed_out: jax.Array  # requests timed out
     capped_count: jax.Array  # requests completed at the max-model-len cap
+    alloc_failures: jax.Array  # completions whose final token found no KV block
     input_tokens: jax.Array  # prompt tokens of the requests enqueued (not dropped)
     steps: jax.Array  # steps executed
     busy: jax.Array  # µs: sum of step durations
@@ -238,7 +239,7 @@ def init_state(st: EngineStatic, tb_capacity, rl_burst, admission_code, rate_lim
         rel_inst=jnp.asarray(0, i32), rel_slots=zi32(DEFERRED_RELEASES),
         rel_count=jnp.asarray(0, i32),
         hits=zi(i), misses=zi(i), preempt_count=zi(i), completed=zi(i), dropped=zi(i),
-        timed_out=zi(i), capped_count=zi(i), input_tokens=zi(i), steps=zi(i), busy=zi(i),
+        timed_out=zi(i), capped_count=zi(i), alloc_failures=zi(i), input_tokens=zi(i), steps=zi(i), busy=zi(i),
         qdepth_time=zi(i), peak_used=zi(i),
         done=jnp.asarray(False), iters=jnp.asarray(0, i64), stretched=jnp.asarray(0, i64),
         ovf_queue=jnp.asarray(0, i32), ovf_pending=jnp.asarray(0, i32),

@@ -351,11 +351,15 @@ def aggregate_metrics(
     else:
         for key in BLIS_METRIC_KEYS[10:23]:
             out[key] = 0.0
+    alloc_failures = int(np.sum(result.kv_allocation_failures))
+    if alloc_failures:  # BLIS prints the key only when it is not 0
+        out["kv_allocation_failures"] = alloc_failures
     out["preemption_count"] = int(np.sum(result.preemption_count))
     out["dropped_unservable"] = dropped
     out["length_capped_requests"] = int(np.sum(result.length_capped_count))
     out["timed_out_requests"] = timed_out
-    assert tuple(out) == BLIS_METRIC_KEYS  # key order is part of the output format
+    # key order is part of the output format
+    assert tuple(k for k in out if k != "kv_allocation_failures") == BLIS_METRIC_KEYS
 
     # ---- blisjax extras -------------------------------------------------------------------
     pre_rate, hit_rate, thrash_rate = kv_cache_rates(result)

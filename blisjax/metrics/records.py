@@ -211,6 +211,8 @@ class RunResult:
       preemption_count: int64 per instance.
       still_queued, still_running: int64 per instance at the end.
       dropped_unservable, timed_out, length_capped_count, completed: int64 per instance.
+      kv_allocation_failures: int64 per instance, completions whose final token found no KV
+        block (BLIS's ``KVAllocationFailures``; the request completes all the same).
       total_input_tokens: int64 per instance (counted at enqueue, BLIS semantics).
       rejected_admission: requests refused by admission.
       queue_depth_time_us: int64 per instance, Σ(wait-queue length × step duration) (HOL metric).
@@ -253,6 +255,7 @@ class RunResult:
     length_capped_count: np.ndarray
     completed: np.ndarray
     total_input_tokens: np.ndarray
+    kv_allocation_failures: np.ndarray
     rejected_admission: int
     queue_depth_time_us: np.ndarray
     busy_time_us: np.ndarray

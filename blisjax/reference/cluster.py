@@ -13,7 +13,7 @@ import heapq
 
 import numpy as np
 
-from blisjax.blockhash import CHAIN_SEED, block_code, chain
+from blisjax.blockhash import CHAIN_SEED, block_code, chain, content_code
 from blisjax.config.autoscale import lifecycle_configured, max_replicas
 from blisjax.config.codes import DrainPolicy, InstanceState, SchedulerPolicy
 from blisjax.config.sim import INT64_MAX, RoutingConfig
@@ -103,7 +103,7 @@ class ClusterSimulator:
                      max_model_len=resolved.max_model_len, latency=latency, priority=priority,
                      scheduler=SchedulerPolicy.of(cfg.policy.scheduler.policy), horizon_us=self.horizon_us,
                      hash_of=self._hash_of, blis_quirks=cfg.compat.blis_quirks,
-                     hash_after=self._hash_after,
+                     hash_at=self._hash_at,
                      thrash_window_us=cfg.metrics.kv_thrash_window_us)
             for i in range(n_inst)
         ]
@@ -545,11 +545,12 @@ class ClusterSimulator:
             hashes.append(chain(prev, code))
         return hashes[j]
 
-    def _hash_after(self, prev: int | None, req: SimRequest, j: int) -> int:
-        """Block j of ``req`` chained from ``prev`` (the hash of the block the request holds
-        before it, None if that block has none): its hash when that block is off the true
-        chain (``KVCache._register``)."""
-        code = block_code(req.index, req.prefix_group, req.prefix_length, j, self.block_size)
+    def _hash_at(self, prev: int | None, req: SimRequest, start_token: int) -> int:
+        """The hash of a full block holding ``req``'s tokens from ``start_token`` on, chained
+        from ``prev`` (the hash of the block the request holds before it; None: no hash): the
+        hash of a block off the true chain (``KVCache._register``, the reload scan)."""
+        code = content_code(req.index, req.prefix_group, req.prefix_length, start_token,
+                            self.block_size)
         return chain(CHAIN_SEED if prev is None else prev, code)
 
     def _prompt_hashes(self, req: SimRequest) -> list[int]:
@@ -784,6 +785,7 @@ class ClusterSimulator:
             length_capped_count=per_inst("length_capped"),
             completed=per_inst("completed"),
             total_input_tokens=per_inst("total_input_tokens"),
+            kv_allocation_failures=per_inst("kv_allocation_failures"),
             rejected_admission=self.rejected_admission,
             queue_depth_time_us=per_inst("queue_depth_time_us"),
             busy_time_us=per_inst("busy_time_us"),

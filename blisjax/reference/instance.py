@@ -27,11 +27,11 @@ class Instance:
 
     def __init__(self, index: int, *, engine, total_kv_blocks: int, max_model_len: int,
                  latency, priority, scheduler: SchedulerPolicy, horizon_us: int, hash_of,
-                 blis_quirks: bool = False, hash_after=None, thrash_window_us: int = 0) -> None:
+                 blis_quirks: bool = False, hash_at=None, thrash_window_us: int = 0) -> None:
         self.index = index
         self.engine = engine
         self.total_kv_blocks = total_kv_blocks
-        self.hash_of, self.hash_after = hash_of, hash_after
+        self.hash_of, self.hash_at = hash_of, hash_at
         self.thrash_window_us = thrash_window_us
         # a warming-up instance's steps take this factor longer (docs/semantics.md Decision 12)
         self.step_factor = 1.0
@@ -69,6 +69,7 @@ class Instance:
         self.dropped_at_drain = 0
         self.total_input_tokens = 0
         self.preemption_count = 0
+        self.kv_allocation_failures = 0  # final tokens that found no KV block
         self.step_count = 0
         self.busy_time_us = 0
         self.queue_depth_time_us = 0
@@ -92,7 +93,7 @@ class Instance:
         if engine.kv_cpu_blocks > 0:
             return TieredKVCache(self.total_kv_blocks, self.block_size, self.hash_of,
                                  engine.kv_cpu_blocks, engine.kv_transfer_bandwidth,
-                                 engine.kv_transfer_base_latency_us, self.hash_after,
+                                 engine.kv_transfer_base_latency_us, self.hash_at,
                                  self.thrash_window_us)
         return KVCache(self.total_kv_blocks, self.block_size, self.hash_of,
                        engine.enable_prefix_caching)
@@ -496,8 +497,9 @@ class Instance:
         for r in self.running:
             l_in, n_out, pi = r.input_tokens, r.output_tokens, r.progress_index
             if records.output_finished(pi, l_in, n_out):
-                if n_out > 0 and pi < l_in + n_out:
-                    self.kv.allocate(r, pi, pi + 1)  # the final token's KV slot
+                if n_out > 0 and pi < l_in + n_out and not self.kv.allocate(r, pi, pi + 1):
+                    self.kv_allocation_failures += 1  # the final token's KV slot; BLIS
+                    # counts the failure and completes the request all the same
                 self._finish(r, left_us, capped=False)
             elif records.at_length_cap(pi, mml):
                 self._finish(r, left_us, capped=True)

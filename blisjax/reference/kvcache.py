@@ -20,15 +20,18 @@ class KVCache:
 
     def __init__(self, total_blocks: int, block_size_tokens: int,
                  hash_of: Callable[[object, int], int], prefix_caching: bool = True,
-                 hash_after: Callable[[int | None, object, int], int] | None = None) -> None:
+                 hash_at: Callable[[int | None, object, int], int] | None = None) -> None:
         self.total_blocks = total_blocks
-        self._hash_after = hash_after  # (held predecessor's hash, req, j) -> block j's hash
+        # (held predecessor's hash or None, req, first token position) -> the block's hash
+        self._hash_at = hash_at
         self.block_size = block_size_tokens
         self.prefix_caching = prefix_caching
         self._hash_of = hash_of
         self.refcount = [0] * total_blocks
         self.in_use = [False] * total_blocks
         self.num_tokens = [0] * total_blocks
+        # position, in its owner's tokens, of the first token an allocation wrote to the block
+        self.first_token = [0] * total_blocks
         self.block_hash: list[int | None] = [None] * total_blocks
         self.hash_to_block: dict[int, int] = {}
         self.request_blocks: dict[int, list[int]] = {}
@@ -151,6 +154,7 @@ class KVCache:
         prefill = req.progress_index < req.input_tokens
         bs = self.block_size
         remaining = end - start
+        pos = start  # the next token's position
         while remaining > 0:
             blocks = self.request_blocks.get(req.index)
             if blocks is None:
@@ -161,12 +165,15 @@ class KVCache:
                 k = min(bs - self.num_tokens[last], remaining)
                 self.num_tokens[last] += k
                 remaining -= k
+                pos += k
                 if self.num_tokens[last] == bs:  # filled (also during decode): register its hash
                     self._register(req, len(blocks) - 1, last)
                 continue
             b = self._pop_free()
             k = min(bs, remaining)
             self.num_tokens[b] = k
+            self.first_token[b] = pos
+            pos += k
             self.refcount[b] = 1
             self.in_use[b] = True
             self.misses += 1
@@ -190,18 +197,19 @@ class KVCache:
         return owned
 
     def _register(self, req, j: int, b: int) -> None:
-        """Give block ``b`` (block ``j`` of ``req``) its hash, chained from the hash of the block
-        the request holds at ``j - 1`` — the true chain, unless that block's content was
-        replaced after the request found it cached (a tiered reload can do that, §3.8); BLIS
-        chains from the held block's hash all the same, so the request's later blocks then
-        match nothing."""
+        """Give block ``b`` (block ``j`` of ``req``'s blocks, just filled) its hash: BLIS hashes
+        the block's tokens chained from the hash of the block the request holds at ``j - 1``.
+        That is the true chain's hash unless a tiered reload left the request holding blocks
+        of other content or at other positions (§3.8): the hash then matches no prompt's
+        block (``hash_at``)."""
         if not self.prefix_caching:
             return
         h = self._hash_of(req, j)
-        if j > 0 and self._hash_after is not None:
-            prev = self.block_hash[self.request_blocks[req.index][j - 1]]
-            if prev != self._hash_of(req, j - 1):
-                h = self._hash_after(prev, req, j)
+        if self._hash_at is not None:
+            prev = self.block_hash[self.request_blocks[req.index][j - 1]] if j > 0 else None
+            first = self.first_token[b]
+            if first != j * self.block_size or (j > 0 and prev != self._hash_of(req, j - 1)):
+                h = self._hash_at(prev, req, first)
         self.block_hash[b] = h
         self.hash_to_block[h] = b
 
@@ -285,10 +293,10 @@ class TieredKVCache(KVCache):
     def __init__(self, total_blocks: int, block_size_tokens: int,
                  hash_of: Callable[[object, int], int], cpu_blocks: int,
                  bandwidth_tokens_per_us: float, base_latency_us: int,
-                 hash_after: Callable[[int | None, object, int], int] | None = None,
+                 hash_at: Callable[[int | None, object, int], int] | None = None,
                  thrash_window_us: int = 0) -> None:
         super().__init__(total_blocks, block_size_tokens, hash_of, prefix_caching=True,
-                         hash_after=hash_after)
+                         hash_at=hash_at)
         self.cpu = CpuTier(cpu_blocks)
         self.reload_cost_us = reload_cost_us(block_size_tokens, bandwidth_tokens_per_us,
                                              base_latency_us)

@@ -101,6 +101,7 @@ def build_result(n: int, num_instances: int = 1, **overrides) -> RunResult:
         length_capped_count=per_instance("length_capped_count"),
         completed=per_instance("completed", count_by_instance(done)),
         total_input_tokens=per_instance("total_input_tokens"),
+        kv_allocation_failures=per_instance("kv_allocation_failures"),
         rejected_admission=int(f.pop("rejected_admission", 0)),
         queue_depth_time_us=per_instance("queue_depth_time_us"),
         busy_time_us=per_instance("busy_time_us"),
