@@ -100,8 +100,11 @@ CAPACITIES = {
                        "the longest request's, which cannot overflow"),
     "offchain": Capacity("--offchain-generations", "offchain_generations",
                          "distinct held predecessors of one block content whose off-chain "
-                         "CPU-tier hashes a lane tells apart (a CPU tier with --blis-quirks)",
+                         "CPU-tier hashes a lane tells apart (a CPU tier)",
                          "8"),
+    "kv_hold": Capacity("--kv-hold-slots", "kv_hold_slots",
+                        "queued requests per instance holding KV blocks after a failed tiered "
+                        "admission (a CPU tier with --blis-quirks)", "8"),
     "pd_transfers": Capacity("--pd-transfer-slots", "pd_transfer_slots",
                              "P/D KV transfers pending or in flight at once",
                              "the request count, which cannot overflow"),
@@ -117,9 +120,6 @@ CAPACITIES = {
 }
 #: Overflows that are not capacities of the program: what to do instead.
 NOT_CAPACITIES = {
-    "kv_tier": "a CPU-tier reload was followed by a failed allocation {times} time(s), which "
-               "leaves a request holding blocks outside the batch (BLIS's behaviour, kept by "
-               "--blis-quirks); run it with --engine reference",
     "instance_slots": "with --blis-quirks every new instance takes a fresh slot (BLIS never "
                       "reuses one) and {times} scale-up instance(s) found none; raise "
                       "policy.autoscaler.max_replicas",

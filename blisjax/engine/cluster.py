@@ -412,6 +412,9 @@ def next_event(s: SimState, st, c) -> NextEvent:
     use_cluster = cl_t <= best_t
     t_evt = jnp.minimum(cl_t, best_t)
     live = ~s.done & (t_evt <= st.horizon_us) & (t_evt < INT64_MAX)
+    if st.tiered:  # a lane whose queued request found no holder slot for its blocks stops:
+        # its result is refused (``run.lane_result``), and going on could only take time
+        live = live & (s.tier.hold_overflow == 0)
     ins = live & ~use_cluster
     kind_arr = ins & (amin[i_star] == best_t) if st.lifecycle and st.blis_quirks \
         else jnp.asarray(False)

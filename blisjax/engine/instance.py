@@ -171,8 +171,9 @@ def timeout(s: SimState, st, c, i, r, now, active) -> SimState:
     r = jnp.where(active, r, st.num_requests)
     running = active & (s.status[r] == RUNNING)
     queued = active & ~running
-    # a queued decode sub-request (P/D) holds its reserved KV in a reservation slot
-    s, sb = _release_slot_of(s, st, i, r, active if st.pd else running)
+    # a queued decode sub-request (P/D) holds its reserved KV in a reservation slot, a queued
+    # request whose tiered admission failed (``blis_quirks``) the blocks it claimed
+    s, sb = _release_slot_of(s, st, i, r, active if st.pd or st.kv_hold_slots else running)
     pos = jnp.argmax((s.order[i] == sb) & (jnp.arange(st.batch_slots) < s.n_run[i]))
     s = order_remove_at(s, st, i, pos, running)
     s = q_remove_at(s, st, i, q_offset_of(s, st, i, r, queued), queued)
@@ -320,7 +321,7 @@ def reserve_transferred_kv(s: SimState, st, c, i, r, now, active):
     reservation slot is free: flagged)."""
     if st.stretches:  # its virtual steps before now happened; the next ones see the blocks
         s = end_stretch(s, st, c, i, now, active)
-    free = s.slot_req[i, st.batch_slots:] == NIL
+    free = s.slot_req[i, st.batch_slots:st.hold_base] == NIL
     sb = (st.batch_slots + jnp.argmax(free)).astype(jnp.int32)
     has_room = jnp.any(free)
     l_in, empty = c.input_tokens[r], jnp.zeros(1, jnp.int32)
@@ -366,15 +367,21 @@ def _admit_decode(s: SimState, st, c, i, r, sb, active):
     src = jnp.argmax(s.slot_req[i] == r).astype(jnp.int32)
     ok = active & kv.can_allocate(s, st, c, i, src, r, l_in, l_in + 1, empty, 0)
     s = kv.allocate(s, st, c, i, src, r, l_in, l_in + 1, empty, 0, ok, chunk=1)
-    # one gather and one scatter per array (src >= batch_slots > sb): a second read of the
-    # old array after a first write would make XLA copy the whole block table
-    pair = jnp.stack([src, sb])
+    s = _move_blocks(s, i, src, sb, ok)
+    return s.replace(slot_req=upd(s.slot_req, (i, src), NIL, ok)), ok
+
+
+def _move_blocks(s: SimState, i, src, dst, active) -> SimState:
+    """Slot dst of instance i takes the blocks of slot src (src != dst where ``active``),
+    which is left empty."""
+    # one gather and one scatter per array: a second read of the old array after a first
+    # write would make XLA copy the whole block table
+    pair = jnp.stack([src, dst])
     tables, held = s.bt[i, pair], s.blen[i, pair]
     empty_row = jnp.full_like(tables[0], NIL)
     return s.replace(
-        bt=s.bt.at[i, pair].set(jnp.where(ok, jnp.stack([empty_row, tables[0]]), tables)),
-        blen=s.blen.at[i, pair].set(jnp.where(ok, jnp.stack([0, held[0]]), held)),
-        slot_req=upd(s.slot_req, (i, src), NIL, ok)), ok
+        bt=s.bt.at[i, pair].set(jnp.where(active, jnp.stack([empty_row, tables[0]]), tables)),
+        blen=s.blen.at[i, pair].set(jnp.where(active, jnp.stack([0, held[0]]), held)))
 
 
 # ---- batch formation (FormBatch) --------------------------------------------------------------
@@ -538,7 +545,7 @@ def phase1_fast(s: SimState, st, c, i, active, width: int, start=0, budget=None,
     through_stop = jnp.where(stop > 0, fresh_through[jnp.maximum(stop - 1, 0)], 0)
     known = kv.KnownGrant(blen, last, filled,
                           jnp.where(before_stop, fresh_through, through_stop))
-    s = kv.grant_tokens(s, st, c, i, slots, r, n, prefill, ok, known=known)
+    s = kv.grant_tokens(s, st, c, i, slots, r, n, s.pi[r], prefill, ok, known=known)
     r_or_sink = jnp.where(ok, r, st.num_requests)
     if reset:
         granted = s.num_new.at[r].set(jnp.where(ok, n, 0))
@@ -678,8 +685,21 @@ def _admit_tiered(s: SimState, st, c, p, i, sb, r, budget, go):
     if st.blis_quirks:
         start = n_cached * bs
         n = clamp_prefill(st, c.input_tokens[r] - start, start, budget)
-        s, tried = kv.tiered_allocate(s, st, c, i, sb, r, start, start + n, cached,
+        if not st.kv_hold_slots:  # a program built without holder slots
+            s, tried = kv.tiered_allocate(s, st, c, i, sb, r, start, start + n, cached,
+                                          n_cached, go)
+            t = s.tier
+            refused = go & ~tried.ok & (s.blen[i, sb] > 0)
+            s = s.replace(tier=t.replace(hold_overflow=t.hold_overflow
+                                         + refused.astype(jnp.int32)))
+            return s, start, n, tried.ok, tried.ok
+        # a request still holding the blocks of an earlier failed admission allocates there
+        holding = s.slot_req[i, st.hold_base:] == r
+        held = go & jnp.any(holding)
+        src = jnp.where(held, st.hold_base + jnp.argmax(holding), sb).astype(jnp.int32)
+        s, tried = kv.tiered_allocate(s, st, c, i, src, r, start, start + n, cached,
                                       n_cached, go)
+        s = _settle_held_blocks(s, st, i, r, sb, src, held, tried.ok, go)
         return s, start, n, tried.ok, tried.ok
     keep = kv.keep_mask(s, st, i, cached, n_cached, go)
     s, count = kv.reload_prefix(s, st, c, i, r, n_cached, keep, go)
@@ -693,6 +713,24 @@ def _admit_tiered(s: SimState, st, c, p, i, sb, r, budget, go):
     t = s.tier
     s = s.replace(tier=t.replace(cpu_misses=add(t.cpu_misses, i, 1, go & ~ok & (count == 0))))
     return s, start, n, ok, jnp.zeros_like(ok)
+
+
+def _settle_held_blocks(s: SimState, st, i, r, sb, src, held, ok, go) -> SimState:
+    """After a tiered admission of r with ``blis_quirks`` (``_admit_tiered``): admitted, the
+    blocks it held move from its holder slot ``src`` to its running slot sb; refused, blocks
+    it claimed before failing (``kvcache.tiered_allocate``) stay its own while it waits, in a
+    holder slot (none free: flagged, ``KVTierState.hold_overflow``)."""
+    s = _move_blocks(s, i, src, sb, held & ok)
+    s = s.replace(slot_req=upd(s.slot_req, (i, src), NIL, held & ok))
+    keeps = go & ~held & ~ok & (s.blen[i, sb] > 0)
+    free = s.slot_req[i, st.hold_base:] == NIL
+    room = jnp.any(free)
+    h = (st.hold_base + jnp.argmax(free)).astype(jnp.int32)
+    s = _move_blocks(s, i, sb, h, keeps & room)
+    t = s.tier
+    return s.replace(slot_req=upd(s.slot_req, (i, h), r, keeps & room),
+                     tier=t.replace(hold_overflow=t.hold_overflow
+                                    + (keeps & ~room).astype(jnp.int32)))
 
 
 # ---- execute (the step's duration and progress) ----------------------------------------------
@@ -873,6 +911,7 @@ class QueuedPlan(NamedTuple):
     count: jax.Array  # completions; they sit at queue positions k < count
     sb: jax.Array
     r: jax.Array
+    pos: jax.Array  # the final token's position (the request's progress)
     prefill: jax.Array
     final: jax.Array
     blen: jax.Array
@@ -886,8 +925,8 @@ def no_plan(s: SimState) -> QueuedPlan:
     """A plan that does nothing (the carry's start value before the width programs)."""
     depth = s.rel_slots.shape[0]
     zeros, false = jnp.zeros(depth, jnp.int32), jnp.zeros(depth, bool)
-    return QueuedPlan(jnp.asarray(False), jnp.asarray(0, jnp.int32), zeros, zeros, false,
-                      false, zeros, zeros, zeros, zeros, jnp.asarray(False))
+    return QueuedPlan(jnp.asarray(False), jnp.asarray(0, jnp.int32), zeros, zeros, zeros,
+                      false, false, zeros, zeros, zeros, zeros, jnp.asarray(False))
 
 
 def _plan_queued(s: SimState, st, c, i, fin, done, rank, count, running: Running,
@@ -929,7 +968,8 @@ def _plan_queued(s: SimState, st, c, i, fin, done, rank, count, running: Running
     # register a prompt block, which a decode token never completes) take ``grant_tokens``.
     top_reg = (filled + 1 == st.block_size) & (blen - 1 < c.full_blocks[r])
     general = jnp.any(final & ((fresh > 0) | top_reg))
-    return QueuedPlan(fast, count, sb, r, p_r < l_r, final, blen, last, filled, fresh, general)
+    return QueuedPlan(fast, count, sb, r, p_r, p_r < l_r, final, blen, last, filled, fresh,
+                      general)
 
 
 def complete_planned(s: SimState, st, c, i, plan: QueuedPlan) -> SimState:
@@ -941,7 +981,8 @@ def complete_planned(s: SimState, st, c, i, plan: QueuedPlan) -> SimState:
     on = k < plan.count
 
     def grant(s, go):
-        return kv.grant_tokens(s, st, c, i, sb, r, jnp.ones(depth, jnp.int32), plan.prefill,
+        return kv.grant_tokens(s, st, c, i, sb, r, jnp.ones(depth, jnp.int32), plan.pos,
+                               plan.prefill,
                                final & go, chunk=depth,
                                known=kv.KnownGrant(plan.blen, plan.last, plan.filled,
                                                    prefix_sum(jnp.where(go, fresh, 0))))
@@ -956,7 +997,7 @@ def complete_planned(s: SimState, st, c, i, plan: QueuedPlan) -> SimState:
             filled = top & (plan.filled + 1 == st.block_size)
             s, _ = kv.register_keys(s, st, c, i, r, plan.blen - 1,
                                     s.bt[i, sb, jnp.maximum(plan.blen - 2, 0)], plan.last,
-                                    filled)
+                                    filled, plan.pos - plan.filled)
         return s.replace(
             status=s.status.at[jnp.where(m, r, st.num_requests)].set(COMPLETED, mode="drop"),
             slot_req=s.slot_req.at[i, jnp.where(m, sb, st.slot_count)].set(NIL, mode="drop"),

@@ -337,17 +337,21 @@ class _GrantChunks(NamedTuple):
     cum: jax.Array  # prefix sum of fresh blocks
     before: jax.Array  # fresh blocks of the requests before k
     reg_partial: jax.Array  # the top-up fills a prompt block, which is registered
+    top_index: jax.Array  # the prompt block the top-up's block holds
     chunk_of: jax.Array  # the chunk that applies that registration
-    on_chain: jax.Array  # with a CPU tier: its fresh blocks' hashes are on the true chain
+    fresh_pos: jax.Array  # position of the first token of its first fresh block
+    on_chain: jax.Array  # its fresh blocks' hashes are on the true chain (a CPU tier)
 
 
-def grant_tokens(s: SimState, st, c, i, sb, r, n, prefill, mask,
+def grant_tokens(s: SimState, st, c, i, sb, r, n, first_pos, prefill, mask,
                  chunk: int = POP_CHUNK, known: KnownGrant | None = None) -> SimState:
-    """Allocate ``n[k]`` more tokens for request ``r[k]`` in batch slot ``sb[k]``, for every k
-    where ``mask``, in k order — as consecutive reference ``allocate`` calls whose pre-checks
-    passed: top up the partially filled last block, then take fresh blocks from the LRU head.
-    ``prefill[k]``: the request was in prefill when the call was made (fresh full blocks are
-    then registered).
+    """Allocate ``n[k]`` more tokens for request ``r[k]`` in batch slot ``sb[k]``, the first at
+    position ``first_pos[k]``, for every k where ``mask``, in k order — as consecutive
+    reference ``allocate`` calls whose pre-checks passed: top up the partially filled last
+    block, then take fresh blocks from the LRU head. ``prefill[k]``: the request was in
+    prefill when the call was made (fresh full blocks are then registered). A block's hash
+    covers the tokens it holds: a block whose tokens are not a prompt block's (a tiered
+    reload can shift a request's blocks off their positions) gets no hash slot.
 
     Fresh blocks are taken ``chunk`` at a time. Hash-slot writes keep the reference order:
     request k's top-up registration (op ``base_k``), then per fresh block "forget its old
@@ -369,23 +373,29 @@ def grant_tokens(s: SimState, st, c, i, sb, r, n, prefill, mask,
     total = cum[-1]
     s = s.replace(kv_tok=s.kv_tok.at[i, jnp.where(partial, last, st.kv_blocks)]
                   .add(fill, mode="drop"))
-    reg_partial = partial & (filled + fill == bs) & (blen - 1 < c.full_blocks[r])
+    top_first = first_pos - filled  # the top-up block's first token
+    top_index = top_first // bs
+    reg_partial = partial & (filled + fill == bs) & (top_first % bs == 0) \
+        & (top_index < c.full_blocks[r])
     if not st.prefix_caching:
         reg_partial = jnp.zeros_like(reg_partial)
+    fresh_pos = first_pos + fill
     on_chain = jnp.ones_like(partial)
     if st.tiered:
         # Every block an append fills gets a hash (output blocks too: the CPU tier mirrors
         # them); fresh blocks chain from the last block's
         top_full = partial & (filled + fill == bs)
         s, top_on = register_keys(s, st, c, i, r, blen - 1,
-                                  s.bt[i, sb, jnp.maximum(blen - 2, 0)], last, top_full)
-        if st.blis_quirks:
-            on_chain = holds_true_key(s, st, c, i, r, blen - 1, last)
+                                  s.bt[i, sb, jnp.maximum(blen - 2, 0)], last, top_full,
+                                  top_first)
+        held = s.tier.key_of_block[i, jnp.clip(last, 0, st.kv_blocks - 1)]
+        on_chain = content_key(st, c, i, r, fresh_pos,
+                               jnp.where(blen > 0, held, NIL)).on_chain
         reg_partial = reg_partial & top_on
     n_chunks = jnp.maximum((total + chunk - 1) // chunk, jnp.any(reg_partial))
     chunk_of = jnp.minimum(before // chunk, n_chunks - 1)
-    plan = _GrantChunks(sb, r, prefill, blen, last, rest, cum, before, reg_partial, chunk_of,
-                        on_chain)
+    plan = _GrantChunks(sb, r, prefill, blen, last, rest, cum, before, reg_partial, top_index,
+                        chunk_of, fresh_pos, on_chain)
 
     def chunks(s, top_ups: bool):
         def body(carry, go):
@@ -437,22 +447,24 @@ def _grant_chunk(s: SimState, st, c, i, plan: _GrantChunks, k, total, go, chunk:
         return s
     # a fresh block filled during a prefill gets a hash; a prompt block's goes in its slot
     hashed = taken & (tok == bs) & prefill[owner]
-    reg_fresh = hashed & (j < c.full_blocks[r[owner]])
-    slot_fresh = hash_slot(st, c, i, r[owner], j)
+    first = plan.fresh_pos[owner] + m * bs  # the block's first token
+    q = first // bs
+    reg_fresh = hashed & (first % bs == 0) & (q < c.full_blocks[r[owner]])
+    slot_fresh = hash_slot(st, c, i, r[owner], q)
     if st.tiered:  # the CPU key of each fresh block's hash (-1: none); off the chain, no slot
         on = plan.on_chain[owner]
         t = s.tier
         t = kvtier.note_evictions(t, t.key_of_block[i, jnp.clip(blocks, 0, k_blocks - 1)],
                                   taken, s.clock[i])
-        # Past the full prompt blocks (a prefill whose reload claimed more blocks than its
-        # tokens fill, ``TieredKVCache.allocate``) the key is an extension key; such a block
-        # is always below the request's table blocks, whose extension keys it owns.
+        # A block whose tokens are not its position's (a prefill after a reload that covered
+        # part of a block, ``TieredKVCache.allocate``) has an off-chain key
+        key = content_key(st, c, i, r[owner], first, NIL)
         t = t.replace(key_of_block=t.key_of_block.at[i, b_safe].set(
-            jnp.where(hashed & on, cpu_key(st, c, i, r[owner], j), NIL), mode="drop"))
-        if st.blis_quirks:  # off the chain: each chains from the block before it
-            prev = s.bt[i, sb[owner], jnp.clip(j - 1, 0, mb - 1)]
-            t = kvtier.chain_offchain(t, st, i, prev, b_safe, cpu_key(st, c, i, r[owner], j),
-                                      hashed & ~on)
+            jnp.where(hashed & on, key.true_key, NIL), mode="drop"))
+        # off the chain: each chains from the block before it (none: -1)
+        prev = jnp.where(j > 0, s.bt[i, sb[owner], jnp.clip(j - 1, 0, mb - 1)], NIL)
+        t = kvtier.chain_offchain(t, st, i, prev, b_safe, key.true_key, hashed & ~on,
+                                  key.shift)
         s = s.replace(tier=t)
         reg_fresh = reg_fresh & on
     base_owner = owner + 2 * before[owner]  # first op of the owner (see grant_tokens)
@@ -462,7 +474,7 @@ def _grant_chunk(s: SimState, st, c, i, plan: _GrantChunks, k, total, go, chunk:
     ops = jnp.concatenate([taken & (old_slot >= 0), reg_fresh])
     if top_ups:
         reg_top = go & reg_partial & (chunk_of == k)
-        slot_top = hash_slot(st, c, i, r, blen - 1)
+        slot_top = hash_slot(st, c, i, r, plan.top_index)
         base = jnp.arange(sb.shape[0], dtype=jnp.int32) + 2 * before
         seq, slots = jnp.concatenate([base, seq]), jnp.concatenate([slot_top, slots])
         values, ops = jnp.concatenate([last, values]), jnp.concatenate([reg_top, ops])
@@ -491,8 +503,8 @@ def allocate(s: SimState, st, c, i, sb, r, start, end, cached, n_cached, active,
         s = claim_cached(s, st, i, sb, cached, n_cached, claim)
     prefill = s.pi[r] < c.input_tokens[r]
     one = lambda x: jnp.reshape(x, (1,))  # noqa: E731
-    return grant_tokens(s, st, c, i, one(sb), one(r), one(n), one(prefill), one(active & (n > 0)),
-                        chunk)
+    return grant_tokens(s, st, c, i, one(sb), one(r), one(n), one(jnp.asarray(start, jnp.int32)),
+                        one(prefill), one(active & (n > 0)), chunk)
 
 
 RELEASE_NARROWEST = 32  # narrowest vector width of a release (doubled up to the table width)
@@ -587,6 +599,40 @@ def cpu_key(st, c, i, r, j):
     return jnp.where(j < c.full_blocks[r], hash_slot(st, c, i, r, j), ext)
 
 
+class ContentKey(NamedTuple):
+    """The CPU key of a full block by what it holds (``content_key``); shapes of its inputs."""
+
+    on_chain: jax.Array  # bool: its hash is its content's true hash (``cpu_key``)
+    true_key: jax.Array  # int32: that key; for a block off its positions, a key whose
+    #                      sharing is its tokens' (``content_key``, ``kvtier.offchain_key``)
+    shift: jax.Array  # int32: its first token's position modulo the block size
+    index: jax.Array  # int32: the block its first token lies in
+
+
+def content_key(st, c, i, r, first_token, origin) -> ContentKey:
+    """What a full block of request r holds, from its first token's position ``first_token``
+    and the key ``origin`` of the block the request holds before it (-1: none, or one without
+    a hash): BLIS hashes its tokens chained from that block's hash (``KVCache._register``).
+    The hash is the true one iff the block sits at a multiple of the block size and its
+    predecessor holds the true block before it (or, for block 0, nothing hashed).
+
+    A block off its positions (a tiered allocation after a reload that covered part of a
+    block, ``TieredKVCache.allocate``) holds the prefix group's tokens iff all of them lie in
+    the prefix, which puts the block its first token lies in inside the group's blocks: it is
+    keyed by that block's key with its shift; tokens of the request's own are keyed by the
+    block after it, which is then the request's own too (a group block would put them inside
+    the prefix). Either way (key, shift) names the tokens."""
+    bs = st.block_size
+    q = first_token // bs
+    shift = first_token % bs
+    aligned = shift == 0
+    shared = (c.group[r] >= 0) & (first_token + bs <= c.prefix_tokens[r])
+    true_key = cpu_key(st, c, i, r, jnp.where(aligned | shared, q, q + 1))
+    after = cpu_key(st, c, i, r, jnp.maximum(q - 1, 0))
+    on_chain = aligned & jnp.where(q == 0, origin < 0, origin == after)
+    return ContentKey(on_chain, true_key, shift, q)
+
+
 def holds_true_key(s: SimState, st, c, i, r, m, block):
     """Whether GPU block ``block``, held by request r at position m, has r's true key there
     (m < 0: no block, the true chain's start). A block chaining from one that does not has an
@@ -595,21 +641,21 @@ def holds_true_key(s: SimState, st, c, i, r, m, block):
     return (m < 0) | (held == cpu_key(st, c, i, r, jnp.maximum(m, 0)))
 
 
-def register_keys(s: SimState, st, c, i, r, j, prev_block, block, mask):
-    """``(state, on_chain)``: give GPU block ``block`` (block j of request r) the CPU key of its
-    hash where ``mask``, chained from the block the request holds at j - 1 (``prev_block``).
-    With ``blis_quirks`` a reload may have replaced that block's content (``KVCache._register``):
-    the hash then matches nothing, here an off-chain key (``kvtier.offchain_key``) and no hash
-    slot. Without the quirks that cannot happen. Vectors: one entry per request."""
-    true_key = cpu_key(st, c, i, r, j)
+def register_keys(s: SimState, st, c, i, r, j, prev_block, block, mask, first_token):
+    """``(state, on_chain)``: give GPU block ``block`` (block j of request r, its first token
+    at position ``first_token``) the CPU key of its hash where ``mask``, chained from the
+    block the request holds at j - 1 (``prev_block``; ``KVCache._register``). A block off its
+    positions, or chained from a block of other content, gets an off-chain key
+    (``content_key``) and no hash slot. Vectors: one entry per request."""
     t = s.tier
     k_blocks = st.kv_blocks
-    on = holds_true_key(s, st, c, i, r, j - 1, prev_block) if st.blis_quirks \
-        else jnp.ones_like(mask)
-    t = t.replace(key_of_block=t.key_of_block.at[
-        i, jnp.where(mask & on, block, k_blocks)].set(true_key, mode="drop"))
-    if st.blis_quirks:
-        t = kvtier.chain_offchain(t, st, i, prev_block, block, true_key, mask & ~on)
+    prev = jnp.where(j > 0, prev_block, NIL)
+    origin = jnp.where(prev >= 0, t.key_of_block[i, jnp.clip(prev, 0, k_blocks - 1)], NIL)
+    key = content_key(st, c, i, r, first_token, origin)
+    on = key.on_chain
+    t = t.replace(key_of_block=t.key_of_block.at[i, jnp.where(mask, block, k_blocks)].set(
+        jnp.where(on, key.true_key, NIL), mode="drop"))
+    t = kvtier.chain_offchain(t, st, i, prev, block, key.true_key, mask & ~on, key.shift)
     return s.replace(tier=t), on
 
 
@@ -766,9 +812,9 @@ def tiered_allocate(s: SimState, st, c, i, sb, r, start, end, cached, n_cached, 
     (an admission's, at the full prompt width ``max_prompt_blocks``; none for a running
     request). Returns ``(state, TieredOutcome)``.
 
-    One case is flagged (``KVTierState.unsupported``) rather than modelled: an allocation
-    that claims reloaded blocks and then fails its pre-check leaves the reference's request
-    holding blocks outside the batch, which a batch slot cannot represent."""
+    An allocation that claims reloaded blocks and then fails its pre-check leaves the request
+    holding them (BLIS's behaviour): an admission's caller keeps them for the waiting request
+    (``instance._settle_held_blocks``)."""
     bs = st.block_size
     n_cached = jnp.asarray(n_cached, jnp.int32)
     blen = s.blen[i, sb]
@@ -801,7 +847,5 @@ def tiered_allocate(s: SimState, st, c, i, sb, r, start, end, cached, n_cached, 
     s = allocate(s, st, c, i, sb, r, a_start, end, jnp.zeros(1, jnp.int32), 0, grant, chunk)
     ok = claim_only | grant
     t = s.tier
-    s = s.replace(tier=t.replace(
-        cpu_misses=add(t.cpu_misses, i, 1, active & ~ok & ~reloaded),
-        unsupported=t.unsupported + (partial & ~fits).astype(jnp.int32)))
+    s = s.replace(tier=t.replace(cpu_misses=add(t.cpu_misses, i, 1, active & ~ok & ~reloaded)))
     return s, TieredOutcome(ok, count)

@@ -50,7 +50,7 @@ from blisjax.engine.vec import earlier_smaller, prefix_sum
 
 KEY_LIMIT = 1 << 30  # ring positions are renumbered from 0 before they could overflow int32
 EVICT_WINDOW = 32  # ring entries read per trip of an eviction
-OFF_UNUSED = -2  # an off-chain generation not yet used (-1 is an origin: a block without hash)
+OFF_UNUSED = -1  # an off-chain generation not yet used (a recorded tag is >= 0, ``_tag``)
 
 
 @pytree_dataclass
@@ -76,18 +76,18 @@ class KVTierState:
     #                        taken for other content, -1 = never (the thrashing anomaly)
     thrash_reloads: jax.Array  # int64 [I]: reloads of a key evicted from the GPU less than
     #                            ``EngineStatic.kv_thrash_window_us`` before
-    unsupported: jax.Array  # int32: events the program cannot reproduce (flagged, see
-    #                         ``kvcache.tiered_allocate``)
     capacity: jax.Array  # int32: this lane's tier size (``PolicyParams.kv_cpu_blocks``)
     pass_mark: jax.Array  # int64 [KEYS + 1]: scratch of ``mirror`` (first and last accesses)
     pass_stamp: jax.Array  # int64: the last mark ``mirror`` used
     reload_us: jax.Array  # int64 µs: one reload's transfer time (``PolicyParams.kv_reload_us``)
     pass_keys: jax.Array  # int32 [I]: distinct keys of the instance's last mirror pass (a
     #                       decode stretch needs the tier to hold them all, ``stretch.plan``)
-    off_origin: jax.Array  # int32 [G·T + 1]: origin key of each off-chain generation (-1: a
-    #                        held block without a hash; ``OFF_UNUSED``: not yet used)
+    off_origin: jax.Array  # int32 [G·T + 1]: the origin key and shift of each off-chain
+    #                        generation (``_tag``; ``OFF_UNUSED``: not yet used)
     offchain_overflow: jax.Array  # int32: off-chain keys a lane needed beyond
     #                               ``EngineStatic.offchain_generations`` (flagged)
+    hold_overflow: jax.Array  # int32: queued requests left holding blocks with no free
+    #                           ``EngineStatic.kv_hold_slots`` slot (flagged)
 
 
 def init_tier(st, capacity=0, reload_us=0) -> KVTierState:
@@ -107,12 +107,12 @@ def init_tier(st, capacity=0, reload_us=0) -> KVTierState:
         evictions=jnp.zeros(n_inst, i64),
         request_reloads=jnp.zeros(st.num_requests + 1 if on else 1, i32),
         evicted_at=jnp.full(keys + 1, -1, i64), thrash_reloads=jnp.zeros(n_inst, i64),
-        unsupported=jnp.asarray(0, i32), capacity=jnp.asarray(capacity, i32),
+        capacity=jnp.asarray(capacity, i32),
         pass_mark=jnp.full(keys + 1, -1, i64), pass_stamp=jnp.asarray(0, i64),
         reload_us=jnp.asarray(reload_us, i64), pass_keys=jnp.zeros(n_inst, i32),
-        off_origin=jnp.full(st.cpu_off_slots + 1 if on and st.blis_quirks else 1, OFF_UNUSED,
+        off_origin=jnp.full(st.cpu_off_slots + 1 if on else 1, OFF_UNUSED,
                             i32),
-        offchain_overflow=jnp.asarray(0, i32))
+        offchain_overflow=jnp.asarray(0, i32), hold_overflow=jnp.asarray(0, i32))
 
 
 # ---- the ring ----------------------------------------------------------------------------------
@@ -198,15 +198,24 @@ def holds(t: KVTierState, key):
 # ---- off-chain keys (blis_quirks) --------------------------------------------------------------
 
 
-def offchain_key(t: KVTierState, st, origin, true_key, go):
-    """``(tier, key)``: the off-chain key of a block of true key ``true_key`` whose hash chains
-    from a held block of key ``origin`` (-1: no hash) — the generation of ``true_key`` that
-    recorded this origin, else the first unused one, which records it (where ``go``). When
-    every generation holds another origin the lane is flagged (``offchain_overflow``) and the
-    last generation's key stands in."""
+def _tag(st, origin, shift):
+    """What an off-chain generation records: its origin key (-1: a held block without a hash)
+    and its content's shift (0 for a block at a multiple of the block size), as one int32."""
+    return (origin + 1) * st.block_size + shift
+
+
+def offchain_key(t: KVTierState, st, origin, true_key, go, shift=0):
+    """``(tier, key)``: the off-chain key of a block whose hash chains from a held block of key
+    ``origin`` (-1: no hash) and whose content is true key ``true_key``'s, or with ``shift`` >
+    0 the tokens ``shift`` positions past the start of the block before ``true_key``'s (a
+    misaligned block: ``kvcache.content_key``) — the generation of ``true_key`` that recorded
+    this origin and shift, else the first unused one, which records them (where ``go``). When
+    every generation holds another the lane is flagged (``offchain_overflow``) and the last
+    generation's key stands in."""
     n_true = st.cpu_true_keys
     gens = jnp.arange(st.offchain_generations, dtype=jnp.int32)
     row = t.off_origin[gens * n_true + true_key]
+    origin = _tag(st, origin, shift)
     seen, unused = row == origin, row == OFF_UNUSED
     gen = jnp.where(jnp.any(seen), jnp.argmax(seen),
                     jnp.where(jnp.any(unused), jnp.argmax(unused), gens[-1])).astype(jnp.int32)
@@ -220,12 +229,17 @@ def offchain_key(t: KVTierState, st, origin, true_key, go):
     return t, n_true + gen * n_true + true_key
 
 
-def chain_offchain(t: KVTierState, st, i, prev_block, block, true_key, need) -> KVTierState:
+def chain_offchain(t: KVTierState, st, i, prev_block, block, true_key, need,
+                   shift=None) -> KVTierState:
     """Give GPU block ``block[k]`` of instance i, for every k where ``need``, in k order, the
-    off-chain key of true key ``true_key[k]`` chained from the key ``prev_block[k]`` holds
-    when its turn comes (an earlier entry may have just given it one: the fresh blocks of one
-    allocation chain from each other). One entry per trip: off-chain hashes arise only after a
-    reload replaced a block a request had found cached (``blis_quirks``), rarely."""
+    off-chain key of true key ``true_key[k]`` (and ``shift[k]``, ``offchain_key``) chained
+    from the key ``prev_block[k]`` holds when its turn comes (an earlier entry may have just
+    given it one: the fresh blocks of one allocation chain from each other); ``prev_block[k]``
+    < 0: no block before it. One entry per trip: off-chain hashes arise only where a tiered
+    allocation left a request's blocks off their positions or chained from other content
+    (``blis_quirks``), rarely."""
+    if shift is None:
+        shift = jnp.zeros_like(true_key)
     count = jnp.sum(need, dtype=jnp.int32)
     order = jnp.argsort(~need, stable=True).astype(jnp.int32)  # the needed entries first
     k_blocks = t.key_of_block.shape[1]
@@ -233,8 +247,9 @@ def chain_offchain(t: KVTierState, st, i, prev_block, block, true_key, need) -> 
     def body(carry, go):
         t, k = carry
         e = order[k]
-        origin = t.key_of_block[i, jnp.clip(prev_block[e], 0, k_blocks - 1)]
-        t, key = offchain_key(t, st, origin, true_key[e], go)
+        origin = jnp.where(prev_block[e] >= 0,
+                           t.key_of_block[i, jnp.clip(prev_block[e], 0, k_blocks - 1)], NIL)
+        t, key = offchain_key(t, st, origin, true_key[e], go, shift[e])
         t = t.replace(key_of_block=upd(t.key_of_block, (i, jnp.clip(block[e], 0, k_blocks - 1)),
                                        key, go))
         return t, k + go.astype(jnp.int32)

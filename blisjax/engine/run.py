@@ -333,10 +333,10 @@ def lane_result(st: EngineStatic, consts, final, k: int) -> records.RunResult:
     clock = np.maximum(g.clock, g.last_left)
     overflow = {name: int(getattr(g, f"ovf_{name}")) for name in
                 ("queue", "pending", "blocks", "deadline") if int(getattr(g, f"ovf_{name}"))}
-    if st.tiered and int(g.tier.unsupported):
-        overflow["kv_tier"] = int(g.tier.unsupported)
     if st.tiered and int(g.tier.offchain_overflow):
         overflow["offchain"] = int(g.tier.offchain_overflow)
+    if st.tiered and int(g.tier.hold_overflow):
+        overflow["kv_hold"] = int(g.tier.hold_overflow)
     if st.pd:
         for name, count in (("pd_transfers", g.pd.ovf_transfers),
                             ("pd_reserve", g.pd.ovf_reserve)):

@@ -107,9 +107,14 @@ class EngineStatic:
     # lane's own size is ``PolicyParams.kv_cpu_blocks`` <= it); 0 = no CPU tier compiled in.
     cpu_tier_blocks: int = 0
     cpu_ext_slots: int = 1  # CPU keys of blocks past the full prompt blocks (engine.kvtier)
-    # Off-chain CPU keys (``blis_quirks``, engine.kvtier): this many distinct predecessors per
+    # Off-chain CPU keys (a CPU tier, engine.kvtier): this many distinct predecessors per
     # block content; a lane that needs more overflows ``offchain``.
     offchain_generations: int = 8
+    # Queued requests holding KV blocks per instance (batch slots past the P/D reservations):
+    # with ``blis_quirks`` a tiered admission that claims reloaded blocks and then fails its
+    # pre-check leaves the request holding them while it waits (``kvcache.tiered_allocate``);
+    # a lane that needs more overflows ``kv_hold``.
+    kv_hold_slots: int = 0
     kv_thrash_window_us: int = 0  # ``metrics.kv_thrash_window_us`` (the thrashing anomaly)
     # ``cluster.pd``: P/D pools are compiled in (``engine.pd``). A disaggregated request's
     # prefill sub-request is request row N + 1 + r (``request_rows``); its decode sub-request
@@ -145,7 +150,13 @@ class EngineStatic:
 
     @property
     def slot_count(self) -> int:
-        """Batch slots per instance: the running batch's, then (P/D) the reservations'."""
+        """Batch slots per instance: the running batch's, then (P/D) the reservations', then
+        (a CPU tier with ``blis_quirks``) the queued holders'."""
+        return self.batch_slots + self.pd_reserve_slots + self.kv_hold_slots
+
+    @property
+    def hold_base(self) -> int:
+        """The first slot of queued requests holding KV blocks (``kv_hold_slots``)."""
         return self.batch_slots + self.pd_reserve_slots
 
     @property
@@ -166,9 +177,9 @@ class EngineStatic:
 
     @property
     def cpu_off_slots(self) -> int:
-        """Off-chain CPU keys: ``offchain_generations`` per true key with ``blis_quirks``
-        (none can occur without; one placeholder)."""
-        return self.offchain_generations * self.cpu_true_keys if self.blis_quirks else 1
+        """Off-chain CPU keys: ``offchain_generations`` per true key with a CPU tier (one
+        placeholder without)."""
+        return self.offchain_generations * self.cpu_true_keys if self.tiered else 1
 
     @property
     def cpu_keys(self) -> int:
@@ -186,8 +197,8 @@ class EngineStatic:
         """Decode stretches are compiled in: asked for, and the plain steps' times are
         computed in the program (not through the host callback)."""
         # With a CPU tier a stretch's mirror passes are one pass at its end
-        # (``stretch._by_tier``); a batch with BLIS's off-chain hashes (``blis_quirks``) is
-        # not planned (``stretch.outlook``).
+        # (``stretch._by_tier``); a batch with off-chain hashes or blocks off their positions
+        # is not planned (``stretch.outlook``).
         return self.decode_stretches and self.latency is None
 
     @property
@@ -247,6 +258,7 @@ class WorkloadConsts:
     slo_class: jax.Array
     group: jax.Array
     group_blocks: jax.Array  # prompt blocks shared with the prefix group
+    prefix_tokens: jax.Array  # the shared prefix's tokens (0 without a prefix group)
     full_blocks: jax.Array  # full prompt blocks = input_tokens // block_size
     own_base: jax.Array  # hash slot of own block j is group_slots + own_base + j
     ext_base: jax.Array  # CPU key of block j >= full_blocks is ext_base + j (engine.kvtier)
@@ -276,6 +288,7 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
                  decode_stretches: bool | None = None,
                  cpu_tier_blocks: int | None = None,
                  offchain_generations: int = 8,
+                 kv_hold_slots: int = 8,
                  pd_reserve_slots: int | None = None,
                  pd_transfer_slots: int | None = None,
                  actuation_slots: int | None = None,
@@ -288,9 +301,11 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
     values to save memory. The deadline window (8) overflows when more requests than it holds
     share one deadline microsecond. ``cpu_tier_blocks``: the CPU tier's capacity per instance
     (default ``engine.kv_cpu_blocks``; a search over the tier size sets its largest value, so
-    every generation runs one program). ``offchain_generations``: with ``blis_quirks`` and a
-    CPU tier, the distinct predecessors one block content's off-chain hashes may have
-    (``engine.kvtier``; a lane needing more overflows ``offchain``). With P/D pools,
+    every generation runs one program). ``offchain_generations``: with a CPU tier, the
+    distinct predecessors one block content's off-chain hashes may have
+    (``engine.kvtier``; a lane needing more overflows ``offchain``); ``kv_hold_slots``: with
+    ``blis_quirks`` and a CPU tier, the queued requests per instance that may hold KV blocks
+    after a failed tiered admission (a lane needing more overflows ``kv_hold``). With P/D pools,
     ``pd_reserve_slots`` (decode sub-requests waiting with reserved KV on one instance;
     default: as many as requests or KV blocks, whichever is fewer) and ``pd_transfer_slots``
     (transfers pending or in flight; default: one per request). With instance lifecycles,
@@ -303,6 +318,7 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
                         ("max_blocks_per_request", max_blocks_per_request),
                         ("running_width", running_width),
                         ("offchain_generations", offchain_generations),
+                        ("kv_hold_slots", kv_hold_slots),
                         ("pd_reserve_slots", pd_reserve_slots),
                         ("pd_transfer_slots", pd_transfer_slots),
                         ("actuation_slots", actuation_slots),
@@ -385,6 +401,8 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
         kv_thrash_window_us=int(cfg.metrics.kv_thrash_window_us),
         cpu_ext_slots=max(int(_ext_counts(inp, out, bs).sum()) if n else 0, 1),
         offchain_generations=int(offchain_generations),
+        kv_hold_slots=(int(kv_hold_slots) if eng.kv_cpu_blocks > 0 or cpu_tier_blocks else 0)
+        if cfg.compat.blis_quirks else 0,
         pd=pd,
         pd_reserve_slots=(int(pd_reserve_slots or max(min(n, int(resolved.total_kv_blocks)), 1))
                           if pd else 0),
@@ -494,7 +512,7 @@ VARYING_PLAN = 16
 # Capacities that may be raised above what one workload needs (upper bounds, never semantics).
 _SHAREABLE = ("queue_slots", "pending_slots", "max_blocks_per_request", "max_prompt_blocks",
               "num_groups", "group_blocks_max", "own_slots", "num_deadlines", "itl_capacity",
-              "cpu_ext_slots", "offchain_generations", "pd_reserve_slots",
+              "cpu_ext_slots", "offchain_generations", "kv_hold_slots", "pd_reserve_slots",
               "pd_transfer_slots", "actuation_slots", "timeline_slots")
 
 
@@ -609,6 +627,8 @@ def build_consts(resolved, workload, st: EngineStatic) -> WorkloadConsts:
         deadline_us=pad(dl, 0, i64),
         tenant=pad(workload.tenant, 0, i32), slo_class=pad(workload.slo_class, 0, i32),
         group=pad(workload.prefix_group, -1, i32), group_blocks=pad(gb, 0, i32),
+        prefix_tokens=pad(np.where(np.asarray(workload.prefix_group) >= 0,
+                                   np.asarray(workload.prefix_length, np.int64), 0), 0, i32),
         full_blocks=pad(full, 0, i32), own_base=pad(own_start - gb, 0, i32),
         ext_base=pad(st.hash_slots + ext_start - full, 0, i32),
         queue_delay_us=pad(qdelay, 0, i64), itl_offset=pad(itl_off, 0, i64),

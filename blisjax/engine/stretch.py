@@ -116,14 +116,18 @@ def outlook(s: SimState, st, c, i, keep, slots, pi, l_in, out) -> BatchOutlook:
     if st.tiered:  # a request holding fewer blocks than its full prompt blocks may reload
         reqs = jnp.where(keep, s.slot_req[i, slots], 0)
         whole = ~keep | (s.blen[i, slots] >= c.full_blocks[reqs])
-        if st.blis_quirks:
-            # the blocks a request fills chain from its last full block: the plan assumes
-            # they are on the true chain (``_apply`` gives them their true keys), which holds
-            # unless a reload replaced that block's content (off-chain hashes)
-            fill = kv.last_block_fill(s, st, i, slots)
-            m = fill.blen - 1 - ((fill.filled >= 1) & (fill.filled < st.block_size))
-            block = s.bt[i, slots, jnp.maximum(m, 0)]
-            whole = whole & (~keep | kv.holds_true_key(s, st, c, i, reqs, m, block))
+        # the plan keys the blocks it fills by their positions in the block table
+        # (``_cpu_keys``), which hold the tokens of those positions unless a reload shifted
+        # the request's blocks (``kvcache.content_key``): then its tokens number otherwise
+        held = kv.last_block_fill(s, st, i, slots)
+        tokens = held.blen * st.block_size - kv.spare_positions(st, held.blen, held.filled)
+        whole = whole & (~keep | (tokens == pi))
+        # the blocks a request fills chain from its last full block: the plan assumes they
+        # are on the true chain (``_apply`` gives them their true keys), which holds unless a
+        # reload replaced that block's content (off-chain hashes, ``blis_quirks``)
+        m = held.blen - 1 - ((held.filled >= 1) & (held.filled < st.block_size))
+        block = s.bt[i, slots, jnp.maximum(m, 0)]
+        whole = whole & (~keep | kv.holds_true_key(s, st, c, i, reqs, m, block))
         decoding = decoding & ((s.tier.capacity == 0) | jnp.all(whole))
     left = l_in + out - 2 - pi
     if st.max_model_len > 0:
@@ -352,7 +356,7 @@ def _apply(s: SimState, st, c, i, kc, go, width: int) -> SimState:
     if st.tiered:  # before the hash-slot writes, which read no CPU key
         s = _cpu_keys(s, st, c, i, reqs, fill, spare, fresh, top_up, b, kc, times)
     if st.prefix_caching:
-        s = _hash_slot_ops(s, st, c, i, reqs, fill, spare, fresh, top_up, b, kc, width)
+        s = _hash_slot_ops(s, st, i, fresh, b, width)
     grown = jnp.where(valid, kc, 0)  # the sink row (invalid positions) gets nothing
     # each step adds its time plus the output-token processing time to every ITL sum
     itl_total = span + kc.astype(jnp.int64) * st.otp_us
@@ -394,38 +398,20 @@ def _apply(s: SimState, st, c, i, kc, go, width: int) -> SimState:
         iters=s.iters + kc.astype(jnp.int64), stretched=s.stretched + kc.astype(jnp.int64))
 
 
-def _hash_slot_ops(s: SimState, st, c, i, reqs, fill, spare, fresh, top_up, b, kc,
-                   width: int) -> SimState:
-    """The hash-slot writes of a ``_apply`` pass, in the reference's order (``apply_slot_ops``
-    resolves them by sequence number: by step, then batch position, a registration before a
-    pop). A block popped for decode growth forgets the slot it was registered under (at step
-    ``spare``). A block that decode tokens fill is registered when its table position is
-    below the request's full prompt blocks: a request readmitted after preemption holds
-    only the blocks allocated since, so its table positions restart at 0 (docs/semantics.md
-    §3). The last block fills at step ``spare - 1``; a fresh block taken at step 0 fills
-    within the pass only when the pass is B steps long (at its last step)."""
-    bs, k_blocks = st.block_size, st.kv_blocks
+def _hash_slot_ops(s: SimState, st, i, fresh, b, width: int) -> SimState:
+    """The hash-slot writes of a ``_apply`` pass: a block popped for decode growth forgets the
+    slot it was registered under (``apply_slot_ops`` orders them by sequence number: by step,
+    then batch position). A block that decode tokens fill holds output positions, never a
+    prompt block's, so it gets no slot (``kvcache.grant_tokens``); the slots of the blocks
+    the pass takes stay empty."""
+    k_blocks = st.kv_blocks
     pos = jnp.arange(width, dtype=jnp.int32)
-    full = c.full_blocks[reqs]
     old_slot = jnp.where(fresh, s.kv_slot[i, jnp.clip(b, 0, k_blocks - 1)], NIL)
-    reg_last = top_up & (spare <= kc) & (fill.blen - 1 < full)
-    slot_last = kv.hash_slot(st, c, i, reqs, fill.blen - 1)
-    reg_fresh = fresh & (spare == 0) & (kc == bs) & (fill.blen < full)
-    slot_fresh = kv.hash_slot(st, c, i, reqs, fill.blen)
-
-    def op(step, kind):
-        return 2 * (step * width + pos) + kind
-
-    s = kv.apply_slot_ops(
-        s, st, jnp.concatenate([slot_last, old_slot, slot_fresh]),
-        jnp.concatenate([fill.last, jnp.full(width, NIL, jnp.int32), b]),
-        jnp.concatenate([op(spare - 1, 0), op(spare, 1), op(spare + bs - 1, 0)]),
-        jnp.concatenate([reg_last, fresh & (old_slot >= 0), reg_fresh]))
+    s = kv.apply_slot_ops(s, st, old_slot, jnp.full(width, NIL, jnp.int32), 2 * pos + 1,
+                          fresh & (old_slot >= 0))
     # the write that depends on old_slot goes first, so every write follows that read
-    fresh_slot = after_reads(jnp.where(reg_fresh, slot_fresh, NIL), old_slot + 1)
-    s = s.replace(kv_slot=s.kv_slot.at[i, b].set(fresh_slot, mode="drop"))
-    return s.replace(kv_slot=s.kv_slot.at[i, jnp.where(reg_last, fill.last, k_blocks)].set(
-        slot_last, mode="drop"))
+    return s.replace(kv_slot=s.kv_slot.at[i, b].set(after_reads(jnp.full(width, NIL, jnp.int32),
+                                                                old_slot + 1), mode="drop"))
 
 
 def _cpu_keys(s: SimState, st, c, i, reqs, fill, spare, fresh, top_up, b, kc,

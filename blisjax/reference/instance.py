@@ -96,7 +96,7 @@ class Instance:
                                  engine.kv_transfer_base_latency_us, self.hash_at,
                                  self.thrash_window_us)
         return KVCache(self.total_kv_blocks, self.block_size, self.hash_of,
-                       engine.enable_prefix_caching)
+                       engine.enable_prefix_caching, hash_at=self.hash_at)
 
     # ---- lifecycle (Decision 16) -----------------------------------------------------------
     def restart(self) -> None:
