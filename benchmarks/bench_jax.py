@@ -58,8 +58,10 @@ import json
 import os
 import platform
 import resource
+import shlex
 import sys
 import time
+from pathlib import Path
 
 from blisjax.devices import use_cpu_cores  # imports no JAX
 
@@ -156,6 +158,32 @@ def tier_population(cfg: SimConfig, tenants, lanes: int, seed: int = 0):
         policy = dataclasses.replace(cfg.policy, routing=routing)
         configs.append(dataclasses.replace(cfg, engine=engine, policy=policy))
     return stack_params([params_from_config(c, tenants) for c in configs])
+
+
+TIERED_PREEMPT = os.path.join(os.path.dirname(__file__), "..", "tests", "data",
+                              "blis-golden-next", "kv_tiered_preempt.json")
+
+
+def tiered_preempt():
+    """BLIS's ``kv_tiered_preempt`` replay with ``--blis-quirks`` (its exact command line):
+    600 requests on 1 instance, 448 GPU blocks, a 2,500-block CPU tier, 63 preemptions."""
+    from blisjax.cli import _config_from_args, _trace_workload, build_parser
+
+    case = json.loads(Path(TIERED_PREEMPT).read_text())
+    folder = Path(TIERED_PREEMPT).parent
+    argv = shlex.split(case["command"])[1:]
+    i = argv.index("--results-path")
+    argv = [str(folder / a) if a.endswith((".yaml", ".csv")) else a
+            for a in argv[:i] + argv[i + 2:]]
+    args = build_parser().parse_args([*argv, "--blis-quirks"])
+    cfg, _ = _config_from_args(args)
+    return resolve_config(cfg), _trace_workload(args).workload
+
+
+def tiered_preempt_population(cfg: SimConfig, tenants, lanes: int, seed: int = 0):
+    """The replay's own policy in every lane."""
+    del seed
+    return stack_params([params_from_config(cfg, tenants)] * lanes)
 
 
 PD_CONFIG = os.path.join(os.path.dirname(__file__), "..", "configs", "search", "pd-split.yaml")

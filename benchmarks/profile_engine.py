@@ -189,6 +189,9 @@ def add_case_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--cpu-tier", action="store_true",
                     help="the CPU-tier example (bench_jax.cpu_tier): lanes draw tier sizes up to "
                          "bench_jax.TIER_MAX_BLOCKS")
+    ap.add_argument("--tiered-preempt", action="store_true",
+                    help="BLIS's kv_tiered_preempt replay with --blis-quirks "
+                         "(bench_jax.tiered_preempt; --requests is ignored)")
     ap.add_argument("--pd", action="store_true",
                     help="the P/D example (bench_jax.pd_split): lanes draw splits, thresholds "
                          "and decode-pool weights")
@@ -214,6 +217,9 @@ def compile_case(args) -> Case:
     if args.pd:
         resolved, workload = bench_jax.pd_split(args.requests)
         draw = bench_jax.pd_population
+    elif args.tiered_preempt:
+        resolved, workload = bench_jax.tiered_preempt()
+        draw = bench_jax.tiered_preempt_population
     elif args.cpu_tier:
         resolved, workload = bench_jax.cpu_tier(args.requests)
         tiers = {"cpu_tier_blocks": bench_jax.TIER_MAX_BLOCKS}

@@ -56,7 +56,7 @@ def _shorter_prompts_longer_outputs(rows: list[dict]) -> list[dict]:
 @pytest.fixture(scope="session")
 def edge_population():
     """base: 2 instances of 40 blocks of 4 tokens, 4 running requests, a 64-token budget with
-    chunked prefill past 32 tokens, a 300 ms horizon, snapshots refreshed every 1.5 ms, the
+    chunked prefill past 32 tokens, a 150 ms horizon, snapshots refreshed every 1.5 ms, the
     cache scorers reading a copy of the instances' caches 3 ms old (the live query is covered
     by tests/test_golden_next.py), α delays, and cluster latencies: admission 300 µs after
     arrival, routing 700 µs after admission (other arrivals and steps interleave; an admission
@@ -66,7 +66,7 @@ def edge_population():
     workload 0, with a fitness configured."""
     room_for_a_program()
     base = make_resolved(instances=2, block_size=4, kv_blocks=40, max_running=4, max_tokens=64,
-                         threshold=32, horizon_us=300_000, refresh_us=1500,
+                         threshold=32, horizon_us=150_000, refresh_us=1500,
                          alpha=(80.25, 0.75, 12.5), cache_delay_us=3000,
                          admission_latency_us=300, routing_latency_us=700)
     later = [dict(r, arrival=r["arrival"] + 9500,

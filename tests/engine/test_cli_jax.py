@@ -33,7 +33,7 @@ def test_parity_command_reports_identical(capsys):
 # ---- capacities -------------------------------------------------------------------------------
 
 FLAGS = ("--queue-slots", "--pending-slots", "--deadline-window", "--max-blocks-per-request",
-         "--offchain-generations", "--pd-transfer-slots", "--pd-reserve-slots")
+         "--offchain-generations", "--kv-hold-slots", "--pd-transfer-slots", "--pd-reserve-slots")
 
 
 @pytest.mark.parametrize("flag", FLAGS)

@@ -350,8 +350,7 @@ class _KeyMap:
             self.hash_of_key[k], self.key_of_hash[h] = h, k
 
 
-def _compare_tier(s, st, ref, reqs, keymap: _KeyMap, cached_of, true_keys,
-                  unsupported: int) -> None:
+def _compare_tier(s, st, ref, reqs, keymap: _KeyMap, cached_of, true_keys) -> None:
     lane = jax.tree_util.tree_map(lambda x: np.asarray(x)[0], s)  # one host copy per field
     assert kvcache.free_list(lane, st, 0) == ref.free_list()
     assert int(lane.kv_free[0]) == ref.free_count
@@ -361,8 +360,14 @@ def _compare_tier(s, st, ref, reqs, keymap: _KeyMap, cached_of, true_keys,
         t for t, u in zip(ref.num_tokens, used, strict=True) if u]
     assert (int(lane.hits[0]), int(lane.misses[0])) == (ref.hits, ref.misses)
     blen, bt = np.asarray(lane.blen[0]), np.asarray(lane.bt[0])
+    # slot = request, except a waiting request holding blocks (a failed admission with
+    # ``blis_quirks``): a holder slot names it
+    slot = {req.index: req.index for req in reqs}
+    holders = np.asarray(lane.slot_req[0])[st.hold_base:]
+    slot.update({int(q): st.hold_base + h for h, q in enumerate(holders) if q >= 0})
     for req in reqs:
-        assert bt[req.index, :blen[req.index]].tolist() == ref.request_blocks.get(req.index, [])
+        sb = slot[req.index]
+        assert bt[sb, :blen[sb]].tolist() == ref.request_blocks.get(req.index, [])
     blocks, counts = (np.asarray(x) for x in cached_of(s))
     for req in reqs:
         want = ref.cached_blocks(req)
@@ -398,7 +403,7 @@ def _compare_tier(s, st, ref, reqs, keymap: _KeyMap, cached_of, true_keys,
                         ref.thrash_reloads, ref.pending_latency_us)
     assert np.asarray(t.request_reloads[:len(reqs)]).tolist() == [
         ref.request_reloads.get(req.index, 0) for req in reqs]
-    assert int(t.unsupported) == unsupported
+    assert int(t.hold_overflow) == 0
 
 
 @pytest.mark.parametrize("quirks", [False, True])
@@ -413,8 +418,9 @@ def test_tiered_kv_cache_matches_reference_op_by_op(quirks):
     the GPU state as in ``test_kv_cache_matches_reference_op_by_op`` plus block tables and
     every request's cached prefix; which blocks hold a hash and that CPU keys and hashes
     correspond one to one; the tier's contents in LRU order; the reload, CPU-miss, store,
-    eviction, thrash and per-request reload counters and the pending transfer time; and the
-    allocations the engine flags as unsupported (claimed reloaded blocks, then failed)."""
+    eviction, thrash and per-request reload counters and the pending transfer time. An
+    admission that claims reloaded blocks and then fails (``blis_quirks``) leaves the request
+    holding them while it waits, in a holder slot of the engine's."""
     w = make_workload(TIER_ROWS, ("",), ("g0", "g1"))
     sizing = make_resolved(block_size=BS, kv_blocks=BLOCKS, max_running=len(TIER_ROWS),
                            cpu_blocks=TIER_MAX, quirks=quirks, thrash_window_us=THRASH_WINDOW_US)
@@ -445,7 +451,6 @@ def test_tiered_kv_cache_matches_reference_op_by_op(quirks):
         rng = np.random.default_rng(100 * run + quirks)
         keymap = _KeyMap()
         active: dict[int, int] = {}  # running request -> tokens allocated, in batch order
-        unsupported = 0
         now = 0
         last_tail = 0
         for _ in range(700):
@@ -503,7 +508,7 @@ def test_tiered_kv_cache_matches_reference_op_by_op(quirks):
             claimed_then_failed = (tiered_call and not ok_ref and ref.reloads > reloads
                                    and (pi if op == TIERED else start)
                                    < len(ref.cached_blocks(req)) * BS < end)
-            unsupported += claimed_then_failed
+            seen["claimed then failed"] += claimed_then_failed
             if op in (ADMIT, TIERED, FAST):
                 assert bool(ok[0]) == ok_ref, (op, r)
                 seen["reloads at admission" if op == ADMIT else "reloads while running"] += (
@@ -524,13 +529,7 @@ def test_tiered_kv_cache_matches_reference_op_by_op(quirks):
                 ref.block_hash[b] != ref._hash_of(reqs[q], j)
                 for q, bl in ref.request_blocks.items() for j, b in enumerate(bl)
                 if ref.block_hash[b] is not None)
-            _compare_tier(s, st, ref, reqs, keymap, cached_of, true_keys, unsupported)
-            if claimed_then_failed:  # the instance never goes on from there: start afresh
-                seen["claimed then failed"] += 1
-                ref.release(req)
-                s, _ = step(s, RELEASE, r, 0, 0, 0, now, jnp.asarray(order), 0)
-                active.pop(r, None)
-                _compare_tier(s, st, ref, reqs, keymap, cached_of, true_keys, unsupported)
+            _compare_tier(s, st, ref, reqs, keymap, cached_of, true_keys)
         seen["thrash reloads"] += ref.thrash_reloads
         seen["tier evictions"] += ref.cpu.evictions
     # the sequences exercised what they are meant to
@@ -538,4 +537,4 @@ def test_tiered_kv_cache_matches_reference_op_by_op(quirks):
                  "tier ring compactions", "thrash reloads", "tier evictions"):
         assert seen[what] > 0, (what, seen)
     if quirks:
-        assert seen["off-chain blocks"] > 0, seen
+        assert seen["off-chain blocks"] > 0 and seen["claimed then failed"] > 0, seen
