@@ -33,6 +33,8 @@ per-simulation target scenarios (BLIS's anchor workload: Poisson 8 req/s per ins
     python benchmarks/bench_jax.py --end-to-end --cpu-devices 2 --lanes 1024
                                                        # whole calls: engine + per-lane results
     python benchmarks/bench_jax.py --saturation        # reference throughput at overload
+    python benchmarks/bench_jax.py --tiered-preempt --lanes 1 --full-width-only
+                                                       # BLIS's tiered replay with 63 preemptions
     python benchmarks/bench_jax.py --cpu-devices 2 --kv-blocks 500 --lanes 64,256 --reference
                                                        # a small KV cache: steps preempt
     python benchmarks/bench_jax.py --anchor --cpu-devices 2 --lanes 64,256
@@ -336,6 +338,11 @@ def main() -> None:
                     help="the CPU-tier example (configs/search/cpu-tier.yaml, --requests "
                          "requests): one reference run, then populations of distinct tier "
                          "sizes, in one process")
+    ap.add_argument("--tiered-preempt", action="store_true",
+                    help="BLIS's kv_tiered_preempt replay with --blis-quirks (600 requests, a "
+                         "CPU tier, 63 preemptions): the reference engine, then the JAX engine "
+                         "on the same policy in --lanes lanes (--full-width-only: the program "
+                         "a single `blisjax replay --engine jax` compiles)")
     ap.add_argument("--pd", action="store_true",
                     help="the P/D example (configs/search/pd-split.yaml, --requests of it): "
                          "the reference engine on its configuration, then populations of "
@@ -369,6 +376,17 @@ def main() -> None:
                           cpu_tier_blocks=TIER_MAX_BLOCKS)
             row["speedup_vs_reference"] = round(ref["run_s"] / row["s_per_sim"], 2)
             print(json.dumps({"workload": "cpu-tier", **row}), flush=True)
+        return
+    if args.tiered_preempt:
+        resolved, workload = tiered_preempt()
+        ref = run_reference(resolved, workload)
+        print(json.dumps({"workload": "kv_tiered_preempt", **ref}), flush=True)
+        for p in args.lanes.split(","):
+            row = run_jax(resolved, workload, int(p), args.warm_calls,
+                          narrow_programs=not args.full_width_only,
+                          draw=tiered_preempt_population)
+            row["speedup_vs_reference"] = round(ref["run_s"] / row["s_per_sim"], 2)
+            print(json.dumps({"workload": "kv_tiered_preempt", **row}), flush=True)
         return
     if args.pd:
         resolved, workload = pd_split(args.requests)

@@ -606,7 +606,6 @@ class ContentKey(NamedTuple):
     true_key: jax.Array  # int32: that key; for a block off its positions, a key whose
     #                      sharing is its tokens' (``content_key``, ``kvtier.offchain_key``)
     shift: jax.Array  # int32: its first token's position modulo the block size
-    index: jax.Array  # int32: the block its first token lies in
 
 
 def content_key(st, c, i, r, first_token, origin) -> ContentKey:
@@ -630,7 +629,7 @@ def content_key(st, c, i, r, first_token, origin) -> ContentKey:
     true_key = cpu_key(st, c, i, r, jnp.where(aligned | shared, q, q + 1))
     after = cpu_key(st, c, i, r, jnp.maximum(q - 1, 0))
     on_chain = aligned & jnp.where(q == 0, origin < 0, origin == after)
-    return ContentKey(on_chain, true_key, shift, q)
+    return ContentKey(on_chain, true_key, shift)
 
 
 def holds_true_key(s: SimState, st, c, i, r, m, block):

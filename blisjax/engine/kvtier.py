@@ -10,15 +10,17 @@ blocks, lives with the other free-list operations in ``kvcache.py``.
   (``kvcache.hash_slot``: per instance for prefix-group blocks, per request otherwise); a block
   holding output tokens gets one of its request's *extension* keys (``WorkloadConsts.ext_base``
   + its position past the full prompt blocks). These *true keys* name a block's content and
-  its place on the true chain, as the hash does. With ``blis_quirks`` a block can get its hash
-  chained from a held block of other content (the reference's ``_register`` off the true
-  chain): BLIS's hash is then a function of the held block's hash and the block's own content,
-  and matches no prompt's block. Such a block gets an *off-chain* key that is a function of the
-  same two things, the held block's key (``origin``) and the block's true key t: generation g
-  of t is ``T + g·T + t`` (T true keys), where g is the first of t's generations whose
-  recorded origin (``KVTierState.off_origin``) is this one, or the first unused
-  (``offchain_key``). Off-chain chains continue from off-chain keys the same way. Keys of
-  different instances never meet: a request only ever runs on one instance.
+  its place on the true chain, as the hash does. A block can get its hash chained from a held
+  block of other content, or hold tokens that are not its position's (the reference's
+  ``_register`` off the true chain, after a tiered reload: ``kvcache.content_key``): BLIS's
+  hash is then a function of the held block's hash and the block's own tokens, and matches no
+  prompt's block. Such a block gets an *off-chain* key that is a function of the same two
+  things, the held block's key (``origin``) and the block's tokens — a true key t and the
+  tokens' shift from t's block start: generation g of t is ``T + g·T + t`` (T true keys),
+  where g is the first of t's generations whose recorded origin and shift
+  (``KVTierState.off_origin``) are these, or the first unused (``offchain_key``). Off-chain
+  chains continue from off-chain keys the same way. Keys of different instances never meet:
+  a request only ever runs on one instance.
   ``KVTierState.key_of_block`` is the key registered for each GPU block (-1: no hash).
 * **LRU.** Each instance's tier is a ring of keys in recency order, oldest first, with lazy
   deletion as the GPU free list's (``kvcache.py``): a touch appends the key again and
@@ -195,7 +197,7 @@ def holds(t: KVTierState, key):
     return (key >= 0) & (t.where[jnp.where(key >= 0, key, sink)] >= 0)
 
 
-# ---- off-chain keys (blis_quirks) --------------------------------------------------------------
+# ---- off-chain keys ------------------------------------------------------------------------------
 
 
 def _tag(st, origin, shift):

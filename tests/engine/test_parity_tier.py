@@ -5,8 +5,10 @@ independent reference run, and the tier's counters too.
 
 The workload is BLIS's tiered-KV trace (8 prefix groups of 640 tokens) on an instance whose
 GPU cache cannot hold every prefix, with a small token budget so prompts are prefilled in
-chunks: reloads happen at admissions and between chunks of running requests, next to
-preemptions (checked on the reference first, so the test cannot pass by not exercising them).
+chunks: reloads happen at admissions, next to preemptions and to readmissions whose blocks
+hold outputs only (checked on the reference first, so the test cannot pass by not exercising
+them). Reloads between the chunks of a running request are rare in such runs (a request
+reloads its cached prefix when it is admitted); ``test_kv_differential.py`` drives them.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from blisjax.engine.parity import first_divergence
 from blisjax.engine.run import lane_result, run_lanes
 from blisjax.engine.static import build_consts, build_static
 from blisjax.reference import simulate as reference
-from blisjax.reference.kvcache import TieredKVCache
+from blisjax.reference.kvcache import KVCache
 from blisjax.workload.trace import read_trace
 from tests.paths import GOLDEN_NEXT_DIR
 from tests.reference.conftest import make_resolved
@@ -59,18 +61,18 @@ def test_lanes_with_distinct_tiers_match_the_reference(stretches, latency):
                                                   latency=LatencyConfig(model="roofline")))
     workload = _workload()
     configs = [_config(base, *lane) for lane in LANES]
-    running_reloads = {"count": 0}
-    reload_prefix = TieredKVCache.reload_prefix
+    readmitted = {"output only": 0}
+    register = KVCache._register
 
-    def counted(self, req, start_block, keep=()):
-        count = reload_prefix(self, req, start_block, keep)
-        running_reloads["count"] += bool(count and self.request_blocks.get(req.index))
-        return count
+    def counted(self, req, j, b):
+        register(self, req, j, b)
+        readmitted["output only"] += self.first_token[b] >= req.input_tokens and j == 0
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(TieredKVCache, "reload_prefix", counted)
+        mp.setattr(KVCache, "_register", counted)
         refs = [reference(resolve_config(cfg), workload) for cfg in configs]
-    assert running_reloads["count"] > 0  # between the prefill chunks of running requests
+    # a request readmitted with its whole prompt cached holds only output blocks
+    assert readmitted["output only"] > 0
     assert refs[0].kv_tier is None
     tiers = [ref.kv_tier for ref in refs[1:]]
     assert all(int(t.reloads.sum()) > 0 for t in tiers[1:])
