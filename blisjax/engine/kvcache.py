@@ -767,24 +767,28 @@ def mirror_widths(st) -> tuple[int, ...]:
 def mirror_batch(s: SimState, st, i, slots, valid, active) -> SimState:
     """``TieredKVCache.mirror`` of a running batch (its batch ``slots`` where ``valid``, in
     batch order): the hashed full blocks, each request's in table order, as one pass
-    (``kvtier.mirror``) at the narrowest width that holds them."""
-    mb = st.max_blocks_per_request
-    col = jnp.arange(mb, dtype=jnp.int32)
-    blocks = s.bt[i, slots]  # [width, MB]
-    held = valid[:, None] & (col[None, :] < s.blen[i, slots][:, None])
-    safe = jnp.clip(blocks, 0, st.kv_blocks - 1)
-    keys = s.tier.key_of_block[i, safe]
-    on = (held & (keys >= 0) & (s.kv_tok[i, safe] == st.block_size) & active).reshape(-1)
-    keys = keys.reshape(-1)
-    dest = prefix_sum(on) - 1
-    count = jnp.sum(on, dtype=jnp.int32)
+    (``kvtier.mirror``) at the narrowest width that holds every block the batch holds.
+
+    Position p of the pass is block p of the batch's blocks laid end to end (requests in
+    batch order): its request is the one whose run of blocks covers p, so the pass gathers
+    only the blocks held, not the batch's whole block tables; blocks without a hash or not
+    full are left out of the pass by its mask."""
+    mb, rows = st.max_blocks_per_request, slots.shape[0]
+    held = jnp.where(valid, s.blen[i, slots], 0)
+    ends = prefix_sum(held)  # blocks of the requests up to each
+    total = jnp.where(active, ends[-1], 0)
 
     def program(s, go, w):
-        dense = jnp.zeros(w, jnp.int32).at[jnp.where(on, dest, w)].set(keys, mode="drop")
-        return s.replace(tier=kvtier.mirror(s.tier, i, dense, jnp.arange(w) < count, go))
+        p = jnp.arange(w, dtype=jnp.int32)
+        row = jnp.minimum(jnp.searchsorted(ends, p, side="right"), rows - 1)
+        col = p - (ends[row] - held[row])
+        blocks = s.bt[i, slots[row], jnp.clip(col, 0, mb - 1)]
+        safe = jnp.clip(blocks, 0, st.kv_blocks - 1)
+        keys = s.tier.key_of_block[i, safe]
+        on = (p < total) & (keys >= 0) & (s.kv_tok[i, safe] == st.block_size)
+        return s.replace(tier=kvtier.mirror(s.tier, i, keys, on, go))
 
-    return by_width(mirror_widths(st), lane_max(jnp.where(active, count, 0)), active,
-                    program, s)
+    return by_width(mirror_widths(st), lane_max(total), active, program, s)
 
 
 def keep_mask(s: SimState, st, i, cached, n_cached, active):

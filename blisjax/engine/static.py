@@ -188,9 +188,12 @@ class EngineStatic:
 
     @property
     def cpu_ring(self) -> int:
-        """Ring entries per instance's CPU tier: the tier, one mirror pass's appends (every
-        block of a full batch) and as much again, so compactions stay rare."""
-        return 2 * self.cpu_tier_blocks + self.batch_slots * self.max_blocks_per_request
+        """Ring entries per instance's CPU tier: the tier, one mirror pass's appends (its
+        distinct keys: at most one per GPU block, and at most every block of a full batch)
+        and the tier again, so compactions stay rare; no longer, since a pass scans the
+        whole ring (``kvtier.mirror``)."""
+        return 2 * self.cpu_tier_blocks + min(self.kv_blocks,
+                                              self.batch_slots * self.max_blocks_per_request)
 
     @property
     def stretches(self) -> bool:
