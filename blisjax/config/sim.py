@@ -761,7 +761,7 @@ class CompatConfig:
     Attributes:
       blis_quirks: reproduce BLIS exactly, its bugs included, so that any BLIS run replays
         request by request; off (the default), blisjax does what a real cluster does. The
-        behaviours it switches are listed in README ("Coming from BLIS") and
+        behaviours it switches are listed in docs/blis.md and
         docs/semantics.md; each feature that has one adds its entry there.
     """
 
