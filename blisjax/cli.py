@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import json
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from importlib import resources
@@ -37,6 +39,7 @@ from blisjax.config import (
 from blisjax.devices import use_cpu_cores
 from blisjax.metrics import (
     aggregate_metrics,
+    cost_basis,
     kv_cache_summary,
     per_request_rows,
     timeline_csv,
@@ -368,6 +371,10 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--llmd-api-version", default=LLMD_DEFAULT_API_VERSION, metavar="V",
                         help=f"apiVersion: {' | '.join(LLMD_API_VERSIONS)} (default "
                              f"{LLMD_DEFAULT_API_VERSION}; the second writes integer weights)")
+    export.add_argument("--allow-approximation", action="store_true",
+                        help="write the file even when a scorer with a nonzero weight has no "
+                             "llm-d plugin (it is left out, so llm-d routes differently; "
+                             "without this flag that is an error naming the scorer)")
 
     plot = command("plot", "plot a trace's per-instance queue depth, batch size and KV "
                            "utilization over time (PNG), and optionally its timeline")
@@ -551,16 +558,29 @@ def reading(flag: str, path: str, prefix: str = "") -> Iterator[None]:
 
 
 def check_output_path(flag: str, path: str) -> None:
-    """``path`` (a file to write, given with ``flag``) can be written: its directory exists and
-    is writable, and it is not a directory. Checked before any simulation."""
+    """``path`` (a file to write, given with ``flag``) can be written: it is not a directory,
+    its directory exists (missing directories are created, as for a results directory) and a
+    file can be created there (tried: permissions alone do not tell, e.g. in /proc). Checked
+    before any simulation."""
     p = Path(path)
     if p.is_dir():
         raise ConfigError(flag, f"{path!r} is a directory; give a file path")
     parent = p.parent
-    if not parent.is_dir():
-        raise ConfigError(flag, f"{path!r}: directory {str(parent)!r} does not exist")
-    if not os.access(parent, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
-        raise ConfigError(flag, f"{path!r}: permission denied")
+    existing = parent
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(flag, f"{path!r}: {str(existing)!r} is not a directory")
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        if p.exists() and not os.access(p, os.W_OK):
+            raise PermissionError(errno.EACCES, "permission denied")
+        fd, probe = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".probe", dir=parent)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        raise ConfigError(flag, f"{path!r} cannot be written: "
+                          f"{(err.strerror or str(err)).lower()}") from None
 
 
 def check_output_dir(flag: str, path: str) -> None:
@@ -862,7 +882,8 @@ def _simulate(args: Any, cfg: SimConfig, choice: WorkloadChoice, base: str) -> i
                     for name, times in result.overflow.items()))
         wall_s = time.perf_counter() - start
         metrics = aggregate_metrics(result, workload, cfg.metrics,
-                                    scheduler=cfg.policy.scheduler.policy)
+                                    scheduler=cfg.policy.scheduler.policy,
+                                    cost=cost_basis(cfg))
         rows = (per_request_rows(result, workload)
                 if args.results_path or (trace is not None and args.trace_out) else None)
         if trace is not None:
@@ -999,7 +1020,13 @@ def cmd_export_llmd(args: Any) -> int:
                                     header=[f"blisjax export-llmd of {base}"])
     if export.text is None:
         raise ConfigError("policy.routing", f"no llm-d EndpointPickerConfig: {export.reason}")
+    if export.left_out and not args.allow_approximation:
+        raise ConfigError("policy.routing.scorers", f"{export.refusal()} (pass "
+                          "--allow-approximation to write it anyway)")
     write_text_atomic(args.out, export.text)
+    if export.left_out:
+        print(f"blisjax export-llmd: warning: {args.out} is an approximation: "
+              f"{'; '.join(export.left_out)}", file=sys.stderr)
     _log(args, f"wrote {args.out}")
     return 0
 

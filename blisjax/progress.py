@@ -1,10 +1,12 @@
-"""A single updating progress line on stderr for long command-line work.
+"""Progress of long command-line work on stderr: one updating line on a terminal, plain lines
+elsewhere.
 
-The line names the current phase ("compiling the JAX program", "running 1 lane", "writing
-results.json") and the seconds spent in it, rewritten in place twice a second by a background
-thread, so a minute-long compile is visibly alive. It is drawn only on a terminal: when stderr is
-a file or a pipe (scripts, CI logs) nothing is written, and ``--quiet`` turns it off everywhere.
-Nothing runs inside the compiled JAX loop; phases are announced by the host code around it.
+On a terminal the line names the current phase ("compiling the JAX program", "running 1 lane",
+"writing results.json") and the seconds spent in it, rewritten in place twice a second by a
+background thread, so a minute-long compile is visibly alive. When stderr is a file or a pipe
+(scripts, CI logs, notebooks) each phase is one plain line when it starts, with the seconds the
+previous phase took (no carriage returns). ``--quiet`` turns both off. Nothing runs inside the
+compiled JAX loop; phases are announced by the host code around it.
 """
 
 from __future__ import annotations
@@ -23,14 +25,14 @@ class Progress:
     """One status line ``blisjax: <phase> … <seconds> s`` on ``stream``, updated in place.
 
     Use as a context manager; :meth:`phase` starts a new phase (its clock restarts), leaving the
-    context clears the line. Disabled (every method a no-op) when ``enabled`` is False or the
-    stream is not a terminal.
+    context clears the line. On a stream that is not a terminal each phase is a plain line
+    instead. Disabled (every method a no-op) when ``enabled`` is False.
     """
 
     def __init__(self, enabled: bool = True, stream: TextIO | None = None) -> None:
         self.stream = stream if stream is not None else sys.stderr
-        is_tty = bool(getattr(self.stream, "isatty", lambda: False)())
-        self.enabled = enabled and is_tty
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.enabled = enabled
         self._text = ""
         self._phase_start_s = time.monotonic()
         self._width = 0  # characters of the line last drawn, to blank its remainder
@@ -48,6 +50,13 @@ class Progress:
     def phase(self, text: str) -> None:
         """Show ``text`` as the current phase, its elapsed time counting from now."""
         if not self.enabled:
+            return
+        if not self.tty:
+            now = time.monotonic()
+            after = f" (after {now - self._phase_start_s:.0f} s of {self._text})" \
+                if self._text else ""
+            self._text, self._phase_start_s = text, now
+            print(f"blisjax: {text}{after}", file=self.stream, flush=True)
             return
         with self._lock:
             self._text = text

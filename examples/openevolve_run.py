@@ -74,7 +74,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="evolution iterations (default: the config's max_iterations)")
     p.add_argument("--config", default=str(HERE / "openevolve" / "config.yaml"),
                    help="OpenEvolve configuration")
-    p.add_argument("--out", default="openevolve_output", help="output directory")
+    p.add_argument("--out", default="results/openevolve", help="output directory")
     p.add_argument("--offline", action="store_true",
                    help="use the scripted client instead of an LLM endpoint")
     return p.parse_args(argv)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +32,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from blisjax.config import ConfigError, SimConfig, config_to_dict, load_config, resolve_config
+from search.backends.reference import ReferenceBackend
 from search.evaluate import SimulationProblem, apply_knobs, make_workload, probe_metrics
 from search.expr import compile_constraint, compile_expression, flatten_metrics
 from search.io import (
@@ -42,7 +44,12 @@ from search.io import (
     write_json_atomic,
     write_policy_exports,
 )
-from search.llmd import DEFAULT_API_VERSION, check_api_version, endpoint_picker_config
+from search.llmd import (
+    DEFAULT_API_VERSION,
+    ENDPOINT_PICKER,
+    check_api_version,
+    endpoint_picker_config,
+)
 from search.objectives import CONSTRAINT_MODES, ROBUST_STATISTICS, Robust, Scoring
 from search.plots import plot_convergence, plot_pareto, plot_sweep
 from search.runner import (
@@ -90,6 +97,9 @@ class Plan:
     #: apiVersion of ``endpoint_picker.yaml`` (post-processing only, not part of the
     #: fingerprint, so a resumed run may change it).
     llmd_api_version: str = DEFAULT_API_VERSION
+    #: "jax", "reference" or "auto" (``choose_engine``); not part of the fingerprint: both
+    #: engines give the same bits, so a resumed run may change it.
+    engine: str = "auto"
 
     @property
     def fingerprint(self) -> dict:
@@ -229,17 +239,22 @@ def prepare(kind: str, config: str | Path | SimConfig, *, space: SearchSpace | s
             = None, robust: str = "mean", cvar_alpha: Any = 0.25, constraint_mode: str =
             "filter", penalty: Any = 1000.0, out_dir: str | Path | None = None,
             resume: bool = False, sigma: Any = None, learning_rate: Any = None,
-            batch: Any = None, llmd_api_version: str = DEFAULT_API_VERSION) -> Plan:
+            batch: Any = None, llmd_api_version: str = DEFAULT_API_VERSION,
+            engine: str = "auto") -> Plan:
     """Validate a search (``kind="search"``, with ``space``) or a sweep (``kind="sweep"``, with
     ``grid`` = [(knob, values), ...]) and return its :class:`Plan`. Writes nothing.
     ``llmd_api_version`` is the apiVersion of ``endpoint_picker.yaml``
-    (``search.llmd.API_VERSIONS``).
+    (``search.llmd.API_VERSIONS``). ``engine``: where candidates are simulated — "jax" (one
+    population call per generation and seed), "reference" (one reference run per candidate
+    and seed) or "auto" (``choose_engine``: whichever is estimated to finish first).
 
     Raises:
       ConfigError: the first invalid input, naming the argument and the allowed values.
     """
     if kind not in ("search", "sweep"):
         raise ValueError(f"kind must be 'search' or 'sweep', got {kind!r}")
+    if engine not in ENGINES:
+        raise ConfigError("--engine", f"must be one of {', '.join(ENGINES)}, got {engine!r}")
     cfg, label = _load(config)
     resolved = resolve_config(cfg)
     train_seeds = parse_seed_list("--seeds", seeds) if seeds is not None else (cfg.seed,)
@@ -285,7 +300,7 @@ def prepare(kind: str, config: str | Path | SimConfig, *, space: SearchSpace | s
     scoring.check_names(probe_metrics(resolved, workload))
     plan = Plan(kind, cfg, resolved, space_obj, scoring, strategy, pop, gens, seed_value,
                 train_seeds, held, Path(out_dir) if out_dir is not None else None, resume, sig,
-                lr, grid_points, label, llmd_api_version=api_version)
+                lr, grid_points, label, llmd_api_version=api_version, engine=engine)
     _check_out_dir(plan.out_dir, resume, plan.fingerprint, gens)
     plan.warnings = _warnings(cfg, space_obj)
     return plan
@@ -303,6 +318,52 @@ def _warnings(cfg: SimConfig, space: SearchSpace) -> list[str]:
 
 
 # ---- running ----------------------------------------------------------------------------------
+
+#: ``--engine`` values of sweep, search and the adapters.
+ENGINES = ("auto", "jax", "reference")
+#: Seconds to compile a population program, as ``choose_engine`` estimates it: the order
+#: measured on 2 cores (docs/performance.md, Seconds to a first result: 60–110 s cold).
+JAX_COMPILE_ESTIMATE_S = 60.0
+#: How many times faster than a reference run ``choose_engine`` takes a JAX lane to be.
+JAX_SPEEDUP_ESTIMATE = 10.0
+#: Requests of the reference probe that times one simulation (scaled to the workload's).
+_PROBE_REQUESTS = 200
+
+
+def planned_simulations(plan: Plan) -> int:
+    """Simulations a plan runs: every candidate (and the baseline) on every seed, the held-out
+    comparison (baseline and best on each held-out seed) and the llm-d approximation."""
+    candidates = len(plan.grid) if plan.kind == "sweep" else plan.population * plan.generations
+    return (candidates + 2) * len(plan.seeds) + 2 * len(plan.holdout_seeds)
+
+
+def reference_seconds(plan: Plan) -> float:
+    """Estimated seconds of one reference run of the plan's workload: a timed run of its
+    first requests, scaled by the request count."""
+    from blisjax.reference import simulate
+
+    workload = make_workload(plan.config, plan.seeds[0])
+    n = workload.num_requests
+    head = workload.head(min(n, _PROBE_REQUESTS))
+    start = time.perf_counter()
+    simulate(plan.resolved, head)
+    return (time.perf_counter() - start) * n / max(head.num_requests, 1)
+
+
+def choose_engine(plan: Plan) -> tuple[str, str]:
+    """(engine, why) for a plan whose ``engine`` is "auto": the reference engine when its
+    runs are estimated to take no longer than compiling the JAX program and running the
+    lanes there (``JAX_COMPILE_ESTIMATE_S``, ``JAX_SPEEDUP_ESTIMATE``); else JAX."""
+    if plan.engine != "auto":
+        return plan.engine, f"--engine {plan.engine}"
+    sims = planned_simulations(plan)
+    one = reference_seconds(plan)
+    on_reference = sims * one
+    on_jax = JAX_COMPILE_ESTIMATE_S + on_reference / JAX_SPEEDUP_ESTIMATE
+    engine = "reference" if on_reference <= on_jax else "jax"
+    return engine, (f"--engine auto: {sims} simulations of ~{one:.2f} s on the reference "
+                    f"engine (~{on_reference:.0f} s) against ~{on_jax:.0f} s on the JAX engine "
+                    f"(~{JAX_COMPILE_ESTIMATE_S:.0f} s to compile)")
 
 
 def _strategy(plan: Plan) -> Any:
@@ -374,8 +435,41 @@ def _record_summary(rec: Record, scoring: Scoring) -> dict:
             "feasible": rec.feasible, "note": rec.note}
 
 
-def finalize(plan: Plan, result: SearchResult, holdout: dict | None = None) -> dict:
-    """Write summary.json, the policy exports, pareto.csv and the plots; return the summary."""
+def llmd_approximation(problem: SimulationProblem, plan: Plan, chosen: Record) -> dict | None:
+    """When the chosen policy's llm-d EndpointPickerConfig cannot carry every scorer
+    (``search.llmd``), the policy llm-d would run from it, simulated on the search's seeds:
+    the left-out scorers, the knobs simulated, and its objectives beside the searched
+    policy's. None when the export is exact or there is none."""
+    cfg = apply_knobs(plan.config, chosen.knobs)
+    export = endpoint_picker_config(cfg, plan.llmd_api_version)
+    if export.text is None or not export.left_out:
+        return None
+    knobs = {**chosen.knobs, **export.knobs}
+    approx = problem.evaluate([knobs])[0]
+    texts, cons = plan.scoring.objective_texts, plan.scoring.constraint_texts
+    return {"exact": False, "left_out": list(export.left_out), "knobs": knobs,
+            "objectives": dict(zip(texts, approx.objectives, strict=True)),
+            "violations": dict(zip(cons, approx.violations, strict=True)),
+            "feasible": approx.feasible, "note": approx.note,
+            "searched_objectives": dict(zip(texts, chosen.objectives, strict=True)),
+            "searched_feasible": chosen.feasible}
+
+
+def _report_llmd(llmd: dict, stream: TextIO) -> None:
+    """The llm-d approximation's score beside the searched policy's, on ``stream``."""
+    print(f"warning: {ENDPOINT_PICKER} is an approximation, llm-d routes without: "
+          + "; ".join(llmd["left_out"]), file=stream)
+    for text, value in llmd["objectives"].items():
+        print(f"  {text}: searched policy {llmd['searched_objectives'][text]!r}, "
+              f"as llm-d would run it {value!r}", file=stream)
+    print(f"  feasible: searched policy {llmd['searched_feasible']}, as llm-d would run it "
+          f"{llmd['feasible']}", file=stream, flush=True)
+
+
+def finalize(plan: Plan, result: SearchResult, holdout: dict | None = None,
+             llmd: dict | None = None) -> dict:
+    """Write summary.json, the policy exports, pareto.csv and the plots; return the summary.
+    ``llmd``: the llm-d approximation's evaluation (``llmd_approximation``)."""
     scoring, space = plan.scoring, plan.space
     chosen = _chosen(result, scoring)
     summary: dict[str, Any] = {
@@ -413,6 +507,7 @@ def finalize(plan: Plan, result: SearchResult, holdout: dict | None = None) -> d
         picker = endpoint_picker_config(cfg, plan.llmd_api_version)
         if picker.text is not None:
             files["endpoint_picker"] = endpoint_picker_name()
+            summary["endpoint_picker"] = llmd if llmd is not None else {"exact": True}
         else:
             summary["endpoint_picker_note"] = picker.reason
     if result.records:
@@ -444,6 +539,16 @@ def execute(plan: Plan, *, progress: bool | TextIO = True,
     """Run a prepared plan and write its results directory; returns the summary dict.
     ``backend``: where the simulations run (``search.backends``; default this process) —
     the files written are the same bytes on every backend."""
+    if problem is None and backend is None:
+        engine, why = choose_engine(plan)
+        if progress:
+            print(f"{plan.kind}: {engine} engine ({why})",
+                  file=sys.stderr if progress is True else progress, flush=True)
+        if engine == "reference":
+            backend = ReferenceBackend()
+    elif plan.engine == "reference":
+        raise ConfigError("--engine", "reference runs in this process: not with a backend "
+                          "(--ray) or a prepared problem")
     if problem is None:
         problem = SimulationProblem(plan.resolved, plan.seeds, plan.scoring, plan.population,
                                     capacities=search_capacities(plan.space), backend=backend)
@@ -463,15 +568,22 @@ def execute(plan: Plan, *, progress: bool | TextIO = True,
                   f"seeds {', '.join(map(str, plan.holdout_seeds))} (one compile each)",
                   file=sys.stderr if progress is True else progress, flush=True)
         holdout = holdout_comparison(problem, chosen, plan.holdout_seeds)
-    return finalize(plan, result, holdout)
+    llmd = llmd_approximation(problem, plan, chosen) if chosen is not None else None
+    if llmd is not None and progress:
+        _report_llmd(llmd, sys.stderr if progress is True else progress)
+    return finalize(plan, result, holdout, llmd)
 
 
-def search_capacities(space) -> dict[str, int]:
-    """JAX-engine capacities a space needs beyond its base configuration's: a CPU-tier size
-    knob compiles the tier at its largest value, so every generation runs one program."""
-    if "engine.kv_cpu_blocks" not in space.names:
-        return {}
-    return {"cpu_tier_blocks": int(max(space.knob("engine.kv_cpu_blocks").extremes()))}
+def search_capacities(space) -> dict[str, Any]:
+    """JAX-engine capacities a space needs beyond its base configuration's, so that every
+    generation runs one program: a CPU-tier size knob compiles the tier at its largest value,
+    a cluster-size knob compiles the routing among each lane's own instances."""
+    out: dict[str, Any] = {}
+    if "cluster.num_instances" in space.names:  # one program for every generation's sizes
+        out["sized_lanes"] = True
+    if "engine.kv_cpu_blocks" in space.names:
+        out["cpu_tier_blocks"] = int(max(space.knob("engine.kv_cpu_blocks").extremes()))
+    return out
 
 
 def baseline_knobs(plan: Plan) -> Mapping[str, Any]:

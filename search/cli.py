@@ -115,6 +115,11 @@ def parse_grid_axis(spec: str) -> tuple[str, tuple[Any, ...]]:
 def _add_scoring(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", metavar="CONFIG", help="blisjax experiment YAML (with a workload "
                    "section)")
+    p.add_argument("--engine", choices=("auto", "jax", "reference"), default="auto",
+                   help="where candidates are simulated: jax (population calls), reference "
+                        "(one run per candidate) or auto (default: the reference engine when "
+                        "its runs are estimated to take less than compiling the JAX program; "
+                        "the same results either way)")
     p.add_argument("--objective", action="append", metavar="EXPR",
                    help="metric expression to maximise (repeat for multi-objective / Pareto "
                         "mode); default 'fitness' (metrics.fitness_weights). Use "
@@ -172,6 +177,9 @@ def _ray_settings(args: Any) -> dict | None:
     flags = {"workers": ("--ray-workers", args.ray_workers, MAX_RAY_WORKERS),
              "worker_cpus": ("--ray-worker-cpus", args.ray_worker_cpus, MAX_RAY_WORKERS),
              "lanes_per_task": ("--ray-lanes", args.ray_lanes, MAX_POPULATION)}
+    if args.ray is not None and args.engine == "reference":
+        raise ConfigError("--engine", "reference runs in this process; --ray runs JAX "
+                          "populations on the cluster (use --engine jax or auto)")
     if args.ray is None:
         given = [flag for flag, value, _ in flags.values() if value is not None]
         if given:
@@ -195,8 +203,11 @@ def add_sweep_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser("sweep", help="evaluate a grid of policy knobs (JAX engine, lanes in "
                                      "parallel)")
     _add_scoring(p)
-    p.add_argument("--grid", action="append", nargs="+", required=True, metavar="AXIS",
+    p.add_argument("--grid", action="append", nargs="+", metavar="AXIS",
                    help="knob=lo:hi:n | knob=log:lo:hi:n | knob=a,b,c (one per knob)")
+    p.add_argument("--num-instances", metavar="N1,N2,...",
+                   help="cluster sizes to sweep, each at most the configuration's "
+                        "num_instances (the same as --grid cluster.num_instances=N1,N2,...)")
     p.add_argument("--batch", metavar="N",
                    help="lanes per engine call (default: all points, at most 64)")
     p.add_argument("--out", default="results/sweep", metavar="DIR",
@@ -251,7 +262,7 @@ def _common(args: Any) -> dict:
             "constraint_mode": args.constraint_mode,
             "penalty": _PENALTY_DEFAULT if args.penalty is None else args.penalty,
             "out_dir": args.out, "resume": args.resume,
-            "llmd_api_version": args.llmd_api_version}
+            "llmd_api_version": args.llmd_api_version, "engine": args.engine}
 
 
 def _resume_hint(plan: Any, what: str) -> str:
@@ -317,7 +328,16 @@ def _run(plan: Any, args: Any, ray: dict | None = None) -> int:
 
 def cmd_sweep(args: Any) -> int:
     """``blisjax sweep``: validate, evaluate the grid, write the results directory."""
-    axes = [parse_grid_axis(spec) for group in args.grid for spec in group]
+    specs = [spec for group in args.grid or [] for spec in group]
+    if args.num_instances is not None:
+        if not re.fullmatch(r"\d+(,\d+)*", args.num_instances):
+            raise ConfigError("--num-instances", "must be a comma-separated list of instance "
+                              f"counts, e.g. 2,3,4, got {args.num_instances!r}")
+        specs.append(f"cluster.num_instances={args.num_instances}")
+    if not specs:
+        raise ConfigError("--grid", "give at least one axis (--grid knob=... or "
+                          "--num-instances)")
+    axes = [parse_grid_axis(spec) for spec in specs]
     names = [n for n, _ in axes]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:

@@ -48,14 +48,15 @@ def make_workload(config: SimConfig, seed: int) -> Workload:
 def probe_metrics(resolved, workload: Workload, requests: int = 3) -> dict[str, float]:
     """Flattened metric keys of this configuration, from a reference-engine run of the first
     few requests (milliseconds; used to validate expressions before a search starts)."""
-    from blisjax.metrics import aggregate_metrics
+    from blisjax.metrics import aggregate_metrics, cost_basis
     from blisjax.reference import simulate
 
     head = workload.head(requests)
     cfg = resolved.config
     result = simulate(resolved, head)
     return flatten_metrics(aggregate_metrics(result, head, cfg.metrics,
-                                             scheduler=cfg.policy.scheduler.policy))
+                                             scheduler=cfg.policy.scheduler.policy,
+                                             cost=cost_basis(cfg)))
 
 
 class SimulationProblem:

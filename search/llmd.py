@@ -37,9 +37,15 @@ Scorer mapping (blisjax label → llm-d plugin type), only where the formulas ag
 * ``load-balance`` — no llm-d scorer computes ``1/(1 + waiting + running + in flight)``.
 * ``vllm-dp`` — no llm-d scorer computes vLLM's data-parallel load ``4·waiting + running``.
 
-A scorer without an llm-d plugin is left out of the file, with a comment naming it and its
-weight: the exported profile then routes differently from the searched policy, and the file
-says so. Zero weights are left out too (they add nothing), and a scorer listed twice becomes one
+A scorer without an llm-d plugin cannot be written: the exported profile would route
+differently from the searched policy. ``endpoint_picker_config`` then lists it in
+``EndpointPickerExport.left_out``, and its callers refuse to write the file unless asked for an
+approximation (``blisjax export-llmd --allow-approximation``); ``search`` writes the
+approximation and simulates it, so its score stands beside the searched policy's in
+``summary.json``. ``EndpointPickerExport.knobs`` is the approximation as routing knobs (the
+left-out scorers at weight 0, the others at the weights written), which is how it is simulated:
+a scorer at weight 0 adds exactly nothing to the weighted sum. The file itself names each
+left-out scorer and its weight in a comment. Zero weights are left out too (they add nothing), and a scorer listed twice becomes one
 plugin with the sum of its weights (the same weighted sum).
 
 Weights. blisjax divides the weights by their sum; llm-d adds ``weight × score`` as written.
@@ -147,10 +153,28 @@ class EndpointPickerExport(NamedTuple):
 
     text: the YAML text (comments included), or None when the policy has no llm-d counterpart.
     reason: why ``text`` is None; "" otherwise.
+    left_out: one line per scorer with a nonzero weight that the file cannot carry (no llm-d
+      plugin, or an integer weight that rounds to 0); empty when the file routes exactly as the
+      policy does. A non-empty ``left_out`` makes ``text`` an approximation.
+    knobs: the policy llm-d runs from ``text``, as ``routing.scorers.<name>`` knobs
+      (``blisjax.engine.population.set_knob``): every scorer at the weight written, a left-out
+      one at 0. Empty when ``text`` is None.
     """
 
     text: str | None
     reason: str = ""
+    left_out: tuple[str, ...] = ()
+    knobs: dict[str, float] = {}  # noqa: RUF012 (never mutated; NamedTuple default)
+
+    @property
+    def exact(self) -> bool:
+        """Whether the file routes exactly as the policy does."""
+        return self.text is not None and not self.left_out
+
+    def refusal(self) -> str:
+        """Why the file is not written without an approximation being asked for."""
+        return ("the llm-d EndpointPickerConfig would route differently from the policy: "
+                + "; ".join(self.left_out))
 
 
 def check_api_version(value: str, flag: str = "--llmd-api-version") -> str:
@@ -213,14 +237,21 @@ def endpoint_picker_config(config: SimConfig, api_version: str = DEFAULT_API_VER
     # plugin type -> (labels, summed weight, match), in first-appearance order; a scorer listed
     # twice adds its weights, which is what a sum of weight x score does.
     kept: dict[str, tuple[list[str], float | int, PluginMatch]] = {}
+    knobs: dict[str, float] = {}  # the routing llm-d runs, as knobs
     left_out: list[str] = []  # scorers with weight whose absence changes the routing
     zero: list[str] = []  # scorers with weight 0
     for scorer, weight in zip(scorers, written, strict=True):
         match = SCORER_PLUGINS.get(scorer.name, PluginMatch(None, note="unknown scorer"))
         exact = _yaml_float(scorer.weight)
+        knob = f"routing.scorers.{scorer.name}"  # a scorer listed twice: one summed knob
+        written_weight = 0.0 if match.plugin_type is None or scorer.weight == 0 else weight
+        knobs[knob] = knobs.get(knob, 0.0) + float(written_weight)
         if match.plugin_type is None:
-            left_out.append(f"{scorer.name} (weight {exact}): no llm-d equivalent; it scores "
-                            f"{match.note}")
+            if scorer.weight != 0:
+                left_out.append(f"{scorer.name} (weight {exact}): no llm-d equivalent; it "
+                                f"scores {match.note}")
+            else:
+                zero.append(scorer.name)
         elif scorer.weight == 0:
             zero.append(scorer.name)
         elif weight == 0:
@@ -265,5 +296,6 @@ def endpoint_picker_config(config: SimConfig, api_version: str = DEFAULT_API_VER
         text = str(weight) if integer else _yaml_float(weight)
         lines += [f"  - pluginRef: {match.plugin_type}", f"    weight: {text}"]
     lines.append(f"  - pluginRef: {PICKER}")
-    return EndpointPickerExport("\n".join(lines) + "\n")
+    return EndpointPickerExport("\n".join(lines) + "\n", left_out=tuple(left_out),
+                                knobs=knobs)
 

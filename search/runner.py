@@ -287,8 +287,8 @@ def run_search(space: SearchSpace, strategy: Any, evaluate: Callable[[list[dict]
         bar = Progress(generations, None if progress is True else progress, label)
     if baseline is not None and baseline_summary is None:
         if bar is not None:
-            bar.log("evaluating the configured policy (baseline; the first engine call per "
-                    "workload compiles)")
+            bar.log("evaluating the configured policy (baseline; on the JAX engine the first "
+                    "call per workload compiles)")
         with _ticking(bar, "evaluating the configured policy"):
             first = evaluate([dict(baseline)])[0]
         baseline_summary = {"knobs": dict(baseline), **_candidate_summary(first, scoring)}

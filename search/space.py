@@ -354,6 +354,8 @@ def get_knob(config: SimConfig, name: str) -> Any:
         return getattr(getattr(config.policy, parts[0]), parts[1])
     if parts[:2] == ["cluster", "lifecycle"] and len(parts) == 3:
         return getattr(config.cluster.lifecycle, parts[2])
+    if parts == ["cluster", "num_instances"]:
+        return config.cluster.num_instances
     pd = config.cluster.pd
     if parts[:2] == ["cluster", "pd"] and len(parts) == 4 and parts[2] in ("prefill_scorers",
                                                                            "decode_scorers"):

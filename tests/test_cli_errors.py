@@ -135,7 +135,9 @@ def test_quiet_silences_the_logs_but_not_warnings(capsys):
 
 
 def _output_cases(tmp_path: Path) -> list[tuple[list, str]]:
-    missing = tmp_path / "no" / "such" / "dir" / "r.json"
+    blocked = tmp_path / "a-file"  # a directory cannot be created where a file is
+    blocked.write_text("x")
+    missing = blocked / "dir" / "r.json"
     folder = tmp_path / "folder"
     folder.mkdir()
     steps = REPO / "configs/latency/sample-steps.csv"
@@ -360,14 +362,18 @@ def _stderr_on_a_terminal(argv: list[str]) -> str:
     return b"".join(chunks).decode("utf-8", "replace")
 
 
-def test_progress_line_on_a_terminal_only():
+def test_progress_line_on_a_terminal_plain_lines_elsewhere():
     argv = ["run", "--workload", "distribution", "--rate", "20", "--num-requests", "400"]
     shown = _stderr_on_a_terminal(argv)
     assert "\rblisjax: simulating 400 requests (reference engine) … " in shown
     assert "simulating" not in _stderr_on_a_terminal(["--quiet", *argv])
     piped = subprocess.run([sys.executable, "-m", "blisjax.cli", *argv], capture_output=True,
                            text=True, env=_env(), cwd=REPO, check=True)
-    assert "simulating" not in piped.stderr and "\r" not in piped.stderr
+    assert "blisjax: simulating 400 requests (reference engine)\n" in piped.stderr
+    assert "\r" not in piped.stderr
+    quiet = subprocess.run([sys.executable, "-m", "blisjax.cli", "--quiet", *argv],
+                           capture_output=True, text=True, env=_env(), cwd=REPO, check=True)
+    assert "simulating" not in quiet.stderr
 
 
 def test_progress_ticks_while_a_phase_lasts():
@@ -389,6 +395,14 @@ def test_progress_ticks_while_a_phase_lasts():
     with Progress(enabled=False, stream=off) as progress:
         progress.phase("compiling")
     assert off.getvalue() == ""
+    log = StringIO()  # not a terminal: one plain line per phase
+    with Progress(stream=log) as progress:
+        progress.phase("compiling")
+        progress.phase("running")
+    lines = log.getvalue().splitlines()
+    assert lines[0] == "blisjax: compiling" and "\r" not in log.getvalue()
+    assert lines[1].startswith("blisjax: running (after ") and lines[1].endswith(
+        " s of compiling)")
 
 
 @pytest.mark.slow
@@ -465,3 +479,17 @@ def test_an_explicit_jax_cache_directory_wins(monkeypatch, tmp_path):
     monkeypatch.delenv("BLISJAX_COMPILE_CACHE", raising=False)
     cache = enable_compile_cache(disabled=False)
     assert cache.path == tmp_path / "mine" and not cache.created
+
+
+def test_output_paths_are_tried_before_simulating(tmp_path, capsys):
+    """A path whose directory lets nothing be created (/proc) is refused before the run, naming
+    the flag and the path; a missing directory is created, as a results directory is."""
+    from blisjax.cli import main
+
+    assert main(["run", "--metrics-path", "/proc/blisjax-m.json"]) == 2
+    err = capsys.readouterr().err
+    assert "--metrics-path: '/proc/blisjax-m.json' cannot be written" in err
+    assert "Preemption Rate" not in err  # nothing was simulated
+    out = tmp_path / "new" / "dir" / "rows.json"
+    assert main(["run", "--quiet", "--results-path", str(out)]) == 0
+    assert out.is_file()

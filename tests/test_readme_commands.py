@@ -84,7 +84,7 @@ def test_readme_lists_commands_for_every_command_name():
 def test_trace_is_written_before_the_replay_that_reads_it():
     commands = _commands(slow=False)
     written = next(i for i, c in enumerate(commands) if c.startswith("blisjax trace"))
-    reads = [i for i, c in enumerate(commands) if "--trace-data trace.csv" in c]
+    reads = [i for i, c in enumerate(commands) if "--trace-data results/trace.csv" in c]
     assert reads and all(i > written for i in reads)
 
 

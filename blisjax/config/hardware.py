@@ -22,6 +22,17 @@ _JSON_KEYS = {
 }
 
 
+#: Indicative on-demand price of one GPU-hour per GPU type (US dollars), the default of
+#: ``metrics.gpu_price_per_hour``. Round figures of the order of public cloud list prices, not
+#: a quote: set ``metrics.gpu_price_per_hour`` to what your GPUs cost.
+GPU_PRICE_PER_HOUR = {"H100": 3.0, "A100-SXM": 1.5, "A100-80": 2.0, "L40S": 1.0}
+
+
+def gpu_price_per_hour(hardware: str) -> float:
+    """The default price of one GPU-hour of ``hardware`` (1.0 when not listed)."""
+    return GPU_PRICE_PER_HOUR.get(hardware, 1.0)
+
+
 @dataclass(frozen=True)
 class HardwareConfig:
     """One GPU type.

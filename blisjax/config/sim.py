@@ -727,11 +727,15 @@ class MetricsConfig:
       fitness_weights: fitness component → weight >= 0 (not normalized, docs/semantics.md §6.5).
       kv_thrash_window_us: the CPU tier's thrashing anomaly counts reloads of a block whose GPU
         copy was evicted less than this many µs before (>= 0; 0 counts none).
+      gpu_price_per_hour: price of one GPU-hour (>= 0, any currency), for the ``cost`` metric;
+        None = the hardware's indicative price (``blisjax.config.hardware.GPU_PRICE_PER_HOUR``,
+        1.0 for a GPU not listed there, which makes ``cost`` the GPU-hours).
     """
 
     slo_targets: tuple[tuple[str, SLOTarget], ...] = ()
     fitness_weights: tuple[tuple[str, float], ...] = ()
     kv_thrash_window_us: int = 1_000_000
+    gpu_price_per_hour: float | None = None
 
     def __post_init__(self) -> None:
         targets = check_pairs(
@@ -748,6 +752,9 @@ class MetricsConfig:
         set_field(self, "kv_thrash_window_us", check_int(
             "metrics.kv_thrash_window_us", self.kv_thrash_window_us, min_value=0,
             max_value=INT64_MAX))
+        if self.gpu_price_per_hour is not None:
+            set_field(self, "gpu_price_per_hour", check_float(
+                "metrics.gpu_price_per_hour", self.gpu_price_per_hour, min_value=0))
 
 
 # --------------------------------------------------------------------------- compatibility

@@ -42,6 +42,9 @@ class PolicyParams:
       ``TieBreak`` code; router_rng[607]: int64 words of BLIS's "router" stream as seeded
       from the configuration's seed (``blisjax.gorand``), the state ties draw from.
     scheduler: ``SchedulerPolicy`` code; preemption: ``PreemptionPolicy`` code.
+    active_instances: the instances the lane's cluster has (``cluster.num_instances``), the
+      program's first ones; the router never picks the others. Read only by programs built
+      with ``sized_lanes`` (``EngineStatic.sized_lanes``), which need no lifecycle or pools.
     kv_cpu_blocks: the CPU tier's size in blocks per instance (0: none; at most the
       program's ``EngineStatic.cpu_tier_blocks``); kv_reload_us: int64 µs one reloaded block
       adds to its step (``reference.kvcache.reload_cost_us``).
@@ -81,6 +84,7 @@ class PolicyParams:
     prefix_index_on: jax.Array
     tie_break: jax.Array
     router_rng: jax.Array
+    active_instances: jax.Array
     kv_cpu_blocks: jax.Array
     kv_reload_us: jax.Array
     scheduler: jax.Array
@@ -199,6 +203,7 @@ def params_from_config(cfg, tenant_names: tuple[str, ...]) -> PolicyParams:
                               dtype=np.int64),
         scheduler=i32(SchedulerPolicy.of(pol.scheduler.policy)),
         preemption=i32(PreemptionPolicy.of(cfg.engine.preemption_policy)),
+        active_instances=i32(cfg.cluster.num_instances),
         kv_cpu_blocks=i32(cfg.engine.kv_cpu_blocks),
         kv_reload_us=np.asarray(reload_cost_us(cfg.engine.block_size_tokens,
                                                cfg.engine.kv_transfer_bandwidth,
@@ -209,10 +214,22 @@ def params_from_config(cfg, tenant_names: tuple[str, ...]) -> PolicyParams:
     )
 
 
+#: Fields with one entry per instance of the lane's cluster (``cluster.num_instances``).
+_PER_INSTANCE = ("pd_role",)
+
+
 def stack_params(params: list[PolicyParams]) -> PolicyParams:
     """Stack per-lane params along a new leading population axis. Stacked on the host and
     put on the device as they are: ``jnp.stack`` would compile a small program per field
-    (~0.15 s in a new process)."""
+    (~0.15 s in a new process).
+
+    Lanes of fewer instances than others (the ``cluster.num_instances`` knob, which programs
+    with P/D pools refuse) have their per-instance fields padded with their last entry to the
+    largest lane's length: only programs with pools read them."""
+    widest = max((len(np.asarray(p.pd_role)) for p in params), default=0)
+    params = [p if len(np.asarray(p.pd_role)) == widest else p.replace(**{
+        f: np.pad(np.asarray(getattr(p, f)), (0, widest - len(np.asarray(getattr(p, f)))),
+                  mode="edge") for f in _PER_INSTANCE}) for p in params]
     return jax.tree_util.tree_map(lambda *xs: jax.device_put(np.stack([np.asarray(x)
                                                                        for x in xs])), *params)
 

@@ -10,6 +10,10 @@ A *knob* is a dotted name of a per-lane policy setting:
   loading or warm-up): ``autoscaler.<field>`` — any field of ``AutoscalerConfig`` (its policy,
   thresholds, windows, cooldown, replica bounds up to the base's ``max_replicas``, drain
   policy); ``cluster.lifecycle.<field>`` — any field of ``LifecycleConfig``;
+* ``cluster.num_instances`` — the cluster's size, 1 up to the base configuration's count (the
+  program's); a lane of k instances routes among the first k and its results are those of a
+  k-instance cluster (not with lifecycles or P/D pools, which decide their instances
+  themselves);
 * ``engine.preemption_policy``, and the CPU tier of the KV cache: ``engine.kv_cpu_blocks``,
   ``engine.kv_transfer_bandwidth``, ``engine.kv_transfer_base_latency_us`` (the program's
   tier capacity is the largest lane's size, or ``build_static(cpu_tier_blocks=...)``);
@@ -37,7 +41,7 @@ import numpy as np
 from blisjax.config import ConfigError, ScorerWeight, SimConfig
 from blisjax.engine.params import params_from_config, stack_params
 from blisjax.engine.run import simulate_population
-from blisjax.metrics import aggregate_metrics
+from blisjax.metrics import aggregate_metrics, cost_basis
 
 _POLICY_SECTIONS = ("admission", "priority", "routing", "scheduler", "autoscaler")
 #: ``EngineConfig`` fields that are per-lane knobs (``PolicyParams``).
@@ -72,6 +76,24 @@ def _set_pd_knob(cfg: SimConfig, parts: list[str], value) -> SimConfig:
     return dataclasses.replace(cfg, cluster=cluster)
 
 
+def _set_size(cfg: SimConfig, value) -> SimConfig:
+    """``cluster.num_instances``: 1 .. the base configuration's count."""
+    from blisjax.engine.lifecycle import uses_lifecycle
+
+    if cfg.cluster.pd.enabled or uses_lifecycle(cfg):
+        raise ConfigError("knob 'cluster.num_instances'", "not a per-lane knob with instance "
+                          "lifecycles or P/D pools (the autoscaler and the pools decide which "
+                          "instances serve)")
+    n = cfg.cluster.num_instances
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= n:
+        raise ConfigError("knob 'cluster.num_instances'", f"must be an integer in [1, {n}] "
+                          f"(the base configuration's instances, the program's), got {value!r}")
+    return dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster,
+                                                                num_instances=value))
+
+
 def set_knob(cfg: SimConfig, name: str, value) -> SimConfig:
     """A copy of ``cfg`` with knob ``name`` set to ``value`` (validated)."""
     parts = name.split(".")
@@ -79,6 +101,8 @@ def set_knob(cfg: SimConfig, name: str, value) -> SimConfig:
         routing = dataclasses.replace(cfg.policy.routing, scorers=_with_weight(
             cfg.policy.routing.scorers, parts[2], value))
         return dataclasses.replace(cfg, policy=dataclasses.replace(cfg.policy, routing=routing))
+    if parts == ["cluster", "num_instances"]:
+        return _set_size(cfg, value)
     if parts[:2] == ["cluster", "pd"]:
         if not cfg.cluster.pd.enabled:
             raise ConfigError(f"knob {name!r}: the base configuration has no P/D pools "
@@ -110,7 +134,7 @@ def set_knob(cfg: SimConfig, name: str, value) -> SimConfig:
                                                                    **{parts[0]: section}))
     raise ConfigError(f"knob {name!r}: not a per-lane policy knob (allowed: admission.<field>, "
                       "priority.<field>, routing.policy, routing.scorers.<scorer>, "
-                      "scheduler.policy, engine.<field> for "
+                      "scheduler.policy, cluster.num_instances, engine.<field> for "
                       f"{', '.join(ENGINE_KNOBS)}, cluster.pd.<field>, cluster.pd.split, "
                       "cluster.pd.prefill_scorers.<scorer>, cluster.pd.decode_scorers.<scorer>, "
                       "autoscaler.<field>, cluster.lifecycle.<field>)")
@@ -151,9 +175,10 @@ class PopulationResult:
     fitness: np.ndarray
 
 
-def evaluate_population(resolved, workload, knob_sets: list[dict], static=None, **capacities):
-    """Evaluate one lane per knob set in a single compiled call of the JAX engine (``static``:
-    see ``simulate_population``)."""
+def evaluate_population(resolved, workload, knob_sets: list[dict], static=None, phase=None,
+                        **capacities):
+    """Evaluate one lane per knob set in a single compiled call of the JAX engine (``static``,
+    ``phase``: see ``simulate_population``; ``phase=print`` shows when compiling starts)."""
     configs = []
     for knobs in knob_sets:
         cfg = resolved.config
@@ -161,8 +186,10 @@ def evaluate_population(resolved, workload, knob_sets: list[dict], static=None, 
             cfg = set_knob(cfg, name, value)
         configs.append(cfg)
     params = stack_params([params_from_config(c, workload.tenant_names) for c in configs])
-    results = simulate_population(resolved, workload, params, static=static, **capacities)
-    metrics = [aggregate_metrics(r, workload, c.metrics, scheduler=c.policy.scheduler.policy)
+    results = simulate_population(resolved, workload, params, static=static, phase=phase,
+                                  **capacities)
+    metrics = [aggregate_metrics(r, workload, c.metrics, scheduler=c.policy.scheduler.policy,
+                                 cost=cost_basis(c))
                for r, c in zip(results, configs, strict=True)]
     fitness = np.array([m.get("fitness", np.nan) for m in metrics], dtype=np.float64)
     return PopulationResult(list(knob_sets), configs, results, metrics, fitness)

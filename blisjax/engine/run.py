@@ -534,15 +534,20 @@ def simulate(resolved, workload, params: PolicyParams | None = None,
     if params is None:
         params = params_from_config(resolved.config, workload.tenant_names)
     final, lanes = _run_padded(st, consts, stack_params([params]), None, LANE_BLOCK, phase)
-    return lane_result(st, consts, _drop_padding(final, lanes), 0)
+    result = lane_result(st, consts, _drop_padding(final, lanes), 0)
+    if st.lifecycle or st.pd:
+        return result
+    return _own_instances(result, int(np.asarray(params.active_instances)))
 
 
 def simulate_population(resolved, workload, params: PolicyParams, static=None,
-                        lane_block: int = LANE_BLOCK, **capacities):
+                        lane_block: int = LANE_BLOCK,
+                        phase: Callable[[str], None] | None = None, **capacities):
     """Run a stacked population of params; returns one ``RunResult`` per lane. ``static``: a
     prebuilt ``EngineStatic`` (e.g. ``build_static_shared`` over several workloads, so they
     share one compiled program); default: built for this workload from ``capacities``.
-    ``lane_block``: lanes per lockstep loop (see ``run_lanes``)."""
+    ``lane_block``: lanes per lockstep loop (see ``run_lanes``). ``phase``: told when
+    compiling (or loading from the program cache) and running start, e.g. ``print``."""
     st = static if static is not None else build_static(resolved, workload, **capacities)
     if workload.num_requests == 0:
         if lane_block < 1:
@@ -551,6 +556,19 @@ def simulate_population(resolved, workload, params: PolicyParams, static=None,
         return [_empty_result(resolved, workload) for _ in range(lanes)]
     consts = build_consts(resolved, workload, st)
     # padding lanes (if any) are skipped on the host, not sliced off on the devices
-    final, lanes = _run_padded(st, consts, params, None, lane_block)
+    final, lanes = _run_padded(st, consts, params, None, lane_block, phase)
     host = HostLanes(final)
-    return [lane_result(st, consts, host, k) for k in range(lanes)]
+    results = [lane_result(st, consts, host, k) for k in range(lanes)]
+    if st.lifecycle or st.pd:
+        return results
+    active = np.asarray(params.active_instances)  # the ``cluster.num_instances`` knob
+    return [_own_instances(res, int(active[k])) for k, res in enumerate(results)]
+
+
+def _own_instances(result: records.RunResult, count: int) -> records.RunResult:
+    """A lane's result over its own ``count`` instances (the program's first ones; the
+    router never picks the others, so they did nothing)."""
+    if count == result.num_instances:
+        return result
+    return dataclasses.replace(result, num_instances=count,
+                               **{f: getattr(result, f)[:count] for f in _PER_INSTANCE})

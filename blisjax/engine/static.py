@@ -129,6 +129,10 @@ class EngineStatic:
     # instances and the text order of their names (BLIS's drain order under --blis-quirks);
     # pending actuations per lane and state changes recorded per lane.
     lifecycle: bool = False
+    # Lanes of fewer instances than the program has (``PolicyParams.active_instances``, the
+    # ``cluster.num_instances`` knob): the router decides among each lane's own first
+    # instances. Not with lifecycles or P/D pools, which choose their instances themselves.
+    sized_lanes: bool = False
     gpus_per_instance: int = 1
     num_pools: int = 0
     num_nodes: int = 1
@@ -295,7 +299,8 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
                  pd_reserve_slots: int | None = None,
                  pd_transfer_slots: int | None = None,
                  actuation_slots: int | None = None,
-                 timeline_slots: int | None = None) -> EngineStatic:
+                 timeline_slots: int | None = None,
+                 sized_lanes: bool = False) -> EngineStatic:
     """Capacities derived from the configuration and the workload (docs/jax-engine.md, Capacities and overflow).
 
     Defaults are safe upper bounds: the queue can hold every request, the pending window the
@@ -314,7 +319,9 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
     (transfers pending or in flight; default: one per request). With instance lifecycles,
     ``actuation_slots`` (scale actuations pending at once per lane; default 8) and
     ``timeline_slots`` (lifecycle state changes recorded per lane; default 64 per instance
-    slot + 64).
+    slot + 64). ``sized_lanes``: lanes may have fewer instances than the configuration
+    (the ``cluster.num_instances`` knob; set by itself when a population has such lanes, set
+    it to share one program between populations with and without them).
     """
     for name, value in (("queue_slots", queue_slots), ("pending_slots", pending_slots),
                         ("deadline_window", deadline_window),
@@ -412,6 +419,8 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
         pd_transfer_slots=int(pd_transfer_slots or max(n, 1)) if pd else 0,
         **_lifecycle_shape(cfg, actuation_slots, timeline_slots),
     )
+    if sized_lanes:
+        st = dataclasses.replace(st, sized_lanes=_check_sized(st))
     # Evaluated on the host through a callback: a roofline configuration the program cannot
     # evaluate exactly.
     on_host = (st.latency_model == "roofline"
@@ -472,6 +481,15 @@ def _ext_counts(inp, out, bs: int) -> np.ndarray:
     return -(-np.asarray(out, np.int64) // bs) + 1
 
 
+def _check_sized(st: EngineStatic) -> bool:
+    """True, or ConfigError when the program chooses its instances itself."""
+    if st.lifecycle or st.pd:
+        raise ConfigError("cluster.num_instances", "is not a per-lane knob with instance "
+                          "lifecycles or P/D pools (the autoscaler and the pools decide which "
+                          "instances serve): sweep the base configuration's instead")
+    return True
+
+
 def for_lanes(st: EngineStatic, params) -> EngineStatic:
     """``st``, with the cache query compiled in if a lane of ``params`` (stacked
     ``PolicyParams``, host or device arrays) lists a scorer that needs it — a population may
@@ -482,6 +500,15 @@ def for_lanes(st: EngineStatic, params) -> EngineStatic:
         raise ConfigError("policy.autoscaler.max_replicas", "a lane's max_replicas exceeds "
                           f"the program's {st.num_instances} instance slots (the base "
                           "configuration's max_replicas): raise the base's")
+    if not (st.lifecycle or st.pd):
+        active = np.asarray(params.active_instances)
+        if int(np.max(active, initial=0)) > st.num_instances:
+            raise ConfigError("cluster.num_instances", f"a lane has "
+                              f"{int(np.max(active))} instances, more than the program's "
+                              f"{st.num_instances} (the base configuration's): raise the base's")
+        if int(np.min(active, initial=st.num_instances)) < st.num_instances \
+                and not st.sized_lanes:
+            st = dataclasses.replace(st, sized_lanes=_check_sized(st))
     cpu = int(np.max(np.asarray(params.kv_cpu_blocks), initial=0))
     if cpu > st.cpu_tier_blocks:  # a lane sizes a CPU tier larger than the base's
         st = dataclasses.replace(st, cpu_tier_blocks=cpu)

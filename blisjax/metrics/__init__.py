@@ -13,12 +13,16 @@ from blisjax.metrics.aggregate import (
     replica_timeline,
     timeline_csv,
 )
+from blisjax.metrics.cost import CostBasis, cost_basis, cost_metrics
 from blisjax.metrics.per_request import per_request_rows, write_json_atomic
 from blisjax.metrics.percentile import mean, percentile_linear
 from blisjax.metrics.records import RunResult
 
 __all__ = [
     "BLIS_METRIC_KEYS",
+    "CostBasis",
+    "cost_basis",
+    "cost_metrics",
     "RunResult",
     "aggregate_metrics",
     "kv_cache_rates",

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from blisjax.config.codes import HOLDING_STATES, ROUTABLE_STATES, InstanceState
+from blisjax.metrics.cost import CostBasis, cost_metrics
 from blisjax.metrics.formulas import (
     cache_hit_rate,
     fitness,
@@ -282,6 +283,7 @@ def aggregate_metrics(
     metrics_cfg: Any = None,
     *,
     scheduler: str | None = None,
+    cost: CostBasis | None = None,
 ) -> dict[str, Any]:
     """Aggregate one run into BLIS's metrics dict followed by blisjax extras.
 
@@ -293,6 +295,8 @@ def aggregate_metrics(
         checked), ...) and ``fitness_weights`` = ((key, weight), ...).
       scheduler: the instance scheduler name; priority inversions are counted only for
         ``"priority-fcfs"`` (0 otherwise).
+      cost: GPUs per instance and the price of a GPU-hour (``blisjax.metrics.cost.cost_basis``
+        of the configuration): adds ``gpu_hours`` and ``cost``.
 
     Returns:
       A dict: ``BLIS_METRIC_KEYS`` in order, then ``rejected_requests``, ``cache_hit_rate``,
@@ -438,6 +442,8 @@ def aggregate_metrics(
         out["fitness_components"] = comps
 
     out["rejected_routing"] = int(result.rejected_routing)
+    if cost is not None:
+        out.update(cost_metrics(result, cost))
     out["instances"] = instance_summaries(result)
     if result.lifecycle is not None:
         out["autoscaling"] = lifecycle_metrics(result)

@@ -13,6 +13,8 @@ Column meaning as BLIS replay reads them (``LoadTraceV2Requests``):
 * ``session_id``/``round_index`` are read as plain open-loop requests (sessions not modelled).
 
 Rows are sorted stably by arrival (file order breaks ties, like BLIS's event sequence numbers);
+a file whose rows are not in arrival order is accepted, as BLIS accepts it (its event queue
+orders the arrivals), with an ``UnsortedTraceWarning`` naming the first line out of order;
 tenant/client/prefix-group codes follow first appearance in that order (``Workload.canonical``).
 Writes are atomic per file (temporary file in the same directory, then ``os.replace``).
 """
@@ -24,6 +26,7 @@ import io
 import os
 import re
 import tempfile
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -256,7 +259,15 @@ def read_trace(
     prefix = np.array([group_length.get(g, 0) for g in cols.prefix_group], dtype=np.int64)
     input_tokens = np.asarray(cols.input_tokens, dtype=np.int64) + prefix
     _check_rows(os.fspath(data_path), cols, input_tokens)
-    order = np.argsort(np.asarray(cols.arrival_us, dtype=np.int64), kind="stable")
+    arrival = np.asarray(cols.arrival_us, dtype=np.int64)
+    order = np.argsort(arrival, kind="stable")
+    early = np.flatnonzero(arrival[1:] < arrival[:-1])
+    if early.size:  # BLIS accepts such traces: its event queue orders arrivals by time
+        k = int(early[0])
+        warnings.warn(f"{os.fspath(data_path)}: line {cols.line[k + 1]} arrives before line "
+                      f"{cols.line[k]} ({arrival[k + 1]} < {arrival[k]} us); "
+                      "rows are replayed in arrival order, file order breaking ties, as BLIS "
+                      "does", UnsortedTraceWarning, stacklevel=2)
     groups = [cols.prefix_group[i] for i in order]
     group_names, group_codes = _codes([g for g in groups if g])
     group_code = np.full(len(groups), NO_PREFIX_GROUP, dtype=np.int32)
@@ -283,6 +294,10 @@ def read_trace(
         prefix_group_names=group_names,
         metadata={"source": "trace", "trace_header": header},
     )
+
+
+class UnsortedTraceWarning(UserWarning):
+    """A trace's rows are not in arrival order (they are replayed in arrival order)."""
 
 
 # --------------------------------------------------------------------------- writing

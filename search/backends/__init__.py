@@ -1,4 +1,5 @@
-"""Where a search's lanes run: this process (``LocalBackend``) or a Ray cluster (``RayBackend``).
+"""Where a search's lanes run: this process (``LocalBackend``, JAX populations;
+``ReferenceBackend``, one reference-engine run per lane) or a Ray cluster (``RayBackend``).
 
 A backend has ``run(job, units, width) -> outcomes`` (see ``search.backends.job``) and
 ``close()``. ``SimulationProblem`` hands it every engine call of a generation at once, so a
@@ -12,9 +13,10 @@ from typing import Any
 
 from search.backends.job import LaneOutcome, PopulationJob, Unit, run_lanes
 from search.backends.local import LocalBackend
+from search.backends.reference import ReferenceBackend
 
 __all__ = ["LaneOutcome", "LocalBackend", "PopulationJob", "RayBackend", "RayWorkersLost",
-           "Unit", "run_lanes"]
+           "ReferenceBackend", "Unit", "run_lanes"]
 
 
 def __getattr__(name: str) -> Any:

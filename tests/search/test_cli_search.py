@@ -25,7 +25,7 @@ from search.space import get_knob
 from tests.search.conftest import TINY_CONFIG, TINY_LANES, TINY_SPACE
 
 SEARCH = ["search", str(TINY_CONFIG), "--space", str(TINY_SPACE), "--strategy", "cma",
-          "--population", str(TINY_LANES), "--generations", "2", "--quiet"]
+          "--population", str(TINY_LANES), "--generations", "2", "--quiet", "--engine", "jax"]
 
 
 def _cli(argv, capsys):
@@ -368,3 +368,42 @@ def test_warning_when_scorer_weights_cannot_matter(tmp_path):
     assert plan.warnings and "have no effect" in plan.warnings[0]
     assert not prepare("search", TINY_CONFIG, space=TINY_SPACE, population=4,
                        generations=1).warnings
+
+
+def test_reference_engine_writes_the_same_files(search_run, tmp_path, capsys):
+    """The same search with every candidate run by the reference engine: the same summary,
+    history and exports, byte for byte (the engines agree request by request). Without
+    --quiet, --engine auto says which engine it chose and why; on this 30-request experiment
+    the reference runs are estimated far below a compile."""
+    again = tmp_path / "reference"
+    argv = [*SEARCH, "--out", str(again), "--constraint", "slo_attainment >= 0.5"]
+    argv[argv.index("--engine") + 1] = "reference"
+    assert main(argv) == 0
+    for name in ("summary.json", "history.csv", "best_policy.yaml", "endpoint_picker.yaml"):
+        assert (again / name).read_bytes() == (search_run / name).read_bytes(), name
+    capsys.readouterr()
+    auto = [a for a in argv if a not in ("--quiet",)]
+    auto[auto.index("--engine") + 1] = "auto"
+    auto[auto.index("--out") + 1] = str(tmp_path / "auto")
+    auto[auto.index("--generations") + 1] = "1"
+    assert main(auto) == 0
+    err = capsys.readouterr().err
+    assert "search: reference engine (--engine auto: " in err
+
+
+def test_sweep_over_cluster_sizes(tmp_path, capsys):
+    """--num-instances sweeps the cluster's size (cluster.num_instances): the results differ
+    by size, cost grows with it here (the tiny workload finishes at about the same time on
+    either size), and a size above the configuration's is refused naming the knob."""
+    out = tmp_path / "sizes"
+    code, stdout, err = _cli(["sweep", TINY_CONFIG, "--num-instances", "1,2", "--engine",
+                              "reference", "--objective=-cost", "--quiet", "--out", out], capsys)
+    assert code == 0, err
+    rows = list(csv.DictReader((out / "history.csv").read_text().splitlines()))
+    assert [r["cluster.num_instances"] for r in rows] == ["1", "2"]
+    costs = [float(r["objective[-cost]"]) for r in rows]
+    assert costs[0] > costs[1]  # -cost: one instance costs less
+    assert json.loads(stdout)["best"]["knobs"] == {"cluster.num_instances": 1}
+    code, _, err = _cli(["sweep", TINY_CONFIG, "--num-instances", "1,3", "--quiet", "--out",
+                         tmp_path / "bad"], capsys)
+    assert code == 2 and "cluster.num_instances" in err and "[1, 2]" in err, err

@@ -241,3 +241,67 @@ def test_same_search_writes_the_same_bytes(search_run, tmp_path):  # noqa: F811 
     assert main([*SEARCH, "--out", str(again), "--constraint", "slo_attainment >= 0.5"]) == 0
     assert (again / "endpoint_picker.yaml").read_bytes() == \
         (search_run / "endpoint_picker.yaml").read_bytes()
+
+
+def test_search_scores_the_approximation_llmd_would_run(search_run):  # noqa: F811 (fixture)
+    """The tiny space's best policy weighs load-balance, which llm-d cannot compute: the summary
+    carries the exported policy's own score, that of the weighted routing *without*
+    load-balance, here recomputed by the reference engine on a configuration that lists
+    prefix-affinity alone."""
+    from blisjax.metrics import aggregate_metrics
+    from blisjax.reference import simulate
+    from search.evaluate import apply_knobs, make_workload
+
+    summary = json.loads((search_run / "summary.json").read_text())
+    llmd = summary["endpoint_picker"]
+    assert llmd["exact"] is False
+    assert [line.split(" ")[0] for line in llmd["left_out"]] == ["load-balance"]
+    assert summary["objectives"] == ["fitness"] and summary["workload_seeds"] == [7]
+    best = apply_knobs(load_config(TINY_CONFIG), summary["best"]["knobs"])
+    pa = summary["best"]["knobs"]["routing.scorers.prefix-affinity"]
+    routing = dataclasses.replace(best.policy.routing,
+                                  scorers=(ScorerWeight("prefix-affinity", pa),))
+    alone = dataclasses.replace(best, policy=dataclasses.replace(best.policy, routing=routing))
+    from blisjax.config import resolve_config
+
+    workload = make_workload(alone, 7)
+    metrics = aggregate_metrics(simulate(resolve_config(alone), workload), workload,
+                                alone.metrics, scheduler=alone.policy.scheduler.policy)
+    assert llmd["objectives"]["fitness"] == metrics["fitness"]
+    assert llmd["searched_objectives"]["fitness"] == summary["best"]["objectives"]["fitness"]
+    assert llmd["objectives"]["fitness"] != llmd["searched_objectives"]["fitness"]
+
+
+def test_export_refuses_an_approximation_unless_asked(tmp_path, capsys):
+    """The default experiment with a load-balance term (README's searched prefix-affinity
+    policy has one): refused with exit 2 naming the scorer; written, with a warning, under
+    --allow-approximation."""
+    out = tmp_path / "epp.yaml"
+    argv = ["export-llmd", "--out", str(out), "--quiet", "--routing-scorers",
+            "prefix-affinity:0.056,load-balance:0.030"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "load-balance (weight 0.03)" in err and "--allow-approximation" in err
+    assert not out.exists()
+    assert main([*argv, "--allow-approximation"]) == 0
+    err = capsys.readouterr().err
+    assert "approximation" in err and "load-balance" in err
+    doc = yaml.safe_load(out.read_text())
+    assert [p["pluginRef"] for p in doc["schedulingProfiles"][0]["plugins"]] == [
+        "prefix-cache-scorer", "max-score-picker"]
+
+
+def test_approximation_knobs():
+    """Left-out scorers at weight 0, a repeated scorer summed, integer weights as written."""
+    cfg = _with_routing("weighted", (("queue-depth", 1.5), ("load-balance", 2.0),
+                                     ("queue-depth", 0.5), ("kv-utilization", 0.0)))
+    export = endpoint_picker_config(cfg)
+    assert export.knobs == {"routing.scorers.queue-depth": 2.0,
+                            "routing.scorers.load-balance": 0.0,
+                            "routing.scorers.kv-utilization": 0.0}
+    assert not export.exact and export.left_out[0].startswith("load-balance (weight 2.0)")
+    legacy = endpoint_picker_config(cfg, LEGACY_API_VERSION)  # 1000·w/4: 375, 500, 125, 0
+    assert legacy.knobs == {"routing.scorers.queue-depth": 500.0,
+                            "routing.scorers.load-balance": 0.0,
+                            "routing.scorers.kv-utilization": 0.0}
+    assert endpoint_picker_config(_with_routing("weighted", FOUR_SCORERS[:3])).exact

@@ -165,7 +165,7 @@ def _run_case(experiment: Experiment, policy: Policy, case: Mapping[str, Any],
               summary: Mapping[str, Any] | None) -> tuple[dict[str, Any], str]:
     """Simulate one case: (its JSON result, its summary or '')."""
     from blisjax.config import resolve_config
-    from blisjax.metrics import aggregate_metrics
+    from blisjax.metrics import aggregate_metrics, cost_basis
     from blisjax.reference.cluster import ClusterSimulator
     from blisjax.workload import generate_workload, parse_workload_spec
     from search.expr import flatten_metrics
@@ -182,7 +182,8 @@ def _run_case(experiment: Experiment, policy: Policy, case: Mapping[str, Any],
     else:
         result = ClusterSimulator(resolved, workload, code_policy=policy.code_policy).run()
     metrics = aggregate_metrics(result, workload, cfg.metrics,
-                                scheduler=cfg.policy.scheduler.policy)
+                                scheduler=cfg.policy.scheduler.policy,
+                                cost=cost_basis(cfg))
     flat = flatten_metrics(metrics)
     try:
         value = experiment.objective.evaluate(flat, "objective")
