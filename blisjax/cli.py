@@ -52,6 +52,8 @@ from blisjax.workload import (
     generate_workload,
     parse_workload_spec,
     read_trace,
+    section_traces,
+    workload_from_section,
     write_trace,
 )
 from search.adapters.core import ENGINES as ADAPTER_ENGINES
@@ -731,6 +733,9 @@ def _generated_workload(args: Any, cfg: SimConfig) -> WorkloadChoice:
         raise ConfigError("workload", "none given (use --workload-spec FILE, --workload "
                                       "distribution, or a `workload:` section in --config)")
     try:
+        if section_traces(cfg.workload) is not None:  # a search's traces: run the first
+            return WorkloadChoice(workload_from_section(cfg.workload, 0),
+                                  "the first trace of its workload.traces")
         spec = parse_workload_spec(cfg.workload)
         return WorkloadChoice(generate_workload(spec, seed=cfg.seed), "its own workload section")
     except ValueError as err:

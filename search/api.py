@@ -21,6 +21,7 @@ the checkpoint's settings) *without writing anything*, and returns a :class:`Pla
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 import time
@@ -33,10 +34,17 @@ import numpy as np
 
 from blisjax.config import ConfigError, SimConfig, config_to_dict, load_config, resolve_config
 from search.backends.reference import ReferenceBackend
-from search.evaluate import SimulationProblem, apply_knobs, make_workload, probe_metrics
+from search.evaluate import (
+    SimulationProblem,
+    apply_knobs,
+    default_seeds,
+    make_workload,
+    probe_metrics,
+)
 from search.expr import compile_constraint, compile_expression, flatten_metrics
 from search.io import (
     CHECKPOINT,
+    bundle_left_out,
     endpoint_picker_name,
     json_safe,
     load_checkpoint,
@@ -240,11 +248,13 @@ def prepare(kind: str, config: str | Path | SimConfig, *, space: SearchSpace | s
             "filter", penalty: Any = 1000.0, out_dir: str | Path | None = None,
             resume: bool = False, sigma: Any = None, learning_rate: Any = None,
             batch: Any = None, llmd_api_version: str = DEFAULT_API_VERSION,
-            engine: str = "auto") -> Plan:
+            engine: str = "auto", traces: Sequence[tuple[str, str]] | None = None) -> Plan:
     """Validate a search (``kind="search"``, with ``space``) or a sweep (``kind="sweep"``, with
     ``grid`` = [(knob, values), ...]) and return its :class:`Plan`. Writes nothing.
     ``llmd_api_version`` is the apiVersion of ``endpoint_picker.yaml``
-    (``search.llmd.API_VERSIONS``). ``engine``: where candidates are simulated — "jax" (one
+    (``search.llmd.API_VERSIONS``). ``traces``: (header, data) paths of TraceV2 traces that
+    replace the configuration's workload section (``workload.traces``; seed k is the k-th
+    trace). ``engine``: where candidates are simulated — "jax" (one
     population call per generation and seed), "reference" (one reference run per candidate
     and seed) or "auto" (``choose_engine``: whichever is estimated to finish first).
 
@@ -256,8 +266,11 @@ def prepare(kind: str, config: str | Path | SimConfig, *, space: SearchSpace | s
     if engine not in ENGINES:
         raise ConfigError("--engine", f"must be one of {', '.join(ENGINES)}, got {engine!r}")
     cfg, label = _load(config)
+    if traces:
+        cfg = dataclasses.replace(cfg, workload={"traces": [
+            {"header": str(h), "data": str(d)} for h, d in traces]})
     resolved = resolve_config(cfg)
-    train_seeds = parse_seed_list("--seeds", seeds) if seeds is not None else (cfg.seed,)
+    train_seeds = parse_seed_list("--seeds", seeds) if seeds is not None else default_seeds(cfg)
     held = parse_seed_list("--holdout-seeds", holdout_seeds) if holdout_seeds else ()
     overlap = sorted(set(held) & set(train_seeds))
     if overlap:
@@ -502,7 +515,11 @@ def finalize(plan: Plan, result: SearchResult, holdout: dict | None = None,
                                                      strict=True)),
                   "knobs: " + ", ".join(f"{k}={v!r}" for k, v in chosen.knobs.items())]
         cfg = apply_knobs(plan.config, chosen.knobs)
-        write_policy_exports(out, cfg, header, llmd_api_version=plan.llmd_api_version)
+        left_out = bundle_left_out(chosen.knobs)
+        write_policy_exports(out, cfg, header, llmd_api_version=plan.llmd_api_version,
+                             left_out=left_out)
+        if left_out:
+            summary["policy_bundle_left_out"] = left_out
         files.update(best_policy="best_policy.yaml", best_config="best_config.yaml")
         picker = endpoint_picker_config(cfg, plan.llmd_api_version)
         if picker.text is not None:

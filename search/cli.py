@@ -115,6 +115,10 @@ def parse_grid_axis(spec: str) -> tuple[str, tuple[Any, ...]]:
 def _add_scoring(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", metavar="CONFIG", help="blisjax experiment YAML (with a workload "
                    "section)")
+    p.add_argument("--traces", metavar="H:D,...",
+                   help="recorded TraceV2 traces (header YAML:data CSV, comma-separated) as "
+                        "the workloads, instead of the configuration's workload section: "
+                        "--seeds and --holdout-seeds then pick traces by index (default 0)")
     p.add_argument("--engine", choices=("auto", "jax", "reference"), default="auto",
                    help="where candidates are simulated: jax (population calls), reference "
                         "(one run per candidate) or auto (default: the reference engine when "
@@ -262,7 +266,24 @@ def _common(args: Any) -> dict:
             "constraint_mode": args.constraint_mode,
             "penalty": _PENALTY_DEFAULT if args.penalty is None else args.penalty,
             "out_dir": args.out, "resume": args.resume,
-            "llmd_api_version": args.llmd_api_version, "engine": args.engine}
+            "llmd_api_version": args.llmd_api_version, "engine": args.engine,
+            "traces": _trace_pairs(args.traces)}
+
+
+def _trace_pairs(text: str | None) -> list[tuple[str, str]] | None:
+    """``--traces H:D,H:D`` as (header, data) pairs, each file checked readable."""
+    if text is None:
+        return None
+    pairs = []
+    for item in text.split(","):
+        header, sep, data = item.partition(":")
+        if not sep or not header or not data:
+            raise ConfigError("--traces", f"each trace is HEADER.yaml:DATA.csv, got {item!r}")
+        for path in (header, data):
+            if not Path(path).is_file():
+                raise ConfigError("--traces", f"no such file: {path!r}")
+        pairs.append((header, data))
+    return pairs
 
 
 def _resume_hint(plan: Any, what: str) -> str:

@@ -22,12 +22,12 @@ from typing import Any
 from blisjax.config import ConfigError, SimConfig
 from blisjax.engine.population import set_knob
 from blisjax.engine.static import build_static_shared
-from blisjax.workload import Workload, generate_workload, parse_workload_spec
+from blisjax.workload import Workload, section_traces, workload_from_section
 from search.backends import LocalBackend, PopulationJob, Unit
 from search.expr import flatten_metrics
 from search.objectives import CandidateEval, Scoring, invalid_candidate, score_candidate
 
-__all__ = ["SimulationProblem", "apply_knobs", "make_workload", "probe_metrics"]
+__all__ = ["SimulationProblem", "apply_knobs", "default_seeds", "make_workload", "probe_metrics"]
 
 
 def apply_knobs(config: SimConfig, knobs: Mapping[str, Any]) -> SimConfig:
@@ -38,11 +38,24 @@ def apply_knobs(config: SimConfig, knobs: Mapping[str, Any]) -> SimConfig:
 
 
 def make_workload(config: SimConfig, seed: int) -> Workload:
-    """The workload of ``config``'s ``workload:`` section generated with ``seed``."""
+    """The workload of ``config``'s ``workload:`` section for ``seed``: generated with it, or
+    the trace at that index of a section that lists traces
+    (``blisjax.workload.workload_from_section``)."""
     if config.workload is None:
         raise ConfigError("workload", "the configuration has no workload section (policy "
-                          "search generates one workload per seed from it)")
-    return generate_workload(parse_workload_spec(config.workload), seed=seed)
+                          "search generates one workload per seed from it, or reads one "
+                          "trace per seed from workload.traces)")
+    try:
+        return workload_from_section(config.workload, seed)
+    except ValueError as err:
+        if isinstance(err, ConfigError):
+            raise
+        raise ConfigError(str(err)) from None
+
+
+def default_seeds(config: SimConfig) -> tuple[int, ...]:
+    """Workload seeds when none are given: the configuration's seed, or the first trace."""
+    return (0,) if section_traces(config.workload) is not None else (config.seed,)
 
 
 def probe_metrics(resolved, workload: Workload, requests: int = 3) -> dict[str, float]:
@@ -57,6 +70,18 @@ def probe_metrics(resolved, workload: Workload, requests: int = 3) -> dict[str, 
     return flatten_metrics(aggregate_metrics(result, head, cfg.metrics,
                                              scheduler=cfg.policy.scheduler.policy,
                                              cost=cost_basis(cfg)))
+
+
+def _shared_static(resolved, workloads: Mapping[int, Workload],
+                   shape_workloads: Sequence[Workload], capacities: Mapping[str, Any]):
+    """One ``EngineStatic`` for every seed's workload; when their shapes cannot share one
+    (recorded traces of different request counts, say), one per seed: seed → static."""
+    try:
+        return build_static_shared(resolved, [*workloads.values(), *shape_workloads],
+                                   **capacities)
+    except ValueError:
+        return {seed: build_static_shared(resolved, [w], **capacities)
+                for seed, w in workloads.items()}
 
 
 class SimulationProblem:
@@ -88,8 +113,8 @@ class SimulationProblem:
         self.workloads = {s: make_workload(resolved.config, s) for s in self.seeds}
         # One engine program for every seed (capacities cover all of them, and
         # ``shape_workloads`` too): a seed then costs a run, not a 30-40 s compile.
-        self.static = static if static is not None else build_static_shared(
-            resolved, [*self.workloads.values(), *shape_workloads], **self.capacities)
+        self.static = static if static is not None else _shared_static(
+            resolved, self.workloads, shape_workloads, self.capacities)
         self.job = PopulationJob(resolved, self.workloads, self.static)
         self.backend = backend if backend is not None else LocalBackend()
 

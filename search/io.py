@@ -24,7 +24,7 @@ from blisjax.atomicio import write_bytes_atomic, write_text_atomic
 from blisjax.config import SimConfig, config_to_dict, dump_config
 from search.llmd import DEFAULT_API_VERSION, ENDPOINT_PICKER, endpoint_picker_config
 
-__all__ = ["CHECKPOINT", "HISTORY", "endpoint_picker_name", "json_safe", "load_checkpoint", "policy_bundle_yaml",
+__all__ = ["BUNDLE_SECTIONS", "CHECKPOINT", "HISTORY", "bundle_left_out", "endpoint_picker_name", "json_safe", "load_checkpoint", "policy_bundle_yaml",
            "save_checkpoint", "write_bytes_atomic", "write_csv_atomic", "write_json_atomic",
            "write_policy_exports", "write_text_atomic"]
 
@@ -112,12 +112,25 @@ class _BundleDumper(yaml.SafeDumper):
         return super().check_simple_key()
 
 
-def policy_bundle_yaml(config: SimConfig, header: Sequence[str] = ()) -> str:
+#: Sections of a BLIS policy bundle; a knob outside them cannot be expressed in one.
+BUNDLE_SECTIONS = ("admission", "priority", "routing", "scheduler")
+
+
+def bundle_left_out(knobs: Mapping[str, Any]) -> list[str]:
+    """The searched knobs a BLIS policy bundle cannot carry (``name=value``): everything outside
+    its four sections (cluster size, CPU tier, P/D pools, autoscaler, preemption victim)."""
+    return [f"{name}={value!r}" for name, value in knobs.items()
+            if name.split(".")[0] not in BUNDLE_SECTIONS]
+
+
+def policy_bundle_yaml(config: SimConfig, header: Sequence[str] = (),
+                       left_out: Sequence[str] = ()) -> str:
     """The policy of ``config`` as a BLIS policy bundle (``--policy-config`` YAML).
 
     Every field of the four sections is written (not only the searched ones), so the bundle
     reproduces the policy on top of any base configuration. ``engine.preemption_policy`` is not
-    part of a bundle; it is noted in the header when it differs from the default.
+    part of a bundle; it is noted in the header when it differs from the default, and so are
+    ``left_out``, the searched knobs outside the bundle (``bundle_left_out``).
     """
     policy = config_to_dict(config)["policy"]
     policy["scheduler"] = policy["scheduler"]["policy"]
@@ -125,13 +138,18 @@ def policy_bundle_yaml(config: SimConfig, header: Sequence[str] = ()) -> str:
     if config.engine.preemption_policy != "fcfs":
         lines.append(f"# engine.preemption_policy: {config.engine.preemption_policy} is not "
                      "part of a policy bundle; see best_config.yaml")
+    for item in left_out:
+        if not item.startswith("engine.preemption_policy="):
+            lines.append(f"# {item} is not part of a policy bundle: this bundle alone does not "
+                         "reproduce the searched policy; see best_config.yaml")
     text = yaml.dump(policy, Dumper=_BundleDumper, sort_keys=False, default_flow_style=False)
     return "\n".join(lines) + ("\n" if lines else "") + text
 
 
 def write_policy_exports(out_dir: Path, config: SimConfig, header: Sequence[str],
                          stem: str = "best",
-                         llmd_api_version: str = DEFAULT_API_VERSION) -> tuple[Path, Path]:
+                         llmd_api_version: str = DEFAULT_API_VERSION,
+                         left_out: Sequence[str] = ()) -> tuple[Path, Path]:
     """Write ``<stem>_policy.yaml`` (policy bundle) and ``<stem>_config.yaml`` (the full
     experiment with that policy, for ``blisjax run --config``); returns both paths.
 
@@ -142,7 +160,7 @@ def write_policy_exports(out_dir: Path, config: SimConfig, header: Sequence[str]
     """
     bundle = out_dir / f"{stem}_policy.yaml"
     full = out_dir / f"{stem}_config.yaml"
-    write_text_atomic(bundle, policy_bundle_yaml(config, header))
+    write_text_atomic(bundle, policy_bundle_yaml(config, header, left_out))
     write_text_atomic(full, "".join(f"# {h}\n" for h in header) + dump_config(config))
     picker = out_dir / endpoint_picker_name(stem)
     export = endpoint_picker_config(config, llmd_api_version, header)

@@ -195,6 +195,7 @@ def _run_padded(st: EngineStatic, consts, params: PolicyParams, devices, lane_bl
     With the program cache on (``progcache``) the compiled program comes from there."""
     mapping_headroom_guard()
     st = for_lanes(st, params)
+    params = _fit_instances(st, params)
     placed = _placement(params, devices, lane_block)
     lanes = placed.lanes
     if phase is None and not progcache.cacheable(st):  # jit's own in-process cache
@@ -215,6 +216,20 @@ def _run_padded(st: EngineStatic, consts, params: PolicyParams, devices, lane_bl
     return final, lanes
 
 
+def _fit_instances(st: EngineStatic, params: PolicyParams) -> PolicyParams:
+    """``params`` with their per-instance fields as wide as the program's instances: a
+    population whose lanes all have fewer (``cluster.num_instances``) stacks them narrower,
+    and a program is compiled per input shape. Padded with each lane's last entry (only
+    programs with P/D pools read them, and those refuse the size knob)."""
+    width = int(np.shape(params.pd_role)[1])
+    if width == st.num_instances:
+        return params
+    role = np.asarray(params.pd_role)  # on the host: no device program per call
+    padded = np.concatenate([role, np.repeat(role[:, -1:], st.num_instances - width, axis=1)],
+                            axis=1)
+    return params.replace(pd_role=jax.device_put(padded))
+
+
 def _drop_padding(final, lanes: int):
     """The first ``lanes`` lanes; without padding the states themselves (a slice copies every
     field)."""
@@ -229,6 +244,7 @@ def compile_lanes(st: EngineStatic, consts, params: PolicyParams, devices=None,
     params)`` that behaves like ``run_lanes`` for populations of the same size."""
     mapping_headroom_guard()
     st = for_lanes(st, params)
+    params = _fit_instances(st, params)
     placed = _placement(params, devices, lane_block)
     compiled = progcache.compiled_program(
         st, lambda: _run_sharded.lower(st, consts, placed.params, placed.devices, lane_block),
@@ -239,7 +255,7 @@ def compile_lanes(st: EngineStatic, consts, params: PolicyParams, devices=None,
             raise ValueError("these params list a scorer that reads the instances' caches "
                              "(precise-prefix-cache or no-hit-lru), which the compiled program "
                              "does not evaluate: compile with params that list it")
-        again = _placement(params, placed.devices, lane_block)
+        again = _placement(_fit_instances(st, params), placed.devices, lane_block)
         return _drop_padding(compiled(consts, again.params), again.lanes)
 
     return run

@@ -1,4 +1,5 @@
-"""Workloads: generation from a BLIS workload spec, and BLIS TraceV2 read/write.
+"""Workloads: generation from a BLIS workload spec, BLIS TraceV2 read/write, and a
+configuration's ``workload:`` section as either (``workload_from_section``).
 
 Both paths produce one ``Workload`` (plain numpy arrays, one row per request) that every engine
 consumes. Randomness comes from ``PartitionedRNG`` named streams (seed + name path only).
@@ -6,6 +7,7 @@ consumes. Randomness comes from ``PartitionedRNG`` named streams (seed + name pa
 
 from blisjax.workload.generate import generate_workload
 from blisjax.workload.rng import PartitionedRNG
+from blisjax.workload.section import section_traces, workload_from_section
 from blisjax.workload.spec import (
     ActiveWindow,
     ArrivalSpec,
@@ -33,5 +35,7 @@ __all__ = [
     "generate_workload",
     "parse_workload_spec",
     "read_trace",
+    "section_traces",
+    "workload_from_section",
     "write_trace",
 ]

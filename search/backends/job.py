@@ -36,7 +36,9 @@ class PopulationJob:
 
     resolved: ``resolve_config(base)``; lanes' knobs modify its policy.
     workloads: seed → generated workload.
-    static: the ``EngineStatic`` shared by every seed (one compiled program per lane count).
+    static: the ``EngineStatic`` shared by every seed (one compiled program per lane count),
+      or seed → ``EngineStatic`` when the seeds' workloads cannot share one (traces of
+      different sizes: a program per size).
     key: the job's name on workers (made at construction).
     """
 
@@ -70,6 +72,7 @@ def run_lanes(job: PopulationJob, seed: int, lane_sets: Sequence[Mapping[str, An
     if not 0 < len(lane_sets) <= width:
         raise ValueError(f"a call holds 1 .. {width} lanes, got {len(lane_sets)}")
     lanes = [dict(k) for k in lane_sets] + [{}] * (width - len(lane_sets))
-    pop = evaluate_population(job.resolved, job.workloads[seed], lanes, static=job.static)
+    static = job.static[seed] if isinstance(job.static, Mapping) else job.static
+    pop = evaluate_population(job.resolved, job.workloads[seed], lanes, static=static)
     return [LaneOutcome(pop.metrics[k], dict(pop.results[k].overflow))
             for k in range(len(lane_sets))]

@@ -71,3 +71,32 @@ def test_size_knob_bounds_and_features():
     for bad in (0, 4, 2.5, "two", True):
         with pytest.raises(ConfigError, match=r"cluster.num_instances.*\[1, 3\]"):
             set_knob(cfg, "cluster.num_instances", bad)
+
+
+def test_one_program_serves_populations_of_any_sizes():
+    """A program compiled for a population with a full-size lane runs a later population whose
+    lanes are all smaller (a search generation without a full-size candidate) as it is, with
+    each lane's results those of its own cluster size."""
+    from blisjax.engine import params_from_config, stack_params
+    from blisjax.engine.run import compile_lanes, lane_result
+    from blisjax.engine.static import build_consts, build_static
+
+    workload = make_workload(_rows(40), groups=("g0", "g1"))
+    base = make_resolved(instances=4, kv_blocks=120, max_running=4, routing=ROUTINGS["rr"])
+    st = build_static(base, workload, sized_lanes=True)
+    consts = build_consts(base, workload, st)
+
+    def population(sizes):
+        configs = [set_knob(base.config, "cluster.num_instances", k) for k in sizes]
+        return configs, stack_params([params_from_config(c, workload.tenant_names)
+                                      for c in configs])
+
+    _, first = population((4, 1))
+    run = compile_lanes(st, consts, first, lane_block=2)
+    configs, later = population((2, 3))
+    final = run(consts, later)
+    for k, cfg in enumerate(configs):
+        res = lane_result(st, consts, final, k)
+        ref = reference(resolve_config(cfg), workload)
+        assert np.array_equal(res.instance, ref.instance)
+        assert np.array_equal(res.ttft_us, ref.ttft_us)

@@ -407,3 +407,29 @@ def test_sweep_over_cluster_sizes(tmp_path, capsys):
     code, _, err = _cli(["sweep", TINY_CONFIG, "--num-instances", "1,3", "--quiet", "--out",
                          tmp_path / "bad"], capsys)
     assert code == 2 and "cluster.num_instances" in err and "[1, 2]" in err, err
+
+
+def test_recorded_traces_as_the_workloads(tmp_path, capsys):
+    """--traces replaces the generated workload with recorded TraceV2 traces, --seeds picks
+    them by index: each seed's metrics are those of its own trace (20 and 25 requests here),
+    and a seed past the list is refused naming workload.traces."""
+    from blisjax.config import load_config
+    from blisjax.workload import write_trace
+    from search.evaluate import make_workload
+
+    base = load_config(TINY_CONFIG)
+    pairs = []
+    for k, n in enumerate((20, 25)):
+        h, d = tmp_path / f"h{k}.yaml", tmp_path / f"d{k}.csv"
+        write_trace(make_workload(base, 11 + k).head(n), h, d)
+        pairs.append(f"{h}:{d}")
+    out = tmp_path / "traced"
+    code, stdout, err = _cli(["sweep", TINY_CONFIG, "--traces", ",".join(pairs), "--seeds",
+                              "0,1", "--grid", "scheduler.policy=fcfs,sjf", "--engine",
+                              "reference", "--quiet", "--out", out], capsys)
+    assert code == 0, err
+    per_seed = json.loads(stdout)["best"]["metrics_per_seed"]
+    assert [m["completed_requests"] for m in per_seed] == [20, 25]
+    code, _, err = _cli(["sweep", TINY_CONFIG, "--traces", pairs[0], "--seeds", "1", "--grid",
+                         "scheduler.policy=fcfs,sjf", "--quiet", "--out", tmp_path / "x"], capsys)
+    assert code == 2 and "workload.traces: seed 1 selects the trace" in err, err

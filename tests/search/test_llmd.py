@@ -305,3 +305,18 @@ def test_approximation_knobs():
                             "routing.scorers.load-balance": 0.0,
                             "routing.scorers.kv-utilization": 0.0}
     assert endpoint_picker_config(_with_routing("weighted", FOUR_SCORERS[:3])).exact
+
+
+def test_policy_bundle_names_the_knobs_it_cannot_carry(tmp_path):
+    """A BLIS policy bundle holds admission, priority, routing and scheduler only: a searched
+    cluster size (or CPU tier, P/D split, autoscaler knob) is named in its header, so nobody
+    mistakes the bundle alone for the searched policy."""
+    from search.io import bundle_left_out, policy_bundle_yaml
+
+    knobs = {"cluster.num_instances": 4, "routing.scorers.queue-depth": 2.0,
+             "engine.kv_cpu_blocks": 128, "scheduler.policy": "sjf"}
+    assert bundle_left_out(knobs) == ["cluster.num_instances=4", "engine.kv_cpu_blocks=128"]
+    text = policy_bundle_yaml(load_config(TINY_CONFIG), ["h"], bundle_left_out(knobs))
+    assert "# cluster.num_instances=4 is not part of a policy bundle" in text
+    assert "# engine.kv_cpu_blocks=128 is not part of a policy bundle" in text
+    assert yaml.safe_load(text)["routing"]["policy"] == "weighted"

@@ -167,12 +167,12 @@ def _run_case(experiment: Experiment, policy: Policy, case: Mapping[str, Any],
     from blisjax.config import resolve_config
     from blisjax.metrics import aggregate_metrics, cost_basis
     from blisjax.reference.cluster import ClusterSimulator
-    from blisjax.workload import generate_workload, parse_workload_spec
+    from blisjax.workload import workload_from_section
     from search.expr import flatten_metrics
 
     cfg = policy.config
     seed = experiment.config.seed if case.get("seed") is None else int(case["seed"])
-    workload = generate_workload(parse_workload_spec(cfg.workload), seed=seed)
+    workload = workload_from_section(cfg.workload, seed)
     if case.get("requests") is not None:
         workload = workload.head(int(case["requests"]))
     resolved = resolve_config(cfg)
