@@ -62,6 +62,7 @@ from functools import cache
 from pathlib import Path
 from typing import NamedTuple
 
+from blisjax.limits import INT64_MAX
 from blisjax.workload.rng import fnv1a_64
 
 __all__ = [
@@ -84,7 +85,6 @@ ZERO_SEED_REPLACEMENT = 89482311  # seed used when seed mod (2**31 - 1) is 0
 LEHMER_WARMUP_STEPS = 20  # Lehmer steps discarded before the first state word
 
 INT64_MIN = -(1 << 63)
-INT64_MAX = (1 << 63) - 1
 INT32_MAX = (1 << 31) - 1
 _MASK64 = (1 << 64) - 1
 _MASK63 = (1 << 63) - 1

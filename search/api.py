@@ -334,9 +334,10 @@ def _warnings(cfg: SimConfig, space: SearchSpace) -> list[str]:
 
 #: ``--engine`` values of sweep, search and the adapters.
 ENGINES = ("auto", "jax", "reference")
-#: Seconds to compile a population program, as ``choose_engine`` estimates it: the order
-#: measured on 2 cores (docs/performance.md, Seconds to a first result: 60–110 s cold).
-JAX_COMPILE_ESTIMATE_S = 60.0
+#: Seconds to compile a population program per instance of the cluster, as ``choose_engine``
+#: estimates it: the order measured on 2 cores (docs/performance.md, Policy search: ~30 s for
+#: 2 instances, 60–110 s for 4, ~185 s for 8).
+JAX_COMPILE_S_PER_INSTANCE = 20.0
 #: How many times faster than a reference run ``choose_engine`` takes a JAX lane to be.
 JAX_SPEEDUP_ESTIMATE = 10.0
 #: Requests of the reference probe that times one simulation (scaled to the workload's).
@@ -366,17 +367,19 @@ def reference_seconds(plan: Plan) -> float:
 def choose_engine(plan: Plan) -> tuple[str, str]:
     """(engine, why) for a plan whose ``engine`` is "auto": the reference engine when its
     runs are estimated to take no longer than compiling the JAX program and running the
-    lanes there (``JAX_COMPILE_ESTIMATE_S``, ``JAX_SPEEDUP_ESTIMATE``); else JAX."""
+    lanes there (``JAX_COMPILE_S_PER_INSTANCE``, ``JAX_SPEEDUP_ESTIMATE``); else JAX."""
     if plan.engine != "auto":
         return plan.engine, f"--engine {plan.engine}"
     sims = planned_simulations(plan)
     one = reference_seconds(plan)
     on_reference = sims * one
-    on_jax = JAX_COMPILE_ESTIMATE_S + on_reference / JAX_SPEEDUP_ESTIMATE
+    compiles = 2 if plan.holdout_seeds else 1  # held-out seeds get a program of their own
+    compile_s = JAX_COMPILE_S_PER_INSTANCE * plan.config.cluster.num_instances
+    on_jax = compiles * compile_s + on_reference / JAX_SPEEDUP_ESTIMATE
     engine = "reference" if on_reference <= on_jax else "jax"
     return engine, (f"--engine auto: {sims} simulations of ~{one:.2f} s on the reference "
                     f"engine (~{on_reference:.0f} s) against ~{on_jax:.0f} s on the JAX engine "
-                    f"(~{JAX_COMPILE_ESTIMATE_S:.0f} s to compile)")
+                    f"(~{compile_s:.0f} s per compile, {compiles})")
 
 
 def _strategy(plan: Plan) -> Any:

@@ -15,7 +15,6 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 #: Largest value of a Go ``int64`` (BLIS stores ticks and seeds as int64).
-INT64_MAX = 2**63 - 1
 INT64_MIN = -(2**63)
 
 

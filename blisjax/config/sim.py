@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from blisjax.config._checks import (
-    INT64_MAX,
     INT64_MIN,
     ConfigError,
     check_bool,
@@ -48,6 +47,7 @@ from blisjax.config.codes import (
     Scorer,
     TieBreak,
 )
+from blisjax.limits import INT64_MAX
 from blisjax.metrics.formulas import FITNESS_KEYS  # the fitness formulas define the keys
 from blisjax.workload.types import SLO_CLASSES
 

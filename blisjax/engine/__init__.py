@@ -3,28 +3,8 @@
 Must reproduce the reference engine's per-request timestamps bit for bit (docs/semantics.md,
 Bit parity between the two engines).
 
-Modules and their reference counterparts (``blisjax.reference``):
-
-==================  ==============================================================================
-``cluster``         ``cluster.ClusterSimulator``: next-event selection, admission and routing events
-``instance``        ``instance.Instance``: enqueue, timeout and the step (batch formation, execute,
-                    completions)
-``stretch``         runs of ``Instance._step`` calls that only decode, planned and applied at once
-``kvcache``         ``kvcache.KVCache``: free list, prefix lookup, allocate, release
-``policies``        ``policies``: admission, priority, wait-queue order, prefix index, routing
-``queues``          ``Instance.wait_queue`` and ``Instance.running``
-``state``           the mutable attributes of all of the above, as arrays (``SimState``)
-``static``          the settings and per-request constants (``EngineStatic``, ``WorkloadConsts``)
-``params``          one lane's policy knobs as arrays (``PolicyParams``)
-``run``             ``cluster.simulate``: the host API; populations of lanes
-``lanes``           (none) the releases of all lanes of a lockstep block in one pass
-``lockstep``        (none) loops and masked updates for code ``vmap`` runs over lanes
-``roofline``        ``latency.roofline``: the roofline step time, in the program
-``physics``         ``latency.physics``: step time, EMA and queueing delay, in the program
-``hostlatency``     a latency model's calls from ``Instance._step`` and routing, on the host
-``vec``             (none) prefix sums and leading counts in the forms XLA:CPU runs fastest
-``exactfloat``      (none) float64 products no compiler can fuse into a multiply-add
-==================  ==============================================================================
+The modules, what each holds and its reference counterpart: docs/jax-engine.md, Layout (the
+one table of them).
 
 Glossary of the short names used throughout (arguments and locals):
 

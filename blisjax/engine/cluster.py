@@ -32,13 +32,13 @@ from blisjax.engine.params import POOL_PREFILL
 from blisjax.engine.state import (
     ADMITTED,
     COMPLETED,
-    INT64_MAX,
     NIL,
     QUEUED,
     REJECTED,
     RUNNING,
     SimState,
 )
+from blisjax.limits import INT64_MAX
 
 # Cluster events in the order they run at equal times (the reference's priorities: a node
 # provisioned or a model loaded, admission, routing, prefill routing, transfer start and end,

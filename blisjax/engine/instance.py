@@ -44,7 +44,6 @@ from blisjax.engine.state import (
     COMPLETED,
     DECODE,
     DROPPED,
-    INT64_MAX,
     NIL,
     QUEUED,
     ROUTED,
@@ -54,6 +53,7 @@ from blisjax.engine.state import (
 )
 from blisjax.engine.vec import prefix_sum
 from blisjax.latency.base import float_to_ticks_array
+from blisjax.limits import INT64_MAX
 from blisjax.metrics import records
 
 F64 = jnp.float64

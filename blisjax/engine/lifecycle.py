@@ -23,15 +23,22 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from blisjax.config.autoscale import lifecycle_configured, max_replicas
+from blisjax.config.autoscale import max_replicas
 from blisjax.config.codes import AutoscalerPolicy, DrainPolicy, InstanceState
 from blisjax.engine.exactfloat import exact_mul, ieee_divide
 from blisjax.engine.lockstep import add, upd
 from blisjax.engine.pytree import pytree_dataclass
-from blisjax.engine.state import INT64_MAX, NIL, SimState
+from blisjax.engine.state import NIL, SimState
 from blisjax.gorand import blis_subsystem_rand
-from blisjax.reference.autoscaler import NEVER_US, cost_order, instance_variants
-from blisjax.reference.lifecycle import US_PER_HOUR, delay_us
+from blisjax.limits import INT64_MAX
+from blisjax.rules import (
+    NEVER_US,
+    US_PER_HOUR,
+    cost_order,
+    delay_us,
+    instance_variants,
+    uses_lifecycle,
+)
 
 F64 = jnp.float64
 I32, I64 = jnp.int32, jnp.int64
@@ -177,12 +184,6 @@ def lifecycle_params(cfg) -> dict:
         life_variant_cost=f64([v.cost_per_hour for v in variants]),
         life_variant_order=i32(order),
     )
-
-
-def uses_lifecycle(cfg) -> bool:
-    """The configuration models instance lifecycles (else every instance is up throughout)."""
-    return lifecycle_configured(cfg.policy.autoscaler, cfg.cluster.node_pools,
-                                cfg.cluster.lifecycle)
 
 
 # ---- initial state ------------------------------------------------------------------------------

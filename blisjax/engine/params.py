@@ -22,7 +22,7 @@ from blisjax.config.codes import (
 from blisjax.engine.lifecycle import lifecycle_params
 from blisjax.engine.pytree import pytree_dataclass
 from blisjax.gorand import blis_subsystem_rand
-from blisjax.reference.kvcache import reload_cost_us
+from blisjax.rules import instance_roles, reload_cost_us
 
 #: Scorer slots per lane: every scorer at most once, in configuration order.
 MAX_SCORERS = len(Scorer)
@@ -153,8 +153,6 @@ def _scorer_arrays(scorers) -> tuple[np.ndarray, np.ndarray]:
 def _pd_params(cfg) -> dict:
     """The P/D knobs of ``cfg`` as arrays (every instance shared, decider never, without
     pools)."""
-    from blisjax.reference.pd import instance_roles
-
     pd = cfg.cluster.pd
     pools = (pd.decode_scorers, pd.prefill_scorers)
     orders, weights = zip(*(_scorer_arrays(x) for x in pools), strict=True)

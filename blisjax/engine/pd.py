@@ -34,7 +34,6 @@ from blisjax.engine.pytree import pytree_dataclass
 from blisjax.engine.state import (
     DECODE,
     DROPPED_AT_DECODE,
-    INT64_MAX,
     NIL,
     PREFILL,
     PREFILL_ROUTING,
@@ -43,6 +42,7 @@ from blisjax.engine.state import (
     SimState,
 )
 from blisjax.gorand import STATE_WORDS, TAP_LAG
+from blisjax.limits import INT64_MAX
 
 
 @pytree_dataclass

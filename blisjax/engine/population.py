@@ -42,6 +42,7 @@ from blisjax.config import ConfigError, ScorerWeight, SimConfig
 from blisjax.engine.params import params_from_config, stack_params
 from blisjax.engine.run import simulate_population
 from blisjax.metrics import aggregate_metrics, cost_basis
+from blisjax.rules import uses_lifecycle
 
 _POLICY_SECTIONS = ("admission", "priority", "routing", "scheduler", "autoscaler")
 #: ``EngineConfig`` fields that are per-lane knobs (``PolicyParams``).
@@ -78,8 +79,6 @@ def _set_pd_knob(cfg: SimConfig, parts: list[str], value) -> SimConfig:
 
 def _set_size(cfg: SimConfig, value) -> SimConfig:
     """``cluster.num_instances``: 1 .. the base configuration's count."""
-    from blisjax.engine.lifecycle import uses_lifecycle
-
     if cfg.cluster.pd.enabled or uses_lifecycle(cfg):
         raise ConfigError("knob 'cluster.num_instances'", "not a per-lane knob with instance "
                           "lifecycles or P/D pools (the autoscaler and the pools decide which "
@@ -109,8 +108,6 @@ def set_knob(cfg: SimConfig, name: str, value) -> SimConfig:
                               "(cluster.pd), so its program does not model them")
         return _set_pd_knob(cfg, parts, value)
     if parts[0] == "autoscaler" or parts[:2] == ["cluster", "lifecycle"]:
-        from blisjax.engine.lifecycle import uses_lifecycle
-
         if not uses_lifecycle(cfg):
             raise ConfigError(f"knob {name!r}: the base configuration has no instance "
                               "lifecycles (an autoscaler, node pools, loading or warm-up), so "

@@ -28,6 +28,7 @@ from jax.sharding import Mesh, PartitionSpec  # noqa: E402
 from blisjax.config.codes import HOLDING_STATES, AdmissionPolicy  # noqa: E402
 from blisjax.engine import progcache  # noqa: E402
 from blisjax.engine.cluster import lane_advance, next_event  # noqa: E402
+from blisjax.engine.initial import init_state  # noqa: E402
 from blisjax.engine.lanes import FLAT_MIN_LANES, release_queued  # noqa: E402
 from blisjax.engine.lockstep import LANES  # noqa: E402
 from blisjax.engine.params import PolicyParams, params_from_config, stack_params  # noqa: E402
@@ -37,7 +38,6 @@ from blisjax.engine.state import (  # noqa: E402
     PREFILL,
     TRANSFER,
     WHOLE,
-    init_state,
 )
 from blisjax.engine.static import (  # noqa: E402
     EngineStatic,
@@ -46,7 +46,7 @@ from blisjax.engine.static import (  # noqa: E402
     for_lanes,
 )
 from blisjax.metrics import records  # noqa: E402
-from blisjax.reference.lifecycle import held_cost  # noqa: E402
+from blisjax.rules import held_cost  # noqa: E402
 
 # Lanes per lockstep loop. Measured on scenario S: 32–128 lanes per device cost about the same
 # per lane-event; 512 in one loop was 1.38x slower than blocks of 64 (cache misses).

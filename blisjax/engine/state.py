@@ -5,24 +5,17 @@ request), ``ClusterSimulator`` and its ``Router``/``Admission`` (cluster), ``Ins
 ``KVCache`` (per instance) — as arrays indexed by request, instance, batch slot or block.
 
 Request status codes extend the reference engine's lifecycle with the pipeline stages the
-kernel needs to tell apart.
+kernel needs to tell apart. The initial state is ``engine.initial.init_state`` (it builds the
+feature modules' parts, which import this module).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 import jax
-import jax.numpy as jnp
 
 from blisjax.engine.pytree import pytree_dataclass
-
-if TYPE_CHECKING:
-    from blisjax.engine.kvtier import KVTierState
-    from blisjax.engine.lifecycle import LifecycleState
-    from blisjax.engine.pd import PDState
-from blisjax.engine.static import EngineStatic
-from blisjax.gorand import STATE_WORDS, TAP_LAG
 from blisjax.metrics.records import Stage
 
 # Request stages (``SimState.status``): the one enumeration both engines use.
@@ -33,7 +26,6 @@ PENDING, ADMITTED, ROUTED, QUEUED, RUNNING, COMPLETED, TIMED_OUT, DROPPED, REJEC
 WHOLE, PREFILL_ROUTING, PREFILL, TRANSFER, DECODE, DROPPED_AT_DECODE = range(6)
 NIL = -1
 DEFERRED_RELEASES = 8  # completions' releases a lane queues before it runs them itself
-INT64_MAX = (1 << 63) - 1
 
 
 @pytree_dataclass
@@ -143,11 +135,11 @@ class SimState:
     slot_seq: jax.Array  # int64 [S+1]: stamp of the last write to the slot (apply_slot_ops)
     slot_clock: jax.Array  # int64: next stamp
     # ---- CPU tier of the KV cache (engine.kvtier; one-entry placeholders without one) ----
-    tier: KVTierState
+    tier: Any  # engine.kvtier.KVTierState (owned there)
     # ---- P/D pools (engine.pd; one-entry placeholders without them) ----
-    pd: PDState
+    pd: Any  # engine.pd.PDState (owned there)
     # ---- instance lifecycles and the autoscaler (engine.lifecycle; placeholders without) ----
-    life: LifecycleState
+    life: Any  # engine.lifecycle.LifecycleState (owned there)
     # ---- releases queued by this step's completions (kvcache.defer_release) ----
     rel_inst: jax.Array  # int32: their instance
     rel_slots: jax.Array  # int32 [D]: their batch slots, in completion order
@@ -174,74 +166,3 @@ class SimState:
     ovf_pending: jax.Array  # int32: routings refused by a full α-delay window
     ovf_blocks: jax.Array  # int32: blocks past a block table's width (max_blocks_per_request)
     ovf_deadline: jax.Array  # int32: events with more same-time deadlines than the window
-
-
-def init_state(st: EngineStatic, tb_capacity, rl_burst, admission_code, rate_limit_code,
-               router_rng=None, kv_cpu_blocks=0, kv_reload_us=0, pd_rng=None,
-               pd_role=None, pd_pools=False, params=None):
-    """Initial state of one lane. The bucket starts full (token-bucket or rate-limit size);
-    ``router_rng``: the seeded words of the "router" stream (``PolicyParams.router_rng``;
-    zeros if not given); ``pd_rng``, ``pd_role``, ``pd_pools``: the P/D pools' streams, the
-    instances' roles and whether the lane has pools (``PolicyParams.pd_pool_rng`` ...);
-    ``params``: the lane's ``PolicyParams``, which place its initial instances when the
-    program models lifecycles (``engine.lifecycle``)."""
-    from blisjax.engine.kvtier import init_tier
-    from blisjax.engine.lifecycle import init_lifecycle
-    from blisjax.engine.pd import init_pd
-
-    n, i, t = st.request_rows, st.num_instances, st.num_tenants  # + sink row (+ P/D rows)
-    q, e, mb, k = st.queue_slots, st.pending_slots, st.max_blocks_per_request, st.kv_blocks
-    b, slots = st.batch_slots, st.slot_count
-    g, jg = st.num_groups, st.group_blocks_max
-    i32, i64, f64 = jnp.int32, jnp.int64, jnp.float64
-    zi = lambda *shape: jnp.zeros(shape, i64)  # noqa: E731
-    zi32 = lambda *shape: jnp.zeros(shape, i32)  # noqa: E731
-    ring = max(2 * k, 1)
-    fifo = jnp.broadcast_to(jnp.where(jnp.arange(ring) < k, jnp.arange(ring), NIL).astype(i32),
-                            (i, ring))  # blocks 0..K-1 in id order, keys 0..K-1
-    bucket = jnp.where(admission_code == rate_limit_code, rl_burst, tb_capacity)
-    return SimState(
-        status=zi32(n).astype(jnp.int8), instance=jnp.full(n, NIL, i32), pi=zi32(n),
-        computed=zi32(n), num_new=zi32(n), prio=jnp.zeros(n, f64),
-        ttft=jnp.full(n, -1, i64), itl_sum=zi(n), sched=jnp.full(n, -1, i64), preempt=zi32(n),
-        enq_seq=zi(n), tdone=jnp.zeros(n, bool), itl_buf=zi32(max(st.itl_capacity, 1)),
-        adm_cursor=jnp.asarray(0, i32), route_cursor=jnp.asarray(0, i32),
-        dl_cursor=jnp.asarray(0, i32), route_seq=jnp.asarray(0, i64),
-        enq_counter=jnp.asarray(0, i64), in_flight=zi32(i), tenant_in_flight=zi32(t),
-        rr=jnp.asarray(0, i32), bucket=jnp.asarray(bucket, f64), bucket_last=jnp.asarray(0, i64),
-        snap_qd=zi32(i), snap_bs=zi32(i), snap_kv=jnp.zeros(i, f64), snap_last=jnp.asarray(0, i64),
-        rejected=jnp.asarray(0, i32),
-        rng_words=(jnp.zeros(STATE_WORDS, i64) if router_rng is None
-                   else jnp.asarray(router_rng, i64)),
-        rng_tap=jnp.asarray(0, i32), rng_feed=jnp.asarray(STATE_WORDS - TAP_LAG, i32),
-        cold_stamp=jnp.full(i, -1, i64), cold_clock=jnp.asarray(0, i64),
-        cache_copy=jnp.zeros(st.group_slots if st.cache_copy_on else 1, bool),
-        cache_copy_last=jnp.asarray(0, i64),
-        lru_pos=jnp.full((i, g, jg), -1, i64), lru_own_at=zi(i, g, jg), lru_clock=zi(i),
-        lru_own=zi(i),
-        pend_req=jnp.full((i, e), NIL, i32), pend_time=zi(i, e), pend_seq=zi(i, e),
-        step_time=jnp.full(i, -1, i64), stretch_steps=zi32(i), stretch_d=zi(i),
-        stretch_offset=zi(i, st.stretch_offset_slots),
-        stretch_ema=jnp.zeros((i, st.stretch_ema_slots), f64),
-        stretch_cum=zi32(i, st.block_size), clock=zi(i), last_left=zi(i),
-        q_buf=jnp.full((i, q), NIL, i32), q_head=zi32(i), q_len=zi32(i),
-        order=jnp.full((i, b), NIL, i32), n_run=zi32(i),
-        slot_req=jnp.full((i, slots), NIL, i32), bt=jnp.full((i, slots, mb), NIL, i32),
-        blen=zi32(i, slots), step_cached=zi32(i, slots),
-        ema=jnp.zeros(i, f64),
-        kv_ref=zi32(i, k), kv_tok=zi32(i, k), kv_slot=jnp.full((i, k), NIL, i32),
-        fifo=fifo, fkey=jnp.broadcast_to(jnp.arange(k, dtype=i32), (i, k)),
-        fhead=zi32(i), ftail=jnp.full(i, k, i32), kv_free=jnp.full(i, k, i32),
-        slot_block=jnp.full(st.hash_slots + 1, NIL, i32),
-        slot_seq=jnp.full(st.hash_slots + 1, -1, i64), slot_clock=jnp.asarray(0, i64),
-        tier=init_tier(st, kv_cpu_blocks, kv_reload_us), pd=init_pd(st, pd_rng, pd_role, pd_pools),
-        life=init_lifecycle(st, params),
-        rel_inst=jnp.asarray(0, i32), rel_slots=zi32(DEFERRED_RELEASES),
-        rel_count=jnp.asarray(0, i32),
-        hits=zi(i), misses=zi(i), preempt_count=zi(i), completed=zi(i), dropped=zi(i),
-        timed_out=zi(i), capped_count=zi(i), alloc_failures=zi(i), input_tokens=zi(i), steps=zi(i), busy=zi(i),
-        qdepth_time=zi(i), peak_used=zi(i),
-        done=jnp.asarray(False), iters=jnp.asarray(0, i64), stretched=jnp.asarray(0, i64),
-        ovf_queue=jnp.asarray(0, i32), ovf_pending=jnp.asarray(0, i32),
-        ovf_blocks=jnp.asarray(0, i32), ovf_deadline=jnp.asarray(0, i32),
-    )

@@ -7,6 +7,7 @@ cannot constant-fold or rewrite the arithmetic that touches them.
 
 Counterpart: the settings ``blisjax.reference.cluster.ClusterSimulator`` and ``Instance`` read
 from the configuration in their constructors, and the constant fields of each ``SimRequest``.
+from blisjax.limits import INT64_MAX
 """
 
 from __future__ import annotations
@@ -26,8 +27,6 @@ from blisjax.engine.roofline import RooflineConsts, roofline_consts
 from blisjax.engine.roofline import fits_the_program as roofline_fits_the_program
 from blisjax.latency.blackbox import blackbox_queueing_delay_us
 from blisjax.latency.factory import make_latency_model
-
-INT64_MAX = (1 << 63) - 1
 
 
 @dataclass(frozen=True)
@@ -430,8 +429,7 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
 
 def _lifecycle_shape(cfg, actuation_slots: int | None, timeline_slots: int | None) -> dict:
     """``EngineStatic``'s lifecycle fields (``engine.lifecycle``; all off without one)."""
-    from blisjax.engine.lifecycle import uses_lifecycle
-    from blisjax.reference.autoscaler import instance_variants
+    from blisjax.rules import instance_variants, uses_lifecycle
 
     if not uses_lifecycle(cfg):
         return {}

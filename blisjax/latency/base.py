@@ -8,8 +8,7 @@ from typing import Protocol
 
 import numpy as np
 
-INT64_MAX = (1 << 63) - 1
-
+from blisjax.limits import INT64_MAX
 
 INT64_MIN = -INT64_MAX - 1
 _TWO_63 = 9.223372036854775807e18  # 2**63 as a float64

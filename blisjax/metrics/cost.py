@@ -16,10 +16,9 @@ import numpy as np
 
 from blisjax.config.hardware import gpu_price_per_hour
 from blisjax.metrics.records import RunResult
+from blisjax.rules import US_PER_HOUR
 
 __all__ = ["CostBasis", "cost_basis", "cost_metrics"]
-
-US_PER_HOUR = 3.6e9
 
 
 class CostBasis(NamedTuple):

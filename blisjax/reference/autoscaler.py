@@ -13,11 +13,10 @@ import math
 from typing import NamedTuple
 
 from blisjax.config.codes import AutoscalerPolicy
+from blisjax.rules import NEVER_US, Variant, cost_order
+
 
 #: "never scaled": the cooldowns are measured from here.
-NEVER_US = -(1 << 62)
-
-
 class Reading(NamedTuple):
     """What a tick reads. Per routable instance, in instance order ([R] lists): KV blocks
     used and in total, queue depth and batch size (the router's snapshots), and its variant
@@ -31,37 +30,6 @@ class Reading(NamedTuple):
     variant: list[int]
     pending_kv_tokens: int
     live: int
-
-
-class Variant(NamedTuple):
-    """An instance type (BLIS's (GPU type, TP)) and the cost that orders variants."""
-
-    cost_per_hour: float
-    gpu_type: str
-    tp: int
-
-
-def instance_variants(pools, hardware: str, cost_per_hour: float, tp: int) -> list[Variant]:
-    """The variants instances can be: one per GPU type of the node pools, in pool order,
-    costing what the first pool of that type costs (without pools: the configured hardware
-    at ``cost_per_hour``)."""
-    if not pools:
-        return [Variant(cost_per_hour, hardware, max(tp, 1))]
-    out: list[Variant] = []
-    for pool in pools:
-        if all(v.gpu_type != pool.gpu_type for v in out):
-            out.append(Variant(pool.cost_per_hour, pool.gpu_type, max(tp, 1)))
-    return out
-
-
-def variant_of(variants: list[Variant], gpu_type: str) -> int:
-    return next(v for v, x in enumerate(variants) if x.gpu_type == gpu_type)
-
-
-def cost_order(variants: list[Variant]) -> list[int]:
-    """Variant indices in BLIS's order: cost ascending, then GPU type, then TP."""
-    return sorted(range(len(variants)),
-                  key=lambda v: (variants[v].cost_per_hour, variants[v].gpu_type, variants[v].tp))
 
 
 class Decision(NamedTuple):

@@ -31,13 +31,7 @@ from blisjax.metrics.records import (
     RunResult,
     Stage,
 )
-from blisjax.reference.autoscaler import (
-    Autoscaler,
-    Decision,
-    Reading,
-    instance_variants,
-    variant_of,
-)
+from blisjax.reference.autoscaler import Autoscaler, Decision, Reading
 from blisjax.reference.code_policy import RequestInfo, request_info
 from blisjax.reference.instance import EV_ARRIVAL, EV_QUEUED, EV_STEP, EV_TIMEOUT, Instance
 from blisjax.reference.lifecycle import (
@@ -49,16 +43,10 @@ from blisjax.reference.lifecycle import (
     Slot,
     Streams,
 )
-from blisjax.reference.pd import (
-    Parent,
-    Role,
-    disaggregates,
-    instance_roles,
-    pool,
-    transfer_duration_us,
-)
+from blisjax.reference.pd import Parent, Role, disaggregates, pool, transfer_duration_us
 from blisjax.reference.policies import Admission, Priority, Router, Snapshot, leading_present
 from blisjax.reference.request import PD_DECODE, PD_PREFILL, SimRequest
+from blisjax.rules import instance_roles, instance_variants, variant_of
 from blisjax.trace.records import InstanceView
 
 # Cluster event priorities (§5.2; P/D §5.10; lifecycle and autoscaler semantics-next.md §3).

@@ -8,9 +8,10 @@ per-request ordered block list; ``hash → block`` for prefix lookup; and a doub
 
 from __future__ import annotations
 
-import math
 from collections import OrderedDict
 from collections.abc import Callable
+
+from blisjax.rules import reload_cost_us
 
 _NIL = -1
 
@@ -262,13 +263,6 @@ class CpuTier:
 
     def touch(self, h: int) -> None:
         self.lru.move_to_end(h)
-
-
-def reload_cost_us(block_size_tokens: int, bandwidth_tokens_per_us: float,
-                   base_latency_us: int) -> int:
-    """Transfer time of one reloaded block: ``base + ceil(block size / bandwidth)`` µs (the
-    division in float64, as BLIS)."""
-    return base_latency_us + int(math.ceil(block_size_tokens / bandwidth_tokens_per_us))
 
 
 class TieredKVCache(KVCache):

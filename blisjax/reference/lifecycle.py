@@ -18,29 +18,13 @@ from typing import NamedTuple
 
 from blisjax.config.codes import HOLDING_STATES, ROUTABLE_STATES, InstanceState
 from blisjax.gorand import blis_subsystem_rand
+from blisjax.rules import delay_us, held_cost
 
 HOLDING, ROUTABLE = HOLDING_STATES, ROUTABLE_STATES
 #: States in which an instance counts toward the replicas a scale-down leaves.
 LIVE = HOLDING - {InstanceState.DRAINING}
 #: States of an instance still coming up (BLIS's pending replicas).
 COMING_UP = frozenset({InstanceState.SCHEDULING, InstanceState.LOADING})
-
-US_PER_HOUR = 3.6e9
-
-
-def held_cost(held_us: int, cost_per_hour: float) -> float:
-    """The cost of holding an instance ``held_us`` µs at ``cost_per_hour`` (one product, one
-    division: the JAX engine's ``lifecycle.terminate`` forms it in the same order)."""
-    return float(held_us) * cost_per_hour / US_PER_HOUR
-
-
-def delay_us(spec, rng) -> int:
-    """A ``DelaySpec`` drawn once, in µs: its mean when its stddev is 0 (no draw), else
-    max(0, N(0,1)·stddev + mean) from ``rng`` (Go's ``NormFloat64``); truncated."""
-    if spec.stddev_s <= 0:
-        return int(spec.mean_s * 1e6)
-    return int(max(0.0, rng.norm_float64() * spec.stddev_s + spec.mean_s) * 1e6)
-
 
 class Streams:
     """BLIS's lifecycle random streams, created when first drawn from (§3.5)."""

@@ -19,16 +19,6 @@ from blisjax.metrics.records import NOT_RECORDED
 Role = PDRole  # what an instance serves (a bit mask, as BLIS's roles)
 
 
-def instance_roles(pd, num_instances: int) -> list[Role]:
-    """Each instance's role: prefill, then decode, then shared instances by index, then none
-    (``cluster.pd``); every instance serves both without pools."""
-    if not pd.enabled:
-        return [Role.SHARED] * num_instances
-    roles = ([Role.PREFILL] * pd.prefill_instances + [Role.DECODE] * pd.decode_instances
-             + [Role.SHARED] * pd.shared_instances)
-    return roles + [Role.NONE] * (num_instances - len(roles))
-
-
 def pool(roles: list[Role], wanted: Role) -> list[int]:
     """Instances whose role includes ``wanted``, in index order."""
     return [i for i, role in enumerate(roles) if role & wanted]

@@ -76,7 +76,7 @@ class CaseOutcome(NamedTuple):
 
 
 def _has_lifecycle(config: SimConfig) -> bool:
-    from blisjax.engine.lifecycle import uses_lifecycle
+    from blisjax.rules import uses_lifecycle
 
     return uses_lifecycle(config)
 

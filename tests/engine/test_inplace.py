@@ -18,9 +18,9 @@ import jax
 import jax.numpy as jnp
 
 from blisjax.engine import instance, kvcache
+from blisjax.engine.initial import init_state
 from blisjax.engine.lockstep import LANES, lane_while
 from blisjax.engine.params import params_from_config
-from blisjax.engine.state import init_state
 from blisjax.engine.static import build_consts, build_static
 from tests.reference.conftest import make_resolved, make_workload
 

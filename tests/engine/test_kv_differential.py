@@ -24,8 +24,8 @@ import numpy as np
 import pytest
 
 from blisjax.engine import instance, kvcache
+from blisjax.engine.initial import init_state
 from blisjax.engine.lockstep import LANES
-from blisjax.engine.state import init_state
 from blisjax.engine.static import build_consts, build_static
 from blisjax.reference.cluster import ClusterSimulator
 from blisjax.reference.kvcache import KVCache

@@ -433,3 +433,27 @@ def test_recorded_traces_as_the_workloads(tmp_path, capsys):
     code, _, err = _cli(["sweep", TINY_CONFIG, "--traces", pairs[0], "--seeds", "1", "--grid",
                          "scheduler.policy=fcfs,sjf", "--quiet", "--out", tmp_path / "x"], capsys)
     assert code == 2 and "workload.traces: seed 1 selects the trace" in err, err
+
+
+def test_engine_auto_weighs_reference_runs_against_compiles(monkeypatch):
+    """auto: reference runs (simulations planned × seconds each) against 20 s of compile per
+    instance — two compiles with held-out seeds — plus JAX lanes 10× faster."""
+    import search.api as api
+    from search.api import prepare
+
+    monkeypatch.setattr(api, "reference_seconds", lambda plan: 1.0)
+    small = prepare("search", TINY_CONFIG, space=TINY_SPACE, population=4, generations=2)
+    # (4 x 2 candidates + baseline + llm-d check) x 1 seed = 10 s against 40 s + 1 s: reference
+    assert api.planned_simulations(small) == 10
+    assert api.choose_engine(small)[0] == "reference"
+    big = prepare("search", TINY_CONFIG, space=TINY_SPACE, population=8, generations=6,
+                  holdout_seeds="101")
+    # (48 + 2) x 1 + 2 x 1 held-out = 52 s against 2 x 40 s + 5.2 s: reference still
+    assert api.planned_simulations(big) == 52
+    assert api.choose_engine(big)[0] == "reference"
+    bigger = prepare("search", TINY_CONFIG, space=TINY_SPACE, population=16, generations=6)
+    # 98 s against 40 s + 9.8 s: JAX
+    assert api.choose_engine(bigger)[0] == "jax"
+    forced = prepare("search", TINY_CONFIG, space=TINY_SPACE, population=4, generations=2,
+                     engine="jax")
+    assert api.choose_engine(forced) == ("jax", "--engine jax")
