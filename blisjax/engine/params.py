@@ -47,7 +47,7 @@ class PolicyParams:
       with ``sized_lanes`` (``EngineStatic.sized_lanes``), which need no lifecycle or pools.
     kv_cpu_blocks: the CPU tier's size in blocks per instance (0: none; at most the
       program's ``EngineStatic.cpu_tier_blocks``); kv_reload_us: int64 µs one reloaded block
-      adds to its step (``reference.kvcache.reload_cost_us``).
+      adds to its step (``blisjax.rules.reload_cost_us``).
     P/D pools (``cluster.pd``; read only by programs with pools, ``EngineStatic.pd``):
       pd_pools: the lane has pools (else it serves co-located: every instance shared,
       decider never, and its results have no P/D counters, as the reference's);

@@ -70,7 +70,7 @@ def test_an_overflowed_run_prints_no_numbers_and_names_the_flag(
 
     seen = {}
 
-    def overflowed(resolved, workload, **capacities):
+    def overflowed(resolved, workload, phase=None, **capacities):  # phase: progress lines
         seen.update(capacities)
         return dataclasses.replace(reference(resolved, workload), overflow={capacity: 3})
 

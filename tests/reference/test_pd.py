@@ -20,7 +20,8 @@ from blisjax.config.sim import ClusterConfig, PDConfig, SimConfig
 from blisjax.metrics import aggregate_metrics, per_request_rows
 from blisjax.metrics.records import COMPLETED, DROPPED, TIMED_OUT
 from blisjax.reference import ClusterSimulator
-from blisjax.reference.pd import Role, disaggregates, instance_roles, transfer_duration_us
+from blisjax.reference.pd import Role, disaggregates, transfer_duration_us
+from blisjax.rules import instance_roles
 from tests.reference.conftest import make_resolved, make_workload
 
 TRANSFER_US = 1149
