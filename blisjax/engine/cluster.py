@@ -556,8 +556,8 @@ def lane_advance(s: SimState, ev: NextEvent, st, c, p,
     A pass of the inner loop handles the lane's next cheap event and then, if the event after
     it is an enqueue, that one too. The loop runs as many passes as the busiest lane of the
     block needs, and an arrival's events are an admission with its routing, then its enqueue
-    about 1 ms later, usually before the next arrival: on scenario S (64 lanes) pairing them
-    takes the passes per step from 6.7 to 3.7 (a lane's own mean is 2.2), and the second half
+    about 1 ms later, usually before the next arrival: pairing them nearly halves the passes
+    per step (docs/performance.md, What the engine does for speed), and the second half
     of a pass runs only the (cheap) enqueue handler and the next-event selection — what
     ``_dispatch_cheap`` does for an enqueue (an enqueue handles no deadline, so the deadline
     cursor stays).

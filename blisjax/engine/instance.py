@@ -1073,11 +1073,11 @@ def step(s: SimState, st, c, p, i, now, active, defer: bool = False):
     results.
 
     Sizing each part by the running batch alone, rather than the whole step by running +
-    queued requests, matters when queues are long: with 500 KV blocks per instance
-    (preemption, queues of hundreds) scenario S runs 1.5x faster. Execute and completions get
-    finer widths (``FINISH_PER_OCTAVE``; on scenario S 62 % of steps need 89–104 positions);
-    phase 1 keeps doubling widths because each of its copies carries the preemption loop and
-    costs ~3 s of compile time (finer phase 1 widths: a further ~2.5 %, compile +8 s).
+    queued requests, matters when queues are long (preemption, queues of hundreds). Execute and
+    completions get finer widths (``FINISH_PER_OCTAVE``: most of scenario S's steps need a
+    little under 128 positions); phase 1 keeps doubling widths because each of its copies
+    carries the preemption loop and costs compile time for little run time
+    (docs/performance.md, What the engine does for speed; Ideas tried and not kept).
     """
     if st.stretches:  # the virtual steps before this one happen first
         s = stretch.materialize(s, st, c, i, now, active, step_widths(st, PHASE1_PER_OCTAVE))

@@ -493,8 +493,9 @@ def allocate(s: SimState, st, c, i, sb, r, start, end, cached, n_cached, active,
     """One reference ``allocate`` of positions [start, end) of request r in batch slot sb,
     whose pre-check passed; does nothing unless ``active``. ``chunk``: fresh blocks per inner
     iteration (default ``POP_CHUNK``, or fewer if the token budget needs fewer; pass 1 for a
-    single decode token). Measured on scenario S: 16 per iteration beat 8, 32 and 64 (a wider
-    window costs every admission, more iterations only the long prompts)."""
+    single decode token). 16 per iteration beat 8, 32 and 64 (a wider window costs every
+    admission, more iterations only the long prompts; docs/performance.md, Ideas tried and
+    not kept)."""
     if chunk is None:
         chunk = max(1, min(POP_CHUNK, -(-st.token_budget // st.block_size)))
     n = jnp.where(active, end - start, 0).astype(jnp.int32)

@@ -25,8 +25,8 @@ from blisjax.engine.vec import prefix_sum
 
 _FLAT_WIDEST = 4096  # blocks per flat pass; a block of lanes releasing more takes the lane loop
 # Blocks of fewer lanes release in place (``engine.run``): with few lanes there is little
-# lockstep waste to save, and queueing costs a single lane of scenario S ~10 % (0.314 s per
-# run against 0.285 s, one device; 0.346 s with a flat pass of >= 256 positions).
+# lockstep waste to save, and queueing costs a single lane time (docs/performance.md, What the
+# engine does for speed).
 FLAT_MIN_LANES = 8
 
 

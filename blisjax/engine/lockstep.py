@@ -54,8 +54,8 @@ def lane_max(x):
 def lane_once(active, handler, s):
     """``handler(s, active)`` run once if any lane is ``active``, skipped otherwise. A one-shot
     loop rather than a ``cond``: XLA updates a loop's carry in place, a ``cond`` may copy it
-    (measured: with a ``lax.switch`` in place of ``by_width``'s loops, 300 requests of
-    scenario S took 29 s per call where 600 take ~1 s)."""
+    (a ``lax.switch`` in place of ``by_width``'s loops copied the whole state at every call:
+    docs/performance.md, Ideas tried and not kept)."""
     return run_if(_any_lane(active), lambda s: handler(s, active), s)
 
 

@@ -48,8 +48,8 @@ from blisjax.engine.static import (  # noqa: E402
 from blisjax.metrics import records  # noqa: E402
 from blisjax.rules import held_cost  # noqa: E402
 
-# Lanes per lockstep loop. Measured on scenario S: 32–128 lanes per device cost about the same
-# per lane-event; 512 in one loop was 1.38x slower than blocks of 64 (cache misses).
+# Lanes per lockstep loop: 32–128 lanes per device cost about the same per lane-event, and far
+# larger loops miss the cache (docs/performance.md, What the engine does for speed; Ideas tried).
 LANE_BLOCK = 64
 
 
@@ -539,9 +539,8 @@ def simulate(resolved, workload, params: PolicyParams | None = None,
 
     One lane compiles its step and release programs at full width only
     (``narrow_programs=False`` unless told otherwise): the narrower copies that pay off across
-    a population make a single run's program 4.9× larger (8.2 MB against 1.7 MB on the default
-    experiment) and loading it from the program cache 6× slower (5.7 s against 0.9 s), for a
-    run no faster than ~0.05 s in 0.4 s (docs/performance.md, Seconds to a first result)."""
+    a population make a single run's program several times larger and slower to load from the
+    program cache, for a run hardly faster (docs/performance.md, Seconds to a first result)."""
     capacities.setdefault("narrow_programs", False)
     st = build_static(resolved, workload, **capacities)
     if st.num_requests == 0:

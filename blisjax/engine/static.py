@@ -519,9 +519,10 @@ def for_lanes(st: EngineStatic, params) -> EngineStatic:
 
 # Mean output tokens per request from which decode stretches are compiled in by default. Each
 # step then also plans its stretch and may apply one: with short outputs most steps admit or
-# complete a request and the planning is pure overhead. Measured (one process, P = 64, one
-# device): scenario S (64 ± 16 output tokens) 1.23x slower with stretches; BLIS's anchor
-# workload (512 ± 256) 1.9x faster. ``build_static(decode_stretches=...)`` overrides it.
+# complete a request and the planning is pure overhead: scenario S (64 ± 16 output tokens) is
+# slower with stretches, BLIS's anchor workload (512 ± 256) much faster (docs/performance.md,
+# BLIS's anchor workload with decode stretches). ``build_static(decode_stretches=...)``
+# overrides it.
 STRETCH_MIN_MEAN_OUTPUT = 128
 
 
@@ -533,8 +534,8 @@ def stretches_pay_off(output_tokens) -> bool:
 
 # Plain steps planned at most at once where their times vary (roofline): each plan evaluates
 # the model for every one of them over the whole batch, and the plan's step starts are state.
-# At least ``stretch.CHUNK_STEPS`` (a pass reads the starts of its steps). On the default
-# experiment 16 ran 1.07-1.16x faster than 32 and 32 faster than 64 (docs/performance.md).
+# At least ``stretch.CHUNK_STEPS`` (a pass reads the starts of its steps). 16 ran faster than
+# 32 and 64 on the default experiment (docs/performance.md, "The plan bound").
 VARYING_PLAN = 16
 
 # Capacities that may be raised above what one workload needs (upper bounds, never semantics).
