@@ -38,8 +38,7 @@ from blisjax.config import (
 )
 from blisjax.devices import use_cpu_cores
 from blisjax.metrics import (
-    aggregate_metrics,
-    cost_basis,
+    config_metrics,
     kv_cache_summary,
     per_request_rows,
     timeline_csv,
@@ -886,9 +885,7 @@ def _simulate(args: Any, cfg: SimConfig, choice: WorkloadChoice, base: str) -> i
                     NOT_CAPACITIES[name].format(times=times)
                     for name, times in result.overflow.items()))
         wall_s = time.perf_counter() - start
-        metrics = aggregate_metrics(result, workload, cfg.metrics,
-                                    scheduler=cfg.policy.scheduler.policy,
-                                    cost=cost_basis(cfg))
+        metrics = config_metrics(result, workload, cfg)
         rows = (per_request_rows(result, workload)
                 if args.results_path or (trace is not None and args.trace_out) else None)
         if trace is not None:

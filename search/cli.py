@@ -274,14 +274,15 @@ def _trace_pairs(text: str | None) -> list[tuple[str, str]] | None:
     """``--traces H:D,H:D`` as (header, data) pairs, each file checked readable."""
     if text is None:
         return None
+    from blisjax.cli import check_input_file
+
     pairs = []
     for item in text.split(","):
         header, sep, data = item.partition(":")
         if not sep or not header or not data:
             raise ConfigError("--traces", f"each trace is HEADER.yaml:DATA.csv, got {item!r}")
         for path in (header, data):
-            if not Path(path).is_file():
-                raise ConfigError("--traces", f"no such file: {path!r}")
+            check_input_file("--traces", path)
         pairs.append((header, data))
     return pairs
 

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from blisjax.config import ConfigError, SimConfig
-from blisjax.engine.population import set_knob
+from blisjax.engine.population import apply_knobs
 from blisjax.engine.static import build_static_shared
 from blisjax.workload import Workload, section_traces, workload_from_section
 from search.backends import LocalBackend, PopulationJob, Unit
@@ -28,13 +28,6 @@ from search.expr import flatten_metrics
 from search.objectives import CandidateEval, Scoring, invalid_candidate, score_candidate
 
 __all__ = ["SimulationProblem", "apply_knobs", "default_seeds", "make_workload", "probe_metrics"]
-
-
-def apply_knobs(config: SimConfig, knobs: Mapping[str, Any]) -> SimConfig:
-    """``config`` with every knob set (validated by ``set_knob``)."""
-    for name, value in knobs.items():
-        config = set_knob(config, name, value)
-    return config
 
 
 def make_workload(config: SimConfig, seed: int) -> Workload:
@@ -61,15 +54,13 @@ def default_seeds(config: SimConfig) -> tuple[int, ...]:
 def probe_metrics(resolved, workload: Workload, requests: int = 3) -> dict[str, float]:
     """Flattened metric keys of this configuration, from a reference-engine run of the first
     few requests (milliseconds; used to validate expressions before a search starts)."""
-    from blisjax.metrics import aggregate_metrics, cost_basis
+    from blisjax.metrics import config_metrics
     from blisjax.reference import simulate
 
     head = workload.head(requests)
     cfg = resolved.config
     result = simulate(resolved, head)
-    return flatten_metrics(aggregate_metrics(result, head, cfg.metrics,
-                                             scheduler=cfg.policy.scheduler.policy,
-                                             cost=cost_basis(cfg)))
+    return flatten_metrics(config_metrics(result, head, cfg))
 
 
 def _shared_static(resolved, workloads: Mapping[int, Workload],

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from blisjax.config import ConfigError, SimConfig, load_config, resolve_config
-from blisjax.metrics import aggregate_metrics, cost_basis, per_request_rows, write_json_atomic
+from blisjax.metrics import config_metrics, per_request_rows, write_json_atomic
 from search.evaluate import apply_knobs, make_workload
 from search.io import CHECKPOINT, load_checkpoint
 from search.runner import Record
@@ -99,9 +99,7 @@ def explain(results_dir: str | Path, candidate: int | None = None, seed: int | N
     cfg = apply_knobs(base, record.knobs)
     workload = make_workload(cfg, seed)
     result, trace = simulate_traced(resolve_config(cfg), workload, level, counterfactual_k)
-    metrics = aggregate_metrics(result, workload, cfg.metrics,
-                                scheduler=cfg.policy.scheduler.policy,
-                                cost=cost_basis(cfg))
+    metrics = config_metrics(result, workload, cfg)
     metrics["trace_summary"] = trace.summary().as_json()
     out = (Path(out_dir) if out_dir is not None
            else results_dir / "explain" / f"candidate-{index}-seed-{seed}")

@@ -124,13 +124,12 @@ def route_to_instance(s: SimState, st, c, p, r, now, go) -> SimState:
     """The router's decision for request r and its arrival at the chosen instance; with
     lifecycles among the routable instances, and rejected when there is none
     (``ClusterSimulator._route``)."""
-    if st.sized_lanes:  # the lane's own instances are the program's first ones
-        own = jnp.arange(st.num_instances) < p.active_instances
-        s, target = policies.route(s, st, c, p, r, go,
-                                   policies.lane_spec(p)._replace(candidates=own))
-        return instance.inject_arrival(s, st, c, target, r, now, go)
     if not st.lifecycle:
-        s, target = policies.route(s, st, c, p, r, go)
+        # with sized lanes, the lane's own instances are the program's first ones
+        spec = policies.lane_spec(p)._replace(
+            candidates=jnp.arange(st.num_instances) < p.active_instances) \
+            if st.sized_lanes else None
+        s, target = policies.route(s, st, c, p, r, go, spec)
         return instance.inject_arrival(s, st, c, target, r, now, go)
     life = s.life
     candidates = lifecycle.routable(life)

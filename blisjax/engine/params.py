@@ -216,18 +216,29 @@ def params_from_config(cfg, tenant_names: tuple[str, ...]) -> PolicyParams:
 _PER_INSTANCE = ("pd_role",)
 
 
-def stack_params(params: list[PolicyParams]) -> PolicyParams:
-    """Stack per-lane params along a new leading population axis. Stacked on the host and
-    put on the device as they are: ``jnp.stack`` would compile a small program per field
-    (~0.15 s in a new process).
+def fit_instances(params: PolicyParams, width: int) -> PolicyParams:
+    """``params`` (one lane's or stacked) with its per-instance fields ``width`` entries wide
+    on their last axis, padded with their last entry; the padded fields as host arrays.
 
-    Lanes of fewer instances than others (the ``cluster.num_instances`` knob, which programs
-    with P/D pools refuse) have their per-instance fields padded with their last entry to the
-    largest lane's length: only programs with pools read them."""
-    widest = max((len(np.asarray(p.pd_role)) for p in params), default=0)
-    params = [p if len(np.asarray(p.pd_role)) == widest else p.replace(**{
-        f: np.pad(np.asarray(getattr(p, f)), (0, widest - len(np.asarray(getattr(p, f)))),
-                  mode="edge") for f in _PER_INSTANCE}) for p in params]
+    A lane of fewer instances (the ``cluster.num_instances`` knob) has shorter ones; only
+    programs with P/D pools read them, and those refuse the knob, so the padding is never
+    read. It keeps one input shape: a program is compiled per shape."""
+    fields = {}
+    for f in _PER_INSTANCE:
+        x = np.asarray(getattr(params, f))
+        if x.shape[-1] != width:
+            fields[f] = np.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, width - x.shape[-1])],
+                               mode="edge")
+    return params.replace(**fields) if fields else params
+
+
+def stack_params(params: list[PolicyParams]) -> PolicyParams:
+    """Stack per-lane params along a new leading population axis (per-instance fields as wide
+    as the widest lane's, ``fit_instances``). Stacked on the host and put on the device as
+    they are: ``jnp.stack`` would compile a small program per field (~0.15 s in a new
+    process)."""
+    widest = max((np.shape(p.pd_role)[-1] for p in params), default=0)
+    params = [fit_instances(p, widest) for p in params]
     return jax.tree_util.tree_map(lambda *xs: jax.device_put(np.stack([np.asarray(x)
                                                                        for x in xs])), *params)
 

@@ -41,7 +41,7 @@ import numpy as np
 from blisjax.config import ConfigError, ScorerWeight, SimConfig
 from blisjax.engine.params import params_from_config, stack_params
 from blisjax.engine.run import simulate_population
-from blisjax.metrics import aggregate_metrics, cost_basis
+from blisjax.metrics import config_metrics
 from blisjax.rules import uses_lifecycle
 
 _POLICY_SECTIONS = ("admission", "priority", "routing", "scheduler", "autoscaler")
@@ -137,6 +137,13 @@ def set_knob(cfg: SimConfig, name: str, value) -> SimConfig:
                       "autoscaler.<field>, cluster.lifecycle.<field>)")
 
 
+def apply_knobs(cfg: SimConfig, knobs) -> SimConfig:
+    """``cfg`` with every knob of the mapping ``knobs`` set (each validated by ``set_knob``)."""
+    for name, value in knobs.items():
+        cfg = set_knob(cfg, name, value)
+    return cfg
+
+
 def grid(**axes) -> list[dict]:
     """Cartesian product of knob values, e.g.
     ``grid(**{"routing.scorers.queue-depth": [1, 2]})``."""
@@ -176,17 +183,11 @@ def evaluate_population(resolved, workload, knob_sets: list[dict], static=None, 
                         **capacities):
     """Evaluate one lane per knob set in a single compiled call of the JAX engine (``static``,
     ``phase``: see ``simulate_population``; ``phase=print`` shows when compiling starts)."""
-    configs = []
-    for knobs in knob_sets:
-        cfg = resolved.config
-        for name, value in knobs.items():
-            cfg = set_knob(cfg, name, value)
-        configs.append(cfg)
+    configs = [apply_knobs(resolved.config, knobs) for knobs in knob_sets]
     params = stack_params([params_from_config(c, workload.tenant_names) for c in configs])
     results = simulate_population(resolved, workload, params, static=static, phase=phase,
                                   **capacities)
-    metrics = [aggregate_metrics(r, workload, c.metrics, scheduler=c.policy.scheduler.policy,
-                                 cost=cost_basis(c))
+    metrics = [config_metrics(r, workload, c)
                for r, c in zip(results, configs, strict=True)]
     fitness = np.array([m.get("fitness", np.nan) for m in metrics], dtype=np.float64)
     return PopulationResult(list(knob_sets), configs, results, metrics, fitness)

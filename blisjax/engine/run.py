@@ -31,7 +31,12 @@ from blisjax.engine.cluster import lane_advance, next_event  # noqa: E402
 from blisjax.engine.initial import init_state  # noqa: E402
 from blisjax.engine.lanes import FLAT_MIN_LANES, release_queued  # noqa: E402
 from blisjax.engine.lockstep import LANES  # noqa: E402
-from blisjax.engine.params import PolicyParams, params_from_config, stack_params  # noqa: E402
+from blisjax.engine.params import (  # noqa: E402
+    PolicyParams,
+    fit_instances,
+    params_from_config,
+    stack_params,
+)
 from blisjax.engine.state import (  # noqa: E402
     DECODE,
     DROPPED_AT_DECODE,
@@ -217,17 +222,14 @@ def _run_padded(st: EngineStatic, consts, params: PolicyParams, devices, lane_bl
 
 
 def _fit_instances(st: EngineStatic, params: PolicyParams) -> PolicyParams:
-    """``params`` with their per-instance fields as wide as the program's instances: a
-    population whose lanes all have fewer (``cluster.num_instances``) stacks them narrower,
-    and a program is compiled per input shape. Padded with each lane's last entry (only
-    programs with P/D pools read them, and those refuse the size knob)."""
-    width = int(np.shape(params.pd_role)[1])
-    if width == st.num_instances:
+    """Stacked ``params`` with their per-instance fields as wide as the program's instances
+    (``params.fit_instances``: a population whose lanes all have fewer stacks them narrower),
+    the padded fields put on the device as they are."""
+    fitted = fit_instances(params, st.num_instances)
+    if fitted is params:
         return params
-    role = np.asarray(params.pd_role)  # on the host: no device program per call
-    padded = np.concatenate([role, np.repeat(role[:, -1:], st.num_instances - width, axis=1)],
-                            axis=1)
-    return params.replace(pd_role=jax.device_put(padded))
+    return jax.tree_util.tree_map(
+        lambda x: jax.device_put(x) if isinstance(x, np.ndarray) else x, fitted)
 
 
 def _drop_padding(final, lanes: int):
@@ -415,9 +417,8 @@ def _lane_slots(result: records.RunResult, slots: int, lane_on: bool) -> records
     if life is not None and lane_on:
         life = life._replace(**{f: getattr(life, f)[:slots] for f in (
             "final_state", "placements", "replica_us", "cost", "dropped_at_drain")})
-    return dataclasses.replace(
-        result, num_instances=slots, lifecycle=life if lane_on else None,
-        **{f: getattr(result, f)[:slots] for f in _PER_INSTANCE})
+    return _own_instances(dataclasses.replace(result, lifecycle=life if lane_on else None),
+                          slots)
 
 
 def _lifecycle_counters(st: EngineStatic, g, rows: dict) -> records.LifecycleCounters:
@@ -549,10 +550,8 @@ def simulate(resolved, workload, params: PolicyParams | None = None,
     if params is None:
         params = params_from_config(resolved.config, workload.tenant_names)
     final, lanes = _run_padded(st, consts, stack_params([params]), None, LANE_BLOCK, phase)
-    result = lane_result(st, consts, _drop_padding(final, lanes), 0)
-    if st.lifecycle or st.pd:
-        return result
-    return _own_instances(result, int(np.asarray(params.active_instances)))
+    return _own_clusters(st, [lane_result(st, consts, _drop_padding(final, lanes), 0)],
+                         params)[0]
 
 
 def simulate_population(resolved, workload, params: PolicyParams, static=None,
@@ -573,16 +572,21 @@ def simulate_population(resolved, workload, params: PolicyParams, static=None,
     # padding lanes (if any) are skipped on the host, not sliced off on the devices
     final, lanes = _run_padded(st, consts, params, None, lane_block, phase)
     host = HostLanes(final)
-    results = [lane_result(st, consts, host, k) for k in range(lanes)]
+    return _own_clusters(st, [lane_result(st, consts, host, k) for k in range(lanes)], params)
+
+
+def _own_clusters(st: EngineStatic, results: list, params: PolicyParams) -> list:
+    """Each lane's result over its own cluster (the ``cluster.num_instances`` knob: the
+    program's first instances; the router never picks the others, so they did nothing).
+    Lifecycles and P/D pools choose their instances themselves (``_lane_slots``)."""
     if st.lifecycle or st.pd:
         return results
-    active = np.asarray(params.active_instances)  # the ``cluster.num_instances`` knob
+    active = np.atleast_1d(np.asarray(params.active_instances))
     return [_own_instances(res, int(active[k])) for k, res in enumerate(results)]
 
 
 def _own_instances(result: records.RunResult, count: int) -> records.RunResult:
-    """A lane's result over its own ``count`` instances (the program's first ones; the
-    router never picks the others, so they did nothing)."""
+    """``result`` over its first ``count`` instances."""
     if count == result.num_instances:
         return result
     return dataclasses.replace(result, num_instances=count,

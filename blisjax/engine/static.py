@@ -7,7 +7,6 @@ cannot constant-fold or rewrite the arithmetic that touches them.
 
 Counterpart: the settings ``blisjax.reference.cluster.ClusterSimulator`` and ``Instance`` read
 from the configuration in their constructors, and the constant fields of each ``SimRequest``.
-from blisjax.limits import INT64_MAX
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ it and the ``Workload``.
 from blisjax.metrics.aggregate import (
     BLIS_METRIC_KEYS,
     aggregate_metrics,
+    config_metrics,
     kv_cache_rates,
     kv_cache_summary,
     lifecycle_metrics,
@@ -25,6 +26,7 @@ __all__ = [
     "cost_metrics",
     "RunResult",
     "aggregate_metrics",
+    "config_metrics",
     "kv_cache_rates",
     "kv_cache_summary",
     "lifecycle_metrics",

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from blisjax.config.codes import HOLDING_STATES, ROUTABLE_STATES, InstanceState
-from blisjax.metrics.cost import CostBasis, cost_metrics
+from blisjax.metrics.cost import CostBasis, cost_basis, cost_metrics
 from blisjax.metrics.formulas import (
     cache_hit_rate,
     fitness,
@@ -48,6 +48,7 @@ __all__ = [
     "BLIS_METRIC_KEYS",
     "US_PER_MS",
     "aggregate_metrics",
+    "config_metrics",
     "kv_cache_summary",
     "kv_cache_rates",
 ]
@@ -450,6 +451,14 @@ def aggregate_metrics(
     if result.overflow:
         out["overflow"] = dict(result.overflow)
     return out
+
+
+def config_metrics(result: RunResult, workload: Workload, config: Any) -> dict[str, Any]:
+    """``aggregate_metrics`` of a run of ``config`` (a ``SimConfig``) as the configuration
+    asks for them: its ``metrics`` settings, its scheduler (priority inversions) and its cost
+    basis (``cost_basis``) — what ``blisjax run``, populations and searches report."""
+    return aggregate_metrics(result, workload, config.metrics,
+                             scheduler=config.policy.scheduler.policy, cost=cost_basis(config))
 
 
 def instance_summaries(result: RunResult) -> dict[str, dict[str, Any]]:

@@ -231,14 +231,12 @@ def evaluate_candidates(candidates: Sequence[Mapping[str, str]], cases: Sequence
 
 
 def _reference_outcome(case: WorkloadCase, cfg: SimConfig, expr: Expression) -> CaseOutcome:
-    from blisjax.metrics import aggregate_metrics, cost_basis
+    from blisjax.metrics import config_metrics
     from blisjax.reference import simulate
 
     workload = make_workload(cfg, case.seed)
     result = simulate(resolve_config(cfg), workload)
-    metrics = aggregate_metrics(result, workload, cfg.metrics,
-                                scheduler=cfg.policy.scheduler.policy,
-                                cost=cost_basis(cfg))
+    metrics = config_metrics(result, workload, cfg)
     return _outcome(case, expr, metrics, "reference")
 
 
@@ -306,7 +304,7 @@ def feedback_text(case: WorkloadCase, candidate: Mapping[str, str],
                   counterfactual_k: int = 3) -> str:
     """The decision-trace text summary of ``candidate`` on ``case`` (a traced reference run);
     for an invalid candidate, the validation message."""
-    from blisjax.metrics import aggregate_metrics, cost_basis, per_request_rows
+    from blisjax.metrics import config_metrics, per_request_rows
     from blisjax.trace import simulate_traced
     from blisjax.trace.reflect import reflection_text
 
@@ -317,8 +315,6 @@ def feedback_text(case: WorkloadCase, candidate: Mapping[str, str],
         return f"The candidate is not a valid policy: {e}\n"
     workload = make_workload(cfg, case.seed)
     result, trace = simulate_traced(resolved, workload, "decisions", counterfactual_k)
-    metrics = aggregate_metrics(result, workload, cfg.metrics,
-                                scheduler=cfg.policy.scheduler.policy,
-                                cost=cost_basis(cfg))
+    metrics = config_metrics(result, workload, cfg)
     return reflection_text(list(trace.lines()), metrics, cfg, strategy, max_tokens,
                            requests=per_request_rows(result, workload))

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from blisjax.config import resolve_config
-from blisjax.engine.population import set_knob
-from blisjax.metrics import aggregate_metrics, cost_basis
+from blisjax.engine.population import apply_knobs
+from blisjax.metrics import config_metrics
 from blisjax.reference import simulate
 from search.backends.job import LaneOutcome, PopulationJob, Unit
 
@@ -30,13 +30,10 @@ class ReferenceBackend:
 
     @staticmethod
     def _lane(job: PopulationJob, seed: int, knobs: dict) -> LaneOutcome:
-        cfg = job.resolved.config
-        for name, value in knobs.items():
-            cfg = set_knob(cfg, name, value)
+        cfg = apply_knobs(job.resolved.config, knobs)
         workload = job.workloads[seed]
         result = simulate(resolve_config(cfg), workload)
-        metrics = aggregate_metrics(result, workload, cfg.metrics,
-                                    scheduler=cfg.policy.scheduler.policy, cost=cost_basis(cfg))
+        metrics = config_metrics(result, workload, cfg)
         return LaneOutcome(metrics, dict(result.overflow))
 
     def close(self) -> None:

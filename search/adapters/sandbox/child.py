@@ -165,7 +165,7 @@ def _run_case(experiment: Experiment, policy: Policy, case: Mapping[str, Any],
               summary: Mapping[str, Any] | None) -> tuple[dict[str, Any], str]:
     """Simulate one case: (its JSON result, its summary or '')."""
     from blisjax.config import resolve_config
-    from blisjax.metrics import aggregate_metrics, cost_basis
+    from blisjax.metrics import config_metrics
     from blisjax.reference.cluster import ClusterSimulator
     from blisjax.workload import workload_from_section
     from search.expr import flatten_metrics
@@ -181,9 +181,7 @@ def _run_case(experiment: Experiment, policy: Policy, case: Mapping[str, Any],
                                     int(summary["counterfactual_k"]))
     else:
         result = ClusterSimulator(resolved, workload, code_policy=policy.code_policy).run()
-    metrics = aggregate_metrics(result, workload, cfg.metrics,
-                                scheduler=cfg.policy.scheduler.policy,
-                                cost=cost_basis(cfg))
+    metrics = config_metrics(result, workload, cfg)
     flat = flatten_metrics(metrics)
     try:
         value = experiment.objective.evaluate(flat, "objective")
