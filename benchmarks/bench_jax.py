@@ -169,7 +169,8 @@ TIERED_PREEMPT = os.path.join(os.path.dirname(__file__), "..", "tests", "data",
 def tiered_preempt():
     """BLIS's ``kv_tiered_preempt`` replay with ``--blis-quirks`` (its exact command line):
     600 requests on 1 instance, 448 GPU blocks, a 2,500-block CPU tier, 63 preemptions."""
-    from blisjax.cli import _config_from_args, _trace_workload, build_parser
+    from blisjax.cli import build_parser
+    from blisjax.cli.config_args import config_from_args, trace_workload
 
     case = json.loads(Path(TIERED_PREEMPT).read_text())
     folder = Path(TIERED_PREEMPT).parent
@@ -178,8 +179,8 @@ def tiered_preempt():
     argv = [str(folder / a) if a.endswith((".yaml", ".csv")) else a
             for a in argv[:i] + argv[i + 2:]]
     args = build_parser().parse_args([*argv, "--blis-quirks"])
-    cfg, _ = _config_from_args(args)
-    return resolve_config(cfg), _trace_workload(args).workload
+    cfg, _ = config_from_args(args)
+    return resolve_config(cfg), trace_workload(args).workload
 
 
 def tiered_preempt_population(cfg: SimConfig, tenants, lanes: int, seed: int = 0):

@@ -29,7 +29,7 @@ from blisjax.cli.compile_cache import (
     enable_compile_cache,
     program_cache_dir,
 )
-from blisjax.cli.config_args import WorkloadChoice, _config_from_args, _trace_workload
+from blisjax.cli.config_args import WorkloadChoice
 from blisjax.cli.export_llmd import cmd_export_llmd
 from blisjax.cli.files import (
     check_input_file,
@@ -54,7 +54,7 @@ __all__ = [
     "BASE_RULE", "CAPACITIES", "COMMANDS", "DISTRIBUTION_FLAGS", "ENGINES", "EXIT_INTERRUPTED",
     "EXIT_INVALID", "LLMD_API_VERSIONS", "LLMD_DEFAULT_API_VERSION", "NOT_CAPACITIES",
     "PROGRAM_CACHE_ENV", "Capacity", "CompileCache", "DistributionFlag", "WorkloadChoice",
-    "_config_from_args", "_trace_workload", "build_parser", "check_input_file",
+    "build_parser", "check_input_file",
     "check_output_dir", "check_output_path", "check_text_file", "cmd_explain",
     "cmd_export_llmd", "cmd_fit_latency", "cmd_gepa_evaluate", "cmd_openevolve_evaluate",
     "cmd_parity", "cmd_plot", "cmd_replay", "cmd_run", "cmd_search", "cmd_sweep", "cmd_trace",

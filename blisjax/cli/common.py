@@ -32,16 +32,16 @@ def default_config_path() -> Path:
     return Path(str(resources.files("blisjax") / "data" / "default.yaml"))
 
 
-def _log(args: Any, msg: str) -> None:
+def log_line(args: Any, msg: str) -> None:
     """An informational stderr line (silenced by --quiet)."""
     if not getattr(args, "quiet", False):
         print(f"blisjax: {msg}", file=sys.stderr)
 
 
-def _warn(msg: str) -> None:
+def warn(msg: str) -> None:
     """A warning on stderr (always shown; the exit status is unchanged)."""
     print(f"blisjax: warning: {msg}", file=sys.stderr)
 
 
-def _flag(dest: str) -> str:
+def flag_name(dest: str) -> str:
     return "--" + dest.replace("_", "-")

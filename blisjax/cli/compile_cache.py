@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from blisjax.cli.common import _log
+from blisjax.cli.common import log_line
 
 # Read by ``blisjax.engine.progcache`` (named here so the command need not import JAX to set it).
 # ``blisjax.engine.progcache.ENV_DIRECTORY``, named again here: importing that module starts
@@ -65,9 +65,9 @@ def enable_compile_cache(disabled: bool) -> CompileCache:
 _compile_cache = CompileCache(None, False)
 
 
-def _announce_compile_cache(args: Any) -> None:
+def announce_compile_cache(args: Any) -> None:
     """Print the compile cache's location the first time it is created."""
     if _compile_cache.created and not args.quiet:
-        _log(args, f"keeping compiled JAX programs in {_compile_cache.path} and "
+        log_line(args, f"keeping compiled JAX programs in {_compile_cache.path} and "
                    f"{os.environ.get(PROGRAM_CACHE_ENV)} (turn off with --no-compile-cache or "
                    "BLISJAX_COMPILE_CACHE=0)")

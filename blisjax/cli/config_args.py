@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from blisjax.cli.common import _flag, _warn, default_config_path
+from blisjax.cli.common import default_config_path, flag_name, warn
 from blisjax.cli.files import check_input_file, reading
 from blisjax.cli.flags import CAPACITIES, DISTRIBUTION_FLAGS
 from blisjax.config import ConfigError, SimConfig, apply_blis_flags, load_config
@@ -19,7 +19,7 @@ from blisjax.workload import (
 )
 
 
-def _base_config(args: Any) -> tuple[SimConfig, str]:
+def base_config(args: Any) -> tuple[SimConfig, str]:
     """(the base configuration, how it was chosen) by ``BASE_RULE``."""
     if args.config:
         with reading("--config", args.config):
@@ -28,9 +28,9 @@ def _base_config(args: Any) -> tuple[SimConfig, str]:
                                                "(configs/default.yaml)"
 
 
-def _config_from_args(args: Any) -> tuple[SimConfig, str]:
+def config_from_args(args: Any) -> tuple[SimConfig, str]:
     """The base configuration with --policy-config and the BLIS flags applied."""
-    cfg, base = _base_config(args)
+    cfg, base = base_config(args)
     if getattr(args, "coefficients_file", None):
         check_input_file("--coefficients-file", args.coefficients_file)
     if getattr(args, "policy_config", None):
@@ -55,7 +55,7 @@ def _check_policy_flags(args: Any, cfg: SimConfig) -> None:
     admission = cfg.policy.admission.policy
     for dest in ("token_bucket_capacity", "token_bucket_refill_rate"):
         if getattr(args, dest, None) is not None and admission != "token-bucket":
-            raise ConfigError(_flag(dest), f"only used with --admission-policy token-bucket "
+            raise ConfigError(flag_name(dest), f"only used with --admission-policy token-bucket "
                                            f"(the admission policy here is {admission!r})")
     routing = cfg.policy.routing.policy
     if getattr(args, "routing_scorers", None) is not None and routing != "weighted":
@@ -71,7 +71,7 @@ def _check_policy_flags(args: Any, cfg: SimConfig) -> None:
                      "pd_transfer_base_latency", "pd_transfer_contention",
                      "prefill_routing_scorers", "decode_routing_scorers"):
             if getattr(args, dest, None) is not None:
-                raise ConfigError(_flag(dest), "only used with P/D pools (--prefill-instances "
+                raise ConfigError(flag_name(dest), "only used with P/D pools (--prefill-instances "
                                                "and --decode-instances, or "
                                                "--prefill-decode-instances)")
 
@@ -80,7 +80,7 @@ def _distribution_requested(args: Any) -> bool:
     return getattr(args, "workload", None) == "distribution"
 
 
-def _check_workload_flags(args: Any, trace_given: bool = False) -> None:
+def check_workload_flags(args: Any, trace_given: bool = False) -> None:
     """At most one workload source; distribution flags only with --workload distribution."""
     if not _distribution_requested(args):
         for f in DISTRIBUTION_FLAGS:
@@ -124,7 +124,7 @@ class WorkloadChoice(NamedTuple):
     source: str
 
 
-def _generated_workload(args: Any, cfg: SimConfig) -> WorkloadChoice:
+def generated_workload(args: Any, cfg: SimConfig) -> WorkloadChoice:
     """Workload by ``BASE_RULE``: --workload-spec, else --workload distribution, else the base
     configuration's ``workload`` section."""
     if getattr(args, "workload_spec", None):
@@ -155,7 +155,7 @@ def _generated_workload(args: Any, cfg: SimConfig) -> WorkloadChoice:
             else ConfigError(text) from None
 
 
-def _trace_workload(args: Any) -> WorkloadChoice:
+def trace_workload(args: Any) -> WorkloadChoice:
     with reading("--trace-header", args.trace_header):
         from blisjax.workload.trace import read_trace_header
 
@@ -163,18 +163,18 @@ def _trace_workload(args: Any) -> WorkloadChoice:
     with reading("--trace-data", args.trace_data):
         workload = read_trace(args.trace_header, args.trace_data)
     if workload.num_requests == 0:
-        _warn(f"--trace-data {args.trace_data}: the trace has no requests (a header line "
+        warn(f"--trace-data {args.trace_data}: the trace has no requests (a header line "
               "only); every count below is 0")
     return WorkloadChoice(workload, f"the trace {args.trace_data}")
 
 
-def _capacities(args: Any) -> dict[str, int]:
+def capacities_from_args(args: Any) -> dict[str, int]:
     """The JAX engine capacities given on the command line (``build_static`` arguments)."""
     return {cap.field: getattr(args, cap.field) for cap in CAPACITIES.values()
             if getattr(args, cap.field, None) is not None}
 
 
-def _check_capacities_used(args: Any) -> None:
+def check_capacities_used(args: Any) -> None:
     if getattr(args, "engine", "jax") != "jax":
         for cap in CAPACITIES.values():
             if getattr(args, cap.field, None) is not None:
@@ -182,7 +182,7 @@ def _check_capacities_used(args: Any) -> None:
                                   "--engine jax")
 
 
-def _check_latency_model(args: Any, cfg: SimConfig) -> None:
+def check_latency_model(args: Any, cfg: SimConfig) -> None:
     """Physics latency needs fitted coefficients: the shipped set is an all-zero placeholder."""
     lat = cfg.latency
     placeholder = (lat.model == "physics" and not lat.coefficients_file
@@ -197,5 +197,5 @@ def _check_latency_model(args: Any, cfg: SimConfig) -> None:
                           "--allow-placeholder-coefficients to run the shipped all-zero "
                           "placeholder (its latencies are meaningless)")
     if placeholder:
-        _warn("physics latency with the shipped all-zero placeholder coefficients: every "
+        warn("physics latency with the shipped all-zero placeholder coefficients: every "
               "latency below is meaningless")

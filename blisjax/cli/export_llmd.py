@@ -6,9 +6,9 @@ import sys
 from typing import Any
 
 from blisjax.atomicio import write_text_atomic
-from blisjax.cli.common import _log
-from blisjax.cli.config_args import _config_from_args
-from blisjax.cli.files import _check_outputs
+from blisjax.cli.common import log_line
+from blisjax.cli.config_args import config_from_args
+from blisjax.cli.files import check_outputs
 from blisjax.config import ConfigError
 
 
@@ -18,8 +18,8 @@ def cmd_export_llmd(args: Any) -> int:
     from search.llmd import check_api_version, endpoint_picker_config
 
     check_api_version(args.llmd_api_version)
-    _check_outputs(args, ("out",))
-    cfg, base = _config_from_args(args)
+    check_outputs(args, ("out",))
+    cfg, base = config_from_args(args)
     export = endpoint_picker_config(cfg, args.llmd_api_version,
                                     header=[f"blisjax export-llmd of {base}"])
     if export.text is None:
@@ -31,5 +31,5 @@ def cmd_export_llmd(args: Any) -> int:
     if export.left_out:
         print(f"blisjax export-llmd: warning: {args.out} is an approximation: "
               f"{'; '.join(export.left_out)}", file=sys.stderr)
-    _log(args, f"wrote {args.out}")
+    log_line(args, f"wrote {args.out}")
     return 0

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from blisjax.cli.common import _flag
+from blisjax.cli.common import flag_name
 from blisjax.config import ConfigError
 
 
@@ -92,8 +92,8 @@ def check_output_dir(flag: str, path: str) -> None:
         raise ConfigError(flag, f"{path!r}: permission denied")
 
 
-def _check_outputs(args: Any, flags: tuple[str, ...]) -> None:
+def check_outputs(args: Any, flags: tuple[str, ...]) -> None:
     for dest in flags:
         value = getattr(args, dest, None)
         if value:
-            check_output_path(_flag(dest), value)
+            check_output_path(flag_name(dest), value)

@@ -8,10 +8,10 @@ import time
 from typing import Any
 
 from blisjax.atomicio import write_text_atomic
-from blisjax.cli.common import _flag, _log, default_config_path
-from blisjax.cli.config_args import _generated_workload
-from blisjax.cli.files import _check_outputs, check_input_file, reading
-from blisjax.cli.parser import _EXPORT_ONLY, _FIT_ONLY
+from blisjax.cli.common import default_config_path, flag_name, log_line
+from blisjax.cli.config_args import generated_workload
+from blisjax.cli.files import check_input_file, check_outputs, reading
+from blisjax.cli.parser import EXPORT_ONLY, FIT_ONLY
 from blisjax.config import ConfigError, load_config, resolve_config
 from blisjax.metrics import write_json_atomic
 from blisjax.progress import Progress
@@ -39,14 +39,14 @@ def _fit_export(args: Any) -> int:
 
     from blisjax.latency.fit_export import export_latency_tables
 
-    for dest in _FIT_ONLY:
+    for dest in FIT_ONLY:
         if getattr(args, dest) is not None:
-            raise ConfigError(_flag(dest), "cannot be combined with --export-from-config "
+            raise ConfigError(flag_name(dest), "cannot be combined with --export-from-config "
                                            "(it is only used when fitting)")
     for dest in ("out_steps", "out_journeys"):
         if not getattr(args, dest):
-            raise ConfigError(_flag(dest), "is required with --export-from-config")
-    _check_outputs(args, ("out_steps", "out_journeys"))
+            raise ConfigError(flag_name(dest), "is required with --export-from-config")
+    check_outputs(args, ("out_steps", "out_journeys"))
     start_ns = 0
     if args.trace_start:
         try:
@@ -60,12 +60,12 @@ def _fit_export(args: Any) -> int:
     with reading("--export-from-config", args.export_from_config):
         cfg = load_config(args.export_from_config)
     args.config = args.export_from_config
-    workload = _generated_workload(args, cfg).workload
+    workload = generated_workload(args, cfg).workload
     with Progress(enabled=not args.quiet) as progress:
         progress.phase(f"simulating {workload.num_requests} requests and writing the tables")
         n_steps, n_journeys, _ = export_latency_tables(
             resolve_config(cfg), workload, args.out_steps, args.out_journeys, start_ns=start_ns)
-    _log(args, f"wrote {n_steps} steps to {args.out_steps} and {n_journeys} journeys to "
+    log_line(args, f"wrote {n_steps} steps to {args.out_steps} and {n_journeys} journeys to "
                f"{args.out_journeys}")
     return 0
 
@@ -83,14 +83,14 @@ def cmd_fit_latency(args: Any) -> int:
         read_step_table,
     )
 
-    for dest in _EXPORT_ONLY:
+    for dest in EXPORT_ONLY:
         if getattr(args, dest):
-            raise ConfigError(_flag(dest), "is only used with --export-from-config")
+            raise ConfigError(flag_name(dest), "is only used with --export-from-config")
     for dest in ("steps", "journeys"):
         if not getattr(args, dest):
-            raise ConfigError(_flag(dest), "is required (or use --export-from-config)")
-        check_input_file(_flag(dest), getattr(args, dest))
-    _check_outputs(args, ("out", "report"))
+            raise ConfigError(flag_name(dest), "is required (or use --export-from-config)")
+        check_input_file(flag_name(dest), getattr(args, dest))
+    check_outputs(args, ("out", "report"))
     kw: dict[str, Any] = {}
     lambdas = _number_list("--lambdas", args.lambdas)
     gammas = _number_list("--gammas", args.gammas)
@@ -123,7 +123,7 @@ def cmd_fit_latency(args: Any) -> int:
             write_text_atomic(args.out, coefficients_yaml(result))
         if args.report:
             write_json_atomic(args.report, report)
-    _log(args, f"fit {len(steps)} steps, {len(journeys)} journeys in "
+    log_line(args, f"fit {len(steps)} steps, {len(journeys)} journeys in "
                f"{time.perf_counter() - start:.2f} s; v1 acceptance: "
                f"{'pass' if report['acceptance']['pass'] else 'FAIL'}")
     print(json.dumps(report, indent=2))

@@ -116,7 +116,7 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _add_global_options(p: argparse.ArgumentParser, top: bool) -> None:
+def add_global_options(p: argparse.ArgumentParser, top: bool) -> None:
     """Options accepted both before and after the subcommand. On a subcommand they default to
     SUPPRESS, so one given before the subcommand is not reset by the subcommand's parser."""
     def default(value: Any) -> dict[str, Any]:
@@ -136,13 +136,13 @@ def _add_global_options(p: argparse.ArgumentParser, top: bool) -> None:
                         "BLISJAX_COMPILE_CACHE=0; an explicit JAX_COMPILATION_CACHE_DIR wins)")
 
 
-def _add_config_flag(p: argparse.ArgumentParser) -> None:
+def add_config_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="FILE",
                    help="blisjax YAML experiment (default: the shipped default experiment, "
                         "configs/default.yaml)")
 
 
-def _add_outputs(p: argparse.ArgumentParser) -> None:
+def add_outputs(p: argparse.ArgumentParser) -> None:
     p.add_argument("--results-path", metavar="FILE",
                    help="write per-request results (JSON array sorted by request_id)")
     p.add_argument("--metrics-path", metavar="FILE",
@@ -157,7 +157,7 @@ def _add_outputs(p: argparse.ArgumentParser) -> None:
 
 
 
-def _add_trace_flags(p: argparse.ArgumentParser) -> None:
+def add_trace_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("decision trace (reference engine; docs/tracing.md)")
     g.add_argument("--trace-level", choices=("none", "decisions", "full"), default="none",
                    help="record every policy decision with its context (decisions), and every "
@@ -175,18 +175,18 @@ def _add_trace_flags(p: argparse.ArgumentParser) -> None:
                    help="what summary.txt dwells on (default issue_focused)")
 
 
-def _add_engine_flag(p: argparse.ArgumentParser) -> None:
+def add_engine_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine", choices=ENGINES, default="reference",
                    help="simulation engine: reference (default) or jax (bit-identical, compiled)")
 
 
-def _add_physics_flags(p: argparse.ArgumentParser) -> None:
+def add_physics_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-placeholder-coefficients", action="store_true",
                    help="run --latency-model physics with the shipped illustrative all-zero "
                         "coefficients (refused otherwise: its latencies are meaningless)")
 
 
-def _add_capacity_flags(p: argparse.ArgumentParser) -> None:
+def add_capacity_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group(
         "JAX engine capacities (a run that exceeds one fails, naming its flag)")
     for cap in CAPACITIES.values():
@@ -194,12 +194,12 @@ def _add_capacity_flags(p: argparse.ArgumentParser) -> None:
                        help=f"{cap.holds} (default: {cap.default})")
 
 
-def _add_workload_spec_flag(p: argparse.ArgumentParser) -> None:
+def add_workload_spec_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workload-spec", metavar="FILE",
                    help="BLIS workload-spec v2 YAML; replaces the base configuration's workload")
 
 
-def _add_distribution_flags(p: argparse.ArgumentParser) -> None:
+def add_distribution_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group(
         "BLIS --workload distribution (its flags are only used with --workload distribution)")
     g.add_argument("--workload", choices=("distribution",),
@@ -210,14 +210,14 @@ def _add_distribution_flags(p: argparse.ArgumentParser) -> None:
                        metavar="N" if f.kind is int else "X")
 
 
-def _add_trace_inputs(p: argparse.ArgumentParser, required: bool) -> None:
+def add_trace_inputs(p: argparse.ArgumentParser, required: bool) -> None:
     p.add_argument("--trace-header", required=required, metavar="FILE",
                    help="TraceV2 header YAML (trace_version 2 or 3, time_unit microseconds)")
     p.add_argument("--trace-data", required=required, metavar="FILE",
                    help="TraceV2 CSV, one request per row (BLIS's columns)")
 
 
-def _add_adapter_scoring(p: argparse.ArgumentParser, objective: str) -> None:
+def add_adapter_scoring(p: argparse.ArgumentParser, objective: str) -> None:
     p.add_argument("--seeds", metavar="S1,S2,...",
                    help="workload seeds (default: the experiment's seed)")
     p.add_argument("--objective", default=objective, metavar="EXPR",

@@ -9,17 +9,17 @@ from typing import Any
 from blisjax import __version__
 from blisjax.cli.common import BASE_RULE, LLMD_API_VERSIONS, LLMD_DEFAULT_API_VERSION
 from blisjax.cli.flags import (
-    _add_adapter_scoring,
-    _add_capacity_flags,
-    _add_config_flag,
-    _add_distribution_flags,
-    _add_engine_flag,
-    _add_global_options,
-    _add_outputs,
-    _add_physics_flags,
-    _add_trace_flags,
-    _add_trace_inputs,
-    _add_workload_spec_flag,
+    add_adapter_scoring,
+    add_capacity_flags,
+    add_config_flag,
+    add_distribution_flags,
+    add_engine_flag,
+    add_global_options,
+    add_outputs,
+    add_physics_flags,
+    add_trace_flags,
+    add_trace_inputs,
+    add_workload_spec_flag,
 )
 from blisjax.config import add_blis_flags
 from blisjax.trace.reflect import STRATEGIES as SUMMARY_STRATEGIES
@@ -32,55 +32,55 @@ def build_parser() -> argparse.ArgumentParser:
         description="Simulate LLM-inference serving clusters (BLIS-compatible).",
         epilog=BASE_RULE)
     parser.add_argument("--version", action="version", version=f"blisjax {__version__}")
-    _add_global_options(parser, top=True)
+    add_global_options(parser, top=True)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, help_text: str) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text, epilog=BASE_RULE)
-        _add_global_options(p, top=False)
+        add_global_options(p, top=False)
         return p
 
     run = command("run", "simulate a generated workload (default: the shipped experiment)")
-    _add_config_flag(run)
-    _add_engine_flag(run)
-    _add_outputs(run)
-    _add_trace_flags(run)
-    _add_workload_spec_flag(run)
-    _add_physics_flags(run)
+    add_config_flag(run)
+    add_engine_flag(run)
+    add_outputs(run)
+    add_trace_flags(run)
+    add_workload_spec_flag(run)
+    add_physics_flags(run)
     add_blis_flags(run)
-    _add_distribution_flags(run)
-    _add_capacity_flags(run)
+    add_distribution_flags(run)
+    add_capacity_flags(run)
 
     replay = command("replay", "replay a BLIS TraceV2 trace exactly")
-    _add_trace_inputs(replay, required=True)
-    _add_config_flag(replay)
-    _add_engine_flag(replay)
-    _add_outputs(replay)
-    _add_trace_flags(replay)
-    _add_physics_flags(replay)
+    add_trace_inputs(replay, required=True)
+    add_config_flag(replay)
+    add_engine_flag(replay)
+    add_outputs(replay)
+    add_trace_flags(replay)
+    add_physics_flags(replay)
     add_blis_flags(replay)
     _set_help(replay, "--seed", "accepted so BLIS replay command lines run unchanged; it changes "
                                 "nothing here (the trace fixes every request, and blisjax's "
                                 "engines draw no random numbers)")
-    _add_capacity_flags(replay)
+    add_capacity_flags(replay)
 
     parity = command("parity", "run both engines on one configuration and report "
                                "\"identical\" or the first divergent request and field")
-    _add_config_flag(parity)
-    _add_trace_inputs(parity, required=False)
-    _add_workload_spec_flag(parity)
-    _add_physics_flags(parity)
+    add_config_flag(parity)
+    add_trace_inputs(parity, required=False)
+    add_workload_spec_flag(parity)
+    add_physics_flags(parity)
     add_blis_flags(parity)
-    _add_distribution_flags(parity)
-    _add_capacity_flags(parity)
+    add_distribution_flags(parity)
+    add_capacity_flags(parity)
 
     trace = command("trace", "generate a workload and write it as a TraceV2 trace (header "
                              "YAML + CSV) that `replay` and BLIS read")
-    _add_config_flag(trace)
-    _add_workload_spec_flag(trace)
+    add_config_flag(trace)
+    add_workload_spec_flag(trace)
     trace.add_argument("--seed", type=int,
                        help="workload seed (default: the base configuration's seed)")
-    _add_distribution_flags(trace)
+    add_distribution_flags(trace)
     trace.add_argument("--out-header", required=True, metavar="FILE",
                        help="write the trace header YAML here")
     trace.add_argument("--out-data", required=True, metavar="FILE",
@@ -89,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     export = command("export-llmd", "write a configuration's routing as an llm-d "
                                     "EndpointPickerConfig (what `search` writes as "
                                     "endpoint_picker.yaml)")
-    _add_config_flag(export)
+    add_config_flag(export)
     add_blis_flags(export)
     export.add_argument("--out", required=True, metavar="FILE",
                         help="write the EndpointPickerConfig YAML here")
@@ -146,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     gepa.add_argument("--config", action="append", metavar="FILE",
                       help="an experiment to score it on (repeatable; default the shipped "
                            "default experiment)")
-    _add_adapter_scoring(gepa, "fitness")
+    add_adapter_scoring(gepa, "fitness")
     gepa.add_argument("--engine", choices=ADAPTER_ENGINES, default="auto",
                       help="auto (default): the JAX engine when the policy is a set of "
                            "per-lane knobs of the experiment, else the reference engine")
@@ -160,7 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="a Python file defining policy() (a policy bundle) or "
                              "route_scores() / priority() (a code policy)")
     evolve.add_argument("--config", required=True, metavar="FILE", help="the experiment")
-    _add_adapter_scoring(evolve, "slo_attainment")
+    add_adapter_scoring(evolve, "slo_attainment")
     evolve.add_argument("--holdout-seeds", metavar="S1,S2,...",
                         help="stage 2 also scores these seeds (reported apart)")
     evolve.add_argument("--stage", type=int, choices=(1, 2), default=2,
@@ -214,10 +214,10 @@ def _add_fit_parser(fit: argparse.ArgumentParser) -> None:
 
 
 #: fit-latency flags used only when fitting (not with --export-from-config).
-_FIT_ONLY = ("steps", "journeys", "config", "out", "report", "lambdas", "gammas", "folds",
+FIT_ONLY = ("steps", "journeys", "config", "out", "report", "lambdas", "gammas", "folds",
              "holdout", "warmup_steps", "outlier_factor", "alpha_target")
 #: fit-latency flags used only with --export-from-config.
-_EXPORT_ONLY = ("out_steps", "out_journeys", "trace_start")
+EXPORT_ONLY = ("out_steps", "out_journeys", "trace_start")
 
 
 def _add_search_parsers(sub: Any, command: Callable[[str, str], Any]) -> None:
@@ -226,4 +226,4 @@ def _add_search_parsers(sub: Any, command: Callable[[str, str], Any]) -> None:
 
     for add in (add_sweep_parser, add_search_parser):
         p = add(sub)
-        _add_global_options(p, top=False)
+        add_global_options(p, top=False)

@@ -5,20 +5,25 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from blisjax.cli.common import _log, _warn
-from blisjax.cli.compile_cache import _announce_compile_cache
+from blisjax.cli.common import log_line, warn
+from blisjax.cli.compile_cache import announce_compile_cache
 from blisjax.cli.config_args import (
-    _base_config,
-    _capacities,
-    _check_capacities_used,
-    _check_latency_model,
-    _check_workload_flags,
-    _config_from_args,
-    _generated_workload,
-    _trace_workload,
+    base_config,
+    capacities_from_args,
+    check_capacities_used,
+    check_latency_model,
+    check_workload_flags,
+    config_from_args,
+    generated_workload,
+    trace_workload,
 )
-from blisjax.cli.files import _check_outputs, check_output_dir
-from blisjax.cli.simulate import _check_capacity_for_workload, _engine, _run_jax, _simulate
+from blisjax.cli.files import check_output_dir, check_outputs
+from blisjax.cli.simulate import (
+    check_capacity_for_workload,
+    engine_named,
+    run_jax,
+    simulate_and_report,
+)
 from blisjax.config import ConfigError, SimConfig, resolve_config
 from blisjax.progress import Progress
 from blisjax.workload import write_trace
@@ -26,8 +31,8 @@ from blisjax.workload import write_trace
 
 def _check_run_flags(args: Any) -> None:
     """Checks of `run` and `replay` that need no configuration (before any file is read)."""
-    _check_capacities_used(args)
-    _check_outputs(args, ("results_path", "metrics_path", "timeline_path", "timeline_plot"))
+    check_capacities_used(args)
+    check_outputs(args, ("results_path", "metrics_path", "timeline_path", "timeline_plot"))
     _check_trace_flags(args)
 
 
@@ -43,9 +48,9 @@ def _check_trace_flags(args: Any) -> None:
                                     "recorded without a trace level)")
     if not traced:  # BLIS accepts these without a trace and does nothing
         if args.summarize_trace:
-            _warn("--summarize-trace without --trace-level: no trace, no summary")
+            warn("--summarize-trace without --trace-level: no trace, no summary")
         if args.counterfactual_k:
-            _warn("--counterfactual-k without --trace-level: no trace, no candidates")
+            warn("--counterfactual-k without --trace-level: no trace, no candidates")
         return
     if args.engine == "jax":
         raise ConfigError("--trace-level", "traces are recorded by the reference engine "
@@ -56,40 +61,40 @@ def _check_trace_flags(args: Any) -> None:
 
 
 def cmd_run(args: Any) -> int:
-    _check_workload_flags(args)
+    check_workload_flags(args)
     _check_run_flags(args)
-    cfg, base = _config_from_args(args)
-    return _simulate(args, cfg, _generated_workload(args, cfg), base)
+    cfg, base = config_from_args(args)
+    return simulate_and_report(args, cfg, generated_workload(args, cfg), base)
 
 
 def cmd_replay(args: Any) -> int:
     _check_run_flags(args)
-    cfg, base = _config_from_args(args)
-    return _simulate(args, cfg, _trace_workload(args), base)
+    cfg, base = config_from_args(args)
+    return simulate_and_report(args, cfg, trace_workload(args), base)
 
 
 def cmd_parity(args: Any) -> int:
     """Reference vs JAX engine on one configuration: "identical" or the first divergence."""
     trace_given = bool(args.trace_header or args.trace_data)
-    _check_workload_flags(args, trace_given)
+    check_workload_flags(args, trace_given)
     if trace_given and not (args.trace_header and args.trace_data):
         missing = "--trace-data" if args.trace_header else "--trace-header"
         raise ConfigError(missing, "is required with "
                           f"{'--trace-header' if args.trace_header else '--trace-data'}")
-    cfg, base = _config_from_args(args)
-    choice = _trace_workload(args) if trace_given else _generated_workload(args, cfg)
+    cfg, base = config_from_args(args)
+    choice = trace_workload(args) if trace_given else generated_workload(args, cfg)
     workload = choice.workload
-    _check_latency_model(args, cfg)
+    check_latency_model(args, cfg)
     from blisjax.engine.parity import first_divergence
 
     resolved = resolve_config(cfg)
-    _log(args, f"base configuration: {base}; workload: {choice.source}")
-    _check_capacity_for_workload(resolved, workload)
-    _announce_compile_cache(args)
+    log_line(args, f"base configuration: {base}; workload: {choice.source}")
+    check_capacity_for_workload(resolved, workload)
+    announce_compile_cache(args)
     with Progress(enabled=not args.quiet) as progress:
         progress.phase(f"simulating {workload.num_requests} requests (reference engine)")
-        ref = _engine("reference")(resolved, workload)
-        jx = _run_jax(resolved, workload, _capacities(args), progress)
+        ref = engine_named("reference")(resolved, workload)
+        jx = run_jax(resolved, workload, capacities_from_args(args), progress)
         progress.phase("comparing the two engines' results")
         diff = first_divergence(ref, jx, workload.request_id)
     print(json.dumps({"requests": workload.num_requests,
@@ -99,14 +104,14 @@ def cmd_parity(args: Any) -> int:
 
 
 def cmd_trace(args: Any) -> int:
-    _check_workload_flags(args)
-    _check_outputs(args, ("out_header", "out_data"))
-    cfg, base = _base_config(args)
+    check_workload_flags(args)
+    check_outputs(args, ("out_header", "out_data"))
+    cfg, base = base_config(args)
     if args.seed is not None:
         cfg = SimConfig(**{**cfg.__dict__, "seed": args.seed})
-    choice = _generated_workload(args, cfg)
-    _log(args, f"base configuration: {base}; workload: {choice.source}")
+    choice = generated_workload(args, cfg)
+    log_line(args, f"base configuration: {base}; workload: {choice.source}")
     write_trace(choice.workload, args.out_header, args.out_data)
-    _log(args, f"wrote {choice.workload.num_requests} requests to {args.out_header} + "
+    log_line(args, f"wrote {choice.workload.num_requests} requests to {args.out_header} + "
                f"{args.out_data}")
     return 0

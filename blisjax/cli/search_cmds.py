@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from blisjax.cli.common import _log
-from blisjax.cli.compile_cache import _announce_compile_cache
+from blisjax.cli.common import log_line
+from blisjax.cli.compile_cache import announce_compile_cache
 from blisjax.cli.files import (
     check_input_file,
     check_output_dir,
@@ -26,7 +26,7 @@ def cmd_sweep(args: Any) -> int:
 
     check_text_file("CONFIG", args.config)
     check_output_dir("--out", args.out)
-    _announce_compile_cache(args)
+    announce_compile_cache(args)
     return sweep(args)
 
 
@@ -37,7 +37,7 @@ def cmd_search(args: Any) -> int:
     check_text_file("CONFIG", args.config)
     check_text_file("--space", args.space)
     check_output_dir("--out", args.out)
-    _announce_compile_cache(args)
+    announce_compile_cache(args)
     return search(args)
 
 
@@ -73,7 +73,7 @@ def cmd_plot(args: Any) -> int:
 
         plot_timeline(lines, args.timeline_png, us(args.start_s), us(args.end_s))
         written.append(args.timeline_png)
-    _log(args, f"wrote {', '.join(written)}")
+    log_line(args, f"wrote {', '.join(written)}")
     return 0
 
 
@@ -91,7 +91,7 @@ def cmd_explain(args: Any) -> int:
         raise ConfigError("RESULTS_DIR", f"{args.results!r} is not a directory")
     done = explain(args.results, args.candidate, args.seed, args.config, args.out,
                    args.trace_level, args.counterfactual_k, args.summary_strategy)
-    _log(args, f"candidate {done.candidate} ({', '.join(f'{k}={v!r}' for k, v in done.knobs.items())}), "
+    log_line(args, f"candidate {done.candidate} ({', '.join(f'{k}={v!r}' for k, v in done.knobs.items())}), "
                f"workload seed {done.seed}: wrote "
                + ", ".join(str(p) for p in done.files.values()))
     print(done.text, end="")

@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 
 from blisjax.atomicio import write_text_atomic
-from blisjax.cli.common import _log, _warn
-from blisjax.cli.compile_cache import _announce_compile_cache
-from blisjax.cli.config_args import WorkloadChoice, _capacities, _check_latency_model
+from blisjax.cli.common import log_line, warn
+from blisjax.cli.compile_cache import announce_compile_cache
+from blisjax.cli.config_args import WorkloadChoice, capacities_from_args, check_latency_model
 from blisjax.cli.flags import CAPACITIES, NOT_CAPACITIES
 from blisjax.config import ConfigError, SimConfig, resolve_config
 from blisjax.metrics import (
@@ -28,7 +28,7 @@ from blisjax.progress import Progress
 from blisjax.trace.reflect import STRATEGIES as SUMMARY_STRATEGIES
 
 
-def _engine(name: str):
+def engine_named(name: str):
     """The ``simulate(resolved, workload, **capacities)`` of an engine (imported only when
     needed; the reference engine has no capacities)."""
     if name == "jax":
@@ -38,7 +38,7 @@ def _engine(name: str):
     return simulate
 
 
-def _check_capacity_for_workload(resolved: Any, workload: Any) -> None:
+def check_capacity_for_workload(resolved: Any, workload: Any) -> None:
     """Warn when requests cannot be served at all by the configured KV cache / length cap."""
     from blisjax.metrics.records import unservable
 
@@ -50,7 +50,7 @@ def _check_capacity_for_workload(resolved: Any, workload: Any) -> None:
     count = int(np.sum(never))
     if count:
         cap = (f"max_model_len {resolved.max_model_len}, " if resolved.max_model_len else "")
-        _warn(f"{count} of {workload.num_requests} requests can never be served ({cap}KV cache "
+        warn(f"{count} of {workload.num_requests} requests can never be served ({cap}KV cache "
               f"{resolved.total_kv_blocks} blocks x {block} tokens per instance): they are "
               "dropped as unservable")
 
@@ -61,11 +61,11 @@ def _warn_degenerate(metrics: dict, num_requests: int) -> None:
             ("rejected_requests", "rejected"), ("dropped_unservable", "dropped as unservable"),
             ("timed_out_requests", "timed out"), ("still_queued", "still queued"),
             ("still_running", "still running")) if metrics.get(key)]
-        _warn(f"no request completed: of {num_requests} requests, "
+        warn(f"no request completed: of {num_requests} requests, "
               f"{', '.join(parts) or 'none finished'}")
 
 
-def _run_jax(resolved: Any, workload: Any, capacities: dict[str, int],
+def run_jax(resolved: Any, workload: Any, capacities: dict[str, int],
              progress: Progress | None = None):
     """The JAX engine's result; a run that exceeded a capacity raises ``ConfigError`` naming
     each exceeded capacity, its size and the flag that raises it (its numbers are not valid,
@@ -76,7 +76,7 @@ def _run_jax(resolved: Any, workload: Any, capacities: dict[str, int],
     if progress is not None and progress.enabled:
         progress.phase("preparing the JAX engine")
         hooks["phase"] = progress.phase  # told when compiling and running start
-    result = _engine("jax")(resolved, workload, **hooks, **capacities)
+    result = engine_named("jax")(resolved, workload, **hooks, **capacities)
     if not result.overflow:
         return result
     static = build_static(resolved, workload, **capacities)
@@ -93,19 +93,19 @@ def _run_jax(resolved: Any, workload: Any, capacities: dict[str, int],
                       "none are reported: " + "; ".join(parts))
 
 
-def _simulate(args: Any, cfg: SimConfig, choice: WorkloadChoice, base: str) -> int:
+def simulate_and_report(args: Any, cfg: SimConfig, choice: WorkloadChoice, base: str) -> int:
     workload = choice.workload
-    _check_latency_model(args, cfg)
+    check_latency_model(args, cfg)
     resolved = resolve_config(cfg)
-    _log(args, f"base configuration: {base}; workload: {choice.source}")
-    _check_capacity_for_workload(resolved, workload)
+    log_line(args, f"base configuration: {base}; workload: {choice.source}")
+    check_capacity_for_workload(resolved, workload)
     if args.engine == "jax":
-        _announce_compile_cache(args)
+        announce_compile_cache(args)
     trace = None
     with Progress(enabled=not args.quiet) as progress:
         start = time.perf_counter()
         if args.engine == "jax":
-            result = _run_jax(resolved, workload, _capacities(args), progress)
+            result = run_jax(resolved, workload, capacities_from_args(args), progress)
         else:
             progress.phase(f"simulating {workload.num_requests} requests (reference engine)")
             if args.trace_level != "none":
@@ -114,7 +114,7 @@ def _simulate(args: Any, cfg: SimConfig, choice: WorkloadChoice, base: str) -> i
                 result, trace = simulate_traced(resolved, workload, args.trace_level,
                                                 args.counterfactual_k)
             else:
-                result = _engine(args.engine)(resolved, workload)
+                result = engine_named(args.engine)(resolved, workload)
             if result.overflow:  # the instance slots under --blis-quirks
                 raise ConfigError("policy.autoscaler.max_replicas", "; ".join(
                     NOT_CAPACITIES[name].format(times=times)
@@ -151,7 +151,7 @@ def _simulate(args: Any, cfg: SimConfig, choice: WorkloadChoice, base: str) -> i
     if trace is not None and args.summarize_trace:
         print(trace.summary().blis_text(), end="", file=sys.stderr)
     _warn_degenerate(metrics, workload.num_requests)
-    _log(args, f"{workload.num_requests} requests, {cfg.cluster.num_instances} instance(s), "
+    log_line(args, f"{workload.num_requests} requests, {cfg.cluster.num_instances} instance(s), "
                f"engine {args.engine}: {wall_s:.3f} s wall")
     print(json.dumps(metrics, indent=2))
     return 0
