@@ -1,11 +1,10 @@
 """Instance lifecycles and the autoscaler of one lane (docs/semantics.md Decision 16).
 
-Counterpart: ``blisjax.reference.lifecycle`` (slots, node pools, delays) and
-``blisjax.reference.autoscaler`` (the tick's decisions), with ``ClusterSimulator``'s
-lifecycle methods: ``_place`` as ``place_instance``, ``_start_loading``, ``_ready``,
-``_tick`` as ``tick``, ``_terminate`` as ``terminate`` and ``_after_instance_event`` as
-``after_instance_event``; ``_actuate`` and ``_drain`` are ``engine.cluster``'s ``actuation``
-and ``_drain`` (they move requests between instances). Read them for the rules; this module
+Counterpart: ``blisjax.reference.lifecycle`` (slots, node pools, delays, and ``Lifecycle``:
+``_place`` as ``place_instance``, ``start_loading``, ``ready`` as ``_ready``, ``tick``,
+``_terminate`` as ``terminate`` and ``after_instance_event``; its ``actuate`` and ``_drain``
+are ``engine.cluster``'s ``actuation`` and ``_drain``, which move requests between instances)
+and ``blisjax.reference.autoscaler`` (the tick's decisions). Read them for the rules; this module
 does the same with arrays.
 
 Every instance slot has a state (``config.codes.InstanceState``); the program's instance count
@@ -191,7 +190,7 @@ def lifecycle_params(cfg) -> dict:
 
 def init_lifecycle(st, p) -> LifecycleState:
     """The lane's lifecycle state at time 0: the initial instances placed in the first slots
-    (``ClusterSimulator._init_lifecycle``); placeholders without lifecycles."""
+    (``Lifecycle.__init__``); placeholders without lifecycles."""
     on = st.lifecycle
     i = st.num_instances if on else 1
     nodes = st.num_nodes if on else 1
@@ -311,7 +310,7 @@ def _place_on_node(life: LifecycleState, st, p, variant, now, go):
 
 
 def place_instance(life: LifecycleState, st, p, k, variant, now, initial: bool, go):
-    """Place an instance in slot k (``ClusterSimulator._place``): ready at once (a warm
+    """Place an instance in slot k (``Lifecycle._place``): ready at once (a warm
     initial instance), Scheduling until its node is ready, or Loading. Returns (life, ok).
     The caller resets the slot's instance state when it is reused (``reset_instance``)."""
     if st.num_pools:
@@ -345,7 +344,7 @@ def _push_ready(life: LifecycleState, k, t, go) -> LifecycleState:
 
 
 def start_loading(life: LifecycleState, st, p, k, now, go) -> LifecycleState:
-    """Slot k starts loading its model (``ClusterSimulator._start_loading``)."""
+    """Slot k starts loading its model (``Lifecycle.start_loading``)."""
     life = set_state(life, st, k, LOADING, now, go)
     delay, cursor, ovf = _draw(p.life_load_delay_us, life.load_draw, p.life_load_random, go)
     life = life.replace(load_draw=cursor, ovf_draws=life.ovf_draws + ovf.astype(I32))
@@ -355,7 +354,7 @@ def start_loading(life: LifecycleState, st, p, k, now, go) -> LifecycleState:
 
 def _ready(life: LifecycleState, st, p, k, now, go) -> LifecycleState:
     """Loaded: routable, warming up first when the lifecycle has a warm-up
-    (``ClusterSimulator._ready``)."""
+    (``Lifecycle.ready``)."""
     warm = go & (p.life_warm_requests > 0)
     life = life.replace(warm_left=upd(life.warm_left, k, p.life_warm_requests, warm),
                         ready_us=upd(life.ready_us, k, INT64_MAX, go))
@@ -513,7 +512,7 @@ def _stabilized(life: LifecycleState, p, delta, now):
 
 
 def bounded(life: LifecycleState, st, p, delta):
-    """A decision within the replica bounds and step limits (``ClusterSimulator._bounded``)."""
+    """A decision within the replica bounds and step limits (``Lifecycle._bounded``)."""
     live = jnp.sum(_live(life)).astype(I64)
     holding = jnp.sum(_holding(life)).astype(I64)
     up = delta if st.blis_quirks else jnp.minimum(delta, p.as_max - holding)
@@ -524,7 +523,7 @@ def bounded(life: LifecycleState, st, p, delta):
 
 
 def tick(s: SimState, st, c, p, now, go) -> SimState:
-    """The autoscaler's tick (``ClusterSimulator._tick``); the caller refreshed the
+    """The autoscaler's tick (``Lifecycle.tick``); the caller refreshed the
     snapshots at ``now``."""
     life = s.life
     rt = routable(life)
@@ -589,7 +588,7 @@ def free_slot(life: LifecycleState, st, p):
 
 def drain_victim(life: LifecycleState, st, variant):
     """(slot, found): the Active instance (of ``variant``, -1: any) a scale-down drains
-    first (``ClusterSimulator._drain_order``): the earliest placed, then the lowest slot;
+    first (``Lifecycle._drain_order``): the earliest placed, then the lowest slot;
     with --blis-quirks BLIS's smallest ID string (autoscaled instances in creation order,
     then the initial ones by "instance_<i>" as text)."""
     cand = (life.state == ACTIVE) & ((variant < 0) | (life.variant == variant))
@@ -604,7 +603,7 @@ def drain_victim(life: LifecycleState, st, variant):
 
 
 def terminate(life: LifecycleState, st, k, now, go) -> LifecycleState:
-    """Slot k's instance terminates (``ClusterSimulator._terminate``): its held time is
+    """Slot k's instance terminates (``Lifecycle._terminate``): its held time is
     settled and its GPUs go back to its node."""
     held = now - life.placed_us[k]
     cost = ieee_divide(held.astype(F64) * life.cost_per_hour[k], US_PER_HOUR)
@@ -619,7 +618,7 @@ def terminate(life: LifecycleState, st, k, now, go) -> LifecycleState:
 
 def actuated(life: LifecycleState, p, delta, done, now, go) -> LifecycleState:
     """An actuation's counts, and an oscillation when it scales against the previous one
-    within the cooldown (``ClusterSimulator._actuate``)."""
+    within the cooldown (``Lifecycle.actuate``)."""
     up, down = go & (delta > 0), go & (delta < 0)
     moved = (up | down) & (done > 0)
     direction = jnp.where(up, 1, -1)
@@ -635,7 +634,7 @@ def actuated(life: LifecycleState, p, delta, done, now, go) -> LifecycleState:
 
 
 def after_instance_event(s: SimState, st, i, completions, now, go) -> SimState:
-    """After instance i's event (``ClusterSimulator._after_instance_event``): completions end
+    """After instance i's event (``Lifecycle.after_instance_event``): completions end
     a warm-up; a draining instance that holds nothing terminates (by default: nothing in
     flight on it; with --blis-quirks: its queue and batch are empty)."""
     life = s.life

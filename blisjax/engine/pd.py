@@ -1,10 +1,10 @@
 """P/D pools in the JAX engine: routing into pools, the decider, prefill sub-requests, KV
 transfers and the decode side's reservation (docs/semantics.md §5.10, Decision 15).
 
-Counterpart: ``blisjax.reference.pd`` and ``ClusterSimulator``'s ``_route_pd``
-(``route_request``), ``_route_prefill`` (``route_pool`` and ``prefill_routed``, called by
-``cluster.prefill_routing``), ``_prefills_completed`` (``push_transfer_starts``),
-``_start_transfer`` and ``_end_transfer`` (``transfer_started`` and ``transfer_ended``, called
+Counterpart: ``blisjax.reference.pd``, its ``PDCluster``'s ``route``
+(``route_request``), ``route_prefill`` (``route_pool`` and ``prefill_routed``, called by
+``cluster.prefill_routing``), ``prefills_completed`` (``push_transfer_starts``),
+``start_transfer`` and ``end_transfer`` (``transfer_started`` and ``transfer_ended``, called
 by ``cluster.transfer_event``). ``Instance.reserve_transferred_kv`` and ``enqueue_decode`` have
 their counterparts of the same names in ``engine.instance``.
 
@@ -192,7 +192,7 @@ def route_pool(s: SimState, st, c, p, r, pool: int, active):
 
 
 def route_request(s: SimState, st, c, p, r, active):
-    """Routing with pools (``ClusterSimulator._route_pd``): the decode instance first, then
+    """Routing with pools (``PDCluster.route``): the decode instance first, then
     the decider, which reads that instance's cached prefix (the cache query). A
     disaggregated request awaits its prefill routing at this time; any other is served
     whole by the decode instance. Returns ``(state, decode instance, whole)``."""
@@ -260,7 +260,7 @@ def next_transfer(s: SimState) -> NextTransfer:
 
 def push_transfer_starts(s: SimState, st, c, reqs, finished, now, left) -> SimState:
     """Prefill sub-requests among ``reqs`` that ``finished`` in a step at ``now`` ending at
-    ``left`` start their transfers (``ClusterSimulator._prefills_completed``): at ``left``,
+    ``left`` start their transfers (``PDCluster.prefills_completed``): at ``left``,
     or with ``blis_quirks`` at ``now`` (Decision 12), pushed in the order of their id text
     (``WorkloadConsts.pd_rank``)."""
     q = s.pd

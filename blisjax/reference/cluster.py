@@ -1,10 +1,12 @@
 """Shared-clock cluster loop: arrival → admission → routing → instances.
 
-Implements docs/semantics.md §1.5 and §5; section numbers in comments refer to it.
+Implements docs/semantics.md §1.5 and §5; section numbers in comments refer to it. The P/D
+pools (``reference.pd.PDCluster``, ``sim.pd``) and the instance lifecycles and autoscaler
+(``reference.lifecycle.Lifecycle``, ``sim.life``) are components the simulator owns.
 
-Cluster events are ordered by (time, priority, sequence) with a counter starting at 0; at equal
-times cluster events run before instance events, and among instances the lowest index first.
-Events past the horizon are never executed.
+Cluster events are ordered by (time, priority, sequence; priorities in ``reference.events``)
+with a counter starting at 0; at equal times cluster events run before instance events, and
+among instances the lowest index first. Events past the horizon are never executed.
 """
 
 from __future__ import annotations
@@ -14,46 +16,37 @@ import heapq
 import numpy as np
 
 from blisjax.blockhash import CHAIN_SEED, block_code, chain, content_code
-from blisjax.config.autoscale import lifecycle_configured, max_replicas
-from blisjax.config.codes import DrainPolicy, InstanceState, SchedulerPolicy
-from blisjax.config.sim import INT64_MAX, RoutingConfig
+from blisjax.config.autoscale import max_replicas
+from blisjax.config.codes import SchedulerPolicy
 from blisjax.latency import make_latency_model
 from blisjax.metrics.records import (
     COMPLETED,
-    DROPPED,
     NOT_RECORDED,
     OUTCOME_OF_STAGE,
-    TIMED_OUT,
-    UNFINISHED,
     KVTierCounters,
-    LifecycleCounters,
-    PDCounters,
     RunResult,
     Stage,
 )
-from blisjax.reference.autoscaler import Autoscaler, Decision, Reading
 from blisjax.reference.code_policy import RequestInfo, request_info
-from blisjax.reference.instance import EV_ARRIVAL, EV_QUEUED, EV_STEP, EV_TIMEOUT, Instance
-from blisjax.reference.lifecycle import (
-    COMING_UP,
-    HOLDING,
-    LIVE,
-    ROUTABLE,
-    Placement,
-    Slot,
-    Streams,
+from blisjax.reference.events import (
+    EV_ADMISSION,
+    EV_CLUSTER_ARRIVAL,
+    EV_LOADED,
+    EV_PREFILL_ROUTING,
+    EV_PROVISIONED,
+    EV_ROUTING,
+    EV_SCALE_ACTUATION,
+    EV_SCALING_TICK,
+    EV_TRANSFER_DONE,
+    EV_TRANSFER_START,
 )
-from blisjax.reference.pd import Parent, Role, disaggregates, pool, transfer_duration_us
+from blisjax.reference.instance import EV_ARRIVAL, EV_QUEUED, EV_STEP, EV_TIMEOUT, Instance
+from blisjax.reference.lifecycle import Lifecycle
+from blisjax.reference.pd import PDCluster
 from blisjax.reference.policies import Admission, Priority, Router, Snapshot, leading_present
-from blisjax.reference.request import PD_DECODE, PD_PREFILL, SimRequest
-from blisjax.rules import instance_roles, instance_variants, variant_of
+from blisjax.reference.request import SimRequest
 from blisjax.trace.records import InstanceView
 
-# Cluster event priorities (§5.2; P/D §5.10; lifecycle and autoscaler semantics-next.md §3).
-EV_PROVISIONED, EV_LOADED = -2, -1
-EV_CLUSTER_ARRIVAL, EV_ADMISSION, EV_ROUTING = 0, 1, 2
-EV_PREFILL_ROUTING, EV_TRANSFER_START, EV_TRANSFER_DONE = 4, 5, 6
-EV_SCALING_TICK, EV_SCALE_ACTUATION = 8, 9
 #: Event names in ``full`` traces.
 CLUSTER_EVENT_NAMES = {
     EV_PROVISIONED: "node_ready", EV_LOADED: "instance_loaded", EV_CLUSTER_ARRIVAL: "arrival",
@@ -109,6 +102,7 @@ class ClusterSimulator:
         self.in_flight = [0] * n_inst
         self.tenant_in_flight = [0] * len(workload.tenant_names)
         self.rejected_admission = 0
+        self.rejected_routing = 0
         # Periodic snapshot cache: all zeros until the first refresh (§5.4).
         self._snap_last_refresh_us = 0
         self._snap_qd = [0] * n_inst
@@ -122,7 +116,8 @@ class ClusterSimulator:
         self._cache_copy: list[frozenset[int]] = [frozenset() for _ in range(n_inst)]
         self.requests = self._make_requests(workload)
         self.request_ids = [int(x) for x in np.asarray(workload.request_id).tolist()]
-        self._init_pd(resolved)
+        #: the P/D pools (None without them)
+        self.pd = PDCluster(self, resolved) if cfg.cluster.pd.enabled else None
         if code_policy is not None:  # functions instead of templates (code_policy.py)
             def describe(req: SimRequest) -> RequestInfo:
                 return request_info(req, self.request_ids[req.index], workload.tenant_names)
@@ -132,386 +127,17 @@ class ClusterSimulator:
         self.events: list = []
         self.seq = -1
         self.clock_us = 0
-        self._init_lifecycle()
-        self._handlers = {EV_ADMISSION: self._admit, EV_ROUTING: self._route,
-                          EV_PREFILL_ROUTING: self._route_prefill,
-                          EV_TRANSFER_START: self._start_transfer,
-                          EV_TRANSFER_DONE: self._end_transfer,
-                          EV_PROVISIONED: self._start_loading, EV_LOADED: self._ready,
-                          EV_SCALE_ACTUATION: self._actuate}
-
-    # ---- P/D disaggregation (§5.10) ------------------------------------------------------------
-    def _init_pd(self, resolved) -> None:
-        cfg = self.cfg
-        pd = cfg.cluster.pd
-        self.pd = pd if pd.enabled else None
-        n_inst = len(self.instances)
-        self.roles = instance_roles(pd, n_inst)
-        self.parents: dict[int, Parent] = {}
-        self.prefill_completed = 0
-        self.dropped_at_decode_kv = 0
-        self.active_transfers = self.peak_transfers = 0
-        self.transfer_depth_sum = self.transfer_starts = 0
-        if self.pd is None:
-            return
-        self.decode_pool = pool(self.roles, Role.DECODE)
-        self.prefill_pool = pool(self.roles, Role.PREFILL)
-        self.kv_bytes_per_token = resolved.pd_kv_bytes_per_token
-
-        def pool_router(scorers, stream: str) -> Router:
-            if not scorers:  # the pool routes with the cluster's policy (and its stream)
-                return self.router
-            routing = RoutingConfig(policy="weighted", scorers=scorers,
-                                    tie_break=cfg.policy.routing.tie_break)
-            return Router(routing, n_inst, self.block_size,
-                          cfg.cluster.prefix_index_capacity_blocks, cfg.seed, stream)
-
-        self.decode_router = pool_router(pd.decode_scorers, "decode-router")
-        self.prefill_router = pool_router(pd.prefill_scorers, "prefill-router")
-        # round-robin counts per pool; BLIS's one shared counter is a quirk (Decision 12)
-        self.counter_of = ({"decode": "", "prefill": ""} if self.blis_quirks
-                           else {"decode": "decode", "prefill": "prefill"})
-
-    def _route_pd(self, req: SimRequest, time_us: int, snap: Snapshot) -> None:
-        """Routing with pools: the decode instance first, then the decider. A disaggregated
-        request goes on to prefill routing at the same time; any other is served whole by
-        the decode instance."""
-        pd = self.pd
-        routed = self.decode_router.decide(req, self._prompt_hashes(req), snap,
-                                           self.decode_pool, self.counter_of["decode"])
-        decode = routed.target
-        cached = 0
-        if pd.decider == "prefix-threshold" and req.input_tokens > 0:
-            cached = self._cached_blocks(req)[decode]
-        split = disaggregates(pd.decider, pd.prefix_threshold_tokens, req.input_tokens, cached,
-                              self.block_size)
-        if self.trace is not None:  # BLIS: a routing record only for a request served whole
-            self.trace.disaggregation(req, time_us, split, decode)
-            if not split:
-                self._trace_routing(req, time_us, routed, self.decode_router, self.decode_pool)
-        if split:
-            self.parents[req.index] = Parent(decode_instance=decode)
-            self._push(time_us, EV_PREFILL_ROUTING, req)
-            return
-        self.in_flight[decode] += 1
-        self.instances[decode].inject_arrival(req, time_us)
-
-    def _route_prefill(self, req: SimRequest, time_us: int) -> None:
-        """The prefill pool's decision; the prefill sub-request arrives at its instance."""
-        qd, bs, kv = self._snapshots(time_us)
-        snap = Snapshot(qd, bs, kv, self.in_flight, lambda: self._cached_blocks(req))
-        routed = self.prefill_router.decide(req, self._prompt_hashes(req), snap,
-                                            self.prefill_pool, self.counter_of["prefill"])
-        target = routed.target
-        if self.trace is not None:
-            self._trace_routing(req, time_us, routed, self.prefill_router, self.prefill_pool,
-                                prefill=True)
-        self.in_flight[target] += 1
-        parent = self.parents[req.index]
-        parent.prefill_instance = target
-        parent.prefill_sub = req.sub_request(PD_PREFILL)
-        self.instances[target].inject_arrival(parent.prefill_sub, time_us)
-
-    def _prefills_completed(self, inst: Instance) -> None:
-        """Prefill sub-requests that completed in the instance's last event start their KV
-        transfers, in BLIS's order (by request id as text): at the end of their last step,
-        or with ``--blis-quirks`` at its start (Decision 12)."""
-        done = [r for r in inst.finished if r.pd_part == PD_PREFILL and r.state == Stage.COMPLETED]
-        for sub in sorted(done, key=lambda r: f"request_{self.request_ids[r.index]}_prefill"):
-            self.prefill_completed += 1
-            start = inst.clock_us if self.blis_quirks else sub.left_us
-            self._push(start, EV_TRANSFER_START, self.requests[sub.index])
-
-    def _start_transfer(self, req: SimRequest, time_us: int) -> None:
-        """Reserve KV on the decode instance; the transfer then takes its time (dropped when
-        the reservation fails)."""
-        pd = self.pd
-        parent = self.parents[req.index]
-        sub = req.sub_request(PD_DECODE)
-        parent.transfer_start_us = time_us
-        if not self.instances[parent.decode_instance].reserve_transferred_kv(sub, time_us):
-            parent.dropped_at_decode_kv = True
-            self.dropped_at_decode_kv += 1
-            return
-        parent.decode_sub = sub
-        active = 1
-        if pd.transfer_contention:
-            self.active_transfers += 1
-            active = self.active_transfers
-            self.peak_transfers = max(self.peak_transfers, active)
-            self.transfer_depth_sum += active
-            self.transfer_starts += 1
-        duration = transfer_duration_us(req.input_tokens, self.block_size,
-                                        self.kv_bytes_per_token, pd.transfer_bandwidth_gbps,
-                                        pd.transfer_base_latency_ms, active)
-        self._push(time_us + duration, EV_TRANSFER_DONE, req)
-
-    def _end_transfer(self, req: SimRequest, time_us: int) -> None:
-        """The KV has arrived: the decode sub-request joins the decode instance's queue."""
-        if self.pd.transfer_contention:
-            self.active_transfers -= 1
-        parent = self.parents[req.index]
-        parent.transfer_end_us = time_us
-        if self.trace is not None:
-            self.trace.kv_transfer(req, time_us, parent.transfer_start_us,
-                                   -(-req.input_tokens // self.block_size),
-                                   parent.prefill_instance, parent.decode_instance)
-        self.in_flight[parent.decode_instance] += 1
-        self.tenant_in_flight[req.tenant] += 1  # BLIS starts the tenant's request again
-        decode = self.instances[parent.decode_instance]
-        decode.enqueue_decode(parent.decode_sub, time_us)
-        self._settle_finished(decode)  # one whose deadline has passed leaves at once
-
-    # ---- instance lifecycle and autoscaling (Decision 16; semantics-next.md §3) ----------------
-    def _init_lifecycle(self) -> None:
-        cfg = self.cfg
-        self.life = cfg.cluster.lifecycle
-        self.autoscale_cfg = cfg.policy.autoscaler
-        self.pools = cfg.cluster.node_pools
-        self.tp = cfg.engine.tensor_parallel_size
-        self.initial_instances = cfg.cluster.num_instances
-        #: the run models lifecycles at all (otherwise every instance is Active throughout)
-        self.lifecycle_on = lifecycle_configured(self.autoscale_cfg, self.pools, self.life)
-        self.slots = [Slot() for _ in self.instances]
-        self.streams = Streams(cfg.seed)
-        self.placement = Placement(self.pools, self.tp, not self.blis_quirks, self.streams)
-        self.variants = instance_variants(self.pools, cfg.hardware, self.life.cost_per_hour,
-                                          self.tp)
-        self.timeline: list[tuple[int, int, int]] = []
-        self.rejected_routing = 0
         self.awaiting_routing = len(self.requests)  # requests not routed yet (tick stop rule)
         self.route_count = 0  # routings so far (the order a redirect drain routes again in)
-        self.scale_ups = self.scale_downs = self.instances_added = self.instances_drained = 0
-        self.oscillations = self.refused_no_slot = self.refused_no_room = self.redirected = 0
-        self._last_direction, self._last_actuation_us = 0, 0
-        # --blis-quirks warm-up: the first requests routed to each instance (TTFT × factor)
-        self.warm_up_routed: list[list[int]] = [[] for _ in self.instances]
-        self.autoscaler = (Autoscaler(self.autoscale_cfg, self.variants, self.block_size)
-                           if self.autoscale_cfg.enabled else None)
-        for i in range(self.initial_instances):
-            placed = self._place(i, None, 0, initial=True)
-            assert placed, "the initial nodes hold the initial instances (config check)"
-
-    def _set_state(self, slot: int, state: InstanceState, now_us: int) -> None:
-        self.slots[slot].state = state
-        self.timeline.append((now_us, slot, int(state)))
-        if self.trace is not None:
-            self.trace.instance_state(now_us, slot, state)
-
-    def _place(self, slot: int, gpu_type: str | None, now_us: int, initial: bool) -> bool:
-        """Place an instance in ``slot`` (False: no room on the node pools). It starts ready
-        (a warm-started initial instance), waits for its node, or starts loading."""
-        node = None
-        if self.pools:
-            node = self.placement.place(gpu_type, now_us)
-            if node is None:
-                return False
-        elif self.blis_quirks and not initial:
-            return False  # BLIS: "PlacementManager not available"
-        s = self.slots[slot]
-        s.placed_us, s.node = now_us, -1 if node is None else node
-        s.placements += 1
-        pool = self.pools[self.placement.nodes[node].pool] if node is not None else None
-        s.cost_per_hour = pool.cost_per_hour if pool else self.life.cost_per_hour
-        s.variant = variant_of(self.variants, pool.gpu_type if pool else self.cfg.hardware)
-        if s.placements > 1:  # a reused slot: a new instance with cold caches
-            self.instances[slot].restart()
-            self.router.forget_instance(slot)
-        # BLIS starts initial instances ready without node pools, whatever its lifecycle says
-        warm = self.life.warm_start_initial_instances or (self.blis_quirks and not self.pools)
-        if initial and warm:
-            self._ready(slot, now_us)
-            return True
-        ready_us = self.placement.nodes[node].ready_us if node is not None else now_us
-        if ready_us > now_us:
-            self._set_state(slot, InstanceState.SCHEDULING, now_us)
-            self._push(ready_us, EV_PROVISIONED, slot)
-        else:
-            self._start_loading(slot, now_us)
-        return True
-
-    def _start_loading(self, slot: int, now_us: int) -> None:
-        self._set_state(slot, InstanceState.LOADING, now_us)
-        delay = self.streams.delay_us(self.life.loading_delay, "instance-loading")
-        if delay == 0:
-            self._ready(slot, now_us)
-        else:
-            self._push(now_us + delay, EV_LOADED, slot)
-
-    def _ready(self, slot: int, now_us: int) -> None:
-        """Loaded: routable, warming up first when the lifecycle has a warm-up."""
-        warm_up = self.life.warm_up_requests
-        if warm_up == 0:
-            self._set_state(slot, InstanceState.ACTIVE, now_us)
-            return
-        self.slots[slot].warm_up_left = warm_up
-        if not self.blis_quirks:  # BLIS multiplies TTFTs after the run instead
-            self.instances[slot].step_factor = self.life.warm_up_factor
-        self._set_state(slot, InstanceState.WARMING_UP, now_us)
-
-    def _routable(self) -> list[int] | None:
-        """Slots the router may pick, in slot order (None: every instance, no lifecycle)."""
-        if not self.lifecycle_on:
-            return None
-        return [i for i, s in enumerate(self.slots) if s.state in ROUTABLE]
-
-    def _counts(self) -> tuple[int, int]:
-        """(live, holding): instances counted by a scale-down's minimum / by the maximum."""
-        live = sum(1 for s in self.slots if s.state in LIVE)
-        return live, sum(1 for s in self.slots if s.state in HOLDING)
-
-    def _bounded(self, delta: int) -> int:
-        """A decision within the replica bounds and step limits (by default at most
-        ``max_replicas`` instances held; with --blis-quirks no maximum, as BLIS)."""
-        cfg = self.autoscale_cfg
-        live, holding = self._counts()
-        if delta > 0:
-            if not self.blis_quirks:
-                delta = min(delta, len(self.slots) - holding)
-            if cfg.max_scale_up_step:
-                delta = min(delta, cfg.max_scale_up_step)
-            return max(delta, 0)
-        if delta < 0:
-            delta = max(delta, cfg.min_replicas - live)
-            if cfg.max_scale_down_step:
-                delta = max(delta, -cfg.max_scale_down_step)
-            return min(delta, 0)
-        return 0
-
-    def _tick(self, now_us: int) -> None:
-        """The autoscaler's periodic tick (§3.4): read, decide, schedule the actuation, and
-        the next tick unless an unbounded run has nothing left to do."""
-        qd, bs, _ = self._snapshots(now_us)
-        routable = self._routable()
-        coming_up = [i for i, s in enumerate(self.slots) if s.state in COMING_UP]
-        reading = Reading(
-            kv_used_blocks=[self._snap_used[i] for i in routable],
-            kv_total_blocks=[self.instances[i].kv.total_blocks for i in routable],
-            queue_depth=[qd[i] for i in routable], batch_size=[bs[i] for i in routable],
-            variant=[self.slots[i].variant for i in routable],
-            pending_kv_tokens=sum(self.instances[i].kv.total_blocks * self.block_size
-                                  for i in coming_up),
-            live=self._counts()[0])
-        decision = self.autoscaler.decide(reading, now_us)
-        delta = self._bounded(decision.delta)
-        actuate = bool(delta) and self.autoscaler.cooled_down(delta, now_us)
-        if self.trace is not None:
-            self.trace.scale_decision(now_us, self.autoscale_cfg.policy, reading.live,
-                                      len(routable), sum(reading.queue_depth),
-                                      sum(reading.batch_size), decision.delta, delta, actuate)
-        if actuate:
-            self.autoscaler.passed(delta, now_us)
-            delay = self.streams.delay_us(self.autoscale_cfg.actuation_delay, "autoscaler")
-            self._push(now_us + delay, EV_SCALE_ACTUATION, Decision(delta, decision.variant))
-        idle = self.awaiting_routing <= 0 and sum(self.in_flight) == 0
-        if not (self.horizon_us == INT64_MAX and idle):
-            self._push(now_us + self.autoscale_cfg.interval_us, EV_SCALING_TICK, None)
-
-    def _actuate(self, decision: Decision, now_us: int) -> None:
-        """Carry out a decision, within the bounds as they stand now: place new instances
-        (free slot, node room) or drain the oldest Active ones (of the decision's variant)."""
-        delta = self._bounded(decision.delta)
-        placed, drained = [], []
-        refused = 0
-        if delta > 0:
-            gpu_type = self.variants[decision.variant].gpu_type if decision.variant >= 0 else None
-            for _ in range(delta):
-                slot = self._free_slot()
-                if slot is None:
-                    self.refused_no_slot += 1
-                elif not self._place(slot, gpu_type, now_us, initial=False):
-                    self.refused_no_room += 1
-                else:
-                    placed.append(slot)
-            refused = delta - len(placed)
-            self.instances_added += len(placed)
-            self.scale_ups += bool(placed)
-        elif delta < 0:
-            active = [i for i, s in enumerate(self.slots) if s.state == InstanceState.ACTIVE
-                      and (decision.variant < 0 or s.variant == decision.variant)]
-            for slot in sorted(active, key=self._drain_order)[:-delta]:
-                self._drain(slot, now_us)
-                drained.append(slot)
-            self.instances_drained += len(drained)
-            self.scale_downs += bool(drained)
-        if self.trace is not None:
-            self.trace.scale_actuation(now_us, delta, placed, drained, refused)
-        if placed or drained:  # a scale against the previous one within the cooldown
-            direction = 1 if delta > 0 else -1
-            if (self._last_direction == -direction
-                    and now_us - self._last_actuation_us < self.autoscale_cfg.cooldown_us):
-                self.oscillations += 1
-                if self.trace is not None:
-                    self.trace.oscillation(now_us, direction, self._last_actuation_us,
-                                           placed or drained)
-            self._last_direction, self._last_actuation_us = direction, now_us
-
-    def _free_slot(self) -> int | None:
-        """The slot a new instance takes: the lowest not holding one (with --blis-quirks the
-        lowest never used, as BLIS appends)."""
-        free = ((InstanceState.UNUSED,) if self.blis_quirks
-                else (InstanceState.UNUSED, InstanceState.TERMINATED))
-        return next((i for i, s in enumerate(self.slots) if s.state in free), None)
-
-    def _drain_order(self, slot: int) -> tuple:
-        """Which Active instance drains first: the earliest placed (then the lowest slot);
-        with --blis-quirks BLIS's smallest ID string ("autoscale-<model>-<seq>" before
-        "instance_<i>", compared as text)."""
-        if not self.blis_quirks:
-            return (self.slots[slot].placed_us, slot)
-        if slot >= self.initial_instances:
-            return (0, "", slot)
-        return (1, f"instance_{slot}", slot)
-
-    def _drain(self, slot: int, now_us: int) -> None:
-        """Stop routing to the instance; its drain policy decides what happens to the requests
-        it holds. It terminates once it holds none (by default at once when idle)."""
-        self._set_state(slot, InstanceState.DRAINING, now_us)
-        inst = self.instances[slot]
-        policy = DrainPolicy.of(self.autoscale_cfg.drain_policy)
-        if policy == DrainPolicy.IMMEDIATE:
-            inst.drop_everything(now_us)
-            self._settle_finished(inst)
-            self._terminate(slot, now_us)
-            return
-        if policy == DrainPolicy.REDIRECT:
-            for req in inst.take_not_running():
-                self.in_flight[slot] -= 1
-                req.state, req.instance = Stage.PENDING, -1
-                self.awaiting_routing += 1
-                self.redirected += 1
-                self._push(now_us, EV_ROUTING, req)
-        if not self.blis_quirks and self._holds_nothing(slot):
-            self._terminate(slot, now_us)
-
-    def _holds_nothing(self, slot: int) -> bool:
-        """A draining instance may terminate: it holds no request (with --blis-quirks: its
-        wait queue and batch are empty, checked after its events only)."""
-        if self.blis_quirks:
-            inst = self.instances[slot]
-            return not inst.wait_queue and not inst.running
-        return self.in_flight[slot] == 0
-
-    def _terminate(self, slot: int, now_us: int) -> None:
-        s = self.slots[slot]
-        self._set_state(slot, InstanceState.TERMINATED, now_us)
-        s.settle(now_us)
-        if s.node >= 0:
-            self.placement.release(s.node)
-
-    def _after_instance_event(self, inst: Instance) -> None:
-        """Lifecycle consequences of an instance's event: completions end a warm-up; a
-        draining instance that holds nothing terminates."""
-        slot, now_us = self.slots[inst.index], self.clock_us
-        if slot.state == InstanceState.WARMING_UP:
-            done = sum(1 for r in inst.finished if r.state == Stage.COMPLETED)
-            slot.warm_up_left -= min(done, slot.warm_up_left)
-            if slot.warm_up_left == 0:
-                inst.step_factor = 1.0
-                self._set_state(inst.index, InstanceState.ACTIVE, now_us)
-        self._settle_finished(inst)
-        if slot.state == InstanceState.DRAINING and self._holds_nothing(inst.index):
-            self._terminate(inst.index, now_us)
+        #: the instance slots, their lifecycles and the autoscaler
+        self.life = Lifecycle(self)
+        self._handlers = {EV_ADMISSION: self._admit, EV_ROUTING: self._route,
+                          EV_PROVISIONED: self.life.start_loading, EV_LOADED: self.life.ready,
+                          EV_SCALE_ACTUATION: self.life.actuate}
+        if self.pd is not None:
+            self._handlers.update({EV_PREFILL_ROUTING: self.pd.route_prefill,
+                                   EV_TRANSFER_START: self.pd.start_transfer,
+                                   EV_TRANSFER_DONE: self.pd.end_transfer})
 
     # ---- requests and their block hashes ----------------------------------------------------
     @staticmethod
@@ -605,7 +231,7 @@ class ClusterSimulator:
         if prio == EV_CLUSTER_ARRIVAL:
             self._push(time_us + self.admission_latency_us, EV_ADMISSION, payload)
         elif prio == EV_SCALING_TICK:
-            self._tick(time_us)
+            self.life.tick(time_us)
         else:
             self._handlers[prio](payload, time_us)
 
@@ -629,9 +255,9 @@ class ClusterSimulator:
         qd, bs, kv = self._snapshots(time_us)
         snap = Snapshot(qd, bs, kv, self.in_flight, lambda: self._cached_blocks(req))
         if self.pd is not None:
-            self._route_pd(req, time_us, snap)
+            self.pd.route(req, time_us, snap)
             return
-        routable = self._routable()
+        routable = self.life.routable()
         if routable == []:
             req.state = Stage.REJECTED
             self.rejected_routing += 1
@@ -646,14 +272,12 @@ class ClusterSimulator:
         req.route_order = self.route_count
         self.route_count += 1
         self.in_flight[target] += 1
-        warm_up = self.warm_up_routed[target]
-        if self.blis_quirks and len(warm_up) < self.life.warm_up_requests:
-            warm_up.append(req.index)
+        self.life.routed(req, target)
         self.instances[target].inject_arrival(req, time_us)
 
     # ---- main loop --------------------------------------------------------------------------
     def run(self) -> RunResult:
-        if self.autoscaler is not None:  # BLIS pushes the first tick before the arrivals
+        if self.life.autoscaler is not None:  # BLIS pushes the first tick before the arrivals
             self._push(0, EV_SCALING_TICK, None)
         for req in self.requests:
             self._push(req.arrival_us, EV_CLUSTER_ARRIVAL, req)
@@ -686,9 +310,9 @@ class ClusterSimulator:
                         self._trace_event(i_time, INSTANCE_EVENT_NAMES[prio], inst.index, req)
                 inst.process_next_event()
                 if self.pd is not None and inst.finished:
-                    self._prefills_completed(inst)
-                if self.lifecycle_on:
-                    self._after_instance_event(inst)
+                    self.pd.prefills_completed(inst)
+                if self.life.enabled:
+                    self.life.after_instance_event(inst)
                 else:
                     self._settle_finished(inst)
             if self.check_invariants:
@@ -701,8 +325,8 @@ class ClusterSimulator:
         """Per-event invariants (tests only): KV conservation, batch limit, work conservation,
         bounded event queues (§11 BC-12, BC-13, BC-14; BC-14: per live request on an instance at
         most one pending arrival/enqueue and one timeout, plus one step)."""
-        subs = [sub for p in self.parents.values() for sub in (p.prefill_sub, p.decode_sub)
-                if sub is not None]
+        parents = self.pd.parents.values() if self.pd is not None else ()
+        subs = [sub for p in parents for sub in (p.prefill_sub, p.decode_sub) if sub is not None]
         for x in self.instances:
             x.kv.check_conservation()
             assert len(x.running) <= x.max_running, "BC-12: batch exceeds max running requests"
@@ -750,7 +374,7 @@ class ClusterSimulator:
                     output_tokens_done=np.where(done, col("output_tokens_done"), 0),
                     preemptions=col("preemptions", np.int32),
                     length_capped=col("length_capped", bool))
-        pd = self._project_pd(rows) if self.pd is not None else None
+        pd = self.pd.project(rows) if self.pd is not None else None
         insts = self.instances
 
         def per_inst(attr):
@@ -783,108 +407,10 @@ class ClusterSimulator:
             pd=pd,
             rejected_routing=self.rejected_routing,
             # with --blis-quirks a scale-up past the instance slots (BLIS has no such limit)
-            overflow={"instance_slots": self.refused_no_slot} if self.refused_no_slot else {},
-            lifecycle=self._lifecycle_counters(rows) if self.lifecycle_on else None,
+            overflow=({"instance_slots": self.life.refused_no_slot}
+                      if self.life.refused_no_slot else {}),
+            lifecycle=self.life.counters(rows) if self.life.enabled else None,
         )
-
-    def _lifecycle_counters(self, rows: dict[str, np.ndarray]) -> LifecycleCounters:
-        """Settle the instances still held at the end; with --blis-quirks apply BLIS's
-        after-the-run warm-up TTFT factor (§3.3) to ``rows``."""
-        end_us = min(self.clock_us, self.horizon_us)
-        for s in self.slots:
-            if s.state in HOLDING:
-                s.settle(end_us)
-        factor = self.life.warm_up_factor
-        if self.blis_quirks and factor > 1:
-            ttft = rows["ttft_us"]
-            for routed in self.warm_up_routed:
-                for r in routed:
-                    if ttft[r] >= 0:
-                        ttft[r] = int(float(ttft[r]) * factor)
-        slots = self.slots
-        t = self.timeline
-        return LifecycleCounters(
-            final_state=np.array([s.state for s in slots], dtype=np.int8),
-            placements=np.array([s.placements for s in slots], dtype=np.int32),
-            replica_us=np.array([s.replica_us for s in slots], dtype=np.int64),
-            cost=np.array([s.cost for s in slots], dtype=np.float64),
-            dropped_at_drain=np.array([x.dropped_at_drain for x in self.instances],
-                                      dtype=np.int64),
-            end_us=end_us, scale_ups=self.scale_ups, scale_downs=self.scale_downs,
-            instances_added=self.instances_added, instances_drained=self.instances_drained,
-            oscillations=self.oscillations, refused_no_room=self.refused_no_room,
-            redirected=self.redirected,
-            timeline_us=np.array([x[0] for x in t], dtype=np.int64),
-            timeline_slot=np.array([x[1] for x in t], dtype=np.int32),
-            timeline_state=np.array([x[2] for x in t], dtype=np.int8))
-
-    def _project_pd(self, rows: dict[str, np.ndarray]) -> PDCounters:
-        """Each disaggregated request's row from its sub-requests (§5.10, BLIS's projection):
-        the decode instance handles it; completed, its TTFT is the decode sub-request's
-        scheduling delay plus its first inter-token gap, its E2E the decode sub-request's own
-        (plus that delay when it never re-prefilled), its scheduling delay the prefill's;
-        otherwise its TTFT is the prefill's, if any. A failed decode-side reservation drops
-        it, a timed-out decode sub-request times it out (with ``--blis-quirks`` each is BLIS's
-        completed-looking row outside ``completed_requests``: E2E = transfer start −
-        arrival, resp. timeout − arrival). Fills ``rows`` in place."""
-        n = len(self.requests)
-        prefill_instance = np.full(n, -1, np.int32)
-        start = np.full(n, NOT_RECORDED, np.int64)
-        end = np.full(n, NOT_RECORDED, np.int64)
-        in_transfer = 0
-        for r, parent in self.parents.items():
-            req = self.requests[r]
-            rows["instance"][r] = parent.decode_instance
-            prefill_instance[r] = parent.prefill_instance
-            start[r], end[r] = parent.transfer_start_us, parent.transfer_end_us
-            pre, dec = parent.prefill_sub, parent.decode_sub
-            status, ttft, e2e, sched = UNFINISHED, NOT_RECORDED, NOT_RECORDED, NOT_RECORDED
-            itl_sum = itl_count = tokens = preemptions = 0
-            capped = False
-            if pre is not None:
-                preemptions = pre.preemptions
-                if pre.state in (Stage.TIMED_OUT, Stage.DROPPED):
-                    status = OUTCOME_OF_STAGE[pre.state]
-                elif pre.state == Stage.COMPLETED:
-                    ttft = pre.ttft_us
-                    if parent.dropped_at_decode_kv:
-                        status = COMPLETED if self.blis_quirks else DROPPED
-                        if self.blis_quirks:
-                            e2e, sched = parent.transfer_start_us - req.arrival_us, \
-                                pre.scheduling_delay_us
-                        else:
-                            ttft = NOT_RECORDED
-                    elif dec is None or parent.transfer_end_us == NOT_RECORDED:
-                        in_transfer += 1
-                    else:
-                        preemptions += dec.preemptions
-                        status = OUTCOME_OF_STAGE[dec.state]
-                        timed_out = status == TIMED_OUT
-                        if status == COMPLETED or (timed_out and self.blis_quirks):
-                            # a timed-out decode sub-request ends its request too in BLIS:
-                            # a completed-looking row (E2E = timeout − arrival)
-                            status, sched = COMPLETED, pre.scheduling_delay_us
-                            if dec.itl_us and dec.scheduling_delay_us >= 0:
-                                ttft = dec.scheduling_delay_us + dec.itl_us[0]
-                        if timed_out and self.blis_quirks:
-                            e2e = dec.left_us - req.arrival_us
-                        elif status == COMPLETED:
-                            e2e = dec.e2e_us + (0 if dec.ttft_set else dec.scheduling_delay_us)
-                            itl_sum, itl_count = sum(dec.itl_us), len(dec.itl_us)
-                            tokens, capped = dec.output_tokens_done, dec.length_capped
-            rows["status"][r] = status
-            rows["ttft_us"][r], rows["e2e_us"][r] = ttft, e2e
-            rows["scheduling_delay_us"][r] = sched
-            rows["itl_sum_us"][r], rows["itl_count"][r] = itl_sum, itl_count
-            rows["output_tokens_done"][r] = tokens
-            rows["preemptions"][r] = preemptions
-            rows["length_capped"][r] = capped
-        return PDCounters(
-            prefill_instance=prefill_instance, transfer_start_us=start, transfer_end_us=end,
-            role=np.array(self.roles, dtype=np.int8), prefill_completed=self.prefill_completed,
-            in_transfer=in_transfer, dropped_at_decode_kv=self.dropped_at_decode_kv,
-            peak_transfers=self.peak_transfers, transfer_depth_sum=self.transfer_depth_sum,
-            transfer_starts=self.transfer_starts, blis_quirks=self.blis_quirks)
 
     def _tier_counters(self) -> KVTierCounters | None:
         """The CPU tier's counters (None without one)."""

@@ -10,15 +10,36 @@ new instance to its list (a scale-up finding none is refused and flagged, the ru
 States: UNUSED → SCHEDULING (waiting for a node) → LOADING → WARMING_UP → ACTIVE → DRAINING →
 TERMINATED (``config.codes.InstanceState``). A slot holds an instance, paying for it, from its
 placement to its termination.
+
+``Lifecycle`` holds a run's slots and autoscaler and handles their events for
+``ClusterSimulator``. JAX counterpart: ``blisjax.engine.lifecycle``.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-from blisjax.config.codes import HOLDING_STATES, ROUTABLE_STATES, InstanceState
+import numpy as np
+
+from blisjax.config.autoscale import lifecycle_configured
+from blisjax.config.codes import HOLDING_STATES, ROUTABLE_STATES, DrainPolicy, InstanceState
+from blisjax.config.sim import INT64_MAX
 from blisjax.gorand import blis_subsystem_rand
-from blisjax.rules import delay_us, held_cost
+from blisjax.metrics.records import LifecycleCounters, Stage
+from blisjax.reference.autoscaler import Autoscaler, Decision, Reading
+from blisjax.reference.events import (
+    EV_LOADED,
+    EV_PROVISIONED,
+    EV_ROUTING,
+    EV_SCALE_ACTUATION,
+    EV_SCALING_TICK,
+)
+from blisjax.rules import delay_us, held_cost, instance_variants, variant_of
+
+if TYPE_CHECKING:
+    from blisjax.reference.cluster import ClusterSimulator
+    from blisjax.reference.instance import Instance
+    from blisjax.reference.request import SimRequest
 
 HOLDING, ROUTABLE = HOLDING_STATES, ROUTABLE_STATES
 #: States in which an instance counts toward the replicas a scale-down leaves.
@@ -120,3 +141,303 @@ class Slot:
         held = now_us - self.placed_us
         self.replica_us += held
         self.cost += held_cost(held, self.cost_per_hour)
+
+
+class Lifecycle:
+    """A run's instance slots and autoscaler (Decision 16), owned by its ``ClusterSimulator``
+    (``sim.life``): placement, loading and warm-up, the autoscaler's ticks and actuations,
+    drains and terminations, and the counters at the end. Reaches the cluster's instances,
+    events and snapshots through ``sim``. The initial instances are placed on construction."""
+
+    def __init__(self, sim: ClusterSimulator) -> None:
+        cfg = sim.cfg
+        self.sim = sim
+        self.blis_quirks = sim.blis_quirks
+        self.config = cfg.cluster.lifecycle
+        self.autoscale_cfg = cfg.policy.autoscaler
+        self.pools = cfg.cluster.node_pools
+        self.tp = cfg.engine.tensor_parallel_size
+        self.initial_instances = cfg.cluster.num_instances
+        #: the run models lifecycles at all (otherwise every instance is Active throughout)
+        self.enabled = lifecycle_configured(self.autoscale_cfg, self.pools, self.config)
+        self.slots = [Slot() for _ in sim.instances]
+        self.streams = Streams(cfg.seed)
+        self.placement = Placement(self.pools, self.tp, not self.blis_quirks, self.streams)
+        self.variants = instance_variants(self.pools, cfg.hardware, self.config.cost_per_hour,
+                                          self.tp)
+        self.timeline: list[tuple[int, int, int]] = []
+        self.scale_ups = self.scale_downs = self.instances_added = self.instances_drained = 0
+        self.oscillations = self.refused_no_slot = self.refused_no_room = self.redirected = 0
+        self._last_direction, self._last_actuation_us = 0, 0
+        # --blis-quirks warm-up: the first requests routed to each instance (TTFT × factor)
+        self.warm_up_routed: list[list[int]] = [[] for _ in sim.instances]
+        self.autoscaler = (Autoscaler(self.autoscale_cfg, self.variants, sim.block_size)
+                           if self.autoscale_cfg.enabled else None)
+        for i in range(self.initial_instances):
+            placed = self._place(i, None, 0, initial=True)
+            assert placed, "the initial nodes hold the initial instances (config check)"
+
+    def _set_state(self, slot: int, state: InstanceState, now_us: int) -> None:
+        self.slots[slot].state = state
+        self.timeline.append((now_us, slot, int(state)))
+        if self.sim.trace is not None:
+            self.sim.trace.instance_state(now_us, slot, state)
+
+    def _place(self, slot: int, gpu_type: str | None, now_us: int, initial: bool) -> bool:
+        """Place an instance in ``slot`` (False: no room on the node pools). It starts ready
+        (a warm-started initial instance), waits for its node, or starts loading."""
+        sim = self.sim
+        node = None
+        if self.pools:
+            node = self.placement.place(gpu_type, now_us)
+            if node is None:
+                return False
+        elif self.blis_quirks and not initial:
+            return False  # BLIS: "PlacementManager not available"
+        s = self.slots[slot]
+        s.placed_us, s.node = now_us, -1 if node is None else node
+        s.placements += 1
+        pool = self.pools[self.placement.nodes[node].pool] if node is not None else None
+        s.cost_per_hour = pool.cost_per_hour if pool else self.config.cost_per_hour
+        s.variant = variant_of(self.variants, pool.gpu_type if pool else sim.cfg.hardware)
+        if s.placements > 1:  # a reused slot: a new instance with cold caches
+            sim.instances[slot].restart()
+            sim.router.forget_instance(slot)
+        # BLIS starts initial instances ready without node pools, whatever its lifecycle says
+        warm = self.config.warm_start_initial_instances or (self.blis_quirks and not self.pools)
+        if initial and warm:
+            self.ready(slot, now_us)
+            return True
+        ready_us = self.placement.nodes[node].ready_us if node is not None else now_us
+        if ready_us > now_us:
+            self._set_state(slot, InstanceState.SCHEDULING, now_us)
+            sim._push(ready_us, EV_PROVISIONED, slot)
+        else:
+            self.start_loading(slot, now_us)
+        return True
+
+    def start_loading(self, slot: int, now_us: int) -> None:
+        """The slot's node is ready: its instance loads the model."""
+        self._set_state(slot, InstanceState.LOADING, now_us)
+        delay = self.streams.delay_us(self.config.loading_delay, "instance-loading")
+        if delay == 0:
+            self.ready(slot, now_us)
+        else:
+            self.sim._push(now_us + delay, EV_LOADED, slot)
+
+    def ready(self, slot: int, now_us: int) -> None:
+        """Loaded: routable, warming up first when the lifecycle has a warm-up."""
+        warm_up = self.config.warm_up_requests
+        if warm_up == 0:
+            self._set_state(slot, InstanceState.ACTIVE, now_us)
+            return
+        self.slots[slot].warm_up_left = warm_up
+        if not self.blis_quirks:  # BLIS multiplies TTFTs after the run instead
+            self.sim.instances[slot].step_factor = self.config.warm_up_factor
+        self._set_state(slot, InstanceState.WARMING_UP, now_us)
+
+    def routable(self) -> list[int] | None:
+        """Slots the router may pick, in slot order (None: every instance, no lifecycle)."""
+        if not self.enabled:
+            return None
+        return [i for i, s in enumerate(self.slots) if s.state in ROUTABLE]
+
+    def routed(self, req: SimRequest, target: int) -> None:
+        """A request routed to ``target``: with --blis-quirks the first ``warm_up_requests``
+        routed to each instance are recorded (BLIS multiplies their TTFT after the run)."""
+        warm_up = self.warm_up_routed[target]
+        if self.blis_quirks and len(warm_up) < self.config.warm_up_requests:
+            warm_up.append(req.index)
+
+    def _counts(self) -> tuple[int, int]:
+        """(live, holding): instances counted by a scale-down's minimum / by the maximum."""
+        live = sum(1 for s in self.slots if s.state in LIVE)
+        return live, sum(1 for s in self.slots if s.state in HOLDING)
+
+    def _bounded(self, delta: int) -> int:
+        """A decision within the replica bounds and step limits (by default at most
+        ``max_replicas`` instances held; with --blis-quirks no maximum, as BLIS)."""
+        cfg = self.autoscale_cfg
+        live, holding = self._counts()
+        if delta > 0:
+            if not self.blis_quirks:
+                delta = min(delta, len(self.slots) - holding)
+            if cfg.max_scale_up_step:
+                delta = min(delta, cfg.max_scale_up_step)
+            return max(delta, 0)
+        if delta < 0:
+            delta = max(delta, cfg.min_replicas - live)
+            if cfg.max_scale_down_step:
+                delta = max(delta, -cfg.max_scale_down_step)
+            return min(delta, 0)
+        return 0
+
+    def tick(self, now_us: int) -> None:
+        """The autoscaler's periodic tick (§3.4): read, decide, schedule the actuation, and
+        the next tick unless an unbounded run has nothing left to do."""
+        sim = self.sim
+        qd, bs, _ = sim._snapshots(now_us)
+        routable = self.routable()
+        coming_up = [i for i, s in enumerate(self.slots) if s.state in COMING_UP]
+        reading = Reading(
+            kv_used_blocks=[sim._snap_used[i] for i in routable],
+            kv_total_blocks=[sim.instances[i].kv.total_blocks for i in routable],
+            queue_depth=[qd[i] for i in routable], batch_size=[bs[i] for i in routable],
+            variant=[self.slots[i].variant for i in routable],
+            pending_kv_tokens=sum(sim.instances[i].kv.total_blocks * sim.block_size
+                                  for i in coming_up),
+            live=self._counts()[0])
+        decision = self.autoscaler.decide(reading, now_us)
+        delta = self._bounded(decision.delta)
+        actuate = bool(delta) and self.autoscaler.cooled_down(delta, now_us)
+        if sim.trace is not None:
+            sim.trace.scale_decision(now_us, self.autoscale_cfg.policy, reading.live,
+                                     len(routable), sum(reading.queue_depth),
+                                     sum(reading.batch_size), decision.delta, delta, actuate)
+        if actuate:
+            self.autoscaler.passed(delta, now_us)
+            delay = self.streams.delay_us(self.autoscale_cfg.actuation_delay, "autoscaler")
+            sim._push(now_us + delay, EV_SCALE_ACTUATION, Decision(delta, decision.variant))
+        idle = sim.awaiting_routing <= 0 and sum(sim.in_flight) == 0
+        if not (sim.horizon_us == INT64_MAX and idle):
+            sim._push(now_us + self.autoscale_cfg.interval_us, EV_SCALING_TICK, None)
+
+    def actuate(self, decision: Decision, now_us: int) -> None:
+        """Carry out a decision, within the bounds as they stand now: place new instances
+        (free slot, node room) or drain the oldest Active ones (of the decision's variant)."""
+        trace = self.sim.trace
+        delta = self._bounded(decision.delta)
+        placed, drained = [], []
+        refused = 0
+        if delta > 0:
+            gpu_type = self.variants[decision.variant].gpu_type if decision.variant >= 0 else None
+            for _ in range(delta):
+                slot = self._free_slot()
+                if slot is None:
+                    self.refused_no_slot += 1
+                elif not self._place(slot, gpu_type, now_us, initial=False):
+                    self.refused_no_room += 1
+                else:
+                    placed.append(slot)
+            refused = delta - len(placed)
+            self.instances_added += len(placed)
+            self.scale_ups += bool(placed)
+        elif delta < 0:
+            active = [i for i, s in enumerate(self.slots) if s.state == InstanceState.ACTIVE
+                      and (decision.variant < 0 or s.variant == decision.variant)]
+            for slot in sorted(active, key=self._drain_order)[:-delta]:
+                self._drain(slot, now_us)
+                drained.append(slot)
+            self.instances_drained += len(drained)
+            self.scale_downs += bool(drained)
+        if trace is not None:
+            trace.scale_actuation(now_us, delta, placed, drained, refused)
+        if placed or drained:  # a scale against the previous one within the cooldown
+            direction = 1 if delta > 0 else -1
+            if (self._last_direction == -direction
+                    and now_us - self._last_actuation_us < self.autoscale_cfg.cooldown_us):
+                self.oscillations += 1
+                if trace is not None:
+                    trace.oscillation(now_us, direction, self._last_actuation_us,
+                                      placed or drained)
+            self._last_direction, self._last_actuation_us = direction, now_us
+
+    def _free_slot(self) -> int | None:
+        """The slot a new instance takes: the lowest not holding one (with --blis-quirks the
+        lowest never used, as BLIS appends)."""
+        free = ((InstanceState.UNUSED,) if self.blis_quirks
+                else (InstanceState.UNUSED, InstanceState.TERMINATED))
+        return next((i for i, s in enumerate(self.slots) if s.state in free), None)
+
+    def _drain_order(self, slot: int) -> tuple:
+        """Which Active instance drains first: the earliest placed (then the lowest slot);
+        with --blis-quirks BLIS's smallest ID string ("autoscale-<model>-<seq>" before
+        "instance_<i>", compared as text)."""
+        if not self.blis_quirks:
+            return (self.slots[slot].placed_us, slot)
+        if slot >= self.initial_instances:
+            return (0, "", slot)
+        return (1, f"instance_{slot}", slot)
+
+    def _drain(self, slot: int, now_us: int) -> None:
+        """Stop routing to the instance; its drain policy decides what happens to the requests
+        it holds. It terminates once it holds none (by default at once when idle)."""
+        sim = self.sim
+        self._set_state(slot, InstanceState.DRAINING, now_us)
+        inst = sim.instances[slot]
+        policy = DrainPolicy.of(self.autoscale_cfg.drain_policy)
+        if policy == DrainPolicy.IMMEDIATE:
+            inst.drop_everything(now_us)
+            sim._settle_finished(inst)
+            self._terminate(slot, now_us)
+            return
+        if policy == DrainPolicy.REDIRECT:
+            for req in inst.take_not_running():
+                sim.in_flight[slot] -= 1
+                req.state, req.instance = Stage.PENDING, -1
+                sim.awaiting_routing += 1
+                self.redirected += 1
+                sim._push(now_us, EV_ROUTING, req)
+        if not self.blis_quirks and self._holds_nothing(slot):
+            self._terminate(slot, now_us)
+
+    def _holds_nothing(self, slot: int) -> bool:
+        """A draining instance may terminate: it holds no request (with --blis-quirks: its
+        wait queue and batch are empty, checked after its events only)."""
+        if self.blis_quirks:
+            inst = self.sim.instances[slot]
+            return not inst.wait_queue and not inst.running
+        return self.sim.in_flight[slot] == 0
+
+    def _terminate(self, slot: int, now_us: int) -> None:
+        s = self.slots[slot]
+        self._set_state(slot, InstanceState.TERMINATED, now_us)
+        s.settle(now_us)
+        if s.node >= 0:
+            self.placement.release(s.node)
+
+    def after_instance_event(self, inst: Instance) -> None:
+        """Lifecycle consequences of an instance's event: completions end a warm-up; a
+        draining instance that holds nothing terminates."""
+        slot, now_us = self.slots[inst.index], self.sim.clock_us
+        if slot.state == InstanceState.WARMING_UP:
+            done = sum(1 for r in inst.finished if r.state == Stage.COMPLETED)
+            slot.warm_up_left -= min(done, slot.warm_up_left)
+            if slot.warm_up_left == 0:
+                inst.step_factor = 1.0
+                self._set_state(inst.index, InstanceState.ACTIVE, now_us)
+        self.sim._settle_finished(inst)
+        if slot.state == InstanceState.DRAINING and self._holds_nothing(inst.index):
+            self._terminate(inst.index, now_us)
+
+    def counters(self, rows: dict[str, np.ndarray]) -> LifecycleCounters:
+        """Settle the instances still held at the end; with --blis-quirks apply BLIS's
+        after-the-run warm-up TTFT factor (§3.3) to ``rows``."""
+        sim = self.sim
+        end_us = min(sim.clock_us, sim.horizon_us)
+        for s in self.slots:
+            if s.state in HOLDING:
+                s.settle(end_us)
+        factor = self.config.warm_up_factor
+        if self.blis_quirks and factor > 1:
+            ttft = rows["ttft_us"]
+            for routed in self.warm_up_routed:
+                for r in routed:
+                    if ttft[r] >= 0:
+                        ttft[r] = int(float(ttft[r]) * factor)
+        slots = self.slots
+        t = self.timeline
+        return LifecycleCounters(
+            final_state=np.array([s.state for s in slots], dtype=np.int8),
+            placements=np.array([s.placements for s in slots], dtype=np.int32),
+            replica_us=np.array([s.replica_us for s in slots], dtype=np.int64),
+            cost=np.array([s.cost for s in slots], dtype=np.float64),
+            dropped_at_drain=np.array([x.dropped_at_drain for x in sim.instances],
+                                      dtype=np.int64),
+            end_us=end_us, scale_ups=self.scale_ups, scale_downs=self.scale_downs,
+            instances_added=self.instances_added, instances_drained=self.instances_drained,
+            oscillations=self.oscillations, refused_no_room=self.refused_no_room,
+            redirected=self.redirected,
+            timeline_us=np.array([x[0] for x in t], dtype=np.int64),
+            timeline_slot=np.array([x[1] for x in t], dtype=np.int32),
+            timeline_state=np.array([x[2] for x in t], dtype=np.int8))
