@@ -148,7 +148,7 @@ def route_to_instance(s: SimState, st, c, p, r, now, go) -> SimState:
 
 
 def prefill_routing(s: SimState, st, c, p, now, active) -> SimState:
-    """A disaggregated request's prefill routing (``ClusterSimulator._route_prefill``): the
+    """A disaggregated request's prefill routing (``reference.pd.PDCluster.route_prefill``): the
     prefill pool's router picks an instance and the prefill sub-request enters its α-delay
     window."""
     r = jnp.where(active, s.pd.pf_next, st.num_requests)
@@ -159,8 +159,8 @@ def prefill_routing(s: SimState, st, c, p, now, active) -> SimState:
 
 
 def transfer_event(s: SimState, st, c, p, k, now, active) -> SimState:
-    """The start or the end of the KV transfer in slot k (``ClusterSimulator.
-    _start_transfer``, ``_end_transfer``): a start reserves the KV on the decode instance
+    """The start or the end of the KV transfer in slot k (``reference.pd.PDCluster.
+    start_transfer``, ``end_transfer``): a start reserves the KV on the decode instance
     (dropping the request when it does not fit); at its end the decode sub-request joins the
     decode instance's wait queue, counted in flight again."""
     r = s.pd.x_req[k]
@@ -185,20 +185,20 @@ def transfer_event(s: SimState, st, c, p, k, now, active) -> SimState:
 
 
 def lifecycle_event(s: SimState, st, c, p, now, active) -> SimState:
-    """A node provisioned or a model loaded (``ClusterSimulator._start_loading``,
-    ``_ready``)."""
+    """A node provisioned or a model loaded (``reference.lifecycle.Lifecycle.start_loading``,
+    ``ready``)."""
     return s.replace(life=lifecycle.ready_event(s.life, st, p, now, active))
 
 
 def scaling_tick(s: SimState, st, c, p, now, active) -> SimState:
     """The autoscaler's tick, on snapshots refreshed as a routing decision would
-    (``ClusterSimulator._tick``)."""
+    (``reference.lifecycle.Lifecycle.tick``)."""
     s = refresh_snapshots(s, st, c, now, active)
     return lifecycle.tick(s, st, c, p, now, active)
 
 
 def actuation(s: SimState, st, c, p, now, active) -> SimState:
-    """The next scale actuation (``ClusterSimulator._actuate``): within the bounds as they
+    """The next scale actuation (``reference.lifecycle.Lifecycle.actuate``): within the bounds as they
     stand, place new instances or drain the oldest Active ones."""
     life = s.life
     _, a = lifecycle.next_actuation(life)
@@ -276,7 +276,7 @@ def _scale_down(s: SimState, st, c, p, count, variant, now, active):
 
 
 def _drain(s: SimState, st, c, p, v, now, go) -> SimState:
-    """Instance v stops being routable (``ClusterSimulator._drain``); ``immediate`` drops what
+    """Instance v stops being routable (``reference.lifecycle.Lifecycle._drain``); ``immediate`` drops what
     it holds and terminates it; by default an instance left holding nothing (after a
     redirect takes its waiting requests) terminates at once."""
     life = s.life

@@ -735,7 +735,8 @@ def _reload(s: SimState, st, c, i, r, start_block, keep, go):
     new_slot = jnp.full(mpb, NIL, jnp.int32).at[jnp.where(reload, before, mpb)].set(
         slots, mode="drop")
     s = take_run(s, i, run, count, go)
-    t = kvtier.note_evictions(s.tier, old_key, taken, now)
+    # old_key made dependent on the read of evicted_at, so that the write is in place
+    t = kvtier.note_evictions(s.tier, after_reads(old_key, evicted_us), taken, now)
     s = s.replace(tier=t)
     s = apply_slot_ops(s, st, jnp.concatenate([old_slot, new_slot]),
                        jnp.concatenate([jnp.full(mpb, NIL, jnp.int32), run.blocks]),
@@ -781,7 +782,8 @@ def mirror_batch(s: SimState, st, i, slots, valid, active) -> SimState:
 
     def program(s, go, w):
         p = jnp.arange(w, dtype=jnp.int32)
-        row = jnp.minimum(jnp.searchsorted(ends, p, side="right"), rows - 1)
+        row = jnp.minimum(jnp.searchsorted(ends, p, side="right", method="scan_unrolled"),
+                          rows - 1)
         col = p - (ends[row] - held[row])
         blocks = s.bt[i, slots[row], jnp.clip(col, 0, mb - 1)]
         safe = jnp.clip(blocks, 0, st.kv_blocks - 1)

@@ -45,7 +45,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from blisjax.engine.lockstep import add, lane_once, lane_while, upd
+from blisjax.engine.lockstep import add, after_reads, lane_once, lane_while, upd
 from blisjax.engine.pytree import pytree_dataclass
 from blisjax.engine.state import NIL
 from blisjax.engine.vec import earlier_smaller, prefix_sum
@@ -290,9 +290,12 @@ def mirror(t: KVTierState, i, keys, valid, active) -> KVTierState:
     shift = jnp.int64(1) << 32
     first_mark = (t.pass_stamp + 1) * shift + (width - idx)
     last_mark = (t.pass_stamp + 2) * shift + idx
+    # (each read of a mark, the ring or ``where`` feeds the next write of that array, so that
+    # XLA updates them in place: ``lockstep.after_reads``)
     mark = t.pass_mark.at[k].max(jnp.where(valid, first_mark, -1))
-    first = valid & (mark[k] == first_mark)
-    mark = mark.at[k].max(jnp.where(valid, last_mark, -1))
+    seen = mark[k]
+    first = valid & (seen == first_mark)
+    mark = mark.at[k].max(after_reads(jnp.where(valid, last_mark, -1), seen))
     is_last = valid & (mark[k] == last_mark)
     t = t.replace(pass_mark=mark, pass_stamp=t.pass_stamp + jnp.where(active, 2, 0))
     where = jnp.where(valid, t.where[k], NIL)
@@ -309,7 +312,8 @@ def mirror(t: KVTierState, i, keys, valid, active) -> KVTierState:
     stores = lane_once(active & ~simple & jnp.any(valid),
                        lambda stores, go: jnp.where(go, _pass_stores(
                            t, i, keys, valid, first, where, live_through), stores), new_keys)
-    t = append(t, i, jnp.where(is_last, keys, 0), is_last)
+    # the pass's reads of the ring and ``where`` (``held``, ``older``) all feed ``stores``
+    t = append(t, i, jnp.where(is_last, keys, 0), after_reads(is_last, stores))
     size = jnp.minimum(grown, capacity)
     t = evict_oldest(t, i, grown - size, active)
     return t.replace(

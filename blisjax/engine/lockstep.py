@@ -95,7 +95,8 @@ def add(arr, idx, delta, active):
 
 
 def after_reads(values, old):
-    """``values``, made data-dependent on ``old`` (same shape) without changing them.
+    """``values``, made data-dependent on ``old`` (the same shape, or a scalar) without
+    changing them (nor an array's dtype).
 
     XLA updates an array in place inside a loop only when every read of its old value is an
     ancestor of the update; a read that feeds only *other* arrays (here: a block's old hash
@@ -103,4 +104,5 @@ def after_reads(values, old):
     whole array at every iteration. ``old`` holds values >= -1, so the test never fires, but
     XLA cannot know that. (An optimization barrier does not order them; measured.)
     """
-    return jnp.where(old < -1, old, values)
+    out = jnp.where(old < -1, old, values)
+    return out.astype(values.dtype) if hasattr(values, "dtype") else out

@@ -423,7 +423,7 @@ def _lane_slots(result: records.RunResult, slots: int, lane_on: bool) -> records
 
 def _lifecycle_counters(st: EngineStatic, g, rows: dict) -> records.LifecycleCounters:
     """The lane's lifecycle counters, the instances still held settled at the run's end, as
-    the reference's ``ClusterSimulator._lifecycle_counters`` (read it for the rules); with
+    the reference's ``reference.lifecycle.Lifecycle.counters`` (read it for the rules); with
     --blis-quirks BLIS's after-the-run warm-up TTFT factor applied to ``rows``."""
     q = g.life
     end = min(int(q.last_event_us), st.horizon_us)
@@ -454,7 +454,7 @@ def _lifecycle_counters(st: EngineStatic, g, rows: dict) -> records.LifecycleCou
 
 def _project_pd(st: EngineStatic, consts, g, rows: dict) -> records.PDCounters:
     """Each disaggregated request's row from its sub-requests' rows, as the reference's
-    ``ClusterSimulator._project_pd`` (read it for the rules); fills ``rows`` in place. Row r
+    ``reference.pd.PDCluster.project`` (read it for the rules); fills ``rows`` in place. Row r
     is the decode sub-request, row N + 1 + r the prefill sub-request."""
     n, q, quirks = st.num_requests, g.pd, st.blis_quirks
     c = lambda x: np.asarray(x)[:n].astype(np.int64)  # noqa: E731
