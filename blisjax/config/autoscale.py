@@ -291,7 +291,7 @@ def as_autoscaler(value: Any) -> AutoscalerConfig:
 
 
 def blis_autoscaler(raw: Any, base: AutoscalerConfig) -> AutoscalerConfig:
-    """A BLIS policy bundle's ``autoscaler`` block (``semantics-next.md`` §3.1) on top of
+    """A BLIS policy bundle's ``autoscaler`` block (docs/autoscaling.md, Configuration) on top of
     ``base``: read only when ``interval_us > 0`` (the policy is then blis-saturation);
     analyzer fields left at 0 keep their defaults; the scrape delay is ``{mean, stddev}`` in
     seconds."""

@@ -240,7 +240,7 @@ def _bundle_data(source: str | Path | Mapping[str, Any]) -> Mapping[str, Any]:
 def apply_blis_bundle(cfg: SimConfig, source: str | Path | Mapping[str, Any]) -> SimConfig:
     """``cfg`` with a whole BLIS policy bundle applied: its policy sections
     (:func:`load_blis_policy_config`) and its ``node_pools`` and ``instance_lifecycle``
-    (``semantics-next.md`` §3.1)."""
+    (docs/autoscaling.md, Configuration)."""
     data = _bundle_data(source)
     policy = load_blis_policy_config(data, cfg.policy)
     cluster_part = blis_cluster_sections(data, cfg.cluster.lifecycle)

@@ -1108,7 +1108,16 @@ def step(s: SimState, st, c, p, i, now, active, defer: bool = False):
     out = by_width(step_widths(st, FINISH_PER_OCTAVE), running, go,
                    lambda f, go, w: _finish_at(f.state, st, c, i, now, n_preempted, go, w,
                                                defer, factor), init)
-    s = complete_planned(out.state, st, c, i, out.releases) if defer else out.state
+    if defer:
+        releases = out.releases
+        if st.stretches:  # the outlook read the fills, lengths and block tables the plan
+            # writes: its values feed the plan, so that XLA writes them in place (after_reads)
+            seen = jnp.minimum(jnp.min(out.outlook.spare_cum),
+                               out.outlook.decoding.astype(jnp.int32))
+            releases = releases._replace(fast=after_reads(releases.fast, seen))
+        s = complete_planned(out.state, st, c, i, releases)
+    else:
+        s = out.state
     if not st.stretches:
         return s
     # no prefill tokens, one decode token each; slowed while the instance still warms up

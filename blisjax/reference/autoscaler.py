@@ -3,7 +3,7 @@
 A tick reads the routable instances (``Reading``) and decides a change in replicas: the seed
 templates ``threshold``, ``target-utilization`` and ``queue-depth`` with their cooldown, or
 BLIS HEAD's ``blis-saturation`` pipeline (saturation analyzer → unlimited engine →
-stabilization windows, ``semantics-next.md`` §3.4), exactly. Clamping to the replica bounds
+stabilization windows, docs/autoscaling.md, The tick), exactly. Clamping to the replica bounds
 and actuation are the cluster's (``reference.cluster``).
 """
 
@@ -83,7 +83,7 @@ def queue_depth_delta(r: Reading, target: float) -> int:
 def saturation_decision(r: Reading, variants: list[Variant], block_size: int, threshold: float,
                         up: float, boundary: float, avg_input_tokens: float) -> Decision:
     """``blis-saturation``: BLIS HEAD's V2 saturation analyzer and unlimited engine
-    (``semantics-next.md`` §3.4 steps 2–3), float operations in BLIS's order."""
+    (docs/autoscaling.md, The tick), float operations in BLIS's order."""
     count = [0] * len(variants)
     supply = [0.0] * len(variants)
     demand = [0.0] * len(variants)

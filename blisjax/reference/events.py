@@ -1,5 +1,5 @@
 """Cluster event priorities of the reference engine (docs/semantics.md §5.2; P/D §5.10;
-lifecycle and autoscaler semantics-next.md §3): at equal times the lower priority runs first.
+lifecycle and autoscaler docs/autoscaling.md): at equal times the lower priority runs first.
 Instance events have theirs in ``reference.instance``."""
 
 EV_PROVISIONED, EV_LOADED = -2, -1

@@ -70,7 +70,7 @@ class Node(NamedTuple):
 
 
 class Placement:
-    """GPUs of the node pools (``semantics-next.md`` §3.2): first fit over the pools in
+    """GPUs of the node pools (docs/autoscaling.md, Instances, slots and their lifecycle): first fit over the pools in
     order and their nodes in index order, ``tp`` GPUs of one node per instance. By default a
     placement that finds no room provisions a node of the first pool with room to grow (of
     the wanted GPU type), ready after its provisioning delay; with ``--blis-quirks`` none is

@@ -1,4 +1,5 @@
-"""Counterfactual top-k and regret of a routing decision (BLIS's, semantics-next.md §4.3).
+"""Counterfactual top-k and regret of a routing decision (BLIS's; docs/tracing.md,
+Counterfactual regret).
 
 The candidates are the instances the policy saw, in instance order. A candidate's score is the
 policy's own when it returned scores (weighted routing), otherwise minus its effective load

@@ -8,7 +8,7 @@ of every kind is ``blisjax/data/schema/trace.schema.json`` and docs/tracing.md e
 Kinds, by trace level (docs/semantics.md Decision 17):
 
 * ``decisions``: ``admission``, ``routing``, ``routing_rejection``, ``disaggregation``,
-  ``prefill_routing``, ``kv_transfer`` (BLIS's records, semantics-next.md §4), ``priority``,
+  ``prefill_routing``, ``kv_transfer`` (BLIS's records, docs/tracing.md, ``trace.jsonl``), ``priority``,
   ``batch``, ``preemption``, ``scale_decision``, ``scale_actuation``, ``instance_state`` and
   ``anomaly``;
 * ``full``: the above plus one ``event`` per executed simulation event.

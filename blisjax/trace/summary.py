@@ -1,4 +1,4 @@
-"""BLIS's trace summary (semantics-next.md §4.4): the numbers of its "Trace Summary" block.
+"""BLIS's trace summary (docs/tracing.md): the numbers of its "Trace Summary" block.
 
 Computed from the records exactly as BLIS computes them: the admission records give the
 decision counts, the routing records (in P/D mode only the requests served without

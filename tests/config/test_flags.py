@@ -225,7 +225,7 @@ def test_golden_flags_resolve(case):
 
 
 def test_model_autoscaler_interval_flag():
-    """BLIS's --model-autoscaler-interval-us (semantics-next §3.1): overrides the bundle's
+    """BLIS's --model-autoscaler-interval-us (docs/autoscaling.md): overrides the bundle's
     interval (truncated to µs), turns BLIS's saturation autoscaler on when none is configured,
     and 0 turns it off; a negative value names the flag."""
     from blisjax.config import AutoscalerConfig, ConfigError, SimConfig

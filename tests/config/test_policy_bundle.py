@@ -168,7 +168,7 @@ instance_lifecycle:
 
 
 def test_blis_autoscaler_sections(tmp_path):
-    """BLIS's autoscaling sections (semantics-next §3.1): the blis-saturation policy with
+    """BLIS's autoscaling sections (docs/autoscaling.md): the blis-saturation policy with
     BLIS's windows (µs, truncated) and scrape delay, analyzer zeros keeping their defaults; the
     node pool with its delays in seconds; warm start false unless given (BLIS's default)."""
     from blisjax.config import SimConfig, apply_blis_bundle

@@ -2,7 +2,7 @@
 
 The blackbox model of ``tests/reference/conftest`` (step = 1000 + 10·prefill tokens + 100·decode
 tokens µs, α = 0) and hand-computed timelines; the counterfactual score of an instance without
-policy scores is minus its load (queue + batch + in-flight), BLIS's (semantics-next.md §4.3).
+policy scores is minus its load (queue + batch + in-flight), BLIS's (docs/tracing.md, Counterfactual regret).
 """
 
 from __future__ import annotations
