@@ -42,6 +42,7 @@ class AdmissionPolicy(Code):
     REJECT_ALL = 2
     RATE_LIMIT = 3
     TENANT_QUOTA = 4
+    PROGRAM = 5  # a policy program (blisjax.program): admit iff its value is > 0
 
 
 class PriorityPolicy(Code):
@@ -52,6 +53,7 @@ class PriorityPolicy(Code):
     SLO_CLASS = 2
     TENANT_PRIORITY = 3
     DEADLINE_AWARE = 4
+    PROGRAM = 5  # a policy program's value
 
 
 class RoutingPolicy(Code):
@@ -61,6 +63,7 @@ class RoutingPolicy(Code):
     LEAST_LOADED = 1
     ALWAYS_BUSIEST = 2
     WEIGHTED = 3
+    PROGRAM = 4  # a policy program's score per candidate, the highest wins
 
 
 class Scorer(Code):

@@ -454,6 +454,49 @@ class ClusterConfig:
 # --------------------------------------------------------------------------- policies
 
 
+def _program_section(section: Any, site: str) -> None:
+    """Check a section's program fields (``program``, ``tree``, ``params``): a tree becomes
+    its expression (``program``), params a tuple of (name, value) pairs; with policy
+    ``program`` one of them must be given. The compiled program is ``section.compiled()``."""
+    from blisjax.program import compile_program  # the program package imports config
+
+    p = f"policy.{site}"
+    params = section.params
+    if isinstance(params, Mapping):
+        params = tuple(params.items())
+    if isinstance(params, (str, bytes)) or not hasattr(params, "__iter__"):
+        raise ConfigError(f"{p}.params", f"must be a mapping of names to numbers, got {params!r}")
+    pairs = tuple(params)
+    if any(not (isinstance(x, (tuple, list)) and len(x) == 2) for x in pairs):
+        raise ConfigError(f"{p}.params", f"must be a mapping of names to numbers, got {params!r}")
+    pairs = tuple((k, v) for k, v in pairs)
+    if section.tree is not None and section.program:
+        raise ConfigError(p, "give program or tree, not both")
+    if section.tree is None and not section.program:
+        if section.policy == "program":
+            raise ConfigError(f"{p}.program", "policy 'program' needs a program (an "
+                              "expression) or a tree")
+        if pairs:
+            raise ConfigError(f"{p}.params", "parameters need a program or a tree")
+        set_field(section, "params", ())
+        return
+    compiled = compile_program(site, program=section.program or None, tree=section.tree,
+                               params=dict(pairs), path=p)
+    set_field(section, "program", compiled.text)
+    set_field(section, "tree", None)
+    set_field(section, "params", compiled.params)
+
+
+def _compiled(section: Any, site: str):
+    """The section's ``PolicyProgram`` (None without a program)."""
+    if not section.program:
+        return None
+    from blisjax.program import compile_program
+
+    return compile_program(site, program=section.program, params=dict(section.params),
+                           path=f"policy.{site}")
+
+
 @dataclass(frozen=True)
 class AdmissionConfig:
     """Admission policy (docs/semantics.md §5.3).
@@ -466,6 +509,9 @@ class AdmissionConfig:
       rate_limit_burst: burst size, requests, >= 0 (rate-limit).
       tenant_max_in_flight: per-tenant cap on admitted, unfinished requests (tenant-quota).
       default_tenant_max_in_flight: cap for tenants not listed, >= 0.
+      program, tree, params: policy ``program`` admits iff the program's value is > 0
+        (docs/policy-programs.md): an expression, or a decision tree (stored as its
+        expression), and its named parameters (name → number).
     """
 
     policy: str = "always-admit"
@@ -475,10 +521,14 @@ class AdmissionConfig:
     rate_limit_burst: float = 100.0
     tenant_max_in_flight: tuple[tuple[str, int], ...] = ()
     default_tenant_max_in_flight: int = 1000
+    program: str = ""
+    tree: Any = None
+    params: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
         p = "policy.admission"
         check_choice(f"{p}.policy", self.policy, ADMISSION_POLICIES)
+        _program_section(self, "admission")
         for name in (
             "token_bucket_capacity",
             "token_bucket_refill_rate",
@@ -494,6 +544,10 @@ class AdmissionConfig:
             f"{p}.default_tenant_max_in_flight", self.default_tenant_max_in_flight
         )
         set_field(self, "default_tenant_max_in_flight", default)
+
+    def compiled(self):
+        """The admission ``PolicyProgram`` (None without a program)."""
+        return _compiled(self, "admission")
 
     def max_in_flight(self, tenant: str) -> int:
         """In-flight cap of ``tenant`` under tenant-quota."""
@@ -522,6 +576,8 @@ class PriorityConfig:
       default_tenant_score: tenant-priority score of tenants not listed.
       no_deadline_slack_s: deadline-aware slack, seconds, assumed for requests without a
         deadline (> 0).
+      program, tree, params: policy ``program`` scores a request by the program's value
+        (docs/policy-programs.md; see ``AdmissionConfig``).
     """
 
     policy: str = "constant"
@@ -530,10 +586,14 @@ class PriorityConfig:
     tenant_scores: tuple[tuple[str, float], ...] = ()
     default_tenant_score: float = 0.0
     no_deadline_slack_s: float = 1000.0
+    program: str = ""
+    tree: Any = None
+    params: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
         p = "policy.priority"
         check_choice(f"{p}.policy", self.policy, PRIORITY_POLICIES)
+        _program_section(self, "priority")
         set_field(self, "age_weight", _knob(f"{p}.age_weight", self.age_weight))
         scores = check_pairs(
             f"{p}.slo_class_scores", self.slo_class_scores, _choice_key(SLO_CLASS_NAMES), _slo_score
@@ -553,6 +613,10 @@ class PriorityConfig:
             f"{p}.no_deadline_slack_s", self.no_deadline_slack_s, min_value=0, min_open=True
         )
         set_field(self, "no_deadline_slack_s", slack)
+
+    def compiled(self):
+        """The priority ``PolicyProgram`` (None without a program)."""
+        return _compiled(self, "priority")
 
     def slo_class_score(self, slo_class: str) -> float:
         """slo-class score of a class name ("" = no class)."""
@@ -622,15 +686,21 @@ class RoutingConfig:
         the router, so only ratios matter; at least one weight must be > 0.
       tie_break: how least-loaded and weighted routing choose among tied instances:
         blis-random (BLIS's draw from its "router" random stream, seeded from ``seed``; only
-        when more than one instance ties) | lowest-index.
+        when more than one instance ties) | lowest-index. Also program routing's ties.
+      program, tree, params: policy ``program`` scores each candidate instance by the
+        program's value, the highest wins (docs/policy-programs.md; see ``AdmissionConfig``).
     """
 
     policy: str = "round-robin"
     scorers: tuple[ScorerWeight, ...] = DEFAULT_SCORERS
     tie_break: str = "blis-random"
+    program: str = ""
+    tree: Any = None
+    params: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
         check_choice("policy.routing.policy", self.policy, ROUTING_POLICIES)
+        _program_section(self, "routing")
         check_choice("policy.routing.tie_break", self.tie_break, TIE_BREAKS)
         if isinstance(self.scorers, (str, bytes, Mapping)) or not hasattr(self.scorers, "__iter__"):
             raise ConfigError(
@@ -644,6 +714,10 @@ class RoutingConfig:
             )
         if scorers and all(s.weight == 0 for s in scorers):
             raise ConfigError("policy.routing.scorers", "weights must not all be 0")
+
+    def compiled(self):
+        """The routing ``PolicyProgram`` (None without a program)."""
+        return _compiled(self, "routing")
 
     def normalized_weights(self) -> tuple[float, ...]:
         """Scorer weights divided by their sum (the router's view), in scorer order."""
@@ -838,6 +912,11 @@ class SimConfig:
                 "engine.data_parallel_size", "must be 1 with latency.model 'roofline' (as BLIS)"
             )
         cluster = self.cluster
+        if cluster.pd.enabled:
+            for site in ("routing", "admission", "priority"):
+                if getattr(self.policy, site).policy == "program":
+                    raise ConfigError(f"policy.{site}.policy", "'program' is not available "
+                                      "with P/D pools (cluster.pd) yet")
         check_cluster_autoscaling(self.policy.autoscaler, cluster.num_instances,
                                   cluster.node_pools, cluster.lifecycle,
                                   self.engine.tensor_parallel_size, cluster.pd.enabled)

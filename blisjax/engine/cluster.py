@@ -90,7 +90,7 @@ def admission(s: SimState, st, c, p, now, active) -> SimState:
     reject it (docs/semantics.md §5.3)."""
     r = jnp.where(active, s.adm_cursor, st.num_requests)
     s = refresh_snapshots(s, st, c, now, active)
-    decision = policies.admit(s, c, p, r, now, active)
+    decision = policies.admit(s, st, c, p, r, now, active, router_members(s, st, p))
     admitted = decision.admitted
     s = s.replace(
         bucket=decision.bucket, bucket_last=decision.bucket_last,
@@ -113,11 +113,21 @@ def routing(s: SimState, st, c, p, now, active) -> SimState:
     go = active & (s.status[r] == ADMITTED)
     s = refresh_snapshots(s, st, c, now, go)
     if st.pd:
-        s, target, whole = pd.route_request(s, st, c, p, r, go)
+        s, target, whole = pd.route_request(s, st, c, p, r, now, go)
         s = instance.inject_arrival(s, st, c, target, r, now, whole)
     else:
         s = route_to_instance(s, st, c, p, r, now, go)
     return s.replace(route_cursor=s.route_cursor + active.astype(jnp.int32))
+
+
+def router_members(s: SimState, st, p):
+    """The instances a router could pick now, bool [I] (``Lifecycle.routable``): with
+    lifecycles the routable ones, with sized lanes the lane's own, else every instance."""
+    if st.lifecycle:
+        return lifecycle.routable(s.life)
+    if st.sized_lanes:
+        return jnp.arange(st.num_instances) < p.active_instances
+    return jnp.ones(st.num_instances, bool)
 
 
 def route_to_instance(s: SimState, st, c, p, r, now, go) -> SimState:
@@ -129,13 +139,13 @@ def route_to_instance(s: SimState, st, c, p, r, now, go) -> SimState:
         spec = policies.lane_spec(p)._replace(
             candidates=jnp.arange(st.num_instances) < p.active_instances) \
             if st.sized_lanes else None
-        s, target = policies.route(s, st, c, p, r, go, spec)
+        s, target = policies.route(s, st, c, p, r, now, go, spec)
         return instance.inject_arrival(s, st, c, target, r, now, go)
     life = s.life
     candidates = lifecycle.routable(life)
     none = go & ~jnp.any(candidates)
     routed = go & ~none
-    s, target = policies.route(s, st, c, p, r, routed,
+    s, target = policies.route(s, st, c, p, r, now, routed,
                                policies.lane_spec(p)._replace(candidates=candidates))
     s = instance.inject_arrival(s, st, c, target, r, now, routed)
     t = c.tenant[r]
@@ -153,7 +163,7 @@ def prefill_routing(s: SimState, st, c, p, now, active) -> SimState:
     window."""
     r = jnp.where(active, s.pd.pf_next, st.num_requests)
     s = refresh_snapshots(s, st, c, now, active)
-    s, target = pd.route_pool(s, st, c, p, r, POOL_PREFILL, active)
+    s, target = pd.route_pool(s, st, c, p, r, now, POOL_PREFILL, active)
     s = instance.inject_arrival(s, st, c, target, pd.prefill_row(st, r), now, active)
     return pd.prefill_routed(s, st, r, target, active)
 

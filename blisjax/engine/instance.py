@@ -663,7 +663,7 @@ def phase2(s: SimState, st, c, p, i, now, budget, preempted, active):
             num_new=s.num_new.at[r_or_sink].set(n),
             computed=s.computed.at[r_or_sink].set(n + start),
             sched=s.sched.at[r_or_sink].set(now - c.arrival_us[r]),
-            prio=s.prio.at[r_or_sink].set(priority_score(p, c, r, now)))
+            prio=s.prio.at[r_or_sink].set(priority_score(s, st, p, c, r, now)))
         return s, jnp.where(ok, budget - n, budget).astype(jnp.int32), stop | (go & ~ok)
 
     s, _, _ = lane_while(cond, body, (s, budget, jnp.asarray(False)))

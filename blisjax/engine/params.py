@@ -22,6 +22,8 @@ from blisjax.config.codes import (
 from blisjax.engine.lifecycle import lifecycle_params
 from blisjax.engine.pytree import pytree_dataclass
 from blisjax.gorand import blis_subsystem_rand
+from blisjax.program import bytecode as program_code
+from blisjax.program.observables import scorer_name
 from blisjax.rules import instance_roles, reload_cost_us
 
 #: Scorer slots per lane: every scorer at most once, in configuration order.
@@ -42,6 +44,13 @@ class PolicyParams:
       ``TieBreak`` code; router_rng[607]: int64 words of BLIS's "router" stream as seeded
       from the configuration's seed (``blisjax.gorand``), the state ties draw from.
     scheduler: ``SchedulerPolicy`` code; preemption: ``PreemptionPolicy`` code.
+    Policy programs (``policy.<site>.policy: program``; read only by programs that compile
+    the site's interpreter in, ``EngineStatic.program_sites``): routing_program,
+    admission_program, priority_program — each a ``blisjax.program.Bytecode`` of
+    ``MAX_PROGRAM_LENGTH`` instructions, its parameters bound (a site without a program holds
+    one unused instruction); program_lru: the routing program reads no-hit-lru's scorer, so
+    its cold requests' targets are recorded (``prefix_index_on`` likewise covers a program
+    reading prefix-affinity's).
     active_instances: the instances the lane's cluster has (``cluster.num_instances``), the
       program's first ones; the router never picks the others. Read only by programs built
       with ``sized_lanes`` (``EngineStatic.sized_lanes``), which need no lifecycle or pools.
@@ -89,6 +98,10 @@ class PolicyParams:
     kv_reload_us: jax.Array
     scheduler: jax.Array
     preemption: jax.Array
+    routing_program: program_code.Bytecode
+    admission_program: program_code.Bytecode
+    priority_program: program_code.Bytecode
+    program_lru: jax.Array
     pd_pools: jax.Array
     pd_role: jax.Array
     pd_decider: jax.Array
@@ -182,6 +195,9 @@ def params_from_config(cfg, tenant_names: tuple[str, ...]) -> PolicyParams:
     f64 = lambda x: np.asarray(x, dtype=np.float64)  # noqa: E731
     i32 = lambda x: np.asarray(x, dtype=np.int32)  # noqa: E731
     routing = RoutingPolicy.of(rt.policy)
+    code = {site: (section.compiled() if section.policy == "program" else None)
+            for site, section in (("routing", rt), ("admission", adm), ("priority", pri))}
+    program_reads = set(code["routing"].reads) if code["routing"] is not None else set()
     return PolicyParams(
         admission=i32(AdmissionPolicy.of(adm.policy)),
         tb_capacity=f64(adm.token_bucket_capacity), tb_rate=f64(adm.token_bucket_refill_rate),
@@ -194,13 +210,17 @@ def params_from_config(cfg, tenant_names: tuple[str, ...]) -> PolicyParams:
         no_deadline_score=f64(-float(pri.no_deadline_slack_s)),
         routing=i32(routing),
         scorer_order=order, scorer_weight=weights,
-        prefix_index_on=np.asarray(routing == RoutingPolicy.WEIGHTED
-                                   and Scorer.PREFIX_AFFINITY in scorers),
+        prefix_index_on=np.asarray((routing == RoutingPolicy.WEIGHTED
+                                    and Scorer.PREFIX_AFFINITY in scorers)
+                                   or scorer_name(Scorer.PREFIX_AFFINITY) in program_reads),
         tie_break=i32(TieBreak.of(rt.tie_break)),
         router_rng=np.asarray(blis_subsystem_rand(cfg.seed, "router").state().words,
                               dtype=np.int64),
         scheduler=i32(SchedulerPolicy.of(pol.scheduler.policy)),
         preemption=i32(PreemptionPolicy.of(cfg.engine.preemption_policy)),
+        **{f"{site}_program": program_code.empty() if x is None else x.bytecode()
+           for site, x in code.items()},
+        program_lru=np.asarray(scorer_name(Scorer.NO_HIT_LRU) in program_reads),
         active_instances=i32(cfg.cluster.num_instances),
         kv_cpu_blocks=i32(cfg.engine.kv_cpu_blocks),
         kv_reload_us=np.asarray(reload_cost_us(cfg.engine.block_size_tokens,

@@ -172,7 +172,7 @@ def _exchange(s: SimState, st, pool: int, own) -> SimState:
     return s.replace(**mine, pd=q.replace(**pools))
 
 
-def route_pool(s: SimState, st, c, p, r, pool: int, active):
+def route_pool(s: SimState, st, c, p, r, now, pool: int, active):
     """Route r among the pool's instances (``Router.route`` with the pool's candidates). A
     pool with its own scorers routes by weight with its own random stream; otherwise with the
     lane's routing and the "router" stream. Round-robin counts per pool, or on one counter
@@ -187,16 +187,16 @@ def route_pool(s: SimState, st, c, p, r, pool: int, active):
                                   p.prefix_index_on),
         candidates=(p.pd_role & wanted) != 0)
     s = _exchange(s, st, pool, own)
-    s, target = policies.route(s, st, c, p, r, active, spec)
+    s, target = policies.route(s, st, c, p, r, now, active, spec)
     return _exchange(s, st, pool, own), target
 
 
-def route_request(s: SimState, st, c, p, r, active):
+def route_request(s: SimState, st, c, p, r, now, active):
     """Routing with pools (``PDCluster.route``): the decode instance first, then
     the decider, which reads that instance's cached prefix (the cache query). A
     disaggregated request awaits its prefill routing at this time; any other is served
     whole by the decode instance. Returns ``(state, decode instance, whole)``."""
-    s, decode = route_pool(s, st, c, p, r, POOL_DECODE, active)
+    s, decode = route_pool(s, st, c, p, r, now, POOL_DECODE, active)
     cached = policies.cache_query(s, st, c, r)[decode]
     split = active & disaggregates(p, c, r, cached, st.block_size)
     q = s.pd

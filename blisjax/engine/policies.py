@@ -26,13 +26,14 @@ from blisjax.config.codes import (
     Scorer,
     TieBreak,
 )
-from blisjax.engine import gorand
+from blisjax.engine import gorand, program
 from blisjax.engine import kvcache as kv
 from blisjax.engine.exactfloat import exact_mul, ieee_divide
 from blisjax.engine.lockstep import add, lane_once, upd
 from blisjax.engine.queues import q_fold
 from blisjax.engine.state import SimState
 from blisjax.engine.vec import leading_count
+from blisjax.program.observables import scorer_name
 
 F64 = jnp.float64
 
@@ -54,11 +55,12 @@ class AdmitDecision(NamedTuple):
     bucket_last: jax.Array  # int64 µs: time of the bucket's last refill
 
 
-def admit(s: SimState, c, p, r, now, active) -> AdmitDecision:
+def admit(s: SimState, st, c, p, r, now, active, members) -> AdmitDecision:
     """Admission of request r at ``now`` (``Admission.admit``). Token bucket: cost = input
     tokens; rate limit: the same bucket counted in requests (cost 1); tenant quota: fewer
-    in-flight requests of r's tenant than its quota. The bucket changes only where ``active``
-    and the lane's template uses it."""
+    in-flight requests of r's tenant than its quota; program: the lane's admission program's
+    value > 0 (its cluster observables over ``members``, bool [I]: the instances the router
+    could pick). The bucket changes only where ``active`` and the lane's template uses it."""
     code = p.admission
     limited = code == AdmissionPolicy.RATE_LIMIT
     cap = jnp.where(limited, p.rl_burst, p.tb_capacity)
@@ -76,20 +78,30 @@ def admit(s: SimState, c, p, r, now, active) -> AdmitDecision:
     admitted = by_code(AdmissionPolicy, {
         AdmissionPolicy.ALWAYS_ADMIT: True, AdmissionPolicy.TOKEN_BUCKET: take,
         AdmissionPolicy.REJECT_ALL: False, AdmissionPolicy.RATE_LIMIT: take,
-        AdmissionPolicy.TENANT_QUOTA: quota_ok})[code]
+        AdmissionPolicy.TENANT_QUOTA: quota_ok,
+        AdmissionPolicy.PROGRAM: _admission_program(s, st, c, p, r, now, members)})[code]
     return AdmitDecision(
         admitted=admitted,
         bucket=jnp.where(uses_bucket, jnp.where(take, tokens - cost, tokens), s.bucket),
         bucket_last=jnp.where(uses_bucket & refill, now, s.bucket_last))
 
 
+def _admission_program(s: SimState, st, c, p, r, now, members):
+    """The admission program's verdict (False where the site is not compiled in)."""
+    if "admission" not in st.program_sites:
+        return jnp.asarray(False)
+    values = {**program.request_values(s, c, r, now), **program.cluster_values(s, members)}
+    return program.run(p.admission_program, program.rows(1, values))[0] > 0.0
+
+
 # ---- priority and the instance scheduler --------------------------------------------------------
 
 
-def priority_score(p, c, r, now):
+def priority_score(s: SimState, st, p, c, r, now):
     """Priority of request(s) r at time now, float64, higher = more urgent (``Priority.score``):
     constant 0; slo-based age_weight·(0 + 1e-6·age); slo-class and tenant-priority static
-    scores; deadline-aware minus the remaining slack in seconds."""
+    scores; deadline-aware minus the remaining slack in seconds; program: the lane's priority
+    program's value (request observables)."""
     age = (now - c.arrival_us[r]).astype(F64)
     slo_based = p.age_weight * (0.0 + c.one_e_6 * age)
     slo_class = p.class_score[c.slo_class[r]]
@@ -99,7 +111,19 @@ def priority_score(p, c, r, now):
     return by_code(PriorityPolicy, {
         PriorityPolicy.CONSTANT: jnp.zeros_like(slo_based), PriorityPolicy.SLO_BASED: slo_based,
         PriorityPolicy.SLO_CLASS: slo_class, PriorityPolicy.TENANT_PRIORITY: tenant,
-        PriorityPolicy.DEADLINE_AWARE: deadline})[p.priority]
+        PriorityPolicy.DEADLINE_AWARE: deadline,
+        PriorityPolicy.PROGRAM: _priority_program(s, st, p, c, r, now, slo_based)})[p.priority]
+
+
+def _priority_program(s: SimState, st, p, c, r, now, like):
+    """The priority program's value for request(s) r (zeros where the site is not compiled
+    in); ``like``: an array of r's shape."""
+    if "priority" not in st.program_sites:
+        return jnp.zeros_like(like)
+    r = jnp.atleast_1d(r)
+    values = program.run(p.priority_program, program.rows(r.shape[0], program.request_values(
+        s, c, r, now)))
+    return values.reshape(like.shape)
 
 
 class _QueueBest(NamedTuple):
@@ -123,7 +147,7 @@ def head_offset(s: SimState, st, c, p, i, now, active):
 
     def fold(best: _QueueBest, off, reqs, valid) -> _QueueBest:
         # sjf's integer lengths are exact in float64, so one key type serves both orders
-        key = jnp.where(by_priority, -priority_score(p, c, reqs, now),
+        key = jnp.where(by_priority, -priority_score(s, st, p, c, reqs, now),
                         c.input_tokens[reqs].astype(F64))
         arrival = c.arrival_us[reqs]
         key_min = jnp.min(jnp.where(valid, key, inf))
@@ -248,12 +272,10 @@ def lane_spec(p) -> RouteSpec:
     return RouteSpec(p.routing, p.scorer_order, p.scorer_weight, p.prefix_index_on, None)
 
 
-def weighted_scores(s: SimState, st, c, p, r, view: RouterView, spec: RouteSpec | None = None):
-    """Σ clamp(score)·weight in configuration order, products formed exactly (no FMA)
-    (``Router.weighted_scores``); float64 [I]. Scores that normalise over instances do so
-    over ``spec.candidates``."""
-    spec = lane_spec(p) if spec is None else spec
-    among = spec.candidates
+def scorer_values(s: SimState, st, c, r, view: RouterView, among):
+    """Every scorer's value for each instance, before clamping (``Router.scorer``), float64
+    [S, I] in ``Scorer`` code order; scores that normalise over instances do so over
+    ``among`` (bool [I]; None: all)."""
     qd, bs, in_flight = s.snap_qd, s.snap_bs, s.in_flight
     full = c.full_blocks[r]
     prefix = jnp.where(full > 0, prefix_match(s, st, c, r).astype(F64)
@@ -276,6 +298,15 @@ def weighted_scores(s: SimState, st, c, p, r, view: RouterView, spec: RouteSpec 
         Scorer.ACTIVE_REQUESTS: active_requests,
         Scorer.RUNNING_REQUESTS: _inverted_min_max(bs, among),
         Scorer.NO_HIT_LRU: no_hit, Scorer.VLLM_DP: _inverted_min_max(4 * qd + bs, among)})
+    return scores
+
+
+def weighted_scores(s: SimState, st, c, p, r, view: RouterView, spec: RouteSpec | None = None):
+    """Σ clamp(score)·weight in configuration order, products formed exactly (no FMA)
+    (``Router.weighted_scores``); float64 [I]. Scores that normalise over instances do so
+    over ``spec.candidates``."""
+    spec = lane_spec(p) if spec is None else spec
+    scores = scorer_values(s, st, c, r, view, spec.candidates)
     w = spec.scorer_weight
     total_w = 0.0
     for k in range(len(Scorer)):  # left to right, as the reference sums
@@ -340,7 +371,21 @@ def _break_tie(s: SimState, p, tied, active):
     return s.replace(rng_words=src.words, rng_tap=src.tap, rng_feed=src.feed), target
 
 
-def route(s: SimState, st, c, p, r, active, spec: RouteSpec | None = None):
+def program_scores(s: SimState, st, c, p, r, now, view: RouterView, among):
+    """The lane's routing program's value for each instance, float64 [I]
+    (``Router._program_decision``): instance observables from the router's view, request and
+    cluster ones over ``among`` (bool [I]; None: all instances)."""
+    members = jnp.ones(st.num_instances, bool) if among is None else among
+    raw = scorer_values(s, st, c, r, view, among)
+    values = {"queue_depth": s.snap_qd.astype(F64), "batch_size": s.snap_bs.astype(F64),
+              "in_flight": s.in_flight.astype(F64), "kv_utilization": s.snap_kv,
+              "cached_blocks": view.cached.astype(F64),
+              **{scorer_name(x): jnp.clip(raw[x], 0.0, 1.0) for x in Scorer},
+              **program.request_values(s, c, r, now), **program.cluster_values(s, members)}
+    return program.run(p.routing_program, program.rows(st.num_instances, values))
+
+
+def route(s: SimState, st, c, p, r, now, active, spec: RouteSpec | None = None):
     """Target instance of request r (``Router.route``), from the router's snapshots: round
     robin, least loaded, always busiest (load = queue depth + batch size + in flight; ties to
     the first) or the best weighted score; least-loaded and weighted ties broken by
@@ -355,11 +400,16 @@ def route(s: SimState, st, c, p, r, active, spec: RouteSpec | None = None):
         view = view._replace(cold=~jnp.any(among & (view.cached > 0)))
     load = view.load
     weighted_lane = spec.policy == RoutingPolicy.WEIGHTED
+    program_lane = spec.policy == RoutingPolicy.PROGRAM
     scores = weighted_scores(s, st, c, p, r, view, spec)
-    tied = jnp.where(weighted_lane, scores == _max(scores, among), load == _min(load, among))
+    if "routing" in st.program_sites:
+        scores = jnp.where(program_lane, program_scores(s, st, c, p, r, now, view, among),
+                           scores)
+    scoring = weighted_lane | program_lane  # the highest score wins
+    tied = jnp.where(scoring, scores == _max(scores, among), load == _min(load, among))
     if among is not None:
         tied = tied & among
-    ties_matter = active & (weighted_lane | (spec.policy == RoutingPolicy.LEAST_LOADED))
+    ties_matter = active & (scoring | (spec.policy == RoutingPolicy.LEAST_LOADED))
     s, best = _break_tie(s, p, tied, ties_matter)
     if among is None:
         rr_target = s.rr % st.num_instances
@@ -372,11 +422,12 @@ def route(s: SimState, st, c, p, r, active, spec: RouteSpec | None = None):
         RoutingPolicy.ROUND_ROBIN: rr_target.astype(jnp.int32),
         RoutingPolicy.LEAST_LOADED: best,
         RoutingPolicy.ALWAYS_BUSIEST: busiest.astype(jnp.int32),
-        RoutingPolicy.WEIGHTED: best})[spec.policy]
-    s = prefix_touch(s, st, c, r, target, active & spec.prefix_index_on & weighted_lane)
+        RoutingPolicy.WEIGHTED: best, RoutingPolicy.PROGRAM: best})[spec.policy]
+    s = prefix_touch(s, st, c, r, target, active & spec.prefix_index_on & scoring)
     if st.cache_scorers:
         uses_lru = jnp.any(spec.scorer_order == Scorer.NO_HIT_LRU)
-        mark = active & weighted_lane & uses_lru & view.cold
+        mark = active & ((weighted_lane & uses_lru) | (program_lane & p.program_lru)) \
+            & view.cold
         s = s.replace(cold_stamp=upd(s.cold_stamp, target, s.cold_clock, mark),
                       cold_clock=s.cold_clock + mark.astype(jnp.int64))
     round_robin = spec.policy == RoutingPolicy.ROUND_ROBIN

@@ -6,6 +6,9 @@ A *knob* is a dotted name of a per-lane policy setting:
   field of ``AdmissionConfig``/``PriorityConfig``/``RoutingConfig``/``SchedulerConfig``
   (e.g. ``admission.token_bucket_capacity``, ``priority.policy``);
 * ``routing.scorers.<scorer>`` — the weight of a weighted-routing scorer (added if absent);
+* policy programs (docs/policy-programs.md): ``routing.program``, ``admission.program`` and
+  ``priority.program`` (an expression; with ``<site>.policy: program``), and
+  ``<site>.params.<name>`` — a named parameter of the site's program (added if absent);
 * instance lifecycles (the base configuration must model them: an autoscaler, node pools,
   loading or warm-up): ``autoscaler.<field>`` — any field of ``AutoscalerConfig`` (its policy,
   thresholds, windows, cooldown, replica bounds up to the base's ``max_replicas``, drain
@@ -102,6 +105,14 @@ def set_knob(cfg: SimConfig, name: str, value) -> SimConfig:
         return dataclasses.replace(cfg, policy=dataclasses.replace(cfg.policy, routing=routing))
     if parts == ["cluster", "num_instances"]:
         return _set_size(cfg, value)
+    if len(parts) == 3 and parts[0] in ("routing", "admission", "priority") \
+            and parts[1] == "params":
+        section = getattr(cfg.policy, parts[0])
+        params = dict(section.params)
+        params[parts[2]] = value
+        section = dataclasses.replace(section, params=tuple(params.items()))
+        return dataclasses.replace(cfg, policy=dataclasses.replace(cfg.policy,
+                                                                   **{parts[0]: section}))
     if parts[:2] == ["cluster", "pd"]:
         if not cfg.cluster.pd.enabled:
             raise ConfigError(f"knob {name!r}: the base configuration has no P/D pools "
@@ -130,7 +141,8 @@ def set_knob(cfg: SimConfig, name: str, value) -> SimConfig:
         return dataclasses.replace(cfg, policy=dataclasses.replace(cfg.policy,
                                                                    **{parts[0]: section}))
     raise ConfigError(f"knob {name!r}: not a per-lane policy knob (allowed: admission.<field>, "
-                      "priority.<field>, routing.policy, routing.scorers.<scorer>, "
+                      "priority.<field>, routing.<field>, routing.scorers.<scorer>, "
+                      "<routing|admission|priority>.params.<name>, "
                       "scheduler.policy, cluster.num_instances, engine.<field> for "
                       f"{', '.join(ENGINE_KNOBS)}, cluster.pd.<field>, cluster.pd.split, "
                       "cluster.pd.prefill_scorers.<scorer>, cluster.pd.decode_scorers.<scorer>, "

@@ -19,13 +19,20 @@ import numpy as np
 
 from blisjax.config._checks import ConfigError
 from blisjax.config.autoscale import max_replicas
-from blisjax.config.codes import CACHE_SCORERS, Scorer
+from blisjax.config.codes import (
+    CACHE_SCORERS,
+    AdmissionPolicy,
+    PriorityPolicy,
+    RoutingPolicy,
+    Scorer,
+)
 from blisjax.engine.physics import PhysicsConsts, physics_consts
 from blisjax.engine.pytree import pytree_dataclass
 from blisjax.engine.roofline import RooflineConsts, roofline_consts
 from blisjax.engine.roofline import fits_the_program as roofline_fits_the_program
 from blisjax.latency.blackbox import blackbox_queueing_delay_us
 from blisjax.latency.factory import make_latency_model
+from blisjax.program.observables import SITES as PROGRAM_SITES
 
 
 @dataclass(frozen=True)
@@ -95,6 +102,11 @@ class EngineStatic:
     # prefix of the request at routing) is compiled in: some lane lists one of them
     # (``build_static`` from the configuration, ``for_lanes`` from a population).
     cache_scorers: bool = False
+    # Policy programs (``engine.program``): the sites ("routing", "admission", "priority")
+    # whose interpreter is compiled in — some lane's policy there is ``program``
+    # (``build_static`` from the configuration, ``for_lanes`` from a population). A routing
+    # program also compiles the cache query in (its ``cached_blocks`` and cache scorers).
+    program_sites: tuple[str, ...] = ()
     # ``cluster.cache_signal_delay_us``: > 0, the cache query reads a periodic copy of the hash
     # slots (``SimState.cache_copy``), compiled in with the query.
     cache_signal_delay_us: int = 0
@@ -401,8 +413,10 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
         decode_stretches=bool(decode_stretches),
         latency_model=cfg.latency.model,
         # the prefix-threshold decider reads the cache query (any lane may use it)
-        cache_scorers=pd or any(Scorer.of(w.name) in CACHE_SCORERS
-                                for w in cfg.policy.routing.scorers),
+        cache_scorers=pd or cfg.policy.routing.policy == "program"
+        or any(Scorer.of(w.name) in CACHE_SCORERS for w in cfg.policy.routing.scorers),
+        program_sites=tuple(site for site in PROGRAM_SITES
+                            if getattr(cfg.policy, site).policy == "program"),
         cache_signal_delay_us=cfg.cluster.cache_signal_delay_us,
         blis_quirks=cfg.compat.blis_quirks,
         cpu_tier_blocks=int(max(eng.kv_cpu_blocks, cpu_tier_blocks or 0)),
@@ -509,6 +523,15 @@ def for_lanes(st: EngineStatic, params) -> EngineStatic:
     cpu = int(np.max(np.asarray(params.kv_cpu_blocks), initial=0))
     if cpu > st.cpu_tier_blocks:  # a lane sizes a CPU tier larger than the base's
         st = dataclasses.replace(st, cpu_tier_blocks=cpu)
+    codes = {"routing": (params.routing, RoutingPolicy.PROGRAM),
+             "admission": (params.admission, AdmissionPolicy.PROGRAM),
+             "priority": (params.priority, PriorityPolicy.PROGRAM)}
+    sites = tuple(site for site in PROGRAM_SITES if site in st.program_sites
+                  or bool(np.any(np.asarray(codes[site][0]) == int(codes[site][1]))))
+    if sites != st.program_sites:
+        st = dataclasses.replace(st, program_sites=sites)
+    if "routing" in sites and not st.cache_scorers:
+        st = dataclasses.replace(st, cache_scorers=True)
     if st.cache_scorers:
         return st
     order = np.asarray(params.scorer_order)

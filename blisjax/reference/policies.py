@@ -23,6 +23,8 @@ from blisjax.config.codes import (
     TieBreak,
 )
 from blisjax.gorand import blis_subsystem_rand
+from blisjax.program.observables import scorer_name
+from blisjax.reference import program as programs
 from blisjax.reference.code_policy import (
     CodePolicyError,
     InstanceInfo,
@@ -63,6 +65,7 @@ class Admission:
       refill ``rate_limit_rps`` per second, cost 1.
     * ``tenant-quota``: reject when the tenant already has ``quota`` admitted requests that have
       not yet completed, timed out or been dropped (per-tenant override, else the default).
+    * ``program``: admit iff the program's value is > 0 (request and cluster observables).
     """
 
     def __init__(self, cfg, tenant_names: tuple[str, ...]) -> None:
@@ -73,9 +76,15 @@ class Admission:
         elif self.policy == AdmissionPolicy.RATE_LIMIT:
             self.bucket = TokenBucket(cfg.rate_limit_burst, cfg.rate_limit_rps)
         self.tenant_quota = cfg.max_in_flight_table(tenant_names)
+        self.program = cfg.compiled() if self.policy == AdmissionPolicy.PROGRAM else None
 
-    def admit(self, req, now_us: int, tenant_in_flight: list[int]) -> bool:
+    def admit(self, req, now_us: int, tenant_in_flight: list[int],
+              cluster: dict[str, float] | None = None) -> bool:
+        """Whether ``req`` is admitted; ``cluster``: the cluster observables (programs)."""
         p = self.policy
+        if p == AdmissionPolicy.PROGRAM:
+            seen = {**programs.request_observables(req, now_us, tenant_in_flight), **cluster}
+            return programs.run(self.program, seen) > 0.0
         if p == AdmissionPolicy.ALWAYS_ADMIT:
             return True
         if p == AdmissionPolicy.REJECT_ALL:
@@ -105,10 +114,14 @@ class Priority:
     * ``deadline-aware``: ``-(1e-6·(deadline_us - now_us))``, i.e. minus the remaining slack in
       seconds (negative once overdue → even more urgent); requests without a deadline get
       ``-no_deadline_slack_s``.
+    * ``program``: the program's value (request observables; ``tenant_in_flight`` is the
+      cluster's list, set by the cluster).
     """
 
     def __init__(self, cfg, tenant_names: tuple[str, ...]) -> None:
         self.policy = PriorityPolicy.of(cfg.policy)
+        self.program = cfg.compiled() if self.policy == PriorityPolicy.PROGRAM else None
+        self.tenant_in_flight: list[int] = [0] * len(tenant_names)
         self.age_weight = cfg.age_weight
         self.class_score = cfg.slo_class_score_table()
         self.tenant_score = cfg.tenant_score_table(tenant_names)
@@ -126,6 +139,9 @@ class Priority:
             return call_code("priority", checked_priority, self.code, self.describe(req),
                              now_us)
         p = self.policy
+        if p == PriorityPolicy.PROGRAM:
+            return programs.run(self.program, programs.request_observables(
+                req, now_us, self.tenant_in_flight))
         if p == PriorityPolicy.CONSTANT:
             return 0.0
         if p == PriorityPolicy.SLO_BASED:
@@ -229,7 +245,8 @@ class Snapshot(NamedTuple):
     ``queue_depth``, ``batch_size`` and ``kv_util`` are the (live or periodic) snapshots,
     ``in_flight`` is always live, and ``cached_blocks()`` returns the live prefix-cache query
     (consecutive cached prompt blocks of the request per instance), evaluated only by the
-    scorers that need it.
+    scorers that need it. ``tenant_in_flight`` (per tenant) and ``now_us``: what a routing
+    program's request observables read.
     """
 
     queue_depth: list[int]
@@ -237,6 +254,8 @@ class Snapshot(NamedTuple):
     kv_util: list[float]
     in_flight: list[int]
     cached_blocks: Callable[[], list[int]]
+    tenant_in_flight: list[int] | None = None
+    now_us: int = 0
 
 
 class Routed(NamedTuple):
@@ -274,11 +293,17 @@ class Router:
         self.rng = (blis_subsystem_rand(seed, stream)
                     if TieBreak.of(cfg.tie_break) == TieBreak.BLIS_RANDOM else None)
         weighted = self.policy == RoutingPolicy.WEIGHTED
+        self.program = cfg.compiled() if self.policy == RoutingPolicy.PROGRAM else None
+        # the scorers a program reads (its score_<scorer> observables), in code order
+        read = set(self.program.reads) if self.program is not None else set()
+        self.program_scorers = [x for x in Scorer if scorer_name(x) in read]
         self.prefix_index = None
-        if weighted and Scorer.PREFIX_AFFINITY in self.scorers:
+        if (weighted and Scorer.PREFIX_AFFINITY in self.scorers) \
+                or Scorer.PREFIX_AFFINITY in self.program_scorers:
             self.prefix_index = [PrefixIndex(prefix_index_capacity_blocks)
                                  for _ in range(num_instances)]
-        self.reads_caches = weighted and any(x in CACHE_SCORERS for x in self.scorers)
+        self.reads_caches = (weighted and any(x in CACHE_SCORERS for x in self.scorers)) \
+            or bool(read & ({"cached_blocks"} | {scorer_name(x) for x in CACHE_SCORERS}))
         # no-hit-lru: instances that took a cold request, most recent first
         self.cold_recency: list[int] = []
         # a code policy's route_scores and the request view it reads (code_policy.py)
@@ -312,6 +337,8 @@ class Router:
         if self.code is not None:
             return self._code_decision(req, snap, idx)
         p = self.policy
+        if p == RoutingPolicy.PROGRAM:
+            return self._program_decision(req, prompt_hashes, snap, idx)
         if p == RoutingPolicy.ROUND_ROBIN:
             count = self.counters.get(counter, 0)
             self.counters[counter] = count + 1
@@ -336,6 +363,45 @@ class Router:
         if self.prefix_index is not None:
             self.prefix_index[target].touch(prompt_hashes)
         if cold and Scorer.NO_HIT_LRU in self.scorers:
+            if target in self.cold_recency:
+                self.cold_recency.remove(target)
+            self.cold_recency.insert(0, target)
+        return Routed(target, dict(zip(idx, scores, strict=True)))
+
+    def _program_decision(self, req, prompt_hashes, snap: Snapshot, idx: list[int]) -> Routed:
+        """A program's decision: its value for each candidate, the highest wins (ties as the
+        weighted policy's); the prefix index and no-hit-lru's recency observe it when the
+        program reads their scorers."""
+        n = len(idx)
+        load = [snap.queue_depth[i] + snap.batch_size[i] + snap.in_flight[i] for i in idx]
+        cached = None
+        if self.reads_caches:
+            every = snap.cached_blocks()
+            cached = [every[i] for i in idx]
+        cold = cached is not None and not any(c > 0 for c in cached)
+        scorer_values = {
+            scorer_name(x): self.scorer(x, req, prompt_hashes, snap, idx, load, cached, cold)
+            for x in self.program_scorers}
+        common = {**programs.request_observables(req, snap.now_us, snap.tenant_in_flight),
+                  **programs.cluster_observables(snap.queue_depth, snap.in_flight,
+                                                 snap.kv_util, idx)}
+        scores = []
+        for k, i in enumerate(idx):
+            seen = dict(common)
+            seen.update(queue_depth=float(snap.queue_depth[i]),
+                        batch_size=float(snap.batch_size[i]),
+                        in_flight=float(snap.in_flight[i]), kv_utilization=snap.kv_util[i],
+                        cached_blocks=float(cached[k]) if cached is not None else 0.0)
+            for name, values in scorer_values.items():
+                seen[name] = min(1.0, max(0.0, values[k]))
+            scores.append(programs.run(self.program, seen))
+        best = scores[0]
+        for score in scores[1:]:
+            best = score if score > best else best
+        target = self._pick([idx[k] for k in range(n) if scores[k] == best])
+        if self.prefix_index is not None:
+            self.prefix_index[target].touch(prompt_hashes)
+        if cold and Scorer.NO_HIT_LRU in self.program_scorers:
             if target in self.cold_recency:
                 self.cold_recency.remove(target)
             self.cold_recency.insert(0, target)

@@ -14,8 +14,11 @@ from blisjax.config.codes import (
 
 
 def test_labels_are_blis_policy_names():
-    # Names as BLIS's CLI and policy bundles spell them (docs/semantics.md §5.3–§5.9).
-    assert RoutingPolicy.labels() == ("round-robin", "least-loaded", "always-busiest", "weighted")
+    # Names as BLIS's CLI and policy bundles spell them (docs/semantics.md §5.3–§5.9), and
+    # blisjax's policy programs last (docs/policy-programs.md).
+    assert RoutingPolicy.labels() == ("round-robin", "least-loaded", "always-busiest", "weighted",
+                                      "program")
+    assert AdmissionPolicy.labels()[-1] == PriorityPolicy.labels()[-1] == "program"
     assert Scorer.labels() == ("prefix-affinity", "queue-depth", "kv-utilization", "load-balance",
                                "precise-prefix-cache", "load-aware", "active-requests",
                                "running-requests", "no-hit-lru", "vllm-dp")

@@ -1,0 +1,134 @@
+"""Policy programs in the reference engine: the expression tree evaluated in plain Python.
+
+Counterpart: ``blisjax.engine.program`` (the same arithmetic over per-lane instructions).
+The arithmetic (docs/policy-programs.md, Arithmetic): float64 throughout and every value
+finite — a result beyond the largest finite float is that float (``MAX_FLOAT``, with its
+sign); ``x / 0`` is 0; comparisons and ``and``/``or``/``not`` give 1.0 or 0.0 (any non-zero
+value is true); ``min(a, b)`` is ``b`` if ``b < a`` else ``a`` and ``max`` alike;
+``clip(x, lo, hi)`` is ``min(max(x, lo), hi)``; ``log1p`` follows the series of ``log1p``
+below (x <= -1 gives ``-MAX_FLOAT``).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Mapping
+
+from blisjax.program import Node, PolicyProgram
+from blisjax.program.observables import SLO_CLASS_RANK
+
+#: The largest finite float64: results beyond it are clamped to it (or its negative).
+MAX_FLOAT = sys.float_info.max
+SQRT_HALF = 0.7071067811865476
+LN2 = 0.6931471805599453
+#: 1/(2k+1), k = 0 .. 11: the series of atanh, log(m) = 2·atanh((m-1)/(m+1)).
+LOG_SERIES = tuple(1.0 / float(2 * k + 1) for k in range(12))
+
+
+def finite(x: float) -> float:
+    """``x`` clamped to [-MAX_FLOAT, MAX_FLOAT] (an overflowed result)."""
+    if x > MAX_FLOAT:
+        return MAX_FLOAT
+    if x < -MAX_FLOAT:
+        return -MAX_FLOAT
+    return x
+
+
+def log1p(x: float) -> float:
+    """log(1 + x) by one fixed sequence of IEEE operations (within a few ulp of the exact
+    value): u = 1 + x; u = m·2^e with m in [√½, √2); s = (m−1)/(m+1);
+    log m = 2s·Σ s^(2k)/(2k+1) (Horner, 12 terms); log u = e·ln 2 + log m; the result is
+    log u · x/(u − 1), which corrects the rounding of 1 + x (x itself when u == 1)."""
+    if x <= -1.0:
+        return -MAX_FLOAT
+    u = 1.0 + x
+    if u == 1.0:
+        return x
+    m, e = math.frexp(u)
+    if m < SQRT_HALF:
+        m, e = m * 2.0, e - 1
+    f = m - 1.0
+    s = f / (2.0 + f)
+    z = s * s
+    poly = LOG_SERIES[-1]
+    for coefficient in reversed(LOG_SERIES[:-1]):
+        poly = coefficient + z * poly
+    log_u = float(e) * LN2 + (2.0 * s) * poly
+    return log_u * (x / (u - 1.0))
+
+
+def _truth(x: bool) -> float:
+    return 1.0 if x else 0.0
+
+
+def evaluate(node: Node, values: Mapping[str, float]) -> float:
+    """The value of ``node`` with names bound by ``values`` (observables and parameters)."""
+    op, args = node.op, node.args
+    if op == "const":
+        return node.value
+    if op == "name":
+        return values[node.name]
+    if op == "if":
+        cond = evaluate(args[0], values)
+        return evaluate(args[1] if cond != 0.0 else args[2], values)
+    x = [evaluate(a, values) for a in args]
+    if op == "add":
+        return finite(x[0] + x[1])
+    if op == "sub":
+        return finite(x[0] - x[1])
+    if op == "mul":
+        return finite(x[0] * x[1])
+    if op == "div":
+        return 0.0 if x[1] == 0.0 else finite(x[0] / x[1])
+    if op == "neg":
+        return -x[0]
+    if op == "abs":
+        return abs(x[0])
+    if op == "log1p":
+        return log1p(x[0])
+    if op == "not":
+        return _truth(x[0] == 0.0)
+    if op == "and":
+        return _truth(x[0] != 0.0 and x[1] != 0.0)
+    if op == "or":
+        return _truth(x[0] != 0.0 or x[1] != 0.0)
+    if op == "min":
+        return x[1] if x[1] < x[0] else x[0]
+    if op == "max":
+        return x[1] if x[1] > x[0] else x[0]
+    if op == "clip":
+        low = x[1] if x[1] > x[0] else x[0]
+        return x[2] if x[2] < low else low
+    return _truth({"lt": x[0] < x[1], "le": x[0] <= x[1], "gt": x[0] > x[1],
+                   "ge": x[0] >= x[1], "eq": x[0] == x[1], "ne": x[0] != x[1]}[op])
+
+
+def run(program: PolicyProgram, observables: Mapping[str, float]) -> float:
+    """The program's value for one decision (``observables``: every name it reads)."""
+    return evaluate(program.node, {**observables, **dict(program.params)})
+
+
+# ---- observables (docs/policy-programs.md, Observables) ----------------------------------------
+
+
+def request_observables(req, now_us: int, tenant_in_flight: list[int]) -> dict[str, float]:
+    """The request observables of ``req`` at ``now_us``."""
+    prefix = req.prefix_length if req.prefix_group >= 0 else 0
+    return {"input_tokens": float(req.input_tokens), "prefix_tokens": float(prefix),
+            "slo_class_rank": float(SLO_CLASS_RANK[req.slo_class]),
+            "tenant_in_flight": float(tenant_in_flight[req.tenant]),
+            "age_ms": float(now_us - req.arrival_us) / 1000.0}
+
+
+def cluster_observables(queue_depth: list[int], in_flight: list[int], kv_util: list[float],
+                        members: list[int]) -> dict[str, float]:
+    """The cluster observables over the instances ``members`` (summed in instance order)."""
+    kv = 0.0
+    for i in members:
+        kv += kv_util[i]
+    n = len(members)
+    return {"cluster_queue_depth": float(sum(queue_depth[i] for i in members)),
+            "cluster_in_flight": float(sum(in_flight[i] for i in members)),
+            "cluster_kv_utilization": kv / float(n) if n else 0.0,
+            "instances": float(n)}
