@@ -26,6 +26,8 @@ from blisjax.program.observables import SLO_CLASS_RANK, index_of
 F64 = jnp.float64
 #: The largest finite float64 (results beyond it are clamped to it).
 MAX_FLOAT = float(jnp.finfo(jnp.float64).max)
+#: The smallest normal float64 (smaller magnitudes are 0.0).
+MIN_NORMAL = float(jnp.finfo(jnp.float64).smallest_normal)
 _SQRT_HALF = 0.7071067811865476
 _LN2 = 0.6931471805599453
 _LOG_SERIES = tuple(1.0 / float(2 * k + 1) for k in range(12))
@@ -33,13 +35,16 @@ _EXP_MASK = 0x7FF0000000000000
 
 
 def _finite(x):
-    return jnp.clip(x, -MAX_FLOAT, MAX_FLOAT)
+    """``reference.program.finite``: clamped to ±MAX_FLOAT, 0.0 below ``MIN_NORMAL``."""
+    return jnp.where(jnp.abs(x) < MIN_NORMAL, 0.0, jnp.clip(x, -MAX_FLOAT, MAX_FLOAT))
 
 
 def log1p(x):
     """``reference.program.log1p``, elementwise (float64 in, float64 out)."""
     low = x <= -1.0
-    u = 1.0 + jnp.where(low, 0.0, x)
+    # behind a barrier: XLA would otherwise rewrite (1 + x) - 1 as x, the rounding the
+    # correction below exists to undo
+    u = lax.optimization_barrier(1.0 + jnp.where(low, 0.0, x))
     exact = u == 1.0
     bits = lax.bitcast_convert_type(jnp.where(exact, 2.0, u), jnp.uint64)
     e = ((bits >> jnp.uint64(52)) & jnp.uint64(0x7FF)).astype(jnp.int64) - 1022
@@ -60,12 +65,12 @@ def log1p(x):
 
 def _results(op_values, x, y, z):
     """Every instruction's result from operands x, y, z (one per ``Op`` code, in code order;
-    ``CONST`` and ``OBS`` are filled in by the caller)."""
+    ``CONST`` and ``OBS`` are filled in by the caller), before ``_finite``."""
     t = lambda b: b.astype(F64)  # noqa: E731
     zero_div = y == 0.0
     return {
-        Op.ADD: _finite(x + y), Op.SUB: _finite(x - y), Op.MUL: _finite(exact_mul(x, y)),
-        Op.DIV: jnp.where(zero_div, 0.0, _finite(ieee_divide(x, jnp.where(zero_div, 1.0, y)))),
+        Op.ADD: x + y, Op.SUB: x - y, Op.MUL: exact_mul(x, y),
+        Op.DIV: jnp.where(zero_div, 0.0, ieee_divide(x, jnp.where(zero_div, 1.0, y))),
         Op.NEG: -x, Op.ABS: jnp.abs(x), Op.LOG1P: log1p(x),
         Op.LT: t(x < y), Op.LE: t(x <= y), Op.GT: t(x > y), Op.GE: t(x >= y),
         Op.EQ: t(x == y), Op.NE: t(x != y),
@@ -91,7 +96,7 @@ def run(code: Bytecode, observables):
         loaded = {Op.CONST: jnp.full((n,), code.imm[pc], F64),
                   Op.OBS: observables[jnp.clip(code.a[pc], 0, len(OBSERVABLES) - 1)]}
         by_op = _results(loaded, x, y, z)
-        value = jnp.stack([by_op[o] for o in Op])[op]
+        value = _finite(jnp.stack([by_op[o] for o in Op])[op])
         regs = regs.at[pc].set(jnp.where(go, value, regs[pc]))
         return pc + go.astype(jnp.int32), regs
 

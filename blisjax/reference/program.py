@@ -1,9 +1,11 @@
 """Policy programs in the reference engine: the expression tree evaluated in plain Python.
 
 Counterpart: ``blisjax.engine.program`` (the same arithmetic over per-lane instructions).
-The arithmetic (docs/policy-programs.md, Arithmetic): float64 throughout and every value
-finite — a result beyond the largest finite float is that float (``MAX_FLOAT``, with its
-sign); ``x / 0`` is 0; comparisons and ``and``/``or``/``not`` give 1.0 or 0.0 (any non-zero
+The arithmetic (docs/policy-programs.md, Arithmetic): float64 throughout, every value finite
+and normal — a result beyond the largest finite float is that float (``MAX_FLOAT``, with its
+sign), one below the smallest normal float in magnitude (a subnormal, or -0.0) is 0.0, and
+observables and constants are read the same way (XLA on CPU computes with subnormals as
+zero, so a program never sees one); ``x / 0`` is 0; comparisons and ``and``/``or``/``not`` give 1.0 or 0.0 (any non-zero
 value is true); ``min(a, b)`` is ``b`` if ``b < a`` else ``a`` and ``max`` alike;
 ``clip(x, lo, hi)`` is ``min(max(x, lo), hi)``; ``log1p`` follows the series of ``log1p``
 below (x <= -1 gives ``-MAX_FLOAT``).
@@ -20,6 +22,8 @@ from blisjax.program.observables import SLO_CLASS_RANK
 
 #: The largest finite float64: results beyond it are clamped to it (or its negative).
 MAX_FLOAT = sys.float_info.max
+#: The smallest normal float64: smaller magnitudes are 0.0.
+MIN_NORMAL = sys.float_info.min
 SQRT_HALF = 0.7071067811865476
 LN2 = 0.6931471805599453
 #: 1/(2k+1), k = 0 .. 11: the series of atanh, log(m) = 2·atanh((m-1)/(m+1)).
@@ -27,11 +31,14 @@ LOG_SERIES = tuple(1.0 / float(2 * k + 1) for k in range(12))
 
 
 def finite(x: float) -> float:
-    """``x`` clamped to [-MAX_FLOAT, MAX_FLOAT] (an overflowed result)."""
+    """``x`` clamped to [-MAX_FLOAT, MAX_FLOAT] (an overflowed result), 0.0 where its
+    magnitude is below ``MIN_NORMAL`` (a subnormal, or a zero of either sign)."""
     if x > MAX_FLOAT:
         return MAX_FLOAT
     if x < -MAX_FLOAT:
         return -MAX_FLOAT
+    if abs(x) < MIN_NORMAL:
+        return 0.0
     return x
 
 
@@ -63,7 +70,12 @@ def _truth(x: bool) -> float:
 
 
 def evaluate(node: Node, values: Mapping[str, float]) -> float:
-    """The value of ``node`` with names bound by ``values`` (observables and parameters)."""
+    """The value of ``node`` with names bound by ``values`` (observables and parameters),
+    every node's value passed through ``finite``."""
+    return finite(_evaluate(node, values))
+
+
+def _evaluate(node: Node, values: Mapping[str, float]) -> float:
     op, args = node.op, node.args
     if op == "const":
         return node.value
@@ -74,13 +86,13 @@ def evaluate(node: Node, values: Mapping[str, float]) -> float:
         return evaluate(args[1] if cond != 0.0 else args[2], values)
     x = [evaluate(a, values) for a in args]
     if op == "add":
-        return finite(x[0] + x[1])
+        return x[0] + x[1]
     if op == "sub":
-        return finite(x[0] - x[1])
+        return x[0] - x[1]
     if op == "mul":
-        return finite(x[0] * x[1])
+        return x[0] * x[1]
     if op == "div":
-        return 0.0 if x[1] == 0.0 else finite(x[0] / x[1])
+        return 0.0 if x[1] == 0.0 else x[0] / x[1]
     if op == "neg":
         return -x[0]
     if op == "abs":
@@ -98,7 +110,7 @@ def evaluate(node: Node, values: Mapping[str, float]) -> float:
     if op == "max":
         return x[1] if x[1] > x[0] else x[0]
     if op == "clip":
-        low = x[1] if x[1] > x[0] else x[0]
+        low = finite(x[1] if x[1] > x[0] else x[0])
         return x[2] if x[2] < low else low
     return _truth({"lt": x[0] < x[1], "le": x[0] <= x[1], "gt": x[0] > x[1],
                    "ge": x[0] >= x[1], "eq": x[0] == x[1], "ne": x[0] != x[1]}[op])
