@@ -1,5 +1,6 @@
 """Policy search on top of the blisjax JAX engine: search spaces over policy knobs, ask/tell
-strategies (OpenAI-ES, CMA-ES, GA/NSGA-II, random, grid, any evosax 0.3 algorithm), objective
+strategies (OpenAI-ES, CMA-ES, GA/NSGA-II, genetic programming over policy programs, random,
+grid, any evosax 0.3 algorithm), objective
 and constraint expressions over the metrics, robust multi-seed scoring, Pareto fronts,
 checkpointed reproducible runs, policy export and plots.
 
@@ -25,7 +26,8 @@ _EXPORTS = {
     "non_dominated_sort": "search.pareto", "crowding_distance": "search.pareto",
     "pareto_front": "search.pareto",
     "CMAES": "search.strategies", "OpenES": "search.strategies",
-    "GeneticAlgorithm": "search.strategies", "RandomSearch": "search.strategies",
+    "GeneticAlgorithm": "search.strategies", "GeneticProgramming": "search.strategies",
+    "RandomSearch": "search.strategies",
     "GridSweep": "search.strategies", "EvosaxStrategy": "search.strategies",
     "make_strategy": "search.strategies",
     "SimulationProblem": "search.evaluate",

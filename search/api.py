@@ -15,6 +15,8 @@ the checkpoint's settings) *without writing anything*, and returns a :class:`Pla
 * ``endpoint_picker.yaml`` — the best policy's weighted routing as an llm-d
   ``EndpointPickerConfig`` (:mod:`search.llmd`); absent, with the reason in the summary, when
   the policy has no llm-d counterpart;
+* ``best_program.txt`` — a program search's (``--strategy gp``) best program as an expression
+  and as a decision tree (also ``summary.json``'s ``best.program``);
 * ``pareto.csv`` (several objectives), ``convergence.png``, ``pareto.png`` (several
   objectives), ``sweep.png`` (sweeps over 1–2 knobs; more: the first two, best over the rest).
 """
@@ -51,6 +53,7 @@ from search.io import (
     write_csv_atomic,
     write_json_atomic,
     write_policy_exports,
+    write_text_atomic,
 )
 from search.llmd import (
     DEFAULT_API_VERSION,
@@ -284,7 +287,14 @@ def prepare(kind: str, config: str | Path | SimConfig, *, space: SearchSpace | s
         if strategy not in STRATEGIES:
             raise ConfigError("--strategy", f"must be one of {', '.join(STRATEGIES)}, got "
                               f"{strategy!r}")
+        _check_program_strategy(space_obj, strategy)
         pop = check_int("--population", population, 2, MAX_POPULATION)
+        if space_obj.program is not None and len(space_obj.program.seeds) > pop:
+            raise ConfigError("--population", f"must be at least the number of seed programs "
+                              f"(space.program.seeds: {len(space_obj.program.seeds)}), got {pop}")
+        if space_obj.param_names():
+            cfg = space_obj.declare_params(cfg)
+            resolved = resolve_config(cfg)
         if strategy == "openes" and pop % 2:
             raise ConfigError("--population", f"must be even for openes (antithetic pairs), "
                               f"got {pop}")
@@ -317,6 +327,16 @@ def prepare(kind: str, config: str | Path | SimConfig, *, space: SearchSpace | s
     _check_out_dir(plan.out_dir, resume, plan.fingerprint, gens)
     plan.warnings = _warnings(cfg, space_obj)
     return plan
+
+
+def _check_program_strategy(space: SearchSpace, strategy: str) -> None:
+    """A program section needs ``--strategy gp`` and ``gp`` needs one."""
+    if strategy == "gp" and space.program is None:
+        raise ConfigError("--space", "--strategy gp searches over a policy program: the space "
+                          "needs a program section (program: {site: routing, ...})")
+    if space.program is not None and strategy != "gp":
+        raise ConfigError("--strategy", f"the space has a program section, which only "
+                          f"--strategy gp searches, got {strategy!r}")
 
 
 def _warnings(cfg: SimConfig, space: SearchSpace) -> list[str]:
@@ -388,7 +408,7 @@ def _strategy(plan: Plan) -> Any:
         return GridSweep(template, plan.space.encode(plan.grid), plan.population)
     return make_strategy(plan.strategy, template, plan.population,
                          num_objectives=len(plan.scoring.objectives), sigma=plan.sigma,
-                         learning_rate=plan.learning_rate)
+                         learning_rate=plan.learning_rate, program=plan.space.program)
 
 
 def _chosen(result: SearchResult, scoring: Scoring) -> Record | None:
@@ -499,6 +519,9 @@ def finalize(plan: Plan, result: SearchResult, holdout: dict | None = None,
                      if result.baseline is not None else None),
         "best": _record_summary(chosen, scoring) if chosen is not None else None,
     }
+    if chosen is not None and space.program is not None:
+        summary["best"]["program"] = program_summary(space.program.site,
+                                                     chosen.knobs[space.program.knob])
     if chosen is not None:
         summary["best"]["metrics_per_seed"] = _metrics_of(result, chosen)
     if scoring.multi_objective:
@@ -524,6 +547,9 @@ def finalize(plan: Plan, result: SearchResult, holdout: dict | None = None,
         if left_out:
             summary["policy_bundle_left_out"] = left_out
         files.update(best_policy="best_policy.yaml", best_config="best_config.yaml")
+        if space.program is not None:
+            write_text_atomic(out / BEST_PROGRAM, program_file_text(summary["best"]["program"]))
+            files["best_program"] = BEST_PROGRAM
         picker = endpoint_picker_config(cfg, plan.llmd_api_version)
         if picker.text is not None:
             files["endpoint_picker"] = endpoint_picker_name()
@@ -594,6 +620,26 @@ def execute(plan: Plan, *, progress: bool | TextIO = True,
     return finalize(plan, result, holdout, llmd)
 
 
+#: The best program of a program search, as text and as a decision tree.
+BEST_PROGRAM = "best_program.txt"
+
+
+def program_summary(site: str, text: str) -> dict[str, Any]:
+    """A program's entry in ``summary.json``: its site, text, node count and decision tree
+    (``blisjax.program.tree_text``, one list item per line)."""
+    from blisjax.program.language import parse, size, tree_text
+
+    node = parse(text, path=f"{site}.program")
+    return {"site": site, "text": text, "nodes": size(node),
+            "tree": tree_text(node).splitlines()}
+
+
+def program_file_text(program: Mapping[str, Any]) -> str:
+    """``best_program.txt``: the site and size as comments, the expression, then the tree."""
+    return (f"# best {program['site']} program ({program['nodes']} nodes)\n"
+            f"{program['text']}\n\n# as a decision tree\n" + "\n".join(program["tree"]) + "\n")
+
+
 def search_capacities(space) -> dict[str, Any]:
     """JAX-engine capacities a space needs beyond its base configuration's, so that every
     generation runs one program: a CPU-tier size knob compiles the tier at its largest value,
@@ -607,7 +653,17 @@ def search_capacities(space) -> dict[str, Any]:
 
 
 def baseline_knobs(plan: Plan) -> Mapping[str, Any]:
-    """The base configuration's values of the searched knobs (for reports)."""
+    """The base configuration's values of the searched knobs (for reports). With a program
+    section: also ``<site>.policy``; the program and its parameters are None unless the
+    configured policy there is ``program`` (``declare_params`` may have added them unused)."""
     from search.space import get_knob
 
-    return {name: get_knob(plan.config, name) for name in plan.space.names}
+    out = {name: get_knob(plan.config, name) for name in plan.space.names}
+    spec = plan.space.program
+    if spec is not None:
+        policy = get_knob(plan.config, spec.policy_knob)
+        if policy != "program":
+            out.update((name, None) for name in out
+                       if name == spec.knob or name.startswith(f"{spec.site}.params."))
+        out[spec.policy_knob] = policy
+    return out

@@ -34,7 +34,7 @@ __all__ = ["add_search_parser", "add_sweep_parser", "cmd_search", "cmd_sweep", "
 _INT = re.compile(r"^[+-]?\d+$")
 #: ``--strategy`` choices (= ``search.strategies.STRATEGIES``, kept here so that building the
 #: parser does not import JAX).
-STRATEGIES = ("cma", "openes", "ga", "random")
+STRATEGIES = ("cma", "openes", "ga", "gp", "random")
 #: Most points of one grid axis.
 MAX_AXIS_POINTS = 100_000
 
@@ -225,7 +225,8 @@ def add_search_parser(sub: Any) -> argparse.ArgumentParser:
     _add_scoring(p)
     p.add_argument("--space", required=True, metavar="SPACE.yaml", help="search space YAML")
     p.add_argument("--strategy", required=True, choices=STRATEGIES,
-                   help="cma | openes | ga | random")
+                   help="cma | openes | ga | gp | random (gp: genetic programming over the "
+                        "policy program of the space's program section)")
     p.add_argument("--population", required=True, metavar="P",
                    help="candidates per generation = lanes per engine call (>= 2; even for "
                         "openes)")
@@ -236,7 +237,7 @@ def add_search_parser(sub: Any) -> argparse.ArgumentParser:
                         "on these workload seeds")
     p.add_argument("--sigma", metavar="X",
                    help="initial step / mutation scale in unit-cube coordinates (cma, openes, "
-                        "ga; default cma 0.3, openes 0.1, ga 0.1)")
+                        "ga, gp; default cma 0.3, openes 0.1, ga 0.1, gp 0.1)")
     p.add_argument("--learning-rate", metavar="X",
                    help="with --strategy openes: the Adam learning rate (default 0.05)")
     p.add_argument("--out", default="results/search", metavar="DIR",
@@ -344,6 +345,10 @@ def _run(plan: Any, args: Any, ray: dict | None = None) -> int:
             backend.close()
     print(f"blisjax: results in {plan.out_dir}/ ({', '.join(summary['files'].values())})",
           file=sys.stderr)
+    program = (summary.get("best") or {}).get("program")
+    if program is not None:
+        print(f"blisjax: best {program['site']} program ({program['nodes']} nodes):\n"
+              + "\n".join(f"  {line}" for line in program["tree"]), file=sys.stderr)
     print(json.dumps(summary, indent=2))
     return 0
 
@@ -378,7 +383,7 @@ def cmd_search(args: Any) -> int:
     if args.learning_rate is not None and args.strategy != "openes":
         raise ConfigError("--learning-rate", "only used with --strategy openes")
     if args.sigma is not None and args.strategy == "random":
-        raise ConfigError("--sigma", "only used with --strategy cma, openes or ga")
+        raise ConfigError("--sigma", "only used with --strategy cma, openes, ga or gp")
 
     ray = _ray_settings(args)
     plan = prepare("search", args.config, space=Path(args.space), strategy=args.strategy,

@@ -24,6 +24,20 @@ same dict with arrays of shape ``(P,)``. YAML form::
 
 Each knob may also give ``init`` (a value inside its range): the starting centre of the
 distribution-based strategies (default: the middle of the unit interval).
+
+A space may also search over the *structure* of one site's policy program
+(``blisjax.program``; ``--strategy gp``): a ``program`` section (:class:`ProgramSpec`) adds the
+knob ``<site>.program`` (a program text, the first column), and every decoded knob set also
+sets ``<site>.policy: program``. Numeric knobs ``<site>.params.<name>`` are the parameters the
+programs may read::
+
+    program:
+      site: routing
+      observables: [queue_depth, kv_utilization, score_prefix_affinity]   # default: all
+      max_nodes: 31
+      seeds: ["score_queue_depth"]
+    knobs:
+      routing.params.w: {low: 0, high: 10}
 """
 
 from __future__ import annotations
@@ -42,9 +56,12 @@ import yaml
 from blisjax.config import ConfigError, SimConfig
 from blisjax.config.sim import KNOB_MAGNITUDE
 from blisjax.engine.population import ENGINE_KNOBS, set_knob
+from blisjax.program import MAX_PROGRAM_LENGTH, SITES, ProgramError, compile_program
+from blisjax.program.language import parse, size, to_text
+from blisjax.program.observables import visible_at
 
-__all__ = ["ChoiceKnob", "NumericKnob", "SearchSpace", "get_knob", "load_space", "reflect_unit",
-           "space_from_mapping"]
+__all__ = ["ChoiceKnob", "NumericKnob", "ProgramSpec", "SearchSpace", "get_knob", "load_space",
+           "reflect_unit", "space_from_mapping"]
 
 _NUMERIC_KEYS = ("low", "high", "scale", "type", "init")
 _CHOICE_KEYS = ("choices", "init")
@@ -160,30 +177,109 @@ class ChoiceKnob:
 
 Knob = NumericKnob | ChoiceKnob
 
+#: Largest ``max_nodes`` of a program section: what compiles within the engine's instructions.
+MAX_NODES = MAX_PROGRAM_LENGTH
+#: Default ``constants`` range of a program section.
+DEFAULT_CONSTANTS = (-10.0, 10.0)
+_PROGRAM_KEYS = ("site", "observables", "operators", "constants", "max_nodes", "seeds")
+
+
+@dataclass(frozen=True)
+class ProgramSpec:
+    """The program section of a space: the grammar of ``search.strategies.gp``.
+
+    site: "routing", "admission" or "priority"; observables: what new subtrees read (every
+    observable visible at the site when the YAML omits it); operators: node operators of new
+    subtrees (``search.strategies.gp.OPERATOR_ARITY``; all when omitted); constants: (low,
+    high) of new constants; max_nodes: size limit, 1 … ``MAX_NODES``; seeds: program texts of
+    the first generation (canonical text).
+    """
+
+    site: str
+    observables: tuple[str, ...]
+    operators: tuple[str, ...]
+    constants: tuple[float, float] = DEFAULT_CONSTANTS
+    max_nodes: int = 31
+    seeds: tuple[str, ...] = ()
+
+    @property
+    def knob(self) -> str:
+        """The knob holding the program text: ``<site>.program``."""
+        return f"{self.site}.program"
+
+    @property
+    def policy_knob(self) -> str:
+        """The knob every candidate sets to ``program``: ``<site>.policy``."""
+        return f"{self.site}.policy"
+
+    def to_mapping(self) -> dict[str, Any]:
+        """The YAML form of the section."""
+        return {"site": self.site, "observables": list(self.observables),
+                "operators": list(self.operators), "constants": list(self.constants),
+                "max_nodes": self.max_nodes, "seeds": list(self.seeds)}
+
 
 @dataclass(frozen=True)
 class SearchSpace:
-    """An ordered tuple of knobs; the order is the column order of every output."""
+    """An ordered tuple of knobs, and optionally a program section; the order (the program
+    first) is the column order of every output."""
 
     knobs: tuple[Knob, ...]
+    program: ProgramSpec | None = None
 
     def __post_init__(self) -> None:
         names = [k.name for k in self.knobs]
-        if not names:
-            raise ConfigError("space.knobs", "must declare at least one knob")
+        if not names and self.program is None:
+            raise ConfigError("space.knobs", "must declare at least one knob (or a program "
+                              "section)")
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ConfigError("space.knobs", f"duplicate knob {dupes[0]!r}")
+        if self.program is not None:
+            site = self.program.site
+            for name in names:
+                if name in (f"{site}.policy", f"{site}.program", f"{site}.tree"):
+                    raise ConfigError(f"space.knobs.{name}", "is set by the program section "
+                                      f"(every candidate runs its own {site} program)")
 
     @property
     def names(self) -> tuple[str, ...]:
-        """Knob names in declaration order."""
-        return tuple(k.name for k in self.knobs)
+        """Column names: the program knob (with a program section), then the knobs in
+        declaration order."""
+        head = (self.program.knob,) if self.program is not None else ()
+        return head + tuple(k.name for k in self.knobs)
 
     @property
     def dim(self) -> int:
-        """Number of unit coordinates (one per knob)."""
+        """Number of unit coordinates (one per knob; the program has none)."""
         return len(self.knobs)
+
+    def param_names(self) -> tuple[str, ...]:
+        """The program's parameters: ``<name>`` of each knob ``<site>.params.<name>``, sorted
+        (none without a program section)."""
+        if self.program is None:
+            return ()
+        prefix = f"{self.program.site}.params."
+        return tuple(sorted(k.name[len(prefix):] for k in self.knobs
+                            if k.name.startswith(prefix)))
+
+    def declare_params(self, config: SimConfig) -> SimConfig:
+        """``config`` with the program's parameters declared in ``policy.<site>.params`` (so
+        that each candidate's ``<site>.program`` and ``<site>.params.<name>`` knobs can be set
+        one after the other; unchanged without a program section or parameters). A site without
+        a program gets the placeholder ``0``, never run: its policy is unchanged."""
+        params = self.param_names()
+        if self.program is None or not params:
+            return config
+        site = self.program.site
+        section = getattr(config.policy, site)
+        declared = dict(section.params)
+        for name in params:
+            declared.setdefault(name, 0.0)
+        section = dataclasses.replace(section, program=section.program or "0",
+                                      params=tuple(declared.items()))
+        return dataclasses.replace(config, policy=dataclasses.replace(config.policy,
+                                                                      **{site: section}))
 
     def knob(self, name: str) -> Knob:
         """The knob called ``name``."""
@@ -198,19 +294,36 @@ class SearchSpace:
                 for k in self.knobs}
 
     def decode_one(self, unit: Mapping[str, Any]) -> dict[str, Any]:
-        """One solution (``{name: scalar}``, unit coordinates) → ``{name: knob value}``."""
-        return {k.name: k.from_unit(float(np.asarray(unit[k.name]))) for k in self.knobs}
+        """One solution (``{name: scalar}``, unit coordinates; with a program section also
+        ``{"<site>.program": text}``) → ``{name: knob value}``."""
+        return self.decode({name: np.asarray(value).reshape(1)
+                            for name, value in unit.items()})[0]
 
     def decode(self, population: Mapping[str, Any]) -> list[dict[str, Any]]:
-        """A population pytree ``{name: float[P]}`` → P knob dicts (in declaration order)."""
-        cols = {k.name: np.asarray(population[k.name], np.float64).reshape(-1)
-                for k in self.knobs}
+        """A population pytree ``{name: float[P]}`` → P knob dicts (in declaration order).
+
+        With a program section the population also holds ``{"<site>.program": str[P]}``, and
+        each knob dict is ``<site>.program`` (the text), the knobs, then ``<site>.policy:
+        program`` — the order in which ``set_knob`` accepts them."""
+        cols: dict[str, np.ndarray] = {
+            k.name: np.asarray(population[k.name], np.float64).reshape(-1) for k in self.knobs}
+        if self.program is not None:
+            cols = {self.program.knob: np.asarray(population[self.program.knob]).astype(str)
+                    .reshape(-1), **cols}
         sizes = {c.size for c in cols.values()}
         if len(sizes) != 1:
             raise ValueError(f"population leaves have different sizes: {sorted(sizes)}")
         n = sizes.pop()
-        return [{k.name: k.from_unit(float(cols[k.name][i])) for k in self.knobs}
-                for i in range(n)]
+        out = []
+        for i in range(n):
+            knobs: dict[str, Any] = {}
+            if self.program is not None:
+                knobs[self.program.knob] = str(cols[self.program.knob][i])
+            knobs.update((k.name, k.from_unit(float(cols[k.name][i]))) for k in self.knobs)
+            if self.program is not None:
+                knobs[self.program.policy_knob] = "program"
+            out.append(knobs)
+        return out
 
     def encode(self, knob_sets: Sequence[Mapping[str, Any]]) -> dict[str, np.ndarray]:
         """P knob dicts → a population pytree ``{name: float64[P]}`` of unit coordinates."""
@@ -236,6 +349,15 @@ class SearchSpace:
                     raise ConfigError(f"space.knobs.{knob.name}",
                                       f"value {value!r} is rejected by the configuration: "
                                       f"{err}") from None
+        if self.program is not None:
+            spec = self.program
+            for k, text in enumerate(spec.seeds or ("0",)):
+                try:
+                    set_knob(set_knob(config, spec.knob, text), spec.policy_knob, "program")
+                except ConfigError as err:
+                    field = f"seeds[{k}]" if spec.seeds else "site"
+                    raise ConfigError(f"space.program.{field}", "is rejected by the "
+                                      f"configuration: {err}") from None
 
     def to_mapping(self) -> dict[str, Any]:
         """The YAML form (``space_from_mapping(s.to_mapping()) == s``)."""
@@ -249,6 +371,8 @@ class SearchSpace:
             if k.init is not None:
                 entry["init"] = k.init
             out[k.name] = entry
+        if self.program is not None:
+            return {"program": self.program.to_mapping(), "knobs": out}
         return {"knobs": out}
 
 
@@ -311,22 +435,103 @@ def _knob_from_mapping(name: str, spec: Any) -> Knob:
     return knob
 
 
+def _names_list(path: str, value: Any) -> tuple[str, ...]:
+    """A non-empty list of distinct strings."""
+    if not isinstance(value, (list, tuple)) or not value \
+            or not all(isinstance(v, str) for v in value):
+        raise ConfigError(path, f"must be a non-empty list of names, got {value!r}")
+    if len(set(value)) != len(value):
+        raise ConfigError(path, f"must not repeat a name, got {list(value)}")
+    return tuple(value)
+
+
+def _program_from_mapping(spec: Any, params: tuple[str, ...]) -> ProgramSpec:
+    """The ``program`` section; ``params``: the parameter names its seeds may read."""
+    from search.strategies.gp import OPERATOR_ARITY
+
+    path = "space.program"
+    if not isinstance(spec, Mapping):
+        raise ConfigError(path, f"must be a mapping with a 'site' key, got {spec!r}")
+    unknown = sorted(set(map(str, spec)) - set(_PROGRAM_KEYS))
+    if unknown:
+        raise ConfigError(f"{path}.{unknown[0]}",
+                          f"unknown key; allowed keys: {', '.join(_PROGRAM_KEYS)}")
+    site = spec.get("site")
+    if site not in SITES:
+        raise ConfigError(f"{path}.site", f"must be one of {', '.join(SITES)}, got {site!r}")
+    visible = visible_at(site)
+    observables = visible
+    if "observables" in spec:
+        observables = _names_list(f"{path}.observables", spec["observables"])
+        for name in observables:
+            if name not in visible:
+                raise ConfigError(f"{path}.observables", f"{name!r} is not an observable of "
+                                  f"the {site} program (it reads: {', '.join(visible)})")
+    operators = tuple(OPERATOR_ARITY)
+    if "operators" in spec:
+        operators = _names_list(f"{path}.operators", spec["operators"])
+        for op in operators:
+            if op not in OPERATOR_ARITY:
+                raise ConfigError(f"{path}.operators", f"{op!r} is not an operator (allowed: "
+                                  f"{', '.join(OPERATOR_ARITY)})")
+    constants = spec.get("constants", list(DEFAULT_CONSTANTS))
+    if not isinstance(constants, (list, tuple)) or len(constants) != 2:
+        raise ConfigError(f"{path}.constants", f"must be [low, high], got {constants!r}")
+    low = _number(f"{path}.constants", constants[0])
+    high = _number(f"{path}.constants", constants[1])
+    if low > high:
+        raise ConfigError(f"{path}.constants", f"low must be <= high, got {list(constants)}")
+    max_nodes = spec.get("max_nodes", 31)
+    if isinstance(max_nodes, bool) or not isinstance(max_nodes, int) \
+            or not 1 <= max_nodes <= MAX_NODES:
+        raise ConfigError(f"{path}.max_nodes", f"must be an integer in [1, {MAX_NODES}] (the "
+                          f"engine runs programs of at most {MAX_PROGRAM_LENGTH} instructions),"
+                          f" got {max_nodes!r}")
+    seeds = spec.get("seeds", [])
+    if not isinstance(seeds, (list, tuple)):
+        raise ConfigError(f"{path}.seeds", f"must be a list of program texts, got {seeds!r}")
+    texts: list[str] = []
+    for k, text in enumerate(seeds):
+        where = f"{path}.seeds[{k}]"
+        node = parse(text, path=where)
+        if size(node) > max_nodes:
+            raise ConfigError(where, f"has {size(node)} nodes, more than max_nodes "
+                              f"({max_nodes}): {text!r}")
+        try:
+            compile_program(site, node=node, params={p: 0.0 for p in params}, path=where)
+        except ProgramError as err:
+            raise ConfigError(where, err.problem) from None
+        if to_text(node) not in texts:
+            texts.append(to_text(node))
+    return ProgramSpec(site, observables, operators, (low, high), max_nodes, tuple(texts))
+
+
 def space_from_mapping(data: Any) -> SearchSpace:
     """Build a space from its YAML form (see the module docstring).
 
     Raises:
-      ConfigError: naming the offending ``space.knobs.<name>.<key>`` and the allowed values.
+      ConfigError: naming the offending ``space.knobs.<name>.<key>`` (or
+        ``space.program.<key>``) and the allowed values.
     """
     if not isinstance(data, Mapping):
         raise ConfigError("space", f"must be a mapping with a 'knobs' key, got {data!r}")
-    unknown = sorted(set(data) - {"knobs"})
+    unknown = sorted(set(data) - {"knobs", "program"})
     if unknown:
-        raise ConfigError(f"space.{unknown[0]}", "unknown key; allowed keys: knobs")
+        raise ConfigError(f"space.{unknown[0]}", "unknown key; allowed keys: knobs, program")
     knobs = data.get("knobs")
-    if not isinstance(knobs, Mapping) or not knobs:
+    if "program" in data and knobs is None:
+        knobs = {}
+    elif not isinstance(knobs, Mapping) or not knobs:
         raise ConfigError("space.knobs", f"must be a non-empty mapping of knob name → range, "
                           f"got {knobs!r}")
-    return SearchSpace(tuple(_knob_from_mapping(str(name), spec) for name, spec in knobs.items()))
+    parsed = tuple(_knob_from_mapping(str(name), spec) for name, spec in knobs.items())
+    program = None
+    if "program" in data:
+        site = data["program"].get("site") if isinstance(data["program"], Mapping) else None
+        prefix = f"{site}.params."
+        params = tuple(k.name[len(prefix):] for k in parsed if k.name.startswith(prefix))
+        program = _program_from_mapping(data["program"], params)
+    return SearchSpace(parsed, program)
 
 
 def load_space(path: str | Path) -> SearchSpace:
@@ -341,12 +546,16 @@ def load_space(path: str | Path) -> SearchSpace:
 def get_knob(config: SimConfig, name: str) -> Any:
     """The current value of knob ``name`` in ``config`` (the inverse of ``set_knob``).
 
-    A ``routing.scorers.<scorer>`` knob absent from the scorer list reads as 0.0 (weight 0).
+    A ``routing.scorers.<scorer>`` knob absent from the scorer list reads as 0.0 (weight 0);
+    a program parameter ``<site>.params.<name>`` not declared reads as None.
     """
     parts = name.split(".")
     if parts[:2] == ["routing", "scorers"] and len(parts) == 3:
         weights = {s.name: s.weight for s in config.policy.routing.scorers}
         return weights.get(parts[2], 0.0)
+    if len(parts) == 3 and parts[0] in ("routing", "admission", "priority") \
+            and parts[1] == "params":
+        return dict(getattr(config.policy, parts[0]).params).get(parts[2])
     if len(parts) == 2 and parts[0] == "engine" and parts[1] in ENGINE_KNOBS:
         return getattr(config.engine, parts[1])
     if len(parts) == 2 and parts[0] in ("admission", "priority", "routing", "scheduler",

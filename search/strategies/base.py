@@ -8,7 +8,8 @@ Conventions (all strategies, including wrapped evosax ones):
   ``population, state = strategy.ask(state)``; ``state = strategy.tell(state, population,
   fitness)``. States are pytrees (NamedTuples of numpy arrays, or evosax's dataclasses) and are
   never mutated, so a state can be checkpointed and restored with :func:`state_leaves` /
-  :func:`restore_state` and the run continues bit for bit.
+  :func:`restore_state` and the run continues bit for bit. A leaf may be a numpy text array
+  (the programs of ``search.strategies.gp``): its width is free, its shape fixed.
 * **Pytrees**: a strategy is built from a *solution template* pytree (e.g. the search space's
   ``{knob: float}``); ``ask`` returns a population with the same structure and a leading axis
   of size ``population_size`` on every leaf; ``tell`` takes that population back unchanged.
@@ -133,7 +134,8 @@ def restore_state(template_state: Any, leaves: Sequence[np.ndarray]) -> Any:
     """A state with ``template_state``'s structure and the given leaves.
 
     ``template_state`` is any state of the same strategy (e.g. ``strategy.init(seed)``); each
-    leaf must match its counterpart's shape and dtype.
+    leaf must match its counterpart's shape and dtype, except that a text leaf (numpy dtype
+    kind ``U``) may have any width.
     """
     tmpl, treedef = jax.tree_util.tree_flatten(template_state)
     if len(tmpl) != len(leaves):
@@ -142,6 +144,9 @@ def restore_state(template_state: Any, leaves: Sequence[np.ndarray]) -> Any:
     out = []
     for i, (t, leaf) in enumerate(zip(tmpl, leaves, strict=True)):
         leaf = np.asarray(leaf)
+        if np.shape(t) == leaf.shape and np.asarray(t).dtype.kind == leaf.dtype.kind == "U":
+            out.append(leaf.copy())
+            continue
         if np.shape(t) != leaf.shape or np.asarray(t).dtype != leaf.dtype:
             raise ValueError(f"checkpoint state array {i}: shape/dtype {leaf.shape}/{leaf.dtype}"
                              f" != {np.shape(t)}/{np.asarray(t).dtype}")

@@ -17,7 +17,7 @@ from search.objectives import Robust, Scoring, invalid_candidate, score_candidat
 from search.pareto import dominates
 from search.runner import run_search
 from search.space import space_from_mapping
-from search.strategies import STRATEGIES, GeneticAlgorithm, make_strategy
+from search.strategies import CUBE_STRATEGIES, GeneticAlgorithm, make_strategy
 
 SPACE = space_from_mapping({"knobs": {
     "admission.token_bucket_refill_rate": {"low": 0.0, "high": 1.0},
@@ -100,7 +100,7 @@ def test_same_seed_gives_identical_history_bytes(tmp_path):
     assert a != (tmp_path / "c" / "history.csv").read_bytes()
 
 
-@pytest.mark.parametrize("name", STRATEGIES)
+@pytest.mark.parametrize("name", CUBE_STRATEGIES)
 def test_resume_after_kill_equals_uninterrupted_run(tmp_path, name):
     full = _run(tmp_path / "full", name)
     with pytest.raises(Kill):
