@@ -136,6 +136,7 @@ _UNWEIGHTED_REASONS = {
                     "requests",
     "always-busiest": "it routes to the busiest instance on purpose; llm-d offers no such "
                       "scorer",
+    "program": "a policy program is an expression, not a weighted sum of llm-d's scorers",
 }
 
 #: Plugins whose llm-d parameters depend on the deployment, with what to set.

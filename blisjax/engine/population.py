@@ -149,10 +149,51 @@ def set_knob(cfg: SimConfig, name: str, value) -> SimConfig:
                       "autoscaler.<field>, cluster.lifecycle.<field>)")
 
 
-def apply_knobs(cfg: SimConfig, knobs) -> SimConfig:
-    """``cfg`` with every knob of the mapping ``knobs`` set (each validated by ``set_knob``)."""
+#: Sections whose program knobs are set together (``apply_knobs``).
+_PROGRAM_SITES = ("routing", "admission", "priority")
+
+
+def _program_knob(name: str) -> str | None:
+    """The site of a knob that is part of a site's program (its policy, program, tree or a
+    parameter), else None."""
+    parts = name.split(".")
+    if parts[0] in _PROGRAM_SITES and (parts[1:] in (["policy"], ["program"], ["tree"])
+                                       or (len(parts) == 3 and parts[1] == "params")):
+        return parts[0]
+    return None
+
+
+def _set_program_knobs(cfg: SimConfig, site: str, knobs: dict) -> SimConfig:
+    """A site's policy, program, tree and parameter knobs applied at once, so a program may
+    name a parameter the same knob set introduces (one validation of the result)."""
+    section = getattr(cfg.policy, site)
+    params = dict(section.params)
+    changes = {}
     for name, value in knobs.items():
-        cfg = set_knob(cfg, name, value)
+        field = name.split(".")[1]
+        if field == "params":
+            params[name.split(".")[2]] = value
+        else:
+            changes[field] = value
+    if "tree" in changes:
+        changes.setdefault("program", "")
+    section = dataclasses.replace(section, params=tuple(params.items()), **changes)
+    return dataclasses.replace(cfg, policy=dataclasses.replace(cfg.policy, **{site: section}))
+
+
+def apply_knobs(cfg: SimConfig, knobs) -> SimConfig:
+    """``cfg`` with every knob of the mapping ``knobs`` set (each validated by ``set_knob``);
+    a site's program knobs (``<site>.policy``, ``.program``, ``.tree``, ``.params.<name>``)
+    together, after the others."""
+    by_site: dict[str, dict] = {}
+    for name, value in knobs.items():
+        site = _program_knob(name)
+        if site is None:
+            cfg = set_knob(cfg, name, value)
+        else:
+            by_site.setdefault(site, {})[name] = value
+    for site, site_knobs in by_site.items():
+        cfg = _set_program_knobs(cfg, site, site_knobs)
     return cfg
 
 
