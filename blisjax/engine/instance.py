@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from blisjax.config.codes import PreemptionPolicy
-from blisjax.engine import hostlatency, lifecycle, pd, physics, roofline, stretch
+from blisjax.engine import hostlatency, lifecycle, pd, physics, recent, roofline, stretch
 from blisjax.engine import kvcache as kv
 from blisjax.engine.lockstep import (
     add,
@@ -211,7 +211,8 @@ def reset_instance(s: SimState, st, i, active) -> SimState:
             jnp.where(active & groups, NIL, s.slot_block[:st.group_slots])),
         lru_pos=row(s.lru_pos, -1), lru_own_at=row(s.lru_own_at, 0),
         lru_clock=upd(s.lru_clock, i, 0, active), lru_own=upd(s.lru_own, i, 0, active),
-        cold_stamp=upd(s.cold_stamp, i, -1, active))
+        cold_stamp=upd(s.cold_stamp, i, -1, active),
+        recent=recent.reset(s.recent, i, active) if st.recent_signals else s.recent)
 
 
 class HeldRequests(NamedTuple):
@@ -664,6 +665,9 @@ def phase2(s: SimState, st, c, p, i, now, budget, preempted, active):
             computed=s.computed.at[r_or_sink].set(n + start),
             sched=s.sched.at[r_or_sink].set(now - c.arrival_us[r]),
             prio=s.prio.at[r_or_sink].set(priority_score(s, st, p, c, r, now)))
+        if st.recent_signals:  # the admission's wait and cache hits (routing programs)
+            s = recent.record(s, i, now, recent.WAIT, now - c.arrival_us[r], 1, ok)
+            s = recent.record(s, i, now, recent.HIT, start, c.input_tokens[r], ok)
         return s, jnp.where(ok, budget - n, budget).astype(jnp.int32), stop | (go & ~ok)
 
     s, _, _ = lane_while(cond, body, (s, budget, jnp.asarray(False)))
@@ -808,10 +812,14 @@ def execute(s: SimState, st, c, i, now, n_preempted, active, width: int, factor=
     first = on & (pi < l_in) & (new_pi == l_in)
     sink = st.num_requests
     r_or_sink = jnp.where(on, reqs, sink)
+    ttft = now + d + st.otp_us - c.arrival_us[reqs]
     s = s.replace(
         pi=s.pi.at[r_or_sink].set(new_pi),
         itl_sum=s.itl_sum.at[jnp.where(dec, reqs, sink)].add(itl),
-        ttft=s.ttft.at[jnp.where(first, reqs, sink)].set(now + d + st.otp_us - c.arrival_us[reqs]))
+        ttft=s.ttft.at[jnp.where(first, reqs, sink)].set(ttft))
+    if st.recent_signals:  # this step's first tokens (routing programs)
+        s = recent.record(s, i, now, recent.TTFT, jnp.sum(jnp.where(first, ttft, 0)),
+                          jnp.sum(first.astype(jnp.int64)), active)
     if st.itl_capacity > 0:
         slot = c.itl_offset[reqs] + new_pi - l_in - 1  # this entry's index among r's ITLs
         s = s.replace(itl_buf=s.itl_buf.at[jnp.where(dec, slot, st.itl_capacity)].set(
@@ -841,6 +849,9 @@ def complete(s: SimState, st, c, i, now, d, active, running: Running, defer: boo
     capped = ~done & records.at_length_cap(pi, st.max_model_len)
     fin = valid & active & (done | capped)
     count = jnp.sum(fin.astype(jnp.int32)).astype(jnp.int32)
+    if st.recent_signals:  # the completed requests' ITL entries (routing programs)
+        s = recent.record(s, i, now, recent.ITL, jnp.sum(jnp.where(fin, s.itl_sum[reqs], 0)),
+                          jnp.sum(jnp.where(fin, pi - l_in, 0).astype(jnp.int64)), active)
     fin_through = prefix_sum(fin)  # finishing positions at or before each position
     rank = fin_through - 1  # k-th finishing position has rank k
     empty = jnp.zeros(1, jnp.int32)

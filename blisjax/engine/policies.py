@@ -26,7 +26,7 @@ from blisjax.config.codes import (
     Scorer,
     TieBreak,
 )
-from blisjax.engine import gorand, program
+from blisjax.engine import gorand, program, recent
 from blisjax.engine import kvcache as kv
 from blisjax.engine.exactfloat import exact_mul, ieee_divide
 from blisjax.engine.lockstep import add, lane_once, upd
@@ -90,7 +90,8 @@ def _admission_program(s: SimState, st, c, p, r, now, members):
     """The admission program's verdict (False where the site is not compiled in)."""
     if "admission" not in st.program_sites:
         return jnp.asarray(False)
-    values = {**program.request_values(s, c, r, now), **program.cluster_values(s, members)}
+    values = {**program.request_values(s, c, r, now),
+              **program.cluster_values(s, st, c, members, now)}
     return program.run(p.admission_program, program.rows(1, values))[0] > 0.0
 
 
@@ -381,7 +382,8 @@ def program_scores(s: SimState, st, c, p, r, now, view: RouterView, among):
               "in_flight": s.in_flight.astype(F64), "kv_utilization": s.snap_kv,
               "cached_blocks": view.cached.astype(F64),
               **{scorer_name(x): jnp.clip(raw[x], 0.0, 1.0) for x in Scorer},
-              **program.request_values(s, c, r, now), **program.cluster_values(s, members)}
+              **program.request_values(s, c, r, now),
+              **program.cluster_values(s, st, c, members, now), **recent.values(s.recent, now)}
     return program.run(p.routing_program, program.rows(st.num_instances, values))
 
 

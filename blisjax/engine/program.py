@@ -18,10 +18,11 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
+from blisjax.engine import recent
 from blisjax.engine.exactfloat import exact_mul, ieee_divide
 from blisjax.engine.lockstep import lane_while
 from blisjax.program import MAX_PROGRAM_LENGTH, OBSERVABLES, Bytecode, Op
-from blisjax.program.observables import SLO_CLASS_RANK, index_of
+from blisjax.program.observables import RECENT_WINDOW_US, SLO_CLASS_RANK, index_of
 
 F64 = jnp.float64
 #: The largest finite float64 (results beyond it are clamped to it).
@@ -127,9 +128,9 @@ def request_values(s, c, r, now) -> dict:
             "age_ms": ieee_divide(age, jnp.full_like(age, 1000.0))}
 
 
-def cluster_values(s, members) -> dict:
+def cluster_values(s, st, c, members, now) -> dict:
     """The cluster observables over the instances ``members`` (bool [I]), summed in instance
-    order (``cluster_observables``)."""
+    order, and the recent arrival rate at ``now`` (``cluster_observables``)."""
     kv = jnp.asarray(0.0, F64)
     for i in range(members.shape[0]):  # left to right, as the reference sums
         kv = jnp.where(members[i], kv + s.snap_kv[i], kv)
@@ -137,4 +138,6 @@ def cluster_values(s, members) -> dict:
     mean = jnp.where(count > 0, ieee_divide(kv, jnp.maximum(count, 1).astype(F64)), 0.0)
     return {"cluster_queue_depth": jnp.sum(jnp.where(members, s.snap_qd, 0)).astype(F64),
             "cluster_in_flight": jnp.sum(jnp.where(members, s.in_flight, 0)).astype(F64),
-            "cluster_kv_utilization": mean, "instances": count.astype(F64)}
+            "cluster_kv_utilization": mean, "instances": count.astype(F64),
+            "arrival_rate": ieee_divide(recent.arrivals(c, st, now).astype(F64),
+                                        jnp.asarray(RECENT_WINDOW_US / 1e6, F64))}

@@ -140,6 +140,8 @@ class SimState:
     pd: Any  # engine.pd.PDState (owned there)
     # ---- instance lifecycles and the autoscaler (engine.lifecycle; placeholders without) ----
     life: Any  # engine.lifecycle.LifecycleState (owned there)
+    # ---- recent signals per instance, for routing programs (engine.recent; placeholders) ----
+    recent: Any  # engine.recent.RecentState (owned there)
     # ---- releases queued by this step's completions (kvcache.defer_release) ----
     rel_inst: jax.Array  # int32: their instance
     rel_slots: jax.Array  # int32 [D]: their batch slots, in completion order

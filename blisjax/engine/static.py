@@ -239,6 +239,12 @@ class EngineStatic:
         return VARYING_PLAN + 1 if self.stretches and self.stateful_latency else 0
 
     @property
+    def recent_signals(self) -> bool:
+        """Instances keep their recent signals (``engine.recent``): routing programs read
+        them."""
+        return "routing" in self.program_sites
+
+    @property
     def cache_copy_on(self) -> bool:
         """The cache query reads a periodic copy rather than the live hash slots."""
         return self.cache_scorers and self.cache_signal_delay_us > 0

@@ -17,8 +17,8 @@ from typing import NamedTuple
 
 from blisjax.config.codes import Scorer
 
-__all__ = ["OBSERVABLES", "SITES", "SLO_CLASS_RANK", "Observable", "index_of", "scorer_name",
-           "visible_at"]
+__all__ = ["OBSERVABLES", "RECENT_SIGNALS", "RECENT_WINDOW_US", "SITES", "SLO_CLASS_RANK",
+           "Observable", "index_of", "scorer_name", "visible_at"]
 
 #: Where a program plugs in: ``policy.<site>``.
 SITES = ("routing", "admission", "priority")
@@ -49,6 +49,15 @@ _INSTANCE = (
                "KV blocks in use over KV blocks (the router's snapshot)"),
     Observable("cached_blocks", "instance", "blocks",
                "leading full prompt blocks of this request cached there (live cache query)"),
+    Observable("recent_ttft_ms", "instance", "ms",
+               "mean TTFT of the first tokens it produced recently"),
+    Observable("recent_itl_ms", "instance", "ms",
+               "mean inter-token latency of the requests it completed recently"),
+    Observable("estimated_wait_ms", "instance", "ms",
+               "mean time from arrival to admission into its batch, of its recent admissions"),
+    Observable("recent_hit_rate", "instance", "fraction 0-1",
+               "prompt tokens found in its prefix cache over prompt tokens, of its recent "
+               "admissions"),
 ) + tuple(
     Observable(scorer_name(s), "instance", "0-1",
                f"the weighted router's {s.label} scorer, clamped to [0, 1]")
@@ -74,6 +83,8 @@ _CLUSTER = (
                "mean of kv_utilization over the instances (0 when there are none)"),
     Observable("instances", "cluster", "instances",
                "instances the router could pick (routing: the candidates)"),
+    Observable("arrival_rate", "cluster", "requests/s",
+               "requests that arrived at the cluster in the last RECENT_WINDOW_US"),
 )
 
 #: Every observable, in index order.
@@ -85,6 +96,15 @@ _INDEX = {o.name: k for k, o in enumerate(OBSERVABLES)}
 #: critical, standard, sheddable, batch, background): BLIS's default slo-class order, most
 #: urgent first.
 SLO_CLASS_RANK = (1, 0, 1, 3, 2, 4)
+
+#: "Recently": the current and the previous whole window of this many µs (windows aligned at
+#: multiples of it), for the recent_* and estimated_wait_ms observables; arrival_rate counts
+#: the arrivals of the last this many µs.
+RECENT_WINDOW_US = 1_000_000
+#: The recent signals an instance keeps, in order: each a (sum, count) pair per window —
+#: TTFT µs and first tokens; ITL µs and ITL entries of completed requests; arrival-to-
+#: admission µs and admissions; cached prompt tokens and prompt tokens of admissions.
+RECENT_SIGNALS = ("recent_ttft_ms", "recent_itl_ms", "estimated_wait_ms", "recent_hit_rate")
 
 _KINDS_AT = {"routing": ("instance", "request", "cluster"),
              "admission": ("request", "cluster"), "priority": ("request",)}

@@ -44,7 +44,7 @@ from blisjax.reference.instance import EV_ARRIVAL, EV_QUEUED, EV_STEP, EV_TIMEOU
 from blisjax.reference.lifecycle import Lifecycle
 from blisjax.reference.pd import PDCluster
 from blisjax.reference.policies import Admission, Priority, Router, Snapshot, leading_present
-from blisjax.reference.program import cluster_observables
+from blisjax.reference.program import cluster_observables, recent_arrivals
 from blisjax.reference.request import SimRequest
 from blisjax.trace.records import InstanceView
 
@@ -102,6 +102,7 @@ class ClusterSimulator:
         self.refresh_interval_us = cfg.cluster.snapshot_refresh_interval_us
         self.in_flight = [0] * n_inst
         self.tenant_in_flight = [0] * len(workload.tenant_names)
+        self._arrival_us = [int(x) for x in workload.arrival_us]  # sorted (arrival_rate)
         priority.tenant_in_flight = self.tenant_in_flight  # a priority program reads it
         self.rejected_admission = 0
         self.rejected_routing = 0
@@ -243,7 +244,8 @@ class ClusterSimulator:
         if self.admission.program is not None:
             members = self.life.routable()
             members = list(range(len(self.instances))) if members is None else members
-            cluster = cluster_observables(qd, self.in_flight, kv, members)
+            cluster = cluster_observables(qd, self.in_flight, kv, members,
+                                          recent_arrivals(self._arrival_us, time_us))
         admitted = self.admission.admit(req, time_us, self.tenant_in_flight, cluster)
         if self.trace is not None:
             self.trace.admission(req, time_us, admitted, self.cfg.policy.admission.policy)
@@ -261,7 +263,9 @@ class ClusterSimulator:
         self.awaiting_routing -= 1
         qd, bs, kv = self._snapshots(time_us)
         snap = Snapshot(qd, bs, kv, self.in_flight, lambda: self._cached_blocks(req),
-                        self.tenant_in_flight, time_us)
+                        self.tenant_in_flight, time_us,
+                        lambda: [x.recent.values(time_us) for x in self.instances],
+                        recent_arrivals(self._arrival_us, time_us))
         if self.pd is not None:
             self.pd.route(req, time_us, snap)
             return

@@ -16,6 +16,7 @@ from blisjax.metrics import records
 from blisjax.metrics.records import Stage
 from blisjax.reference.kvcache import KVCache, TieredKVCache
 from blisjax.reference.policies import reorder_wait_queue
+from blisjax.reference.program import RecentSignals
 from blisjax.reference.request import PD_DECODE
 
 # Instance event priorities (§1.2).
@@ -82,6 +83,7 @@ class Instance:
         self.preemption_ema = 0.0
         self._preempted_count_step = 0
         self._admitted_cached_tokens: dict[int, int] = {}
+        self.recent = RecentSignals()  # what routing programs read (reference.program)
         # Optional observer (tracing / latency fitting): on_queue(...) and on_step(...) get the
         # state a latency model sees; it must not change the simulation.
         self.observer = None
@@ -107,6 +109,7 @@ class Instance:
         self.kv.carry_counters(old)  # the slot's counters, CPU tier's included
         self.preemption_ema = 0.0
         self.step_factor = 1.0
+        self.recent = RecentSignals()
         # a new instance has no step pending; a completed request's lazily cancelled timeout
         # stays, an event that changes nothing (the JAX engine's deadline no-op)
         self.events = [e for e in self.events if e[1] == EV_TIMEOUT]
@@ -374,6 +377,7 @@ class Instance:
                 break  # the head blocks everything behind it
             self._admit(head, now_us, n, n + start)
             self._admitted_cached_tokens[head.index] = start
+            self.recent.record(now_us, RecentSignals.HIT, start, head.input_tokens)
 
     def _admit(self, head, now_us: int, n: int, computed: int) -> None:
         """The wait queue's head joins the running batch with n new tokens."""
@@ -384,6 +388,7 @@ class Instance:
         self._budget -= n
         head.computed_tokens = computed
         head.scheduling_delay_us = now_us - head.arrival_us
+        self.recent.record(now_us, RecentSignals.WAIT, now_us - head.arrival_us, 1)
 
     def _clamp_prefill(self, n: int, start: int) -> int:
         """Chunk size: long-prefill threshold, token budget, then the max-model-len cap."""
@@ -484,6 +489,7 @@ class Instance:
             if r.progress_index == r.input_tokens and not r.ttft_set:
                 r.ttft_set = True
                 r.ttft_us = now_us + d + self.otp_us - r.arrival_us
+                self.recent.record(now_us, RecentSignals.TTFT, r.ttft_us, 1)
         used = self.kv.used_blocks
         self.peak_kv_blocks_used = max(self.peak_kv_blocks_used, used)
         self.busy_time_us += d
@@ -496,6 +502,9 @@ class Instance:
         left_us = now_us + d
         for r in self.running:
             l_in, n_out, pi = r.input_tokens, r.output_tokens, r.progress_index
+            finishing = records.output_finished(pi, l_in, n_out) or records.at_length_cap(pi, mml)
+            if finishing:
+                self.recent.record(now_us, RecentSignals.ITL, sum(r.itl_us), len(r.itl_us))
             if records.output_finished(pi, l_in, n_out):
                 if n_out > 0 and pi < l_in + n_out and not self.kv.allocate(r, pi, pi + 1):
                     self.kv_allocation_failures += 1  # the final token's KV slot; BLIS

@@ -245,8 +245,8 @@ class Snapshot(NamedTuple):
     ``queue_depth``, ``batch_size`` and ``kv_util`` are the (live or periodic) snapshots,
     ``in_flight`` is always live, and ``cached_blocks()`` returns the live prefix-cache query
     (consecutive cached prompt blocks of the request per instance), evaluated only by the
-    scorers that need it. ``tenant_in_flight`` (per tenant) and ``now_us``: what a routing
-    program's request observables read.
+    scorers that need it. ``tenant_in_flight`` (per tenant), ``now_us``, ``recent()`` and
+    ``arrivals``: what a routing program's other observables read.
     """
 
     queue_depth: list[int]
@@ -256,6 +256,8 @@ class Snapshot(NamedTuple):
     cached_blocks: Callable[[], list[int]]
     tenant_in_flight: list[int] | None = None
     now_us: int = 0
+    recent: Callable[[], list[dict[str, float]]] | None = None  # each instance's signals
+    arrivals: int = 0  # requests that arrived in the last RECENT_WINDOW_US
 
 
 class Routed(NamedTuple):
@@ -384,10 +386,12 @@ class Router:
             for x in self.program_scorers}
         common = {**programs.request_observables(req, snap.now_us, snap.tenant_in_flight),
                   **programs.cluster_observables(snap.queue_depth, snap.in_flight,
-                                                 snap.kv_util, idx)}
+                                                 snap.kv_util, idx, snap.arrivals)}
+        recent = snap.recent()
         scores = []
         for k, i in enumerate(idx):
             seen = dict(common)
+            seen.update(recent[i])
             seen.update(queue_depth=float(snap.queue_depth[i]),
                         batch_size=float(snap.batch_size[i]),
                         in_flight=float(snap.in_flight[i]), kv_utilization=snap.kv_util[i],

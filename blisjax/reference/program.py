@@ -15,10 +15,15 @@ from __future__ import annotations
 
 import math
 import sys
+from bisect import bisect_right
 from collections.abc import Mapping
 
 from blisjax.program import Node, PolicyProgram
-from blisjax.program.observables import SLO_CLASS_RANK
+from blisjax.program.observables import (
+    RECENT_SIGNALS,
+    RECENT_WINDOW_US,
+    SLO_CLASS_RANK,
+)
 
 #: The largest finite float64: results beyond it are clamped to it (or its negative).
 MAX_FLOAT = sys.float_info.max
@@ -134,8 +139,9 @@ def request_observables(req, now_us: int, tenant_in_flight: list[int]) -> dict[s
 
 
 def cluster_observables(queue_depth: list[int], in_flight: list[int], kv_util: list[float],
-                        members: list[int]) -> dict[str, float]:
-    """The cluster observables over the instances ``members`` (summed in instance order)."""
+                        members: list[int], arrivals: int) -> dict[str, float]:
+    """The cluster observables over the instances ``members`` (summed in instance order);
+    ``arrivals``: requests that arrived in the last ``RECENT_WINDOW_US``."""
     kv = 0.0
     for i in members:
         kv += kv_util[i]
@@ -143,4 +149,52 @@ def cluster_observables(queue_depth: list[int], in_flight: list[int], kv_util: l
     return {"cluster_queue_depth": float(sum(queue_depth[i] for i in members)),
             "cluster_in_flight": float(sum(in_flight[i] for i in members)),
             "cluster_kv_utilization": kv / float(n) if n else 0.0,
-            "instances": float(n)}
+            "instances": float(n),
+            "arrival_rate": float(arrivals) / (float(RECENT_WINDOW_US) / 1e6)}
+
+
+def recent_arrivals(arrival_us: list[int], now_us: int) -> int:
+    """Requests of the (sorted) ``arrival_us`` that arrived in (now − RECENT_WINDOW_US, now]."""
+    return bisect_right(arrival_us, now_us) - bisect_right(arrival_us, now_us - RECENT_WINDOW_US)
+
+
+class RecentSignals:
+    """One instance's recent signals (``RECENT_SIGNALS``): per signal a (sum, count) of the
+    current window of ``RECENT_WINDOW_US`` (aligned at its multiples) and of the previous one.
+    Events are recorded at the step that produces them (its start, as everything a step does):
+    a TTFT (µs, 1), a completion's ITL (µs summed, entries), an admission into the batch
+    (arrival to admission µs, 1; cached prompt tokens, prompt tokens)."""
+
+    TTFT, ITL, WAIT, HIT = range(len(RECENT_SIGNALS))
+
+    def __init__(self) -> None:
+        self.window = -2  # index of the current window (none yet)
+        self.prev = [(0, 0)] * len(RECENT_SIGNALS)
+        self.cur = [(0, 0)] * len(RECENT_SIGNALS)
+
+    def record(self, now_us: int, signal: int, amount: int, count: int) -> None:
+        k = now_us // RECENT_WINDOW_US
+        if k == self.window + 1:
+            self.prev, self.cur = self.cur, [(0, 0)] * len(RECENT_SIGNALS)
+        elif k > self.window + 1:
+            self.prev = self.cur = [(0, 0)] * len(RECENT_SIGNALS)
+        self.window = max(self.window, k)
+        total, n = self.cur[signal]
+        self.cur = list(self.cur)
+        self.cur[signal] = (total + amount, n + count)
+
+    def values(self, now_us: int) -> dict[str, float]:
+        """The signals at ``now_us``: sums over the current and previous window (only those
+        that are, at ``now_us``, its current or previous one); 0 without events."""
+        k = now_us // RECENT_WINDOW_US
+        out = {}
+        for j, name in enumerate(RECENT_SIGNALS):
+            if k == self.window:
+                total, n = self.prev[j][0] + self.cur[j][0], self.prev[j][1] + self.cur[j][1]
+            elif k == self.window + 1:
+                total, n = self.cur[j]
+            else:
+                total, n = 0, 0
+            scale = 1.0 if j == self.HIT else 1000.0  # µs → ms
+            out[name] = float(total) / (scale * float(n)) if n > 0 else 0.0
+        return out

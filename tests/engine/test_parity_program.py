@@ -23,8 +23,9 @@ from blisjax.engine.parity import first_divergence
 from blisjax.engine.static import build_static_shared
 from blisjax.metrics import records
 from blisjax.program import compile_program, to_text
-from blisjax.program.observables import scorer_name
+from blisjax.program.observables import RECENT_SIGNALS, scorer_name
 from blisjax.reference import simulate as reference
+from blisjax.reference.program import RecentSignals, recent_arrivals
 from tests.engine.conftest import room_for_a_program
 from tests.engine.test_parity import EDGE_ROWS
 from tests.program.random_programs import random_program
@@ -57,6 +58,29 @@ def test_hand_computed_routing_and_admission():
     assert status == [records.COMPLETED] * 3 + [records.REJECTED]
 
 
+def test_recent_signals_by_hand():
+    # windows of 1 s: [0, 1 s), [1 s, 2 s), ...; a reading covers the current and previous one
+    recent = RecentSignals()
+    recent.record(100_000, RecentSignals.TTFT, 30_000, 1)  # 30 ms
+    recent.record(900_000, RecentSignals.TTFT, 50_000, 1)  # 50 ms
+    recent.record(900_000, RecentSignals.HIT, 32, 64)
+    assert recent.values(950_000)["recent_ttft_ms"] == 40.0
+    assert recent.values(950_000)["recent_hit_rate"] == 0.5
+    assert recent.values(1_500_000)["recent_ttft_ms"] == 40.0  # the previous window
+    recent.record(1_200_000, RecentSignals.TTFT, 10_000, 2)  # two first tokens, 10 ms in all
+    assert recent.values(1_200_000)["recent_ttft_ms"] == 90_000 / 4 / 1000  # both windows
+    assert recent.values(2_100_000)["recent_ttft_ms"] == 5.0  # [1 s, 2 s) only
+    assert recent.values(2_100_000)["recent_hit_rate"] == 0.0  # no admission since 1 s
+    assert recent.values(3_000_000)["recent_ttft_ms"] == 0.0  # nothing in [2 s, 4 s)
+    recent.record(3_500_000, RecentSignals.ITL, 7_000, 2)  # two windows after: both reset
+    assert recent.values(3_600_000) == {"recent_ttft_ms": 0.0, "recent_itl_ms": 3.5,
+                                        "estimated_wait_ms": 0.0, "recent_hit_rate": 0.0}
+    arrivals = [0, 10, 1_000_000, 1_000_010, 2_500_000]  # in (now - 1 s, now]:
+    assert recent_arrivals(arrivals, 1_000_010) == 2  # 1_000_000 and 1_000_010 (10 is not)
+    assert recent_arrivals(arrivals, 999_999) == 2  # 0 and 10
+    assert recent_arrivals(arrivals, 2_600_000) == 1
+
+
 def test_a_priority_program_of_minus_the_prompt_is_sjf():
     # priority-fcfs orders by (priority desc, arrival, index); with priority = -input_tokens
     # that is sjf's (input asc, arrival, index)
@@ -82,10 +106,10 @@ def test_each_scorer_alone_is_weighted_routing_with_that_scorer(scorer):
     assert first_divergence(reference(weighted, w), reference(program, w)) is None
 
 
-def _drawn_rows(rng: np.random.Generator, count: int) -> list[dict]:
-    """A drawn workload: Poisson arrivals, prompts sharing a prefix or not, two tenants, every
-    SLO class, some deadlines."""
-    arrival = np.cumsum(rng.exponential(400.0, count)).astype(int)
+def _drawn_rows(rng: np.random.Generator, count: int, gap_us: float = 400.0) -> list[dict]:
+    """A drawn workload: Poisson arrivals ``gap_us`` apart on average, prompts sharing a
+    prefix or not, two tenants, every SLO class, some deadlines."""
+    arrival = np.cumsum(rng.exponential(gap_us, count)).astype(int)
     rows = []
     for k in range(count):
         shared = rng.random() < 0.4
@@ -135,8 +159,9 @@ def _program_configs(base, count: int, seed: int):
 
 @pytest.fixture(scope="module")
 def program_population():
-    """64 random program lanes on two workloads (the edge rows twice, and a drawn one of the
-    same size), one compiled program, lockstep blocks of 8."""
+    """64 random program lanes on three workloads (the edge rows twice; a drawn one of the
+    same size; a drawn one spread over ~3 s, so the recent signals' 1 s windows roll), one
+    compiled program, lockstep blocks of 8."""
     room_for_a_program()
     base = make_resolved(instances=3, block_size=4, kv_blocks=40, max_running=4, max_tokens=64,
                          threshold=32, horizon_us=150_000, refresh_us=1500,
@@ -145,8 +170,9 @@ def program_population():
     later = [dict(r, arrival=r["arrival"] + 9500,
                   deadline=r["deadline"] + 9500 if r.get("deadline") else 0) for r in EDGE_ROWS]
     rows = EDGE_ROWS + later
-    workloads = tuple(make_workload(r, ("a", "b"), ("g",))
-                      for r in (rows, _drawn_rows(np.random.default_rng(11), len(rows))))
+    drawn = _drawn_rows(np.random.default_rng(11), len(rows))
+    spread = _drawn_rows(np.random.default_rng(12), len(rows), gap_us=150_000.0)
+    workloads = tuple(make_workload(r, ("a", "b"), ("g",)) for r in (rows, drawn, spread))
     configs = _program_configs(base.config, 64, seed=3)
     params = stack_params([params_from_config(c, workloads[0].tenant_names) for c in configs])
     static = build_static_shared(base, list(workloads))
@@ -163,7 +189,8 @@ def test_random_program_population_matches_reference_runs(program_population):
                                           params=dict(c.policy.routing.params)).reads
                           for c in configs))
     assert {"cached_blocks", scorer_name(Scorer.PREFIX_AFFINITY),
-            scorer_name(Scorer.NO_HIT_LRU), "age_ms", "cluster_kv_utilization"} <= reads
+            scorer_name(Scorer.NO_HIT_LRU), "age_ms", "cluster_kv_utilization",
+            "arrival_rate", *RECENT_SIGNALS} <= reads
     rejected = preempted = 0
     targets = set()
     for w, run in zip(workloads, lanes, strict=True):
