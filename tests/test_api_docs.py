@@ -52,6 +52,7 @@ PUBLIC_NAMES: dict[str, Callable[[Any], list[str]]] = {
     "blisjax.metrics": lambda m: list(m.__all__),
     "blisjax.trace": lambda m: list(m.__all__),
     "blisjax.latency": lambda m: list(m.__all__),
+    "blisjax.program": lambda m: list(m.__all__),
     "search": lambda m: list(m.__all__),
     "blisjax.devices": lambda m: ["use_cpu_cores"],
     "blisjax": lambda m: ["__version__"],

@@ -25,8 +25,8 @@ from blisjax.program.language import (
 )
 from blisjax.program.observables import OBSERVABLES, SITES, visible_at
 
-__all__ = ["MAX_PROGRAM_LENGTH", "OBSERVABLES", "SITES", "Bytecode", "Node", "Op",
-           "PolicyProgram", "ProgramError", "compile_program", "parse", "to_text", "tree_text"]
+__all__ = ["MAX_PROGRAM_LENGTH", "OBSERVABLES", "SITES", "Bytecode", "Node", "PolicyProgram",
+           "ProgramError", "compile_program", "parse", "to_text", "tree_text"]
 
 _OBSERVABLE_NAMES = frozenset(o.name for o in OBSERVABLES)
 
