@@ -41,8 +41,9 @@ def cmd_gepa_evaluate(args: Any) -> int:
 
 
 def cmd_openevolve_evaluate(args: Any) -> int:
-    """The OpenEvolve evaluator's metrics and summary for one program
-    (``search.adapters.openevolve_evaluator``); JSON on stdout, the summary also on stderr."""
+    """The OpenEvolve evaluator's metrics and summary for one candidate file, a programs file
+    or Python (``search.adapters.openevolve_evaluator``); JSON on stdout, the summary also on
+    stderr."""
     from search.adapters.openevolve_evaluator import openevolve_evaluate
     from search.api import parse_seed_list
 
@@ -54,7 +55,8 @@ def cmd_openevolve_evaluate(args: Any) -> int:
                if args.holdout_seeds else ())
     report = openevolve_evaluate(args.program, args.config, _adapter_seeds(args, args.config),
                                  args.objective, args.stage, holdout_seeds=holdout,
-                                 time_limit_s=args.time_limit)
+                                 time_limit_s=args.time_limit, kind=args.kind,
+                                 engine=args.engine)
     if not args.quiet and report.summary:
         print(report.summary, end="", file=sys.stderr)
     print(json.dumps({"metrics": report.metrics, "error": report.error,

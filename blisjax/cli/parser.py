@@ -142,7 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
                                     "candidate (per experiment and seed), with the feedback "
                                     "its reflection LM reads")
     gepa.add_argument("--policy-config", required=True, metavar="FILE",
-                      help="the candidate: a BLIS policy bundle (as `run --policy-config`)")
+                      help="the candidate: a BLIS policy bundle (as `run --policy-config`; "
+                           "program sections, policy: program, run as JAX lanes)")
     gepa.add_argument("--config", action="append", metavar="FILE",
                       help="an experiment to score it on (repeatable; default the shipped "
                            "default experiment)")
@@ -153,12 +154,14 @@ def build_parser() -> argparse.ArgumentParser:
     gepa.add_argument("--feedback-strategy", choices=SUMMARY_STRATEGIES,
                       default=SUMMARY_STRATEGIES[0], help="default issue_focused")
 
-    evolve = command("openevolve-evaluate", "score a program as the OpenEvolve evaluator "
-                                            "does (sandboxed reference runs), with its "
+    evolve = command("openevolve-evaluate", "score a candidate file as the OpenEvolve "
+                                            "evaluator does (policy programs: JAX runs; "
+                                            "Python: sandboxed reference runs), with its "
                                             "summary artifact")
     evolve.add_argument("program", metavar="PROGRAM",
-                        help="a Python file defining policy() (a policy bundle) or "
-                             "route_scores() / priority() (a code policy)")
+                        help="a programs file (YAML: routing / admission / priority, each a "
+                             "policy program) or a Python file defining policy() (a policy "
+                             "bundle) or route_scores() / priority() (a code policy)")
     evolve.add_argument("--config", required=True, metavar="FILE", help="the experiment")
     add_adapter_scoring(evolve, "slo_attainment")
     evolve.add_argument("--holdout-seeds", metavar="S1,S2,...",
@@ -168,6 +171,12 @@ def build_parser() -> argparse.ArgumentParser:
                              "2 (default): the full workload on every seed")
     evolve.add_argument("--time-limit", type=float, default=60.0, metavar="S",
                         help="wall seconds the sandboxed run may take (default 60)")
+    evolve.add_argument("--kind", choices=("auto", "bundle", "code", "programs"),
+                        default="auto", help="what PROGRAM is; auto (default): a YAML mapping "
+                                             "naming a site is a programs file, else Python")
+    evolve.add_argument("--engine", choices=ADAPTER_ENGINES, default="auto",
+                        help="programs files: auto (default) and jax run the JAX engine, "
+                             "reference the reference engine")
 
     _add_fit_parser(command("fit-latency",
                             "fit physics (and blackbox) latency coefficients from step/journey "

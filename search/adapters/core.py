@@ -9,6 +9,13 @@ reads one metric expression (``fitness`` by default; any expression of ``search.
 the metrics) — higher is better, and a candidate that is not a valid policy scores 0 with the
 validation message as its feedback.
 
+A candidate may also carry *program components*, ``routing.program``, ``admission.program`` and
+``priority.program``: a policy program of that site (``blisjax.program``, docs/policy-programs.md)
+as an expression, or as YAML with ``program`` (or ``tree``) and ``params``. The component sets the
+site's policy to ``program``; it is data, checked by the program grammar, and a population of
+different programs is one JAX call (each program a set of ``<site>.policy``, ``<site>.program``
+and ``<site>.params.<name>`` knobs).
+
 ``evaluate_candidates`` scores many candidates on many cases with as few engine calls as
 possible: per case, every candidate whose policy differs from the experiment's only in per-lane
 knobs (``blisjax.engine.population.set_knob``) is one lane of a single JAX population; the
@@ -37,12 +44,19 @@ from blisjax.config import (
 )
 from search.expr import Expression, compile_expression, flatten_metrics
 
-__all__ = ["ENGINES", "CaseOutcome", "WorkloadCase", "candidate_config", "check_engine",
-           "evaluate_candidates",
-           "feedback_text", "policy_knobs", "seed_candidate", "sections_of"]
+__all__ = ["ENGINES", "PROGRAM_COMPONENTS", "PROGRAM_SITES", "CaseOutcome", "WorkloadCase",
+           "candidate_config", "case_workload", "check_engine", "evaluate_candidates",
+           "feedback_text", "policy_knobs", "program_candidate", "program_section",
+           "seed_candidate", "sections_of"]
 
 #: Policy-bundle sections a candidate may carry, in bundle order.
 SECTIONS = ("admission", "priority", "routing", "scheduler", "autoscaler")
+#: Sites a policy program may set (``blisjax.program.SITES``).
+PROGRAM_SITES = ("routing", "admission", "priority")
+#: The program component of each site: ``<site>.program``.
+PROGRAM_COMPONENTS = tuple(f"{site}.program" for site in PROGRAM_SITES)
+#: Keys of a program component written as YAML.
+PROGRAM_KEYS = ("policy", "program", "tree", "params")
 #: Score of a candidate that could not be simulated on a case.
 FAILED_SCORE = 0.0
 #: Fewest lanes of a JAX call (``lane_bucket``).
@@ -51,11 +65,13 @@ MIN_LANES = 4
 
 class WorkloadCase(NamedTuple):
     """One workload a candidate is scored on: ``config``'s experiment (its workload section
-    generated with ``seed``); ``name`` labels it in feedback."""
+    generated with ``seed``; only its first ``requests`` requests, in arrival order, when not
+    None); ``name`` labels it in feedback."""
 
     name: str
     config: SimConfig
     seed: int
+    requests: int | None = None
 
 
 class CaseOutcome(NamedTuple):
@@ -119,19 +135,110 @@ def _section_data(name: str, text: str) -> Any:
     return data
 
 
+def _program_data(site: str, text: str) -> Mapping[str, Any]:
+    """A program component's text as a mapping of ``PROGRAM_KEYS``: YAML with those keys
+    (optionally under the site's name), or else the whole text as the expression."""
+    name = f"candidate.{site}.program"
+    if not isinstance(text, str):
+        raise ConfigError(name, f"must be text (an expression or YAML), got {text!r}")
+    fenced = _FENCE.match(text)
+    if fenced:
+        text = fenced.group(1)
+    if not text.strip():
+        raise ConfigError(name, "is empty; give an expression, or YAML with program (or tree) "
+                                "and params")
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError:
+        data = None  # not YAML: an expression, which the program grammar judges
+    if isinstance(data, dict) and set(data) == {site} and isinstance(data[site], dict):
+        data = data[site]
+    if not isinstance(data, dict):
+        return {"program": text.strip()}
+    unknown = sorted(str(k) for k in data if k not in PROGRAM_KEYS)
+    if unknown:
+        raise ConfigError(name, f"unknown key(s) {', '.join(unknown)}; a program component is "
+                                f"an expression, or YAML with {', '.join(PROGRAM_KEYS[1:])}")
+    if data.get("policy", "program") != "program":
+        raise ConfigError(f"{name}.policy", f"a program component's policy is 'program', got "
+                                            f"{data['policy']!r}")
+    return data
+
+
+def program_section(site: str, text: str) -> dict[str, Any]:
+    """The ``site`` policy section a program component's ``text`` stands for: ``{policy:
+    program, program: <expression>, params: {name: value}}``, the program checked by
+    ``blisjax.program.compile_program`` (a tree written as its expression). Raises
+    ``ConfigError`` naming ``candidate.<site>.program`` (or ``.params.<name>``, ``.tree``)."""
+    from blisjax.program import compile_program
+
+    if site not in PROGRAM_SITES:
+        raise ConfigError("candidate", f"no program site {site!r}; sites: "
+                                       f"{', '.join(PROGRAM_SITES)}")
+    data = _program_data(site, text)
+    program = data.get("program")
+    if isinstance(program, (int, float)) and not isinstance(program, bool):
+        program = str(program)  # YAML read a constant program as a number
+    compiled = compile_program(site, program=program, tree=data.get("tree"),
+                               params=data.get("params"), path=f"candidate.{site}")
+    return {"policy": "program", "program": compiled.text, "params": dict(compiled.params)}
+
+
+def program_candidate(programs: Mapping[str, Any]) -> dict[str, str]:
+    """A candidate of program components from ``{site: program}``: each program an expression,
+    or a mapping with ``program`` (or ``tree``) and ``params`` (written as YAML text)."""
+    unknown = sorted(set(programs) - set(PROGRAM_SITES))
+    if unknown:
+        raise ConfigError("candidate", f"unknown program site(s) {', '.join(unknown)}; sites: "
+                                       f"{', '.join(PROGRAM_SITES)}")
+    return {f"{site}.program": (value if isinstance(value, str)
+                                else yaml.safe_dump(dict(value), sort_keys=False))
+            for site, value in programs.items()}
+
+
 def candidate_config(config: SimConfig, candidate: Mapping[str, str]) -> SimConfig:
-    """``config`` with the candidate's policy sections (components absent from the candidate
-    keep the experiment's). Raises ``ConfigError`` naming the component and the problem."""
-    unknown = sorted(set(candidate) - set(SECTIONS))
+    """``config`` with the candidate's policy sections and programs (components absent from
+    the candidate keep the experiment's). Raises ``ConfigError`` naming the component and the
+    problem."""
+    allowed = SECTIONS + PROGRAM_COMPONENTS
+    unknown = sorted(set(candidate) - set(allowed))
     if unknown:
         raise ConfigError("candidate", f"unknown component(s) {', '.join(unknown)}; allowed: "
-                                       f"{', '.join(SECTIONS)}")
-    data = {name: _section_data(name, text) for name, text in candidate.items()}
+                                       f"{', '.join(allowed)}")
+    both = [site for site in PROGRAM_SITES if site in candidate and f"{site}.program" in candidate]
+    if both:
+        raise ConfigError(f"candidate.{both[0]}.program", f"the candidate has a {both[0]} "
+                                                          "section too; give one of them")
+    data = {name: _section_data(name, text) for name, text in candidate.items()
+            if name in SECTIONS}
+    data.update({site: program_section(site, candidate[f"{site}.program"])
+                 for site in PROGRAM_SITES if f"{site}.program" in candidate})
     try:
         policy = load_blis_policy_config(data, config.policy)
     except ConfigError as e:  # name the candidate's component, not a configuration file's
         raise ConfigError(_POLICY_FIELD.sub("candidate.", str(e), count=1)) from None
     return dataclasses.replace(config, policy=policy)
+
+
+#: The fields of a site's section that its program knobs set (``apply_knobs`` sets a site's
+#: ``policy``, ``program`` and ``params.<name>`` together).
+_PROGRAM_FIELDS = ("policy", "program", "tree", "params")
+
+
+def _program_knobs(site: str, old: Any, new: Any) -> dict[str, Any]:
+    """The knobs turning section ``old`` of ``site`` into ``new`` in its policy, program and
+    parameters: ``<site>.policy``, ``<site>.program`` (the expression; a configuration holds a
+    tree as its expression) and ``<site>.params.<name>`` per parameter that is new or changed."""
+    knobs: dict[str, Any] = {}
+    if old.policy != new.policy:
+        knobs[f"{site}.policy"] = new.policy
+    if old.program != new.program:
+        knobs[f"{site}.program"] = new.program
+    before = dict(old.params)
+    for name, value in new.params:
+        if before.get(name) != value:
+            knobs[f"{site}.params.{name}"] = value
+    return knobs
 
 
 def policy_knobs(base: SimConfig, config: SimConfig) -> dict[str, Any] | None:
@@ -142,16 +249,16 @@ def policy_knobs(base: SimConfig, config: SimConfig) -> dict[str, Any] | None:
         return None
     knobs: dict[str, Any] = {}
     old, new = base.policy, config.policy
-    for section in ("admission", "priority", "autoscaler"):
+    for section in ("admission", "priority", "routing", "autoscaler"):
         a, b = getattr(old, section), getattr(new, section)
+        skip = ("scorers",) + _PROGRAM_FIELDS if section in PROGRAM_SITES else ()
         for f in dataclasses.fields(a):
-            if getattr(a, f.name) != getattr(b, f.name):
+            if f.name not in skip and getattr(a, f.name) != getattr(b, f.name):
                 knobs[f"{section}.{f.name}"] = getattr(b, f.name)
+        if section in PROGRAM_SITES:
+            knobs.update(_program_knobs(section, a, b))
     if old.scheduler != new.scheduler:
         knobs["scheduler.policy"] = new.scheduler.policy
-    for f in dataclasses.fields(old.routing):
-        if f.name != "scorers" and getattr(old.routing, f.name) != getattr(new.routing, f.name):
-            knobs[f"routing.{f.name}"] = getattr(new.routing, f.name)
     weights = {s.name: s.weight for s in new.routing.scorers}
     for name in dict.fromkeys([s.name for s in old.routing.scorers] + list(weights)):
         if weights.get(name, 0.0) != next((s.weight for s in old.routing.scorers
@@ -234,7 +341,7 @@ def _reference_outcome(case: WorkloadCase, cfg: SimConfig, expr: Expression) -> 
     from blisjax.metrics import config_metrics
     from blisjax.reference import simulate
 
-    workload = make_workload(cfg, case.seed)
+    workload = case_workload(case)
     result = simulate(resolve_config(cfg), workload)
     metrics = config_metrics(result, workload, cfg)
     return _outcome(case, expr, metrics, "reference")
@@ -248,6 +355,13 @@ def make_workload(config: SimConfig, seed: int):
     return generate(config, seed)
 
 
+def case_workload(case: WorkloadCase):
+    """The case's workload: its seed's, cut to its first ``requests`` requests when set (the
+    policy does not change a workload, so the experiment's serves every candidate)."""
+    workload = make_workload(case.config, case.seed)
+    return workload if case.requests is None else workload.head(case.requests)
+
+
 def lane_bucket(n: int) -> int:
     """Lanes of the JAX call for ``n`` candidates: the next power of two, at least
     ``MIN_LANES`` — the program is compiled per lane count, so a few sizes serve every batch
@@ -258,10 +372,10 @@ def lane_bucket(n: int) -> int:
     return lanes
 
 
-#: Per experiment (its YAML), the workloads its cases have used, by seed: one compiled program
-#: (``build_static_shared``) covers them all, so scoring a new minibatch of seeds recompiles
-#: only when a workload needs larger capacities than every earlier one.
-_SEEN: dict[str, dict[int, Any]] = {}
+#: Per experiment (its YAML) and request cut, the workloads its cases have used, by seed: one
+#: compiled program (``build_static_shared``) covers them all, so scoring a new minibatch of
+#: seeds recompiles only when a workload needs larger capacities than every earlier one.
+_SEEN: dict[tuple[str, int | None], dict[int, Any]] = {}
 
 
 def _workload_and_program(case: WorkloadCase, resolved) -> tuple[Any, Any]:
@@ -270,9 +384,9 @@ def _workload_and_program(case: WorkloadCase, resolved) -> tuple[Any, Any]:
     from blisjax.config import dump_config
     from blisjax.engine.static import build_static_shared
 
-    seen = _SEEN.setdefault(dump_config(case.config), {})
+    seen = _SEEN.setdefault((dump_config(case.config), case.requests), {})
     if case.seed not in seen:
-        seen[case.seed] = make_workload(case.config, case.seed)
+        seen[case.seed] = case_workload(case)
     try:
         return seen[case.seed], build_static_shared(resolved, list(seen.values()))
     except ValueError:
@@ -313,7 +427,7 @@ def feedback_text(case: WorkloadCase, candidate: Mapping[str, str],
         resolved = resolve_config(cfg)
     except (ConfigError, ValueError) as e:
         return f"The candidate is not a valid policy: {e}\n"
-    workload = make_workload(cfg, case.seed)
+    workload = case_workload(case)
     result, trace = simulate_traced(resolved, workload, "decisions", counterfactual_k)
     metrics = config_metrics(result, workload, cfg)
     return reflection_text(list(trace.lines()), metrics, cfg, strategy, max_tokens,

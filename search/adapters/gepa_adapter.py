@@ -32,6 +32,21 @@ right for ``slo_attainment``); for an objective on another scale pass ``perfect_
 ``skip_perfect_score=False``. Its objective frontiers (``frontier_type="objective"``) read each
 example's ``objective`` and ``FRONTIER_METRICS``, all higher-is-better.
 
+Program components. A candidate may hold ``routing.program``, ``admission.program`` or
+``priority.program`` instead of (not besides) the site's section: a policy program
+(``blisjax.program``) as an expression, or YAML with ``program`` (or ``tree``) and ``params``
+(``search.adapters.core.program_section``). Such candidates are data, checked by the program
+grammar, and every one is a set of per-lane knobs, so a batch of different programs is one JAX
+population call per case. A program that does not parse, or reads what its site cannot, scores
+0 with the grammar's message as its feedback. ``PROMPTS`` gives GEPA a reflection prompt per
+component (``PROGRAM_REFLECTION_PROMPT`` for the program components)::
+
+    from search.adapters.core import program_candidate
+    from search.adapters.gepa_adapter import PROMPTS
+
+    seed = program_candidate({"routing": "score_prefix_affinity - 0.1 * queue_depth"})
+    gepa.optimize(seed_candidate=seed, ..., reflection_prompt_template=PROMPTS)
+
 ``gepa_evaluate`` scores one BLIS policy-bundle file (``blisjax run --policy-config``) the way
 GEPA would, for the command line. The ``gepa`` package is imported only by the adapter's
 methods, so ``gepa_evaluate`` works without it.
@@ -50,6 +65,7 @@ import yaml
 from blisjax.config import ConfigError, SimConfig, load_config
 from search.adapters.core import (
     FAILED_SCORE,
+    PROGRAM_COMPONENTS,
     SECTIONS,
     CaseOutcome,
     WorkloadCase,
@@ -61,7 +77,8 @@ from search.adapters.core import (
 if TYPE_CHECKING:
     from gepa.core.adapter import EvaluationBatch
 
-__all__ = ["KEY_METRICS", "REFLECTION_PROMPT", "BlisjaxGEPAAdapter", "CaseTrajectory",
+__all__ = ["KEY_METRICS", "PROGRAM_REFLECTION_PROMPT", "PROMPTS", "REFLECTION_PROMPT",
+           "BlisjaxGEPAAdapter", "CaseTrajectory",
            "GepaReport", "TraceFeedback", "gepa_evaluate", "load_cases", "policy_candidate"]
 
 #: Metrics reported per case (outputs, summaries): flattened key, label, unit, higher-is-better.
@@ -107,6 +124,32 @@ Diagnose from the trace why the policy loses score, then write an improved versi
 section only, as YAML with the section name as its top-level key, using only the policies, \
 scorers and keys the feedback names. Return exactly one ``` block holding the YAML and nothing \
 else inside it."""
+
+#: The reflection prompt of a program component (``routing.program``, ...): the same frame as
+#: ``REFLECTION_PROMPT``, asking for one expression of the program language.
+PROGRAM_REFLECTION_PROMPT = """You are writing one policy program of a simulated LLM-inference \
+serving cluster (simulated by blisjax): a single Python-syntax expression over named \
+observables. The current program is:
+```
+<curr_param>
+```
+
+Below are workloads it was simulated on, the metrics it reached, and feedback: the score \
+(higher is better), the SLOs missed, what the program decides, the language and the \
+observables it may read (with units), and a summary of the traced run (issues, worst decisions \
+with the state they were taken in):
+```
+<side_info>
+```
+
+Diagnose from the trace why the policy loses score, then write an improved program: one \
+expression using only the observables, operators and functions the feedback names (or YAML \
+with `program:` and `params:` when it uses named constants). Return exactly one ``` block \
+holding the program and nothing else inside it."""
+
+#: ``gepa.optimize(reflection_prompt_template=PROMPTS)``: the prompt of each component.
+PROMPTS: dict[str, str] = {**{name: REFLECTION_PROMPT for name in SECTIONS},
+                           **{name: PROGRAM_REFLECTION_PROMPT for name in PROGRAM_COMPONENTS}}
 
 
 # ---- cases and candidates from files --------------------------------------------------------
@@ -235,8 +278,38 @@ def workload_description(case: WorkloadCase) -> str:
     return "\n".join(lines)
 
 
+#: What a program's value decides, per site.
+_PROGRAM_VALUES = {
+    "routing": "each candidate instance's score for the request; the highest scores wins",
+    "admission": "whether an arriving request is admitted: admitted iff the value is > 0 (a "
+                 "rejected request counts against SLO attainment)",
+    "priority": "a waiting request's priority (higher = more urgent), which priority-aware "
+                "schedulers order the wait queue by",
+}
+
+
+def program_role(site: str) -> str:
+    """What a program component decides, the language, and the observables its site may read
+    with their units (from ``blisjax.program``'s tables)."""
+    from blisjax.program import MAX_PROGRAM_LENGTH, OBSERVABLES
+    from blisjax.program.observables import visible_at
+
+    visible = set(visible_at(site))
+    observables = "\n".join(f"- {o.name} ({o.unit}): {o.meaning}" for o in OBSERVABLES
+                             if o.name in visible)
+    return (f"The {site}.program component is a policy program deciding {_PROGRAM_VALUES[site]}. "
+            "It is one expression: numbers, observables, named parameters (YAML `params`), "
+            "+ - * /, comparisons (chains allowed), and, or, not, `a if condition else b`, "
+            "min, max, abs, clip(x, low, high), log1p; nothing else parses. Comparisons give 1 "
+            f"or 0, x / 0 is 0; at most {MAX_PROGRAM_LENGTH} instructions (one per number, name "
+            f"and operator). The {site} program may read:\n{observables}")
+
+
 def component_role(name: str) -> str:
-    """What a policy section controls and the values it may take (from blisjax's tables)."""
+    """What a policy section (or a program component: ``program_role``) controls and the
+    values it may take (from blisjax's tables)."""
+    if name in PROGRAM_COMPONENTS:
+        return program_role(name.split(".")[0])
     from blisjax.config.autoscale import AUTOSCALER_POLICIES
     from blisjax.config.sim import (
         ADMISSION_POLICIES,
@@ -346,6 +419,11 @@ def _output(outcome: CaseOutcome) -> dict[str, Any]:
             "error": outcome.error,
             "metrics": {key: outcome.metrics[key] for key, *_ in KEY_METRICS
                         if key in outcome.metrics}}
+
+
+def _component_label(name: str) -> str:
+    """How a record's inputs name a component: ``<site> program`` or ``<name> section``."""
+    return f"{name.split('.')[0]} program" if name in PROGRAM_COMPONENTS else f"{name} section"
 
 
 def _candidate_key(candidate: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
@@ -530,7 +608,8 @@ class BlisjaxGEPAAdapter:
         traced = self._traced(trajectories)
         traces = {i: trajectories[i].feedback.text for i in sorted(traced)}  # type: ignore[union-attr]
         return {name: [{"Inputs": {"case": t.case, "workload": t.workload,
-                                   f"current {name} section": candidate.get(name, "")},
+                                   f"current {_component_label(name)}":
+                                       candidate.get(name, "")},
                         "Generated Outputs": t.summary,
                         "Feedback": self._feedback_text(name, t, traces.get(i))}
                        for i, t in enumerate(trajectories)]

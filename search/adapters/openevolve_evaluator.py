@@ -1,11 +1,19 @@
 """OpenEvolve's evaluation file for blisjax policy programs: give OpenEvolve this file's path.
 
-OpenEvolve (``openevolve>=0.4``) evolves a Python program between ``# EVOLVE-BLOCK-START`` and
+OpenEvolve (``openevolve>=0.4``) evolves a file between ``# EVOLVE-BLOCK-START`` and
 ``# EVOLVE-BLOCK-END`` and scores each version by calling this module's functions with the
-program's path. The program is a policy program of ``search.adapters.sandbox``: a *bundle
-program* (``policy()`` returns policy-bundle sections) or a *code policy* (``route_scores`` /
-``priority`` functions). Each evaluation runs it in the sandbox (a subprocess with wall-time,
-CPU-time and memory limits and an import allowlist) and simulates it in the reference engine.
+file's path. The file is one of:
+
+* a *programs file*: YAML mapping sites (``routing``, ``admission``, ``priority``) to policy
+  programs (``blisjax.program``), each an expression or a mapping with ``program`` (or
+  ``tree``) and ``params``. Programs are data checked by the program grammar, so they need no
+  sandbox: they are scored as the GEPA adapter scores program components
+  (``search.adapters.core.evaluate_candidates``: per case, one JAX population call for every
+  file of a batch, ``evaluate_batch``), and the summary is a traced reference run;
+* Python for ``search.adapters.sandbox``: a *bundle program* (``policy()`` returns
+  policy-bundle sections) or a *code policy* (``route_scores`` / ``priority`` functions). Each
+  evaluation runs it in the sandbox (a subprocess with wall-time, CPU-time and memory limits
+  and an import allowlist) and simulates it in the reference engine.
 
 * ``evaluate_stage1(path)``: a cheap filter — the first ``stage1_requests`` requests of the
   first seed's workload;
@@ -46,7 +54,11 @@ environment, so ``configure(...)`` (for in-process use) writes them too:
 ``BLISJAX_OPENEVOLVE_MEMORY_MB``       MiB the program and its simulations may use beyond
                                        the simulator's own (default 2048)
 ``BLISJAX_OPENEVOLVE_STAGE1_REQUESTS`` requests in stage 1's short workload (default 50)
-``BLISJAX_OPENEVOLVE_KIND``            ``auto`` | ``bundle`` | ``code`` (default ``auto``)
+``BLISJAX_OPENEVOLVE_KIND``            ``auto`` | ``bundle`` | ``code`` | ``programs``
+                                       (default ``auto``: a YAML mapping naming a site is a
+                                       programs file, anything else Python)
+``BLISJAX_OPENEVOLVE_ENGINE``          programs files: ``auto`` | ``jax`` | ``reference``
+                                       (default ``auto``: the JAX engine)
 ``BLISJAX_OPENEVOLVE_SUMMARY_TOKENS``  approximate tokens of the summary (default 1500)
 =====================================  =====================================================
 
@@ -71,6 +83,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import yaml
+
+from search.adapters.core import ENGINES, PROGRAM_SITES
 from search.adapters.sandbox import (
     PROGRAM_KINDS,
     Case,
@@ -82,9 +97,10 @@ from search.adapters.sandbox import (
     run_program,
 )
 
-__all__ = ["ENV", "OpenEvolveReport", "ScriptRule", "ScriptedLLM", "Settings", "configure",
-           "current_program", "evaluate", "evaluate_stage1", "evaluate_stage2",
-           "openevolve_evaluate", "scripted_client", "settings_from_env"]
+__all__ = ["ENV", "KINDS", "OpenEvolveReport", "ScriptRule", "ScriptedLLM", "Settings",
+           "configure", "current_program", "evaluate", "evaluate_batch", "evaluate_stage1",
+           "evaluate_stage2", "openevolve_evaluate", "programs_candidate", "scripted_client",
+           "settings_from_env"]
 
 logger = logging.getLogger(__name__)
 
@@ -108,6 +124,7 @@ class Settings(NamedTuple):
     stage1_requests: int = 50
     kind: str = "auto"
     summary_tokens: int = 1500
+    engine: str = "auto"
 
 
 #: The environment variable of each setting.
@@ -119,7 +136,10 @@ ENV = {"config_path": "BLISJAX_OPENEVOLVE_CONFIG", "seeds": "BLISJAX_OPENEVOLVE_
        "cpu_limit_s": "BLISJAX_OPENEVOLVE_CPU_LIMIT",
        "memory_mb": "BLISJAX_OPENEVOLVE_MEMORY_MB",
        "stage1_requests": "BLISJAX_OPENEVOLVE_STAGE1_REQUESTS",
-       "kind": "BLISJAX_OPENEVOLVE_KIND", "summary_tokens": "BLISJAX_OPENEVOLVE_SUMMARY_TOKENS"}
+       "kind": "BLISJAX_OPENEVOLVE_KIND", "summary_tokens": "BLISJAX_OPENEVOLVE_SUMMARY_TOKENS",
+       "engine": "BLISJAX_OPENEVOLVE_ENGINE"}
+#: What a candidate file may be: the sandbox's Python kinds, or ``programs`` (a programs file).
+KINDS = PROGRAM_KINDS + ("programs",)
 
 
 class OpenEvolveReport(NamedTuple):
@@ -150,7 +170,8 @@ def _pair(text: str) -> tuple[float, float]:
 
 _PARSE = {"config_path": str, "seeds": _ints, "holdout_seeds": _ints, "objective": str,
           "objective_range": _pair, "time_limit_s": float, "cpu_limit_s": float,
-          "memory_mb": int, "stage1_requests": int, "kind": str, "summary_tokens": int}
+          "memory_mb": int, "stage1_requests": int, "kind": str, "summary_tokens": int,
+          "engine": str}
 
 
 def _env_text(name: str, value: Any) -> str:
@@ -186,8 +207,10 @@ def check_settings(settings: Settings) -> Settings:
         (settings.config_path is None,
          f"no experiment: set {ENV['config_path']} (or configure(config_path=...))"),
         (not hi > lo, f"objective_range needs lo < hi, got {settings.objective_range}"),
-        (settings.kind not in PROGRAM_KINDS,
-         f"kind must be one of {', '.join(PROGRAM_KINDS)}, got {settings.kind!r}"),
+        (settings.kind not in KINDS,
+         f"kind must be one of {', '.join(KINDS)}, got {settings.kind!r}"),
+        (settings.engine not in ENGINES,
+         f"engine must be one of {', '.join(ENGINES)}, got {settings.engine!r}"),
         (settings.time_limit_s <= 0, "time_limit_s must be > 0"),
         (settings.cpu_limit_s is not None and settings.cpu_limit_s <= 0, "cpu_limit_s must be > 0"),
         (settings.memory_mb <= 0, "memory_mb must be > 0"),
@@ -302,25 +325,189 @@ def _scored(result: SandboxResult, stage: int, settings: Settings) -> _Scored:
     return _Scored(metrics, artifacts)
 
 
-def _evaluate_stage(program_path: str | Path, stage: int,
-                    settings: Settings | None = None) -> _Scored:
-    """Score a program file on a stage; every failure is a 0 score with the reason."""
+# ---- programs files --------------------------------------------------------------------------
+
+
+def _program_text(site: str, value: Any) -> str:
+    """A programs file's entry as a program component's text (``core.program_section``)."""
+    from blisjax.config import ConfigError
+
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)  # a constant program
+    if isinstance(value, dict):
+        return yaml.safe_dump(value, sort_keys=False)
+    raise ConfigError(f"programs.{site}", f"must be an expression or a mapping with program (or "
+                                          f"tree) and params, got {value!r}")
+
+
+def programs_candidate(source: str, kind: str = "auto") -> dict[str, str] | None:
+    """The candidate a programs file holds — ``{"<site>.program": text}`` — or None when
+    ``source`` is Python for the sandbox (``kind`` ``bundle`` or ``code``; with ``auto``, a
+    source that is not a YAML mapping naming a program site). Raises ``ConfigError`` naming the
+    problem of a file that is one but is not valid (an unknown site, an empty file, ...)."""
+    from blisjax.config import ConfigError
+
+    if kind in PROGRAM_KINDS[1:]:
+        return None
+    try:
+        data = yaml.safe_load(source)
+    except yaml.YAMLError as e:
+        if kind == "programs":
+            raise ConfigError("programs", f"is not valid YAML: {e}") from None
+        return None
+    if not (isinstance(data, dict) and any(key in PROGRAM_SITES for key in data)):
+        if kind == "programs":
+            raise ConfigError("programs", f"must be a YAML mapping of sites "
+                                          f"({', '.join(PROGRAM_SITES)}) to programs")
+        return None
+    unknown = sorted(str(key) for key in data if key not in PROGRAM_SITES)
+    if unknown:
+        raise ConfigError("programs", f"unknown site(s) {', '.join(unknown)}; sites: "
+                                      f"{', '.join(PROGRAM_SITES)}")
+    return {f"{site}.program": _program_text(site, value) for site, value in data.items()}
+
+
+def _workload_cases(stage: int, settings: Settings) -> list[Any]:
+    """The stage's cases (``_cases``) as ``core.WorkloadCase`` s of the experiment."""
+    from blisjax.config import load_config
+    from search.adapters.core import WorkloadCase
+
+    config = load_config(settings.config_path)
+    return [WorkloadCase(c.name, config, config.seed if c.seed is None else int(c.seed),
+                         c.requests) for c in _cases(stage, settings)]
+
+
+def _outcome_rows(candidates: Sequence[Mapping[str, str]], cases: Sequence[Any],
+                  settings: Settings) -> list[list[Any]]:
+    """``[candidate][case]`` outcomes of one ``evaluate_candidates`` call (one JAX population
+    call per case). When the simulation raises, each candidate alone, so that only one that
+    breaks it fails; a ``ConfigError`` (the objective) is the settings' and propagates."""
+    from blisjax.config import ConfigError
+    from search.adapters.core import FAILED_SCORE, CaseOutcome, evaluate_candidates
+
+    try:
+        return evaluate_candidates(candidates, cases, settings.objective, settings.engine)
+    except ConfigError:
+        raise
+    except Exception as e:
+        if len(candidates) > 1:
+            return [_outcome_rows([c], cases, settings)[0] for c in candidates]
+        return [[CaseOutcome(case, FAILED_SCORE, {}, None,
+                             f"the simulation failed: {type(e).__name__}: {e}")
+                 for case in cases]]
+
+
+def _summary_text(case: Any, candidate: Mapping[str, str], settings: Settings) -> str:
+    """The decision-trace text summary of the candidate on ``case`` (a traced reference run)."""
+    from search.adapters.core import feedback_text
+
+    spec = SummarySpec(max_tokens=settings.summary_tokens)
+    try:
+        return feedback_text(case, candidate, spec.strategy, spec.max_tokens,
+                             spec.counterfactual_k)
+    except Exception as e:  # the score stands without its summary
+        return f"(no trace summary: the summariser failed: {type(e).__name__}: {e})\n"
+
+
+def _programs_result(candidate: Mapping[str, str], outcomes: Sequence[Any],
+                     requests: Sequence[int], settings: Settings) -> SandboxResult:
+    """A programs file's outcomes as a sandbox result: ``invalid_policy`` when a program is
+    not valid, ``crash`` when a run failed; a NaN objective is a case's NaN (``_scored``)."""
+    invalid = next((o for o in outcomes if o.invalid), None)
+    if invalid is not None:
+        return SandboxResult("programs", (), "", SandboxError("invalid_policy", invalid.error),
+                             "")
+    failed = next((o for o in outcomes if o.error is not None and not o.metrics), None)
+    if failed is not None:
+        return SandboxResult("programs", (), "",
+                             SandboxError("crash", f"{failed.case.name}: {failed.error}"), "")
+    cases = tuple(CaseResult(o.case.name, o.case.seed, n,
+                             o.score if o.error is None else math.nan, o.metrics)
+                  for o, n in zip(outcomes, requests, strict=True))
+    return SandboxResult("programs", cases, _summary_text(outcomes[0].case, candidate, settings),
+                         None, "")
+
+
+def _evaluate_programs(candidates: Sequence[Mapping[str, str]], stage: int,
+                       settings: Settings) -> list[SandboxResult]:
+    """Score programs files' candidates on the stage's cases, all of them in one population
+    call per case."""
+    from search.adapters.core import case_workload
+
+    cases = _workload_cases(stage, settings)
+    requests = [int(case_workload(case).num_requests) for case in cases]
+    rows = _outcome_rows(candidates, cases, settings)
+    return [_programs_result(c, row, requests, settings)
+            for c, row in zip(candidates, rows, strict=True)]
+
+
+# ---- stages ----------------------------------------------------------------------------------
+
+
+def _sandboxed(source: str, stage: int, settings: Settings) -> SandboxResult:
+    """A Python program run in the sandbox on the stage's cases."""
+    limits = Limits(settings.time_limit_s, settings.cpu_limit_s or settings.time_limit_s,
+                    settings.memory_mb)
+    return run_program(source, settings.config_path, _cases(stage, settings),
+                       settings.objective, settings.kind, limits,
+                       SummarySpec(max_tokens=settings.summary_tokens))
+
+
+def _evaluate_stage_batch(program_paths: Sequence[str | Path], stage: int,
+                          settings: Settings | None = None) -> list[_Scored]:
+    """Score files on a stage: the programs files together (``_evaluate_programs``), each
+    Python file in the sandbox; every failure is a 0 score with the reason."""
     try:
         settings = settings_from_env() if settings is None else check_settings(settings)
-        source = Path(program_path).read_text(encoding="utf-8")
-    except (ValueError, OSError) as e:
+    except ValueError as e:
         logger.error("blisjax OpenEvolve evaluator: %s", e)
-        return _failure(SandboxError("settings", str(e)))
+        return [_failure(SandboxError("settings", str(e))) for _ in program_paths]
+    from blisjax.config import ConfigError
+
+    out: list[_Scored | None] = [None] * len(program_paths)
+    programs: dict[int, dict[str, str]] = {}
+    sources: dict[int, str] = {}
+    for i, path in enumerate(program_paths):
+        try:
+            sources[i] = Path(path).read_text(encoding="utf-8")
+            candidate = programs_candidate(sources[i], settings.kind)
+        except OSError as e:
+            out[i] = _failure(SandboxError("settings", str(e)))
+            continue
+        except ConfigError as e:
+            out[i] = _failure(SandboxError("invalid_policy", str(e)))
+            continue
+        if candidate is not None:
+            programs[i] = candidate
     try:
-        limits = Limits(settings.time_limit_s, settings.cpu_limit_s or settings.time_limit_s,
-                        settings.memory_mb)
-        result = run_program(source, settings.config_path, _cases(stage, settings),
-                             settings.objective, settings.kind, limits,
-                             SummarySpec(max_tokens=settings.summary_tokens))
-        return _scored(result, stage, settings)
+        if programs:
+            for i, result in zip(programs, _evaluate_programs(list(programs.values()), stage,
+                                                              settings), strict=True):
+                out[i] = _scored(result, stage, settings)
+    except ConfigError as e:  # the experiment or the objective: the operator's error
+        out = [_failure(SandboxError("settings", str(e))) if i in programs else o
+               for i, o in enumerate(out)]
     except Exception as e:  # an evaluator bug must not stop the evolution: score 0, say why
-        logger.exception("blisjax OpenEvolve evaluator failed on %s", program_path)
-        return _failure(SandboxError("internal", f"{type(e).__name__}: {e}"))
+        logger.exception("blisjax OpenEvolve evaluator failed on programs files")
+        out = [_failure(SandboxError("internal", f"{type(e).__name__}: {e}")) if i in programs
+               else o for i, o in enumerate(out)]
+    for i, source in sources.items():
+        if out[i] is not None:
+            continue
+        try:
+            out[i] = _scored(_sandboxed(source, stage, settings), stage, settings)
+        except Exception as e:  # an evaluator bug must not stop the evolution: score 0, say why
+            logger.exception("blisjax OpenEvolve evaluator failed on %s", program_paths[i])
+            out[i] = _failure(SandboxError("internal", f"{type(e).__name__}: {e}"))
+    return out  # type: ignore[return-value]
+
+
+def _evaluate_stage(program_path: str | Path, stage: int,
+                    settings: Settings | None = None) -> _Scored:
+    """Score a file on a stage; every failure is a 0 score with the reason."""
+    return _evaluate_stage_batch([program_path], stage, settings)[0]
 
 
 def _openevolve_result(scored: _Scored) -> Any:
@@ -346,14 +533,23 @@ def evaluate(program_path: str) -> Any:
     return evaluate_stage2(program_path)
 
 
+def evaluate_batch(program_paths: Sequence[str], stage: int = 2) -> list[Any]:
+    """Score many files on a stage (1 or 2) at once: what ``evaluate_stage1`` /
+    ``evaluate_stage2`` give each, with every programs file of the batch a lane of one JAX
+    population call per case. Returns ``EvaluationResult`` s in the paths' order."""
+    if stage not in (1, 2):
+        raise ValueError(f"stage must be 1 or 2, got {stage!r}")
+    return [_openevolve_result(s) for s in _evaluate_stage_batch(program_paths, stage)]
+
+
 def openevolve_evaluate(program_path: str | Path, config_path: str | Path,
                         seeds: Sequence[int] | None = None,
                         objective: str = "slo_attainment", stage: int = 2, *,
                         holdout_seeds: Sequence[int] = (),
                         objective_range: tuple[float, float] = (0.0, 1.0),
                         time_limit_s: float = 60.0, kind: str = "auto",
-                        stage1_requests: int = 50,
-                        summary_tokens: int = 1500) -> OpenEvolveReport:
+                        stage1_requests: int = 50, summary_tokens: int = 1500,
+                        engine: str = "auto") -> OpenEvolveReport:
     """Score one program file as OpenEvolve's evaluator would (``stage`` 1 or 2), without the
     environment: what ``blisjax openevolve-evaluate`` prints. Raises ``ValueError`` for invalid
     arguments; the program's own failures are the report's ``error``."""
@@ -363,7 +559,7 @@ def openevolve_evaluate(program_path: str | Path, config_path: str | Path,
         str(Path(config_path).resolve()), tuple(int(s) for s in seeds or ()),
         tuple(int(s) for s in holdout_seeds), objective,
         (float(objective_range[0]), float(objective_range[1])), float(time_limit_s), None,
-        Settings().memory_mb, int(stage1_requests), kind, int(summary_tokens)))
+        Settings().memory_mb, int(stage1_requests), kind, int(summary_tokens), engine))
     scored = _evaluate_stage(program_path, stage, settings)
     return OpenEvolveReport(scored.metrics, scored.artifacts.get("summary", ""),
                             scored.artifacts.get("error"))
