@@ -21,7 +21,8 @@ from jax import lax
 from blisjax.engine import recent
 from blisjax.engine.exactfloat import exact_mul, ieee_divide
 from blisjax.engine.lockstep import lane_while
-from blisjax.program import MAX_PROGRAM_LENGTH, OBSERVABLES, Bytecode, Op
+from blisjax.program import MAX_PROGRAM_LENGTH, OBSERVABLES, Bytecode
+from blisjax.program.bytecode import Op
 from blisjax.program.observables import RECENT_WINDOW_US, SLO_CLASS_RANK, index_of
 
 F64 = jnp.float64

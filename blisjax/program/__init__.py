@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from blisjax.program.bytecode import MAX_PROGRAM_LENGTH, Bytecode, Op, assemble, to_arrays
+from blisjax.program.bytecode import MAX_PROGRAM_LENGTH, Bytecode, assemble, to_arrays
 from blisjax.program.language import (
     Node,
     ProgramError,

@@ -13,13 +13,12 @@ from blisjax.config.sim import AdmissionConfig, PolicyConfig, RoutingConfig
 from blisjax.program import (
     MAX_PROGRAM_LENGTH,
     Node,
-    Op,
     ProgramError,
     compile_program,
     parse,
     to_text,
 )
-from blisjax.program.bytecode import assemble
+from blisjax.program.bytecode import Op, assemble
 from blisjax.program.observables import OBSERVABLES, index_of, visible_at
 from tests.program.random_programs import random_program
 
