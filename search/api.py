@@ -596,8 +596,10 @@ def execute(plan: Plan, *, progress: bool | TextIO = True,
         raise ConfigError("--engine", "reference runs in this process: not with a backend "
                           "(--ray) or a prepared problem")
     if problem is None:
+        sites = (plan.space.program.site,) if plan.space.program is not None else ()
         problem = SimulationProblem(plan.resolved, plan.seeds, plan.scoring, plan.population,
-                                    capacities=search_capacities(plan.space), backend=backend)
+                                    capacities=search_capacities(plan.space), backend=backend,
+                                    program_sites=sites)
     elif backend is not None:
         raise ValueError("give the backend to the SimulationProblem, not to execute, when "
                          "passing a problem")

@@ -21,7 +21,7 @@ from typing import Any
 
 from blisjax.config import ConfigError, SimConfig
 from blisjax.engine.population import apply_knobs
-from blisjax.engine.static import build_static_shared
+from blisjax.engine.static import build_static_shared, with_program_sites
 from blisjax.workload import Workload, section_traces, workload_from_section
 from search.backends import LocalBackend, PopulationJob, Unit
 from search.expr import flatten_metrics
@@ -86,11 +86,14 @@ class SimulationProblem:
       capacities: passed to ``evaluate_population`` (queue_slots, pending_slots, …).
       keep_metrics: keep each candidate's per-seed metric dicts in its CandidateEval.
       backend: where the engine calls run (default ``LocalBackend()``: this process).
+      program_sites: sites whose policy programs the candidates may set: their interpreters
+        are compiled into the one program from the start (``with_program_sites``).
     """
 
     def __init__(self, resolved, seeds: Sequence[int], scoring: Scoring, lanes: int,
                  capacities: Mapping[str, Any] | None = None, keep_metrics: bool = True,
-                 shape_workloads: Sequence[Workload] = (), static=None, backend=None) -> None:
+                 shape_workloads: Sequence[Workload] = (), static=None, backend=None,
+                 program_sites: Sequence[str] = ()) -> None:
         if lanes < 1:
             raise ValueError(f"lanes must be >= 1, got {lanes}")
         if not seeds:
@@ -104,8 +107,13 @@ class SimulationProblem:
         self.workloads = {s: make_workload(resolved.config, s) for s in self.seeds}
         # One engine program for every seed (capacities cover all of them, and
         # ``shape_workloads`` too): a seed then costs a run, not a 30-40 s compile.
+        self.program_sites = tuple(program_sites)
         self.static = static if static is not None else _shared_static(
             resolved, self.workloads, shape_workloads, self.capacities)
+        if self.program_sites:  # the programs' interpreters in the one program, baseline too
+            self.static = ({k: with_program_sites(v, self.program_sites)
+                            for k, v in self.static.items()} if isinstance(self.static, dict)
+                           else with_program_sites(self.static, self.program_sites))
         self.job = PopulationJob(resolved, self.workloads, self.static)
         self.backend = backend if backend is not None else LocalBackend()
 
@@ -116,11 +124,11 @@ class SimulationProblem:
         if same_program:
             return SimulationProblem(self.resolved, seeds, self.scoring, self.lanes,
                                      self.capacities, self.keep_metrics, static=self.static,
-                                     backend=self.backend)
+                                     backend=self.backend, program_sites=self.program_sites)
         return SimulationProblem(self.resolved, seeds, self.scoring, self.lanes,
                                  self.capacities, self.keep_metrics,
                                  shape_workloads=tuple(self.workloads.values()),
-                                 backend=self.backend)
+                                 backend=self.backend, program_sites=self.program_sites)
 
     def check_knobs(self, knobs: Mapping[str, Any]) -> str:
         """'' when ``knobs`` form a valid configuration, else the reason."""

@@ -507,6 +507,17 @@ def _check_sized(st: EngineStatic) -> bool:
     return True
 
 
+def with_program_sites(st: EngineStatic, sites) -> EngineStatic:
+    """``st`` with the program interpreters of ``sites`` (and those it has) compiled in, and a
+    routing program's cache query; a search over programs builds its program so, once, for
+    its configured policy and its programs alike."""
+    sites = tuple(x for x in PROGRAM_SITES if x in st.program_sites or x in sites)
+    if sites == st.program_sites:
+        return st
+    return dataclasses.replace(st, program_sites=sites,
+                               cache_scorers=st.cache_scorers or "routing" in sites)
+
+
 def for_lanes(st: EngineStatic, params) -> EngineStatic:
     """``st``, with the cache query compiled in if a lane of ``params`` (stacked
     ``PolicyParams``, host or device arrays) lists a scorer that needs it — a population may
@@ -532,12 +543,9 @@ def for_lanes(st: EngineStatic, params) -> EngineStatic:
     codes = {"routing": (params.routing, RoutingPolicy.PROGRAM),
              "admission": (params.admission, AdmissionPolicy.PROGRAM),
              "priority": (params.priority, PriorityPolicy.PROGRAM)}
-    sites = tuple(site for site in PROGRAM_SITES if site in st.program_sites
-                  or bool(np.any(np.asarray(codes[site][0]) == int(codes[site][1]))))
-    if sites != st.program_sites:
-        st = dataclasses.replace(st, program_sites=sites)
-    if "routing" in sites and not st.cache_scorers:
-        st = dataclasses.replace(st, cache_scorers=True)
+    st = with_program_sites(st, tuple(
+        site for site in PROGRAM_SITES
+        if bool(np.any(np.asarray(codes[site][0]) == int(codes[site][1])))))
     if st.cache_scorers:
         return st
     order = np.asarray(params.scorer_order)
