@@ -64,10 +64,22 @@ def _feasible(records: Sequence[Record]) -> list[Record]:
     return [r for r in records if r.feasible and np.isfinite(r.fitness)]
 
 
+#: Plotted values spanning more than this ratio (all positive) get a log axis.
+LOG_AXIS_RATIO = 100.0
+
+
+def _spans_decades(values: np.ndarray) -> bool:
+    """Positive values whose largest is more than ``LOG_AXIS_RATIO`` times the smallest."""
+    values = values[np.isfinite(values)]
+    return values.size > 1 and bool(np.all(values > 0)) \
+        and float(values.max()) > LOG_AXIS_RATIO * float(values.min())
+
+
 def plot_convergence(records: Sequence[Record], path: str | Path, objective_names: Sequence[str],
                      baseline: dict | None = None, title: str = "") -> Path:
     """Every candidate's objective per generation (feasible: dots, infeasible: crosses), the
-    generation best and the best so far (both over feasible candidates), and the baseline.
+    generation best and the best so far (both over feasible candidates), and the baseline; a
+    log axis where the plotted values are positive and span more than ``LOG_AXIS_RATIO``.
 
     Several objectives: one panel per objective.
     """
@@ -108,6 +120,9 @@ def convergence_figure(records: Sequence[Record], objective_names: Sequence[str]
             if isinstance(value, float) and np.isfinite(value):
                 ax.axhline(axis.sign * value, color="black", ls="--", lw=1,
                            label="baseline (config policy)")
+        shown_values = np.asarray([axis.sign * r.objectives[j] for r in ok])
+        if _spans_decades(shown_values):
+            ax.set_yscale("log")  # one catastrophic candidate would flatten the rest
         ax.set_xlabel("generation")
         ax.set_ylabel(axis.label, fontsize=9)
         if gens:

@@ -97,3 +97,15 @@ def test_categorical_sweep_draws_bars():
     assert heights == [1.0, 2.0, 3.0]  # un-negated mean TTFT per category
     assert [t.get_text() for t in ax.get_xticklabels()] == ["fcfs", "sjf", "priority-fcfs"]
     assert _legend_outside(fig)
+
+
+def test_a_convergence_axis_spanning_decades_is_logarithmic():
+    # p99 TTFTs of 20 ms and 50 s (2,500x): a linear axis would draw 20 ms at the floor
+    from search.plots import convergence_figure
+
+    wide = [_rec(0, 0, {}, (-20.0,)), _rec(0, 1, {}, (-50_000.0,))]
+    assert convergence_figure(wide, ["-ttft_p99_ms"]).axes[0].get_yscale() == "log"
+    narrow = [_rec(0, 0, {}, (-20.0,)), _rec(0, 1, {}, (-1_999.0,))]  # 99.95x
+    assert convergence_figure(narrow, ["-ttft_p99_ms"]).axes[0].get_yscale() == "linear"
+    signs = [_rec(0, 0, {}, (-20.0,)), _rec(0, 1, {}, (50_000.0,))]  # not all positive
+    assert convergence_figure(signs, ["-ttft_p99_ms"]).axes[0].get_yscale() == "linear"
