@@ -316,6 +316,15 @@ BLIS_FLAGS: tuple[BlisFlag, ...] = (
         choices=ROUTING_POLICIES,
     ),
     BlisFlag(
+        ("--routing-program",),
+        "routing_program",
+        _str,
+        "policy.routing.program",
+        "with --routing-policy program: each candidate's score, an expression (blisjax; "
+        "docs/policy-programs.md)",
+        "EXPR",
+    ),
+    BlisFlag(
         ("--routing-scorers",),
         "routing_scorers",
         _parse_scorers,
@@ -340,6 +349,14 @@ BLIS_FLAGS: tuple[BlisFlag, ...] = (
         choices=ADMISSION_POLICIES,
     ),
     BlisFlag(
+        ("--admission-program",),
+        "admission_program",
+        _str,
+        "policy.admission.program",
+        "with --admission-policy program: admit iff this expression is > 0 (blisjax)",
+        "EXPR",
+    ),
+    BlisFlag(
         ("--token-bucket-capacity",),
         "token_bucket_capacity",
         _float,
@@ -360,6 +377,14 @@ BLIS_FLAGS: tuple[BlisFlag, ...] = (
         "policy.priority.policy",
         "priority policy (inverted-slo = slo-based with a negative age weight)",
         choices=tuple(PRIORITY_POLICIES) + (BLIS_INVERTED_SLO,),
+    ),
+    BlisFlag(
+        ("--priority-program",),
+        "priority_program",
+        _str,
+        "policy.priority.program",
+        "with --priority-policy program: the priority, an expression (blisjax)",
+        "EXPR",
     ),
     BlisFlag(
         ("--scheduler",),

@@ -53,6 +53,23 @@ def _shorter_prompts_longer_outputs(rows: list[dict]) -> list[dict]:
     return other
 
 
+def edge_engine(instances: int):
+    """The edge scenario's engine (``edge_population``): blocks of 4 tokens, 40 per instance,
+    4 running requests, a 64-token budget chunking prefills past 32 tokens, a 150 ms horizon,
+    snapshots every 1.5 ms, a 3 ms old cache copy, α delays, admission and routing latencies."""
+    return make_resolved(instances=instances, block_size=4, kv_blocks=40, max_running=4,
+                         max_tokens=64, threshold=32, horizon_us=150_000, refresh_us=1500,
+                         alpha=(80.25, 0.75, 12.5), cache_delay_us=3000,
+                         admission_latency_us=300, routing_latency_us=700)
+
+
+def edge_rows_twice() -> list[dict]:
+    """The edge-case rows, then the same rows 9.5 ms later (22 requests)."""
+    later = [dict(r, arrival=r["arrival"] + 9500,
+                  deadline=r["deadline"] + 9500 if r.get("deadline") else 0) for r in EDGE_ROWS]
+    return EDGE_ROWS + later
+
+
 @pytest.fixture(scope="session")
 def edge_population():
     """base: 2 instances of 40 blocks of 4 tokens, 4 running requests, a 64-token budget with
@@ -65,13 +82,8 @@ def edge_population():
     workload w. evaluated: ``evaluate_population`` of a routing × admission grid on
     workload 0, with a fitness configured."""
     room_for_a_program()
-    base = make_resolved(instances=2, block_size=4, kv_blocks=40, max_running=4, max_tokens=64,
-                         threshold=32, horizon_us=150_000, refresh_us=1500,
-                         alpha=(80.25, 0.75, 12.5), cache_delay_us=3000,
-                         admission_latency_us=300, routing_latency_us=700)
-    later = [dict(r, arrival=r["arrival"] + 9500,
-                  deadline=r["deadline"] + 9500 if r.get("deadline") else 0) for r in EDGE_ROWS]
-    rows = EDGE_ROWS + later
+    base = edge_engine(instances=2)
+    rows = edge_rows_twice()
     workloads = tuple(make_workload(r, ("a", "b"), ("g",))
                       for r in (rows, _shorter_prompts_longer_outputs(rows)))
     configs = _random_policy_configs(base.config, workloads[0].tenant_names, POPULATION_LANES,

@@ -26,7 +26,7 @@ from blisjax.program import compile_program, to_text
 from blisjax.program.observables import RECENT_SIGNALS, scorer_name
 from blisjax.reference import simulate as reference
 from blisjax.reference.program import RecentSignals, recent_arrivals
-from tests.engine.conftest import room_for_a_program
+from tests.engine.conftest import edge_engine, edge_rows_twice, room_for_a_program
 from tests.engine.test_parity import EDGE_ROWS
 from tests.program.random_programs import random_program
 from tests.reference.conftest import make_resolved, make_workload
@@ -163,13 +163,8 @@ def program_population():
     same size; a drawn one spread over ~3 s, so the recent signals' 1 s windows roll), one
     compiled program, lockstep blocks of 8."""
     room_for_a_program()
-    base = make_resolved(instances=3, block_size=4, kv_blocks=40, max_running=4, max_tokens=64,
-                         threshold=32, horizon_us=150_000, refresh_us=1500,
-                         alpha=(80.25, 0.75, 12.5), cache_delay_us=3000,
-                         admission_latency_us=300, routing_latency_us=700)
-    later = [dict(r, arrival=r["arrival"] + 9500,
-                  deadline=r["deadline"] + 9500 if r.get("deadline") else 0) for r in EDGE_ROWS]
-    rows = EDGE_ROWS + later
+    base = edge_engine(instances=3)
+    rows = edge_rows_twice()
     drawn = _drawn_rows(np.random.default_rng(11), len(rows))
     spread = _drawn_rows(np.random.default_rng(12), len(rows), gap_us=150_000.0)
     workloads = tuple(make_workload(r, ("a", "b"), ("g",)) for r in (rows, drawn, spread))
