@@ -62,10 +62,15 @@ def _check_policy_flags(args: Any, cfg: SimConfig) -> None:
         raise ConfigError("--routing-scorers", f"only used with --routing-policy weighted (the "
                                                f"routing policy here is {routing!r})")
     if getattr(args, "routing_tie_break", None) is not None and routing not in (
-            "least-loaded", "weighted"):
-        raise ConfigError("--routing-tie-break", "only used with --routing-policy least-loaded "
-                                                 f"or weighted (the routing policy here is "
-                                                 f"{routing!r})")
+            "least-loaded", "weighted", "program"):
+        raise ConfigError("--routing-tie-break", "only used with --routing-policy least-loaded, "
+                                                 f"weighted or program (the routing policy here "
+                                                 f"is {routing!r})")
+    for site in ("routing", "admission", "priority"):
+        policy = getattr(cfg.policy, site).policy
+        if getattr(args, f"{site}_program", None) is not None and policy != "program":
+            raise ConfigError(f"--{site}-program", f"only used with --{site}-policy program "
+                                                   f"(the {site} policy here is {policy!r})")
     if not cfg.cluster.pd.enabled:
         for dest in ("pd_decider", "pd_prefix_threshold", "pd_transfer_bandwidth",
                      "pd_transfer_base_latency", "pd_transfer_contention",
