@@ -8,8 +8,8 @@ are needed. Prints two tables:
 
 * innermost engine line: exclusive kernel time by the deepest frame in ``blisjax/engine``;
 * inclusive by function: kernels and time under each engine function (a kernel counts once for
-  every function on its stack), e.g. ``instance.py:complete`` = the completion loop with all it
-  calls.
+  every function on its stack), e.g. ``completion.py:complete`` = the completion loop with all
+  it calls.
 
 The kernel counts are exact. Times are not: tracing adds a fixed cost to every kernel (a
 profiled call takes about twice the plain one), which overweights code made of many tiny

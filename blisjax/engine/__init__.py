@@ -34,7 +34,7 @@ Glossary of the short names used throughout (arguments and locals):
   (``lockstep``); ``ok``: a pre-check or an allocation passed.
 * ``w``, ``width``: a vector width of a fixed-width program (``lockstep.by_width``).
 * ``ev``: the lane's ``cluster.NextEvent``; ``plan``: a step's one-pass completion plan
-  (``instance.QueuedPlan``).
+  (``completion.QueuedPlan``).
 * Array dimensions in comments: N requests, I instances, T tenants, B batch slots,
   MB blocks per request, K KV blocks per instance, R = 2K free-list ring keys, Q wait-queue
   slots, E α-delay window entries, G prefix groups, Jg blocks per prefix group, S hash slots,

@@ -3,11 +3,11 @@ pass after every step and the transfer-time bookkeeping.
 
 Counterpart: ``blisjax.reference.kvcache.CpuTier`` and the mirror and counters of
 ``TieredKVCache`` (behaviour: docs/semantics.md §3.8). The reload itself, which moves GPU
-blocks, lives with the other free-list operations in ``kvcache.py``.
+blocks, lives with the other allocation operations in ``kvcache.py``.
 
 * **Keys.** The reference keys the tier by a block's chained hash. Here a hash is a *CPU key*,
   a dense index of a block's content: a full prompt block's key is its hash slot
-  (``kvcache.hash_slot``: per instance for prefix-group blocks, per request otherwise); a block
+  (``kvblocks.hash_slot``: per instance for prefix-group blocks, per request otherwise); a block
   holding output tokens gets one of its request's *extension* keys (``WorkloadConsts.ext_base``
   + its position past the full prompt blocks). These *true keys* name a block's content and
   its place on the true chain, as the hash does. A block can get its hash chained from a held
@@ -23,7 +23,7 @@ blocks, lives with the other free-list operations in ``kvcache.py``.
   a request only ever runs on one instance.
   ``KVTierState.key_of_block`` is the key registered for each GPU block (-1: no hash).
 * **LRU.** Each instance's tier is a ring of keys in recency order, oldest first, with lazy
-  deletion as the GPU free list's (``kvcache.py``): a touch appends the key again and
+  deletion as the GPU free list's (``kvblocks.py``): a touch appends the key again and
   ``where[key]`` moves to the new entry's position; an entry is live iff ``where`` of its key
   points at it. The ring is compacted (live entries renumbered from 0, order kept) before an
   append would overflow it.

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from blisjax.engine import kvblocks
 from blisjax.engine import kvcache as kv
 from blisjax.engine.lockstep import LANES, run_if
 from blisjax.engine.state import NIL, SimState
@@ -46,9 +47,9 @@ def release_queued(s: SimState, st) -> SimState:
     """Run every lane's queued releases and empty the queues (``s`` stacked over lanes).
 
     The flat pass is exact when no lane's free-list ring could need compaction on the way
-    (``kv.append_blocks``): bounded by the blocks each lane releases, not the ones it frees.
-    Otherwise, or when the blocks exceed the widest program, the lanes run their own queues
-    (``kv.flush_releases``)."""
+    (``kvblocks.append_blocks``): bounded by the blocks each lane releases, not the ones it
+    frees. Otherwise, or when the blocks exceed the widest program, the lanes run their own
+    queues (``kv.flush_releases``)."""
     lanes, queue = s.rel_slots.shape
     queued = jnp.arange(queue)[None, :] < s.rel_count[:, None]  # [L, D]
     lane = jnp.arange(lanes)
@@ -57,8 +58,8 @@ def release_queued(s: SimState, st) -> SimState:
     held = jnp.where(queued, s.blen[lane[:, None], inst[:, None], slots], 0)  # [L, D]
     per_lane = jnp.sum(held, axis=1)
     tail, head = s.ftail[lane, inst], s.fhead[lane, inst]
-    ring_ok = jnp.all((tail - head + per_lane <= kv.ring_size(st))
-                      & (tail + per_lane <= kv.KEY_LIMIT))
+    ring_ok = jnp.all((tail - head + per_lane <= kvblocks.ring_size(st))
+                      & (tail + per_lane <= kvblocks.KEY_LIMIT))
     total = jnp.sum(per_lane)
     widths = flat_widths(lanes, queue, st.max_blocks_per_request)
     flat = ring_ok & (total > 0) & (total <= widths[-1])  # nothing queued: no pass at all
@@ -85,7 +86,7 @@ def _flat_release(s: SimState, st, slots, held, width: int) -> SimState:
     queue order, lane by lane."""
     lanes, queue = slots.shape
     insts, b_slots = st.num_instances, st.slot_count
-    k_blocks, mb, r_size = st.kv_blocks, st.max_blocks_per_request, kv.ring_size(st)
+    k_blocks, mb, r_size = st.kv_blocks, st.max_blocks_per_request, kvblocks.ring_size(st)
     n = held.reshape(-1)  # [L·D] blocks of each queued release, lane-major, queue order
     end = prefix_sum(n)
     start = end - n

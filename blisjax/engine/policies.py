@@ -26,7 +26,7 @@ from blisjax.config.codes import (
     Scorer,
     TieBreak,
 )
-from blisjax.engine import gorand, program, recent
+from blisjax.engine import gorand, kvblocks, program, recent
 from blisjax.engine import kvcache as kv
 from blisjax.engine.exactfloat import exact_mul, ieee_divide
 from blisjax.engine.lockstep import add, lane_once, upd
@@ -333,7 +333,7 @@ def cache_query(s: SimState, st, c, r):
     valid = j < c.full_blocks[r]
 
     def count(i):
-        slots = jnp.where(valid, kv.hash_slot(st, c, i, r, j), st.hash_slots)
+        slots = jnp.where(valid, kvblocks.hash_slot(st, c, i, r, j), st.hash_slots)
         if st.cache_copy_on:  # the copy holds the prefix-group slots (``refresh_snapshots``)
             group = slots < st.group_slots
             present = group & s.cache_copy[jnp.where(group, slots, 0)]

@@ -9,6 +9,9 @@ queue is a ring ``q_buf[i, (q_head + k) % Q]`` of ``q_len`` request ids; the run
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
+import jax
 import jax.numpy as jnp
 
 from blisjax.engine.lockstep import add, lane_while, upd
@@ -104,3 +107,21 @@ def order_remove_at(s: SimState, st, i, pos, active) -> SimState:
     row = jnp.where(idx < s.n_run[i] - 1, s.order[i, src], NIL)
     return s.replace(order=s.order.at[i].set(jnp.where(active, row, s.order[i])),
                      n_run=add(s.n_run, i, -1, active))
+
+
+class RunningSlots(NamedTuple):
+    """Running positions 0 .. width - 1 of an instance (``running_slots``); each [width]."""
+
+    valid: jax.Array  # bool: position < n_run
+    slots: jax.Array  # int32: the position's batch slot (0 where not valid)
+    reqs: jax.Array  # int32: the slot's request (N, the sink row, where not valid)
+
+
+def running_slots(s: SimState, st, i, width: int) -> RunningSlots:
+    """Valid flags, batch slots and requests of running positions 0..width-1 (width >=
+    n_run)."""
+    pos = jnp.arange(width)
+    valid = pos < s.n_run[i]
+    slots = jnp.maximum(s.order[i, :width], 0)
+    reqs = jnp.where(valid, s.slot_req[i, slots], st.num_requests)
+    return RunningSlots(valid, slots, reqs)

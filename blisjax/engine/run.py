@@ -316,7 +316,7 @@ class CompletionFields(NamedTuple):
 def _completion_fields(st: EngineStatic, consts, g, done) -> CompletionFields:
     """E2E, output tokens done, length-capped flag and ITL count per request, from one lane's
     final state: for a completed request they are functions of its progress, TTFT and ITL sum,
-    which stop changing when it completes (``instance.complete``). ITL entries are decode
+    which stop changing when it completes (``completion.complete``). ITL entries are decode
     steps, one per token past the prompt (``instance.execute``)."""
     n = st.num_requests
     pi = g.pi[:n].astype(np.int64)

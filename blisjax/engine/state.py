@@ -125,12 +125,12 @@ class SimState:
     kv_ref: jax.Array  # int32 [I, K]: refcount (in use iff > 0)
     kv_tok: jax.Array  # int32 [I, K]: tokens in the block
     kv_slot: jax.Array  # int32 [I, K]: hash slot registered for the block, -1 = none
-    fifo: jax.Array  # int32 [I, R]: free-list ring of block ids (see kvcache.py), R = 2K
+    fifo: jax.Array  # int32 [I, R]: free-list ring of block ids (see kvblocks.py), R = 2K
     fkey: jax.Array  # int32 [I, K]: ring key of the block's live entry, -1 = in use
     fhead: jax.Array  # int32 [I]: key of the free-list head (entries before it are consumed)
     ftail: jax.Array  # int32 [I]: next key to append
     kv_free: jax.Array  # int32 [I]: free blocks
-    # ---- KV hash slots of all instances (KVCache.hash_to_block) ----
+    # ---- KV hash slots of all instances (KVCache.hash_to_block; see kvblocks.py) ----
     slot_block: jax.Array  # int32 [S+1]: hash slot -> block (-1 = absent); last entry a sink
     slot_seq: jax.Array  # int64 [S+1]: stamp of the last write to the slot (apply_slot_ops)
     slot_clock: jax.Array  # int64: next stamp

@@ -54,8 +54,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from blisjax.engine import kvblocks, kvtier, physics, roofline
 from blisjax.engine import kvcache as kv
-from blisjax.engine import kvtier, physics, roofline
 from blisjax.engine.lockstep import (
     add,
     after_reads,
@@ -340,7 +340,7 @@ def _apply(s: SimState, st, c, i, kc, go, width: int) -> SimState:
     ahead = jnp.cumsum(bucket.astype(jnp.int32), axis=0) - bucket  # same spare, before
     rank = jnp.sum(jnp.where(bucket, below[None, :] + ahead, 0), axis=1, dtype=jnp.int32)
     count = jnp.sum(fresh, dtype=jnp.int32)
-    s, blocks, taken = kv.pop_blocks(s, st, i, count, go, width)
+    s, blocks, taken = kvblocks.pop_blocks(s, st, i, count, go, width)
     k_blocks, mb = st.kv_blocks, st.max_blocks_per_request
     b = jnp.where(fresh, blocks[jnp.minimum(rank, width - 1)], k_blocks)
     top_up = valid & (spare > 0)
@@ -407,7 +407,7 @@ def _hash_slot_ops(s: SimState, st, i, fresh, b, width: int) -> SimState:
     k_blocks = st.kv_blocks
     pos = jnp.arange(width, dtype=jnp.int32)
     old_slot = jnp.where(fresh, s.kv_slot[i, jnp.clip(b, 0, k_blocks - 1)], NIL)
-    s = kv.apply_slot_ops(s, st, old_slot, jnp.full(width, NIL, jnp.int32), 2 * pos + 1,
+    s = kvblocks.apply_slot_ops(s, st, old_slot, jnp.full(width, NIL, jnp.int32), 2 * pos + 1,
                           fresh & (old_slot >= 0))
     # the write that depends on old_slot goes first, so every write follows that read
     return s.replace(kv_slot=s.kv_slot.at[i, b].set(after_reads(jnp.full(width, NIL, jnp.int32),

@@ -17,7 +17,7 @@ import re
 import jax
 import jax.numpy as jnp
 
-from blisjax.engine import instance, kvcache
+from blisjax.engine import batch, kvcache
 from blisjax.engine.initial import init_state
 from blisjax.engine.lockstep import LANES, lane_while
 from blisjax.engine.params import params_from_config
@@ -97,7 +97,7 @@ def test_eviction_in_a_loop_updates_order_slots_and_grants_in_place():
     def lane(s, vpos):
         def body(carry, go):
             s, budget, k = carry
-            s, budget, _ = instance.evict(s, st, consts, p, 0, vpos, budget, go)
+            s, budget, _ = batch.evict(s, st, consts, p, 0, vpos, budget, go)
             return s, budget, k + go.astype(k.dtype)
 
         init = (s, jnp.int32(0), jnp.int32(0))

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from blisjax.engine import instance, kvcache
+from blisjax.engine import batch, kvblocks, kvcache
 from blisjax.engine.initial import init_state
 from blisjax.engine.lockstep import LANES
 from blisjax.engine.static import build_consts, build_static
@@ -81,7 +81,7 @@ def _kernel(st, consts):
 
 def _compare(s, st, ref: KVCache, hash_of, reqs):
     lane = jax.tree_util.tree_map(lambda x: x[0], s)
-    assert kvcache.free_list(lane, st, 0) == ref.free_list()
+    assert kvblocks.free_list(lane, st, 0) == ref.free_list()
     assert int(lane.kv_free[0]) == ref.free_count
     assert np.asarray(lane.kv_ref[0]).tolist() == ref.refcount
     used = np.asarray(lane.kv_ref[0]) > 0
@@ -217,7 +217,7 @@ def test_queued_releases_of_all_lanes_match_reference(seed):
         if not releasing and any(queued):
             # the queues run before this wave of allocations, as the engine runs them at
             # the end of the lockstep iteration that queued them
-            room = [kvcache.ring_size(st) - int(s.ftail[ln, 0] - s.fhead[ln, 0])
+            room = [kvblocks.ring_size(st) - int(s.ftail[ln, 0] - s.fhead[ln, 0])
                     for ln in range(lanes)]
             held = [sum(int(s.blen[ln, 0, q]) for q in queued[ln]) for ln in range(lanes)]
             fits = all(h <= rm for h, rm in zip(held, room, strict=True))
@@ -280,7 +280,7 @@ ADMIT, TIERED, FAST, RELEASE, MIRROR, TAKE = range(6)
 
 def _tier_kernel(st, consts):
     """One jitted operation on instance 0 of one lane, slot = request: an admission (phase 2's
-    allocation: ``instance._admit_tiered``, then ``kvcache.allocate`` unless it granted the
+    allocation: ``batch._admit_tiered``, then ``kvcache.allocate`` unless it granted the
     blocks itself), a running request's tiered allocation (``kvcache.tiered_allocate``), its
     plain allocation (``kvcache.allocate``: the engine's vectorized path for requests that hold
     their full prompt blocks), a release, a mirror pass of the batch ``order[:n_order]``
@@ -293,7 +293,7 @@ def _tier_kernel(st, consts):
     def lane(s, op, r, pi, end, budget, now, order, n_order):
         s = s.replace(pi=s.pi.at[r].set(pi), clock=s.clock.at[0].set(now))
         admit = op == ADMIT
-        s, start, n, ok_admit, granted = instance._admit_tiered(
+        s, start, n, ok_admit, granted = batch._admit_tiered(
             s, st, consts, None, 0, r, r, budget, admit)
         fits = kvcache.can_allocate(s, st, consts, 0, r, r, pi, end, none, 0)
         # one allocate serves the admission's grant and the plain allocation (a smaller
@@ -352,7 +352,7 @@ class _KeyMap:
 
 def _compare_tier(s, st, ref, reqs, keymap: _KeyMap, cached_of, true_keys) -> None:
     lane = jax.tree_util.tree_map(lambda x: np.asarray(x)[0], s)  # one host copy per field
-    assert kvcache.free_list(lane, st, 0) == ref.free_list()
+    assert kvblocks.free_list(lane, st, 0) == ref.free_list()
     assert int(lane.kv_free[0]) == ref.free_count
     assert np.asarray(lane.kv_ref[0]).tolist() == ref.refcount
     used = np.asarray(lane.kv_ref[0]) > 0

@@ -139,9 +139,9 @@ def test_more_completions_in_one_step_than_the_release_queue_holds():
 
 def test_completions_of_one_step_at_once_free_their_tenants_quota():
     """Three requests of one tenant finish in the same step (so a lockstep block of lanes
-    completes them in one pass, ``instance.complete_planned``), each final token taking a fresh
-    block (prompts of exactly 2 blocks of 4). The tenant may have 3 requests in flight: the
-    next three arrivals are admitted only if all three completions left the count, and are
+    completes them in one pass, ``completion.complete_planned``), each final token taking a
+    fresh block (prompts of exactly 2 blocks of 4). The tenant may have 3 requests in flight:
+    the next three arrivals are admitted only if all three completions left the count, and are
     rejected if the pass decremented it once per step instead of once per request.
     (An instance whose batch empties is idle at once — BLIS accounts completions at the step's
     start — so the second wave's arrivals, all at one tick, share one step too.)"""
@@ -201,10 +201,10 @@ def test_population_lanes_match_independent_reference_runs(edge_population):
     # What a search runs: one compiled program, 16 distinct random policies in two lockstep
     # blocks of 8 lanes — enough lanes that completions queue their releases for one flat pass
     # across the block (``lanes.release_queued``) and complete in one planned pass
-    # (``batch.complete_planned``). Each lane must equal its own reference run. The scenario
-    # (tests/engine/conftest.py) has chunked prefill, periodic snapshots, a stale copy of the
-    # caches for the cache scorers, a horizon cut, and admission and routing latencies; its
-    # program also serves test_population.py's shared-program and evaluate_population tests.
+    # (``completion.complete_planned``). Each lane must equal its own reference run. The
+    # scenario (tests/engine/conftest.py) has chunked prefill, periodic snapshots, a stale copy
+    # of the caches for the cache scorers, a horizon cut, and admission and routing latencies;
+    # its program also serves test_population.py's shared-program and evaluate_population tests.
     from blisjax.engine.lanes import FLAT_MIN_LANES
 
     pop = edge_population

@@ -1,0 +1,409 @@
+"""Batch formation of an instance's step (FormBatch): continue the running batch, then admit
+from the wait queue.
+
+Counterpart: ``blisjax.reference.instance.Instance._form_batch`` and its helpers — ``phase1``
+continues the running requests in batch order (chunked prefill, ``clamp_prefill``; preemption:
+``preempt_for_tokens`` is ``_preempt_for_tokens``, with ``victim_position`` and ``evict``),
+``phase2`` admits from the wait queue (``_admit``; with a CPU tier ``_admit_tiered``, a P/D
+decode sub-request holding its transferred KV ``_admit_decode``). Behaviour:
+docs/semantics.md §2.3–§2.5, §3.8, §5.10.
+
+Work over the running batch is vectorized over its positions 0 .. width - 1 (``phase1_fast``);
+loops remain only where one request's outcome changes the next one's (preemption, admissions).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from blisjax.config.codes import PreemptionPolicy
+from blisjax.engine import kvcache as kv
+from blisjax.engine import recent
+from blisjax.engine.lockstep import add, after_reads, by_width, lane_max, lane_while, upd
+from blisjax.engine.policies import head_offset, priority_score
+from blisjax.engine.queues import (
+    order_remove_at,
+    q_at,
+    q_push_front,
+    q_remove_at,
+    running_slots,
+)
+from blisjax.engine.state import DECODE, NIL, QUEUED, RUNNING, SimState
+from blisjax.engine.vec import prefix_sum
+
+
+def clamp_prefill(st, n, start, budget):
+    """Chunk size: long-prefill threshold, then token budget, then max-model-len cap."""
+    thr = st.long_prefill_threshold
+    if thr > 0:
+        n = jnp.where(n > thr, thr, n)
+    n = jnp.minimum(n, budget)
+    if st.max_model_len > 0:
+        n = jnp.minimum(n, jnp.maximum(st.max_model_len - 1 - start, 0))
+    return n.astype(jnp.int32)
+
+
+def victim_position(s: SimState, st, c, p, i, width: int):
+    """fcfs: the tail; priority: least urgent, latest arrival, tail-most among equals."""
+    n = s.n_run[i]
+    pos = jnp.arange(width)
+    valid = pos < n
+    r = jnp.where(valid, s.slot_req[i, jnp.maximum(s.order[i, :width], 0)], st.num_requests)
+    neg = -s.prio[r]
+    m1 = jnp.max(jnp.where(valid, neg, -jnp.inf))
+    cand = valid & (neg == m1)
+    m2 = jnp.max(jnp.where(cand, c.arrival_us[r], -1))
+    cand = cand & (c.arrival_us[r] == m2)
+    by_priority = jnp.max(jnp.where(cand, pos, -1)).astype(jnp.int32)
+    return jnp.where(p.preemption == PreemptionPolicy.FCFS, n - 1, by_priority)
+
+
+def evict(s: SimState, st, c, p, i, vpos, budget, active):
+    """Preempt the request at running position vpos: progress lost, KV freed, queue front."""
+    sb = s.order[i, jnp.maximum(vpos, 0)]
+    sb0 = jnp.maximum(sb, 0)
+    r = jnp.where(active, s.slot_req[i, sb0], st.num_requests)
+    budget = (budget + jnp.where(active & (s.num_new[r] > 0), s.num_new[r], 0)).astype(jnp.int32)
+    s = kv.release(s, st, i, sb0, active)
+    # Each write below is tied (``after_reads``) to results of what read its array's old value
+    # — the victim's request and grant, then the release and slot writes that used its slot —
+    # so XLA updates num_new, slot_req and order in place; otherwise it copies them whole at
+    # every eviction (fusion re-reads the slot inside each kernel that uses it). All tie
+    # values are >= 0: r, the budget, ftail, a block count, a slot's request + 1.
+    tie = jnp.minimum(r, jnp.maximum(budget, 0))
+    s = s.replace(
+        num_new=s.num_new.at[r].set(after_reads(jnp.int32(0), tie)),
+        status=s.status.at[r].set(QUEUED),
+        pi=s.pi.at[r].set(0), itl_sum=s.itl_sum.at[r].set(0), computed=s.computed.at[r].set(0),
+        preempt=s.preempt.at[r].add(1), preempt_count=add(s.preempt_count, i, 1, active),
+        slot_req=upd(s.slot_req, (i, sb0), after_reads(NIL, tie), active))
+    done = jnp.minimum(jnp.minimum(tie, s.ftail[i]),
+                       jnp.minimum(s.blen[i, sb0], s.slot_req[i, sb0] + 1))
+    s = order_remove_at(s, st, i, after_reads(vpos, done), active)
+    s = q_push_front(s, st, i, r, active)
+    return s, budget, sb
+
+
+class PreemptOutcome(NamedTuple):
+    """What ``preempt_for_tokens`` did besides changing the state."""
+
+    success: jax.Array  # bool: the tokens were allocated (the request was not itself evicted)
+    pos: jax.Array  # int32: the cursor, moved back by one per victim evicted before it
+    budget: jax.Array  # int32: tokens left, with the victims' grants of this step refunded
+    preempted: jax.Array  # bool: some request was evicted
+
+
+def preempt_for_tokens(s: SimState, st, c, p, i, sb, r, n, pos, budget, active, width: int):
+    """Evict victims until n tokens of running request r fit, then allocate them
+    (``Instance._preempt_for_tokens``; docs/semantics.md §2.5). Returns
+    ``(state, PreemptOutcome)``."""
+    empty = jnp.zeros(1, jnp.int32)
+    no_prefix = jnp.full(max(st.max_prompt_blocks, 1), NIL, jnp.int32)
+
+    def body(carry, go):
+        s, pos, budget, pre, failed, going = carry  # masked by `going` (== go) throughout
+        pi = s.pi[r]
+        if st.tiered:  # each attempt reloads, then allocates if it can (kv.tiered_allocate)
+            s, tried = kv.tiered_allocate(s, st, c, i, sb, r, pi, pi + n, no_prefix, 0,
+                                          going)
+            ok = tried.ok
+        else:
+            ok = kv.can_allocate(s, st, c, i, sb, r, pi, pi + n, empty, 0)
+        no_one = s.n_run[i] == 0
+        do_evict = going & ~ok & ~no_one
+        vpos = victim_position(s, st, c, p, i, width)
+        s, budget, vslot = evict(s, st, c, p, i, vpos, budget, do_evict)
+        self_evicted = do_evict & (vslot == sb)
+        pos = jnp.where(do_evict & ~self_evicted & (vpos < pos), pos - 1, pos)
+        failed = failed | (going & ~ok & no_one) | self_evicted
+        return s, pos, budget, pre | do_evict, failed, going & ~ok & ~failed
+
+    init = (s, pos, budget, jnp.asarray(False), jnp.asarray(False), active)
+    s, pos, budget, pre, failed, _ = lane_while(lambda c: c[5], body, init)
+    success = active & ~failed
+    if not st.tiered:
+        pi = s.pi[r]
+        s = kv.allocate(s, st, c, i, sb, r, pi, pi + n, empty, 0, success)
+    return s, PreemptOutcome(success, pos, budget, pre)
+
+
+class Wants(NamedTuple):
+    """What running requests ask for in phase 1 (``_continue_wants``); shapes of r."""
+
+    needs: jax.Array  # bool: the request is served this step if the budget allows
+    tokens: jax.Array  # int32: its prefill chunk, or 1 for a decode token
+    prefill: jax.Array  # bool: it is in prefill
+
+
+def _continue_wants(s: SimState, st, c, r) -> Wants:
+    """Tokens each running request r[k] asks for in phase 1, before the token budget: its
+    prefill chunk (long-prefill threshold, max-model-len cap) or one decode token; 0 for a
+    request that gets nothing (length-capped decode, or no output tokens)."""
+    l_in, pi = c.input_tokens[r], s.pi[r]
+    prefill = pi < l_in
+    decode = ~prefill & (c.output_tokens[r] > 0)
+    if st.max_model_len > 0:
+        decode = decode & ~(pi + 1 > st.max_model_len - 1)
+    chunk = clamp_prefill(st, l_in - pi, pi, jnp.asarray(st.token_budget, jnp.int32))
+    return Wants(prefill | decode, jnp.where(prefill, chunk, 1), prefill)
+
+
+def phase1_fast(s: SimState, st, c, i, active, width: int, start=0, budget=None,
+                reset: bool = False):
+    """Phase 1 for the running requests from position ``start`` on whose KV fits without
+    preemption, all at once; ``budget``: tokens left (default: the whole step budget).
+    ``reset``: the step's first pass; every running request's grant is written (0 if not
+    served), which is the step's reset of last step's grants in the same scatter.
+
+    Sequentially, request k gets ``min(want_k, budget left)`` tokens while the budget is
+    positive, so with prefix sums of the wants: k is served iff the wants before it sum to less
+    than the budget. Each pre-check ``fresh_k <= free blocks left`` holds for every k up to
+    the first k whose running sum of fresh blocks exceeds the free count; from there on the
+    sequential loop (with preemption) takes over. Returns (state, that position, budget left).
+    """
+    if budget is None:
+        budget = jnp.asarray(st.token_budget, jnp.int32)
+    run_slots = running_slots(s, st, i, width)
+    valid, slots, reqs = run_slots.valid, run_slots.slots, run_slots.reqs
+    valid = valid & (jnp.arange(width) >= start)
+    r = jnp.where(valid & active, reqs, st.num_requests)
+    wants = _continue_wants(s, st, c, r)
+    needs, want, prefill = wants.needs, wants.tokens, wants.prefill
+    needs = needs & valid & active
+    want = jnp.where(needs, want, 0)
+    before = prefix_sum(want) - want
+    served = needs & (before < budget)
+    n = jnp.where(served, jnp.minimum(want, budget - before), 0).astype(jnp.int32)
+    fill = kv.last_block_fill(s, st, i, slots)
+    blen, last, filled = fill.blen, fill.last, fill.filled
+    fresh = jnp.where(served, kv.blocks_needed(st, blen, filled, n), 0).astype(jnp.int32)
+    fresh_through = prefix_sum(fresh)
+    short = served & (fresh_through > s.kv_free[i])
+    if st.tiered:  # a request holding fewer blocks than its full prompt blocks may reload
+        # from the CPU tier (a prefill chunk; a decode token of a request whose whole prompt
+        # was cached at admission holds only its decode blocks): the loop allocates it
+        short = short | (served & (blen < c.full_blocks[r]))
+    stop = jnp.where(jnp.any(short), jnp.argmax(short), width).astype(jnp.int32)
+    before_stop = jnp.arange(width) < stop
+    ok = served & before_stop
+    # the grant's fresh blocks are these up to stop (the same formula), none after it
+    through_stop = jnp.where(stop > 0, fresh_through[jnp.maximum(stop - 1, 0)], 0)
+    known = kv.KnownGrant(blen, last, filled,
+                          jnp.where(before_stop, fresh_through, through_stop))
+    s = kv.grant_tokens(s, st, c, i, slots, r, n, s.pi[r], prefill, ok, known=known)
+    r_or_sink = jnp.where(ok, r, st.num_requests)
+    if reset:
+        granted = s.num_new.at[r].set(jnp.where(ok, n, 0))
+    else:
+        granted = s.num_new.at[r_or_sink].set(n)
+    s = s.replace(num_new=granted, computed=s.computed.at[r_or_sink].add(n))
+    budget = (budget - jnp.sum(jnp.where(ok, n, 0))).astype(jnp.int32)
+    return s, stop, budget
+
+
+def phase1(s: SimState, st, c, p, i, active, width: int):
+    """Continue running requests in batch order: prefill chunks, then one decode token each;
+    positions 0..width-1 (>= n_run). Resets last step's grants. Returns (state, budget left,
+    whether anything was preempted).
+
+    The vectorized pass (``phase1_fast``) serves every request up to the first one whose KV
+    does not fit; the loop below serves that one with preemption, then resumes the vectorized
+    pass after it. Its trip count is the number of such shortfalls in the step (usually none),
+    not the number of requests after the first one, so one lane's preemption does not keep
+    every lane of a lockstep block waiting for a request-by-request loop."""
+    s, stop, budget = phase1_fast(s, st, c, i, active, width, reset=True)
+
+    def cond(carry):
+        s, pos, budget, pre, halt = carry
+        return active & ~halt & (pos < s.n_run[i]) & (budget > 0)
+
+    def body(carry, go):
+        s, pos, budget, pre, halt = carry
+        sb = s.order[i, jnp.minimum(pos, st.batch_slots - 1)]
+        r = jnp.where(go, s.slot_req[i, jnp.maximum(sb, 0)], st.num_requests)
+        wants = _continue_wants(s, st, c, r)
+        needs, want = wants.needs, wants.tokens
+        need = go & needs
+        n = jnp.minimum(want, budget).astype(jnp.int32)
+        s, outcome = preempt_for_tokens(s, st, c, p, i, jnp.maximum(sb, 0), r, n, pos, budget,
+                                        need, width)
+        ok, pos, budget, pre_now = outcome.success, outcome.pos, outcome.budget, outcome.preempted
+        granted = need & ok
+        r_or_sink = jnp.where(granted, r, st.num_requests)
+        s = s.replace(num_new=s.num_new.at[r_or_sink].set(n),
+                      computed=s.computed.at[r_or_sink].add(n))
+        budget = jnp.where(granted, budget - n, budget).astype(jnp.int32)
+        halt_now = need & ~ok
+        pos = jnp.where(go & ~halt_now, pos + 1, pos)
+        more = go & ~halt_now & (budget > 0)
+        s, stop, budget = phase1_fast(s, st, c, i, more, width, pos, budget)
+        pos = jnp.where(more, stop, pos)
+        return s, pos, budget, pre | pre_now, halt | halt_now
+
+    init = (s, stop, budget, jnp.asarray(False), jnp.asarray(False))
+    s, _, budget, pre, _ = lane_while(cond, body, init)
+    return s, budget, pre
+
+
+def phase2(s: SimState, st, c, p, i, now, budget, preempted, active):
+    """Admit from the wait queue while slots, budget and KV allow; stops at the first misfit."""
+
+    def cond(carry):
+        s, budget, stop = carry
+        return (active & ~stop & ~preempted & (s.n_run[i] < st.batch_slots) & (s.q_len[i] > 0)
+                & (budget > 0))
+
+    def body(carry, go):
+        s, budget, stop = carry
+        k = head_offset(s, st, c, p, i, now, go)
+        r = q_at(s, st, i, k)
+        sb = jnp.argmax(s.slot_req[i, :st.batch_slots] == NIL).astype(jnp.int32)
+        if st.pd:  # a decode sub-request holding its transferred KV: its first decode token
+            held = (s.pd.phase[jnp.minimum(r, st.num_requests)] == DECODE) \
+                & (r <= st.num_requests) & (s.pi[r] >= c.input_tokens[r])
+            s, decode_ok = _admit_decode(s, st, c, i, r, sb, go & held)
+            go_prefill = go & ~held
+        else:
+            held, go_prefill = jnp.asarray(False), go
+
+        def prefix(carry, go, w):
+            """Cached prefix (at width w), chunk, pre-check, and the claim of the cached
+            blocks — the part of the allocation that follows the prefix's width."""
+            s, start, n, ok = carry
+            prefix_found = kv.cached_blocks(s, st, c, i, r, w)
+            cached, n_cached = prefix_found.blocks, prefix_found.count
+            start_w = n_cached * st.block_size
+            n_w = clamp_prefill(st, c.input_tokens[r] - start_w, start_w, budget)
+            ok_w = go & kv.can_allocate(s, st, c, i, sb, r, start_w, start_w + n_w, cached,
+                                        n_cached)
+            claim = ok_w & (n_w > 0) & (s.blen[i, sb] == 0) & (n_cached > 0)
+            s = kv.claim_cached(s, st, i, sb, cached, n_cached, claim)
+            return (s, jnp.where(go, start_w, start), jnp.where(go, n_w, n), ok | ok_w)
+
+        if st.tiered:
+            s, start, n, ok, allocated = _admit_tiered(s, st, c, p, i, sb, r, budget,
+                                                       go_prefill)
+        else:
+            widths = kv.prefix_widths(st)
+            need = lane_max(jnp.where(go_prefill, jnp.where(s.preempt[r] > 0, widths[-1],
+                                                            widths[0]), 0))
+            zero = jnp.asarray(0, jnp.int32)
+            s, start, n, ok = by_width(widths, need, go_prefill, prefix,
+                                       (s, zero, zero, jnp.zeros_like(go)))
+            allocated = jnp.zeros_like(ok)
+        if st.pd:
+            start = jnp.where(held, c.input_tokens[r], start)
+            n = jnp.where(held, 1, n).astype(jnp.int32)
+            ok = jnp.where(held, decode_ok, ok)
+            allocated = allocated | held
+        s, r = q_remove_at(s, st, i, k, ok, through=r)  # r read before the queue moves
+        s = kv.allocate(s, st, c, i, sb, r, start, start + n, jnp.zeros(1, jnp.int32), 0,
+                        ok & ~allocated)
+        r_or_sink = jnp.where(ok, r, st.num_requests)
+        if st.stateful_latency:  # physics reads the prefix tokens of this step's admissions
+            s = s.replace(step_cached=upd(s.step_cached, (i, sb), start, ok))
+        s = s.replace(
+            order=upd(s.order, (i, s.n_run[i]), sb, ok), n_run=add(s.n_run, i, 1, ok),
+            slot_req=upd(s.slot_req, (i, sb), r, ok), status=s.status.at[r_or_sink].set(RUNNING),
+            num_new=s.num_new.at[r_or_sink].set(n),
+            computed=s.computed.at[r_or_sink].set(n + start),
+            sched=s.sched.at[r_or_sink].set(now - c.arrival_us[r]),
+            prio=s.prio.at[r_or_sink].set(priority_score(s, st, p, c, r, now)))
+        if st.recent_signals:  # the admission's wait and cache hits (routing programs)
+            s = recent.record(s, i, now, recent.WAIT, now - c.arrival_us[r], 1, ok)
+            s = recent.record(s, i, now, recent.HIT, start, c.input_tokens[r], ok)
+        return s, jnp.where(ok, budget - n, budget).astype(jnp.int32), stop | (go & ~ok)
+
+    s, _, _ = lane_while(cond, body, (s, budget, jnp.asarray(False)))
+    return s
+
+
+def _admit_tiered(s: SimState, st, c, p, i, sb, r, budget, go):
+    """The allocation of admitting r with a CPU tier; returns ``(state, start, chunk, ok,
+    allocated)``, ``allocated``: the blocks are already granted (else the caller grants
+    [start, start + chunk) after the claim made here).
+
+    Decision 12 (default): the reload runs before the chunk is sized, passing over the
+    request's own cached-but-free blocks, so what it reloads counts as cached in this step;
+    a failure without a reload is a CPU miss. With ``blis_quirks``: BLIS's order — the chunk
+    is sized from the GPU's cached prefix, then ``kv.tiered_allocate`` reloads and allocates."""
+    bs = st.block_size
+    found = kv.cached_blocks(s, st, c, i, r)
+    cached, n_cached = found.blocks, found.count
+    if st.blis_quirks:
+        start = n_cached * bs
+        n = clamp_prefill(st, c.input_tokens[r] - start, start, budget)
+        if not st.kv_hold_slots:  # a program built without holder slots
+            s, tried = kv.tiered_allocate(s, st, c, i, sb, r, start, start + n, cached,
+                                          n_cached, go)
+            t = s.tier
+            refused = go & ~tried.ok & (s.blen[i, sb] > 0)
+            s = s.replace(tier=t.replace(hold_overflow=t.hold_overflow
+                                         + refused.astype(jnp.int32)))
+            return s, start, n, tried.ok, tried.ok
+        # a request still holding the blocks of an earlier failed admission allocates there
+        holding = s.slot_req[i, st.hold_base:] == r
+        held = go & jnp.any(holding)
+        src = jnp.where(held, st.hold_base + jnp.argmax(holding), sb).astype(jnp.int32)
+        s, tried = kv.tiered_allocate(s, st, c, i, src, r, start, start + n, cached,
+                                      n_cached, go)
+        s = _settle_held_blocks(s, st, i, r, sb, src, held, tried.ok, go)
+        return s, start, n, tried.ok, tried.ok
+    keep = kv.keep_mask(s, st, i, cached, n_cached, go)
+    s, count = kv.reload_prefix(s, st, c, i, r, n_cached, keep, go)
+    found = kv.cached_blocks(s, st, c, i, r)
+    cached, n_cached = found.blocks, found.count
+    start = n_cached * bs
+    n = clamp_prefill(st, c.input_tokens[r] - start, start, budget)
+    ok = go & kv.can_allocate(s, st, c, i, sb, r, start, start + n, cached, n_cached)
+    claim = ok & (n > 0) & (s.blen[i, sb] == 0) & (n_cached > 0)
+    s = kv.claim_cached(s, st, i, sb, cached, n_cached, claim)
+    t = s.tier
+    s = s.replace(tier=t.replace(cpu_misses=add(t.cpu_misses, i, 1, go & ~ok & (count == 0))))
+    return s, start, n, ok, jnp.zeros_like(ok)
+
+
+def _settle_held_blocks(s: SimState, st, i, r, sb, src, held, ok, go) -> SimState:
+    """After a tiered admission of r with ``blis_quirks`` (``_admit_tiered``): admitted, the
+    blocks it held move from its holder slot ``src`` to its running slot sb; refused, blocks
+    it claimed before failing (``kvcache.tiered_allocate``) stay its own while it waits, in a
+    holder slot (none free: flagged, ``KVTierState.hold_overflow``)."""
+    s = _move_blocks(s, i, src, sb, held & ok)
+    s = s.replace(slot_req=upd(s.slot_req, (i, src), NIL, held & ok))
+    keeps = go & ~held & ~ok & (s.blen[i, sb] > 0)
+    free = s.slot_req[i, st.hold_base:] == NIL
+    room = jnp.any(free)
+    h = (st.hold_base + jnp.argmax(free)).astype(jnp.int32)
+    s = _move_blocks(s, i, sb, h, keeps & room)
+    t = s.tier
+    return s.replace(slot_req=upd(s.slot_req, (i, h), r, keeps & room),
+                     tier=t.replace(hold_overflow=t.hold_overflow
+                                    + (keeps & ~room).astype(jnp.int32)))
+
+
+def _admit_decode(s: SimState, st, c, i, r, sb, active):
+    """The first admission of a decode sub-request holding its transferred KV (phase 2's
+    branch in ``Instance._form_batch``): one decode token allocated in its reservation slot,
+    whose blocks then move to running slot sb. Returns ``(state, ok)``."""
+    l_in, empty = c.input_tokens[r], jnp.zeros(1, jnp.int32)
+    src = jnp.argmax(s.slot_req[i] == r).astype(jnp.int32)
+    ok = active & kv.can_allocate(s, st, c, i, src, r, l_in, l_in + 1, empty, 0)
+    s = kv.allocate(s, st, c, i, src, r, l_in, l_in + 1, empty, 0, ok, chunk=1)
+    s = _move_blocks(s, i, src, sb, ok)
+    return s.replace(slot_req=upd(s.slot_req, (i, src), NIL, ok)), ok
+
+
+def _move_blocks(s: SimState, i, src, dst, active) -> SimState:
+    """Slot dst of instance i takes the blocks of slot src (src != dst where ``active``),
+    which is left empty."""
+    # one gather and one scatter per array: a second read of the old array after a first
+    # write would make XLA copy the whole block table
+    pair = jnp.stack([src, dst])
+    tables, held = s.bt[i, pair], s.blen[i, pair]
+    empty_row = jnp.full_like(tables[0], NIL)
+    return s.replace(
+        bt=s.bt.at[i, pair].set(jnp.where(active, jnp.stack([empty_row, tables[0]]), tables)),
+        blen=s.blen.at[i, pair].set(jnp.where(active, jnp.stack([0, held[0]]), held)))
