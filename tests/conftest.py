@@ -10,9 +10,15 @@ and the caches are dropped only when the mappings pile up.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 import pytest
+
+#: SIGINT's handler when the tests start: a test (or a library it runs, e.g. Ray or OpenEvolve)
+#: that changes it is undone after the test, so later tests' subprocesses do not inherit an
+#: ignored Ctrl-C.
+_SIGINT_AT_START = signal.getsignal(signal.SIGINT)
 
 # Tests call the `blisjax` command in-process and in subprocesses; keep them from writing
 # compiled programs into the user's cache directory (the command's default).
@@ -24,3 +30,10 @@ def _drop_compiled_programs_when_mappings_pile_up():
     yield
     if "blisjax.engine.run" in sys.modules:
         sys.modules["blisjax.engine.run"].mapping_headroom_guard()
+
+
+@pytest.fixture(autouse=True)
+def _restore_sigint():
+    yield
+    if signal.getsignal(signal.SIGINT) is not _SIGINT_AT_START:
+        signal.signal(signal.SIGINT, _SIGINT_AT_START)

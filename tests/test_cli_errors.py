@@ -330,11 +330,19 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(REPO), "BLISJAX_COMPILE_CACHE": "0"}
 
 
+def _ctrl_c_as_a_terminal_sends_it() -> None:
+    """In the child before exec: SIGINT at its default disposition, as a shell starts a
+    command. An ignored signal is inherited across exec, and a library run earlier in this
+    test process may have left SIGINT ignored here; the CLI's Ctrl-C handling is under test,
+    not that."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_exits_130_with_one_line(tmp_path):
     argv = [sys.executable, "-m", "blisjax.cli", "run", "--workload", "distribution", "--rate",
             "50", "--num-requests", "200000", "--results-path", str(tmp_path / "r.json")]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=tmp_path, env=_env())
+                            cwd=tmp_path, env=_env(), preexec_fn=_ctrl_c_as_a_terminal_sends_it)
     first = proc.stderr.readline()  # logged once the inputs are checked, before simulating
     assert "base configuration" in first, first
     proc.send_signal(signal.SIGINT)
@@ -423,7 +431,7 @@ def test_ctrl_c_in_search_advises_resume_only_with_a_checkpoint(tmp_path):
             str(TINY_SPACE), "--strategy", "random", "--population", "4", "--generations", "50",
             "--out", str(out)]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=tmp_path, env=_env())
+                            cwd=tmp_path, env=_env(), preexec_fn=_ctrl_c_as_a_terminal_sends_it)
     time.sleep(5)  # inside the search: validating, compiling or evaluating generation 1
     proc.send_signal(signal.SIGINT)
     stdout, err = proc.communicate(timeout=600)
