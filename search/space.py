@@ -58,7 +58,6 @@ from blisjax.config.sim import KNOB_MAGNITUDE
 from blisjax.engine.population import ENGINE_KNOBS, set_knob
 from blisjax.program import MAX_PROGRAM_LENGTH, SITES, ProgramError, compile_program
 from blisjax.program.language import parse, size, to_text
-from blisjax.program.observables import visible_at
 
 __all__ = ["ChoiceKnob", "NumericKnob", "ProgramSpec", "SearchSpace", "get_knob", "load_space",
            "reflect_unit", "space_from_mapping"]
@@ -447,7 +446,7 @@ def _names_list(path: str, value: Any) -> tuple[str, ...]:
 
 def _program_from_mapping(spec: Any, params: tuple[str, ...]) -> ProgramSpec:
     """The ``program`` section; ``params``: the parameter names its seeds may read."""
-    from search.strategies.gp import OPERATOR_ARITY
+    from search.strategies.gp import check_observables, check_operators
 
     path = "space.program"
     if not isinstance(spec, Mapping):
@@ -459,21 +458,16 @@ def _program_from_mapping(spec: Any, params: tuple[str, ...]) -> ProgramSpec:
     site = spec.get("site")
     if site not in SITES:
         raise ConfigError(f"{path}.site", f"must be one of {', '.join(SITES)}, got {site!r}")
-    visible = visible_at(site)
-    observables = visible
-    if "observables" in spec:
-        observables = _names_list(f"{path}.observables", spec["observables"])
-        for name in observables:
-            if name not in visible:
-                raise ConfigError(f"{path}.observables", f"{name!r} is not an observable of "
-                                  f"the {site} program (it reads: {', '.join(visible)})")
-    operators = tuple(OPERATOR_ARITY)
-    if "operators" in spec:
-        operators = _names_list(f"{path}.operators", spec["operators"])
-        for op in operators:
-            if op not in OPERATOR_ARITY:
-                raise ConfigError(f"{path}.operators", f"{op!r} is not an operator (allowed: "
-                                  f"{', '.join(OPERATOR_ARITY)})")
+    try:
+        observables = check_observables(site, _names_list(
+            f"{path}.observables", spec["observables"]) if "observables" in spec else None)
+    except ValueError as err:
+        raise ConfigError(f"{path}.observables", str(err)) from None
+    try:
+        operators = check_operators(_names_list(f"{path}.operators", spec["operators"])
+                                    if "operators" in spec else None)
+    except ValueError as err:
+        raise ConfigError(f"{path}.operators", str(err)) from None
     constants = spec.get("constants", list(DEFAULT_CONSTANTS))
     if not isinstance(constants, (list, tuple)) or len(constants) != 2:
         raise ConfigError(f"{path}.constants", f"must be [low, high], got {constants!r}")

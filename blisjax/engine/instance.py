@@ -46,9 +46,6 @@ from blisjax.latency.base import float_to_ticks_array
 from blisjax.limits import INT64_MAX
 from blisjax.metrics import records
 
-F64 = jnp.float64
-
-
 # ---- arrival, enqueue and timeout -------------------------------------------------------------
 
 

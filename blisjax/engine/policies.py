@@ -302,18 +302,15 @@ def scorer_values(s: SimState, st, c, r, view: RouterView, among):
     return scores
 
 
-def weighted_scores(s: SimState, st, c, p, r, view: RouterView, spec: RouteSpec | None = None):
+def weighted_scores(scores, spec: RouteSpec, num_instances: int):
     """Σ clamp(score)·weight in configuration order, products formed exactly (no FMA)
-    (``Router.weighted_scores``); float64 [I]. Scores that normalise over instances do so
-    over ``spec.candidates``."""
-    spec = lane_spec(p) if spec is None else spec
-    scores = scorer_values(s, st, c, r, view, spec.candidates)
+    (``Router.weighted_scores``); float64 [I]. ``scores``: ``scorer_values`` [S, I]."""
     w = spec.scorer_weight
     total_w = 0.0
     for k in range(len(Scorer)):  # left to right, as the reference sums
         total_w = total_w + w[k]
     norm = w / total_w
-    total = jnp.zeros(st.num_instances, F64)
+    total = jnp.zeros(num_instances, F64)
     for k in range(len(Scorer)):
         code = spec.scorer_order[k]
         sk = jnp.clip(scores[jnp.maximum(code, 0)], 0.0, 1.0)
@@ -372,12 +369,12 @@ def _break_tie(s: SimState, p, tied, active):
     return s.replace(rng_words=src.words, rng_tap=src.tap, rng_feed=src.feed), target
 
 
-def program_scores(s: SimState, st, c, p, r, now, view: RouterView, among):
+def program_scores(s: SimState, st, c, p, r, now, view: RouterView, among, raw):
     """The lane's routing program's value for each instance, float64 [I]
-    (``Router._program_decision``): instance observables from the router's view, request and
-    cluster ones over ``among`` (bool [I]; None: all instances)."""
+    (``Router.program_scores``): instance observables from the router's view and ``raw``
+    (``scorer_values`` [S, I]), request and cluster ones over ``among`` (bool [I]; None: all
+    instances)."""
     members = jnp.ones(st.num_instances, bool) if among is None else among
-    raw = scorer_values(s, st, c, r, view, among)
     values = {"queue_depth": s.snap_qd.astype(F64), "batch_size": s.snap_bs.astype(F64),
               "in_flight": s.in_flight.astype(F64), "kv_utilization": s.snap_kv,
               "cached_blocks": view.cached.astype(F64),
@@ -403,9 +400,10 @@ def route(s: SimState, st, c, p, r, now, active, spec: RouteSpec | None = None):
     load = view.load
     weighted_lane = spec.policy == RoutingPolicy.WEIGHTED
     program_lane = spec.policy == RoutingPolicy.PROGRAM
-    scores = weighted_scores(s, st, c, p, r, view, spec)
+    raw = scorer_values(s, st, c, r, view, among)
+    scores = weighted_scores(raw, spec, st.num_instances)
     if "routing" in st.program_sites:
-        scores = jnp.where(program_lane, program_scores(s, st, c, p, r, now, view, among),
+        scores = jnp.where(program_lane, program_scores(s, st, c, p, r, now, view, among, raw),
                            scores)
     scoring = weighted_lane | program_lane  # the highest score wins
     tied = jnp.where(scoring, scores == _max(scores, among), load == _min(load, among))

@@ -22,17 +22,11 @@ from blisjax.engine import recent
 from blisjax.engine.exactfloat import exact_mul, ieee_divide
 from blisjax.engine.lockstep import lane_while
 from blisjax.program import MAX_PROGRAM_LENGTH, OBSERVABLES, Bytecode
+from blisjax.program.arithmetic import LN2, LOG_SERIES, MAX_FLOAT, MIN_NORMAL, SQRT_HALF
 from blisjax.program.bytecode import Op
 from blisjax.program.observables import RECENT_WINDOW_US, SLO_CLASS_RANK, index_of
 
 F64 = jnp.float64
-#: The largest finite float64 (results beyond it are clamped to it).
-MAX_FLOAT = float(jnp.finfo(jnp.float64).max)
-#: The smallest normal float64 (smaller magnitudes are 0.0).
-MIN_NORMAL = float(jnp.finfo(jnp.float64).smallest_normal)
-_SQRT_HALF = 0.7071067811865476
-_LN2 = 0.6931471805599453
-_LOG_SERIES = tuple(1.0 / float(2 * k + 1) for k in range(12))
 _EXP_MASK = 0x7FF0000000000000
 
 
@@ -51,16 +45,16 @@ def log1p(x):
     bits = lax.bitcast_convert_type(jnp.where(exact, 2.0, u), jnp.uint64)
     e = ((bits >> jnp.uint64(52)) & jnp.uint64(0x7FF)).astype(jnp.int64) - 1022
     m = lax.bitcast_convert_type((bits & ~jnp.uint64(_EXP_MASK)) | jnp.uint64(1022 << 52), F64)
-    small = m < _SQRT_HALF
+    small = m < SQRT_HALF
     m = jnp.where(small, m * 2.0, m)
     e = jnp.where(small, e - 1, e)
     f = m - 1.0
     s = ieee_divide(f, 2.0 + f)
     z = exact_mul(s, s)
-    poly = jnp.full_like(s, _LOG_SERIES[-1])
-    for coefficient in reversed(_LOG_SERIES[:-1]):
+    poly = jnp.full_like(s, LOG_SERIES[-1])
+    for coefficient in reversed(LOG_SERIES[:-1]):
         poly = coefficient + exact_mul(z, poly)
-    log_u = exact_mul(e.astype(F64), jnp.full_like(s, _LN2)) + exact_mul(2.0 * s, poly)
+    log_u = exact_mul(e.astype(F64), jnp.full_like(s, LN2)) + exact_mul(2.0 * s, poly)
     out = exact_mul(log_u, ieee_divide(x, jnp.where(exact, 1.0, u - 1.0)))
     return jnp.where(low, -MAX_FLOAT, jnp.where(exact, x, out))
 

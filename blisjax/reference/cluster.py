@@ -265,7 +265,8 @@ class ClusterSimulator:
         snap = Snapshot(qd, bs, kv, self.in_flight, lambda: self._cached_blocks(req),
                         self.tenant_in_flight, time_us,
                         lambda: [x.recent.values(time_us) for x in self.instances],
-                        recent_arrivals(self._arrival_us, time_us))
+                        recent_arrivals(self._arrival_us, time_us)
+                        if self.router.program is not None else 0)
         if self.pd is not None:
             self.pd.route(req, time_us, snap)
             return

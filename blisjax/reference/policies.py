@@ -257,7 +257,7 @@ class Snapshot(NamedTuple):
     tenant_in_flight: list[int] | None = None
     now_us: int = 0
     recent: Callable[[], list[dict[str, float]]] | None = None  # each instance's signals
-    arrivals: int = 0  # requests that arrived in the last RECENT_WINDOW_US
+    arrivals: int = 0  # requests that arrived in the last RECENT_WINDOW_US (routing programs)
 
 
 class Routed(NamedTuple):
@@ -306,8 +306,11 @@ class Router:
                                  for _ in range(num_instances)]
         self.reads_caches = (weighted and any(x in CACHE_SCORERS for x in self.scorers)) \
             or bool(read & ({"cached_blocks"} | {scorer_name(x) for x in CACHE_SCORERS}))
-        # no-hit-lru: instances that took a cold request, most recent first
+        # no-hit-lru: instances that took a cold request, most recent first, recorded when
+        # the weighted scorers or the program read its scorer
         self.cold_recency: list[int] = []
+        self.records_cold = (weighted and Scorer.NO_HIT_LRU in self.scorers) \
+            or Scorer.NO_HIT_LRU in self.program_scorers
         # a code policy's route_scores and the request view it reads (code_policy.py)
         self.code: Callable | None = None
         self.describe: Callable | None = None
@@ -332,15 +335,13 @@ class Router:
 
     def decide(self, req, prompt_hashes: list[int], snap: Snapshot,
                candidates: list[int] | None = None, counter: str = "") -> Routed:
-        """``route``, with the policy's scores (weighted routing only, as BLIS's decisions
-        carry them)."""
+        """``route``, with the policy's scores (weighted and program routing only, as BLIS's
+        decisions carry the weighted ones)."""
         idx = list(range(self.num_instances)) if candidates is None else candidates
         n = len(idx)
         if self.code is not None:
             return self._code_decision(req, snap, idx)
         p = self.policy
-        if p == RoutingPolicy.PROGRAM:
-            return self._program_decision(req, prompt_hashes, snap, idx)
         if p == RoutingPolicy.ROUND_ROBIN:
             count = self.counters.get(counter, 0)
             self.counters[counter] = count + 1
@@ -356,31 +357,23 @@ class Router:
             every = snap.cached_blocks()
             cached = [every[i] for i in idx]
         cold = cached is not None and not any(c > 0 for c in cached)
-        scores = self.weighted_scores(req, prompt_hashes, snap, idx, load, cached, cold)
-        best = -1.0
-        for score in scores:
-            best = max(best, score)
+        scoring = self.program_scores if p == RoutingPolicy.PROGRAM else self.weighted_scores
+        scores = scoring(req, prompt_hashes, snap, idx, load, cached, cold)
+        best = max(scores)  # weighted scores are >= 0: BLIS's start from -1 changes nothing
         target = self._pick([idx[k] for k in range(n) if scores[k] == best])
         # observers: the prefix index records the request; no-hit-lru a cold request's target
         if self.prefix_index is not None:
             self.prefix_index[target].touch(prompt_hashes)
-        if cold and Scorer.NO_HIT_LRU in self.scorers:
+        if cold and self.records_cold:
             if target in self.cold_recency:
                 self.cold_recency.remove(target)
             self.cold_recency.insert(0, target)
         return Routed(target, dict(zip(idx, scores, strict=True)))
 
-    def _program_decision(self, req, prompt_hashes, snap: Snapshot, idx: list[int]) -> Routed:
-        """A program's decision: its value for each candidate, the highest wins (ties as the
-        weighted policy's); the prefix index and no-hit-lru's recency observe it when the
-        program reads their scorers."""
-        n = len(idx)
-        load = [snap.queue_depth[i] + snap.batch_size[i] + snap.in_flight[i] for i in idx]
-        cached = None
-        if self.reads_caches:
-            every = snap.cached_blocks()
-            cached = [every[i] for i in idx]
-        cold = cached is not None and not any(c > 0 for c in cached)
+    def program_scores(self, req, prompt_hashes, snap: Snapshot, idx: list[int], load, cached,
+                       cold: bool) -> list[float]:
+        """The routing program's value for each candidate ``idx[k]`` (``load``, ``cached``: per
+        candidate), from the observables it reads."""
         scorer_values = {
             scorer_name(x): self.scorer(x, req, prompt_hashes, snap, idx, load, cached, cold)
             for x in self.program_scorers}
@@ -399,17 +392,7 @@ class Router:
             for name, values in scorer_values.items():
                 seen[name] = min(1.0, max(0.0, values[k]))
             scores.append(programs.run(self.program, seen))
-        best = scores[0]
-        for score in scores[1:]:
-            best = score if score > best else best
-        target = self._pick([idx[k] for k in range(n) if scores[k] == best])
-        if self.prefix_index is not None:
-            self.prefix_index[target].touch(prompt_hashes)
-        if cold and Scorer.NO_HIT_LRU in self.program_scorers:
-            if target in self.cold_recency:
-                self.cold_recency.remove(target)
-            self.cold_recency.insert(0, target)
-        return Routed(target, dict(zip(idx, scores, strict=True)))
+        return scores
 
     def _code_decision(self, req, snap: Snapshot, idx: list[int]) -> Routed:
         """A code policy's decision: the highest score, the first candidate on a tie."""

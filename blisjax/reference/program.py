@@ -14,25 +14,16 @@ below (x <= -1 gives ``-MAX_FLOAT``).
 from __future__ import annotations
 
 import math
-import sys
 from bisect import bisect_right
 from collections.abc import Mapping
 
 from blisjax.program import Node, PolicyProgram
+from blisjax.program.arithmetic import LN2, LOG_SERIES, MAX_FLOAT, MIN_NORMAL, SQRT_HALF
 from blisjax.program.observables import (
     RECENT_SIGNALS,
     RECENT_WINDOW_US,
     SLO_CLASS_RANK,
 )
-
-#: The largest finite float64: results beyond it are clamped to it (or its negative).
-MAX_FLOAT = sys.float_info.max
-#: The smallest normal float64: smaller magnitudes are 0.0.
-MIN_NORMAL = sys.float_info.min
-SQRT_HALF = 0.7071067811865476
-LN2 = 0.6931471805599453
-#: 1/(2k+1), k = 0 .. 11: the series of atanh, log(m) = 2·atanh((m-1)/(m+1)).
-LOG_SERIES = tuple(1.0 / float(2 * k + 1) for k in range(12))
 
 
 def finite(x: float) -> float:

@@ -51,6 +51,7 @@ from search.pareto import nsga2_order
 from search.strategies.base import PyTreeCodec, key_words, rng_for, sanitize_fitness
 
 __all__ = ["CONSTANT_DIGITS", "DEFAULT_MAX_NODES", "GPState", "GeneticProgramming", "Grammar",
+           "check_observables", "check_operators",
            "OPERATOR_ARITY", "VARIATIONS", "constant_perturbation", "point_mutation",
            "random_tree", "replace_at", "round_constant", "subtree_crossover", "subtree_mutation",
            "subtrees"]
@@ -443,27 +444,44 @@ class GeneticProgramming:
         return texts, np.asarray(vectors, np.float64).reshape(len(texts), -1)
 
 
-def _check_names(site: str, observables: Sequence[str] | None) -> tuple[str, ...]:
+def check_observables(site: str, observables: Sequence[str] | None) -> tuple[str, ...]:
+    """``observables`` (default: every one the site reads) without repeats; ValueError naming
+    the first the site cannot read."""
     visible = visible_at(site)
     if observables is None:
         return visible
     names = tuple(dict.fromkeys(observables))
     for name in names:
         if name not in visible:
-            raise ValueError(f"observables: {name!r} is not an observable of the {site} "
-                             f"program (it reads: {', '.join(visible)})")
+            raise ValueError(f"{name!r} is not an observable of the {site} program (it reads: "
+                             f"{', '.join(visible)})")
     return names
 
 
-def _check_operators(operators: Sequence[str] | None) -> tuple[str, ...]:
+def check_operators(operators: Sequence[str] | None) -> tuple[str, ...]:
+    """``operators`` (default: all of ``OPERATOR_ARITY``) without repeats; ValueError naming
+    the first that is not one."""
     if operators is None:
         return tuple(OPERATOR_ARITY)
     ops = tuple(dict.fromkeys(operators))
     for op in ops:
         if op not in OPERATOR_ARITY:
-            raise ValueError(f"operators: {op!r} is not an operator (allowed: "
-                             f"{', '.join(OPERATOR_ARITY)})")
+            raise ValueError(f"{op!r} is not an operator (allowed: {', '.join(OPERATOR_ARITY)})")
     return ops
+
+
+def _check_names(site: str, observables: Sequence[str] | None) -> tuple[str, ...]:
+    try:
+        return check_observables(site, observables)
+    except ValueError as err:
+        raise ValueError(f"observables: {err}") from None
+
+
+def _check_operators(operators: Sequence[str] | None) -> tuple[str, ...]:
+    try:
+        return check_operators(operators)
+    except ValueError as err:
+        raise ValueError(f"operators: {err}") from None
 
 
 def _check_range(constants: tuple[float, float]) -> tuple[float, float]:
