@@ -17,6 +17,15 @@ client's token distribution never moves an arrival, and appending a client never
 draw of the existing ones. All requests are then stably sorted by arrival (ties in client
 order), truncated to ``num_requests`` and numbered 0..N-1 in that order.
 
+Adversarial patterns (``spec.adversarial``, pattern ``j``; docs/configuration.md, ``workload``)
+add requests after the clients': a synchronized burst or tenant surge adds, per targeted client
+``c``, requests drawn from ``stream("workload", "adversarial", j, c, "arrival" | "input" |
+"output")`` with ``c``'s labels; a long-prompt flood is a client of its own (labels after the
+clients') with streams ``("workload", "adversarial", j, "arrival" | ...)``. The clients' own
+streams are untouched, so a spec with patterns generates every request of the spec without
+them, plus the patterns' requests (before the ``num_requests`` truncation). Ties in arrival
+keep the clients' requests first, then the patterns' in list order.
+
 Statistical parity with BLIS only (numpy streams, not Go's ``math/rand``; docs/semantics.md Decision 10).
 """
 
@@ -33,7 +42,11 @@ from blisjax.workload.spec import (
     ClientSpec,
     DistSpec,
     LifecycleSpec,
+    LongPromptFlood,
+    SynchronizedBurst,
+    TenantSurge,
     WorkloadSpec,
+    pattern_targets,
 )
 from blisjax.workload.types import NO_PREFIX_GROUP, SLO_CLASS_CODE, Workload
 
@@ -312,6 +325,104 @@ def client_rates_per_us(spec: WorkloadSpec) -> np.ndarray:
     return np.array(rates)
 
 
+# --------------------------------------------------------------------------- adversarial patterns
+
+
+def burst_instants(
+    burst: SynchronizedBurst, horizon_us: int | None, max_bursts: int | None = None
+) -> np.ndarray:
+    """The instants of a synchronized burst (int64 µs, increasing).
+
+    ``start_us + k * period_us`` for k = 0, 1, … while k < ``count`` (and < ``max_bursts``) and
+    the instant is < ``end_us`` and < ``horizon_us``; a single instant when ``period_us`` is None.
+    """
+    stop = _INT64_MAX
+    for bound in (burst.end_us, horizon_us):
+        if bound is not None:
+            stop = min(stop, int(bound))
+    start = int(burst.start_us)
+    if start >= stop:
+        return np.zeros(0, dtype=np.int64)
+    if burst.period_us is None:
+        return np.array([start], dtype=np.int64)
+    period = int(burst.period_us)
+    n = -(-(stop - start) // period)  # instants below stop: ceil((stop - start) / period)
+    for bound in (burst.count, max_bursts):
+        if bound is not None:
+            n = min(n, int(bound))
+    if stop == _INT64_MAX and burst.count is None and max_bursts is None:
+        raise ValueError("burst_instants: a repeating burst needs count, end_us or a horizon")
+    return start + period * np.arange(n, dtype=np.int64)
+
+
+def window_arrivals(
+    arrival: ArrivalSpec,
+    rate_per_us: float,
+    rng: np.random.Generator,
+    start_us: int,
+    end_us: int,
+    horizon_us: int | None,
+    max_requests: int | None = None,
+) -> np.ndarray:
+    """Arrivals of a process that starts at ``start_us`` (first arrival = start + first IAT)
+    and stops at the first arrival >= ``end_us`` or >= ``horizon_us`` (int64 µs, increasing)."""
+    stop = int(end_us) if horizon_us is None else min(int(end_us), int(horizon_us))
+    if stop <= start_us:
+        return np.zeros(0, dtype=np.int64)
+    return int(start_us) + client_arrivals(arrival, rate_per_us, rng, stop - int(start_us),
+                                           max_requests)
+
+
+def _burst_times(burst: SynchronizedBurst, instants: np.ndarray,
+                 rng: np.random.Generator) -> np.ndarray:
+    times = np.repeat(instants, int(burst.size))
+    if burst.spread_us > 0:
+        offsets = rng.integers(0, int(burst.spread_us), size=times.size, endpoint=True)
+        times = np.sort(times + offsets, kind="stable")
+    return times
+
+
+def _pattern_requests(
+    spec: WorkloadSpec,
+    rates: np.ndarray,
+    rng: PartitionedRNG,
+    cap: int | None,
+) -> list[tuple[np.ndarray, ClientSpec, tuple, int]]:
+    """Every adversarial stream as (arrival times, owning client, stream name prefix, owner
+    index into clients + floods), in generation order."""
+    out = []
+    floods = 0
+    for j, pattern in enumerate(spec.adversarial):
+        if isinstance(pattern, LongPromptFlood):
+            names = ("workload", "adversarial", j)
+            times = window_arrivals(pattern.arrival, pattern.rate / 1e6,
+                                    rng.stream(*names, "arrival"), pattern.start_us,
+                                    pattern.end_us, spec.horizon_us, cap)
+            out.append((times, pattern.as_client(), names, len(spec.clients) + floods))
+            floods += 1
+            continue
+        if isinstance(pattern, SynchronizedBurst):
+            instants = burst_instants(pattern, spec.horizon_us, cap)
+        for i in pattern_targets(pattern, spec.clients):
+            client = spec.clients[i]
+            names = ("workload", "adversarial", j, i)
+            arrival_rng = rng.stream(*names, "arrival")
+            if isinstance(pattern, SynchronizedBurst):
+                times = _burst_times(pattern, instants, arrival_rng)
+                if spec.horizon_us is not None:
+                    times = times[times < spec.horizon_us]
+            else:
+                assert isinstance(pattern, TenantSurge)
+                extra = (pattern.factor - 1.0) * float(rates[i])
+                times = window_arrivals(pattern.arrival, extra, arrival_rng, pattern.start_us,
+                                        pattern.end_us, spec.horizon_us,
+                                        cap if client.lifecycle is None else None)
+            if client.lifecycle is not None:
+                times = times[client.lifecycle.contains(times)]
+            out.append((times if cap is None else times[:cap], client, names, i))
+    return out
+
+
 def _first_appearance(names: list[str]) -> tuple[tuple[str, ...], np.ndarray]:
     """Distinct names in first-appearance order, and each input's code."""
     index: dict[str, int] = {}
@@ -392,12 +503,20 @@ def generate_workload(spec: WorkloadSpec, seed: int | None = None) -> Workload:
         inputs.append(sample_lengths(client.input_distribution, input_rng, n))
         outputs.append(sample_lengths(client.output_distribution, output_rng, n))
         owners.append(np.full(n, i, dtype=np.int64))
+    base_rows = sum(a.size for a in arrivals)
+    for times, client, names, owner in _pattern_requests(spec, rates, rng, cap):
+        n = times.size
+        arrivals.append(times)
+        inputs.append(sample_lengths(client.input_distribution, rng.stream(*names, "input"), n))
+        outputs.append(sample_lengths(client.output_distribution, rng.stream(*names, "output"), n))
+        owners.append(np.full(n, owner, dtype=np.int64))
     arrival_us = np.concatenate(arrivals)
-    order = np.argsort(arrival_us, kind="stable")  # ties stay in client order
+    order = np.argsort(arrival_us, kind="stable")  # ties stay in client, then pattern, order
     if spec.num_requests is not None:
         order = order[: spec.num_requests]
     owner = np.concatenate(owners)[order]
-    labels = _client_labels(spec.clients)
+    floods = tuple(p.as_client() for p in spec.adversarial if isinstance(p, LongPromptFlood))
+    labels = _client_labels(spec.clients + floods)
     prefix_length = labels.prefix_length[owner]
     timeout = labels.timeout_us[owner]
     arrival_sorted = arrival_us[order]
@@ -421,5 +540,7 @@ def generate_workload(spec: WorkloadSpec, seed: int | None = None) -> Workload:
             "slo_target_us": {
                 c.id: c.slo_target_us for c in spec.clients if c.slo_target_us is not None
             },
+            **({"adversarial_requests": int(np.count_nonzero(order >= base_rows))}
+               if spec.adversarial else {}),
         },
     )

@@ -10,7 +10,9 @@ Every value is validated when a ``WorkloadSpec`` is built; errors name the field
 ``clients[1].arrival.cv: must be > 0``.
 
 Supported subset: open-loop, rate-based clients, optionally active only inside lifecycle windows
-(``lifecycle.windows``; ``LifecycleSpec``). BLIS features that change request generation (cohorts,
+(``lifecycle.windows``; ``LifecycleSpec``), and blisjax's ``adversarial`` patterns: synchronized
+bursts, long-prompt floods and tenant surges added on top of the clients' traffic
+(``SynchronizedBurst``, ``LongPromptFlood``, ``TenantSurge``). BLIS features that change request generation (cohorts,
 concurrency/closed-loop sessions, per-window overrides of a lifecycle window, multimodal,
 reasoning, network, ServeGen/inference-perf sources) are rejected with a clear error rather than
 silently ignored.
@@ -22,7 +24,7 @@ import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
 
@@ -39,6 +41,10 @@ DIST_TYPES = (
     "pareto_lognormal",
 )
 CATEGORIES = ("", "language", "multimodal", "reasoning")
+#: ``adversarial`` pattern types (blisjax extension of the BLIS spec; docs/configuration.md).
+ADVERSARIAL_TYPES = ("synchronized_burst", "long_prompt_flood", "tenant_surge")
+#: Client id of a long-prompt flood's requests when it names none.
+DEFAULT_FLOOD_ID = "long-prompt-flood"
 #: v1 SLO class names and their v2 equivalents (BLIS ``UpgradeV1ToV2``).
 V1_SLO_CLASSES = {"realtime": "critical", "interactive": "standard"}
 #: Shared-prefix length when a client names a prefix group but no length (BLIS default).
@@ -394,6 +400,228 @@ class ClientSpec:
             self.lifecycle.check(f"{path}.lifecycle")
 
 
+# --------------------------------------------------------------------------- adversarial patterns
+
+
+def _check_names(path: str, value: Any) -> None:
+    if not isinstance(value, tuple):
+        raise ValueError(f"{path}: must be a list of names, got {value!r}")
+    for i, name in enumerate(value):
+        _check_str(f"{path}[{i}]", name)
+
+
+def _check_rate_arrival(path: str, arrival: Any) -> None:
+    """An adversarial pattern's arrival process: its rate comes from the pattern, so parameters
+    that fix the mean inter-arrival time on their own (``period_us``, ``scale``) are refused."""
+    if not isinstance(arrival, ArrivalSpec):
+        raise ValueError(f"{path}: must be an ArrivalSpec")
+    arrival.check(path)
+    for name in ("period_us", "scale"):
+        if getattr(arrival, name) is not None:
+            raise ValueError(
+                f"{path}.{name}: not allowed here; the pattern's rate sets the mean "
+                "inter-arrival time"
+            )
+
+
+def _check_window(path: str, start_us: Any, end_us: Any) -> None:
+    _check_number(f"{path}.start_us", start_us, ge=0, integral=True)
+    _check_number(f"{path}.end_us", end_us, integral=True)
+    if not end_us > start_us:
+        raise ValueError(f"{path}.end_us: must be > start_us ({start_us!r}), got {end_us!r}")
+
+
+@dataclass(frozen=True)
+class SynchronizedBurst:
+    """Every targeted client fires ``size`` extra requests at the same instants.
+
+    Burst instants are ``start_us + k * period_us`` for k = 0, 1, …, while k < ``count``, the
+    instant is < ``end_us`` and < the workload's horizon (each bound optional; a repeating burst
+    needs at least one). ``period_us`` None = a single burst at ``start_us``. With ``spread_us``
+    > 0 each request arrives at its instant plus an integer offset drawn uniformly from
+    [0, spread_us]; 0 = all at the instant. The requests carry the client's labels, lengths
+    from its distributions and its timeout; a client with a lifecycle keeps only those inside
+    its windows.
+
+    Attributes:
+      period_us: µs between bursts (integer >= 1) or None (one burst).
+      size: requests per targeted client per burst (integer >= 1).
+      start_us: first burst instant (integer >= 0).
+      count: number of bursts (integer >= 1) or None (until ``end_us`` / horizon).
+      end_us: no burst instant at or after it (integer > start_us) or None.
+      spread_us: arrival offset range within a burst (integer >= 0).
+      clients, tenants: targets by client id / tenant id; both empty = every client.
+    """
+
+    type: ClassVar[str] = "synchronized_burst"
+    period_us: int | None = None
+    size: int = 1
+    start_us: int = 0
+    count: int | None = None
+    end_us: int | None = None
+    spread_us: int = 0
+    clients: tuple[str, ...] = ()
+    tenants: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in ("clients", "tenants"):
+            value = getattr(self, name)
+            if isinstance(value, list):
+                object.__setattr__(self, name, tuple(value))
+
+    @property
+    def repeats(self) -> bool:
+        """Whether more than one burst may fire."""
+        return self.period_us is not None and self.count != 1
+
+    def check(self, path: str) -> None:
+        """Raise ValueError naming the first invalid field under ``path``."""
+        if self.period_us is not None:
+            _check_number(f"{path}.period_us", self.period_us, ge=1, integral=True)
+        _check_number(f"{path}.size", self.size, ge=1, integral=True)
+        _check_number(f"{path}.start_us", self.start_us, ge=0, integral=True)
+        if self.count is not None:
+            _check_number(f"{path}.count", self.count, ge=1, integral=True)
+            if self.period_us is None and self.count > 1:
+                raise ValueError(f"{path}.period_us: required when count > 1")
+        if self.end_us is not None:
+            _check_window(path, self.start_us, self.end_us)
+        _check_number(f"{path}.spread_us", self.spread_us, ge=0, integral=True)
+        _check_names(f"{path}.clients", self.clients)
+        _check_names(f"{path}.tenants", self.tenants)
+
+
+@dataclass(frozen=True)
+class LongPromptFlood:
+    """Extra requests with long prompts at ``rate`` req/s inside [start_us, end_us).
+
+    The flood is a client of its own (``id``, ``tenant_id``, ``slo_class``; no shared prefix):
+    its first arrival is one inter-arrival time after ``start_us``, the next ones follow from
+    ``arrival`` at ``rate``, and it stops at the first arrival >= ``end_us`` (or the horizon).
+    Naming an existing client or tenant merges the labels (the flood then counts in that
+    tenant's metrics). Its rate is added to ``aggregate_rate``, not taken from it.
+
+    Attributes:
+      start_us, end_us: the window in µs (integers, 0 <= start_us < end_us).
+      rate: requests/second inside the window (> 0).
+      input_distribution, output_distribution: token lengths (e.g. uniform 6000..8000 prompts).
+      arrival: inter-arrival process (default poisson); ``period_us`` / ``scale`` are refused.
+      id, tenant_id, slo_class: request labels.
+      timeout_us: per-request timeout (None or 0 = no deadline).
+    """
+
+    type: ClassVar[str] = "long_prompt_flood"
+    start_us: int = 0
+    end_us: int = 0
+    rate: float = 0.0
+    input_distribution: DistSpec = field(default_factory=_default_dist)
+    output_distribution: DistSpec = field(default_factory=_default_dist)
+    arrival: ArrivalSpec = field(default_factory=ArrivalSpec)
+    id: str = DEFAULT_FLOOD_ID
+    tenant_id: str = ""
+    slo_class: str = ""
+    timeout_us: int | None = None
+
+    def check(self, path: str) -> None:
+        """Raise ValueError naming the first invalid field under ``path``."""
+        _check_window(path, self.start_us, self.end_us)
+        _check_number(f"{path}.rate", self.rate, gt=0)
+        for name in ("input_distribution", "output_distribution"):
+            dist = getattr(self, name)
+            if not isinstance(dist, DistSpec):
+                raise ValueError(f"{path}.{name}: must be a DistSpec")
+            dist.check(f"{path}.{name}")
+        _check_rate_arrival(f"{path}.arrival", self.arrival)
+        for name in ("id", "tenant_id"):
+            _check_str(f"{path}.{name}", getattr(self, name))
+        _check_choice(f"{path}.slo_class", self.slo_class, SLO_CLASSES)
+        if self.timeout_us is not None:
+            _check_number(f"{path}.timeout", self.timeout_us, ge=0, integral=True)
+
+    def as_client(self) -> ClientSpec:
+        """The flood's labels and lengths as a client (its rate fraction is not used)."""
+        return ClientSpec(
+            id=self.id,
+            tenant_id=self.tenant_id,
+            slo_class=self.slo_class,
+            arrival=self.arrival,
+            input_distribution=self.input_distribution,
+            output_distribution=self.output_distribution,
+            timeout_us=self.timeout_us,
+        )
+
+
+@dataclass(frozen=True)
+class TenantSurge:
+    """Targeted clients send ``factor`` times their fair share inside [start_us, end_us).
+
+    Each targeted client keeps its own arrivals and adds a second stream at ``(factor - 1)``
+    times its rate (``aggregate_rate`` · fraction / S) inside the window, so its rate there is
+    ``factor`` times its share (exactly a Poisson process at that rate for Poisson arrivals).
+    The extra stream's first arrival is one inter-arrival time after ``start_us``; its requests
+    carry the client's labels, lengths from its distributions and its timeout; a client with a
+    lifecycle keeps only those inside its windows.
+
+    Attributes:
+      start_us, end_us: the window in µs (integers, 0 <= start_us < end_us).
+      factor: the client's rate multiple inside the window (> 1).
+      clients, tenants: targets by client id / tenant id (at least one name in all).
+      arrival: the extra stream's process (default poisson); ``period_us`` / ``scale`` refused.
+    """
+
+    type: ClassVar[str] = "tenant_surge"
+    start_us: int = 0
+    end_us: int = 0
+    factor: float = 2.0
+    clients: tuple[str, ...] = ()
+    tenants: tuple[str, ...] = ()
+    arrival: ArrivalSpec = field(default_factory=ArrivalSpec)
+
+    def __post_init__(self) -> None:
+        for name in ("clients", "tenants"):
+            value = getattr(self, name)
+            if isinstance(value, list):
+                object.__setattr__(self, name, tuple(value))
+
+    def check(self, path: str) -> None:
+        """Raise ValueError naming the first invalid field under ``path``."""
+        _check_window(path, self.start_us, self.end_us)
+        _check_number(f"{path}.factor", self.factor, gt=1)
+        _check_names(f"{path}.clients", self.clients)
+        _check_names(f"{path}.tenants", self.tenants)
+        if not self.clients and not self.tenants:
+            raise ValueError(f"{path}.tenants: name at least one tenant (or client) that surges")
+        _check_rate_arrival(f"{path}.arrival", self.arrival)
+
+
+#: One entry of ``WorkloadSpec.adversarial``.
+AdversarialPattern = SynchronizedBurst | LongPromptFlood | TenantSurge
+_ADVERSARIAL_CLASSES = (SynchronizedBurst, LongPromptFlood, TenantSurge)
+
+
+def pattern_targets(
+    pattern: SynchronizedBurst | TenantSurge, clients: tuple[ClientSpec, ...]
+) -> list[int]:
+    """Indices of the clients a burst or surge targets (every client when it names none)."""
+    if not pattern.clients and not pattern.tenants:
+        return list(range(len(clients)))
+    return [
+        i for i, c in enumerate(clients)
+        if c.id in pattern.clients or c.tenant_id in pattern.tenants
+    ]  # fmt: skip
+
+
+def _check_targets(path: str, pattern: SynchronizedBurst | TenantSurge,
+                   clients: tuple[ClientSpec, ...]) -> None:
+    for key, attr in (("clients", "id"), ("tenants", "tenant_id")):
+        known = [getattr(c, attr) for c in clients]
+        for i, name in enumerate(getattr(pattern, key)):
+            if name not in known:
+                allowed = ", ".join(repr(n) for n in dict.fromkeys(known))
+                raise ValueError(f"{path}.{key}[{i}]: no client has {attr} {name!r}; "
+                                 f"known: {allowed}")
+
+
 @dataclass(frozen=True)
 class WorkloadSpec:
     """A whole synthetic workload (validated on construction).
@@ -409,6 +637,8 @@ class WorkloadSpec:
         Generation needs at least one of horizon_us / num_requests, unless every client has a
         lifecycle (its last window then ends its arrivals).
       goodput_slo_targets: BLIS ``goodput_slo_targets`` mapping, carried unchanged.
+      adversarial: patterns whose requests are added to the clients' (``SynchronizedBurst``,
+        ``LongPromptFlood``, ``TenantSurge``); generated from the same seed.
     """
 
     version: str = "2"
@@ -419,9 +649,11 @@ class WorkloadSpec:
     horizon_us: int | None = None
     num_requests: int | None = None
     goodput_slo_targets: Mapping[str, Any] | None = None
+    adversarial: tuple[AdversarialPattern, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "clients", tuple(self.clients))
+        object.__setattr__(self, "adversarial", tuple(self.adversarial))
         self.check()
 
     def check(self) -> None:
@@ -446,6 +678,24 @@ class WorkloadSpec:
             self.goodput_slo_targets, Mapping
         ):
             raise ValueError("goodput_slo_targets: must be a mapping")
+        for j, pattern in enumerate(self.adversarial):
+            self._check_pattern(f"adversarial[{j}]", pattern)
+
+    def _check_pattern(self, path: str, pattern: Any) -> None:
+        if not isinstance(pattern, _ADVERSARIAL_CLASSES):
+            raise ValueError(
+                f"{path}: must be a SynchronizedBurst, LongPromptFlood or TenantSurge"
+            )
+        pattern.check(path)
+        if isinstance(pattern, LongPromptFlood):
+            return
+        _check_targets(path, pattern, self.clients)
+        if isinstance(pattern, SynchronizedBurst) and pattern.repeats and (
+            pattern.count is None and pattern.end_us is None and self.horizon_us is None
+        ):
+            raise ValueError(
+                f"{path}.count: a repeating burst needs count or end_us (or the workload's horizon)"
+            )
 
 
 # --------------------------------------------------------------------------- CLI distribution
@@ -487,7 +737,7 @@ def distribution_spec(
 
 _TOP_KEYS = frozenset(
     {"version", "seed", "category", "clients", "aggregate_rate", "horizon", "num_requests",
-     "goodput_slo_targets", "cohorts", "servegen_data", "inference_perf"}
+     "goodput_slo_targets", "cohorts", "servegen_data", "inference_perf", "adversarial"}
 )  # fmt: skip
 _CLIENT_KEYS = frozenset(
     {"id", "tenant_id", "slo_class", "rate_fraction", "arrival", "input_distribution",
@@ -668,6 +918,97 @@ def _parse_client(path: str, data: Any, v1: bool) -> ClientSpec:
     )
 
 
+#: Keys of each adversarial pattern type, and those it requires.
+_ADVERSARIAL_KEYS: dict[str, tuple[frozenset[str], tuple[str, ...]]] = {
+    "synchronized_burst": (
+        frozenset({"type", "period_us", "size", "start_us", "count", "end_us", "spread_us",
+                   "clients", "tenants"}),
+        ("size",),
+    ),
+    "long_prompt_flood": (
+        frozenset({"type", "start_us", "end_us", "rate", "input_distribution",
+                   "output_distribution", "arrival", "id", "tenant_id", "slo_class", "timeout"}),
+        ("end_us", "rate", "input_distribution", "output_distribution"),
+    ),
+    "tenant_surge": (
+        frozenset({"type", "start_us", "end_us", "factor", "clients", "tenants", "arrival"}),
+        ("end_us", "factor"),
+    ),
+}  # fmt: skip
+
+
+def _parse_names(path: str, data: Any) -> tuple[str, ...]:
+    if data is None:
+        return ()
+    if not isinstance(data, list):
+        raise ValueError(f"{path}: must be a list of names, got {data!r}")
+    return tuple(_opt_str(f"{path}[{i}]", name) for i, name in enumerate(data))
+
+
+def _parse_pattern(path: str, data: Any) -> AdversarialPattern:
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{path}: must be a mapping with a type, got {data!r}")
+    if "type" not in data:
+        raise ValueError(f"{path}.type: required")
+    _check_choice(f"{path}.type", data["type"], ADVERSARIAL_TYPES)
+    allowed, required = _ADVERSARIAL_KEYS[data["type"]]
+    data = _check_keys(path, data, allowed)
+    for key in required:
+        if data.get(key) is None:
+            raise ValueError(f"{path}.{key}: required for {data['type']!r}")
+    start = _opt_int(f"{path}.start_us", data.get("start_us")) or 0
+    end = _opt_int(f"{path}.end_us", data.get("end_us"))
+    arrival = (
+        _parse_arrival(f"{path}.arrival", data["arrival"])
+        if data.get("arrival") is not None else ArrivalSpec()
+    )  # fmt: skip
+    if data["type"] == "synchronized_burst":
+        return SynchronizedBurst(
+            period_us=_opt_int(f"{path}.period_us", data.get("period_us")),
+            size=_opt_int(f"{path}.size", data["size"]),
+            start_us=start,
+            count=_opt_int(f"{path}.count", data.get("count")),
+            end_us=end,
+            spread_us=_opt_int(f"{path}.spread_us", data.get("spread_us")) or 0,
+            clients=_parse_names(f"{path}.clients", data.get("clients")),
+            tenants=_parse_names(f"{path}.tenants", data.get("tenants")),
+        )
+    if data["type"] == "long_prompt_flood":
+        return LongPromptFlood(
+            start_us=start,
+            end_us=end,
+            rate=data["rate"],
+            input_distribution=_parse_dist(
+                f"{path}.input_distribution", data["input_distribution"]
+            ),
+            output_distribution=_parse_dist(
+                f"{path}.output_distribution", data["output_distribution"]
+            ),
+            arrival=arrival,
+            id=_opt_str(f"{path}.id", data.get("id", DEFAULT_FLOOD_ID)),
+            tenant_id=_opt_str(f"{path}.tenant_id", data.get("tenant_id")),
+            slo_class=_opt_str(f"{path}.slo_class", data.get("slo_class")),
+            timeout_us=_opt_int(f"{path}.timeout", data.get("timeout")),
+        )
+    return TenantSurge(
+        start_us=start,
+        end_us=end,
+        factor=data["factor"],
+        clients=_parse_names(f"{path}.clients", data.get("clients")),
+        tenants=_parse_names(f"{path}.tenants", data.get("tenants")),
+        arrival=arrival,
+    )
+
+
+def _parse_adversarial(data: Any) -> tuple[AdversarialPattern, ...]:
+    """The ``adversarial`` list (absent or null = none); each entry a mapping with a ``type``."""
+    if data is None:
+        return ()
+    if not isinstance(data, list):
+        raise ValueError(f"adversarial: must be a list of patterns, got {data!r}")
+    return tuple(_parse_pattern(f"adversarial[{j}]", p) for j, p in enumerate(data))
+
+
 def _parse_version(value: Any) -> bool:
     """Return True for a v1 spec (which gets its SLO class names upgraded)."""
     if value is None or value == "" or str(value) == "1":
@@ -691,8 +1032,8 @@ def parse_workload_spec(source: Mapping[str, Any] | str | os.PathLike[str]) -> W
     """Parse a BLIS workload-spec YAML file (path) or an already-loaded mapping.
 
     Keys follow BLIS (``timeout`` and ``horizon`` in µs, ``aggregate_rate`` in req/s); blisjax
-    adds ``arrival.period_us``, ``arrival.jitter_us``, ``arrival.pareto_alpha`` and empirical
-    ``bins``/``probabilities``. Unknown keys and unsupported BLIS features raise ValueError
+    adds ``arrival.period_us``, ``arrival.jitter_us``, ``arrival.pareto_alpha``, empirical
+    ``bins``/``probabilities`` and the ``adversarial`` list of patterns. Unknown keys and unsupported BLIS features raise ValueError
     naming the key; every value is validated (see ``WorkloadSpec.check``).
     """
     data = _check_keys("", _load_mapping(source), _TOP_KEYS)
@@ -713,4 +1054,5 @@ def parse_workload_spec(source: Mapping[str, Any] | str | os.PathLike[str]) -> W
         horizon_us=_opt_int("horizon", data.get("horizon")),
         num_requests=num_requests or None,  # BLIS: 0 means unlimited
         goodput_slo_targets=data.get("goodput_slo_targets"),
+        adversarial=_parse_adversarial(data.get("adversarial")),
     )
