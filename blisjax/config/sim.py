@@ -782,7 +782,9 @@ def _as_slo_target(path: str, value: Any) -> SLOTarget:
             raise ConfigError(
                 f"{path}.{unknown[0]}", "unknown key; allowed keys: ttft_ms, itl_ms, e2e_ms"
             )
-        return SLOTarget(**value)
+        # checked here so that an error names the table and the entry, not SLOTarget's field
+        return SLOTarget(**{k: check_float(f"{path}.{k}", v, min_value=0)
+                            for k, v in value.items()})
     raise ConfigError(
         path, f"must be an SLOTarget or a mapping of ttft_ms/itl_ms/e2e_ms, got {value!r}"
     )
@@ -798,6 +800,8 @@ class MetricsConfig:
 
     Attributes:
       slo_targets: SLO class → targets; class "default" is the empty class "".
+      tenant_slo_targets: tenant name → targets (the same rule over a tenant's requests;
+        tenant "" is the unnamed tenant); reported as ``tenant_slo_attainment``.
       fitness_weights: fitness component → weight >= 0 (not normalized, docs/semantics.md §6.5).
       kv_thrash_window_us: the CPU tier's thrashing anomaly counts reloads of a block whose GPU
         copy was evicted less than this many µs before (>= 0; 0 counts none).
@@ -810,12 +814,15 @@ class MetricsConfig:
     fitness_weights: tuple[tuple[str, float], ...] = ()
     kv_thrash_window_us: int = 1_000_000
     gpu_price_per_hour: float | None = None
+    tenant_slo_targets: tuple[tuple[str, SLOTarget], ...] = ()
 
     def __post_init__(self) -> None:
         targets = check_pairs(
             "metrics.slo_targets", self.slo_targets, _choice_key(SLO_TARGET_CLASSES), _as_slo_target
         )
         set_field(self, "slo_targets", targets)
+        set_field(self, "tenant_slo_targets", check_pairs(
+            "metrics.tenant_slo_targets", self.tenant_slo_targets, _name_key, _as_slo_target))
         weights = check_pairs(
             "metrics.fitness_weights",
             self.fitness_weights,

@@ -3,7 +3,7 @@
 Our schema mirrors the dataclasses: top-level ``model, hardware, engine, latency, cluster, policy,
 workload, metrics, seed, horizon_us``; each section's keys are the dataclass field names. Tables
 (``tenant_max_in_flight``, ``slo_class_scores``, ``tenant_scores``, ``slo_targets``,
-``fitness_weights``, a policy program's ``params``) are YAML mappings;
+``tenant_slo_targets``, ``fitness_weights``, a policy program's ``params``) are YAML mappings;
 ``policy.routing.scorers`` is a list of ``{name, weight}``; a program's decision ``tree`` is
 written as its expression (``program``).
 Unknown keys are errors. ``config_from_dict(config_to_dict(cfg)) == cfg`` for every config.
@@ -39,8 +39,8 @@ TOP_LEVEL_KEYS = tuple(f.name for f in dataclasses.fields(SimConfig))
 POLICY_KEYS = tuple(f.name for f in dataclasses.fields(PolicyConfig))
 #: Fields stored as tuples of (name, value) pairs and written as YAML mappings.
 TABLE_FIELDS = frozenset(
-    {"tenant_max_in_flight", "slo_class_scores", "tenant_scores", "slo_targets", "fitness_weights",
-     "params"}
+    {"tenant_max_in_flight", "slo_class_scores", "tenant_scores", "slo_targets",
+     "tenant_slo_targets", "fitness_weights", "params"}
 )
 #: BLIS's inverted-slo priority = slo-based with a negative age weight.
 BLIS_INVERTED_SLO = "inverted-slo"

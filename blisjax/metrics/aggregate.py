@@ -13,9 +13,10 @@ with BLIS's populations (docs/semantics.md §2.8, §6):
   completed + still_queued + still_running + dropped_unservable + timed_out.
 * Times are reported in ms = µs / 1000 and ``vllm_estimated_duration_s`` = SimEndedTime / 1e6.
 
-The extras that follow (admission/routing rejections, cache and preemption rates, per-class and
-per-tenant breakdowns, SLO attainment, fairness, anomaly counters, fitness) are blisjax additions
-whose formulas follow BLIS's ``RawMetrics`` (docs/semantics.md §6.4–§6.5).
+The extras that follow (admission/routing rejections, cache and preemption rates, latency
+distributions with min/p50/max and tail blow-up, per-class and per-tenant breakdowns with TPOT
+distributions, SLO attainment per class and per tenant, fairness, anomaly counters, fitness) are
+blisjax additions whose formulas follow BLIS's ``RawMetrics`` (docs/semantics.md §6.4–§6.5).
 """
 
 from __future__ import annotations
@@ -37,11 +38,14 @@ from blisjax.metrics.formulas import (
     preemption_rate,
     priority_inversion_count,
     request_tpot_us,
+    tail_ratio,
     throughput_per_s,
 )
 from blisjax.metrics.percentile import mean, percentile_linear
 from blisjax.metrics.records import COMPLETED, DROPPED, REJECTED, TIMED_OUT, UNFINISHED, RunResult
-from blisjax.metrics.slo import DEFAULT_CLASS_NAME, slo_attainment
+from blisjax.metrics.sessions import session_metrics
+from blisjax.metrics.slo import DEFAULT_CLASS_NAME, slo_attainment, tenant_slo_attainment
+from blisjax.workload.sessions import realized
 from blisjax.workload.types import SLO_CLASSES, Workload
 
 __all__ = [
@@ -102,6 +106,15 @@ def inversion_inputs(result: RunResult, workload: Workload
             group[rows])
 
 
+def session_view(result: RunResult, workload: Workload) -> Workload:
+    """``workload`` as the run saw it: follow-up rounds with their arrivals and every prompt
+    as assembled (``blisjax.workload.sessions.realized``); the workload itself without
+    closed-loop sessions."""
+    if result.sessions is None:
+        return workload
+    return realized(workload, result.sessions.arrival_us, result.sessions.prompt_tokens)
+
+
 def _check_shapes(result: RunResult, workload: Workload) -> None:
     n = workload.num_requests
     for name in (
@@ -129,6 +142,45 @@ def _latency_block(prefix: str, values_us: np.ndarray) -> dict[str, float]:
         f"{prefix}_p95_ms": percentile_linear(values_us, 95, US_PER_MS),
         f"{prefix}_p99_ms": percentile_linear(values_us, 99, US_PER_MS),
     }
+
+
+#: Statistics of a ``latency_summary`` entry, in order (ms; ``count`` is the population size).
+SUMMARY_STATS: tuple[str, ...] = ("count", "mean", "min", "p50", "p90", "p95", "p99", "max")
+
+
+def distribution_ms(values_us: np.ndarray, *, ratio: bool = True) -> dict[str, Any]:
+    """``SUMMARY_STATS`` of a µs population in ms (BLIS's percentile and mean formulas; min and
+    max are the 0th and 100th percentiles), and with ``ratio`` the tail blow-up
+    ``p99_p50_ratio`` (``formulas.tail_ratio`` of the µs percentiles). All 0.0 (count 0, ratio
+    1.0) for an empty population."""
+    values_us = np.asarray(values_us)
+    out: dict[str, Any] = {"count": int(values_us.shape[0]),
+                           "mean": mean(values_us, US_PER_MS)}
+    for label, p in (("min", 0), ("p50", 50), ("p90", 90), ("p95", 95), ("p99", 99),
+                     ("max", 100)):
+        out[label] = percentile_linear(values_us, p, US_PER_MS)
+    if ratio:
+        out["p99_p50_ratio"] = tail_ratio(percentile_linear(values_us, 99),
+                                          percentile_linear(values_us, 50))
+    return out
+
+
+def _group_extras(ttft_us: np.ndarray, e2e_us: np.ndarray, tpot_us: np.ndarray
+                  ) -> dict[str, float]:
+    """A class's or tenant's figures beyond BLIS's: TTFT and E2E min/p50/max, its completed
+    requests' TPOT distribution (mean, min, p50, p90, p99, max), and the p99/p50 ratios."""
+    out: dict[str, float] = {}
+    for prefix, values in (("ttft", ttft_us), ("e2e", e2e_us)):
+        out[f"{prefix}_min_ms"] = percentile_linear(values, 0, US_PER_MS)
+        out[f"{prefix}_p50_ms"] = percentile_linear(values, 50, US_PER_MS)
+        out[f"{prefix}_max_ms"] = percentile_linear(values, 100, US_PER_MS)
+    out["tpot_mean_ms"] = mean(tpot_us, US_PER_MS)
+    for label, p in (("min", 0), ("p50", 50), ("p90", 90), ("p99", 99), ("max", 100)):
+        out[f"tpot_{label}_ms"] = percentile_linear(tpot_us, p, US_PER_MS)
+    for prefix, values in (("ttft", ttft_us), ("e2e", e2e_us), ("tpot", tpot_us)):
+        out[f"{prefix}_p99_p50_ratio"] = tail_ratio(percentile_linear(values, 99),
+                                                    percentile_linear(values, 50))
+    return out
 
 
 def existing_instances(result: RunResult) -> np.ndarray:
@@ -241,8 +293,11 @@ def _group_stats(
     itl_sum_us: np.ndarray,
     itl_count: np.ndarray,
     output_tokens_done: np.ndarray,
+    tpot_us: np.ndarray,
 ) -> dict[str, Any]:
-    """Counts and latency summary of the requests selected by ``mask`` (a class or a tenant)."""
+    """Counts and latency summary of the requests selected by ``mask`` (a class or a tenant);
+    ``tpot_us`` is every request's TPOT (``formulas.request_tpot_us``), read for its completed
+    requests with at least one ITL entry."""
     done = mask & (status == COMPLETED)
     ttft = ttft_us[mask & (ttft_us >= 0)]
     e2e = e2e_us[done]
@@ -262,6 +317,7 @@ def _group_stats(
         "itl_mean_ms": (
             float(int(np.sum(itl_sum_us[done]))) / float(entries) / US_PER_MS if entries else 0.0
         ),
+        **_group_extras(ttft, e2e, tpot_us[done & (itl_count > 0)]),
     }
     return out
 
@@ -293,7 +349,8 @@ def aggregate_metrics(
       workload: the workload that was run (names, classes, tenants, N_out, arrivals).
       metrics_cfg: a ``blisjax.config.MetricsConfig`` or None. Read by duck typing:
         ``slo_targets`` = ((class name, target with ``ttft_ms``/``itl_ms``/``e2e_ms``, 0 = not
-        checked), ...) and ``fitness_weights`` = ((key, weight), ...).
+        checked), ...), ``tenant_slo_targets`` = ((tenant name, target), ...) and
+        ``fitness_weights`` = ((key, weight), ...).
       scheduler: the instance scheduler name; priority inversions are counted only for
         ``"priority-fcfs"`` (0 otherwise).
       cost: GPUs per instance and the price of a GPU-hour (``blisjax.metrics.cost.cost_basis``
@@ -301,11 +358,15 @@ def aggregate_metrics(
 
     Returns:
       A dict: ``BLIS_METRIC_KEYS`` in order, then ``rejected_requests``, ``cache_hit_rate``,
-      ``preemption_rate``, ``kv_peak_blocks``, ``per_slo_class``, ``per_tenant``, [``slo_attainment``], ``jain_fairness``, ``hol_blocking_instances``,
-      ``priority_inversions``, [``fitness``, ``fitness_components``], [``overflow``]. Bracketed keys
-      appear only when SLO targets / fitness weights are configured / the engine overflowed.
+      ``preemption_rate``, [CPU tier, P/D keys], ``kv_peak_blocks``, ``latency_summary``,
+      ``per_slo_class``, ``per_tenant``, [``slo_attainment``], [``tenant_slo_attainment``],
+      ``jain_fairness``, ``hol_blocking_instances``, ``priority_inversions``, [``fitness``,
+      ``fitness_components``], ``rejected_routing``, [cost], ``instances``, [``autoscaling``],
+      [``overflow``]. Bracketed keys appear only when the feature is in the run / SLO targets
+      (per class, per tenant) / fitness weights are configured / the engine overflowed.
     """
     _check_shapes(result, workload)
+    workload = session_view(result, workload)
     status = np.asarray(result.status)
     ttft_us = np.asarray(result.ttft_us, dtype=np.int64)
     e2e_us = np.asarray(result.e2e_us, dtype=np.int64)
@@ -386,7 +447,18 @@ def aggregate_metrics(
     peak = np.asarray(result.peak_kv_blocks_used, dtype=np.int64)
     out["kv_peak_blocks"] = int(peak.max()) if peak.size else 0
 
-    group_args = (arrived, status, ttft_us, e2e_us, itl_sum_us, itl_count, tokens_done)
+    # TPOT (a request's mean ITL, BLIS's RequestITLs) of the completed requests with ITL entries
+    tpot_us = request_tpot_us(itl_sum_us, itl_count, workload.output_tokens, length_capped)
+    has_itl = is_completed & (itl_count > 0)
+    out["latency_summary"] = {
+        "ttft_ms": distribution_ms(ttft_population),
+        "e2e_ms": distribution_ms(e2e_population),
+        "itl_ms": distribution_ms(itl_entries),
+        "tpot_ms": distribution_ms(tpot_us[has_itl]),
+        "scheduling_delay_ms": distribution_ms(sched_population, ratio=False),
+    }
+
+    group_args = (arrived, status, ttft_us, e2e_us, itl_sum_us, itl_count, tokens_done, tpot_us)
     per_class: dict[str, dict] = {}
     class_names = {
         (DEFAULT_CLASS_NAME if code == 0 else SLO_CLASSES[code]): code
@@ -403,18 +475,19 @@ def aggregate_metrics(
     out["per_tenant"] = per_tenant
 
     slo_targets = _config_pairs(metrics_cfg, "slo_targets")
-    if slo_targets:
-        tpot_us = request_tpot_us(itl_sum_us, itl_count, workload.output_tokens, length_capped)
+    tenant_targets = _config_pairs(metrics_cfg, "tenant_slo_targets")
+    if slo_targets or tenant_targets:
         zero = np.zeros(workload.num_requests, dtype=np.float64)
+        measured = (np.where(is_completed, ttft_us / US_PER_MS, zero),
+                    np.where(is_completed, tpot_us / US_PER_MS, zero),
+                    np.where(is_completed, e2e_us / US_PER_MS, zero))
+    if slo_targets:
         out["slo_attainment"] = slo_attainment(
-            slo_targets,
-            workload.slo_class,
-            arrived,
-            is_completed,
-            np.where(is_completed, ttft_us / US_PER_MS, zero),
-            np.where(is_completed, tpot_us / US_PER_MS, zero),
-            np.where(is_completed, e2e_us / US_PER_MS, zero),
-        )
+            slo_targets, workload.slo_class, arrived, is_completed, *measured)
+    if tenant_targets:
+        out["tenant_slo_attainment"] = tenant_slo_attainment(
+            tenant_targets, workload.tenant, workload.tenant_names, arrived, is_completed,
+            *measured)
 
     # Tenants with arrivals but nothing completed count as 0 tokens (a starved tenant is unfair).
     out["jain_fairness"] = jain_fairness(
@@ -446,6 +519,8 @@ def aggregate_metrics(
     if cost is not None:
         out.update(cost_metrics(result, cost))
     out["instances"] = instance_summaries(result)
+    if result.sessions is not None:
+        out["sessions"] = session_metrics(result, workload)
     if result.lifecycle is not None:
         out["autoscaling"] = lifecycle_metrics(result)
     if result.overflow:

@@ -18,6 +18,7 @@ __all__ = [
     "REFERENCE_LATENCY_US",
     "REFERENCE_RPS",
     "REFERENCE_TPS",
+    "TAIL_RATIO_FLOOR_US",
     "cache_hit_rate",
     "fitness",
     "fitness_components",
@@ -30,6 +31,7 @@ __all__ = [
     "priority_inversion_count",
     "priority_inversions_per_request",
     "request_tpot_us",
+    "tail_ratio",
     "throughput_per_s",
     "throughput_score",
 ]
@@ -117,6 +119,18 @@ def cache_hit_rate(cache_hits: np.ndarray, cache_misses: np.ndarray,
         # Summed in instance order, as BLIS accumulates its per-instance rates.
         total += float(h) / float(h + m + c) if h + m + c > 0 else 0.0
     return total / float(len(hits))
+
+
+#: The floor of ``tail_ratio``'s terms, µs: the clock's resolution.
+TAIL_RATIO_FLOOR_US = 1.0
+
+
+def tail_ratio(p99_us: float, p50_us: float) -> float:
+    """Tail-latency blow-up ``max(p99, 1 µs) / max(p50, 1 µs)`` of a population's µs
+    percentiles: p99 / p50 when the median is at least the clock's 1 µs resolution; a p50 below
+    it (an empty population, or one whose median is 0) counts as 1 µs, so the ratio stays
+    finite and is 1.0 when both are 0."""
+    return max(float(p99_us), TAIL_RATIO_FLOOR_US) / max(float(p50_us), TAIL_RATIO_FLOOR_US)
 
 
 def kv_thrashing_rate(cpu_evictions: np.ndarray, mirror_stores: np.ndarray) -> float:
