@@ -5,7 +5,10 @@ Our requests carry no token ids, so a block is identified by *what its tokens ar
 Decision 9): a block lying entirely inside a request's shared prefix is the same content for
 every request of that prefix group, so it is keyed by ``(group, block index)``; any other block
 (prompt tail, or output tokens written during decode) is unique to its request, keyed by
-``(request, block index)``. Chaining each block's hash with its predecessor's gives the same
+``(request, block index)``. In a closed-loop session whose prompts accumulate, a block lying
+within the tokens the request shares with its conversation (``blisjax.workload.sessions.
+content_tokens``) is keyed by ``(session, block index)``: every round holding it holds the same
+tokens. Chaining each block's hash with its predecessor's gives the same
 prefix property as BLIS's chain: two requests share block ``j`` iff they share blocks ``0..j``.
 
 The mixer is SplitMix64's finaliser (Steele et al.), used as a fixed 64-bit permutation; all
@@ -15,6 +18,7 @@ arithmetic is modulo 2**64 so the JAX engine can reproduce it with ``uint64`` op
 from __future__ import annotations
 
 MASK64 = (1 << 64) - 1
+_KIND_SESSION = 0
 _KIND_REQUEST = 1
 _KIND_GROUP = 2
 _KIND_MISALIGNED = 3  # bit 61 then tells a group's content from a request's
@@ -30,29 +34,38 @@ def mix64(x: int) -> int:
 
 
 def block_code(request_index: int, group: int, prefix_length: int, block_index: int,
-               block_size_tokens: int) -> int:
+               block_size_tokens: int, session: int = -1, session_tokens: int = 0) -> int:
     """Content identity of block ``block_index`` of a request (before chaining).
 
     ``group`` is the request's prefix-group code (-1 for none) and ``prefix_length`` its shared
-    prefix in tokens. A block is group-shared iff all its tokens lie inside the prefix.
+    prefix in tokens. A block is group-shared iff all its tokens lie inside the prefix; else
+    session-shared iff ``session >= 0`` and all its tokens lie within ``session_tokens``.
     """
-    if group >= 0 and (block_index + 1) * block_size_tokens <= prefix_length:
+    end = (block_index + 1) * block_size_tokens
+    if group >= 0 and end <= prefix_length:
         return (_KIND_GROUP << 62) | (group << 24) | block_index
+    if session >= 0 and end <= session_tokens:
+        return (_KIND_SESSION << 62) | (session << 24) | block_index
     return (_KIND_REQUEST << 62) | (request_index << 24) | block_index
 
 
 def content_code(request_index: int, group: int, prefix_length: int, start_token: int,
-                 block_size_tokens: int) -> int:
+                 block_size_tokens: int, session: int = -1, session_tokens: int = 0) -> int:
     """Content identity of a full block holding a request's tokens ``start_token ..
     start_token + block_size_tokens - 1``: ``block_code`` of its block index when the block is
     aligned, else a code of its own (a tiered reload can leave a request's blocks covering
     positions that are not multiples of the block size, docs/semantics.md §3.8). Shared by the
-    prefix group iff all its tokens lie inside the prefix."""
+    prefix group iff all its tokens lie inside the prefix, else by the session iff all lie
+    within ``session_tokens``."""
     if start_token % block_size_tokens == 0:
         return block_code(request_index, group, prefix_length,
-                          start_token // block_size_tokens, block_size_tokens)
-    if group >= 0 and start_token + block_size_tokens <= prefix_length:
+                          start_token // block_size_tokens, block_size_tokens, session,
+                          session_tokens)
+    end = start_token + block_size_tokens
+    if group >= 0 and end <= prefix_length:
         return (_KIND_MISALIGNED << 62) | (1 << 61) | (group << 24) | start_token
+    if session >= 0 and end <= session_tokens:
+        return (_KIND_MISALIGNED << 62) | (1 << 60) | (session << 24) | start_token
     return (_KIND_MISALIGNED << 62) | (request_index << 24) | start_token
 
 

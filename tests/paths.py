@@ -30,6 +30,7 @@ GOLDEN_NEXT_CASES = ("bb_leastloaded_4inst_ties", "bb_weighted_prefix_affinity_3
 GOLDEN_NEXT_TIERED = "kv_tiered_reload"
 GOLDEN_NEXT_TIERED_PREEMPT = "kv_tiered_preempt"
 GOLDEN_NEXT_TIERED_CASES = (GOLDEN_NEXT_TIERED, GOLDEN_NEXT_TIERED_PREEMPT)
+GOLDEN_NEXT_SESSIONS = "sessions_closed_loop"
 
 # BLIS HEAD replays with prefill/decode pools (BLIS's behaviour, so --blis-quirks).
 GOLDEN_NEXT_PD = ("pd_1p2d_always_rr", "pd_2p2d_prefix_threshold_ll",

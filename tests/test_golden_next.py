@@ -25,6 +25,7 @@ from tests.paths import (
     GOLDEN_NEXT_CASES,
     GOLDEN_NEXT_DIR,
     GOLDEN_NEXT_PD,
+    GOLDEN_NEXT_SESSIONS,
     GOLDEN_NEXT_TIERED,
     GOLDEN_NEXT_TIERED_CASES,
     GOLDEN_NEXT_TIERED_PREEMPT,
@@ -327,3 +328,58 @@ def _trace_argv(case: dict, tmp_path: Path) -> list[str]:
             for a in shlex.split(case["command"])[1:]]
     argv[argv.index("--results-path") + 1] = str(tmp_path / "results.json")
     return argv
+
+
+def _check_sessions(case: dict, metrics: dict, rows: dict[int, dict], stderr: str) -> None:
+    """BLIS's cluster metrics over all 432 requests, its 108 round-0 rows, each instance's
+    completions and its session block (``sessions_closed_loop``: 108 four-round chats,
+    ``--session-mode closed-loop``, prompts accumulating)."""
+    first = {k: r for k, r in rows.items() if r["round_index"] == 0}
+    assert len(rows) == 432 and len(first) == 108
+    assert_matches_blis(case, metrics, first)
+    assert [metrics["instances"][str(i)]["completed_requests"] for i in (0, 1)] == [
+        inst["completed_requests"] for inst in case["per_instance_metrics"]]
+    assert "Cache Hit Rate: 0.4738" in stderr
+    blis_block = case["stdout"].split("=== Session Metrics ===\n")[1].strip("\n")
+    assert stderr.split("=== Session Metrics ===\n")[1].splitlines()[:4] == \
+        blis_block.splitlines()
+    # the first follow-up: request_0 completes at 336,902 us; think = 1,136,902 - 2,349
+    assert rows[3]["arrival_us"] == 336_902 + 1_136_902 - 2_349
+    assert rows[3]["input_tokens"] == 140 + 107 + 377
+
+
+def _replay_sessions(case: dict, tmp_path: Path, capsys, engine: str):
+    argv = shlex.split(case["command"])[1:]
+    argv[argv.index("--results-path") + 1] = str(tmp_path / "results.json")
+    argv = [str(GOLDEN_NEXT_DIR / a) if a.endswith((".yaml", ".csv")) else a for a in argv]
+    assert main([*argv, "--engine", engine]) == 0
+    out, err = capsys.readouterr()
+    rows = {r["request_id"]: r for r in json.loads((tmp_path / "results.json").read_text())}
+    return json.loads(out), rows, err
+
+
+def test_closed_loop_sessions_reproduce_blis(tmp_path, capsys):
+    case = _case(GOLDEN_NEXT_SESSIONS)
+    _check_sessions(case, *_replay_sessions(case, tmp_path, capsys, "reference"))
+
+
+@pytest.mark.slow
+def test_closed_loop_sessions_reproduce_blis_in_the_jax_engine(tmp_path, capsys):
+    case = _case(GOLDEN_NEXT_SESSIONS)
+    _check_sessions(case, *_replay_sessions(case, tmp_path, capsys, "jax"))
+
+
+def test_closed_loop_sessions_without_accumulate_send_only_the_message(tmp_path, capsys):
+    """Without the header's ``session_context_growth: accumulate`` a follow-up's prompt is its
+    own message: 265,468 input tokens in all (the CSV's column sum) instead of 571,700."""
+    case = _case(GOLDEN_NEXT_SESSIONS)
+    header = tmp_path / "sessions_chat.yaml"
+    header.write_text((GOLDEN_NEXT_DIR / "sessions_chat.yaml").read_text().replace(
+        "session_context_growth: accumulate\n", ""))
+    case["command"] = case["command"].replace("--trace-header sessions_chat.yaml",
+                                              f"--trace-header {header}")
+    metrics, rows, _ = _replay_sessions(case, tmp_path, capsys, "reference")
+    with open(GOLDEN_NEXT_DIR / "sessions_chat.csv", newline="") as f:
+        column = sum(int(r["input_tokens"]) for r in csv.DictReader(f))
+    assert metrics["total_input_tokens"] == column == 265_468
+    assert metrics["completed_requests"] == 432

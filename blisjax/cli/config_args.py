@@ -165,8 +165,14 @@ def trace_workload(args: Any) -> WorkloadChoice:
         from blisjax.workload.trace import read_trace_header
 
         read_trace_header(args.trace_header)
+    mode = getattr(args, "session_mode", "fixed")
+    think_ms = getattr(args, "think_time_ms", None)
+    if think_ms is not None and (mode != "closed-loop" or think_ms < 0):
+        raise ConfigError("--think-time-ms", "needs --session-mode closed-loop and a value "
+                          f">= 0, got {think_ms}")
     with reading("--trace-data", args.trace_data):
-        workload = read_trace(args.trace_header, args.trace_data)
+        workload = read_trace(args.trace_header, args.trace_data, session_mode=mode,
+                              think_time_us=None if think_ms is None else think_ms * 1000)
     if workload.num_requests == 0:
         warn(f"--trace-data {args.trace_data}: the trace has no requests (a header line "
               "only); every count below is 0")

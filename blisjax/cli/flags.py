@@ -215,6 +215,14 @@ def add_trace_inputs(p: argparse.ArgumentParser, required: bool) -> None:
                    help="TraceV2 header YAML (trace_version 2 or 3, time_unit microseconds)")
     p.add_argument("--trace-data", required=required, metavar="FILE",
                    help="TraceV2 CSV, one request per row (BLIS's columns)")
+    p.add_argument("--session-mode", choices=("fixed", "closed-loop"), default="fixed",
+                   help="fixed: every row arrives at its own time (default); closed-loop: a "
+                        "session's round 0 arrives from the trace and each later round a think "
+                        "time after its predecessor completes, its prompt the conversation so "
+                        "far (header session_context_growth: accumulate)")
+    p.add_argument("--think-time-ms", type=int, metavar="MS",
+                   help="closed-loop: every follow-up's think time, ms (default: the trace's "
+                        "think_time_us column, else its arrival gaps)")
 
 
 def add_adapter_scoring(p: argparse.ArgumentParser, objective: str) -> None:

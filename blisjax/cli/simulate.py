@@ -24,6 +24,7 @@ from blisjax.metrics import (
     timeline_csv,
     write_json_atomic,
 )
+from blisjax.metrics.sessions import session_metrics_text
 from blisjax.progress import Progress
 from blisjax.trace.reflect import STRATEGIES as SUMMARY_STRATEGIES
 
@@ -148,6 +149,9 @@ def simulate_and_report(args: Any, cfg: SimConfig, choice: WorkloadChoice, base:
     summary = kv_cache_summary(result)
     if summary and not args.quiet:
         print(summary, file=sys.stderr)
+    if "sessions" in metrics and not args.quiet:
+        print("=== Session Metrics ===\n" + session_metrics_text(metrics["sessions"]),
+              file=sys.stderr)
     if trace is not None and args.summarize_trace:
         print(trace.summary().blis_text(), end="", file=sys.stderr)
     _warn_degenerate(metrics, workload.num_requests)

@@ -9,9 +9,10 @@ from typing import Any
 import numpy as np
 
 from blisjax.atomicio import write_text_atomic
+from blisjax.metrics.aggregate import session_view
 from blisjax.metrics.formulas import request_tpot_us
 from blisjax.metrics.records import COMPLETED, NOT_RECORDED, STATUS_NAMES, RunResult
-from blisjax.workload.types import SLO_CLASSES, Workload
+from blisjax.workload.types import FOLLOW_UP_ARRIVAL_US, SLO_CLASSES, Workload
 
 __all__ = ["per_request_rows", "write_json_atomic"]
 
@@ -41,6 +42,7 @@ def per_request_rows(result: RunResult, workload: Workload) -> list[dict[str, An
     n = workload.num_requests
     if int(np.asarray(result.status).shape[0]) != n:
         raise ValueError(f"result has {result.num_requests} rows, workload has {n}")
+    workload = session_view(result, workload)
     tpot_us = request_tpot_us(
         result.itl_sum_us, result.itl_count, workload.output_tokens, result.length_capped
     )
@@ -61,6 +63,11 @@ def per_request_rows(result: RunResult, workload: Workload) -> list[dict[str, An
             "scheduling_delay_us": _recorded(int(result.scheduling_delay_us[i])),
             "preemptions": int(result.preemptions[i]),
         }
+        if workload.session[i] >= 0:  # a closed-loop session's round
+            row["session_id"] = workload.session_names[int(workload.session[i])]
+            row["round_index"] = int(workload.round_index[i])
+            if workload.arrival_us[i] == FOLLOW_UP_ARRIVAL_US:  # never created
+                row["arrival_us"] = None
         if result.kv_tier is not None:  # blocks its allocations reloaded from the CPU tier
             row["kv_reloads"] = int(result.kv_tier.request_reloads[i])
         if result.pd is not None:  # P/D: where it prefilled and when its KV moved

@@ -185,6 +185,16 @@ class LifecycleCounters(NamedTuple):
     timeline_state: np.ndarray
 
 
+class SessionRecords(NamedTuple):
+    """Closed-loop sessions (``blisjax.workload.sessions``), per request [N]:
+    ``arrival_us`` (int64: the arrival the run gave each follow-up, the workload's for every
+    other row; ``FOLLOW_UP_ARRIVAL_US`` for a follow-up never created) and ``prompt_tokens``
+    (int64: the prompt as assembled from the conversation)."""
+
+    arrival_us: np.ndarray
+    prompt_tokens: np.ndarray
+
+
 @dataclass(frozen=True, eq=False)
 class RunResult:
     """Outcome of one simulation (one lane), rows indexed like the ``Workload``.
@@ -229,6 +239,11 @@ class RunResult:
       lifecycle: instance lifecycles and autoscaling (``LifecycleCounters``), None when every
         instance is up throughout. Per-instance fields then have one entry per instance slot
         (``num_instances`` slots; a reused slot sums its instances).
+      kv_block_time_us: int64 per instance, Σ(KV blocks in use after a step's allocations ×
+        step duration), block·µs (KV utilization over time); None from a producer without it.
+      kv_total_blocks: int64 per instance, its GPU KV blocks; None as ``kv_block_time_us``.
+      sessions: closed-loop sessions' arrivals and prompts (``SessionRecords``), None without
+        follow-ups.
     """
 
     status: np.ndarray
@@ -266,6 +281,9 @@ class RunResult:
     pd: PDCounters | None = None
     rejected_routing: int = 0
     lifecycle: LifecycleCounters | None = None
+    sessions: SessionRecords | None = None
+    kv_block_time_us: np.ndarray | None = None
+    kv_total_blocks: np.ndarray | None = None
 
     @property
     def num_requests(self) -> int:

@@ -25,6 +25,7 @@ from blisjax.metrics.records import (
     OUTCOME_OF_STAGE,
     KVTierCounters,
     RunResult,
+    SessionRecords,
     Stage,
 )
 from blisjax.reference.code_policy import RequestInfo, request_info
@@ -47,6 +48,7 @@ from blisjax.reference.policies import Admission, Priority, Router, Snapshot, le
 from blisjax.reference.program import cluster_observables, recent_arrivals
 from blisjax.reference.request import SimRequest
 from blisjax.trace.records import InstanceView
+from blisjax.workload import sessions
 
 #: Event names in ``full`` traces.
 CLUSTER_EVENT_NAMES = {
@@ -117,7 +119,10 @@ class ClusterSimulator:
         self.cache_delay_us = cfg.cluster.cache_signal_delay_us
         self._cache_last_refresh_us = 0
         self._cache_copy: list[frozenset[int]] = [frozenset() for _ in range(n_inst)]
-        self.requests = self._make_requests(workload)
+        #: closed-loop sessions: each request's next round (-1: none); prompts as assembled
+        self.next_round = sessions.next_round(workload)
+        self.prompts = sessions.prompt_tokens(workload, resolved.max_model_len)
+        self.requests = self._make_requests(workload, self.prompts)
         self.request_ids = [int(x) for x in np.asarray(workload.request_id).tolist()]
         #: the P/D pools (None without them)
         self.pd = PDCluster(self, resolved) if cfg.cluster.pd.enabled else None
@@ -130,10 +135,14 @@ class ClusterSimulator:
         self.events: list = []
         self.seq = -1
         self.clock_us = 0
-        self.awaiting_routing = len(self.requests)  # requests not routed yet (tick stop rule)
+        # requests not routed yet (tick stop rule); a follow-up counts once it is created
+        self.awaiting_routing = int(np.count_nonzero(~workload.follow_up))
         self.route_count = 0  # routings so far (the order a redirect drain routes again in)
         #: the instance slots, their lifecycles and the autoscaler
         self.life = Lifecycle(self)
+        if workload.has_sessions and (self.pd is not None or self.life.enabled):
+            raise ValueError("workload: closed-loop sessions do not run with P/D pools or "
+                             "instance lifecycles (autoscaling, node pools)")
         self._handlers = {EV_ADMISSION: self._admit, EV_ROUTING: self._route,
                           EV_PROVISIONED: self.life.start_loading, EV_LOADED: self.life.ready,
                           EV_SCALE_ACTUATION: self.life.actuate}
@@ -144,11 +153,15 @@ class ClusterSimulator:
 
     # ---- requests and their block hashes ----------------------------------------------------
     @staticmethod
-    def _make_requests(w) -> list[SimRequest]:
-        cols = (w.arrival_us, w.input_tokens, w.output_tokens, w.prefix_group, w.prefix_length,
+    def _make_requests(w, prompts) -> list[SimRequest]:
+        cols = (w.arrival_us, prompts, w.output_tokens, w.prefix_group, w.prefix_length,
                 w.tenant, w.slo_class, w.deadline_us)
         rows = zip(*(c.tolist() for c in cols), strict=True)
-        return [SimRequest(i, *row) for i, row in enumerate(rows)]
+        reqs = [SimRequest(i, *row) for i, row in enumerate(rows)]
+        shared = sessions.content_tokens(w, prompts)
+        for i in np.flatnonzero(w.session >= 0).tolist():
+            reqs[i].session, reqs[i].session_tokens = int(w.session[i]), int(shared[i])
+        return reqs
 
     def _hash_of(self, req: SimRequest, j: int) -> int:
         """Chained hash of block j of ``req`` (prompt and output blocks), computed lazily."""
@@ -158,7 +171,7 @@ class ClusterSimulator:
         while len(hashes) <= j:
             prev = hashes[-1] if hashes else CHAIN_SEED
             code = block_code(req.index, req.prefix_group, req.prefix_length, len(hashes),
-                              self.block_size)
+                              self.block_size, req.session, req.session_tokens)
             hashes.append(chain(prev, code))
         return hashes[j]
 
@@ -167,7 +180,7 @@ class ClusterSimulator:
         from ``prev`` (the hash of the block the request holds before it; None: no hash): the
         hash of a block off the true chain (``KVCache._register``, the reload scan)."""
         code = content_code(req.index, req.prefix_group, req.prefix_length, start_token,
-                            self.block_size)
+                            self.block_size, req.session, req.session_tokens)
         return chain(CHAIN_SEED if prev is None else prev, code)
 
     def _prompt_hashes(self, req: SimRequest) -> list[int]:
@@ -292,8 +305,10 @@ class ClusterSimulator:
     def run(self) -> RunResult:
         if self.life.autoscaler is not None:  # BLIS pushes the first tick before the arrivals
             self._push(0, EV_SCALING_TICK, None)
+        follow_up = self.workload.follow_up
         for req in self.requests:
-            self._push(req.arrival_us, EV_CLUSTER_ARRIVAL, req)
+            if not follow_up[req.index]:  # a follow-up arrives once its predecessor completes
+                self._push(req.arrival_us, EV_CLUSTER_ARRIVAL, req)
         instances = self.instances
         last_time = -1
         while True:
@@ -355,13 +370,37 @@ class ClusterSimulator:
         assert len(self.events) <= 3 * len(self.requests), "BC-14: cluster event queue unbounded"
 
     def _settle_finished(self, inst: Instance) -> None:
-        """In-flight accounting: requests that completed, dropped or timed out leave (§5.8)."""
+        """In-flight accounting: requests that completed, dropped or timed out leave (§5.8);
+        a completed round of a session creates its next round."""
         if not inst.finished:
             return
         for r in inst.finished:
             self.in_flight[inst.index] = max(0, self.in_flight[inst.index] - 1)
             self.tenant_in_flight[r.tenant] = max(0, self.tenant_in_flight[r.tenant] - 1)
+            if r.state == Stage.COMPLETED and self.next_round[r.index] >= 0:
+                self._follow_up(r)
         inst.finished.clear()
+
+    def _follow_up(self, done: SimRequest) -> None:
+        """Create the session's next round when ``done`` (its predecessor) completed
+        (``blisjax.workload.sessions``; BLIS ``SessionManager.OnComplete``): it arrives a think
+        time after the end of the step that completed ``done``, unless that is past the
+        horizon. A round that timed out, was dropped or was rejected ends its session: it
+        never gets here."""
+        w = self.workload
+        req = self.requests[int(self.next_round[done.index])]
+        if w.session_accumulate:  # the conversation so far, then the round's message
+            expected = done.progress_index + int(w.input_tokens[req.index])
+            if req.input_tokens != expected:
+                raise RuntimeError(f"session round {req.index}: assembled prompt "
+                                   f"{req.input_tokens} != {expected} tokens")
+        arrival = done.left_us + int(w.think_time_us[req.index])
+        if arrival > self.horizon_us:
+            return
+        req.arrival_us = arrival
+        req.deadline_us = arrival + sessions.FOLLOW_UP_TIMEOUT_US
+        self.awaiting_routing += 1
+        self._push(arrival, EV_CLUSTER_ARRIVAL, req)
 
     # ---- results ----------------------------------------------------------------------------
     def _result(self) -> RunResult:
@@ -416,6 +455,8 @@ class ClusterSimulator:
             busy_time_us=per_inst("busy_time_us"),
             step_count=per_inst("step_count"),
             peak_kv_blocks_used=per_inst("peak_kv_blocks_used"),
+            kv_block_time_us=per_inst("kv_block_time_us"),
+            kv_total_blocks=np.array([x.kv.total_blocks for x in insts], dtype=np.int64),
             kv_tier=self._tier_counters(),
             pd=pd,
             rejected_routing=self.rejected_routing,
@@ -423,6 +464,8 @@ class ClusterSimulator:
             overflow=({"instance_slots": self.life.refused_no_slot}
                       if self.life.refused_no_slot else {}),
             lifecycle=self.life.counters(rows) if self.life.enabled else None,
+            sessions=(SessionRecords(col("arrival_us"), np.asarray(self.prompts, np.int64))
+                      if self.workload.has_sessions else None),
         )
 
     def _tier_counters(self) -> KVTierCounters | None:

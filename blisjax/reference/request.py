@@ -15,7 +15,8 @@ class SimRequest:
         "tenant", "slo_class", "deadline_us", "state", "instance", "progress_index",
         "num_new_tokens", "computed_tokens", "priority", "ttft_set", "ttft_us", "itl_us",
         "scheduling_delay_us", "preemptions", "e2e_us", "output_tokens_done", "length_capped",
-        "block_hashes", "max_output_len", "pd_part", "left_us", "route_order",
+        "block_hashes", "max_output_len", "pd_part", "left_us", "route_order", "session",
+        "session_tokens",
     )
 
     def __init__(self, index: int, arrival_us: int, input_tokens: int, output_tokens: int,
@@ -49,6 +50,8 @@ class SimRequest:
         self.pd_part = PD_WHOLE  # P/D: the whole request, or one of its sub-requests
         self.left_us = NOT_RECORDED  # end of the step it completed in, or its timeout
         self.route_order = 0  # routings before its last one (a redirect drain's order)
+        self.session = -1  # its closed-loop session (``Workload.session``), -1: none
+        self.session_tokens = 0  # leading tokens shared with its conversation (content_tokens)
 
     def sub_request(self, part: int) -> SimRequest:
         """A P/D sub-request of this request (docs/semantics.md §5.10): the same index, arrival,

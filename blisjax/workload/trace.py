@@ -10,7 +10,16 @@ Column meaning as BLIS replay reads them (``LoadTraceV2Requests``):
   (server-measured prompt length; 0 in generated traces).
 * arrival = ``arrival_time_us`` (``use_send_time=True``: ``send_time_us`` when > 0, as BLIS HEAD);
   ``deadline_us`` is absolute, 0 = none.
-* ``session_id``/``round_index`` are read as plain open-loop requests (sessions not modelled).
+* ``session_id``/``round_index``: with ``session_mode="fixed"`` (BLIS's default) every row is a
+  plain open-loop request. With ``"closed-loop"`` a session's round 0 arrives from the trace and
+  its later rounds are follow-ups the simulation creates (``blisjax.workload.sessions``; BLIS
+  ``LoadTraceV2SessionBlueprints``): sessions in order of first appearance, each session's rows
+  sorted by ``round_index``, which must be 0, 1, …; a follow-up's think time is
+  ``think_time_us`` (constant) if given, else its row's optional ``think_time_us`` column when a
+  round ≥ 1 of its session has a non-zero one (negative values count as 0), else the gap between
+  its row's and its predecessor's ``arrival_time_us`` (at least 0). Tenant, client, SLO class
+  and prefix group come from round 0. Header ``session_context_growth: accumulate`` makes a
+  follow-up's prompt the conversation so far plus its message.
 
 Rows are sorted stably by arrival (file order breaks ties, like BLIS's event sequence numbers);
 a file whose rows are not in arrival order is accepted, as BLIS accepts it (its event queue
@@ -35,7 +44,13 @@ import numpy as np
 import yaml
 
 from blisjax.workload.spec import V1_SLO_CLASSES
-from blisjax.workload.types import NO_PREFIX_GROUP, SLO_CLASS_CODE, SLO_CLASSES, Workload
+from blisjax.workload.types import (
+    FOLLOW_UP_ARRIVAL_US,
+    NO_PREFIX_GROUP,
+    SLO_CLASS_CODE,
+    SLO_CLASSES,
+    Workload,
+)
 
 #: Exactly the columns of a BLIS TraceV2 CSV, in order.
 TRACE_COLUMNS: tuple[str, ...] = (
@@ -62,8 +77,12 @@ READABLE_TRACE_VERSIONS = (2, 3)
 
 _HEADER_KEYS = frozenset(
     {"trace_version", "time_unit", "created_at", "mode", "warm_up_requests", "workload_seed",
-     "workload_spec", "server", "network", "goodput_slo_targets"}
+     "workload_spec", "server", "network", "goodput_slo_targets", "session_context_growth"}
 )  # fmt: skip
+#: ``read_trace``'s session modes (BLIS ``--session-mode``).
+SESSION_MODES = ("fixed", "closed-loop")
+#: Values of the header's ``session_context_growth``.
+CONTEXT_GROWTH = ("", "accumulate")
 _DEFAULT_HEADER: dict[str, Any] = {
     "trace_version": 2,
     "time_unit": "microseconds",
@@ -98,6 +117,10 @@ def _check_header(header: Any, where: str) -> dict[str, Any]:
     mode = header.get("mode", "")
     if not isinstance(mode, str):
         raise ValueError(f"{where}: mode must be a string, got {mode!r}")
+    growth = header.get("session_context_growth", "")
+    if growth not in CONTEXT_GROWTH:
+        raise ValueError(f"{where}: session_context_growth must be '' or 'accumulate', "
+                         f"got {growth!r}")
     return dict(header)
 
 
@@ -125,6 +148,10 @@ class _Columns:
     slo_class: list[int] = field(default_factory=list)
     deadline_us: list[int] = field(default_factory=list)
     line: list[int] = field(default_factory=list)
+    session: list[str] = field(default_factory=list)
+    round_index: list[int] = field(default_factory=list)
+    think_time_us: list[int] = field(default_factory=list)  # optional column; 0 when absent
+    arrival_time_us: list[int] = field(default_factory=list)  # the column, never send time
 
 
 class _RowReader:
@@ -141,6 +168,12 @@ class _RowReader:
 
     def integer(self, column: str) -> int:
         raw = self.text(column).strip()
+        if column not in _INT_COLUMNS:  # an optional signed column (think_time_us)
+            if raw == "":
+                return 0
+            if not _INT_RE.fullmatch(raw):
+                raise self.error(column, f"expected an integer, got {raw!r}")
+            return int(raw)
         if not _INT_RE.fullmatch(raw):
             raise self.error(column, f"expected an integer, got {raw!r}")
         value = int(raw)
@@ -185,6 +218,10 @@ def _parse_row(r: _RowReader, cols: _Columns, use_send_time: bool) -> None:
     cols.slo_class.append(SLO_CLASS_CODE[slo])
     cols.deadline_us.append(values["deadline_us"])
     cols.line.append(r.line)
+    cols.session.append(r.text("session_id"))
+    cols.round_index.append(values["round_index"])
+    cols.think_time_us.append(r.integer("think_time_us") if "think_time_us" in r.index else 0)
+    cols.arrival_time_us.append(values["arrival_time_us"])
 
 
 def _read_columns(data_path: str | os.PathLike[str], use_send_time: bool) -> _Columns:
@@ -248,52 +285,148 @@ def read_trace(
     data_path: str | os.PathLike[str],
     *,
     use_send_time: bool = False,
+    session_mode: str = "fixed",
+    think_time_us: int | None = None,
 ) -> Workload:
     """Read a BLIS TraceV2 trace into a ``Workload`` (rows sorted stably by arrival).
 
-    Raises ValueError naming the file, line and column of the first invalid value.
+    ``session_mode`` is ``"fixed"`` (every row an open-loop request) or ``"closed-loop"``
+    (sessions replayed closed-loop; see the module docstring); ``think_time_us`` (closed-loop
+    only, >= 0) replaces every follow-up's think time. Raises ValueError naming the file, line
+    and column of the first invalid value, or the argument.
     """
+    if session_mode not in SESSION_MODES:
+        raise ValueError(f"session_mode: must be one of {', '.join(SESSION_MODES)}, "
+                         f"got {session_mode!r}")
+    if think_time_us is not None and (session_mode != "closed-loop" or think_time_us < 0):
+        raise ValueError("think_time_us: needs session_mode 'closed-loop' and a value >= 0, "
+                         f"got {think_time_us!r} with {session_mode!r}")
     header = read_trace_header(header_path)
+    where = os.fspath(data_path)
     cols = _read_columns(data_path, use_send_time)
     group_length = _group_prefix_lengths(cols)
     prefix = np.array([group_length.get(g, 0) for g in cols.prefix_group], dtype=np.int64)
     input_tokens = np.asarray(cols.input_tokens, dtype=np.int64) + prefix
-    _check_rows(os.fspath(data_path), cols, input_tokens)
+    _check_rows(where, cols, input_tokens)
     arrival = np.asarray(cols.arrival_us, dtype=np.int64)
-    order = np.argsort(arrival, kind="stable")
-    early = np.flatnonzero(arrival[1:] < arrival[:-1])
+    sessions = _Sessions.of(where, cols) if session_mode == "closed-loop" else None
+    if sessions is not None and not sessions.rounds:
+        warnings.warn(f"{where}: closed-loop replay of a trace without sessions replays it "
+                      "with its own timing", UserWarning, stacklevel=2)
+        sessions = None
+    if sessions is None:
+        initial, follow = np.arange(len(arrival)), np.zeros(0, dtype=np.int64)
+    else:
+        initial, follow = sessions.initial_rows(), sessions.follow_up_rows()
+    order = initial[np.argsort(arrival[initial], kind="stable")]
+    early = np.flatnonzero(arrival[initial][1:] < arrival[initial][:-1])
     if early.size:  # BLIS accepts such traces: its event queue orders arrivals by time
         k = int(early[0])
-        warnings.warn(f"{os.fspath(data_path)}: line {cols.line[k + 1]} arrives before line "
-                      f"{cols.line[k]} ({arrival[k + 1]} < {arrival[k]} us); "
+        a, b = int(initial[k]), int(initial[k + 1])
+        warnings.warn(f"{where}: line {cols.line[b]} arrives before line "
+                      f"{cols.line[a]} ({arrival[b]} < {arrival[a]} us); "
                       "rows are replayed in arrival order, file order breaking ties, as BLIS "
                       "does", UnsortedTraceWarning, stacklevel=2)
-    groups = [cols.prefix_group[i] for i in order]
+    rows = np.concatenate([order, follow]).astype(np.int64)
+    # a follow-up carries its session's round 0 (tenant, client, SLO class, prefix)
+    head = sessions.head_rows(len(arrival))[rows] if sessions is not None else rows
+    groups = [cols.prefix_group[i] for i in head]
     group_names, group_codes = _codes([g for g in groups if g])
     group_code = np.full(len(groups), NO_PREFIX_GROUP, dtype=np.int32)
     group_code[[i for i, g in enumerate(groups) if g]] = group_codes
-    tenant_names, tenant = _codes([cols.tenant[i] for i in order])
-    client_names, client = _codes([cols.client[i] for i in order])
+    tenant_names, tenant = _codes([cols.tenant[i] for i in head])
+    client_names, client = _codes([cols.client[i] for i in head])
 
-    def take(values: list[int]) -> np.ndarray:
-        return np.asarray(values, dtype=np.int64)[order]
+    def take(values: list[int], at: np.ndarray = rows) -> np.ndarray:
+        return np.asarray(values, dtype=np.int64)[at]
 
+    follow_up = np.arange(len(rows)) >= len(order)
+    tokens = np.where(follow_up, take(cols.input_tokens), input_tokens[rows])
+    session_fields = {}
+    if sessions is not None:
+        names, codes = _codes([cols.session[i] for i in rows if cols.session[i]])
+        session = np.full(len(rows), -1, dtype=np.int32)
+        session[[k for k, i in enumerate(rows) if cols.session[i]]] = codes
+        think = sessions.think_times(cols, think_time_us)
+        session_fields = dict(
+            session=session, round_index=take(cols.round_index) * (session >= 0),
+            think_time_us=np.asarray([think.get(int(i), 0) for i in rows], dtype=np.int64),
+            session_names=names,
+            session_accumulate=header.get("session_context_growth", "") == "accumulate")
     return Workload(
         request_id=take(cols.request_id),
-        arrival_us=take(cols.arrival_us),
-        input_tokens=input_tokens[order],
+        arrival_us=np.where(follow_up, FOLLOW_UP_ARRIVAL_US, take(cols.arrival_us)),
+        input_tokens=tokens,
         output_tokens=take(cols.output_tokens),
         prefix_group=group_code,
-        prefix_length=prefix[order],
+        prefix_length=prefix[head],
         tenant=tenant,
         client=client,
-        slo_class=take(cols.slo_class),
-        deadline_us=take(cols.deadline_us),
+        slo_class=take(cols.slo_class, head),
+        deadline_us=np.where(follow_up, 0, take(cols.deadline_us)),
         tenant_names=tenant_names or ("",),
         client_names=client_names or ("",),
         prefix_group_names=group_names,
         metadata={"source": "trace", "trace_header": header},
+        **session_fields,
     )
+
+
+@dataclass(frozen=True)
+class _Sessions:
+    """A trace's sessions for closed-loop replay: each session's rows (file indices) by round,
+    sessions in order of first appearance."""
+
+    rounds: dict[str, list[int]]
+    loose: list[int]  # rows outside any session, in file order
+
+    @classmethod
+    def of(cls, where: str, cols: _Columns) -> _Sessions:
+        rounds: dict[str, list[int]] = {}
+        loose: list[int] = []
+        for i, sid in enumerate(cols.session):
+            if sid:
+                rounds.setdefault(sid, []).append(i)
+            else:
+                loose.append(i)
+        for sid, rows in rounds.items():
+            rows.sort(key=lambda i: cols.round_index[i])  # stable: file order among equals
+            for k, i in enumerate(rows):
+                if cols.round_index[i] != k:
+                    raise ValueError(
+                        f"{where}: line {cols.line[i]}, column 'round_index': session {sid!r} "
+                        f"has non-consecutive rounds (expected {k}, got {cols.round_index[i]})")
+        return cls(rounds, loose)
+
+    def initial_rows(self) -> np.ndarray:
+        """Round 0 of every session in session order, then the rows outside sessions (BLIS's
+        injection order, which breaks ties between equal arrivals)."""
+        return np.asarray([r[0] for r in self.rounds.values()] + self.loose, dtype=np.int64)
+
+    def follow_up_rows(self) -> np.ndarray:
+        return np.asarray([i for r in self.rounds.values() for i in r[1:]], dtype=np.int64)
+
+    def head_rows(self, n: int) -> np.ndarray:
+        """int64 [n]: for each file row, its session's round-0 row (itself outside sessions)."""
+        head = np.arange(n, dtype=np.int64)
+        for r in self.rounds.values():
+            head[r] = r[0]
+        return head
+
+    def think_times(self, cols: _Columns, constant: int | None) -> dict[int, int]:
+        """Think time before each follow-up row (file index -> µs)."""
+        out: dict[int, int] = {}
+        for rows in self.rounds.values():
+            follow = rows[1:]
+            if constant is not None:
+                values = [constant] * len(follow)
+            elif any(cols.think_time_us[i] != 0 for i in follow):
+                values = [max(cols.think_time_us[i], 0) for i in follow]
+            else:
+                values = [max(cols.arrival_time_us[b] - cols.arrival_time_us[a], 0)
+                          for a, b in zip(rows[:-1], follow, strict=True)]
+            out.update(zip(follow, values, strict=True))
+        return out
 
 
 class UnsortedTraceWarning(UserWarning):

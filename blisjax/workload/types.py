@@ -6,6 +6,10 @@ BLIS TraceV2 trace (``blisjax.workload.trace``). Both engines read only these ar
 Row order is the request index used for every tie-break ("request index asc"): rows are sorted
 by ``arrival_us`` with ties kept in generation order, and ``request_id`` keeps the id the
 trace/generator gave the request (printed in results).
+
+Closed-loop sessions (``blisjax.workload.sessions``): a session's round 0 is an ordinary row; its
+follow-up rounds are rows after all others (session by session, round by round) whose arrival
+the simulation decides — ``arrival_us`` holds ``FOLLOW_UP_ARRIVAL_US`` until then.
 """
 
 from __future__ import annotations
@@ -21,6 +25,13 @@ SLO_CLASS_CODE: dict[str, int] = {name: i for i, name in enumerate(SLO_CLASSES)}
 
 #: Prefix-group code of a request that belongs to no prefix group.
 NO_PREFIX_GROUP = -1
+
+#: Session code of a request that belongs to no closed-loop session.
+NO_SESSION = -1
+
+#: ``arrival_us`` of a follow-up round the simulation has not generated (yet): later than any
+#: horizon, so such a row never counts as arrived.
+FOLLOW_UP_ARRIVAL_US = 1 << 62
 
 
 @dataclass(frozen=True, eq=False)
@@ -38,7 +49,15 @@ class Workload:
       client: int32 index into ``client_names``.
       slo_class: int32 code into ``SLO_CLASSES``.
       deadline_us: int64 absolute deadline in µs, 0 = none.
-      tenant_names, client_names, prefix_group_names: names for the integer codes.
+      session: int32 index into ``session_names`` or ``NO_SESSION`` (closed-loop sessions only).
+      round_index: int32 round of the request in its session (0 without one). A follow-up round
+        (round ≥ 1) has ``arrival_us = FOLLOW_UP_ARRIVAL_US`` and ``input_tokens`` = the length of
+        its new message; the engines assemble its prompt (``sessions.prompt_tokens``).
+      think_time_us: int64 µs between a follow-up's predecessor completing and its arrival (0
+        for other rows).
+      tenant_names, client_names, prefix_group_names, session_names: names for the codes.
+      session_accumulate: a follow-up's prompt is the conversation so far plus its message
+        (BLIS ``context_growth: accumulate``); otherwise the shared prefix plus its message.
     """
 
     request_id: np.ndarray
@@ -55,6 +74,11 @@ class Workload:
     client_names: tuple[str, ...] = ("",)
     prefix_group_names: tuple[str, ...] = ()
     metadata: dict = field(default_factory=dict)
+    session: np.ndarray | None = None
+    round_index: np.ndarray | None = None
+    think_time_us: np.ndarray | None = None
+    session_names: tuple[str, ...] = ()
+    session_accumulate: bool = False
 
     _INT_FIELDS = {
         "request_id": np.int64,
@@ -67,12 +91,21 @@ class Workload:
         "client": np.int32,
         "slo_class": np.int32,
         "deadline_us": np.int64,
+        "session": np.int32,
+        "round_index": np.int32,
+        "think_time_us": np.int64,
     }
+    #: Session columns and their value for a request outside any session (may be omitted).
+    _SESSION_DEFAULTS = {"session": NO_SESSION, "round_index": 0, "think_time_us": 0}
 
     def __post_init__(self) -> None:
         n = None
         for name, dtype in self._INT_FIELDS.items():
-            arr = np.ascontiguousarray(np.asarray(getattr(self, name)), dtype=dtype)
+            value = getattr(self, name)
+            if value is None:  # session columns default to "no session"
+                value = np.full(np.asarray(self.arrival_us).shape[0],
+                                self._SESSION_DEFAULTS[name])
+            arr = np.ascontiguousarray(np.asarray(value), dtype=dtype)
             arr.setflags(write=False)
             object.__setattr__(self, name, arr)
             if arr.ndim != 1:
@@ -90,10 +123,23 @@ class Workload:
     def __len__(self) -> int:
         return self.num_requests
 
+    @property
+    def follow_up(self) -> np.ndarray:
+        """bool [N]: the row is a follow-up round of a closed-loop session."""
+        return (self.session != NO_SESSION) & (self.round_index > 0)
+
+    @property
+    def has_sessions(self) -> bool:
+        """Some request belongs to a closed-loop session with a follow-up round."""
+        return bool(np.any(self.follow_up))
+
     def head(self, n: int) -> Workload:
         """The first ``n`` requests (in arrival order), name tables kept."""
         if n >= self.num_requests:
             return self
+        if self.has_sessions:
+            raise ValueError("workload: a closed-loop session workload cannot be cut to its "
+                             "first requests")
         return dataclasses.replace(self, **{f.name: getattr(self, f.name)[:n]
                                             for f in dataclasses.fields(self)
                                             if isinstance(getattr(self, f.name), np.ndarray)})
@@ -103,13 +149,21 @@ class Workload:
         n = self.num_requests
         if n and np.any(self.arrival_us < 0):
             raise ValueError("workload.arrival_us: must be >= 0")
-        if n > 1 and np.any(np.diff(self.arrival_us) < 0):
+        initial = ~self.follow_up
+        first = self.arrival_us[initial]
+        if first.size > 1 and np.any(np.diff(first) < 0):
             raise ValueError("workload.arrival_us: must be non-decreasing (sort requests by arrival)")
+        if n and np.any(np.diff(initial.astype(np.int8)) > 0):
+            raise ValueError("workload.round_index: follow-up rounds must come after every "
+                             "other request")
+        self._validate_sessions()
         if n and np.any(self.input_tokens < 1):
             raise ValueError("workload.input_tokens: must be >= 1")
         if n and np.any(self.output_tokens < 0):
             raise ValueError("workload.output_tokens: must be >= 0")
-        if n and np.any((self.prefix_length < 0) | (self.prefix_length > self.input_tokens)):
+        # a follow-up's input_tokens is its message; its prompt starts with the whole prefix
+        long_prefix = (self.prefix_length > self.input_tokens) & ~self.follow_up
+        if n and np.any((self.prefix_length < 0) | long_prefix):
             raise ValueError("workload.prefix_length: must be in [0, input_tokens]")
         ng = len(self.prefix_group_names)
         if n and np.any((self.prefix_group < NO_PREFIX_GROUP) | (self.prefix_group >= ng)):
@@ -125,6 +179,34 @@ class Workload:
         if n and np.any(self.deadline_us < 0):
             raise ValueError("workload.deadline_us: must be >= 0 (0 = no deadline)")
 
+    def _validate_sessions(self) -> None:
+        n = self.num_requests
+        ns = len(self.session_names)
+        if n and np.any((self.session < NO_SESSION) | (self.session >= max(ns, 0))):
+            raise ValueError(f"workload.session: must be -1 or in [0, {ns - 1}]")
+        if n and np.any(self.round_index < 0):
+            raise ValueError("workload.round_index: must be >= 0")
+        if n and np.any((self.session == NO_SESSION) & (self.round_index != 0)):
+            raise ValueError("workload.round_index: must be 0 for requests outside a session")
+        if n and np.any(self.think_time_us < 0):
+            raise ValueError("workload.think_time_us: must be >= 0")
+        follow = self.follow_up
+        if not np.any(follow):
+            return
+        # each session: one round 0 among the initial rows, then rounds 1.. in order
+        rounds = self.round_index[follow]
+        sess = self.session[follow]
+        expected = np.ones_like(rounds)
+        expected[1:] = np.where(sess[1:] == sess[:-1], rounds[:-1] + 1, 1)
+        if np.any(rounds != expected):
+            raise ValueError("workload.round_index: a session's follow-up rounds must be "
+                             "consecutive rows numbered 1, 2, …")
+        heads = self.session[~follow & (self.session != NO_SESSION)]
+        if np.unique(heads).size != heads.size or not np.all(np.isin(sess, heads)):
+            raise ValueError("workload.session: every session needs exactly one round 0")
+        if np.unique(sess).size != np.count_nonzero(np.diff(sess, prepend=-2) != 0):
+            raise ValueError("workload.session: a session's follow-up rounds must be adjacent")
+
     def content_equal(self, other: Workload) -> bool:
         """True when every per-request array and every name table is identical (metadata ignored)."""
         if not isinstance(other, Workload):
@@ -134,7 +216,8 @@ class Workload:
         )
         return same_arrays and all(
             getattr(self, name) == getattr(other, name)
-            for name in ("tenant_names", "client_names", "prefix_group_names")
+            for name in ("tenant_names", "client_names", "prefix_group_names", "session_names",
+                         "session_accumulate")
         )
 
     def canonical(self) -> Workload:
@@ -161,4 +244,6 @@ class Workload:
             client_names=client_names or ("",),
             prefix_group_names=group_names,
             metadata=dict(self.metadata),
+            session_names=self.session_names,
+            session_accumulate=self.session_accumulate,
         )
