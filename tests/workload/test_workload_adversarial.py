@@ -405,3 +405,33 @@ def test_dataclasses_are_validated_on_construction():
             SynchronizedBurst(size=2), TenantSurge(end_us=S, factor=0.5, clients=("a",))))
     # A single burst is bounded without count, end or horizon.
     WorkloadSpec(clients=(client,), num_requests=5, adversarial=(SynchronizedBurst(size=2),))
+
+
+# --------------------------------------------------------------------------- shipped examples
+
+
+def test_shipped_adversarial_examples():
+    import yaml
+
+    from blisjax.config import load_config
+    from search.space import load_space
+    from tests.paths import REPO
+
+    spec_file = REPO / "configs/workloads/adversarial.yaml"
+    cfg = load_config(REPO / "configs/search/adversarial.yaml")
+    # The search configuration carries the spec file's workload, unchanged.
+    assert cfg.workload == yaml.safe_load(spec_file.read_text())
+    load_space(REPO / "configs/search/adversarial-space.yaml").validate_against(cfg)
+    spec = parse_workload_spec(spec_file)
+    w = generate_workload(spec, seed=1)
+    base_spec = parse_workload_spec({**cfg.workload, "adversarial": None})
+    extra = extra_rows(w, generate_workload(base_spec, seed=1))
+    # Bursts at 0.5, 5.5, 10.5, 15.5 s: 15 requests from each of the two clients.
+    burst_times = Counter(r[0] for r in extra if r[0] in (500_000, 5_500_000, 10_500_000,
+                                                          15_500_000))
+    assert burst_times == {t: 30 for t in (500_000, 5_500_000, 10_500_000, 15_500_000)}
+    flood = [r for r in extra if r[3] == "mallory-docs"]
+    assert all(6 * S < r[0] < 12 * S and 6000 <= r[1] <= 8000 for r in flood)
+    assert within(len(flood), 12 * 6)
+    surge = [r for r in extra if r[3] == "bob-summarize" and r[0] not in burst_times]
+    assert within(len(surge), 2 * 15 * 6)  # (3 - 1) x 15 req/s x 6 s
