@@ -21,7 +21,7 @@ import jax.numpy as jnp
 
 from blisjax.config.codes import PreemptionPolicy
 from blisjax.engine import kvcache as kv
-from blisjax.engine import recent
+from blisjax.engine import recent, sessions
 from blisjax.engine.lockstep import add, after_reads, by_width, lane_max, lane_while, upd
 from blisjax.engine.policies import head_offset, priority_score
 from blisjax.engine.queues import (
@@ -55,8 +55,9 @@ def victim_position(s: SimState, st, c, p, i, width: int):
     neg = -s.prio[r]
     m1 = jnp.max(jnp.where(valid, neg, -jnp.inf))
     cand = valid & (neg == m1)
-    m2 = jnp.max(jnp.where(cand, c.arrival_us[r], -1))
-    cand = cand & (c.arrival_us[r] == m2)
+    arrival = sessions.arrival_us(s, st, c, r)
+    m2 = jnp.max(jnp.where(cand, arrival, -1))
+    cand = cand & (arrival == m2)
     by_priority = jnp.max(jnp.where(cand, pos, -1)).astype(jnp.int32)
     return jnp.where(p.preemption == PreemptionPolicy.FCFS, n - 1, by_priority)
 
@@ -310,10 +311,11 @@ def phase2(s: SimState, st, c, p, i, now, budget, preempted, active):
             slot_req=upd(s.slot_req, (i, sb), r, ok), status=s.status.at[r_or_sink].set(RUNNING),
             num_new=s.num_new.at[r_or_sink].set(n),
             computed=s.computed.at[r_or_sink].set(n + start),
-            sched=s.sched.at[r_or_sink].set(now - c.arrival_us[r]),
+            sched=s.sched.at[r_or_sink].set(now - sessions.arrival_us(s, st, c, r)),
             prio=s.prio.at[r_or_sink].set(priority_score(s, st, p, c, r, now)))
         if st.recent_signals:  # the admission's wait and cache hits (routing programs)
-            s = recent.record(s, i, now, recent.WAIT, now - c.arrival_us[r], 1, ok)
+            s = recent.record(s, i, now, recent.WAIT, now - sessions.arrival_us(s, st, c, r),
+                              1, ok)
             s = recent.record(s, i, now, recent.HIT, start, c.input_tokens[r], ok)
         return s, jnp.where(ok, budget - n, budget).astype(jnp.int32), stop | (go & ~ok)
 

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from blisjax.config.codes import DrainPolicy
-from blisjax.engine import instance, lifecycle, pd, policies, stretch
+from blisjax.engine import instance, lifecycle, pd, policies, sessions, stretch
 from blisjax.engine.exactfloat import ieee_divide
 from blisjax.engine.lockstep import add, lane_once, lane_while, upd
 from blisjax.engine.params import POOL_PREFILL
@@ -77,7 +77,7 @@ def refresh_snapshots(s: SimState, st, c, now, active) -> SimState:
         # prefix-group slots only: a request's own blocks are never registered before it is
         # first routed, so the query never finds them (``policies.cache_query``); the copy's
         # size and cost do not grow with the request count
-        registered = s.slot_block[:st.group_slots] >= 0
+        registered = s.slot_block[:st.group_slots + st.session_slots] >= 0
         return s.replace(cache_copy=jnp.where(go, registered, s.cache_copy),
                          cache_copy_last=jnp.where(go, now, s.cache_copy_last))
 
@@ -88,7 +88,10 @@ def admission(s: SimState, st, c, p, now, active) -> SimState:
     """Admission event of the request at the admission cursor
     (``ClusterSimulator._execute_cluster_event``): refresh stale snapshots, then admit or
     reject it (docs/semantics.md §5.3)."""
-    r = jnp.where(active, s.adm_cursor, st.num_requests)
+    if st.sessions:  # the earliest arrival not yet admitted, a follow-up's or not
+        s, r = sessions.admit_next(s, st, c, active)
+    else:
+        r = jnp.where(active, s.adm_cursor, st.num_requests)
     s = refresh_snapshots(s, st, c, now, active)
     decision = policies.admit(s, st, c, p, r, now, active, router_members(s, st, p))
     admitted = decision.admitted
@@ -109,7 +112,8 @@ def routing(s: SimState, st, c, p, now, active) -> SimState:
     picks an instance (``policies.route``; with P/D pools ``pd.route_request``, which may
     disaggregate it) and the request enters that instance's α-delay window
     (``instance.inject_arrival``)."""
-    r = jnp.where(active, s.route_cursor, st.num_requests)
+    cursor = s.sess.order[s.route_cursor] if st.sessions else s.route_cursor
+    r = jnp.where(active, cursor, st.num_requests)
     go = active & (s.status[r] == ADMITTED)
     s = refresh_snapshots(s, st, c, now, go)
     if st.pd:
@@ -356,16 +360,29 @@ def _deadline_events(s: SimState, st, c) -> DeadlineEvents:
     n_inst, none = st.num_instances, jnp.asarray(INT64_MAX, jnp.int64)
     if st.num_deadlines == 0:
         sink = jnp.asarray(st.num_requests, jnp.int32)
-        return DeadlineEvents(none, jnp.full(n_inst, INT64_MAX, jnp.int64),
-                              jnp.full(n_inst, sink), sink, jnp.asarray(False))
+        events = DeadlineEvents(none, jnp.full(n_inst, INT64_MAX, jnp.int64),
+                                jnp.full(n_inst, sink), sink, jnp.asarray(False))
+        return _with_follow_up_timeouts(s, st, events) if st.sessions else events
     window = _deadline_window(s, st, c)
     member, on, wr, dl_t = window.member, window.on_instance, window.requests, window.time_us
     noop = member & ~on
     to_seq = jnp.where(on[None, :] & (s.instance[wr][None, :] == jnp.arange(n_inst)[:, None]),
                        s.enq_seq[wr][None, :], INT64_MAX)  # [I, W]
     timeout_t = jnp.where(jnp.min(to_seq, axis=1) < INT64_MAX, dl_t, INT64_MAX)
-    return DeadlineEvents(jnp.where(jnp.any(noop), dl_t, none), timeout_t,
-                          wr[jnp.argmin(to_seq, axis=1)], wr[jnp.argmax(noop)], window.overflow)
+    events = DeadlineEvents(jnp.where(jnp.any(noop), dl_t, none), timeout_t,
+                            wr[jnp.argmin(to_seq, axis=1)], wr[jnp.argmax(noop)],
+                            window.overflow)
+    return _with_follow_up_timeouts(s, st, events) if st.sessions else events
+
+
+def _with_follow_up_timeouts(s: SimState, st, events: DeadlineEvents) -> DeadlineEvents:
+    """Each instance's timeout: the earlier of its workload deadline's and its follow-ups'
+    (``engine.sessions.timeouts``); at equal times the request enqueued first."""
+    f = sessions.timeouts(s, st)
+    seq = jnp.where(events.timeout_t_us < INT64_MAX, s.enq_seq[events.timeout_req], INT64_MAX)
+    take = (f.t_us < events.timeout_t_us) | ((f.t_us == events.timeout_t_us) & (f.seq < seq))
+    return events._replace(timeout_t_us=jnp.where(take, f.t_us, events.timeout_t_us),
+                           timeout_req=jnp.where(take, f.req, events.timeout_req))
 
 
 class NextEvent(NamedTuple):
@@ -391,8 +408,14 @@ def next_event(s: SimState, st, c) -> NextEvent:
     n = st.num_requests
     la, lr = st.admission_latency_us, st.routing_latency_us
     ac, rc = s.adm_cursor, s.route_cursor
-    adm_t = jnp.where(ac < n, c.arrival_us[jnp.minimum(ac, n)] + la, INT64_MAX)
-    rt_t = jnp.where(rc < ac, c.arrival_us[jnp.minimum(rc, n)] + la + lr, INT64_MAX)
+    if st.sessions:  # arrivals merge the workload's rows and the follow-ups (engine.sessions)
+        nxt = sessions.next_arrival(s, st, c).t_us
+        adm_t = jnp.where(nxt < INT64_MAX, nxt + la, INT64_MAX)
+        routed = s.sess.order[jnp.minimum(rc, n)]
+        rt_t = jnp.where(rc < ac, s.sess.arrival_us[routed] + la + lr, INT64_MAX)
+    else:
+        adm_t = jnp.where(ac < n, c.arrival_us[jnp.minimum(ac, n)] + la, INT64_MAX)
+        rt_t = jnp.where(rc < ac, c.arrival_us[jnp.minimum(rc, n)] + la + lr, INT64_MAX)
     deadlines = _deadline_events(s, st, c)
     noop_t, timeout_t = deadlines.noop_t_us, deadlines.timeout_t_us
     none = jnp.asarray(INT64_MAX, jnp.int64)
@@ -493,7 +516,7 @@ def _dispatch_cheap(s: SimState, st, c, p, ev: NextEvent, go) -> SimState:
     s = lane_once(live & ev.kind_enqueue,
              lambda s, go: instance.enqueue(s, st, c, i_star, ev.pending_entry, t_evt, go), s)
     s = _after_instance_event(s, st, i_star, 0, t_evt, live & ev.kind_enqueue)
-    if st.num_deadlines == 0:  # no timeouts or deadline no-ops exist (see ``next_event``)
+    if st.num_deadlines == 0 and not st.sessions:  # no timeouts or deadline no-ops exist
         return s
     to_r = ev.timeout_req
     kind_to = live & ev.kind_timeout
@@ -523,6 +546,10 @@ def _routing_follows(s: SimState, st, c, admitted):
     admission and routing in one iteration, its enqueue in another."""
     n = st.num_requests
     r = s.adm_cursor - 1
+    if st.sessions:
+        this = s.sess.arrival_us[s.sess.order[jnp.maximum(r, 0)]]
+        alone = sessions.next_arrival(s, st, c).t_us > this
+        return admitted & (s.route_cursor == r) & alone
     nxt = jnp.minimum(s.adm_cursor, n)
     alone = (s.adm_cursor >= n) | (c.arrival_us[nxt] > c.arrival_us[jnp.maximum(r, 0)])
     return admitted & (s.route_cursor == r) & alone

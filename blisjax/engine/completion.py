@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from blisjax.engine import kvcache as kv
-from blisjax.engine import recent
+from blisjax.engine import recent, sessions
 from blisjax.engine.lockstep import add, lane_once, lane_while, upd
 from blisjax.engine.state import COMPLETED, NIL, SimState
 from blisjax.engine.vec import prefix_sum
@@ -107,6 +107,8 @@ def complete(s: SimState, st, c, i, now, d, active, running: Running, defer: boo
         return s, k + go.astype(k.dtype)
 
     s, _ = lane_while(lambda cr: cr[1] < count_loop, body, (s, jnp.asarray(0, jnp.int32)))
+    if st.sessions:  # each completed round's next round, in batch order
+        s = sessions.create_follow_ups(s, st, c, reqs, fin, rank, left)
     keep = valid & ~fin
     # valid positions are 0 .. n_run - 1, so the kept ones up to position k number
     # k + 1 - fin_through[k]

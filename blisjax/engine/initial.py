@@ -14,6 +14,7 @@ from blisjax.engine.kvtier import init_tier
 from blisjax.engine.lifecycle import init_lifecycle
 from blisjax.engine.pd import init_pd
 from blisjax.engine.recent import init_recent
+from blisjax.engine.sessions import init_sessions
 from blisjax.engine.state import DEFERRED_RELEASES, NIL, SimState
 from blisjax.engine.static import EngineStatic
 from blisjax.gorand import STATE_WORDS, TAP_LAG
@@ -56,7 +57,8 @@ def init_state(st: EngineStatic, tb_capacity, rl_burst, admission_code, rate_lim
                    else jnp.asarray(router_rng, i64)),
         rng_tap=jnp.asarray(0, i32), rng_feed=jnp.asarray(STATE_WORDS - TAP_LAG, i32),
         cold_stamp=jnp.full(i, -1, i64), cold_clock=jnp.asarray(0, i64),
-        cache_copy=jnp.zeros(st.group_slots if st.cache_copy_on else 1, bool),
+        cache_copy=jnp.zeros(st.group_slots + st.session_slots if st.cache_copy_on else 1,
+                             bool),
         cache_copy_last=jnp.asarray(0, i64),
         lru_pos=jnp.full((i, g, jg), -1, i64), lru_own_at=zi(i, g, jg), lru_clock=zi(i),
         lru_own=zi(i),
@@ -76,12 +78,12 @@ def init_state(st: EngineStatic, tb_capacity, rl_burst, admission_code, rate_lim
         slot_block=jnp.full(st.hash_slots + 1, NIL, i32),
         slot_seq=jnp.full(st.hash_slots + 1, -1, i64), slot_clock=jnp.asarray(0, i64),
         tier=init_tier(st, kv_cpu_blocks, kv_reload_us), pd=init_pd(st, pd_rng, pd_role, pd_pools),
-        life=init_lifecycle(st, params), recent=init_recent(st),
+        life=init_lifecycle(st, params), recent=init_recent(st), sess=init_sessions(st),
         rel_inst=jnp.asarray(0, i32), rel_slots=zi32(DEFERRED_RELEASES),
         rel_count=jnp.asarray(0, i32),
         hits=zi(i), misses=zi(i), preempt_count=zi(i), completed=zi(i), dropped=zi(i),
         timed_out=zi(i), capped_count=zi(i), alloc_failures=zi(i), input_tokens=zi(i), steps=zi(i), busy=zi(i),
-        qdepth_time=zi(i), peak_used=zi(i),
+        qdepth_time=zi(i), peak_used=zi(i), kv_time=zi(i),
         done=jnp.asarray(False), iters=jnp.asarray(0, i64), stretched=jnp.asarray(0, i64),
         ovf_queue=jnp.asarray(0, i32), ovf_pending=jnp.asarray(0, i32),
         ovf_blocks=jnp.asarray(0, i32), ovf_deadline=jnp.asarray(0, i32),

@@ -30,6 +30,7 @@ from blisjax.engine import (
     physics,
     recent,
     roofline,
+    sessions,
     stretch,
 )
 from blisjax.engine import kvcache as kv
@@ -123,7 +124,8 @@ def enqueue(s: SimState, st, c, i, e, now, active) -> SimState:
     l_in, out = c.input_tokens[r], c.output_tokens[pd.parent_row(st, r) if st.pd else r]
     drop = active & records.unservable(l_in, out, st.max_model_len, st.kv_blocks, st.block_size)
     admitted = active & ~drop
-    due = admitted & (c.deadline_us[r] > 0) & (c.deadline_us[r] <= now)
+    due_us = sessions.deadline_us(s, st, c, r)
+    due = admitted & (due_us > 0) & (due_us <= now)
     queued = admitted & ~due
     status = jnp.where(drop, DROPPED, jnp.where(due, TIMED_OUT, QUEUED)).astype(s.status.dtype)
     s = s.replace(
@@ -382,7 +384,7 @@ def execute(s: SimState, st, c, i, now, n_preempted, active, width: int, factor=
     first = on & (pi < l_in) & (new_pi == l_in)
     sink = st.num_requests
     r_or_sink = jnp.where(on, reqs, sink)
-    ttft = now + d + st.otp_us - c.arrival_us[reqs]
+    ttft = now + d + st.otp_us - sessions.arrival_us(s, st, c, reqs)
     s = s.replace(
         pi=s.pi.at[r_or_sink].set(new_pi),
         itl_sum=s.itl_sum.at[jnp.where(dec, reqs, sink)].add(itl),
@@ -396,7 +398,7 @@ def execute(s: SimState, st, c, i, now, n_preempted, active, width: int, factor=
             itl.astype(jnp.int32), mode="drop"))
     used = (st.kv_blocks - s.kv_free[i]).astype(jnp.int64)
     s = s.replace(peak_used=upd(s.peak_used, i, jnp.maximum(s.peak_used[i], used), active),
-                  busy=add(s.busy, i, d, active),
+                  busy=add(s.busy, i, d, active), kv_time=add(s.kv_time, i, used * d, active),
                   qdepth_time=add(s.qdepth_time, i, s.q_len[i].astype(jnp.int64) * d, active))
     return s, d, completion.Running(valid, slots, reqs, new_pi, l_in, out)
 

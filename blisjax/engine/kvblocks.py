@@ -20,7 +20,9 @@ docs/semantics.md §3).
   other full prompt block j of request r → slot ``group_slots + own_base[r] + j`` (with P/D
   pools, whose sub-requests hold a request's blocks on two instances, one such range per
   instance: ``+ i·own_slots``). Blocks
-  holding output tokens are never looked up, so they are not registered.
+  holding output tokens are never looked up, so they are not registered — except, with
+  closed-loop sessions, a block its session shares (``engine.sessions``): block j of a request
+  of session s on instance i → slot ``group_slots + (i·S + s)·Js + j``, own slots after those.
   ``slot_block[slot]`` plays ``hash_to_block``: registration overwrites, and reusing a block
   clears the slot it was registered under whatever block that slot now points to (as BLIS
   deletes by hash value). One allocation may write a slot several times (clear, then register);
@@ -172,12 +174,17 @@ def free_list(s: SimState, st, i):
 
 
 def hash_slot(st, c, i, r, j):
-    """Dense slot of block j of request r on instance i (valid for full prompt blocks)."""
+    """Dense slot of block j of request r on instance i (valid for full prompt blocks, and
+    with closed-loop sessions for the blocks its session shares)."""
     in_group = j < c.group_blocks[r]
     group_slot = (i * st.num_groups + jnp.maximum(c.group[r], 0)) * st.group_blocks_max + j
-    own = st.group_slots + c.own_base[r] + j
+    own = st.group_slots + st.session_slots + c.own_base[r] + j
     if st.pd:
         own = own + i * st.own_slots
+    if st.sessions:  # a session's blocks: per (instance, session, block)
+        shared = st.group_slots + (i * st.num_sessions + jnp.maximum(c.session[r], 0)) \
+            * st.session_blocks_max + j
+        own = jnp.where(j < c.session_blocks[r], shared, own)
     return jnp.where(in_group, group_slot, own)
 
 

@@ -76,6 +76,8 @@ def prefix_widths(st) -> tuple[int, ...]:
     blocks and is at most ``group_blocks_max`` long; a preempted request's chain may cover its
     whole prompt."""
     mpb = max(st.max_prompt_blocks, 1)
+    if st.sessions:  # a follow-up finds its conversation's blocks before it first runs
+        return (mpb,)
     narrow = min(st.group_blocks_max, mpb)
     return (narrow, mpb) if narrow < mpb else (mpb,)
 
@@ -216,7 +218,7 @@ def grant_tokens(s: SimState, st, c, i, sb, r, n, first_pos, prefill, mask,
     top_first = first_pos - filled  # the top-up block's first token
     top_index = top_first // bs
     reg_partial = partial & (filled + fill == bs) & (top_first % bs == 0) \
-        & (top_index < c.full_blocks[r])
+        & (top_index < (c.reg_blocks[r] if st.sessions else c.full_blocks[r]))
     if not st.prefix_caching:
         reg_partial = jnp.zeros_like(reg_partial)
     fresh_pos = first_pos + fill

@@ -17,7 +17,7 @@ RUN_FIELDS = ("sim_ended_us", "cache_hits", "cache_misses", "preemption_count", 
               "completed", "total_input_tokens", "kv_allocation_failures", "rejected_admission",
               "busy_time_us",
               "queue_depth_time_us", "step_count", "peak_kv_blocks_used", "itl_entries_us",
-              "rejected_routing")
+              "rejected_routing", "kv_block_time_us", "kv_total_blocks")
 #: P/D fields compared (``RunResult.pd``), per request then run level.
 PD_FIELDS = ("prefill_instance", "transfer_start_us", "transfer_end_us", "role",
              "prefill_completed", "in_transfer", "dropped_at_decode_kv", "peak_transfers",
@@ -134,7 +134,9 @@ def first_divergence(a, b, request_ids=None) -> str | None:
         if x.shape != y.shape or not np.array_equal(x, y):
             return f"run field {f}: {x.tolist()} vs {y.tolist()}"
     for label, x, y, fields in (("P/D", a.pd, b.pd, PD_FIELDS),
-                                ("lifecycle", a.lifecycle, b.lifecycle, LIFECYCLE_FIELDS)):
+                                ("lifecycle", a.lifecycle, b.lifecycle, LIFECYCLE_FIELDS),
+                                ("session", a.sessions, b.sessions,
+                                 records.SessionRecords._fields)):
         found = _counters_divergence(label, x, y, fields)
         if found is not None:
             return found

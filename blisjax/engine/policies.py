@@ -26,7 +26,7 @@ from blisjax.config.codes import (
     Scorer,
     TieBreak,
 )
-from blisjax.engine import gorand, kvblocks, program, recent
+from blisjax.engine import gorand, kvblocks, program, recent, sessions
 from blisjax.engine import kvcache as kv
 from blisjax.engine.exactfloat import exact_mul, ieee_divide
 from blisjax.engine.lockstep import add, lane_once, upd
@@ -103,12 +103,13 @@ def priority_score(s: SimState, st, p, c, r, now):
     constant 0; slo-based age_weight·(0 + 1e-6·age); slo-class and tenant-priority static
     scores; deadline-aware minus the remaining slack in seconds; program: the lane's priority
     program's value (request observables)."""
-    age = (now - c.arrival_us[r]).astype(F64)
+    age = (now - sessions.arrival_us(s, st, c, r)).astype(F64)
     slo_based = p.age_weight * (0.0 + c.one_e_6 * age)
     slo_class = p.class_score[c.slo_class[r]]
     tenant = p.tenant_score[c.tenant[r]]
-    slack = (c.deadline_us[r] - now).astype(F64)
-    deadline = jnp.where(c.deadline_us[r] > 0, -(c.one_e_6 * slack), p.no_deadline_score)
+    due_us = sessions.deadline_us(s, st, c, r)
+    slack = (due_us - now).astype(F64)
+    deadline = jnp.where(due_us > 0, -(c.one_e_6 * slack), p.no_deadline_score)
     return by_code(PriorityPolicy, {
         PriorityPolicy.CONSTANT: jnp.zeros_like(slo_based), PriorityPolicy.SLO_BASED: slo_based,
         PriorityPolicy.SLO_CLASS: slo_class, PriorityPolicy.TENANT_PRIORITY: tenant,
@@ -150,7 +151,7 @@ def head_offset(s: SimState, st, c, p, i, now, active):
         # sjf's integer lengths are exact in float64, so one key type serves both orders
         key = jnp.where(by_priority, -priority_score(s, st, p, c, reqs, now),
                         c.input_tokens[reqs].astype(F64))
-        arrival = c.arrival_us[reqs]
+        arrival = sessions.arrival_us(s, st, c, reqs)
         key_min = jnp.min(jnp.where(valid, key, inf))
         cand = valid & (key == key_min)
         arrival_min = jnp.min(jnp.where(cand, arrival, imax))
@@ -331,8 +332,8 @@ def cache_query(s: SimState, st, c, r):
 
     def count(i):
         slots = jnp.where(valid, kvblocks.hash_slot(st, c, i, r, j), st.hash_slots)
-        if st.cache_copy_on:  # the copy holds the prefix-group slots (``refresh_snapshots``)
-            group = slots < st.group_slots
+        if st.cache_copy_on:  # the copy holds the prefix-group (and session) slots
+            group = slots < st.group_slots + st.session_slots
             present = group & s.cache_copy[jnp.where(group, slots, 0)]
         else:
             present = s.slot_block[slots] >= 0

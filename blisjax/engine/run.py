@@ -379,6 +379,10 @@ def lane_result(st: EngineStatic, consts, final, k: int) -> records.RunResult:
     # a lane without pools in a program with them: no P/D counters, as the reference
     pd_counters = _project_pd(st, consts, g, rows) if st.pd and bool(g.pd.pools) else None
     life = _lifecycle_counters(st, g, rows) if st.lifecycle else None
+    sess = records.SessionRecords(
+        np.where(np.asarray(consts.follow_up)[:n], g.sess.arrival_us[:n],
+                 np.asarray(consts.arrival_us)[:n]).astype(np.int64),
+        np.asarray(consts.input_tokens)[:n].astype(np.int64)) if st.sessions else None
     result = records.RunResult(
         **rows,
         itl_entries_us=itl_entries, sim_ended_us=ended, horizon_us=st.horizon_us,
@@ -393,11 +397,14 @@ def lane_result(st: EngineStatic, consts, final, k: int) -> records.RunResult:
         rejected_admission=int(g.rejected),
         queue_depth_time_us=g.qdepth_time.astype(np.int64), busy_time_us=g.busy.astype(np.int64),
         step_count=g.steps.astype(np.int64), peak_kv_blocks_used=g.peak_used.astype(np.int64),
+        kv_block_time_us=g.kv_time.astype(np.int64),
+        kv_total_blocks=np.full(st.num_instances, st.kv_blocks, np.int64),
         overflow=overflow,
         kv_tier=_tier_counters(st, g, n),
         pd=pd_counters,
         rejected_routing=int(g.life.rejected_routing) if st.lifecycle else 0,
         lifecycle=life,
+        sessions=sess,
     )
     return _lane_slots(result, int(g.life.lane_slots), bool(g.life.lane_on)) \
         if st.lifecycle else result
@@ -407,7 +414,8 @@ def lane_result(st: EngineStatic, consts, final, k: int) -> records.RunResult:
 _PER_INSTANCE = ("cache_hits", "cache_misses", "preemption_count", "still_queued",
                  "still_running", "dropped_unservable", "timed_out", "length_capped_count",
                  "completed", "total_input_tokens", "queue_depth_time_us", "busy_time_us",
-                 "step_count", "peak_kv_blocks_used", "kv_allocation_failures")
+                 "step_count", "peak_kv_blocks_used", "kv_allocation_failures",
+                 "kv_block_time_us", "kv_total_blocks")
 
 
 def _lane_slots(result: records.RunResult, slots: int, lane_on: bool) -> records.RunResult:

@@ -142,6 +142,8 @@ class SimState:
     life: Any  # engine.lifecycle.LifecycleState (owned there)
     # ---- recent signals per instance, for routing programs (engine.recent; placeholders) ----
     recent: Any  # engine.recent.RecentState (owned there)
+    # ---- closed-loop sessions: follow-ups and the arrival stream (engine.sessions) ----
+    sess: Any  # engine.sessions.SessionState (owned there)
     # ---- releases queued by this step's completions (kvcache.defer_release) ----
     rel_inst: jax.Array  # int32: their instance
     rel_slots: jax.Array  # int32 [D]: their batch slots, in completion order
@@ -160,6 +162,7 @@ class SimState:
     busy: jax.Array  # µs: sum of step durations
     qdepth_time: jax.Array  # µs·requests: sum of queue length × step duration
     peak_used: jax.Array  # most KV blocks in use when a step executes
+    kv_time: jax.Array  # block·µs: sum of KV blocks in use × step duration
     # ---- run control and capacity overflow (never silently wrong: flagged per lane) ----
     done: jax.Array  # bool: the lane has no event left within the horizon
     iters: jax.Array  # int64: events handled

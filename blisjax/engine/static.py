@@ -33,6 +33,7 @@ from blisjax.engine.roofline import fits_the_program as roofline_fits_the_progra
 from blisjax.latency.blackbox import blackbox_queueing_delay_us
 from blisjax.latency.factory import make_latency_model
 from blisjax.program.observables import SITES as PROGRAM_SITES
+from blisjax.workload.sessions import content_tokens, next_round, prompt_tokens
 
 
 @dataclass(frozen=True)
@@ -143,6 +144,13 @@ class EngineStatic:
     # ``cluster.num_instances`` knob): the router decides among each lane's own first
     # instances. Not with lifecycles or P/D pools, which choose their instances themselves.
     sized_lanes: bool = False
+    # Closed-loop sessions (``engine.sessions``): the workload has follow-up rounds, rows
+    # ``initial_requests`` .. N − 1; session-shared blocks have hash slots per (instance,
+    # session, block), ``session_blocks_max`` per session.
+    sessions: bool = False
+    initial_requests: int = 0
+    num_sessions: int = 1
+    session_blocks_max: int = 1
     gpus_per_instance: int = 1
     num_pools: int = 0
     num_nodes: int = 1
@@ -265,8 +273,14 @@ class EngineStatic:
         return self.num_instances * self.num_groups * self.group_blocks_max
 
     @property
+    def session_slots(self) -> int:
+        """Hash slots of session-shared blocks, after the prefix groups' (0 without sessions)."""
+        return self.num_instances * self.num_sessions * self.session_blocks_max \
+            if self.sessions else 0
+
+    @property
     def hash_slots(self) -> int:
-        return self.group_slots + self.own_copies * self.own_slots
+        return self.group_slots + self.session_slots + self.own_copies * self.own_slots
 
 
 @pytree_dataclass
@@ -283,6 +297,12 @@ class WorkloadConsts:
     group_blocks: jax.Array  # prompt blocks shared with the prefix group
     prefix_tokens: jax.Array  # the shared prefix's tokens (0 without a prefix group)
     full_blocks: jax.Array  # full prompt blocks = input_tokens // block_size
+    session: jax.Array  # closed-loop session (-1: none)
+    session_blocks: jax.Array  # leading blocks shared with the session (engine.sessions)
+    reg_blocks: jax.Array  # blocks registered when they fill: prompt or session blocks
+    next_row: jax.Array  # the session's next round (-1: none)
+    think_us: jax.Array  # µs between a follow-up's predecessor completing and its arrival
+    follow_up: jax.Array  # bool: a follow-up round (its arrival is the simulation's)
     own_base: jax.Array  # hash slot of own block j is group_slots + own_base + j
     ext_base: jax.Array  # CPU key of block j >= full_blocks is ext_base + j (engine.kvtier)
     queue_delay_us: jax.Array
@@ -369,6 +389,11 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
         _check_pd_supported(cfg)
     eng = cfg.engine
     bs = eng.block_size_tokens
+    sessions = workload.has_sessions
+    if sessions:
+        _check_sessions_supported(cfg)
+        decode_stretches = False
+    workload = engine_workload(workload, int(resolved.max_model_len))
     n = workload.num_requests
     inp = np.asarray(workload.input_tokens, dtype=np.int64)
     out = np.asarray(workload.output_tokens, dtype=np.int64)
@@ -407,7 +432,7 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
         prefix_caching=bool(eng.enable_prefix_caching),
         num_groups=max(groups, 1),
         group_blocks_max=max(int(gb.max()) if n else 0, 1),
-        own_slots=max(int((full - gb).sum()) if n else 0, 1),
+        own_slots=max(int(_own_counts(workload, bs).sum()) if n else 0, 1),
         prefix_index_capacity=cfg.cluster.prefix_index_capacity_blocks,
         otp_us=int(model.output_token_processing_us),
         post_decode_us=int(model.post_decode_overhead_us),
@@ -436,6 +461,7 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
                           if pd else 0),
         pd_transfer_slots=int(pd_transfer_slots or max(n, 1)) if pd else 0,
         **_lifecycle_shape(cfg, actuation_slots, timeline_slots),
+        **_session_shape(workload, bs),
     )
     if sized_lanes:
         st = dataclasses.replace(st, sized_lanes=_check_sized(st))
@@ -601,6 +627,58 @@ def build_static_shared(resolved, workloads, **capacities) -> EngineStatic:
                                         for name in _SHAREABLE})
 
 
+def engine_workload(workload, max_model_len: int):
+    """The workload as the engine reads it: every prompt at its assembled length
+    (``workload.sessions.prompt_tokens``; the workload itself without sessions)."""
+    if not workload.has_sessions:
+        return workload
+    return dataclasses.replace(workload, input_tokens=prompt_tokens(workload, max_model_len))
+
+
+def _check_sessions_supported(cfg) -> None:
+    """Closed-loop sessions run with the features below in the reference engine only."""
+    from blisjax.rules import uses_lifecycle
+
+    refused = [
+        (cfg.cluster.pd.enabled, "cluster.pd", "P/D pools"),
+        (uses_lifecycle(cfg), "policy.autoscaler", "instance lifecycles"),
+        (cfg.engine.kv_cpu_blocks > 0, "engine.kv_cpu_blocks", "a CPU tier"),
+        (any(getattr(cfg.policy, site).policy == "program" for site in PROGRAM_SITES),
+         "policy", "policy programs"),
+        (any(Scorer.of(w.name) == Scorer.PREFIX_AFFINITY for w in cfg.policy.routing.scorers),
+         "policy.routing.scorers", "the prefix-affinity scorer"),
+    ]
+    for on, field, what in refused:
+        if on:
+            raise ConfigError(field, f"closed-loop sessions with {what} run in the reference "
+                              "engine only (--engine reference)")
+
+
+def _own_counts(workload, bs: int) -> np.ndarray:
+    """Hash slots of each request's own blocks: its full prompt blocks past its prefix
+    group's; none for a request of an accumulating session (all its blocks are shared)."""
+    inp = np.asarray(workload.input_tokens, dtype=np.int64)
+    own = inp // bs - _group_blocks(workload, bs)
+    if workload.session_accumulate:
+        own = np.where(workload.session >= 0, 0, own)
+    return own
+
+
+def _session_blocks(workload, bs: int) -> np.ndarray:
+    """Leading blocks of each request that its session shares (``sessions.content_tokens``)."""
+    inp = np.asarray(workload.input_tokens, dtype=np.int64)
+    return content_tokens(workload, inp) // bs
+
+
+def _session_shape(workload, bs: int) -> dict:
+    """``EngineStatic``'s session fields (all off without follow-ups)."""
+    if not workload.has_sessions:
+        return {}
+    return dict(sessions=True, initial_requests=int(np.count_nonzero(~workload.follow_up)),
+                num_sessions=max(len(workload.session_names), 1),
+                session_blocks_max=max(int(_session_blocks(workload, bs).max()), 1))
+
+
 def _queue_delays(resolved, workload) -> np.ndarray:
     """Per-request α delay (blackbox and roofline: state-free; physics: computed per routing
     event on the host, zeros here)."""
@@ -620,6 +698,14 @@ def _max_pending(resolved, workload) -> int:
     """
     if workload.num_requests == 0 or resolved.config.latency.model == "physics":
         return max(workload.num_requests, 1)
+    if workload.has_sessions:  # a follow-up's window may overlap any other: one per session
+        initial = ~workload.follow_up
+        rows = {f.name: getattr(workload, f.name)[initial] for f in dataclasses.fields(workload)
+                if isinstance(getattr(workload, f.name), np.ndarray)}
+        rows.update(session=None, round_index=None, think_time_us=None)
+        plain = dataclasses.replace(workload, **rows, session_names=(),
+                                    session_accumulate=False)
+        return _max_pending(resolved, plain) + len(workload.session_names)
     cl = resolved.config.cluster
     start = np.asarray(workload.arrival_us, np.int64) + cl.admission_latency_us \
         + cl.routing_latency_us
@@ -639,11 +725,13 @@ def _group_blocks(workload, bs: int) -> np.ndarray:
 def build_consts(resolved, workload, st: EngineStatic) -> WorkloadConsts:
     """Host-side preparation of per-request constants and exact float tables."""
     bs = st.block_size
+    original = workload
+    workload = engine_workload(workload, st.max_model_len)
     inp = np.asarray(workload.input_tokens, dtype=np.int64)
     out = np.asarray(workload.output_tokens, dtype=np.int64)
     gb = _group_blocks(workload, bs)
     full = inp // bs
-    own_count = full - gb
+    own_count = _own_counts(workload, bs)
     own_start = np.concatenate([[0], np.cumsum(own_count)[:-1]]) if st.num_requests else own_count
     starts = lambda counts: np.concatenate([[0], np.cumsum(counts)[:-1]]) \
         if st.num_requests else np.zeros(0, np.int64)  # noqa: E731
@@ -656,6 +744,8 @@ def build_consts(resolved, workload, st: EngineStatic) -> WorkloadConsts:
                              for c in range(st.token_budget + 1)], dtype=np.float64)
     step_decode = np.array([beta[2] * float(c) for c in range(st.batch_slots + 1)],
                            dtype=np.float64)
+    session_blocks = _session_blocks(workload, bs) if st.sessions \
+        else np.zeros(workload.num_requests, np.int64)
     dl = np.asarray(workload.deadline_us, dtype=np.int64)
     has = np.nonzero((dl > 0) & (dl <= st.horizon_us))[0]
     order = has[np.lexsort((has, dl[has]))] if has.size else np.zeros(0, np.int64)
@@ -694,7 +784,13 @@ def build_consts(resolved, workload, st: EngineStatic) -> WorkloadConsts:
         group=pad(workload.prefix_group, -1, i32), group_blocks=pad(gb, 0, i32),
         prefix_tokens=pad(np.where(np.asarray(workload.prefix_group) >= 0,
                                    np.asarray(workload.prefix_length, np.int64), 0), 0, i32),
-        full_blocks=pad(full, 0, i32), own_base=pad(own_start - gb, 0, i32),
+        full_blocks=pad(full, 0, i32),
+        own_base=pad(own_start - np.maximum(gb, session_blocks), 0, i32),
+        session=pad(original.session, -1, i32), session_blocks=pad(session_blocks, 0, i32),
+        reg_blocks=pad(np.maximum(full, session_blocks), 0, i32),
+        next_row=pad(next_round(original), -1, i32),
+        think_us=pad(original.think_time_us, 0, i64),
+        follow_up=pad(original.follow_up, False, bool),
         ext_base=pad(st.hash_slots + ext_start - full, 0, i32),
         queue_delay_us=pad(qdelay, 0, i64), itl_offset=pad(itl_off, 0, i64),
         deadline_order=jax.device_put(np.concatenate(

@@ -340,6 +340,11 @@ def _apply(s: SimState, st, c, i, kc, go, width: int) -> SimState:
     ahead = jnp.cumsum(bucket.astype(jnp.int32), axis=0) - bucket  # same spare, before
     rank = jnp.sum(jnp.where(bucket, below[None, :] + ahead, 0), axis=1, dtype=jnp.int32)
     count = jnp.sum(fresh, dtype=jnp.int32)
+    # KV block-time of the kc steps: the blocks in use before the pass for all of them, and
+    # each fresh block from its step (``spare``) on — the reference's Σ used × d step by step
+    used0 = (st.kv_blocks - s.kv_free[i]).astype(jnp.int64)
+    kv_time = used0 * span + jnp.sum(jnp.where(fresh, span - times.after(spare), 0),
+                                     dtype=jnp.int64)
     s, blocks, taken = kvblocks.pop_blocks(s, st, i, count, go, width)
     k_blocks, mb = st.kv_blocks, st.max_blocks_per_request
     b = jnp.where(fresh, blocks[jnp.minimum(rank, width - 1)], k_blocks)
@@ -388,6 +393,7 @@ def _apply(s: SimState, st, c, i, kc, go, width: int) -> SimState:
                           jnp.where(go, s.stretch_ema[i, later], s.stretch_ema[i])))
     return s.replace(
         steps=add(s.steps, i, kc.astype(jnp.int64), go), busy=add(s.busy, i, span, go),
+        kv_time=add(s.kv_time, i, kv_time, go),
         peak_used=upd(s.peak_used, i, jnp.maximum(s.peak_used[i], used), go),
         # the instance's clock is the last event's time: this pass's last step, unless a later
         # event (the real step that materializes it) has set it already

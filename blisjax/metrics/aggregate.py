@@ -55,6 +55,7 @@ __all__ = [
     "config_metrics",
     "kv_cache_summary",
     "kv_cache_rates",
+    "kv_utilization",
 ]
 
 #: µs per ms: every ``*_ms`` field is a µs quantity divided by this.
@@ -212,6 +213,43 @@ def kv_cache_rates(result: RunResult) -> tuple[float, float, float]:
         0.0 if tier is None else kv_thrashing_rate(own(tier.cpu_evictions),
                                                    own(tier.mirror_stores)),
     )
+
+
+def kv_utilization(result: RunResult) -> dict[str, float]:
+    """GPU KV-cache utilization over time, over the instances that existed (docs/semantics.md
+    §6.5). With A_i = Σ(blocks in use × step duration), C_i the instance's KV blocks, T_i the
+    time it was held (the run's simulated duration; with lifecycles placement to termination
+    or the run's end) and busy_i its Σ step durations:
+
+    * ``mean`` = Σ A_i / Σ C_i·T_i — the fraction of the cluster's KV capacity in use,
+      averaged over the run (idle time counts as empty);
+    * ``busy_mean`` = Σ A_i / Σ C_i·busy_i — the same over the time the instances stepped;
+    * ``peak`` = max_i peak blocks_i / C_i.
+
+    Each is 0.0 where its denominator is 0."""
+    existed = existing_instances(result)
+    used_time = np.asarray(result.kv_block_time_us, dtype=np.int64)[existed]
+    blocks = np.asarray(result.kv_total_blocks, dtype=np.int64)[existed]
+    busy = np.asarray(result.busy_time_us, dtype=np.int64)[existed]
+    peak = np.asarray(result.peak_kv_blocks_used, dtype=np.int64)[existed]
+    if result.lifecycle is None:
+        held = np.full(used_time.shape, int(result.sim_ended_us), dtype=np.int64)
+    else:
+        held = np.asarray(result.lifecycle.replica_us, dtype=np.int64)[existed]
+    # Python ints: block·µs products stay exact
+    area = sum(used_time.tolist())
+
+    def ratio(numerator: int, denominator: int) -> float:
+        return float(numerator) / float(denominator) if denominator > 0 else 0.0
+
+    capacity = blocks.tolist()
+    return {
+        "mean": ratio(area, sum(c * t for c, t in zip(capacity, held.tolist(), strict=True))),
+        "busy_mean": ratio(area, sum(c * b for c, b in zip(capacity, busy.tolist(),
+                                                           strict=True))),
+        "peak": max((ratio(p, c) for p, c in zip(peak.tolist(), capacity, strict=True)),
+                    default=0.0),
+    }
 
 
 def kv_cache_summary(result: RunResult) -> str:
@@ -446,6 +484,8 @@ def aggregate_metrics(
         out.update(pd_metrics(result))
     peak = np.asarray(result.peak_kv_blocks_used, dtype=np.int64)
     out["kv_peak_blocks"] = int(peak.max()) if peak.size else 0
+    if result.kv_block_time_us is not None:
+        out["kv_utilization"] = kv_utilization(result)
 
     # TPOT (a request's mean ITL, BLIS's RequestITLs) of the completed requests with ITL entries
     tpot_us = request_tpot_us(itl_sum_us, itl_count, workload.output_tokens, length_capped)

@@ -75,6 +75,7 @@ class Instance:
         self.busy_time_us = 0
         self.queue_depth_time_us = 0
         self.peak_kv_blocks_used = 0
+        self.kv_block_time_us = 0  # Σ used blocks × step duration (KV utilization over time)
         self.itl_entries: list[int] = []
         self._budget = 0
         self._preempted_this_step = False
@@ -492,6 +493,7 @@ class Instance:
                 self.recent.record(now_us, RecentSignals.TTFT, r.ttft_us, 1)
         used = self.kv.used_blocks
         self.peak_kv_blocks_used = max(self.peak_kv_blocks_used, used)
+        self.kv_block_time_us += used * d
         self.busy_time_us += d
         return d
 

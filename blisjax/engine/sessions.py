@@ -1,0 +1,158 @@
+"""Closed-loop sessions in the JAX engine: follow-up rounds created at completions, and the
+arrival stream that merges them with the workload's own arrivals.
+
+Counterpart: ``blisjax.reference.cluster.ClusterSimulator._follow_up`` and its cluster arrival
+events (rules: ``blisjax.workload.sessions``, docs/semantics.md §1.8). Compiled in only when the
+workload has follow-ups (``EngineStatic.sessions``); otherwise ``SessionState`` is a set of
+one-entry placeholders and nothing here runs.
+
+* A session has at most one request alive, so per session one pending follow-up: its row and
+  arrival (``pending_us``, INT64_MAX: none) and a generation stamp (``pending_gen``) that orders
+  follow-ups arriving at the same time by creation, as the reference's cluster sequence numbers.
+* The k-th admission takes the earliest arrival not yet admitted: the next initial row (rows
+  0 .. N0 − 1 are in arrival order) or the earliest pending follow-up; at equal times the
+  initial row first (its arrival event was created at the start). ``order[k]`` records the
+  row, so the routing cursor follows the admissions.
+* A follow-up's deadline is its arrival + ``FOLLOW_UP_TIMEOUT_US``; its timeout is an event
+  of the instance holding it (``timeouts``).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from blisjax.engine.pytree import pytree_dataclass
+from blisjax.engine.state import QUEUED, RUNNING
+from blisjax.limits import INT64_MAX
+from blisjax.workload.sessions import FOLLOW_UP_TIMEOUT_US
+from blisjax.workload.types import FOLLOW_UP_ARRIVAL_US
+
+
+@pytree_dataclass
+class SessionState:
+    """Shapes: N + 1 request rows (row N a sink), S sessions; one-entry placeholders without
+    sessions."""
+
+    arrival_us: jax.Array  # int64 [N + 1]: each row's arrival once known (admission for the
+    #                        workload's rows, creation for a follow-up)
+    order: jax.Array  # int32 [N + 1]: the row of the k-th admission
+    init_cursor: jax.Array  # int32: the next initial row to arrive
+    pending_us: jax.Array  # int64 [S]: arrival of the session's follow-up not yet admitted
+    pending_row: jax.Array  # int32 [S]: the session's latest follow-up (N: none)
+    pending_gen: jax.Array  # int64 [S]: its creation stamp
+    gen_clock: jax.Array  # int64: the next creation stamp
+
+
+def init_sessions(st) -> SessionState:
+    if not st.sessions:
+        one = lambda dtype, v=0: jnp.full(1, v, dtype)  # noqa: E731
+        return SessionState(arrival_us=one(jnp.int64), order=one(jnp.int32),
+                            init_cursor=jnp.asarray(0, jnp.int32), pending_us=one(jnp.int64),
+                            pending_row=one(jnp.int32), pending_gen=one(jnp.int64),
+                            gen_clock=jnp.asarray(0, jnp.int64))
+    rows, ns = st.num_requests + 1, st.num_sessions
+    return SessionState(
+        arrival_us=jnp.full(rows, FOLLOW_UP_ARRIVAL_US, jnp.int64),
+        order=jnp.full(rows, st.num_requests, jnp.int32),
+        init_cursor=jnp.asarray(0, jnp.int32),
+        pending_us=jnp.full(ns, INT64_MAX, jnp.int64),
+        pending_row=jnp.full(ns, st.num_requests, jnp.int32),
+        pending_gen=jnp.zeros(ns, jnp.int64), gen_clock=jnp.asarray(0, jnp.int64))
+
+
+def arrival_us(s, st, c, r):
+    """Request r's arrival (its row's constant without sessions)."""
+    return s.sess.arrival_us[r] if st.sessions else c.arrival_us[r]
+
+
+def deadline_us(s, st, c, r):
+    """Request r's deadline, 0 = none (a follow-up's: its arrival + the session timeout)."""
+    if not st.sessions:
+        return c.deadline_us[r]
+    return jnp.where(c.follow_up[r], s.sess.arrival_us[r] + FOLLOW_UP_TIMEOUT_US,
+                     c.deadline_us[r])
+
+
+class NextArrival:
+    """The earliest arrival not yet admitted (``next_arrival``)."""
+
+    def __init__(self, t_us, row, initial, session):
+        self.t_us = t_us  # int64 (INT64_MAX: none)
+        self.row = row  # int32
+        self.initial = initial  # bool: the next initial row (else a follow-up)
+        self.session = session  # int32: the follow-up's session
+
+
+def next_arrival(s, st, c) -> NextArrival:
+    q = s.sess
+    ic = q.init_cursor
+    t_init = jnp.where(ic < st.initial_requests, c.arrival_us[jnp.minimum(ic, st.num_requests)],
+                       INT64_MAX)
+    t_min = jnp.min(q.pending_us)
+    k = jnp.argmin(jnp.where(q.pending_us == t_min, q.pending_gen, INT64_MAX)).astype(jnp.int32)
+    initial = t_init <= t_min
+    t = jnp.minimum(t_init, t_min)
+    row = jnp.where(initial, jnp.minimum(ic, st.num_requests), q.pending_row[k])
+    return NextArrival(t, row.astype(jnp.int32), initial, k)
+
+
+def admit_next(s, st, c, active):
+    """The admission at the cursor takes the next arrival: returns (state, its row)."""
+    q = s.sess
+    nxt = next_arrival(s, st, c)
+    r = jnp.where(active, nxt.row, st.num_requests)
+    from_init = active & nxt.initial
+    q = q.replace(
+        order=q.order.at[jnp.where(active, s.adm_cursor, st.num_requests)].set(r),
+        init_cursor=q.init_cursor + from_init.astype(jnp.int32),
+        arrival_us=q.arrival_us.at[jnp.where(from_init, r, st.num_requests)].set(
+            c.arrival_us[r]),
+        pending_us=q.pending_us.at[nxt.session].set(
+            jnp.where(active & ~nxt.initial, INT64_MAX, q.pending_us[nxt.session])))
+    return s.replace(sess=q), r
+
+
+def create_follow_ups(s, st, c, reqs, fin, rank, left_us):
+    """The requests ``reqs`` where ``fin`` completed (normally or at the length cap) in one
+    step ending at ``left_us``, ``rank`` their batch order: each one's next round, if any,
+    arrives a think time later unless that is past the horizon
+    (``ClusterSimulator._follow_up``)."""
+    q = s.sess
+    n = st.num_requests
+    nxt = c.next_row[reqs]
+    row = jnp.maximum(nxt, 0)
+    t = left_us + c.think_us[row]
+    make = fin & (nxt >= 0) & (t <= st.horizon_us)
+    sess = jnp.where(make, c.session[reqs], st.num_sessions)
+    stamp = q.gen_clock + rank.astype(jnp.int64)
+    q = q.replace(
+        pending_us=q.pending_us.at[sess].set(t, mode="drop"),
+        pending_row=q.pending_row.at[sess].set(row.astype(jnp.int32), mode="drop"),
+        pending_gen=q.pending_gen.at[sess].set(stamp, mode="drop"),
+        arrival_us=q.arrival_us.at[jnp.where(make, row, n)].set(t),
+        gen_clock=q.gen_clock + jnp.sum(fin).astype(jnp.int64))
+    return s.replace(sess=q)
+
+
+class SessionTimeouts:
+    """Each instance's earliest follow-up timeout (``timeouts``), [I]."""
+
+    def __init__(self, t_us, req, seq):
+        self.t_us, self.req, self.seq = t_us, req, seq
+
+
+def timeouts(s, st) -> SessionTimeouts:
+    """Follow-ups queued or running whose deadline is within the horizon: per instance the
+    earliest, ties to the one enqueued first (the reference's instance event order)."""
+    q = s.sess
+    rows = q.pending_row
+    live = (rows < st.num_requests) & ((s.status[rows] == QUEUED) | (s.status[rows] == RUNNING))
+    dl = q.arrival_us[rows] + FOLLOW_UP_TIMEOUT_US
+    due = live & (dl <= st.horizon_us)
+    on = due[None, :] & (s.instance[rows][None, :] == jnp.arange(st.num_instances)[:, None])
+    t = jnp.where(on, dl[None, :], INT64_MAX)  # [I, S]
+    t_min = jnp.min(t, axis=1)
+    seq = jnp.where(on & (t == t_min[:, None]), s.enq_seq[rows][None, :], INT64_MAX)
+    k = jnp.argmin(seq, axis=1)
+    return SessionTimeouts(t_min, rows[k], jnp.min(seq, axis=1))
