@@ -362,7 +362,7 @@ def _deadline_events(s: SimState, st, c) -> DeadlineEvents:
         sink = jnp.asarray(st.num_requests, jnp.int32)
         events = DeadlineEvents(none, jnp.full(n_inst, INT64_MAX, jnp.int64),
                                 jnp.full(n_inst, sink), sink, jnp.asarray(False))
-        return _with_follow_up_timeouts(s, st, events) if st.sessions else events
+        return _with_follow_up_timeouts(s, st, c, events) if st.sessions else events
     window = _deadline_window(s, st, c)
     member, on, wr, dl_t = window.member, window.on_instance, window.requests, window.time_us
     noop = member & ~on
@@ -372,13 +372,13 @@ def _deadline_events(s: SimState, st, c) -> DeadlineEvents:
     events = DeadlineEvents(jnp.where(jnp.any(noop), dl_t, none), timeout_t,
                             wr[jnp.argmin(to_seq, axis=1)], wr[jnp.argmax(noop)],
                             window.overflow)
-    return _with_follow_up_timeouts(s, st, events) if st.sessions else events
+    return _with_follow_up_timeouts(s, st, c, events) if st.sessions else events
 
 
-def _with_follow_up_timeouts(s: SimState, st, events: DeadlineEvents) -> DeadlineEvents:
+def _with_follow_up_timeouts(s: SimState, st, c, events: DeadlineEvents) -> DeadlineEvents:
     """Each instance's timeout: the earlier of its workload deadline's and its follow-ups'
     (``engine.sessions.timeouts``); at equal times the request enqueued first."""
-    f = sessions.timeouts(s, st)
+    f = sessions.timeouts(s, st, c)
     seq = jnp.where(events.timeout_t_us < INT64_MAX, s.enq_seq[events.timeout_req], INT64_MAX)
     take = (f.t_us < events.timeout_t_us) | ((f.t_us == events.timeout_t_us) & (f.seq < seq))
     return events._replace(timeout_t_us=jnp.where(take, f.t_us, events.timeout_t_us),

@@ -13,8 +13,9 @@ one-entry placeholders and nothing here runs.
   0 .. N0 − 1 are in arrival order) or the earliest pending follow-up; at equal times the
   initial row first (its arrival event was created at the start). ``order[k]`` records the
   row, so the routing cursor follows the admissions.
-* A follow-up's deadline is its arrival + ``FOLLOW_UP_TIMEOUT_US``; its timeout is an event
-  of the instance holding it (``timeouts``).
+* A follow-up's deadline is its arrival + its row's timeout (``WorkloadConsts.deadline_us``
+  of a follow-up is relative; 0 = none); its timeout is an event of the instance holding it
+  (``timeouts``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ import jax.numpy as jnp
 from blisjax.engine.pytree import pytree_dataclass
 from blisjax.engine.state import QUEUED, RUNNING
 from blisjax.limits import INT64_MAX
-from blisjax.workload.sessions import FOLLOW_UP_TIMEOUT_US
 from blisjax.workload.types import FOLLOW_UP_ARRIVAL_US
 
 
@@ -70,8 +70,9 @@ def deadline_us(s, st, c, r):
     """Request r's deadline, 0 = none (a follow-up's: its arrival + the session timeout)."""
     if not st.sessions:
         return c.deadline_us[r]
-    return jnp.where(c.follow_up[r], s.sess.arrival_us[r] + FOLLOW_UP_TIMEOUT_US,
-                     c.deadline_us[r])
+    timeout = c.deadline_us[r]
+    return jnp.where(c.follow_up[r], jnp.where(timeout > 0, s.sess.arrival_us[r] + timeout, 0),
+                     timeout)
 
 
 class NextArrival:
@@ -142,14 +143,15 @@ class SessionTimeouts:
         self.t_us, self.req, self.seq = t_us, req, seq
 
 
-def timeouts(s, st) -> SessionTimeouts:
+def timeouts(s, st, c) -> SessionTimeouts:
     """Follow-ups queued or running whose deadline is within the horizon: per instance the
     earliest, ties to the one enqueued first (the reference's instance event order)."""
     q = s.sess
     rows = q.pending_row
     live = (rows < st.num_requests) & ((s.status[rows] == QUEUED) | (s.status[rows] == RUNNING))
-    dl = q.arrival_us[rows] + FOLLOW_UP_TIMEOUT_US
-    due = live & (dl <= st.horizon_us)
+    timeout = c.deadline_us[rows]
+    dl = q.arrival_us[rows] + timeout
+    due = live & (timeout > 0) & (dl <= st.horizon_us)
     on = due[None, :] & (s.instance[rows][None, :] == jnp.arange(st.num_instances)[:, None])
     t = jnp.where(on, dl[None, :], INT64_MAX)  # [I, S]
     t_min = jnp.min(t, axis=1)

@@ -402,7 +402,8 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
     gb = _group_blocks(workload, bs)
     full = inp // bs
     horizon = int(cfg.horizon_us)
-    dl = np.asarray(workload.deadline_us)
+    # a follow-up's deadline is relative to its arrival (engine.sessions), not in the order
+    dl = np.where(workload.follow_up, 0, np.asarray(workload.deadline_us))
     num_deadlines = int(((dl > 0) & (dl <= horizon)).sum())
     model = make_latency_model(resolved)
     if decode_stretches is None:
@@ -572,6 +573,13 @@ def for_lanes(st: EngineStatic, params) -> EngineStatic:
     st = with_program_sites(st, tuple(
         site for site in PROGRAM_SITES
         if bool(np.any(np.asarray(codes[site][0]) == int(codes[site][1])))))
+    if st.sessions and st.program_sites:
+        raise ConfigError("policy", "closed-loop sessions with policy programs run in the "
+                          "reference engine only (--engine reference)")
+    if st.sessions and bool(np.any(np.asarray(params.prefix_index_on))):
+        raise ConfigError("policy.routing.scorers", "closed-loop sessions with the "
+                          "prefix-affinity scorer run in the reference engine only (--engine "
+                          "reference)")
     if st.cache_scorers:
         return st
     order = np.asarray(params.scorer_order)
@@ -604,7 +612,7 @@ VARYING_PLAN = 16
 _SHAREABLE = ("queue_slots", "pending_slots", "max_blocks_per_request", "max_prompt_blocks",
               "num_groups", "group_blocks_max", "own_slots", "num_deadlines", "itl_capacity",
               "cpu_ext_slots", "offchain_generations", "kv_hold_slots", "pd_reserve_slots",
-              "pd_transfer_slots", "actuation_slots", "timeline_slots")
+              "pd_transfer_slots", "actuation_slots", "timeline_slots", "session_blocks_max")
 
 
 def build_static_shared(resolved, workloads, **capacities) -> EngineStatic:
@@ -747,7 +755,8 @@ def build_consts(resolved, workload, st: EngineStatic) -> WorkloadConsts:
     session_blocks = _session_blocks(workload, bs) if st.sessions \
         else np.zeros(workload.num_requests, np.int64)
     dl = np.asarray(workload.deadline_us, dtype=np.int64)
-    has = np.nonzero((dl > 0) & (dl <= st.horizon_us))[0]
+    # a follow-up's deadline is relative to its arrival (engine.sessions), not in the order
+    has = np.nonzero((dl > 0) & (dl <= st.horizon_us) & ~workload.follow_up)[0]
     order = has[np.lexsort((has, dl[has]))] if has.size else np.zeros(0, np.int64)
     itl_off = np.concatenate([[0], np.cumsum(_itl_counts(out, st.pd))[:-1]]) \
         if st.num_requests else np.zeros(0, np.int64)

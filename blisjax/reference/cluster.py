@@ -398,7 +398,8 @@ class ClusterSimulator:
         if arrival > self.horizon_us:
             return
         req.arrival_us = arrival
-        req.deadline_us = arrival + sessions.FOLLOW_UP_TIMEOUT_US
+        timeout = int(w.deadline_us[req.index])  # a follow-up's is relative to its arrival
+        req.deadline_us = arrival + timeout if timeout > 0 else 0
         self.awaiting_routing += 1
         self._push(arrival, EV_CLUSTER_ARRIVAL, req)
 

@@ -15,7 +15,9 @@ Rules (BLIS's):
 * **Arrival** = the predecessor's completion (the end of the step that completed it) + the
   round's think time; a follow-up arriving after the horizon is not created, nor is any after a
   round that timed out, was dropped or was rejected (the session is cancelled).
-* **Deadline** = arrival + ``FOLLOW_UP_TIMEOUT_US``, whatever round 0's was.
+* **Deadline** = arrival + the row's timeout (``Workload.deadline_us`` of a follow-up is
+  relative; a closed-loop trace replay gives every follow-up ``FOLLOW_UP_TIMEOUT_US``, BLIS's
+  default, whatever round 0's deadline was); 0 = none.
 * **Order.** A follow-up's cluster arrival event is created when it is generated, so at equal
   times it comes after every request of the workload's initial rows and after the follow-ups
   generated before it.
@@ -34,7 +36,7 @@ from blisjax.workload.types import FOLLOW_UP_ARRIVAL_US, NO_SESSION, Workload
 
 __all__ = ["FOLLOW_UP_TIMEOUT_US", "content_tokens", "next_round", "prompt_tokens", "realized"]
 
-#: A follow-up's deadline after its arrival, µs (BLIS's default request timeout, 300 s).
+#: A replayed follow-up's timeout after its arrival, µs (BLIS's default request timeout).
 FOLLOW_UP_TIMEOUT_US = 300_000_000
 
 
@@ -100,5 +102,9 @@ def realized(workload: Workload, arrival_us: np.ndarray, prompts: np.ndarray) ->
     arrival = np.where(workload.follow_up, np.asarray(arrival_us, np.int64),
                        workload.arrival_us)
     arrival = np.where(arrival < 0, FOLLOW_UP_ARRIVAL_US, arrival)
-    return dataclasses.replace(workload, arrival_us=arrival,
+    created = workload.follow_up & (arrival != FOLLOW_UP_ARRIVAL_US)
+    deadline = np.where(workload.follow_up, np.where(
+        created & (workload.deadline_us > 0), arrival + workload.deadline_us, 0),
+        workload.deadline_us)
+    return dataclasses.replace(workload, arrival_us=arrival, deadline_us=deadline,
                                input_tokens=np.asarray(prompts, np.int64))

@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from blisjax.workload.sessions import FOLLOW_UP_TIMEOUT_US
 from blisjax.workload.spec import V1_SLO_CLASSES
 from blisjax.workload.types import (
     FOLLOW_UP_ARRIVAL_US,
@@ -363,7 +364,7 @@ def read_trace(
         tenant=tenant,
         client=client,
         slo_class=take(cols.slo_class, head),
-        deadline_us=np.where(follow_up, 0, take(cols.deadline_us)),
+        deadline_us=np.where(follow_up, FOLLOW_UP_TIMEOUT_US, take(cols.deadline_us)),
         tenant_names=tenant_names or ("",),
         client_names=client_names or ("",),
         prefix_group_names=group_names,
@@ -513,5 +514,8 @@ def write_trace(
     ``read_trace`` of the result equals ``workload.canonical()``.
     """
     _check_group_lengths(workload)
+    if workload.has_sessions:
+        raise ValueError("write_trace: a closed-loop session workload has no arrival times for "
+                         "its follow-up rounds; write the trace it was read from instead")
     header_text = yaml.safe_dump(_header_for(workload), sort_keys=False, default_flow_style=False)
     _atomic_write([(header_path, header_text), (data_path, _csv_text(workload))])

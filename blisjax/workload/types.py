@@ -48,7 +48,8 @@ class Workload:
       tenant: int32 index into ``tenant_names`` (tenant "" is a valid name).
       client: int32 index into ``client_names``.
       slo_class: int32 code into ``SLO_CLASSES``.
-      deadline_us: int64 absolute deadline in µs, 0 = none.
+      deadline_us: int64 absolute deadline in µs, 0 = none; for a follow-up round, its timeout
+        in µs after its arrival (0 = none).
       session: int32 index into ``session_names`` or ``NO_SESSION`` (closed-loop sessions only).
       round_index: int32 round of the request in its session (0 without one). A follow-up round
         (round ≥ 1) has ``arrival_us = FOLLOW_UP_ARRIVAL_US`` and ``input_tokens`` = the length of

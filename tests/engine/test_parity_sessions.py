@@ -1,0 +1,138 @@
+"""Closed-loop sessions in both engines: a population of random policies over random session
+workloads (accumulating and not; follow-up timeouts, drops past the length limit, a horizon
+cut, think times of 0 that make follow-ups tie with other arrivals), each lane equal to its
+own reference run (blisjax.workload.sessions, docs/semantics.md §1.8)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from blisjax.config import ScorerWeight, resolve_config
+from blisjax.engine import params_from_config, simulate_population, stack_params
+from blisjax.engine.parity import first_divergence
+from blisjax.engine.static import build_static, build_static_shared
+from blisjax.metrics import records
+from blisjax.reference import simulate as reference
+from blisjax.workload.types import FOLLOW_UP_ARRIVAL_US, Workload
+from tests.engine.conftest import edge_engine, room_for_a_program
+from tests.engine.test_parity import _random_policy_configs
+from tests.reference.conftest import make_resolved
+
+
+def random_session_workload(seed: int, *, sessions: int = 10, loose: int = 8,
+                            accumulate: bool = True) -> Workload:
+    """``sessions`` conversations of 1–4 rounds (messages of 3–24 tokens, 1–12 outputs, think
+    times 0–4 ms, a third of the follow-ups with a 1–6 ms timeout, some round 0s in prefix
+    group "g" of 8 tokens) and ``loose`` requests outside sessions; arrivals within 12 ms on a
+    500 µs grid, so equal times are common. The rounds per session depend on ``sessions``
+    only, so workloads of one size share a compiled program."""
+    rng = np.random.default_rng(seed)
+    rounds = np.random.default_rng(sessions).integers(1, 5, size=sessions)
+    rows: list[dict] = []
+    follow: list[dict] = []
+    for k in range(sessions):
+        grouped = rng.random() < 0.4
+        head = dict(arrival=int(rng.integers(0, 25)) * 500, input=int(rng.integers(3, 25)),
+                    output=int(rng.integers(1, 13)), session=k, round=0, think=0,
+                    group=0 if grouped else -1, prefix=8 if grouped else 0,
+                    tenant=int(rng.integers(0, 2)), deadline=0)
+        if grouped:
+            head["input"] += 8
+        rows.append(head)
+        for j in range(1, int(rounds[k])):
+            follow.append(dict(arrival=FOLLOW_UP_ARRIVAL_US, input=int(rng.integers(3, 25)),
+                               output=int(rng.integers(1, 13)), session=k, round=j,
+                               think=int(rng.choice([0, 0, 250, 1000, 4000])),
+                               group=head["group"], prefix=head["prefix"],
+                               tenant=head["tenant"],
+                               deadline=int(rng.integers(1, 7)) * 1000
+                               if rng.random() < 0.33 else 0))
+    for _ in range(loose):
+        rows.append(dict(arrival=int(rng.integers(0, 25)) * 500, input=int(rng.integers(3, 40)),
+                         output=int(rng.integers(1, 13)), session=-1, round=0, think=0,
+                         group=-1, prefix=0, tenant=int(rng.integers(0, 2)),
+                         deadline=0))
+    rows.sort(key=lambda r: r["arrival"])  # stable: sessions' round 0s first at equal times
+    rows += follow
+
+    def col(key):
+        return np.array([r[key] for r in rows], dtype=np.int64)
+
+    return Workload(
+        request_id=np.arange(len(rows)), arrival_us=col("arrival"), input_tokens=col("input"),
+        output_tokens=col("output"), prefix_group=col("group"), prefix_length=col("prefix"),
+        tenant=col("tenant"), client=np.zeros(len(rows)), slo_class=np.zeros(len(rows)),
+        deadline_us=col("deadline"), tenant_names=("a", "b"), prefix_group_names=("g",),
+        session=col("session"), round_index=col("round"), think_time_us=col("think"),
+        session_names=tuple(f"s{k}" for k in range(sessions)),
+        session_accumulate=accumulate)
+
+
+def _no_prefix_affinity(config):
+    """The JAX engine runs sessions without the prefix-affinity scorer (its router-side index
+    tracks prefix groups only): the precise-prefix-cache scorer in its place."""
+    scorers = tuple(ScorerWeight("precise-prefix-cache", w.weight)
+                    if w.name == "prefix-affinity" else w
+                    for w in config.policy.routing.scorers)
+    names = [w.name for w in scorers]
+    scorers = tuple(w for k, w in enumerate(scorers) if w.name not in names[:k])
+    routing = dataclasses.replace(config.policy.routing, scorers=scorers)
+    return dataclasses.replace(config, policy=dataclasses.replace(config.policy,
+                                                                  routing=routing))
+
+
+@pytest.fixture(scope="module")
+def session_population():
+    room_for_a_program()
+    edge = edge_engine(instances=3).config  # 40 blocks of 4 tokens per instance
+    # prompts that grow past 80 tokens are dropped, ending their sessions
+    base = resolve_config(_no_prefix_affinity(dataclasses.replace(
+        edge, engine=dataclasses.replace(edge.engine, max_model_len=80))))
+    workloads = (random_session_workload(1), random_session_workload(2, accumulate=False),
+                 random_session_workload(3))
+    configs = [_no_prefix_affinity(c) for c in
+               _random_policy_configs(base.config, workloads[0].tenant_names, 16, seed=7)]
+    params = stack_params([params_from_config(c, workloads[0].tenant_names) for c in configs])
+    static = dataclasses.replace(build_static_shared(base, list(workloads)), cache_scorers=True)
+    lanes = tuple(simulate_population(base, w, params, static=static, lane_block=8)
+                  for w in workloads)
+    return base, workloads, configs, lanes
+
+
+def test_session_population_lanes_match_reference_runs(session_population):
+    base, workloads, configs, lanes = session_population
+    statuses = []
+    for w, results in zip(workloads, lanes, strict=True):
+        for k, (config, got) in enumerate(zip(configs, results, strict=True)):
+            resolved = dataclasses.replace(base, config=config)
+            want = reference(resolved, w)
+            assert first_divergence(want, got, w.request_id) is None, (k, w.session_accumulate)
+            statuses.append(np.asarray(want.status)[w.follow_up])
+    # the scenario reaches what it is for: follow-ups created, completed, timed out, never
+    # created (cancelled sessions, the horizon) and dropped
+    seen = np.concatenate(statuses)
+    for outcome in (records.COMPLETED, records.TIMED_OUT, records.UNFINISHED,
+                    records.DROPPED):
+        assert np.any(seen == outcome), outcome
+
+
+def test_follow_ups_share_their_conversation_blocks_in_both_engines():
+    """Prefix-cache hits of accumulating sessions need the session-shared blocks: without
+    accumulation the same workload hits fewer blocks (hand-checkable case in
+    tests/workload/test_sessions.py)."""
+    resolved = make_resolved(instances=2, block_size=4)
+    resolved = dataclasses.replace(resolved, config=_no_prefix_affinity(resolved.config))
+    with_context = random_session_workload(5)
+    without = dataclasses.replace(with_context, session_accumulate=False)
+    hits = []
+    for w in (with_context, without):
+        want = reference(resolved, w)
+        st = build_static(resolved, w)
+        got = simulate_population(resolved, w, stack_params(
+            [params_from_config(resolved.config, w.tenant_names)]), static=st)[0]
+        assert first_divergence(want, got) is None
+        hits.append(int(np.sum(want.cache_hits)))
+    assert hits[0] > hits[1]
