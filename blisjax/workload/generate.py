@@ -31,6 +31,7 @@ Statistical parity with BLIS only (numpy streams, not Go's ``math/rand``; docs/s
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -48,7 +49,7 @@ from blisjax.workload.spec import (
     WorkloadSpec,
     pattern_targets,
 )
-from blisjax.workload.types import NO_PREFIX_GROUP, SLO_CLASS_CODE, Workload
+from blisjax.workload.types import FOLLOW_UP_ARRIVAL_US, NO_PREFIX_GROUP, SLO_CLASS_CODE, Workload
 
 #: BLIS floors a client's rate here (req/µs) to avoid dividing by zero.
 _MIN_RATE_PER_US = 1e-15
@@ -520,7 +521,7 @@ def generate_workload(spec: WorkloadSpec, seed: int | None = None) -> Workload:
     prefix_length = labels.prefix_length[owner]
     timeout = labels.timeout_us[owner]
     arrival_sorted = arrival_us[order]
-    return Workload(
+    workload = Workload(
         request_id=np.arange(order.size, dtype=np.int64),
         arrival_us=arrival_sorted,
         input_tokens=prefix_length + np.concatenate(inputs)[order],
@@ -544,3 +545,65 @@ def generate_workload(spec: WorkloadSpec, seed: int | None = None) -> Workload:
                if spec.adversarial else {}),
         },
     )
+    own = np.where(order < base_rows, owner, -1)  # a pattern's requests start no conversation
+    return _with_conversations(workload, spec, own, rng)
+
+
+def _with_conversations(workload: Workload, spec: WorkloadSpec, owner: np.ndarray,
+                        rng: PartitionedRNG) -> Workload:
+    """``workload`` with a conversation for every request of a multi-turn client
+    (``ClientSpec.multi_turn``; rows: ``owner`` = its client, -1 for none): its rounds 1 ..
+    max_rounds − 1 as follow-up rows after all others, conversation by conversation, their
+    message and output lengths drawn on the client's own streams in conversation order."""
+    turns = [c.multi_turn if c.multi_turn is not None and c.multi_turn.max_rounds > 1 else None
+             for c in spec.clients]
+    starts = [i for i in range(workload.num_requests)
+              if owner[i] >= 0 and turns[int(owner[i])] is not None]
+    if not starts:
+        return workload
+    w = workload
+    follow: dict[int, list[tuple[int, int]]] = {}  # row -> [(message, output)] for its rounds
+    for k, client in enumerate(spec.clients):
+        mine = [i for i in starts if int(owner[i]) == k]
+        if not mine:
+            continue
+        extra = turns[k].max_rounds - 1
+        count = len(mine) * extra
+        msgs = sample_lengths(client.input_distribution,
+                              rng.stream("workload", k, "turn_input"), count)
+        outs = sample_lengths(client.output_distribution,
+                              rng.stream("workload", k, "turn_output"), count)
+        for j, i in enumerate(mine):
+            follow[i] = list(zip(msgs[j * extra:(j + 1) * extra].tolist(),
+                                 outs[j * extra:(j + 1) * extra].tolist(), strict=True))
+    n, rows = w.num_requests, [(i, r) for i in starts for r in range(1, len(follow[i]) + 1)]
+    src = np.array([i for i, _ in rows], dtype=np.int64)
+    rounds = np.array([r for _, r in rows], dtype=np.int64)
+    session = np.full(n + len(rows), -1, dtype=np.int64)
+    code = {i: s for s, i in enumerate(starts)}
+    session[starts] = np.arange(len(starts))
+    session[n:] = [code[i] for i in src.tolist()]
+    timeout = np.array([c.timeout_us or 0 for c in spec.clients], dtype=np.int64)
+    think = np.array([t.think_time_us if t is not None else 0 for t in turns], dtype=np.int64)
+
+    def extend(arr, tail):
+        return np.concatenate([np.asarray(arr), np.asarray(tail, dtype=np.asarray(arr).dtype)])
+
+    message = [follow[i][r - 1][0] for i, r in rows]
+    output = [follow[i][r - 1][1] for i, r in rows]
+    growth = next(t.context_growth for t in turns if t is not None)
+    return dataclasses.replace(
+        w, request_id=np.arange(n + len(rows), dtype=np.int64),
+        arrival_us=extend(w.arrival_us, np.full(len(rows), FOLLOW_UP_ARRIVAL_US)),
+        input_tokens=extend(w.input_tokens, message),
+        output_tokens=extend(w.output_tokens, output),
+        prefix_group=extend(w.prefix_group, w.prefix_group[src]),
+        prefix_length=extend(w.prefix_length, w.prefix_length[src]),
+        tenant=extend(w.tenant, w.tenant[src]), client=extend(w.client, w.client[src]),
+        slo_class=extend(w.slo_class, w.slo_class[src]),
+        deadline_us=extend(w.deadline_us, timeout[owner[src]]),
+        session=session, round_index=np.concatenate([np.zeros(n, np.int64), rounds]),
+        think_time_us=np.concatenate([np.zeros(n, np.int64), think[owner[src]]]),
+        session_names=tuple(f"{w.client_names[int(w.client[i])]}/{s}"
+                            for s, i in enumerate(starts)),
+        session_accumulate=growth == "accumulate")

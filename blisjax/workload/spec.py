@@ -339,6 +339,34 @@ class LifecycleSpec:
             w.check(f"{path}.windows[{i}]")
 
 
+#: ``MultiTurnSpec.context_growth`` values: "" (each round sends the shared prefix and its own
+#: message) or "accumulate" (the conversation so far, then its message).
+CONTEXT_GROWTH = ("", "accumulate")
+
+
+@dataclass(frozen=True)
+class MultiTurnSpec:
+    """A client's conversations (BLIS ``reasoning.multi_turn``; ``blisjax.workload.sessions``):
+    each request the client's arrival process sends is round 0 of a conversation of
+    ``max_rounds`` rounds; round k ≥ 1 is sent ``think_time_us`` after round k − 1 completes,
+    its message and output lengths drawn from the client's distributions.
+
+    Attributes:
+      max_rounds: rounds per conversation, >= 1.
+      think_time_us: µs between a round's completion and the next round, >= 0.
+      context_growth: "accumulate" or "" (see ``CONTEXT_GROWTH``).
+    """
+
+    max_rounds: int = 1
+    think_time_us: int = 0
+    context_growth: str = ""
+
+    def check(self, path: str) -> None:
+        _check_number(f"{path}.max_rounds", self.max_rounds, ge=1, integral=True)
+        _check_number(f"{path}.think_time_us", self.think_time_us, ge=0, integral=True)
+        _check_choice(f"{path}.context_growth", self.context_growth, CONTEXT_GROWTH)
+
+
 @dataclass(frozen=True)
 class ClientSpec:
     """One client: a rate share, arrival process, length distributions and request labels.
@@ -357,6 +385,8 @@ class ClientSpec:
       timeout_us: per-request timeout; deadline = arrival + timeout. None or 0 = no deadline.
       slo_target_us: per-request TTFT target in µs carried as metadata (None = no target).
       lifecycle: activity windows (None = always active); see ``LifecycleSpec``.
+      multi_turn: each request the client sends starts a closed-loop conversation
+        (``MultiTurnSpec``; BLIS ``reasoning.multi_turn``); None = single requests.
     """
 
     id: str = ""
@@ -371,9 +401,14 @@ class ClientSpec:
     timeout_us: int | None = None
     slo_target_us: int | None = None
     lifecycle: LifecycleSpec | None = None
+    multi_turn: MultiTurnSpec | None = None
 
     def check(self, path: str) -> None:
         """Raise ValueError naming the first invalid field under ``path``."""
+        if self.multi_turn is not None:
+            if not isinstance(self.multi_turn, MultiTurnSpec):
+                raise ValueError(f"{path}.reasoning.multi_turn: must be a MultiTurnSpec")
+            self.multi_turn.check(f"{path}.reasoning.multi_turn")
         for name in ("id", "tenant_id", "prefix_group"):
             _check_str(f"{path}.{name}", getattr(self, name))
         _check_choice(f"{path}.slo_class", self.slo_class, SLO_CLASSES)
@@ -680,6 +715,12 @@ class WorkloadSpec:
             raise ValueError("goodput_slo_targets: must be a mapping")
         for j, pattern in enumerate(self.adversarial):
             self._check_pattern(f"adversarial[{j}]", pattern)
+        growth = {c.multi_turn.context_growth for c in self.clients
+                  if c.multi_turn is not None and c.multi_turn.max_rounds > 1}
+        if len(growth) > 1:
+            i = next(i for i, c in enumerate(self.clients) if c.multi_turn is not None)
+            raise ValueError(f"clients[{i}].reasoning.multi_turn.context_growth: every "
+                             "multi-turn client of a workload must use the same one")
 
     def _check_pattern(self, path: str, pattern: Any) -> None:
         if not isinstance(pattern, _ADVERSARIAL_CLASSES):
@@ -745,8 +786,11 @@ _CLIENT_KEYS = frozenset(
      "model", "streaming", "concurrency", "think_time_us", "closed_loop", "lifecycle",
      "multimodal", "reasoning", "network"}
 )  # fmt: skip
-#: BLIS client features that change what is generated; blisjax rejects them when set.
-_UNSUPPORTED_CLIENT_KEYS = ("multimodal", "reasoning", "network")
+#: BLIS client features that change what is generated; blisjax rejects them when set
+#: (``reasoning`` only for its ``multi_turn`` part, ``_parse_reasoning``).
+_UNSUPPORTED_CLIENT_KEYS = ("multimodal", "network")
+_REASONING_KEYS = frozenset({"reason_ratio_distribution", "multi_turn"})
+_MULTI_TURN_KEYS = frozenset({"max_rounds", "think_time_us", "context_growth"})
 _LIFECYCLE_KEYS = frozenset({"windows"})
 _WINDOW_KEYS = frozenset(
     {"start_us", "end_us", "trace_rate", "arrival", "input_distribution", "output_distribution"}
@@ -915,7 +959,32 @@ def _parse_client(path: str, data: Any, v1: bool) -> ClientSpec:
         timeout_us=_opt_int(f"{path}.timeout", data.get("timeout")),
         slo_target_us=_opt_int(f"{path}.slo_target_us", data.get("slo_target_us")),
         lifecycle=_parse_lifecycle(f"{path}.lifecycle", data.get("lifecycle")),
+        multi_turn=_parse_reasoning(f"{path}.reasoning", data.get("reasoning")),
     )
+
+
+def _parse_reasoning(path: str, data: Any) -> MultiTurnSpec | None:
+    """BLIS's ``reasoning`` section: its ``multi_turn`` conversations; a reasoning ratio
+    other than 0 (BLIS's reasoning tokens) is not modelled."""
+    if not data:
+        return None
+    data = _check_keys(path, data, _REASONING_KEYS)
+    ratio = data.get("reason_ratio_distribution")
+    if ratio is not None:
+        params = (ratio.get("params") or {}) if isinstance(ratio, Mapping) else None
+        if not isinstance(params, Mapping) or any(
+                _is_number(v) and v != 0 for v in params.values()):
+            raise ValueError(f"{path}.reason_ratio_distribution: reasoning tokens are not "
+                             "modelled; only a ratio of 0 is accepted")
+    turns = data.get("multi_turn")
+    if turns is None:
+        return None
+    turns = _check_keys(f"{path}.multi_turn", turns, _MULTI_TURN_KEYS)
+    spec = MultiTurnSpec(max_rounds=turns.get("max_rounds", 1),
+                         think_time_us=turns.get("think_time_us", 0),
+                         context_growth=turns.get("context_growth", "") or "")
+    spec.check(f"{path}.multi_turn")
+    return spec
 
 
 #: Keys of each adversarial pattern type, and those it requires.
