@@ -2,7 +2,7 @@
 arrival stream that merges them with the workload's own arrivals.
 
 Counterpart: ``blisjax.reference.cluster.ClusterSimulator._follow_up`` and its cluster arrival
-events (rules: ``blisjax.workload.sessions``, docs/semantics.md §1.8). Compiled in only when the
+events (rules: ``blisjax.workload.sessions``, docs/semantics.md §8.5). Compiled in only when the
 workload has follow-ups (``EngineStatic.sessions``); otherwise ``SessionState`` is a set of
 one-entry placeholders and nothing here runs.
 

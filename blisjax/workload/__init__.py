@@ -15,6 +15,7 @@ from blisjax.workload.spec import (
     DistSpec,
     LifecycleSpec,
     LongPromptFlood,
+    MultiTurnSpec,
     SynchronizedBurst,
     TenantSurge,
     WorkloadSpec,
@@ -22,9 +23,10 @@ from blisjax.workload.spec import (
     parse_workload_spec,
 )
 from blisjax.workload.trace import read_trace, write_trace
-from blisjax.workload.types import SLO_CLASSES, Workload
+from blisjax.workload.types import FOLLOW_UP_ARRIVAL_US, SLO_CLASSES, Workload
 
 __all__ = [
+    "FOLLOW_UP_ARRIVAL_US",
     "SLO_CLASSES",
     "ActiveWindow",
     "ArrivalSpec",
@@ -32,6 +34,7 @@ __all__ = [
     "DistSpec",
     "LifecycleSpec",
     "LongPromptFlood",
+    "MultiTurnSpec",
     "PartitionedRNG",
     "SynchronizedBurst",
     "TenantSurge",

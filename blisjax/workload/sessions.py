@@ -3,7 +3,7 @@
 A session is a conversation: its round 0 arrives like any request; each later round (a
 *follow-up*) is created when its predecessor completes and arrives a think time later, with the
 conversation so far as the start of its prompt (BLIS ``blis replay --session-mode closed-loop``,
-``sim/workload/session.go``; docs/semantics.md §1.8). A follow-up's row exists in the workload
+``sim/workload/session.go``; docs/semantics.md §8.5). A follow-up's row exists in the workload
 from the start (``Workload.follow_up``), so shapes are fixed; its arrival is a simulation result.
 
 Rules (BLIS's):

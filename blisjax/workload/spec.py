@@ -974,8 +974,8 @@ def _parse_reasoning(path: str, data: Any) -> MultiTurnSpec | None:
         params = (ratio.get("params") or {}) if isinstance(ratio, Mapping) else None
         if not isinstance(params, Mapping) or any(
                 _is_number(v) and v != 0 for v in params.values()):
-            raise ValueError(f"{path}.reason_ratio_distribution: reasoning tokens are not "
-                             "modelled; only a ratio of 0 is accepted")
+            raise ValueError(f"{path}.reason_ratio_distribution: not supported by blisjax "
+                             "(reasoning tokens are not modelled); only a ratio of 0 is accepted")
     turns = data.get("multi_turn")
     if turns is None:
         return None

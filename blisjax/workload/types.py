@@ -135,15 +135,25 @@ class Workload:
         return bool(np.any(self.follow_up))
 
     def head(self, n: int) -> Workload:
-        """The first ``n`` requests (in arrival order), name tables kept."""
-        if n >= self.num_requests:
+        """The first ``n`` requests (in arrival order), name tables kept; with closed-loop
+        sessions the first ``n`` of the rows that are not later rounds, and the later rounds of
+        the sessions they start (sessions renumbered in order)."""
+        initial = ~self.follow_up
+        if n >= int(np.count_nonzero(initial)):
             return self
+        keep = np.arange(self.num_requests) < n
+        fields = {}
         if self.has_sessions:
-            raise ValueError("workload: a closed-loop session workload cannot be cut to its "
-                             "first requests")
-        return dataclasses.replace(self, **{f.name: getattr(self, f.name)[:n]
-                                            for f in dataclasses.fields(self)
-                                            if isinstance(getattr(self, f.name), np.ndarray)})
+            heads = self.session[:n][self.session[:n] != NO_SESSION]
+            keep |= self.follow_up & np.isin(self.session, heads)
+            code = np.full(len(self.session_names) + 1, NO_SESSION, dtype=np.int64)
+            code[heads] = np.arange(heads.size)
+            fields = dict(session_names=tuple(self.session_names[k] for k in heads.tolist()))
+        arrays = {f.name: getattr(self, f.name)[keep] for f in dataclasses.fields(self)
+                  if isinstance(getattr(self, f.name), np.ndarray)}
+        if self.has_sessions:
+            arrays["session"] = code[arrays["session"]]
+        return dataclasses.replace(self, **arrays, **fields)
 
     def validate(self) -> None:
         """Raise ValueError naming the first invalid field and the allowed range."""

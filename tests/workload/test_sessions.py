@@ -142,5 +142,13 @@ def test_session_workloads_are_validated():
     with pytest.raises(ValueError, match="after every other request"):
         dataclasses.replace(w, session=np.array([0, 0, -1]), round_index=np.array([0, 1, 0]),
                             arrival_us=np.array([0, FOLLOW_UP_ARRIVAL_US, 5]))
-    with pytest.raises(ValueError, match="cannot be cut"):
-        w.head(2)
+
+
+def test_head_keeps_the_conversations_of_the_first_requests():
+    w = _golden()
+    first = w.head(3)  # three round 0s, each with its three later rounds
+    assert first.num_requests == 12 and len(first.session_names) == 3
+    assert first.session_names == w.session_names[:3]
+    assert first.request_id[:3].tolist() == w.request_id[:3].tolist()
+    assert first.session[3:].tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    assert int(prompt_tokens(first, 4096)[first.session == 0].sum()) == 140 + 624 + 1428 + 2584
