@@ -133,6 +133,15 @@ def first_divergence(a, b, request_ids=None) -> str | None:
             x, y = np.sort(x), np.sort(y)  # the engines collect entries in different orders
         if x.shape != y.shape or not np.array_equal(x, y):
             return f"run field {f}: {x.tolist()} vs {y.tolist()}"
+    if a.itl_entry_request is not None and b.itl_entry_request is not None:
+        pairs = []
+        for r in (a, b):  # each request's entries, whatever order the engine listed them in
+            rows, values = np.asarray(r.itl_entry_request), np.asarray(r.itl_entries_us)
+            order = np.lexsort((values, rows))
+            pairs.append((rows[order], values[order]))
+        if not (np.array_equal(pairs[0][0], pairs[1][0])
+                and np.array_equal(pairs[0][1], pairs[1][1])):
+            return "run field itl_entry_request: the ITL entries belong to other requests"
     for label, x, y, fields in (("P/D", a.pd, b.pd, PD_FIELDS),
                                 ("lifecycle", a.lifecycle, b.lifecycle, LIFECYCLE_FIELDS),
                                 ("session", a.sessions, b.sessions,

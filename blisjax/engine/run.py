@@ -346,8 +346,9 @@ def lane_result(st: EngineStatic, consts, final, k: int) -> records.RunResult:
         off = np.asarray(consts.itl_offset)[:n]
         entries = [g.itl_buf[o:o + c] for o, c in zip(off[done], itl_count[done], strict=True)]
         itl_entries = np.concatenate(entries).astype(np.int64) if entries else np.zeros(0, np.int64)
+        itl_rows = np.repeat(np.flatnonzero(done), itl_count[done]).astype(np.int64)
     else:
-        itl_entries = np.zeros(0, np.int64)
+        itl_entries = itl_rows = np.zeros(0, np.int64)
     clock = np.maximum(g.clock, g.last_left)
     overflow = {name: int(getattr(g, f"ovf_{name}")) for name in
                 ("queue", "pending", "blocks", "deadline") if int(getattr(g, f"ovf_{name}"))}
@@ -385,7 +386,8 @@ def lane_result(st: EngineStatic, consts, final, k: int) -> records.RunResult:
         np.asarray(consts.input_tokens)[:n].astype(np.int64)) if st.sessions else None
     result = records.RunResult(
         **rows,
-        itl_entries_us=itl_entries, sim_ended_us=ended, horizon_us=st.horizon_us,
+        itl_entries_us=itl_entries, itl_entry_request=itl_rows, sim_ended_us=ended,
+        horizon_us=st.horizon_us,
         num_instances=st.num_instances,
         cache_hits=g.hits.astype(np.int64), cache_misses=g.misses.astype(np.int64),
         preemption_count=g.preempt_count.astype(np.int64),

@@ -332,10 +332,13 @@ def _group_stats(
     itl_count: np.ndarray,
     output_tokens_done: np.ndarray,
     tpot_us: np.ndarray,
+    itl_entries_us: np.ndarray,
+    itl_entry_rows: np.ndarray | None,
 ) -> dict[str, Any]:
     """Counts and latency summary of the requests selected by ``mask`` (a class or a tenant);
     ``tpot_us`` is every request's TPOT (``formulas.request_tpot_us``), read for its completed
-    requests with at least one ITL entry."""
+    requests with at least one ITL entry; ``itl_entry_rows`` (the request of each of
+    ``itl_entries_us``, None when the run lacks it) gives the group's own ITL distribution."""
     done = mask & (status == COMPLETED)
     ttft = ttft_us[mask & (ttft_us >= 0)]
     e2e = e2e_us[done]
@@ -357,6 +360,12 @@ def _group_stats(
         ),
         **_group_extras(ttft, e2e, tpot_us[done & (itl_count > 0)]),
     }
+    if itl_entry_rows is not None:  # the group's raw ITL entries (completed requests only)
+        own = itl_entries_us[mask[itl_entry_rows]]
+        for label, p in (("p50", 50), ("p90", 90), ("p99", 99)):
+            out[f"itl_{label}_ms"] = percentile_linear(own, p, US_PER_MS)
+        out["itl_p99_p50_ratio"] = tail_ratio(percentile_linear(own, 99),
+                                              percentile_linear(own, 50))
     return out
 
 
@@ -498,7 +507,10 @@ def aggregate_metrics(
         "scheduling_delay_ms": distribution_ms(sched_population, ratio=False),
     }
 
-    group_args = (arrived, status, ttft_us, e2e_us, itl_sum_us, itl_count, tokens_done, tpot_us)
+    entry_rows = (None if result.itl_entry_request is None
+                  else np.asarray(result.itl_entry_request, dtype=np.int64))
+    group_args = (arrived, status, ttft_us, e2e_us, itl_sum_us, itl_count, tokens_done, tpot_us,
+                  itl_entries, entry_rows)
     per_class: dict[str, dict] = {}
     class_names = {
         (DEFAULT_CLASS_NAME if code == 0 else SLO_CLASSES[code]): code

@@ -244,6 +244,8 @@ class RunResult:
       kv_total_blocks: int64 per instance, its GPU KV blocks; None as ``kv_block_time_us``.
       sessions: closed-loop sessions' arrivals and prompts (``SessionRecords``), None without
         follow-ups.
+      itl_entry_request: int64, the request (row) of each ``itl_entries_us`` entry; None from a
+        producer without it.
     """
 
     status: np.ndarray
@@ -282,6 +284,7 @@ class RunResult:
     rejected_routing: int = 0
     lifecycle: LifecycleCounters | None = None
     sessions: SessionRecords | None = None
+    itl_entry_request: np.ndarray | None = None
     kv_block_time_us: np.ndarray | None = None
     kv_total_blocks: np.ndarray | None = None
 

@@ -437,6 +437,8 @@ class ClusterSimulator:
         return RunResult(
             **rows,
             itl_entries_us=np.array(itl_entries, dtype=np.int64),
+            itl_entry_request=np.array([k for x in insts for k in x.itl_entry_rows],
+                                       dtype=np.int64),
             sim_ended_us=max((x.sim_ended_us() for x in insts), default=0),
             horizon_us=self.horizon_us,
             num_instances=len(insts),

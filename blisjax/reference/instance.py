@@ -77,6 +77,7 @@ class Instance:
         self.peak_kv_blocks_used = 0
         self.kv_block_time_us = 0  # Σ used blocks × step duration (KV utilization over time)
         self.itl_entries: list[int] = []
+        self.itl_entry_rows: list[int] = []  # the request of each entry
         self._budget = 0
         self._preempted_this_step = False
         # Physics-normalized latency reads instance state (queue depths, KV usage, preemptions).
@@ -531,6 +532,7 @@ class Instance:
         r.e2e_us = records.e2e_us(ttft, sum(r.itl_us), r.output_tokens, self.post_decode_us)
         r.left_us = left_us
         self.itl_entries.extend(r.itl_us)
+        self.itl_entry_rows.extend([r.index] * len(r.itl_us))
         self.completed += 1
         self.finished.append(r)
         if left_us <= self.horizon_us:

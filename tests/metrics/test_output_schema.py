@@ -92,3 +92,26 @@ def test_pd_output_matches_the_schemas(tmp_path, capsys):
     assert all(r["prefill_instance"] is not None for r in rows)
     _validate(rows, "results")
     capsys.readouterr()
+
+
+def test_session_output_matches_the_schemas(tmp_path, capsys):
+    """BLIS's closed-loop session replay: the ``sessions`` block and the rows' session keys
+    (a later round's arrival is the run's) are declared."""
+    from tests.paths import GOLDEN_NEXT_DIR
+
+    case = json.loads((GOLDEN_NEXT_DIR / "sessions_closed_loop.json").read_text())
+    metrics_path, results_path = tmp_path / "m.json", tmp_path / "r.json"
+    argv = case["command"].split()[1:]
+    argv = [str(GOLDEN_NEXT_DIR / a) if a.endswith((".yaml", ".csv")) else a for a in argv]
+    argv[argv.index("--results-path") + 1] = str(results_path)
+    assert main([*argv, "--metrics-path", str(metrics_path), "--quiet"]) == 0
+    metrics = json.loads(metrics_path.read_text())
+    assert metrics["sessions"]["sessions"] == 108
+    _validate(metrics, "metrics")
+    rows = json.loads(results_path.read_text())
+    assert sum(r["round_index"] > 0 for r in rows) == 324
+    _validate(rows, "results")
+    # a row of a follow-up never created: arrival null
+    rows[-1]["arrival_us"] = None
+    _validate(rows, "results")
+    capsys.readouterr()
