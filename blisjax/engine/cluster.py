@@ -381,8 +381,15 @@ def _with_follow_up_timeouts(s: SimState, st, c, events: DeadlineEvents) -> Dead
     f = sessions.timeouts(s, st, c)
     seq = jnp.where(events.timeout_t_us < INT64_MAX, s.enq_seq[events.timeout_req], INT64_MAX)
     take = (f.t_us < events.timeout_t_us) | ((f.t_us == events.timeout_t_us) & (f.seq < seq))
-    return events._replace(timeout_t_us=jnp.where(take, f.t_us, events.timeout_t_us),
-                           timeout_req=jnp.where(take, f.req, events.timeout_req))
+    events = events._replace(timeout_t_us=jnp.where(take, f.t_us, events.timeout_t_us),
+                             timeout_req=jnp.where(take, f.req, events.timeout_req))
+    if not st.lifecycle:  # a deadline no-op only moves the lifecycles' last event
+        return events
+    # a completed follow-up's timeout stays pending in the reference (lazily cancelled)
+    noop = sessions.stale_timeout(s, st, c)
+    earlier = noop.t_us < events.noop_t_us
+    return events._replace(noop_t_us=jnp.where(earlier, noop.t_us, events.noop_t_us),
+                           noop_req=jnp.where(earlier, noop.req, events.noop_req))
 
 
 class NextEvent(NamedTuple):

@@ -174,6 +174,10 @@ def reset_instance(s: SimState, st, i, active) -> SimState:
     k, ring = st.kv_blocks, kvblocks.ring_size(st)
     g = st.num_groups * st.group_blocks_max
     groups = jnp.arange(st.group_slots) // max(g, 1) == i  # the instance's group hash slots
+    shared = st.group_slots + st.session_slots  # and its sessions' (engine.sessions)
+    if st.sessions:
+        per = st.num_sessions * st.session_blocks_max
+        groups = jnp.concatenate([groups, jnp.arange(st.session_slots) // per == i])
 
     def row(arr, value):
         return arr.at[i].set(jnp.where(active, value, arr[i]))
@@ -186,8 +190,8 @@ def reset_instance(s: SimState, st, i, active) -> SimState:
         fifo=row(s.fifo, jnp.where(jnp.arange(ring) < k, jnp.arange(ring), NIL).astype(jnp.int32)),
         fkey=row(s.fkey, jnp.arange(k, dtype=jnp.int32)), fhead=upd(s.fhead, i, 0, active),
         ftail=upd(s.ftail, i, k, active), kv_free=upd(s.kv_free, i, k, active),
-        slot_block=s.slot_block.at[:st.group_slots].set(
-            jnp.where(active & groups, NIL, s.slot_block[:st.group_slots])),
+        slot_block=s.slot_block.at[:shared].set(
+            jnp.where(active & groups, NIL, s.slot_block[:shared])),
         lru_pos=row(s.lru_pos, -1), lru_own_at=row(s.lru_own_at, 0),
         lru_clock=upd(s.lru_clock, i, 0, active), lru_own=upd(s.lru_own, i, 0, active),
         cold_stamp=upd(s.cold_stamp, i, -1, active),
@@ -228,6 +232,8 @@ def take_not_running(s: SimState, st, c, i, now, active) -> tuple[SimState, Held
     r = jnp.where(on, held.reqs, st.num_requests)
     j = jnp.arange(max(st.max_prompt_blocks, 1))[None, :]
     own = on[:, None] & (j >= c.group_blocks[r][:, None]) & (j < c.full_blocks[r][:, None])
+    if st.sessions:  # a session's blocks stay cached here for its later rounds
+        own = own & (j >= c.session_blocks[r][:, None])
     slots = jnp.where(own, kvblocks.hash_slot(st, c, i, r[:, None], j), st.hash_slots)
     block = s.slot_block[slots]
     mine = own & (block >= 0) & (s.kv_slot[i, jnp.maximum(block, 0)] == slots)

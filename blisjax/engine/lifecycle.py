@@ -24,6 +24,7 @@ import numpy as np
 
 from blisjax.config.autoscale import max_replicas
 from blisjax.config.codes import AutoscalerPolicy, DrainPolicy, InstanceState
+from blisjax.engine import sessions
 from blisjax.engine.exactfloat import exact_mul, ieee_divide
 from blisjax.engine.lockstep import add, upd
 from blisjax.engine.pytree import pytree_dataclass
@@ -559,7 +560,7 @@ def tick(s: SimState, st, c, p, now, go) -> SimState:
         act_draw=cursor, ovf_draws=life.ovf_draws + ovf.astype(I32),
         ovf_actuations=life.ovf_actuations + (passed & ~room).astype(I32))
     # the next tick, unless an unbounded run has nothing left to do
-    awaiting = st.num_requests - s.adm_cursor + life.unrouted
+    awaiting = sessions.arrivals_known(s, st) - s.adm_cursor + life.unrouted
     idle = (awaiting <= 0) & (jnp.sum(s.in_flight) == 0)
     stop = (st.horizon_us == INT64_MAX) & idle
     nxt = jnp.where(stop, INT64_MAX, now + p.as_interval_us)

@@ -20,11 +20,13 @@ one-entry placeholders and nothing here runs.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 
 from blisjax.engine.pytree import pytree_dataclass
-from blisjax.engine.state import QUEUED, RUNNING
+from blisjax.engine.state import COMPLETED, QUEUED, RUNNING
 from blisjax.limits import INT64_MAX
 from blisjax.workload.types import FOLLOW_UP_ARRIVAL_US
 
@@ -42,6 +44,7 @@ class SessionState:
     pending_row: jax.Array  # int32 [S]: the session's latest follow-up (N: none)
     pending_gen: jax.Array  # int64 [S]: its creation stamp
     gen_clock: jax.Array  # int64: the next creation stamp
+    created: jax.Array  # int32: follow-ups created so far
 
 
 def init_sessions(st) -> SessionState:
@@ -50,7 +53,8 @@ def init_sessions(st) -> SessionState:
         return SessionState(arrival_us=one(jnp.int64), order=one(jnp.int32),
                             init_cursor=jnp.asarray(0, jnp.int32), pending_us=one(jnp.int64),
                             pending_row=one(jnp.int32), pending_gen=one(jnp.int64),
-                            gen_clock=jnp.asarray(0, jnp.int64))
+                            gen_clock=jnp.asarray(0, jnp.int64),
+                            created=jnp.asarray(0, jnp.int32))
     rows, ns = st.num_requests + 1, st.num_sessions
     return SessionState(
         arrival_us=jnp.full(rows, FOLLOW_UP_ARRIVAL_US, jnp.int64),
@@ -58,7 +62,8 @@ def init_sessions(st) -> SessionState:
         init_cursor=jnp.asarray(0, jnp.int32),
         pending_us=jnp.full(ns, INT64_MAX, jnp.int64),
         pending_row=jnp.full(ns, st.num_requests, jnp.int32),
-        pending_gen=jnp.zeros(ns, jnp.int64), gen_clock=jnp.asarray(0, jnp.int64))
+        pending_gen=jnp.zeros(ns, jnp.int64), gen_clock=jnp.asarray(0, jnp.int64),
+        created=jnp.asarray(0, jnp.int32))
 
 
 def arrival_us(s, st, c, r):
@@ -132,8 +137,37 @@ def create_follow_ups(s, st, c, reqs, fin, rank, left_us):
         pending_row=q.pending_row.at[sess].set(row.astype(jnp.int32), mode="drop"),
         pending_gen=q.pending_gen.at[sess].set(stamp, mode="drop"),
         arrival_us=q.arrival_us.at[jnp.where(make, row, n)].set(t),
-        gen_clock=q.gen_clock + jnp.sum(fin).astype(jnp.int64))
+        gen_clock=q.gen_clock + jnp.sum(fin).astype(jnp.int64),
+        created=q.created + jnp.sum(make).astype(jnp.int32))
     return s.replace(sess=q)
+
+
+def arrivals_known(s, st):
+    """Requests whose arrival exists: the workload's own rows and the follow-ups created so far
+    (every row without sessions)."""
+    return st.initial_requests + s.sess.created if st.sessions else st.num_requests
+
+
+class StaleTimeout(NamedTuple):
+    """The earliest pending timeout of a completed follow-up (``stale_timeout``)."""
+
+    t_us: jax.Array  # int64 (INT64_MAX: none)
+    req: jax.Array  # int32
+
+
+def stale_timeout(s, st, c) -> StaleTimeout:
+    """A follow-up that completed before its deadline leaves its timeout pending on its
+    instance (the reference cancels it lazily, when it comes up): the earliest such deadline
+    within the horizon not yet handled (``SimState.tdone``), ties to the lowest row. Scans every
+    row: compiled in only with lifecycles, whose last event it can be."""
+    rows = jnp.arange(st.num_requests + 1)
+    timeout = c.deadline_us[rows]
+    dl = s.sess.arrival_us[rows] + timeout
+    stale = c.follow_up[rows] & (s.status[rows] == COMPLETED) & (timeout > 0) \
+        & (dl <= st.horizon_us) & ~s.tdone[rows]
+    t = jnp.where(stale, dl, INT64_MAX)
+    k = jnp.argmin(t).astype(jnp.int32)
+    return StaleTimeout(t[k], k)
 
 
 class SessionTimeouts:

@@ -645,11 +645,8 @@ def engine_workload(workload, max_model_len: int):
 
 def _check_sessions_supported(cfg) -> None:
     """Closed-loop sessions run with the features below in the reference engine only."""
-    from blisjax.rules import uses_lifecycle
-
     refused = [
         (cfg.cluster.pd.enabled, "cluster.pd", "P/D pools"),
-        (uses_lifecycle(cfg), "policy.autoscaler", "instance lifecycles"),
         (cfg.engine.kv_cpu_blocks > 0, "engine.kv_cpu_blocks", "a CPU tier"),
         (any(getattr(cfg.policy, site).policy == "program" for site in PROGRAM_SITES),
          "policy", "policy programs"),

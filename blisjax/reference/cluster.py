@@ -140,9 +140,8 @@ class ClusterSimulator:
         self.route_count = 0  # routings so far (the order a redirect drain routes again in)
         #: the instance slots, their lifecycles and the autoscaler
         self.life = Lifecycle(self)
-        if workload.has_sessions and (self.pd is not None or self.life.enabled):
-            raise ValueError("workload: closed-loop sessions do not run with P/D pools or "
-                             "instance lifecycles (autoscaling, node pools)")
+        if workload.has_sessions and self.pd is not None:
+            raise ValueError("workload: closed-loop sessions do not run with P/D pools")
         self._handlers = {EV_ADMISSION: self._admit, EV_ROUTING: self._route,
                           EV_PROVISIONED: self.life.start_loading, EV_LOADED: self.life.ready,
                           EV_SCALE_ACTUATION: self.life.actuate}

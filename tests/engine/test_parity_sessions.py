@@ -9,6 +9,8 @@ import dataclasses
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from blisjax.config import ScorerWeight, resolve_config
 from blisjax.engine import params_from_config, simulate_population, stack_params
@@ -23,9 +25,10 @@ from tests.reference.conftest import make_resolved
 
 
 def random_session_workload(seed: int, *, sessions: int = 10, loose: int = 8,
-                            accumulate: bool = True) -> Workload:
+                            accumulate: bool = True,
+                            thinks: tuple[int, ...] = (0, 0, 250, 1000, 4000)) -> Workload:
     """``sessions`` conversations of 1–4 rounds (messages of 3–24 tokens, 1–12 outputs, think
-    times 0–4 ms, a third of the follow-ups with a 1–6 ms timeout, some round 0s in prefix
+    times from ``thinks`` (µs), a third of the follow-ups with a 1–6 ms timeout, some round 0s in prefix
     group "g" of 8 tokens) and ``loose`` requests outside sessions; arrivals within 12 ms on a
     500 µs grid, so equal times are common. The rounds per session depend on ``sessions``
     only, so workloads of one size share a compiled program."""
@@ -45,7 +48,7 @@ def random_session_workload(seed: int, *, sessions: int = 10, loose: int = 8,
         for j in range(1, int(rounds[k])):
             follow.append(dict(arrival=FOLLOW_UP_ARRIVAL_US, input=int(rng.integers(3, 25)),
                                output=int(rng.integers(1, 13)), session=k, round=j,
-                               think=int(rng.choice([0, 0, 250, 1000, 4000])),
+                               think=int(rng.choice(thinks)),
                                group=head["group"], prefix=head["prefix"],
                                tenant=head["tenant"],
                                deadline=int(rng.integers(1, 7)) * 1000
@@ -136,3 +139,64 @@ def test_follow_ups_share_their_conversation_blocks_in_both_engines():
         assert first_divergence(want, got) is None
         hits.append(int(np.sum(want.cache_hits)))
     assert hits[0] > hits[1]
+
+
+# ---- conversations with instance lifecycles and autoscaling ------------------------------------
+
+_SESSION_SEEDS = range(20)
+
+
+@pytest.fixture(scope="module")
+def lifecycle_program():
+    """One program for every drawn example: the lifecycle scenario of test_parity_lifecycle
+    (two initial instances, four slots) over random conversation workloads of one shape."""
+    from tests.engine.test_parity_lifecycle import _base
+
+    base = _base(False, False)
+    base = resolve_config(_no_prefix_affinity(base.config))
+    # think times long enough for instances to drain, terminate and be placed again between
+    # a conversation's rounds
+    workloads = [random_session_workload(seed, sessions=8, loose=6,
+                                         thinks=(0, 2_000, 20_000, 60_000, 150_000))
+                 for seed in _SESSION_SEEDS]
+    static = build_static_shared(base, workloads, decode_stretches=True)
+    return base, workloads, static
+
+
+_LIFECYCLE_SETTINGS = dict(deadline=None, derandomize=True, database=None,
+                           suppress_health_check=[HealthCheck.too_slow,
+                                                  HealthCheck.data_too_large,
+                                                  HealthCheck.function_scoped_fixture])
+
+
+@settings(max_examples=6, **_LIFECYCLE_SETTINGS)
+@given(data=st.data())
+def test_conversations_under_autoscaling_match_reference(lifecycle_program, data):
+    """Ticks, scale-ups, drains (a redirect drain routes a conversation's round elsewhere; an
+    immediate one drops it, ending the conversation) and reused slots, whose caches restart
+    empty, interleave with follow-ups; each lane equals its reference run."""
+    _check_autoscaled_conversations(lifecycle_program, data)
+
+
+@pytest.mark.slow
+@settings(max_examples=40, **_LIFECYCLE_SETTINGS)
+@given(data=st.data())
+def test_conversations_under_autoscaling_match_reference_slow(lifecycle_program, data):
+    """More examples: among them a conversation's round routed to a slot whose earlier
+    instance cached its history (the new instance's cache is empty)."""
+    _check_autoscaled_conversations(lifecycle_program, data)
+
+
+def _check_autoscaled_conversations(lifecycle_program, data) -> None:
+    from tests.engine.test_parity_lifecycle import _lane, autoscalers, lifecycles
+
+    base, workloads, static = lifecycle_program
+    w = workloads[data.draw(st.integers(0, len(workloads) - 1), label="workload")]
+    configs = [_lane(base, data.draw(autoscalers(static.num_instances), label=f"autoscaler {k}"),
+                     data.draw(lifecycles(), label=f"lifecycle {k}")) for k in range(4)]
+    params = stack_params([params_from_config(c, w.tenant_names) for c in configs])
+    results = simulate_population(base, w, params, static=static)
+    for k, cfg in enumerate(configs):
+        want = reference(resolve_config(cfg), w)
+        assert first_divergence(want, results[k], w.request_id) is None, (
+            k, cfg.policy.autoscaler, cfg.cluster.lifecycle)
