@@ -267,14 +267,18 @@ def test_release_widths_double_up_to_block_table(table, widths):
                                           narrow_programs=True)) == widths
 
 
-@pytest.mark.parametrize(("prompt_blocks", "group_blocks", "widths"), [
-    (85, 8, (8, 85)), (8, 8, (8,)), (5, 8, (5,)), (0, 1, (1,))])
-def test_prefix_widths_narrow_to_the_prefix_groups(prompt_blocks, group_blocks, widths):
-    # a never-preempted request's cached chain is at most the prefix groups' block count
+@pytest.mark.parametrize(("prompt_blocks", "group_blocks", "sessions", "widths"), [
+    (85, 8, False, (8, 85)), (8, 8, False, (8,)), (5, 8, False, (5,)), (0, 1, False, (1,)),
+    (85, 8, True, (85,))])
+def test_prefix_widths_narrow_to_the_prefix_groups(prompt_blocks, group_blocks, sessions,
+                                                   widths):
+    # a never-preempted request's cached chain is at most the prefix groups' block count;
+    # with closed-loop sessions a follow-up's chain may be its whole prompt
     from types import SimpleNamespace
 
     from blisjax.engine.kvcache import prefix_widths
-    st = SimpleNamespace(max_prompt_blocks=prompt_blocks, group_blocks_max=group_blocks)
+    st = SimpleNamespace(max_prompt_blocks=prompt_blocks, group_blocks_max=group_blocks,
+                         sessions=sessions)
     assert prefix_widths(st) == widths
 
 
