@@ -48,6 +48,18 @@ class Stage(IntEnum):
     REJECTED = 8
 
 
+class GatewayCounters(NamedTuple):
+    """The gateway queue's counters (``RunResult.gateway``; BLIS's flow control,
+    docs/semantics.md §5.11): requests refused by a full queue (status rejected; BLIS's
+    ``Gateway Queue Rejected``), still waiting at the end (``Gateway Queue Depth
+    (horizon)``), dispatched to routing, and their summed wait, enqueue to dispatch, µs."""
+
+    rejected: int
+    queue_depth: int
+    dispatched: int
+    wait_sum_us: int
+
+
 #: ``Outcome`` of each ``Stage`` at the end of a run, indexed by stage code.
 OUTCOME_OF_STAGE = np.array(
     [UNFINISHED, UNFINISHED, UNFINISHED, UNFINISHED, UNFINISHED, COMPLETED, TIMED_OUT, DROPPED,
@@ -244,6 +256,7 @@ class RunResult:
       kv_total_blocks: int64 per instance, its GPU KV blocks; None as ``kv_block_time_us``.
       sessions: closed-loop sessions' arrivals and prompts (``SessionRecords``), None without
         follow-ups.
+      gateway: the gateway queue's counters (``GatewayCounters``), None without flow control.
     """
 
     status: np.ndarray
@@ -284,6 +297,7 @@ class RunResult:
     sessions: SessionRecords | None = None
     kv_block_time_us: np.ndarray | None = None
     kv_total_blocks: np.ndarray | None = None
+    gateway: GatewayCounters | None = None
 
     @property
     def num_requests(self) -> int:
