@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from blisjax.engine.gateway import init_gateway
 from blisjax.engine.kvtier import init_tier
 from blisjax.engine.lifecycle import init_lifecycle
 from blisjax.engine.pd import init_pd
 from blisjax.engine.recent import init_recent
-from blisjax.engine.gateway import init_gateway
 from blisjax.engine.sessions import init_sessions
 from blisjax.engine.state import DEFERRED_RELEASES, NIL, SimState
 from blisjax.engine.static import EngineStatic
