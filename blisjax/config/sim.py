@@ -406,7 +406,7 @@ DISPATCH_ORDERS = ("fifo", "priority")
 
 @dataclass(frozen=True)
 class GatewayConfig:
-    """The gateway queue: BLIS HEAD's flow control (docs/semantics.md §5.11, Decision 21).
+    """The gateway queue: BLIS HEAD's flow control (docs/semantics.md §5.12, Decision 21).
 
     Admitted requests wait at the gateway and are dispatched to routing one at a time while
     the cluster is not saturated: at their own admission and at dispatch ticks.

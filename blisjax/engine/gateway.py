@@ -1,4 +1,4 @@
-"""The gateway queue in the JAX engine: BLIS's flow control (docs/semantics.md §5.11,
+"""The gateway queue in the JAX engine: BLIS's flow control (docs/semantics.md §5.12,
 Decision 21).
 
 Counterpart: ``blisjax.reference.gateway`` and ``ClusterSimulator._try_dispatch`` /

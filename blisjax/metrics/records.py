@@ -50,7 +50,7 @@ class Stage(IntEnum):
 
 class GatewayCounters(NamedTuple):
     """The gateway queue's counters (``RunResult.gateway``; BLIS's flow control,
-    docs/semantics.md §5.11): requests refused by a full queue (status rejected; BLIS's
+    docs/semantics.md §5.12): requests refused by a full queue (status rejected; BLIS's
     ``Gateway Queue Rejected``), still waiting at the end (``Gateway Queue Depth
     (horizon)``), dispatched to routing, and their summed wait, enqueue to dispatch, µs."""
 

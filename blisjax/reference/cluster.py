@@ -273,7 +273,7 @@ class ClusterSimulator:
         if self.trace is not None:
             self.trace.admission(req, time_us, admitted, self.cfg.policy.admission.policy)
         if admitted and self.gateway is not None and not self.gateway.enqueue(req, time_us):
-            req.state = Stage.REJECTED  # the gateway queue is full (§5.11)
+            req.state = Stage.REJECTED  # the gateway queue is full (§5.12)
             self.awaiting_routing -= 1
         elif admitted:
             self.tenant_in_flight[req.tenant] += 1
@@ -287,7 +287,7 @@ class ClusterSimulator:
             self.awaiting_routing -= 1
 
     def _try_dispatch(self, time_us: int) -> None:
-        """One dispatch attempt of the gateway queue (§5.11; BLIS
+        """One dispatch attempt of the gateway queue (§5.12; BLIS
         ``tryDispatchFromGatewayQueue``): with requests waiting, start the dispatch ticks if
         none is pending; on snapshots refreshed as a routing decision's, dispatch the next
         request to routing unless the cluster is saturated."""

@@ -1,4 +1,4 @@
-"""The gateway queue: BLIS HEAD's flow control (docs/semantics.md §5.11, Decision 21).
+"""The gateway queue: BLIS HEAD's flow control (docs/semantics.md §5.12, Decision 21).
 
 Admitted requests wait here and are dispatched to routing one at a time while the cluster is
 not saturated. ``ClusterSimulator`` calls ``enqueue`` at an admission, ``try_dispatch`` right

@@ -1,4 +1,4 @@
-"""The gateway queue (BLIS's flow control, docs/semantics.md §5.11) in both engines: a
+"""The gateway queue (BLIS's flow control, docs/semantics.md §5.12) in both engines: a
 population of random policies, each with a random gateway (detector, thresholds, dispatch
 order, a small max depth, tick period; some lanes without flow control) on a bursty workload
 of mixed SLO classes, each lane equal to its own reference run."""

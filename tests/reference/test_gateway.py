@@ -1,4 +1,4 @@
-"""The gateway queue (BLIS's flow control, docs/semantics.md §5.11, Decision 21) on cases
+"""The gateway queue (BLIS's flow control, docs/semantics.md §5.12, Decision 21) on cases
 computed by hand from BLIS's rules: one dispatch attempt at each admission and at each tick
 (every ``dispatch_tick_interval_us`` from the first attempt while requests wait), held while
 the detector's saturation is >= 1, a full queue rejects, fifo / band dispatch order."""
