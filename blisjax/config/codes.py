@@ -45,6 +45,15 @@ class AdmissionPolicy(Code):
     PROGRAM = 5  # a policy program (blisjax.program): admit iff its value is > 0
 
 
+class SaturationDetector(Code):
+    """The gateway queue's saturation detectors (docs/semantics.md §5.11; BLIS HEAD's
+    ``--saturation-detector``)."""
+
+    NEVER = 0
+    UTILIZATION = 1
+    CONCURRENCY = 2
+
+
 class PriorityPolicy(Code):
     """Priority templates (docs/semantics.md §5.5, Part B B.2, Decision 5)."""
 

@@ -137,6 +137,47 @@ def _per_pool_override(flag: str, v: Any) -> Any:
                             "--hardware, --latency-model, --max-model-len)")
 
 
+def _tick_interval(flag: str, v: Any) -> int:
+    """BLIS's ``--dispatch-tick-interval``: µs, >= 0; 0 means BLIS's default of 1000."""
+    value = _parse_number(flag, v, int)
+    if value < 0:
+        raise ConfigError(flag, f"must be >= 0 (0 = 1000 µs, BLIS's default), got {value}")
+    return value or 1000
+
+
+def _unmodelled(default: Any, what: str) -> Callable[[str, Any], Any]:
+    """A BLIS flow-control flag blisjax does not model: its default value is accepted (and
+    changes nothing), any other is refused naming what is missing."""
+    def parse(flag: str, v: Any) -> Any:
+        value = v
+        if isinstance(default, bool):
+            value = _switch(flag, v)
+        elif isinstance(default, float):
+            value = _parse_number(flag, v, float)
+        elif isinstance(default, int):
+            value = _parse_number(flag, v, int)
+        else:
+            value = str(v).strip()
+        if value != default:
+            raise ConfigError(flag, f"{what} is not modelled (docs/limitations.md); only "
+                              f"{default!r} is accepted, got {v!r}")
+        return value
+    parse.is_switch = isinstance(default, bool)  # a bare flag, as BLIS's
+    return parse
+
+
+#: BLIS's flow-control flags blisjax does not model: (flag, default, what).
+UNMODELLED_FLOW_CONTROL = (
+    ("--per-band-capacity", 0, "a per-priority-band capacity"),
+    ("--usage-limit-threshold", 1.0, "per-band head-of-line ceilings"),
+    ("--fairness-policy", "global-strict", "round-robin fairness among tenants"),
+    ("--request-ttl", 0, "a gateway-queue TTL"),
+    ("--queue-shedding", False, "cross-band shedding at a full gateway queue"),
+    ("--in-flight-eviction", False, "in-flight eviction of sheddable requests"),
+    ("--slo-targets", "", "slo-deadline dispatch targets"),
+)
+
+
 BLIS_FLAGS: tuple[BlisFlag, ...] = (
     BlisFlag(
         ("--model",),
@@ -479,6 +520,68 @@ BLIS_FLAGS: tuple[BlisFlag, ...] = (
                "", f"P/D: per-pool {what} (not modelled: refused)")
       for pool in ("prefill", "decode") for what in PER_POOL_OVERRIDES),
     BlisFlag(
+        ("--flow-control",),
+        "flow_control",
+        _switch,
+        "cluster.gateway.enabled",
+        "gateway queue with saturation-gated dispatch (BLIS flow control)",
+    ),
+    BlisFlag(
+        ("--saturation-detector",),
+        "saturation_detector",
+        _str,
+        "cluster.gateway.saturation_detector",
+        "gateway saturation detector",
+        choices=("never", "utilization", "concurrency"),
+    ),
+    BlisFlag(
+        ("--queue-depth-threshold",),
+        "queue_depth_threshold",
+        _float,
+        "cluster.gateway.queue_depth_threshold",
+        "utilization detector: queue depth per instance at saturation",
+    ),
+    BlisFlag(
+        ("--kv-cache-util-threshold",),
+        "kv_cache_util_threshold",
+        _float,
+        "cluster.gateway.kv_cache_util_threshold",
+        "utilization detector: KV utilization at saturation",
+    ),
+    BlisFlag(
+        ("--max-concurrency",),
+        "max_concurrency",
+        _int,
+        "cluster.gateway.max_concurrency",
+        "concurrency detector: in-flight requests per instance at saturation",
+    ),
+    BlisFlag(
+        ("--dispatch-order",),
+        "dispatch_order",
+        _str,
+        "cluster.gateway.dispatch_order",
+        "gateway queue dispatch order",
+        choices=("fifo", "priority"),
+    ),
+    BlisFlag(
+        ("--max-gateway-queue-depth",),
+        "max_gateway_queue_depth",
+        _int,
+        "cluster.gateway.max_queue_depth",
+        "gateway queue capacity, requests (0 = unlimited); a full queue rejects",
+    ),
+    BlisFlag(
+        ("--dispatch-tick-interval",),
+        "dispatch_tick_interval",
+        _tick_interval,
+        "cluster.gateway.dispatch_tick_interval_us",
+        "period of gateway dispatch ticks, µs (0 = 1000)",
+        "N",
+    ),
+    *(BlisFlag((flag,), flag.lstrip("-").replace("-", "_"), _unmodelled(default, what), "",
+               f"flow control: {what} (not modelled: only {default!r})")
+      for flag, default, what in UNMODELLED_FLOW_CONTROL),
+    BlisFlag(
         ("--blis-quirks",),
         "blis_quirks",
         _switch,
@@ -507,7 +610,7 @@ def add_blis_flags(parser: argparse.ArgumentParser) -> None:
     """
     group = parser.add_argument_group("BLIS-compatible flags")
     for f in BLIS_FLAGS:
-        if f.parse is _switch:
+        if f.parse is _switch or getattr(f.parse, "is_switch", False):
             group.add_argument(*f.names, dest=f.dest, action="store_const", const=True,
                                default=None, help=f.help)
             continue
@@ -574,8 +677,10 @@ def _apply_tree(cfg: SimConfig, tree: dict[str, Any]) -> SimConfig:
     )
     if "latency" in tree:
         tree["latency"] = _latency_overrides(cfg, tree["latency"])
-    if "pd" in tree.get("cluster", {}):  # a nested section: the flags given update it
-        tree["cluster"]["pd"] = dataclasses.replace(cfg.cluster.pd, **tree["cluster"]["pd"])
+    for nested in ("pd", "gateway"):  # nested sections: the flags given update them
+        if nested in tree.get("cluster", {}):
+            tree["cluster"][nested] = dataclasses.replace(getattr(cfg.cluster, nested),
+                                                          **tree["cluster"][nested])
     sections = {
         name: dataclasses.replace(getattr(cfg, name), **tree.pop(name))
         for name in ("engine", "latency", "cluster", "compat")
@@ -615,6 +720,12 @@ def apply_blis_flag_values(cfg: SimConfig, values: Mapping[str, Any]) -> SimConf
     if "model-autoscaler-interval-us" in given:  # overrides the bundle's interval (BLIS)
         cfg = _autoscaler_interval(cfg, next(v for k, v in values.items() if k.lstrip("-")
                                              .replace("_", "-") == "model-autoscaler-interval-us"))
+    if cfg.cluster.gateway.enabled and "admission-policy" in given \
+            and cfg.policy.admission.policy != "always-admit":
+        raise ConfigError("--admission-policy", "BLIS's --flow-control replaces the admission "
+                          "policy by the gateway queue (blisjax composes them, docs/semantics.md "
+                          "Decision 21): give only --flow-control, or set policy.admission in a "
+                          "configuration file")
     if "pd-prefix-threshold" in given and cfg.cluster.pd.decider != "prefix-threshold":
         raise ConfigError("--pd-prefix-threshold", "is only used with --pd-decider "
                           f"prefix-threshold (the decider is {cfg.cluster.pd.decider!r})")

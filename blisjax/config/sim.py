@@ -397,6 +397,79 @@ def _as_pd(value: Any) -> PDConfig:
     raise ConfigError("cluster.pd", f"must be a mapping of P/D settings, got {value!r}")
 
 
+#: Saturation detectors of the gateway queue (BLIS HEAD's ``--saturation-detector``).
+SATURATION_DETECTORS = ("never", "utilization", "concurrency")
+#: Orders the gateway queue dispatches in (``--dispatch-order``; BLIS's slo-deadline is not
+#: modelled).
+DISPATCH_ORDERS = ("fifo", "priority")
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    """The gateway queue: BLIS HEAD's flow control (docs/semantics.md §5.12, Decision 21).
+
+    Admitted requests wait at the gateway and are dispatched to routing one at a time while
+    the cluster is not saturated: at their own admission and at dispatch ticks.
+
+    Attributes:
+      enabled: flow control on (``--flow-control``); off, admitted requests go straight to
+        routing.
+      saturation_detector: never | utilization | concurrency (``--saturation-detector``):
+        never = 0 (a pass-through); utilization = mean over the routable instances of
+        max(queue depth / queue_depth_threshold, KV utilization / kv_cache_util_threshold);
+        concurrency = in-flight requests / (instances × max_concurrency). Dispatch holds
+        while it is >= 1.
+      queue_depth_threshold: > 0 (``--queue-depth-threshold``, 5).
+      kv_cache_util_threshold: > 0 (``--kv-cache-util-threshold``, 0.8).
+      max_concurrency: in-flight requests per instance, >= 1 (``--max-concurrency``, 100).
+      dispatch_order: fifo (enqueue order) | priority (highest SLO-class priority
+        ``policy.priority.slo_class_scores`` first, then enqueue order) (``--dispatch-order``).
+      max_queue_depth: requests the queue holds, >= 0, 0 = unlimited
+        (``--max-gateway-queue-depth``); a request arriving at a full queue is rejected.
+      dispatch_tick_interval_us: period of the dispatch ticks while requests wait, µs, >= 1
+        (``--dispatch-tick-interval``, 1000).
+    """
+
+    enabled: bool = False
+    saturation_detector: str = "never"
+    queue_depth_threshold: float = 5.0
+    kv_cache_util_threshold: float = 0.8
+    max_concurrency: int = 100
+    dispatch_order: str = "fifo"
+    max_queue_depth: int = 0
+    dispatch_tick_interval_us: int = 1000
+
+    def __post_init__(self) -> None:
+        p = "cluster.gateway"
+        set_field(self, "enabled", check_bool(f"{p}.enabled", self.enabled))
+        check_choice(f"{p}.saturation_detector", self.saturation_detector, SATURATION_DETECTORS)
+        check_choice(f"{p}.dispatch_order", self.dispatch_order, DISPATCH_ORDERS)
+        for name in ("queue_depth_threshold", "kv_cache_util_threshold"):
+            set_field(self, name, check_float(f"{p}.{name}", getattr(self, name), min_value=0,
+                                              min_open=True))
+        set_field(self, "max_concurrency",
+                  check_int(f"{p}.max_concurrency", self.max_concurrency, min_value=1))
+        set_field(self, "max_queue_depth",
+                  _non_negative_int(f"{p}.max_queue_depth", self.max_queue_depth))
+        set_field(self, "dispatch_tick_interval_us",
+                  check_int(f"{p}.dispatch_tick_interval_us", self.dispatch_tick_interval_us,
+                            min_value=1, max_value=INT64_MAX))
+
+
+def _as_gateway(value: Any) -> GatewayConfig:
+    if isinstance(value, GatewayConfig):
+        return value
+    if isinstance(value, Mapping):
+        allowed = tuple(f.name for f in dataclasses.fields(GatewayConfig))
+        for key in value:
+            if key not in allowed:
+                raise ConfigError(f"cluster.gateway.{key}",
+                                  f"unknown key; allowed keys: {', '.join(allowed)}")
+        return GatewayConfig(**value)
+    raise ConfigError("cluster.gateway",
+                      f"must be a mapping of gateway settings, got {value!r}")
+
+
 @dataclass(frozen=True)
 class ClusterConfig:
     """Cluster shape and router timing.
@@ -413,6 +486,7 @@ class ClusterConfig:
         long has passed since the last refresh and empty before the first (BLIS HEAD's
         ``--cache-signal-delay``, whose default is 50000).
       pd: prefill/decode disaggregation (``PDConfig``; no pools by default).
+      gateway: the gateway queue, BLIS's flow control (``GatewayConfig``; off by default).
       lifecycle: how instances load, warm up and what they cost (``LifecycleConfig``).
       node_pools: nodes the instances are placed on (``NodePool`` list); empty = no placement
         limit beyond ``policy.autoscaler.max_replicas``.
@@ -425,6 +499,7 @@ class ClusterConfig:
     prefix_index_capacity_blocks: int = 10000
     cache_signal_delay_us: int = 0
     pd: PDConfig = field(default_factory=PDConfig)
+    gateway: GatewayConfig = field(default_factory=GatewayConfig)
     lifecycle: LifecycleConfig = field(default_factory=LifecycleConfig)
     node_pools: tuple[NodePool, ...] = ()
 
@@ -445,6 +520,7 @@ class ClusterConfig:
         delay = _non_negative_int("cluster.cache_signal_delay_us", self.cache_signal_delay_us)
         set_field(self, "cache_signal_delay_us", delay)
         set_field(self, "pd", _as_pd(self.pd))
+        set_field(self, "gateway", _as_gateway(self.gateway))
         if self.pd.pooled_instances > self.num_instances:
             raise ConfigError("cluster.pd", "prefill + decode + shared instances "
                               f"({self.pd.pooled_instances}) must not exceed "

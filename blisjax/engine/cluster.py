@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from blisjax.config.codes import DrainPolicy
-from blisjax.engine import instance, lifecycle, pd, policies, sessions, stretch
+from blisjax.engine import gateway, instance, lifecycle, pd, policies, sessions, stretch
 from blisjax.engine.exactfloat import ieee_divide
 from blisjax.engine.lockstep import add, lane_once, lane_while, upd
 from blisjax.engine.params import POOL_PREFILL
@@ -42,9 +42,10 @@ from blisjax.limits import INT64_MAX
 
 # Cluster events in the order they run at equal times (the reference's priorities: a node
 # provisioned or a model loaded, admission, routing, prefill routing, transfer start and end,
-# the autoscaler's tick and actuation); a deadline no-op changes nothing else.
-(CL_LIFECYCLE, CL_ADMISSION, CL_ROUTING, CL_PREFILL_ROUTING, CL_TRANSFER, CL_TICK,
- CL_ACTUATION, CL_NOOP) = range(8)
+# the gateway's dispatch tick, the autoscaler's tick and actuation); a deadline no-op changes
+# nothing else.
+(CL_LIFECYCLE, CL_ADMISSION, CL_ROUTING, CL_PREFILL_ROUTING, CL_TRANSFER, CL_GATEWAY, CL_TICK,
+ CL_ACTUATION, CL_NOOP) = range(9)
 
 F64 = jnp.float64
 
@@ -95,16 +96,50 @@ def admission(s: SimState, st, c, p, now, active) -> SimState:
     s = refresh_snapshots(s, st, c, now, active)
     decision = policies.admit(s, st, c, p, r, now, active, router_members(s, st, p))
     admitted = decision.admitted
+    if st.gateway:  # admitted requests wait at the gateway (flow-control lanes)
+        g = s.gw
+        refused = active & admitted & p.gw_on & gateway.full(g, p)
+        waits = active & admitted & p.gw_on & ~refused
+        g = gateway.enqueue(g, st, c, p, r, now, waits)
+        g = gateway.to_routing(g, st, r, now, active & admitted & ~p.gw_on)
+        s = s.replace(gw=g.replace(rejected=g.rejected + refused.astype(jnp.int32)))
+        admitted = admitted & ~refused
     s = s.replace(
         bucket=decision.bucket, bucket_last=decision.bucket_last,
         status=s.status.at[r].set(jnp.where(admitted, ADMITTED, REJECTED).astype(s.status.dtype)),
-        rejected=s.rejected + (active & ~admitted).astype(jnp.int32),
+        rejected=s.rejected + (active & ~decision.admitted).astype(jnp.int32),
         tenant_in_flight=add(s.tenant_in_flight, c.tenant[r], 1, active & admitted),
         adm_cursor=s.adm_cursor + active.astype(jnp.int32))
     if st.lifecycle:
         s = s.replace(life=s.life.replace(
             unrouted=s.life.unrouted + (active & admitted).astype(jnp.int32)))
+    if st.gateway:
+        s = lane_once(waits, lambda s, go: gateway_dispatch(s, st, c, p, now, go), s)
     return s
+
+
+def gateway_dispatch(s: SimState, st, c, p, now, go) -> SimState:
+    """One dispatch attempt of the gateway queue where ``go``
+    (``ClusterSimulator._try_dispatch``): with requests waiting, start the dispatch ticks if
+    none is pending; on snapshots refreshed as a routing decision's, send the next request to
+    routing unless the cluster is saturated."""
+    g = s.gw
+    go = go & (g.count > 0)
+    start = go & (g.tick_us == INT64_MAX)
+    s = s.replace(gw=g.replace(tick_us=jnp.where(start, now + p.gw_tick_us, g.tick_us)))
+    s = refresh_snapshots(s, st, c, now, go)
+    send = go & (gateway.saturation(s, st, p, router_members(s, st, p)) < 1.0)
+    g, r = gateway.pop(s.gw, st, p, now, send)
+    return s.replace(gw=gateway.to_routing(g, st, r, now, send))
+
+
+def gateway_tick(s: SimState, st, c, p, now, active) -> SimState:
+    """A dispatch tick (``ClusterSimulator._gateway_tick``): one attempt, and the next tick
+    while requests wait."""
+    s = gateway_dispatch(s, st, c, p, now, active)
+    g = s.gw
+    after = jnp.where(g.count > 0, now + p.gw_tick_us, INT64_MAX)
+    return s.replace(gw=g.replace(tick_us=jnp.where(active, after, g.tick_us)))
 
 
 def routing(s: SimState, st, c, p, now, active) -> SimState:
@@ -112,7 +147,10 @@ def routing(s: SimState, st, c, p, now, active) -> SimState:
     picks an instance (``policies.route``; with P/D pools ``pd.route_request``, which may
     disaggregate it) and the request enters that instance's α-delay window
     (``instance.inject_arrival``)."""
-    cursor = s.sess.order[s.route_cursor] if st.sessions else s.route_cursor
+    if st.gateway:  # in dispatch order
+        cursor = gateway.next_routing(s.gw, s.route_cursor, st.num_requests)[1]
+    else:
+        cursor = s.sess.order[s.route_cursor] if st.sessions else s.route_cursor
     r = jnp.where(active, cursor, st.num_requests)
     go = active & (s.status[r] == ADMITTED)
     s = refresh_snapshots(s, st, c, now, go)
@@ -423,13 +461,18 @@ def next_event(s: SimState, st, c) -> NextEvent:
     else:
         adm_t = jnp.where(ac < n, c.arrival_us[jnp.minimum(ac, n)] + la, INT64_MAX)
         rt_t = jnp.where(rc < ac, c.arrival_us[jnp.minimum(rc, n)] + la + lr, INT64_MAX)
+    if st.gateway:  # routings follow the dispatches
+        rt_t = gateway.next_routing(s.gw, rc, n)[0]
     deadlines = _deadline_events(s, st, c)
     noop_t, timeout_t = deadlines.noop_t_us, deadlines.timeout_t_us
     none = jnp.asarray(INT64_MAX, jnp.int64)
     transfer = pd.next_transfer(s) if st.pd else pd.NextTransfer(none, jnp.asarray(0, jnp.int32))
     pf_t = pd.prefill_routing_us(s, st, c) if st.pd else none
     kinds = [(CL_ADMISSION, adm_t), (CL_ROUTING, rt_t), (CL_PREFILL_ROUTING, pf_t),
-             (CL_TRANSFER, transfer.t_us), (CL_NOOP, noop_t)]
+             (CL_TRANSFER, transfer.t_us)]
+    if st.gateway:  # compiled in only with flow control
+        kinds.append((CL_GATEWAY, s.gw.tick_us))
+    kinds.append((CL_NOOP, noop_t))
     if st.lifecycle:  # compiled in only with lifecycles
         life = s.life
         kinds += [(CL_LIFECYCLE, lifecycle.next_ready(life)[0]), (CL_TICK, life.tick_us),
@@ -501,11 +544,14 @@ def _dispatch_cheap(s: SimState, st, c, p, ev: NextEvent, go) -> SimState:
     admit = cl & (ev.cluster_kind == CL_ADMISSION)
     s = lane_once(admit, lambda s, go: admission(s, st, c, p, t_evt, go), s)
     route = cl & (ev.cluster_kind == CL_ROUTING)
-    if st.routing_latency_us == 0:
+    if st.routing_latency_us == 0 and not st.gateway:
         fused = _routing_follows(s, st, c, admit)
         s = s.replace(iters=s.iters + fused.astype(jnp.int64))  # an event of its own
         route = route | fused
     s = lane_once(route, lambda s, go: routing(s, st, c, p, t_evt, go), s)
+    if st.gateway:
+        s = lane_once(cl & (ev.cluster_kind == CL_GATEWAY),
+                      lambda s, go: gateway_tick(s, st, c, p, t_evt, go), s)
     if st.pd:
         s = lane_once(cl & (ev.cluster_kind == CL_PREFILL_ROUTING),
                       lambda s, go: prefill_routing(s, st, c, p, t_evt, go), s)

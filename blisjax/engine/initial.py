@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from blisjax.engine.gateway import init_gateway
 from blisjax.engine.kvtier import init_tier
 from blisjax.engine.lifecycle import init_lifecycle
 from blisjax.engine.pd import init_pd
@@ -79,6 +80,7 @@ def init_state(st: EngineStatic, tb_capacity, rl_burst, admission_code, rate_lim
         slot_seq=jnp.full(st.hash_slots + 1, -1, i64), slot_clock=jnp.asarray(0, i64),
         tier=init_tier(st, kv_cpu_blocks, kv_reload_us), pd=init_pd(st, pd_rng, pd_role, pd_pools),
         life=init_lifecycle(st, params), recent=init_recent(st), sess=init_sessions(st),
+        gw=init_gateway(st, params),
         rel_inst=jnp.asarray(0, i32), rel_slots=zi32(DEFERRED_RELEASES),
         rel_count=jnp.asarray(0, i32),
         hits=zi(i), misses=zi(i), preempt_count=zi(i), completed=zi(i), dropped=zi(i),

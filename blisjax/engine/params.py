@@ -15,6 +15,7 @@ from blisjax.config.codes import (
     PreemptionPolicy,
     PriorityPolicy,
     RoutingPolicy,
+    SaturationDetector,
     SchedulerPolicy,
     Scorer,
     TieBreak,
@@ -74,6 +75,12 @@ class PolicyParams:
     ``DELAY_DRAWS`` of them); ``life_*`` the lifecycle's (loading and node-provisioning delays
     drawn likewise, warm-up, cost) and the node pools' (GPUs and nodes per pool, cost,
     variant; variants' costs and cost order) — ``engine.lifecycle.lifecycle_params``.
+    The gateway queue (``cluster.gateway``; read only by programs with flow control,
+    ``EngineStatic.gateway``): gw_on the lane has flow control; gw_detector
+    ``SaturationDetector`` code, its thresholds gw_qd_threshold, gw_kv_threshold (float64)
+    and gw_max_conc; gw_by_band dispatches by SLO-class band (``priority`` order, or fifo
+    under ``compat.blis_quirks``: BLIS's gated dispatch); gw_max_depth (0: unlimited);
+    gw_tick_us the dispatch tick period.
     """
 
     admission: jax.Array
@@ -149,6 +156,14 @@ class PolicyParams:
     life_pool_variant: jax.Array
     life_variant_cost: jax.Array
     life_variant_order: jax.Array
+    gw_on: jax.Array
+    gw_detector: jax.Array
+    gw_qd_threshold: jax.Array
+    gw_kv_threshold: jax.Array
+    gw_max_conc: jax.Array
+    gw_by_band: jax.Array
+    gw_max_depth: jax.Array
+    gw_tick_us: jax.Array
 
 
 #: Pools of ``PolicyParams.pd_pool_*`` (index of the first axis).
@@ -229,7 +244,22 @@ def params_from_config(cfg, tenant_names: tuple[str, ...]) -> PolicyParams:
                                 dtype=np.int64),
         **_pd_params(cfg),
         **lifecycle_params(cfg),
+        **_gateway_params(cfg),
     )
+
+
+def _gateway_params(cfg) -> dict:
+    """The gateway queue's knobs of ``cfg`` as arrays."""
+    gw = cfg.cluster.gateway
+    return dict(
+        gw_on=np.asarray(bool(gw.enabled)),
+        gw_detector=np.asarray(SaturationDetector.of(gw.saturation_detector), dtype=np.int32),
+        gw_qd_threshold=np.asarray(gw.queue_depth_threshold, dtype=np.float64),
+        gw_kv_threshold=np.asarray(gw.kv_cache_util_threshold, dtype=np.float64),
+        gw_max_conc=np.asarray(gw.max_concurrency, dtype=np.int32),
+        gw_by_band=np.asarray(gw.dispatch_order == "priority" or cfg.compat.blis_quirks),
+        gw_max_depth=np.asarray(gw.max_queue_depth, dtype=np.int32),
+        gw_tick_us=np.asarray(gw.dispatch_tick_interval_us, dtype=np.int64))
 
 
 #: Fields with one entry per instance of the lane's cluster (``cluster.num_instances``).

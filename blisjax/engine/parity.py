@@ -76,8 +76,10 @@ def count_mismatch(result) -> str | None:
              ("timed_out", int(np.sum(result.timed_out)), counts.timed_out),
              ("dropped_unservable", int(np.sum(result.dropped_unservable)) + extra_dropped,
               counts.dropped),
-             ("rejected_admission + rejected_routing",
-              int(result.rejected_admission) + int(result.rejected_routing), counts.rejected))
+             ("rejected_admission + rejected_routing + gateway rejected",
+              int(result.rejected_admission) + int(result.rejected_routing)
+              + (int(result.gateway.rejected) if result.gateway is not None else 0),
+              counts.rejected))
     for name, counter, by_status in pairs:
         if counter != by_status:
             return f"{name} counts {counter} requests but {by_status} have that status"
@@ -145,7 +147,9 @@ def first_divergence(a, b, request_ids=None) -> str | None:
     for label, x, y, fields in (("P/D", a.pd, b.pd, PD_FIELDS),
                                 ("lifecycle", a.lifecycle, b.lifecycle, LIFECYCLE_FIELDS),
                                 ("session", a.sessions, b.sessions,
-                                 records.SessionRecords._fields)):
+                                 records.SessionRecords._fields),
+                                ("gateway", a.gateway, b.gateway,
+                                 records.GatewayCounters._fields)):
         found = _counters_divergence(label, x, y, fields)
         if found is not None:
             return found

@@ -369,6 +369,8 @@ def lane_result(st: EngineStatic, consts, final, k: int) -> records.RunResult:
                 overflow[name] = int(count)
         if int(g.life.tl_count) > st.timeline_slots:
             overflow["timeline"] = int(g.life.tl_count) - st.timeline_slots
+    if st.gateway and int(g.gw.overflow):
+        overflow["gateway"] = int(g.gw.overflow)
     ended = int(np.max(np.minimum(clock, st.horizon_us))) if st.num_instances else 0
     rows = dict(
         status=status, instance=g.instance[:n].astype(np.int32),
@@ -407,6 +409,10 @@ def lane_result(st: EngineStatic, consts, final, k: int) -> records.RunResult:
         rejected_routing=int(g.life.rejected_routing) if st.lifecycle else 0,
         lifecycle=life,
         sessions=sess,
+        # a lane without flow control in a program with it: no gateway counters
+        gateway=records.GatewayCounters(int(g.gw.rejected), int(g.gw.count),
+                                        int(g.gw.dispatched), int(g.gw.wait_sum))
+        if st.gateway and bool(g.gw.on) else None,
     )
     return _lane_slots(result, int(g.life.lane_slots), bool(g.life.lane_on)) \
         if st.lifecycle else result

@@ -144,6 +144,8 @@ class SimState:
     recent: Any  # engine.recent.RecentState (owned there)
     # ---- closed-loop sessions: follow-ups and the arrival stream (engine.sessions) ----
     sess: Any  # engine.sessions.SessionState (owned there)
+    # ---- the gateway queue, BLIS's flow control (engine.gateway; placeholders without) ----
+    gw: Any  # engine.gateway.GatewayState (owned there)
     # ---- releases queued by this step's completions (kvcache.defer_release) ----
     rel_inst: jax.Array  # int32: their instance
     rel_slots: jax.Array  # int32 [D]: their batch slots, in completion order

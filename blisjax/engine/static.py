@@ -18,7 +18,7 @@ import jax
 import numpy as np
 
 from blisjax.config._checks import ConfigError
-from blisjax.config.autoscale import max_replicas
+from blisjax.config.autoscale import lifecycle_configured, max_replicas
 from blisjax.config.codes import (
     CACHE_SCORERS,
     AdmissionPolicy,
@@ -151,6 +151,10 @@ class EngineStatic:
     initial_requests: int = 0
     num_sessions: int = 1
     session_blocks_max: int = 1
+    # The gateway queue (``engine.gateway``; BLIS's flow control): some lane has it;
+    # ``gateway_slots`` requests it holds at most (past them a lane overflows ``gateway``).
+    gateway: bool = False
+    gateway_slots: int = 1
     gpus_per_instance: int = 1
     num_pools: int = 0
     num_nodes: int = 1
@@ -392,6 +396,8 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
     sessions = workload.has_sessions
     if sessions:
         _check_sessions_supported(cfg)
+    if cfg.cluster.gateway.enabled:
+        _check_gateway_supported(cfg, sessions)
         decode_stretches = False
     workload = engine_workload(workload, int(resolved.max_model_len))
     n = workload.num_requests
@@ -464,6 +470,8 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
         **_lifecycle_shape(cfg, actuation_slots, timeline_slots),
         **_session_shape(workload, bs),
     )
+    if cfg.cluster.gateway.enabled:
+        st = with_gateway(st)
     if sized_lanes:
         st = dataclasses.replace(st, sized_lanes=_check_sized(st))
     # Evaluated on the host through a callback: a roofline configuration the program cannot
@@ -564,6 +572,8 @@ def for_lanes(st: EngineStatic, params) -> EngineStatic:
         if int(np.min(active, initial=st.num_instances)) < st.num_instances \
                 and not st.sized_lanes:
             st = dataclasses.replace(st, sized_lanes=_check_sized(st))
+    if bool(np.any(np.asarray(params.gw_on))):
+        st = with_gateway(st)
     cpu = int(np.max(np.asarray(params.kv_cpu_blocks), initial=0))
     if cpu > st.cpu_tier_blocks:  # a lane sizes a CPU tier larger than the base's
         st = dataclasses.replace(st, cpu_tier_blocks=cpu)
@@ -612,7 +622,8 @@ VARYING_PLAN = 16
 _SHAREABLE = ("queue_slots", "pending_slots", "max_blocks_per_request", "max_prompt_blocks",
               "num_groups", "group_blocks_max", "own_slots", "num_deadlines", "itl_capacity",
               "cpu_ext_slots", "offchain_generations", "kv_hold_slots", "pd_reserve_slots",
-              "pd_transfer_slots", "actuation_slots", "timeline_slots", "session_blocks_max")
+              "pd_transfer_slots", "actuation_slots", "timeline_slots", "session_blocks_max",
+              "gateway_slots")
 
 
 def build_static_shared(resolved, workloads, **capacities) -> EngineStatic:
@@ -641,6 +652,30 @@ def engine_workload(workload, max_model_len: int):
     if not workload.has_sessions:
         return workload
     return dataclasses.replace(workload, input_tokens=prompt_tokens(workload, max_model_len))
+
+
+def _check_gateway_supported(cfg, sessions: bool) -> None:
+    """The gateway queue runs with the features below in the reference engine only."""
+    for what, field, on in (("closed-loop sessions", "workload", sessions),
+                            ("P/D pools", "cluster.pd", cfg.cluster.pd.enabled),
+                            ("instance lifecycles", "policy.autoscaler",
+                             lifecycle_configured(cfg.policy.autoscaler, cfg.cluster.node_pools,
+                                                  cfg.cluster.lifecycle))):
+        if on:
+            raise ConfigError(field, f"the gateway queue (cluster.gateway) with {what} runs "
+                              "in the reference engine only (--engine reference)")
+
+
+def with_gateway(st: EngineStatic) -> EngineStatic:
+    """``st`` with the gateway queue compiled in (holding every request at most)."""
+    if st.gateway:
+        return st
+    if st.sessions or st.pd or st.lifecycle:
+        raise ConfigError("cluster.gateway", "the gateway queue with closed-loop sessions, "
+                          "P/D pools or instance lifecycles runs in the reference engine only "
+                          "(--engine reference)")
+    return dataclasses.replace(st, gateway=True,
+                               gateway_slots=max(st.gateway_slots, st.num_requests, 1))
 
 
 def _check_sessions_supported(cfg) -> None:

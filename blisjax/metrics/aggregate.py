@@ -568,6 +568,8 @@ def aggregate_metrics(
         out["fitness_components"] = comps
 
     out["rejected_routing"] = int(result.rejected_routing)
+    if result.gateway is not None:
+        out["gateway"] = gateway_metrics(result.gateway)
     if cost is not None:
         out.update(cost_metrics(result, cost))
     out["instances"] = instance_summaries(result)
@@ -672,4 +674,17 @@ def lifecycle_metrics(result: RunResult) -> dict[str, Any]:
         "redirected_requests": int(lc.redirected),
         "dropped_at_drain": int(np.sum(lc.dropped_at_drain)),
         "end_s": float(lc.end_us) / 1e6,
+    }
+
+
+def gateway_metrics(gw) -> dict:
+    """The gateway queue's metrics (``RunResult.gateway``, docs/configuration.md): BLIS's
+    ``Gateway Queue Rejected`` and ``Gateway Queue Depth (horizon)``, the requests dispatched
+    to routing and their mean wait at the gateway (enqueue to dispatch), ms."""
+    return {
+        "rejected": int(gw.rejected),
+        "queue_depth": int(gw.queue_depth),
+        "dispatched": int(gw.dispatched),
+        "mean_wait_ms": float(gw.wait_sum_us) / float(gw.dispatched) / 1000.0
+        if gw.dispatched else 0.0,
     }

@@ -48,6 +48,18 @@ class Stage(IntEnum):
     REJECTED = 8
 
 
+class GatewayCounters(NamedTuple):
+    """The gateway queue's counters (``RunResult.gateway``; BLIS's flow control,
+    docs/semantics.md §5.12): requests refused by a full queue (status rejected; BLIS's
+    ``Gateway Queue Rejected``), still waiting at the end (``Gateway Queue Depth
+    (horizon)``), dispatched to routing, and their summed wait, enqueue to dispatch, µs."""
+
+    rejected: int
+    queue_depth: int
+    dispatched: int
+    wait_sum_us: int
+
+
 #: ``Outcome`` of each ``Stage`` at the end of a run, indexed by stage code.
 OUTCOME_OF_STAGE = np.array(
     [UNFINISHED, UNFINISHED, UNFINISHED, UNFINISHED, UNFINISHED, COMPLETED, TIMED_OUT, DROPPED,
@@ -246,6 +258,7 @@ class RunResult:
         follow-ups.
       itl_entry_request: int64, the request (row) of each ``itl_entries_us`` entry; None from a
         producer without it.
+      gateway: the gateway queue's counters (``GatewayCounters``), None without flow control.
     """
 
     status: np.ndarray
@@ -287,6 +300,7 @@ class RunResult:
     itl_entry_request: np.ndarray | None = None
     kv_block_time_us: np.ndarray | None = None
     kv_total_blocks: np.ndarray | None = None
+    gateway: GatewayCounters | None = None
 
     @property
     def num_requests(self) -> int:

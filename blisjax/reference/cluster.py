@@ -23,6 +23,7 @@ from blisjax.metrics.records import (
     COMPLETED,
     NOT_RECORDED,
     OUTCOME_OF_STAGE,
+    GatewayCounters,
     KVTierCounters,
     RunResult,
     SessionRecords,
@@ -32,6 +33,7 @@ from blisjax.reference.code_policy import RequestInfo, request_info
 from blisjax.reference.events import (
     EV_ADMISSION,
     EV_CLUSTER_ARRIVAL,
+    EV_GATEWAY_TICK,
     EV_LOADED,
     EV_PREFILL_ROUTING,
     EV_PROVISIONED,
@@ -41,6 +43,7 @@ from blisjax.reference.events import (
     EV_TRANSFER_DONE,
     EV_TRANSFER_START,
 )
+from blisjax.reference.gateway import SATURATED, GatewayQueue, saturation
 from blisjax.reference.instance import EV_ARRIVAL, EV_QUEUED, EV_STEP, EV_TIMEOUT, Instance
 from blisjax.reference.lifecycle import Lifecycle
 from blisjax.reference.pd import PDCluster
@@ -55,7 +58,8 @@ CLUSTER_EVENT_NAMES = {
     EV_PROVISIONED: "node_ready", EV_LOADED: "instance_loaded", EV_CLUSTER_ARRIVAL: "arrival",
     EV_ADMISSION: "admission", EV_ROUTING: "routing", EV_PREFILL_ROUTING: "prefill_routing",
     EV_TRANSFER_START: "kv_transfer_start", EV_TRANSFER_DONE: "kv_transfer_done",
-    EV_SCALING_TICK: "scaling_tick", EV_SCALE_ACTUATION: "scale_actuation"}
+    EV_SCALING_TICK: "scaling_tick", EV_SCALE_ACTUATION: "scale_actuation",
+    EV_GATEWAY_TICK: "gateway_tick"}
 INSTANCE_EVENT_NAMES = {EV_ARRIVAL: "instance_arrival", EV_QUEUED: "enqueue", EV_STEP: "step",
                         EV_TIMEOUT: "timeout"}
 
@@ -107,6 +111,10 @@ class ClusterSimulator:
         self._arrival_us = [int(x) for x in workload.arrival_us]  # sorted (arrival_rate)
         priority.tenant_in_flight = self.tenant_in_flight  # a priority program reads it
         self.rejected_admission = 0
+        #: the gateway queue (BLIS's flow control; None when off)
+        gw = cfg.cluster.gateway
+        self.gateway = GatewayQueue(gw, cfg.policy.priority.slo_class_score_table(),
+                                    cfg.compat.blis_quirks) if gw.enabled else None
         self.rejected_routing = 0
         # Periodic snapshot cache: all zeros until the first refresh (§5.4).
         self._snap_last_refresh_us = 0
@@ -247,6 +255,8 @@ class ClusterSimulator:
             self._push(time_us + self.admission_latency_us, EV_ADMISSION, payload)
         elif prio == EV_SCALING_TICK:
             self.life.tick(time_us)
+        elif prio == EV_GATEWAY_TICK:
+            self._gateway_tick(time_us)
         else:
             self._handlers[prio](payload, time_us)
 
@@ -261,13 +271,48 @@ class ClusterSimulator:
         admitted = self.admission.admit(req, time_us, self.tenant_in_flight, cluster)
         if self.trace is not None:
             self.trace.admission(req, time_us, admitted, self.cfg.policy.admission.policy)
-        if admitted:
+        if admitted and self.gateway is not None and not self.gateway.enqueue(req, time_us):
+            req.state = Stage.REJECTED  # the gateway queue is full (§5.12)
+            self.awaiting_routing -= 1
+        elif admitted:
             self.tenant_in_flight[req.tenant] += 1
-            self._push(time_us + self.routing_latency_us, EV_ROUTING, req)
+            if self.gateway is not None:
+                self._try_dispatch(time_us)
+            else:
+                self._push(time_us + self.routing_latency_us, EV_ROUTING, req)
         else:
             req.state = Stage.REJECTED
             self.rejected_admission += 1
             self.awaiting_routing -= 1
+
+    def _try_dispatch(self, time_us: int) -> None:
+        """One dispatch attempt of the gateway queue (§5.12; BLIS
+        ``tryDispatchFromGatewayQueue``): with requests waiting, start the dispatch ticks if
+        none is pending; on snapshots refreshed as a routing decision's, dispatch the next
+        request to routing unless the cluster is saturated."""
+        gw = self.gateway
+        if not gw.entries:
+            return
+        if not gw.tick_pending:
+            gw.tick_pending = True
+            self._push(time_us + gw.cfg.dispatch_tick_interval_us, EV_GATEWAY_TICK, None)
+        qd, _, kv = self._snapshots(time_us)
+        members = self.life.routable()
+        members = list(range(len(self.instances))) if members is None else members
+        if saturation(gw.cfg, members, qd, kv, self.in_flight) >= SATURATED:
+            return
+        self._push(time_us + self.routing_latency_us, EV_ROUTING, gw.pop(time_us))
+
+    def _gateway_tick(self, time_us: int) -> None:
+        """A dispatch tick (BLIS ``GatewayDispatchTickEvent``): one dispatch attempt; the next
+        tick follows while requests wait."""
+        gw = self.gateway
+        if gw.entries:
+            self._try_dispatch(time_us)
+        if gw.entries:
+            self._push(time_us + gw.cfg.dispatch_tick_interval_us, EV_GATEWAY_TICK, None)
+        else:
+            gw.tick_pending = False
 
     def _route(self, req: SimRequest, time_us: int) -> None:
         """The routing decision among the routable instances; none routable rejects the
@@ -466,6 +511,9 @@ class ClusterSimulator:
             overflow=({"instance_slots": self.life.refused_no_slot}
                       if self.life.refused_no_slot else {}),
             lifecycle=self.life.counters(rows) if self.life.enabled else None,
+            gateway=(GatewayCounters(self.gateway.rejected, len(self.gateway),
+                                     self.gateway.dispatched, self.gateway.wait_sum_us)
+                     if self.gateway is not None else None),
             sessions=(SessionRecords(col("arrival_us"), np.asarray(self.prompts, np.int64))
                       if self.workload.has_sessions else None),
         )

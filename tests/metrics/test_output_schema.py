@@ -115,3 +115,17 @@ def test_session_output_matches_the_schemas(tmp_path, capsys):
     rows[-1]["arrival_us"] = None
     _validate(rows, "results")
     capsys.readouterr()
+
+
+def test_gateway_output_matches_the_schemas(tmp_path, capsys):
+    """BLIS's flow-control flags on the default experiment: the ``gateway`` block is present
+    and declared (a concurrency of 1 per instance holds requests; a depth of 3 rejects)."""
+    metrics_path = tmp_path / "m.json"
+    assert main(["run", "--engine", "reference", "--metrics-path", str(metrics_path),
+                 "--flow-control", "--saturation-detector", "concurrency",
+                 "--max-concurrency", "1", "--max-gateway-queue-depth", "3", "--quiet"]) == 0
+    metrics = json.loads(metrics_path.read_text())
+    gw = metrics["gateway"]
+    assert gw["rejected"] > 0 and gw["mean_wait_ms"] > 0, gw
+    _validate(metrics, "metrics")
+    capsys.readouterr()

@@ -10,6 +10,7 @@ from blisjax.config import (
     ClusterConfig,
     CompatConfig,
     EngineConfig,
+    GatewayConfig,
     LatencyConfig,
     MetricsConfig,
     PolicyConfig,
@@ -33,7 +34,7 @@ def make_resolved(*, instances=1, alpha=ALPHA0, beta=BETA, kv_blocks=10_000, blo
                   preemption="fcfs", refresh_us=0, horizon_us=2**63 - 1, prefix_caching=True,
                   admission_latency_us=0, routing_latency_us=0, cache_delay_us=0,
                   cpu_blocks=0, transfer_bandwidth=100.0, transfer_base_us=0, quirks=False,
-                  thrash_window_us=1_000_000):
+                  thrash_window_us=1_000_000, gateway=None):
     cfg = SimConfig(
         engine=EngineConfig(
             max_num_running_reqs=max_running, max_num_scheduled_tokens=max_tokens,
@@ -46,7 +47,8 @@ def make_resolved(*, instances=1, alpha=ALPHA0, beta=BETA, kv_blocks=10_000, blo
         cluster=ClusterConfig(num_instances=instances, snapshot_refresh_interval_us=refresh_us,
                               admission_latency_us=admission_latency_us,
                               routing_latency_us=routing_latency_us,
-                              cache_signal_delay_us=cache_delay_us),
+                              cache_signal_delay_us=cache_delay_us,
+                              gateway=gateway or GatewayConfig()),
         policy=PolicyConfig(admission=admission or AdmissionConfig(),
                             priority=priority or PriorityConfig(),
                             routing=routing or RoutingConfig(),
