@@ -394,8 +394,9 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
     eng = cfg.engine
     bs = eng.block_size_tokens
     sessions = workload.has_sessions
-    if sessions:
+    if sessions:  # decode stretches plan steps past a follow-up's arrival: off
         _check_sessions_supported(cfg)
+        decode_stretches = False
     if cfg.cluster.gateway.enabled:
         _check_gateway_supported(cfg, sessions)
         decode_stretches = False
@@ -674,7 +675,8 @@ def with_gateway(st: EngineStatic) -> EngineStatic:
         raise ConfigError("cluster.gateway", "the gateway queue with closed-loop sessions, "
                           "P/D pools or instance lifecycles runs in the reference engine only "
                           "(--engine reference)")
-    return dataclasses.replace(st, gateway=True,
+    # as ``build_static`` for a configuration with the gateway: no decode stretches
+    return dataclasses.replace(st, gateway=True, decode_stretches=False,
                                gateway_slots=max(st.gateway_slots, st.num_requests, 1))
 
 
