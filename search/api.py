@@ -645,10 +645,13 @@ def program_file_text(program: Mapping[str, Any]) -> str:
 def search_capacities(space) -> dict[str, Any]:
     """JAX-engine capacities a space needs beyond its base configuration's, so that every
     generation runs one program: a CPU-tier size knob compiles the tier at its largest value,
-    a cluster-size knob compiles the routing among each lane's own instances."""
+    a cluster-size knob compiles the routing among each lane's own instances, a GPU-type knob
+    the latency of each of its GPUs."""
     out: dict[str, Any] = {}
     if "cluster.num_instances" in space.names:  # one program for every generation's sizes
         out["sized_lanes"] = True
+    if "hardware" in space.names:
+        out["gpus"] = tuple(space.knob("hardware").extremes())
     if "engine.kv_cpu_blocks" in space.names:
         out["cpu_tier_blocks"] = int(max(space.knob("engine.kv_cpu_blocks").extremes()))
     return out

@@ -559,6 +559,8 @@ def get_knob(config: SimConfig, name: str) -> Any:
         return getattr(config.cluster.lifecycle, parts[2])
     if parts == ["cluster", "num_instances"]:
         return config.cluster.num_instances
+    if parts == ["hardware"]:
+        return config.hardware
     pd = config.cluster.pd
     if parts[:2] == ["cluster", "pd"] and len(parts) == 4 and parts[2] in ("prefill_scorers",
                                                                            "decode_scorers"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -104,6 +105,25 @@ def available_hardware(path: str | Path | None = None) -> tuple[str, ...]:
     """GPU names defined in the shipped table (or in ``path``)."""
     table, _ = _read_table(path)
     return tuple(k for k in table if not k.startswith("_"))
+
+
+@functools.cache
+def shipped_hardware() -> tuple[str, ...]:
+    """GPU names of the shipped table, in its order (read once)."""
+    return available_hardware()
+
+
+def hardware_code(name: str) -> int:
+    """The code of GPU ``name`` in a population (``PolicyParams.gpu``): its index in the
+    shipped table; a GPU the table does not list (a user hardware file's) gets
+    ``hardware_code_count() - 1``."""
+    names = shipped_hardware()
+    return names.index(name) if name in names else len(names)
+
+
+def hardware_code_count() -> int:
+    """Codes ``hardware_code`` gives: one per shipped GPU, plus one for any other."""
+    return len(shipped_hardware()) + 1
 
 
 def load_hardware(name: str, path: str | Path | None = None) -> HardwareConfig:

@@ -43,6 +43,7 @@ from blisjax.engine.queues import (
     running_slots,
 )
 from blisjax.engine.state import DROPPED, NIL, QUEUED, ROUTED, RUNNING, TIMED_OUT, SimState
+from blisjax.engine.static import otp, queue_delay, roofline_of, step_tables
 from blisjax.latency.base import float_to_ticks_array
 from blisjax.limits import INT64_MAX
 from blisjax.metrics import records
@@ -65,7 +66,7 @@ def inject_arrival(s: SimState, st, c, i, r, now, active) -> SimState:
         delay = (physics.queueing_delay(c.physics, *inputs) if st.latency is None
                  else hostlatency.queueing_delay(st.latency, active, *inputs))
     else:
-        delay = c.queue_delay_us[r]
+        delay = queue_delay(st, c, r)
     r_or_sink = jnp.where(active, r, st.num_requests)
     arrival_event = st.lifecycle and st.blis_quirks
     if arrival_event:  # the arrival is an event of its own (``arrival``)
@@ -348,9 +349,11 @@ def enqueue_decode(s: SimState, st, c, i, r, now, active) -> SimState:
 # ---- execute (the step's duration and progress) ----------------------------------------------
 
 
-def step_duration(c, cm, dc):
-    """max(1, trunc(((0 + β0) + β1·cm) + β2·dc)) from host-exact tables (one device add)."""
-    return jnp.maximum(1, float_to_ticks_array(c.step_prefill[cm] + c.step_decode[dc], jnp))
+def step_duration(st, c, cm, dc):
+    """max(1, trunc(((0 + β0) + β1·cm) + β2·dc)) from host-exact tables (one device add) of
+    the lane's GPU."""
+    prefill, decode = step_tables(st, c)
+    return jnp.maximum(1, float_to_ticks_array(prefill[cm] + decode[dc], jnp))
 
 
 def execute(s: SimState, st, c, i, now, n_preempted, active, width: int, factor=None):
@@ -369,17 +372,17 @@ def execute(s: SimState, st, c, i, now, n_preempted, active, width: int, factor=
                   else hostlatency.step_time(st.latency, active, *inputs))
         s = s.replace(ema=upd(s.ema, i, ema, active))
     elif st.latency_model == "roofline":
-        d = roofline.step_time_us(c.roofline, nn, pi, l_in, out)
+        d = roofline.step_time_us(roofline_of(st, c), nn, pi, l_in, out)
     else:
         cm = jnp.sum(jnp.where((nn > 0) & (pi < l_in), nn, 0))
         dc = jnp.sum(jnp.where((nn > 0) & (pi >= l_in) & (out > 0), nn, 0))
-        d = step_duration(c, cm, dc)
+        d = step_duration(st, c, cm, dc)
     if st.tiered:  # reloads of this step's batch formation add their transfer time (§3.8)
         d = jnp.maximum(1, d + s.tier.pending_us[i])
         t = s.tier
         s = s.replace(tier=t.replace(pending_us=upd(t.pending_us, i, 0, active)))
     d = lifecycle.slowed(d, factor)
-    itl = d + st.otp_us
+    itl = d + otp(st, c)
     on = valid & active
     dec = on & (pi >= l_in) & (nn > 0)
     new_pi = jnp.where(pi < l_in, s.computed[reqs], jnp.where(nn > 0, pi + 1, pi))
@@ -390,7 +393,7 @@ def execute(s: SimState, st, c, i, now, n_preempted, active, width: int, factor=
     first = on & (pi < l_in) & (new_pi == l_in)
     sink = st.num_requests
     r_or_sink = jnp.where(on, reqs, sink)
-    ttft = now + d + st.otp_us - sessions.arrival_us(s, st, c, reqs)
+    ttft = now + d + otp(st, c) - sessions.arrival_us(s, st, c, reqs)
     s = s.replace(
         pi=s.pi.at[r_or_sink].set(new_pi),
         itl_sum=s.itl_sum.at[jnp.where(dec, reqs, sink)].add(itl),
@@ -523,7 +526,7 @@ def step(s: SimState, st, c, p, i, now, active, defer: bool = False):
     # no prefill tokens, one decode token each; slowed while the instance still warms up
     # after this step's completions
     model_us = (out.outlook.step_us if st.stretch_times_vary
-                else step_duration(c, 0, s.n_run[i]))
+                else step_duration(st, c, 0, s.n_run[i]))
     plain_us = lifecycle.slowed(model_us, lifecycle.warm_factor(
         s, st, p, i, (s.completed[i] - completed_before).astype(jnp.int32)))
     return stretch.plan(s, st, i, out.outlook, plain_us, go)

@@ -20,6 +20,7 @@ from blisjax.config.codes import (
     Scorer,
     TieBreak,
 )
+from blisjax.config.hardware import hardware_code
 from blisjax.engine.lifecycle import lifecycle_params
 from blisjax.engine.pytree import pytree_dataclass
 from blisjax.gorand import blis_subsystem_rand
@@ -55,6 +56,9 @@ class PolicyParams:
     active_instances: the instances the lane's cluster has (``cluster.num_instances``), the
       program's first ones; the router never picks the others. Read only by programs built
       with ``sized_lanes`` (``EngineStatic.sized_lanes``), which need no lifecycle or pools.
+    gpu: the lane's GPU type (``hardware``), ``blisjax.config.hardware.hardware_code``: the row
+      of the latency tables it reads (only programs with per-lane GPU types,
+      ``EngineStatic.gpus``, read it).
     kv_cpu_blocks: the CPU tier's size in blocks per instance (0: none; at most the
       program's ``EngineStatic.cpu_tier_blocks``); kv_reload_us: int64 µs one reloaded block
       adds to its step (``blisjax.rules.reload_cost_us``).
@@ -101,6 +105,7 @@ class PolicyParams:
     tie_break: jax.Array
     router_rng: jax.Array
     active_instances: jax.Array
+    gpu: jax.Array
     kv_cpu_blocks: jax.Array
     kv_reload_us: jax.Array
     scheduler: jax.Array
@@ -237,6 +242,7 @@ def params_from_config(cfg, tenant_names: tuple[str, ...]) -> PolicyParams:
            for site, x in code.items()},
         program_lru=np.asarray(scorer_name(Scorer.NO_HIT_LRU) in program_reads),
         active_instances=i32(cfg.cluster.num_instances),
+        gpu=i32(hardware_code(cfg.hardware)),
         kv_cpu_blocks=i32(cfg.engine.kv_cpu_blocks),
         kv_reload_us=np.asarray(reload_cost_us(cfg.engine.block_size_tokens,
                                                cfg.engine.kv_transfer_bandwidth,

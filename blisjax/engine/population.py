@@ -13,6 +13,12 @@ A *knob* is a dotted name of a per-lane policy setting:
   loading or warm-up): ``autoscaler.<field>`` — any field of ``AutoscalerConfig`` (its policy,
   thresholds, windows, cooldown, replica bounds up to the base's ``max_replicas``, drain
   policy); ``cluster.lifecycle.<field>`` — any field of ``LifecycleConfig``;
+* ``hardware`` — the GPU type of the lane's instances (a name of the shipped
+  ``hardware_config.json``): its latency (the blackbox coefficients BLIS's table has for the
+  model on that GPU, or the roofline's FLOP rates and bandwidth) and its price
+  (``metrics.gpu_price_per_hour`` unset); it must give the base's KV blocks per instance
+  (set ``engine.total_kv_blocks`` for GPUs of other memory sizes). Not with the physics
+  latency model in the JAX engine;
 * ``cluster.num_instances`` — the cluster's size, 1 up to the base configuration's count (the
   program's); a lane of k instances routes among the first k and its results are those of a
   k-instance cluster (not with lifecycles or P/D pools, which decide their instances
@@ -41,7 +47,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from blisjax.config import ConfigError, ScorerWeight, SimConfig
+from blisjax.config import ConfigError, ScorerWeight, SimConfig, available_hardware, load_hardware
 from blisjax.engine.params import params_from_config, stack_params
 from blisjax.engine.run import simulate_population
 from blisjax.metrics import config_metrics
@@ -96,9 +102,20 @@ def _set_size(cfg: SimConfig, value) -> SimConfig:
                                                                 num_instances=value))
 
 
+def _set_hardware(cfg: SimConfig, value) -> SimConfig:
+    """``hardware``: a GPU type of the shipped table (its latency and price per lane)."""
+    if not isinstance(value, str):
+        raise ConfigError("knob 'hardware'", f"must be a GPU name ({', '.join(available_hardware())}), "
+                          f"got {value!r}")
+    load_hardware(value)  # ConfigError naming ``hardware`` and the known GPUs
+    return dataclasses.replace(cfg, hardware=value)
+
+
 def set_knob(cfg: SimConfig, name: str, value) -> SimConfig:
     """A copy of ``cfg`` with knob ``name`` set to ``value`` (validated)."""
     parts = name.split(".")
+    if parts == ["hardware"]:
+        return _set_hardware(cfg, value)
     if parts[:2] == ["routing", "scorers"] and len(parts) == 3:
         routing = dataclasses.replace(cfg.policy.routing, scorers=_with_weight(
             cfg.policy.routing.scorers, parts[2], value))
@@ -141,7 +158,7 @@ def set_knob(cfg: SimConfig, name: str, value) -> SimConfig:
         return dataclasses.replace(cfg, policy=dataclasses.replace(cfg.policy,
                                                                    **{parts[0]: section}))
     raise ConfigError(f"knob {name!r}: not a per-lane policy knob (allowed: admission.<field>, "
-                      "priority.<field>, routing.<field>, routing.scorers.<scorer>, "
+                      "priority.<field>, routing.<field>, routing.scorers.<scorer>, hardware, "
                       "<routing|admission|priority>.params.<name>, "
                       "scheduler.policy, cluster.num_instances, engine.<field> for "
                       f"{', '.join(ENGINE_KNOBS)}, cluster.pd.<field>, cluster.pd.split, "

@@ -48,7 +48,10 @@ from blisjax.engine.static import (  # noqa: E402
     EngineStatic,
     build_consts,
     build_static,
+    check_gpus,
+    for_hardware,
     for_lanes,
+    lane_consts,
 )
 from blisjax.metrics import records  # noqa: E402
 from blisjax.rules import held_cost  # noqa: E402
@@ -87,8 +90,8 @@ def _run_block(st: EngineStatic, consts, params: PolicyParams):
     # With enough lanes, completions queue their releases and the queues of all lanes run
     # as one pass per iteration (``lanes.release_queued``); a few lanes release in place.
     defer = int(params.admission.shape[0]) >= FLAT_MIN_LANES
-    advance = jax.vmap(lambda s, ev, p: lane_advance(s, ev, st, consts, p, defer),
-                       axis_name=LANES)
+    advance = jax.vmap(lambda s, ev, p: lane_advance(s, ev, st, lane_consts(st, consts, p), p,
+                                                     defer), axis_name=LANES)
 
     def cond(carry):
         return ~jnp.all(carry[0].done)
@@ -97,7 +100,7 @@ def _run_block(st: EngineStatic, consts, params: PolicyParams):
         s, ev = advance(*carry, params)
         return (release_queued(s, st) if defer else s), ev
 
-    first = jax.vmap(lambda s: next_event(s, st, consts))(init)
+    first = jax.vmap(lambda s, p: next_event(s, st, lane_consts(st, consts, p)))(init, params)
     return jax.lax.while_loop(cond, body, (init, first))[0]
 
 
@@ -200,6 +203,7 @@ def _run_padded(st: EngineStatic, consts, params: PolicyParams, devices, lane_bl
     With the program cache on (``progcache``) the compiled program comes from there."""
     mapping_headroom_guard()
     st = for_lanes(st, params)
+    check_gpus(st, consts, params)
     params = _fit_instances(st, params)
     placed = _placement(params, devices, lane_block)
     lanes = placed.lanes
@@ -246,6 +250,7 @@ def compile_lanes(st: EngineStatic, consts, params: PolicyParams, devices=None,
     params)`` that behaves like ``run_lanes`` for populations of the same size."""
     mapping_headroom_guard()
     st = for_lanes(st, params)
+    check_gpus(st, consts, params)
     params = _fit_instances(st, params)
     placed = _placement(params, devices, lane_block)
     compiled = progcache.compiled_program(
@@ -257,6 +262,7 @@ def compile_lanes(st: EngineStatic, consts, params: PolicyParams, devices=None,
             raise ValueError("these params list a scorer that reads the instances' caches "
                              "(precise-prefix-cache or no-hit-lru), which the compiled program "
                              "does not evaluate: compile with params that list it")
+        check_gpus(st, consts, params)
         again = _placement(_fit_instances(st, params), placed.devices, lane_block)
         return _drop_padding(compiled(consts, again.params), again.lanes)
 
@@ -562,9 +568,10 @@ def simulate(resolved, workload, params: PolicyParams | None = None,
     st = build_static(resolved, workload, **capacities)
     if st.num_requests == 0:
         return _empty_result(resolved, workload)
-    consts = build_consts(resolved, workload, st)
     if params is None:
         params = params_from_config(resolved.config, workload.tenant_names)
+    st = for_hardware(st, resolved, workload, params)
+    consts = build_consts(resolved, workload, st)
     final, lanes = _run_padded(st, consts, stack_params([params]), None, LANE_BLOCK, phase)
     return _own_clusters(st, [lane_result(st, consts, _drop_padding(final, lanes), 0)],
                          params)[0]
@@ -584,6 +591,7 @@ def simulate_population(resolved, workload, params: PolicyParams, static=None,
             raise ValueError(f"lane_block must be >= 1, got {lane_block}")
         lanes = int(np.shape(params.admission)[0])
         return [_empty_result(resolved, workload) for _ in range(lanes)]
+    st = for_hardware(st, resolved, workload, params)
     consts = build_consts(resolved, workload, st)
     # padding lanes (if any) are skipped on the host, not sliced off on the devices
     final, lanes = _run_padded(st, consts, params, None, lane_block, phase)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import jax
 import numpy as np
@@ -25,6 +26,12 @@ from blisjax.config.codes import (
     PriorityPolicy,
     RoutingPolicy,
     Scorer,
+)
+from blisjax.config.hardware import (
+    hardware_code,
+    hardware_code_count,
+    load_hardware,
+    shipped_hardware,
 )
 from blisjax.engine.physics import PhysicsConsts, physics_consts
 from blisjax.engine.pytree import pytree_dataclass
@@ -148,6 +155,13 @@ class EngineStatic:
     # ``initial_requests`` .. N − 1; session-shared blocks have hash slots per (instance,
     # session, block), ``session_blocks_max`` per session.
     sessions: bool = False
+    # Per-lane GPU types (the ``hardware`` knob): the GPUs whose latency the program holds,
+    # each lane reading the rows of its own (``PolicyParams.gpu``, rows indexed by
+    # ``blisjax.config.hardware.hardware_code``: the α delays, the blackbox step tables or the
+    # roofline's FLOP rates and bandwidth, the output-token time). (): every lane runs the
+    # base configuration's GPU and nothing per lane is compiled in (``for_hardware`` sets
+    # them from a population whose lanes run others).
+    gpus: tuple[str, ...] = ()
     initial_requests: int = 0
     num_sessions: int = 1
     session_blocks_max: int = 1
@@ -314,6 +328,14 @@ class WorkloadConsts:
     deadline_order: jax.Array  # requests with 0 < deadline <= horizon, by (deadline, index)
     step_prefill: jax.Array  # float64[budget+1]: (0 + β0) + β1·prefill_tokens
     step_decode: jax.Array  # float64[batch+1]: β2·decode_tokens
+    # Per-lane GPU types (``EngineStatic.gpus``): queue_delay_us, step_prefill, step_decode and
+    # the roofline's prefill_flops, decode_flops and bandwidth gain a leading axis of one row
+    # per ``hardware_code``; otp_us holds each row's output-token time (µs); gpu is the lane's
+    # code (set per lane in the run, ``lane_consts``). gpu_rows: the codes whose rows hold
+    # their own GPU's latency (the base's alone without per-lane GPUs; a host-side check).
+    gpu: jax.Array
+    otp_us: jax.Array
+    gpu_rows: jax.Array
     pd_rank: jax.Array  # P/D: rank of the prefill sub-request's id text ("request_<id>_prefill"),
     #                     BLIS's order of same-event transfer starts ([1] without pools)
     pd_kv_bytes: jax.Array  # float64 P/D: bytes of the request's prompt KV a transfer moves
@@ -340,7 +362,7 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
                  pd_transfer_slots: int | None = None,
                  actuation_slots: int | None = None,
                  timeline_slots: int | None = None,
-                 sized_lanes: bool = False) -> EngineStatic:
+                 sized_lanes: bool = False, gpus=None) -> EngineStatic:
     """Capacities derived from the configuration and the workload (docs/jax-engine.md, Capacities and overflow).
 
     Defaults are safe upper bounds: the queue can hold every request, the pending window the
@@ -361,7 +383,9 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
     ``timeline_slots`` (lifecycle state changes recorded per lane; default 64 per instance
     slot + 64). ``sized_lanes``: lanes may have fewer instances than the configuration
     (the ``cluster.num_instances`` knob; set by itself when a population has such lanes, set
-    it to share one program between populations with and without them).
+    it to share one program between populations with and without them). ``gpus``: GPU types
+    the lanes may run (the ``hardware`` knob; set by itself from a population whose lanes
+    run other GPUs than the configuration's, set it to share one program between them).
     """
     for name, value in (("queue_slots", queue_slots), ("pending_slots", pending_slots),
                         ("deadline_window", deadline_window),
@@ -479,7 +503,64 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
     # evaluate exactly.
     on_host = (st.latency_model == "roofline"
                and not roofline_fits_the_program(model, st.max_step_tokens, int(total.max())))
-    return dataclasses.replace(st, latency=model) if on_host else st
+    st = dataclasses.replace(st, latency=model) if on_host else st
+    return with_gpus(st, resolved, workload, gpus) if gpus else st
+
+
+def gpu_resolved(resolved, name: str):
+    """``resolved`` with GPU ``name`` (``hardware``): the configuration resolved again, as the
+    reference engine resolves a lane's (``resolve_config``); it must keep the KV blocks per
+    instance, a shape of the program."""
+    from blisjax.config.resolve import resolve_config
+
+    if name == resolved.config.hardware:
+        return resolved
+    try:
+        other = resolve_config(dataclasses.replace(resolved.config, hardware=name))
+    except ConfigError as err:
+        raise ConfigError("hardware", f"GPU {name!r} as a lane's GPU type: {err}") from None
+    if other.total_kv_blocks != resolved.total_kv_blocks:
+        raise ConfigError("hardware", f"GPU {name!r} gives {other.total_kv_blocks} KV blocks "
+                          f"per instance, the configuration's {resolved.config.hardware!r} "
+                          f"{resolved.total_kv_blocks}: lanes of one program need one KV size "
+                          "(set engine.total_kv_blocks)")
+    return other
+
+
+def with_gpus(st: EngineStatic, resolved, workload, names) -> EngineStatic:
+    """``st`` with the latency of GPU types ``names`` per lane (and those it has, and the
+    configuration's): ``EngineStatic.gpus``, and pending slots for every GPU's α delays. ``st``
+    itself when every name is the configuration's GPU and it has no others."""
+    base = resolved.config.hardware
+    for name in names:
+        if name != base:
+            load_hardware(name)  # ConfigError naming ``hardware`` for an unknown GPU
+    wanted = sorted(set(st.gpus) | set(names) | {base}, key=hardware_code)
+    if tuple(wanted) == st.gpus or (not st.gpus and wanted == [base]):
+        return st
+    if len({hardware_code(x) for x in wanted}) != len(wanted):
+        raise ConfigError("hardware", f"GPU types {wanted} include two outside the shipped "
+                          "table: a lane's GPU type must be a shipped one")
+    if st.latency_model == "physics":
+        raise ConfigError("hardware", "per-lane GPU types with latency.model physics run in "
+                          "the reference engine only (--engine reference)")
+    if st.latency is not None:
+        raise ConfigError("hardware", "per-lane GPU types with a roofline model the program "
+                          "evaluates on the host (contexts of 2^25 tokens or more) run in the "
+                          "reference engine only (--engine reference)")
+    workload = engine_workload(workload, st.max_model_len)
+    pending = max(_max_pending(gpu_resolved(resolved, x), workload) for x in wanted)
+    return dataclasses.replace(st, gpus=tuple(wanted),
+                               pending_slots=max(st.pending_slots, pending))
+
+
+def for_hardware(st: EngineStatic, resolved, workload, params) -> EngineStatic:
+    """``st`` with the GPU types of the lanes of ``params`` (stacked ``PolicyParams``) per lane
+    when some lane runs another GPU than the configuration's (``with_gpus``)."""
+    names = shipped_hardware()
+    codes = {int(x) for x in np.unique(np.asarray(params.gpu))}
+    lanes = [names[k] if k < len(names) else resolved.config.hardware for k in sorted(codes)]
+    return with_gpus(st, resolved, workload, lanes)
 
 
 def _lifecycle_shape(cfg, actuation_slots: int | None, timeline_slots: int | None) -> dict:
@@ -764,6 +845,87 @@ def _group_blocks(workload, bs: int) -> np.ndarray:
     return np.where(grp >= 0, np.minimum(pl // bs, np.asarray(workload.input_tokens) // bs), 0)
 
 
+class LatencyRows(NamedTuple):
+    """Host tables of each GPU row (``_latency_rows``)."""
+
+    codes: list  # the hardware codes whose rows hold their own GPU's latency
+    resolved: list  # per row: the configuration resolved with the row's GPU
+    qdelay: list  # per row: int64 [N] α delays
+    step_prefill: list  # per row: float64 [budget + 1]
+    step_decode: list  # per row: float64 [batch + 1]
+    otp_us: list  # per row: int µs the output-token time adds to each step's ITL and TTFT
+
+
+def _latency_rows(resolved, workload, st: EngineStatic) -> LatencyRows:
+    """The GPU-dependent tables with the reference's own float formulas, on the host: the
+    configuration's alone, or one row per ``hardware_code`` with ``st.gpus`` (rows of codes
+    no lane runs repeat the configuration's)."""
+    base = hardware_code(resolved.config.hardware)
+    if st.gpus:
+        named = {hardware_code(x): gpu_resolved(resolved, x) for x in st.gpus}
+        per_row = [named.get(k, resolved) for k in range(hardware_code_count())]
+        codes = sorted(named)
+    else:
+        per_row, codes = [resolved], [base]
+    out = LatencyRows(codes, per_row, [], [], [], [])
+    for r in per_row:
+        beta = tuple(r.beta) if st.latency_model == "blackbox" else (0.0, 0.0, 0.0)  # unused
+        out.qdelay.append(_queue_delays(r, workload))
+        out.step_prefill.append(np.array([(0.0 + beta[0]) + beta[1] * float(c)
+                                          for c in range(st.token_budget + 1)], np.float64))
+        out.step_decode.append(np.array([beta[2] * float(c) for c in range(st.batch_slots + 1)],
+                                        np.float64))
+        out.otp_us.append(int(make_latency_model(r).output_token_processing_us)
+                          if r is not resolved else st.otp_us)
+    return out
+
+
+def lane_consts(st: EngineStatic, consts: WorkloadConsts, params) -> WorkloadConsts:
+    """The constants one lane reads: with per-lane GPU types its GPU code set (``gpu``), so the
+    GPU-dependent reads (``queue_delay``, ``step_tables``, ``roofline_of``, ``otp``) take its
+    rows; ``consts`` itself otherwise. Inside the lanes' ``vmap``."""
+    return consts.replace(gpu=params.gpu) if st.gpus else consts
+
+
+def queue_delay(st: EngineStatic, c: WorkloadConsts, r):
+    """int64 µs α delay of request row r on the lane's GPU."""
+    return c.queue_delay_us[c.gpu, r] if st.gpus else c.queue_delay_us[r]
+
+
+def step_tables(st: EngineStatic, c: WorkloadConsts):
+    """(prefill, decode) blackbox step tables of the lane's GPU."""
+    if st.gpus:
+        return c.step_prefill[c.gpu], c.step_decode[c.gpu]
+    return c.step_prefill, c.step_decode
+
+
+def roofline_of(st: EngineStatic, c: WorkloadConsts) -> RooflineConsts:
+    """The roofline constants of the lane's GPU (its FLOP rates and bandwidth)."""
+    if not st.gpus:
+        return c.roofline
+    rc = c.roofline
+    return rc._replace(prefill_flops=rc.prefill_flops[c.gpu],
+                       decode_flops=rc.decode_flops[c.gpu], bandwidth=rc.bandwidth[c.gpu])
+
+
+def otp(st: EngineStatic, c: WorkloadConsts):
+    """µs the output-token time adds to each step's ITL and TTFT on the lane's GPU (α2)."""
+    return c.otp_us[c.gpu] if st.gpus else st.otp_us
+
+
+def check_gpus(st: EngineStatic, consts: WorkloadConsts, params) -> None:
+    """ConfigError unless every lane's GPU type has its rows in ``consts`` (host-side)."""
+    have = {int(x) for x in np.asarray(consts.gpu_rows)}
+    lanes = {int(x) for x in np.unique(np.asarray(params.gpu))}
+    missing = sorted(lanes - have)
+    if missing:
+        names = shipped_hardware()
+        raise ConfigError("hardware", "lanes run GPU types the program holds no latency for ("
+                          + ", ".join(names[k] if k < len(names) else "another" for k in missing)
+                          + "): build the program with build_static(gpus=...) or for_hardware, "
+                          "and its constants after")
+
+
 def build_consts(resolved, workload, st: EngineStatic) -> WorkloadConsts:
     """Host-side preparation of per-request constants and exact float tables."""
     bs = st.block_size
@@ -778,14 +940,7 @@ def build_consts(resolved, workload, st: EngineStatic) -> WorkloadConsts:
     starts = lambda counts: np.concatenate([[0], np.cumsum(counts)[:-1]]) \
         if st.num_requests else np.zeros(0, np.int64)  # noqa: E731
     ext_start = starts(_ext_counts(inp, out, bs))
-    blackbox = st.latency_model == "blackbox"
-    beta = tuple(resolved.beta) if blackbox else (0.0, 0.0, 0.0)  # tables unused
-    # Queueing delay and step-time terms with the reference's own float formulas, on the host.
-    qdelay = _queue_delays(resolved, workload)
-    step_prefill = np.array([(0.0 + beta[0]) + beta[1] * float(c)
-                             for c in range(st.token_budget + 1)], dtype=np.float64)
-    step_decode = np.array([beta[2] * float(c) for c in range(st.batch_slots + 1)],
-                           dtype=np.float64)
+    rows = _latency_rows(resolved, workload, st)
     session_blocks = _session_blocks(workload, bs) if st.sessions \
         else np.zeros(workload.num_requests, np.int64)
     dl = np.asarray(workload.deadline_us, dtype=np.int64)
@@ -819,6 +974,14 @@ def build_consts(resolved, workload, st: EngineStatic) -> WorkloadConsts:
         pd_rank = jax.device_put(np.zeros(1, i32))
         pd_kv_bytes = jax.device_put(np.zeros(1, np.float64))
     model = make_latency_model(resolved) if st.latency_model != "blackbox" else None
+    by_gpu = (lambda xs: np.stack(xs)) if st.gpus else (lambda xs: xs[0])  # noqa: E731
+    roofline = roofline_consts(model if st.latency_model == "roofline" else None,
+                               st.max_step_tokens)
+    if st.gpus and st.latency_model == "roofline":  # the GPU's rates per row
+        rates = [make_latency_model(r).rates for r in rows.resolved]
+        roofline = roofline._replace(**{name: jax.device_put(np.array(
+            [float(getattr(x, name)) for x in rates], np.float64))
+            for name in ("prefill_flops", "decode_flops", "bandwidth")})
     return WorkloadConsts(
         arrival_us=pad(workload.arrival_us, 0, i64),
         input_tokens=pad(inp, 1, i32), output_tokens=pad(out, 0, i32, np.zeros_like(out)),
@@ -835,15 +998,19 @@ def build_consts(resolved, workload, st: EngineStatic) -> WorkloadConsts:
         think_us=pad(original.think_time_us, 0, i64),
         follow_up=pad(original.follow_up, False, bool),
         ext_base=pad(st.hash_slots + ext_start - full, 0, i32),
-        queue_delay_us=pad(qdelay, 0, i64), itl_offset=pad(itl_off, 0, i64),
+        queue_delay_us=jax.device_put(by_gpu([np.asarray(pad(q, 0, i64)) for q in rows.qdelay])),
+        itl_offset=pad(itl_off, 0, i64),
         deadline_order=jax.device_put(np.concatenate(
             [order, np.full(st.num_deadlines + 1 - order.size, -1)]).astype(i32)),
-        step_prefill=jax.device_put(step_prefill), step_decode=jax.device_put(step_decode),
+        step_prefill=jax.device_put(by_gpu(rows.step_prefill)),
+        step_decode=jax.device_put(by_gpu(rows.step_decode)),
+        gpu=jax.device_put(np.int32(hardware_code(resolved.config.hardware))),
+        otp_us=jax.device_put(np.array(rows.otp_us, np.int64)),
+        gpu_rows=jax.device_put(np.array(rows.codes, np.int32)),
         pd_rank=pd_rank, pd_kv_bytes=pd_kv_bytes,
         one_e6=jax.device_put(np.float64(1e6)), one_e_6=jax.device_put(np.float64(1e-6)),
         kv_blocks_f=jax.device_put(np.float64(st.kv_blocks)),
-        roofline=roofline_consts(model if st.latency_model == "roofline" else None,
-                                 st.max_step_tokens),
+        roofline=roofline,
         physics=physics_consts(model if st.latency_model == "physics" else None,
                                st.max_step_tokens, st.queue_slots),
     )

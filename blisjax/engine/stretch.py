@@ -66,7 +66,7 @@ from blisjax.engine.lockstep import (
     upd,
 )
 from blisjax.engine.state import NIL, SimState
-from blisjax.engine.static import VARYING_PLAN
+from blisjax.engine.static import VARYING_PLAN, otp, roofline_of
 
 CHUNK_STEPS = 16  # plain steps applied per pass of ``materialize`` (at most the block size)
 
@@ -155,7 +155,7 @@ def plain_step_times(st, c, keep, pi, l_in, out, ema):
         return physics.plain_step_times(c.physics, keep, pi, l_in, out, ema, VARYING_PLAN)
     k = jnp.arange(VARYING_PLAN, dtype=pi.dtype)[:, None]
     nn = jnp.broadcast_to(keep.astype(jnp.int32), (VARYING_PLAN, keep.shape[0]))
-    return (roofline.step_time_us(c.roofline, nn, pi[None, :] + k, l_in[None, :], out[None, :]),
+    return (roofline.step_time_us(roofline_of(st, c), nn, pi[None, :] + k, l_in[None, :], out[None, :]),
             jnp.zeros(0, jnp.float64))
 
 
@@ -364,7 +364,7 @@ def _apply(s: SimState, st, c, i, kc, go, width: int) -> SimState:
         s = _hash_slot_ops(s, st, i, fresh, b, width)
     grown = jnp.where(valid, kc, 0)  # the sink row (invalid positions) gets nothing
     # each step adds its time plus the output-token processing time to every ITL sum
-    itl_total = span + kc.astype(jnp.int64) * st.otp_us
+    itl_total = span + kc.astype(jnp.int64) * otp(st, c)
     s = s.replace(
         pi=s.pi.at[reqs].add(grown), computed=s.computed.at[reqs].add(grown),
         num_new=s.num_new.at[reqs].set(jnp.where(valid, 1, 0)),
@@ -377,7 +377,7 @@ def _apply(s: SimState, st, c, i, kc, go, width: int) -> SimState:
         k = jnp.arange(chunk_steps(st), dtype=jnp.int32)
         entry = c.itl_offset[reqs][:, None] + (pi0 - c.input_tokens[reqs])[:, None] + k[None, :]
         write = valid[:, None] & (k[None, :] < kc)
-        itl = (times.step_us() + st.otp_us).astype(jnp.int32)
+        itl = (times.step_us() + otp(st, c)).astype(jnp.int32)
         if st.stretch_times_vary:
             itl = jnp.broadcast_to(itl, write.shape)
         s = s.replace(itl_buf=s.itl_buf.at[jnp.where(write, entry, st.itl_capacity)].set(

@@ -142,7 +142,7 @@ def test_get_knob_inverts_set_knob():
                         ("admission.token_bucket_capacity", 1234.0),
                         ("engine.preemption_policy", "priority"), ("priority.policy", "slo-class"),
                         ("engine.kv_cpu_blocks", 64), ("engine.kv_transfer_bandwidth", 8.0),
-                        ("engine.kv_transfer_base_latency_us", 25)):
+                        ("engine.kv_transfer_base_latency_us", 25), ("hardware", "A100-80")):
         assert get_knob(set_knob(cfg, name, value), name) == value
     with pytest.raises(ConfigError, match="not a per-lane"):
         get_knob(cfg, "engine.max_num_running_reqs")
@@ -183,3 +183,18 @@ def test_a_cpu_tier_size_knob_compiles_the_tier_at_its_largest_size():
     space = load_space(REPO / "configs/search/cpu-tier-space.yaml")
     assert search_capacities(space) == {"cpu_tier_blocks": 1024}
     assert search_capacities(load_space(REPO / "configs/search/prefix-affinity-space.yaml")) == {}
+
+
+def test_a_gpu_type_knob_compiles_every_choices_latency():
+    """Every generation of a search over GPU types runs one program: it holds the latency of
+    each choice from the start (``build_static(gpus=...)``), and the space is checked against
+    the configuration before anything runs."""
+    from search.api import search_capacities
+
+    space = load_space(REPO / "configs/search/gpu-type-space.yaml")
+    assert search_capacities(space) == {"sized_lanes": True,
+                                        "gpus": ("H100", "A100-80", "A100-SXM")}
+    space.validate_against(load_config(REPO / "configs/search/gpu-type.yaml"))
+    bad = space_from_mapping({"knobs": {"hardware": {"choices": ["H100", "B200"]}}})
+    with pytest.raises(ConfigError, match="hardware: unknown GPU 'B200'"):
+        bad.validate_against(load_config(REPO / "configs/search/gpu-type.yaml"))
