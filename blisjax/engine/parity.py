@@ -76,7 +76,8 @@ def count_mismatch(result) -> str | None:
              ("timed_out", int(np.sum(result.timed_out)), counts.timed_out),
              ("dropped_unservable", int(np.sum(result.dropped_unservable)) + extra_dropped,
               counts.dropped),
-             ("rejected_admission + rejected_routing + gateway rejected",
+             ("rejected_admission + rejected_routing"
+              + (" + gateway rejected" if result.gateway is not None else ""),
               int(result.rejected_admission) + int(result.rejected_routing)
               + (int(result.gateway.rejected) if result.gateway is not None else 0),
               counts.rejected))
