@@ -384,17 +384,19 @@ class PDConfig:
         return self.prefill_instances + self.decode_instances + self.shared_instances
 
 
-def _as_pd(value: Any) -> PDConfig:
-    if isinstance(value, PDConfig):
+def _as_section(value: Any, cls: type, path: str, what: str) -> Any:
+    """``value`` as a ``cls`` section at ``path``: itself, or built from a mapping whose keys
+    are ``cls``'s fields (an unknown key is named with the allowed ones)."""
+    if isinstance(value, cls):
         return value
     if isinstance(value, Mapping):
-        allowed = tuple(f.name for f in dataclasses.fields(PDConfig))
+        allowed = tuple(f.name for f in dataclasses.fields(cls))
         for key in value:
             if key not in allowed:
-                raise ConfigError(f"cluster.pd.{key}",
+                raise ConfigError(f"{path}.{key}",
                                   f"unknown key; allowed keys: {', '.join(allowed)}")
-        return PDConfig(**value)
-    raise ConfigError("cluster.pd", f"must be a mapping of P/D settings, got {value!r}")
+        return cls(**value)
+    raise ConfigError(path, f"must be a mapping of {what}, got {value!r}")
 
 
 #: Saturation detectors of the gateway queue (BLIS HEAD's ``--saturation-detector``).
@@ -456,20 +458,6 @@ class GatewayConfig:
                             min_value=1, max_value=INT64_MAX))
 
 
-def _as_gateway(value: Any) -> GatewayConfig:
-    if isinstance(value, GatewayConfig):
-        return value
-    if isinstance(value, Mapping):
-        allowed = tuple(f.name for f in dataclasses.fields(GatewayConfig))
-        for key in value:
-            if key not in allowed:
-                raise ConfigError(f"cluster.gateway.{key}",
-                                  f"unknown key; allowed keys: {', '.join(allowed)}")
-        return GatewayConfig(**value)
-    raise ConfigError("cluster.gateway",
-                      f"must be a mapping of gateway settings, got {value!r}")
-
-
 @dataclass(frozen=True)
 class ClusterConfig:
     """Cluster shape and router timing.
@@ -519,8 +507,9 @@ class ClusterConfig:
         set_field(self, "prefix_index_capacity_blocks", capacity)
         delay = _non_negative_int("cluster.cache_signal_delay_us", self.cache_signal_delay_us)
         set_field(self, "cache_signal_delay_us", delay)
-        set_field(self, "pd", _as_pd(self.pd))
-        set_field(self, "gateway", _as_gateway(self.gateway))
+        set_field(self, "pd", _as_section(self.pd, PDConfig, "cluster.pd", "P/D settings"))
+        set_field(self, "gateway", _as_section(self.gateway, GatewayConfig, "cluster.gateway",
+                                               "gateway settings"))
         if self.pd.pooled_instances > self.num_instances:
             raise ConfigError("cluster.pd", "prefill + decode + shared instances "
                               f"({self.pd.pooled_instances}) must not exceed "

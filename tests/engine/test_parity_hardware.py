@@ -111,17 +111,20 @@ def _one_request(input_tokens: int, output_tokens: int):
     return make_workload([dict(arrival=0, input=input_tokens, output=output_tokens)])
 
 
+def _one_request_on_gpus(cfg, input_tokens: int, output_tokens: int, gpus=("H100", "A100-80")):
+    """One request of ``cfg`` on each GPU of ``gpus``, one lane each (``hardware`` knob)."""
+    workload = _one_request(input_tokens, output_tokens)
+    configs = [set_knob(cfg, "hardware", g) for g in gpus]
+    params = stack_params([params_from_config(c, workload.tenant_names) for c in configs])
+    return simulate_population(resolve_config(cfg), workload, params, narrow_programs=False)
+
+
 def test_roofline_step_times_per_gpu_by_hand():
     """docs/roofline.md §5, example 1 (llama-3.1-8b, TP 1, one prefill of 512 tokens from
     s = 0): 5292069486592 FLOPs over peak·mfuPrefill — H100 989.5e12·0.45 → 11884 µs, A100-80
     312e12·0.38 = 1.1856e14 → 0.0446361... s → 44636 µs (compute-bound on both; α = 0). A
     single-token output completes with its first token: TTFT = E2E = the step."""
-    cfg = _base(LatencyConfig(model="roofline"))
-    resolved = resolve_config(cfg)
-    workload = _one_request(512, 1)
-    configs = [set_knob(cfg, "hardware", g) for g in ("H100", "A100-80")]
-    params = stack_params([params_from_config(c, workload.tenant_names) for c in configs])
-    got = simulate_population(resolved, workload, params, narrow_programs=False)
+    got = _one_request_on_gpus(_base(LatencyConfig(model="roofline")), 512, 1)
     assert [int(r.ttft_us[0]) for r in got] == [11884, 44636]
     assert [int(r.e2e_us[0]) for r in got] == [11884, 44636]
 
@@ -137,12 +140,8 @@ def test_blackbox_step_times_per_gpu_by_hand():
       β (8001.630597822392, 26.362876080324924, 14.969035206354745):
       delay trunc(2943.61 + 215.13) = 3158, prefill trunc(8001.63 + 2636.29) = 10637,
       α2 14229 → TTFT 28024; decode trunc(8001.63 + 14.97) = 8016 → ITL 22245, E2E 50269."""
-    cfg = _base(LatencyConfig(model="blackbox", vllm_version=V084), tp=2)
-    resolved = resolve_config(cfg)
-    workload = _one_request(100, 2)
-    configs = [set_knob(cfg, "hardware", g) for g in ("H100", "A100-80")]
-    params = stack_params([params_from_config(c, workload.tenant_names) for c in configs])
-    got = simulate_population(resolved, workload, params, narrow_programs=False)
+    got = _one_request_on_gpus(_base(LatencyConfig(model="blackbox", vllm_version=V084), tp=2),
+                               100, 2)
     assert [int(r.ttft_us[0]) for r in got] == [12434, 28024]
     assert [int(r.itl_sum_us[0]) for r in got] == [8718, 22245]
     assert [int(r.e2e_us[0]) for r in got] == [21152, 50269]

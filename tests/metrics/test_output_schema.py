@@ -74,21 +74,26 @@ def test_the_metrics_schema_rejects_malformed_output(mutate):
         _validate(metrics, "metrics")
 
 
-def test_pd_output_matches_the_schemas(tmp_path, capsys):
-    """BLIS's P/D replay with transfer contention: the ``pd_*`` metrics (contention's
-    included) and the rows' prefill instance and transfer times are declared."""
+def _golden_replay(name: str, tmp_path) -> tuple[dict, list]:
+    """BLIS's command line of golden case ``name`` (tests/data/blis-golden-next) run through
+    blisjax: (its metrics, its per-request rows)."""
     from tests.paths import GOLDEN_NEXT_DIR
 
-    case = json.loads((GOLDEN_NEXT_DIR / "pd_contention_pool_scorers.json").read_text())
+    case = json.loads((GOLDEN_NEXT_DIR / f"{name}.json").read_text())
     metrics_path, results_path = tmp_path / "m.json", tmp_path / "r.json"
     argv = case["command"].split()[1:]
     argv = [str(GOLDEN_NEXT_DIR / a) if a.endswith((".yaml", ".csv")) else a for a in argv]
     argv[argv.index("--results-path") + 1] = str(results_path)
     assert main([*argv, "--metrics-path", str(metrics_path), "--quiet"]) == 0
-    metrics = json.loads(metrics_path.read_text())
+    return json.loads(metrics_path.read_text()), json.loads(results_path.read_text())
+
+
+def test_pd_output_matches_the_schemas(tmp_path, capsys):
+    """BLIS's P/D replay with transfer contention: the ``pd_*`` metrics (contention's
+    included) and the rows' prefill instance and transfer times are declared."""
+    metrics, rows = _golden_replay("pd_contention_pool_scorers", tmp_path)
     assert "pd_peak_concurrent_transfers" in metrics
     _validate(metrics, "metrics")
-    rows = json.loads(results_path.read_text())
     assert all(r["prefill_instance"] is not None for r in rows)
     _validate(rows, "results")
     capsys.readouterr()
@@ -97,18 +102,9 @@ def test_pd_output_matches_the_schemas(tmp_path, capsys):
 def test_session_output_matches_the_schemas(tmp_path, capsys):
     """BLIS's closed-loop session replay: the ``sessions`` block and the rows' session keys
     (a later round's arrival is the run's) are declared."""
-    from tests.paths import GOLDEN_NEXT_DIR
-
-    case = json.loads((GOLDEN_NEXT_DIR / "sessions_closed_loop.json").read_text())
-    metrics_path, results_path = tmp_path / "m.json", tmp_path / "r.json"
-    argv = case["command"].split()[1:]
-    argv = [str(GOLDEN_NEXT_DIR / a) if a.endswith((".yaml", ".csv")) else a for a in argv]
-    argv[argv.index("--results-path") + 1] = str(results_path)
-    assert main([*argv, "--metrics-path", str(metrics_path), "--quiet"]) == 0
-    metrics = json.loads(metrics_path.read_text())
+    metrics, rows = _golden_replay("sessions_closed_loop", tmp_path)
     assert metrics["sessions"]["sessions"] == 108
     _validate(metrics, "metrics")
-    rows = json.loads(results_path.read_text())
     assert sum(r["round_index"] > 0 for r in rows) == 324
     _validate(rows, "results")
     # a row of a follow-up never created: arrival null
