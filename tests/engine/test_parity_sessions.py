@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from blisjax.config import ScorerWeight, resolve_config
 from blisjax.engine import params_from_config, simulate_population, stack_params
 from blisjax.engine.parity import first_divergence
-from blisjax.engine.static import build_static, build_static_shared
+from blisjax.engine.static import build_static_shared
 from blisjax.metrics import records
 from blisjax.reference import simulate as reference
 from blisjax.workload.types import FOLLOW_UP_ARRIVAL_US, Workload
@@ -131,9 +131,9 @@ def test_follow_ups_share_their_conversation_blocks_in_both_engines():
     with_context = random_session_workload(5)
     without = dataclasses.replace(with_context, session_accumulate=False)
     hits = []
+    st = build_static_shared(resolved, [with_context, without])  # one program for both
     for w in (with_context, without):
         want = reference(resolved, w)
-        st = build_static(resolved, w)
         got = simulate_population(resolved, w, stack_params(
             [params_from_config(resolved.config, w.tenant_names)]), static=st)[0]
         assert first_divergence(want, got) is None
