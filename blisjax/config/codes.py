@@ -42,7 +42,8 @@ class AdmissionPolicy(Code):
     REJECT_ALL = 2
     RATE_LIMIT = 3
     TENANT_QUOTA = 4
-    PROGRAM = 5  # a policy program (blisjax.program): admit iff its value is > 0
+    LOAD_SHED = 5  # admit while the cluster's queued requests and KV use are below limits
+    PROGRAM = 6  # a policy program (blisjax.program): admit iff its value is > 0
 
 
 class SaturationDetector(Code):

@@ -577,6 +577,10 @@ class AdmissionConfig:
       program, tree, params: policy ``program`` admits iff the program's value is > 0
         (docs/policy-programs.md): an expression, or a decision tree (stored as its
         expression), and its named parameters (name → number).
+      shed_queue_depth: load-shed admits only while the routable instances' queued requests
+        (router snapshots, summed) are fewer than this, >= 0 (0: not checked).
+      shed_kv_utilization: load-shed admits only while their mean KV utilization (router
+        snapshots) is below this, in [0, 1] (0: not checked).
     """
 
     policy: str = "always-admit"
@@ -589,6 +593,8 @@ class AdmissionConfig:
     program: str = ""
     tree: Any = None
     params: tuple[tuple[str, float], ...] = ()
+    shed_queue_depth: int = 0
+    shed_kv_utilization: float = 0.0
 
     def __post_init__(self) -> None:
         p = "policy.admission"
@@ -609,6 +615,11 @@ class AdmissionConfig:
             f"{p}.default_tenant_max_in_flight", self.default_tenant_max_in_flight
         )
         set_field(self, "default_tenant_max_in_flight", default)
+        set_field(self, "shed_queue_depth",
+                  _non_negative_int(f"{p}.shed_queue_depth", self.shed_queue_depth))
+        set_field(self, "shed_kv_utilization",
+                  check_knob(f"{p}.shed_kv_utilization", self.shed_kv_utilization,
+                             min_value=0, max_value=1))
 
     def compiled(self):
         """The admission ``PolicyProgram`` (None without a program)."""

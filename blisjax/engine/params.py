@@ -37,7 +37,8 @@ class PolicyParams:
     """Knobs of one lane (shapes without the population axis).
 
     admission: ``AdmissionPolicy`` code; token bucket (capacity in tokens, refill tokens/s);
-      rate limit (burst requests, requests/s); tenant_quota[T] max in-flight per tenant.
+      rate limit (burst requests, requests/s); tenant_quota[T] max in-flight per tenant;
+      shed_queue, shed_kv: load-shed's limits on queued requests and mean KV use (0: none).
     priority: ``PriorityPolicy`` code; age_weight; class_score[6] by SLO class code;
       tenant_score[T]; no_deadline_score (= -no_deadline_slack_s).
     routing: ``RoutingPolicy`` code; scorer_order[S] ``Scorer`` codes in configuration
@@ -93,6 +94,8 @@ class PolicyParams:
     rl_burst: jax.Array
     rl_rate: jax.Array
     tenant_quota: jax.Array
+    shed_queue: jax.Array
+    shed_kv: jax.Array
     priority: jax.Array
     age_weight: jax.Array
     class_score: jax.Array
@@ -223,6 +226,7 @@ def params_from_config(cfg, tenant_names: tuple[str, ...]) -> PolicyParams:
         tb_capacity=f64(adm.token_bucket_capacity), tb_rate=f64(adm.token_bucket_refill_rate),
         rl_burst=f64(adm.rate_limit_burst), rl_rate=f64(adm.rate_limit_rps),
         tenant_quota=i32(adm.max_in_flight_table(tenant_names)),
+        shed_queue=i32(adm.shed_queue_depth), shed_kv=f64(adm.shed_kv_utilization),
         priority=i32(PriorityPolicy.of(pri.policy)),
         age_weight=f64(pri.age_weight),
         class_score=f64(pri.slo_class_score_table()),

@@ -79,11 +79,26 @@ def admit(s: SimState, st, c, p, r, now, active, members) -> AdmitDecision:
         AdmissionPolicy.ALWAYS_ADMIT: True, AdmissionPolicy.TOKEN_BUCKET: take,
         AdmissionPolicy.REJECT_ALL: False, AdmissionPolicy.RATE_LIMIT: take,
         AdmissionPolicy.TENANT_QUOTA: quota_ok,
-        AdmissionPolicy.PROGRAM: _admission_program(s, st, c, p, r, now, members)})[code]
+        AdmissionPolicy.PROGRAM: _admission_program(s, st, c, p, r, now, members),
+        AdmissionPolicy.LOAD_SHED: _below_load_limits(s, p, members)})[code]
     return AdmitDecision(
         admitted=admitted,
         bucket=jnp.where(uses_bucket, jnp.where(take, tokens - cost, tokens), s.bucket),
         bucket_last=jnp.where(uses_bucket & refill, now, s.bucket_last))
+
+
+def _below_load_limits(s: SimState, p, members):
+    """load-shed: the routable instances' queued requests (snapshots, summed) below
+    ``p.shed_queue`` and their mean KV utilization below ``p.shed_kv`` (a 0 limit unchecked);
+    the mean summed in instance order (``cluster_observables``)."""
+    kv = jnp.asarray(0.0, F64)
+    for i in range(members.shape[0]):  # left to right, as the reference sums
+        kv = jnp.where(members[i], kv + s.snap_kv[i], kv)
+    count = jnp.sum(members)
+    mean = jnp.where(count > 0, ieee_divide(kv, jnp.maximum(count, 1).astype(F64)), 0.0)
+    queued = jnp.sum(jnp.where(members, s.snap_qd, 0))
+    return (((p.shed_queue == 0) | (queued < p.shed_queue))
+            & ((p.shed_kv == 0.0) | (mean < p.shed_kv)))
 
 
 def _admission_program(s: SimState, st, c, p, r, now, members):

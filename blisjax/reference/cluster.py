@@ -263,7 +263,7 @@ class ClusterSimulator:
     def _admit(self, req: SimRequest, time_us: int) -> None:
         qd, _, kv = self._snapshots(time_us)  # building router state refreshes stale snapshots
         cluster = None
-        if self.admission.program is not None:
+        if self.admission.reads_cluster:
             members = self.life.routable()
             members = list(range(len(self.instances))) if members is None else members
             cluster = cluster_observables(qd, self.in_flight, kv, members,

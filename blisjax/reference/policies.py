@@ -66,6 +66,9 @@ class Admission:
     * ``tenant-quota``: reject when the tenant already has ``quota`` admitted requests that have
       not yet completed, timed out or been dropped (per-tenant override, else the default).
     * ``program``: admit iff the program's value is > 0 (request and cluster observables).
+    * ``load-shed``: admit iff the routable instances' queued requests (snapshots, summed) are
+      fewer than ``shed_queue_depth`` and their mean KV utilization is below
+      ``shed_kv_utilization`` (a limit of 0 is not checked).
     """
 
     def __init__(self, cfg, tenant_names: tuple[str, ...]) -> None:
@@ -77,6 +80,13 @@ class Admission:
             self.bucket = TokenBucket(cfg.rate_limit_burst, cfg.rate_limit_rps)
         self.tenant_quota = cfg.max_in_flight_table(tenant_names)
         self.program = cfg.compiled() if self.policy == AdmissionPolicy.PROGRAM else None
+        self.shed_queue_depth = cfg.shed_queue_depth
+        self.shed_kv_utilization = cfg.shed_kv_utilization
+
+    @property
+    def reads_cluster(self) -> bool:
+        """Its decision reads the cluster observables (a program, or load-shed)."""
+        return self.policy in (AdmissionPolicy.PROGRAM, AdmissionPolicy.LOAD_SHED)
 
     def admit(self, req, now_us: int, tenant_in_flight: list[int],
               cluster: dict[str, float] | None = None) -> bool:
@@ -93,6 +103,11 @@ class Admission:
             return self.bucket.try_take(float(req.input_tokens), now_us)
         if p == AdmissionPolicy.RATE_LIMIT:
             return self.bucket.try_take(1.0, now_us)
+        if p == AdmissionPolicy.LOAD_SHED:
+            queued = cluster["cluster_queue_depth"]
+            kv = cluster["cluster_kv_utilization"]
+            return ((self.shed_queue_depth == 0 or queued < self.shed_queue_depth)
+                    and (self.shed_kv_utilization == 0.0 or kv < self.shed_kv_utilization))
         # tenant-quota
         return tenant_in_flight[req.tenant] < self.tenant_quota[req.tenant]
 
