@@ -43,7 +43,8 @@ class AdmissionPolicy(Code):
     RATE_LIMIT = 3
     TENANT_QUOTA = 4
     LOAD_SHED = 5  # admit while the cluster's queued requests and KV use are below limits
-    PROGRAM = 6  # a policy program (blisjax.program): admit iff its value is > 0
+    TENANT_BUCKET = 6  # a token bucket per tenant (cost = input tokens)
+    PROGRAM = 7  # a policy program (blisjax.program): admit iff its value is > 0
 
 
 class SaturationDetector(Code):

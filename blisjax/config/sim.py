@@ -581,6 +581,9 @@ class AdmissionConfig:
         (router snapshots, summed) are fewer than this, >= 0 (0: not checked).
       shed_kv_utilization: load-shed admits only while their mean KV utilization (router
         snapshots) is below this, in [0, 1] (0: not checked).
+      tenant_bucket_capacity, tenant_bucket_refill_rate: tenant-bucket's per-tenant bucket
+        size (input tokens) and refill (input tokens per second), >= 0; tenants not listed get
+        ``default_tenant_bucket_capacity`` / ``default_tenant_bucket_refill_rate``.
     """
 
     policy: str = "always-admit"
@@ -595,6 +598,10 @@ class AdmissionConfig:
     params: tuple[tuple[str, float], ...] = ()
     shed_queue_depth: int = 0
     shed_kv_utilization: float = 0.0
+    tenant_bucket_capacity: tuple[tuple[str, float], ...] = ()
+    default_tenant_bucket_capacity: float = 10000.0
+    tenant_bucket_refill_rate: tuple[tuple[str, float], ...] = ()
+    default_tenant_bucket_refill_rate: float = 1000.0
 
     def __post_init__(self) -> None:
         p = "policy.admission"
@@ -620,6 +627,13 @@ class AdmissionConfig:
         set_field(self, "shed_kv_utilization",
                   check_knob(f"{p}.shed_kv_utilization", self.shed_kv_utilization,
                              min_value=0, max_value=1))
+        for name in ("tenant_bucket_capacity", "tenant_bucket_refill_rate"):
+            set_field(self, name, check_pairs(
+                f"{p}.{name}", getattr(self, name), _name_key,
+                lambda path, v: check_knob(path, v, min_value=0)))
+            default = f"default_{name}"
+            set_field(self, default, check_knob(f"{p}.{default}", getattr(self, default),
+                                                min_value=0))
 
     def compiled(self):
         """The admission ``PolicyProgram`` (None without a program)."""
@@ -628,6 +642,14 @@ class AdmissionConfig:
     def max_in_flight(self, tenant: str) -> int:
         """In-flight cap of ``tenant`` under tenant-quota."""
         return dict(self.tenant_max_in_flight).get(tenant, self.default_tenant_max_in_flight)
+
+    def tenant_bucket_table(self, tenants: tuple[str, ...]) -> tuple[tuple[float, float], ...]:
+        """tenant-bucket's (capacity, refill per second) of each tenant, indexed by the
+        workload's tenant code."""
+        cap, rate = dict(self.tenant_bucket_capacity), dict(self.tenant_bucket_refill_rate)
+        return tuple((float(cap.get(t, self.default_tenant_bucket_capacity)),
+                      float(rate.get(t, self.default_tenant_bucket_refill_rate)))
+                     for t in tenants)
 
     def max_in_flight_table(self, tenants: tuple[str, ...]) -> tuple[int, ...]:
         """``max_in_flight`` of each tenant, indexed by the workload's tenant code."""

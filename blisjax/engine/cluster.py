@@ -106,6 +106,7 @@ def admission(s: SimState, st, c, p, now, active) -> SimState:
         admitted = admitted & ~refused
     s = s.replace(
         bucket=decision.bucket, bucket_last=decision.bucket_last,
+        tenant_bucket=decision.tenant_bucket, tenant_bucket_last=decision.tenant_bucket_last,
         status=s.status.at[r].set(jnp.where(admitted, ADMITTED, REJECTED).astype(s.status.dtype)),
         rejected=s.rejected + (active & ~decision.admitted).astype(jnp.int32),
         tenant_in_flight=add(s.tenant_in_flight, c.tenant[r], 1, active & admitted),

@@ -52,6 +52,9 @@ def init_state(st: EngineStatic, tb_capacity, rl_burst, admission_code, rate_lim
         dl_cursor=jnp.asarray(0, i32), route_seq=jnp.asarray(0, i64),
         enq_counter=jnp.asarray(0, i64), in_flight=zi32(i), tenant_in_flight=zi32(t),
         rr=jnp.asarray(0, i32), bucket=jnp.asarray(bucket, f64), bucket_last=jnp.asarray(0, i64),
+        tenant_bucket=(jnp.asarray(params.tt_capacity, f64) if params is not None
+                       else jnp.zeros(t, f64)),  # each tenant's bucket starts full
+        tenant_bucket_last=zi(t),
         snap_qd=zi32(i), snap_bs=zi32(i), snap_kv=jnp.zeros(i, f64), snap_last=jnp.asarray(0, i64),
         rejected=jnp.asarray(0, i32),
         rng_words=(jnp.zeros(STATE_WORDS, i64) if router_rng is None

@@ -38,7 +38,8 @@ class PolicyParams:
 
     admission: ``AdmissionPolicy`` code; token bucket (capacity in tokens, refill tokens/s);
       rate limit (burst requests, requests/s); tenant_quota[T] max in-flight per tenant;
-      shed_queue, shed_kv: load-shed's limits on queued requests and mean KV use (0: none).
+      shed_queue, shed_kv: load-shed's limits on queued requests and mean KV use (0: none);
+      tt_capacity[T], tt_rate[T]: tenant-bucket's per-tenant bucket size and refill.
     priority: ``PriorityPolicy`` code; age_weight; class_score[6] by SLO class code;
       tenant_score[T]; no_deadline_score (= -no_deadline_slack_s).
     routing: ``RoutingPolicy`` code; scorer_order[S] ``Scorer`` codes in configuration
@@ -96,6 +97,8 @@ class PolicyParams:
     tenant_quota: jax.Array
     shed_queue: jax.Array
     shed_kv: jax.Array
+    tt_capacity: jax.Array
+    tt_rate: jax.Array
     priority: jax.Array
     age_weight: jax.Array
     class_score: jax.Array
@@ -227,6 +230,8 @@ def params_from_config(cfg, tenant_names: tuple[str, ...]) -> PolicyParams:
         rl_burst=f64(adm.rate_limit_burst), rl_rate=f64(adm.rate_limit_rps),
         tenant_quota=i32(adm.max_in_flight_table(tenant_names)),
         shed_queue=i32(adm.shed_queue_depth), shed_kv=f64(adm.shed_kv_utilization),
+        tt_capacity=f64([cap for cap, _ in adm.tenant_bucket_table(tenant_names)]),
+        tt_rate=f64([rate for _, rate in adm.tenant_bucket_table(tenant_names)]),
         priority=i32(PriorityPolicy.of(pri.policy)),
         age_weight=f64(pri.age_weight),
         class_score=f64(pri.slo_class_score_table()),

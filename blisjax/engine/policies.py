@@ -53,6 +53,8 @@ class AdmitDecision(NamedTuple):
     admitted: jax.Array  # bool: the request is admitted
     bucket: jax.Array  # float64: bucket level after the decision (tokens or requests)
     bucket_last: jax.Array  # int64 µs: time of the bucket's last refill
+    tenant_bucket: jax.Array  # float64 [T]: the tenants' buckets after it (tenant-bucket)
+    tenant_bucket_last: jax.Array  # int64 µs [T]
 
 
 def admit(s: SimState, st, c, p, r, now, active, members) -> AdmitDecision:
@@ -75,16 +77,29 @@ def admit(s: SimState, st, c, p, r, now, active, members) -> AdmitDecision:
     uses_bucket = active & ((code == AdmissionPolicy.TOKEN_BUCKET) | limited)
     t = c.tenant[r]
     quota_ok = s.tenant_in_flight[t] < p.tenant_quota[t]
+    # tenant-bucket: request r's tenant's bucket, refilled as the shared one
+    own = code == AdmissionPolicy.TENANT_BUCKET
+    t_elapsed = now - s.tenant_bucket_last[t]
+    t_refill = t_elapsed > 0
+    t_tokens = jnp.where(t_refill, jnp.minimum(p.tt_capacity[t], s.tenant_bucket[t] + ieee_divide(
+        t_elapsed.astype(F64) * p.tt_rate[t], c.one_e6)), s.tenant_bucket[t])
+    t_cost = c.input_tokens[r].astype(F64)
+    t_take = t_tokens >= t_cost
+    t_uses = active & own
     admitted = by_code(AdmissionPolicy, {
         AdmissionPolicy.ALWAYS_ADMIT: True, AdmissionPolicy.TOKEN_BUCKET: take,
         AdmissionPolicy.REJECT_ALL: False, AdmissionPolicy.RATE_LIMIT: take,
         AdmissionPolicy.TENANT_QUOTA: quota_ok,
         AdmissionPolicy.PROGRAM: _admission_program(s, st, c, p, r, now, members),
-        AdmissionPolicy.LOAD_SHED: _below_load_limits(s, p, members)})[code]
+        AdmissionPolicy.LOAD_SHED: _below_load_limits(s, p, members),
+        AdmissionPolicy.TENANT_BUCKET: t_take})[code]
     return AdmitDecision(
         admitted=admitted,
         bucket=jnp.where(uses_bucket, jnp.where(take, tokens - cost, tokens), s.bucket),
-        bucket_last=jnp.where(uses_bucket & refill, now, s.bucket_last))
+        bucket_last=jnp.where(uses_bucket & refill, now, s.bucket_last),
+        tenant_bucket=upd(s.tenant_bucket, t, jnp.where(t_take, t_tokens - t_cost, t_tokens),
+                          t_uses),
+        tenant_bucket_last=upd(s.tenant_bucket_last, t, now, t_uses & t_refill))
 
 
 def _below_load_limits(s: SimState, p, members):

@@ -68,6 +68,8 @@ class SimState:
     rr: jax.Array  # int32: round-robin counter
     bucket: jax.Array  # float64: token-bucket / rate-limit bucket level
     bucket_last: jax.Array  # int64 µs: time of the bucket's last refill
+    tenant_bucket: jax.Array  # float64 [T]: tenant-bucket's per-tenant bucket levels
+    tenant_bucket_last: jax.Array  # int64 µs [T]: time of each one's last refill
     snap_qd: jax.Array  # int32 [I]: router snapshot of queue depths
     snap_bs: jax.Array  # int32 [I]: router snapshot of batch sizes
     snap_kv: jax.Array  # float64 [I]: router snapshot of KV utilisation

@@ -69,6 +69,8 @@ class Admission:
     * ``load-shed``: admit iff the routable instances' queued requests (snapshots, summed) are
       fewer than ``shed_queue_depth`` and their mean KV utilization is below
       ``shed_kv_utilization`` (a limit of 0 is not checked).
+    * ``tenant-bucket``: ``token-bucket`` with one bucket per tenant (its own capacity and
+      refill, else the defaults); each starts full.
     """
 
     def __init__(self, cfg, tenant_names: tuple[str, ...]) -> None:
@@ -81,6 +83,9 @@ class Admission:
         self.tenant_quota = cfg.max_in_flight_table(tenant_names)
         self.program = cfg.compiled() if self.policy == AdmissionPolicy.PROGRAM else None
         self.shed_queue_depth = cfg.shed_queue_depth
+        self.tenant_buckets = [TokenBucket(cap, rate) for cap, rate
+                               in cfg.tenant_bucket_table(tenant_names)] \
+            if self.policy == AdmissionPolicy.TENANT_BUCKET else []
         self.shed_kv_utilization = cfg.shed_kv_utilization
 
     @property
@@ -103,6 +108,8 @@ class Admission:
             return self.bucket.try_take(float(req.input_tokens), now_us)
         if p == AdmissionPolicy.RATE_LIMIT:
             return self.bucket.try_take(1.0, now_us)
+        if p == AdmissionPolicy.TENANT_BUCKET:
+            return self.tenant_buckets[req.tenant].try_take(float(req.input_tokens), now_us)
         if p == AdmissionPolicy.LOAD_SHED:
             queued = cluster["cluster_queue_depth"]
             kv = cluster["cluster_kv_utilization"]

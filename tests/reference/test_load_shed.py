@@ -41,3 +41,27 @@ def test_a_full_kv_cache_sheds_until_it_empties():
 def test_limits_out_of_range_name_the_field(field, value):
     with pytest.raises(ConfigError, match=f"policy.admission.{field}"):
         AdmissionConfig(policy="load-shed", **{field: value})
+
+
+def test_each_tenant_spends_its_own_bucket():
+    """tenant-bucket, cost = input tokens. Tenant a's bucket holds 100 tokens, b's the default
+    30, neither refills. a's 60-token request at 0 leaves it 40, so a's second (60 tokens,
+    10 µs) is rejected; b's 30-token requests at 20 and 30 µs: the first empties b's bucket,
+    the second is rejected — a's 40 left do not help b."""
+    rows = [dict(arrival=0, input=60, tenant="a"), dict(arrival=10, input=60, tenant="a"),
+            dict(arrival=20, input=30, tenant="b"), dict(arrival=30, input=30, tenant="b")]
+    adm = AdmissionConfig(policy="tenant-bucket", tenant_bucket_capacity={"a": 100},
+                          default_tenant_bucket_capacity=30, default_tenant_bucket_refill_rate=0)
+    result = simulate(make_resolved(admission=adm), make_workload(rows, tenants=("a", "b")))
+    assert result.status.tolist() == [COMPLETED, REJECTED, COMPLETED, REJECTED]
+
+
+def test_a_tenant_bucket_refills_at_its_own_rate():
+    """Tenant a refills 1,000,000 tokens/s (1 per µs) from empty after its 50-token request at
+    0: at 30 µs it holds 30 (< 40: rejected), at 100 µs min(50, 100) = 50 (admitted)."""
+    rows = [dict(arrival=0, input=50, tenant="a"), dict(arrival=30, input=40, tenant="a"),
+            dict(arrival=100, input=40, tenant="a")]
+    adm = AdmissionConfig(policy="tenant-bucket", tenant_bucket_capacity={"a": 50},
+                          tenant_bucket_refill_rate={"a": 1_000_000})
+    result = simulate(make_resolved(admission=adm), make_workload(rows, tenants=("a",)))
+    assert result.status.tolist() == [COMPLETED, REJECTED, COMPLETED]
