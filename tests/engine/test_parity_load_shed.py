@@ -15,17 +15,11 @@ from blisjax.reference import simulate as reference
 from tests.reference.conftest import make_resolved, make_workload
 
 
-def test_load_shed_lanes_match_reference_runs():
-    rng = np.random.default_rng(11)
-    rows = [dict(arrival=int(t), input=int(rng.integers(8, 60)), output=int(rng.integers(1, 30)))
-            for t in np.sort(rng.integers(0, 20_000, size=40))]
-    workload = make_workload(rows)
-    base = make_resolved(instances=2, kv_blocks=12, max_running=3, refresh_us=700)
-    limits = [(0, 0.0), (1, 0.0), (3, 0.0), (0, 0.3), (0, 0.7), (2, 0.5), (5, 0.9), (1, 0.2)]
+def _rejections_per_lane(base, workload, admissions) -> list[int]:
+    """One lane per ``AdmissionConfig`` in one compiled call; each lane must equal its
+    reference run. Returns each lane's rejected requests."""
     configs = [dataclasses.replace(base.config, policy=dataclasses.replace(
-        base.config.policy, admission=AdmissionConfig(policy="load-shed", shed_queue_depth=q,
-                                                      shed_kv_utilization=kv)))
-               for q, kv in limits]
+        base.config.policy, admission=adm)) for adm in admissions]
     params = stack_params([params_from_config(c, workload.tenant_names) for c in configs])
     results = simulate_population(base, workload, params)
     rejected = []
@@ -33,6 +27,19 @@ def test_load_shed_lanes_match_reference_runs():
         want = reference(dataclasses.replace(base, config=config), workload)
         assert first_divergence(want, got) is None, config.policy.admission
         rejected.append(int(np.sum(want.status == records.REJECTED)))
+    return rejected
+
+
+def test_load_shed_lanes_match_reference_runs():
+    rng = np.random.default_rng(11)
+    rows = [dict(arrival=int(t), input=int(rng.integers(8, 60)), output=int(rng.integers(1, 30)))
+            for t in np.sort(rng.integers(0, 20_000, size=40))]
+    workload = make_workload(rows)
+    base = make_resolved(instances=2, kv_blocks=12, max_running=3, refresh_us=700)
+    limits = [(0, 0.0), (1, 0.0), (3, 0.0), (0, 0.3), (0, 0.7), (2, 0.5), (5, 0.9), (1, 0.2)]
+    rejected = _rejections_per_lane(base, workload, [
+        AdmissionConfig(policy="load-shed", shed_queue_depth=q, shed_kv_utilization=kv)
+        for q, kv in limits])
     assert rejected[0] == 0 and max(rejected) > 0 and len(set(rejected)) > 3  # limits bite
 
 
@@ -47,16 +54,9 @@ def test_tenant_bucket_lanes_match_reference_runs():
     base = make_resolved(instances=2)
     buckets = [({"a": 200.0}, {"a": 5_000.0}, 100.0, 1_000.0), ({}, {}, 10_000.0, 1_000.0),
                ({"b": 50.0}, {}, 300.0, 20_000.0), ({"a": 0.0}, {"b": 0.0}, 150.0, 0.0)]
-    configs = [dataclasses.replace(base.config, policy=dataclasses.replace(
-        base.config.policy, admission=AdmissionConfig(
-            policy="tenant-bucket", tenant_bucket_capacity=cap, tenant_bucket_refill_rate=rate,
-            default_tenant_bucket_capacity=dcap, default_tenant_bucket_refill_rate=drate)))
-               for cap, rate, dcap, drate in buckets]
-    params = stack_params([params_from_config(c, workload.tenant_names) for c in configs])
-    results = simulate_population(base, workload, params)
-    rejected = []
-    for config, got in zip(configs, results, strict=True):
-        want = reference(dataclasses.replace(base, config=config), workload)
-        assert first_divergence(want, got) is None, config.policy.admission
-        rejected.append(int(np.sum(want.status == records.REJECTED)))
+    rejected = _rejections_per_lane(base, workload, [
+        AdmissionConfig(policy="tenant-bucket", tenant_bucket_capacity=cap,
+                        tenant_bucket_refill_rate=rate, default_tenant_bucket_capacity=dcap,
+                        default_tenant_bucket_refill_rate=drate)
+        for cap, rate, dcap, drate in buckets])
     assert rejected[1] == 0 and len(set(rejected)) > 2  # the buckets bite, differently
