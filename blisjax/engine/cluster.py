@@ -583,8 +583,10 @@ def _dispatch_cheap(s: SimState, st, c, p, ev: NextEvent, go) -> SimState:
         s = _after_instance_event(s, st, jnp.maximum(s.instance[ev.noop_req], 0), 0, t_evt,
                                   stale)
     # a handled deadline (timeout or no-op) is marked done; the cursor skips handled entries
-    handled = jnp.where(kind_to, to_r, jnp.where(cl & (ev.cluster_kind == CL_NOOP),
-                                                 ev.noop_req, n))
+    noop = cl & (ev.cluster_kind == CL_NOOP)
+    if st.sessions and st.lifecycle:  # a completed follow-up's pending timeout came up
+        s = sessions.stale_handled(s, st, c, ev.noop_req, noop)
+    handled = jnp.where(kind_to, to_r, jnp.where(noop, ev.noop_req, n))
     if st.pd:  # the deadline is the request's, whichever of its rows it was for
         handled = pd.parent_row(st, handled)
     s = s.replace(tdone=s.tdone.at[handled].set(True))

@@ -45,6 +45,8 @@ class SessionState:
     pending_gen: jax.Array  # int64 [S]: its creation stamp
     gen_clock: jax.Array  # int64: the next creation stamp
     created: jax.Array  # int32: follow-ups created so far
+    stale_next: jax.Array  # int32 [S]: the session's completed follow-ups whose pending
+    #                        timeout was handled (``stale_timeout``)
 
 
 def init_sessions(st) -> SessionState:
@@ -54,7 +56,7 @@ def init_sessions(st) -> SessionState:
                             init_cursor=jnp.asarray(0, jnp.int32), pending_us=one(jnp.int64),
                             pending_row=one(jnp.int32), pending_gen=one(jnp.int64),
                             gen_clock=jnp.asarray(0, jnp.int64),
-                            created=jnp.asarray(0, jnp.int32))
+                            created=jnp.asarray(0, jnp.int32), stale_next=one(jnp.int32))
     rows, ns = st.num_requests + 1, st.num_sessions
     return SessionState(
         arrival_us=jnp.full(rows, FOLLOW_UP_ARRIVAL_US, jnp.int64),
@@ -63,7 +65,7 @@ def init_sessions(st) -> SessionState:
         pending_us=jnp.full(ns, INT64_MAX, jnp.int64),
         pending_row=jnp.full(ns, st.num_requests, jnp.int32),
         pending_gen=jnp.zeros(ns, jnp.int64), gen_clock=jnp.asarray(0, jnp.int64),
-        created=jnp.asarray(0, jnp.int32))
+        created=jnp.asarray(0, jnp.int32), stale_next=jnp.zeros(ns, jnp.int32))
 
 
 def arrival_us(s, st, c, r):
@@ -158,16 +160,27 @@ class StaleTimeout(NamedTuple):
 def stale_timeout(s, st, c) -> StaleTimeout:
     """A follow-up that completed before its deadline leaves its timeout pending on its
     instance (the reference cancels it lazily, when it comes up): the earliest such deadline
-    within the horizon not yet handled (``SimState.tdone``), ties to the lowest row. Scans every
-    row: compiled in only with lifecycles, whose last event it can be."""
-    rows = jnp.arange(st.num_requests + 1)
+    within the horizon not yet handled, ties to the lowest row. Compiled in only with
+    lifecycles, whose last event it can be. A session's rounds complete in order and share one
+    timeout (``Workload.validate``), so their pending timeouts come up in round order: each
+    session's next one is its follow-up ``stale_next`` (one entry per session)."""
+    sessions = jnp.arange(st.num_sessions)
+    rows = jnp.minimum(c.follow_start + s.sess.stale_next, st.num_requests)
     timeout = c.deadline_us[rows]
     dl = s.sess.arrival_us[rows] + timeout
-    stale = c.follow_up[rows] & (s.status[rows] == COMPLETED) & (timeout > 0) \
-        & (dl <= st.horizon_us) & ~s.tdone[rows]
+    stale = c.follow_up[rows] & (c.session[rows] == sessions) \
+        & (s.status[rows] == COMPLETED) & (timeout > 0) & (dl <= st.horizon_us) \
+        & ~s.tdone[rows]
     t = jnp.where(stale, dl, INT64_MAX)
-    k = jnp.argmin(t).astype(jnp.int32)
-    return StaleTimeout(t[k], k)
+    k = jnp.argmin(t)  # ties: the lowest session, whose rows come first
+    return StaleTimeout(t[k], rows[k].astype(jnp.int32))
+
+
+def stale_handled(s, st, c, row, go):
+    """The pending timeout of follow-up ``row`` was handled where ``go``."""
+    q = s.sess
+    k = jnp.where(go & c.follow_up[row], c.session[row], st.num_sessions)
+    return s.replace(sess=q.replace(stale_next=q.stale_next.at[k].add(1, mode="drop")))
 
 
 class SessionTimeouts:

@@ -321,6 +321,7 @@ class WorkloadConsts:
     next_row: jax.Array  # the session's next round (-1: none)
     think_us: jax.Array  # µs between a follow-up's predecessor completing and its arrival
     follow_up: jax.Array  # bool: a follow-up round (its arrival is the simulation's)
+    follow_start: jax.Array  # int32 [S]: each session's first follow-up row (N: none)
     own_base: jax.Array  # hash slot of own block j is group_slots + own_base + j
     ext_base: jax.Array  # CPU key of block j >= full_blocks is ext_base + j (engine.kvtier)
     queue_delay_us: jax.Array
@@ -793,6 +794,15 @@ def _session_blocks(workload, bs: int) -> np.ndarray:
     return content_tokens(workload, inp) // bs
 
 
+def _follow_starts(workload, st: EngineStatic) -> np.ndarray:
+    """int32 [S]: each session's first follow-up row (the sink row N for none)."""
+    out = np.full(max(st.num_sessions, 1), st.num_requests, np.int32)
+    follow = np.flatnonzero(workload.follow_up)
+    for row in follow[::-1].tolist():  # last to first: the first row of each session stays
+        out[int(workload.session[row])] = row
+    return out
+
+
 def _session_shape(workload, bs: int) -> dict:
     """``EngineStatic``'s session fields (all off without follow-ups)."""
     if not workload.has_sessions:
@@ -997,6 +1007,7 @@ def build_consts(resolved, workload, st: EngineStatic) -> WorkloadConsts:
         next_row=pad(next_round(original), -1, i32),
         think_us=pad(original.think_time_us, 0, i64),
         follow_up=pad(original.follow_up, False, bool),
+        follow_start=jax.device_put(_follow_starts(original, st)),
         ext_base=pad(st.hash_slots + ext_start - full, 0, i32),
         queue_delay_us=jax.device_put(by_gpu([np.asarray(pad(q, 0, i64)) for q in rows.qdelay])),
         itl_offset=pad(itl_off, 0, i64),

@@ -217,6 +217,10 @@ class Workload:
             raise ValueError("workload.session: every session needs exactly one round 0")
         if np.unique(sess).size != np.count_nonzero(np.diff(sess, prepend=-2) != 0):
             raise ValueError("workload.session: a session's follow-up rounds must be adjacent")
+        timeouts = self.deadline_us[follow]
+        if np.any((sess[1:] == sess[:-1]) & (timeouts[1:] != timeouts[:-1])):
+            raise ValueError("workload.deadline_us: a session's follow-up rounds must share one "
+                             "timeout")
 
     def content_equal(self, other: Workload) -> bool:
         """True when every per-request array and every name table is identical (metadata ignored)."""

@@ -28,8 +28,8 @@ def random_session_workload(seed: int, *, sessions: int = 10, loose: int = 8,
                             accumulate: bool = True,
                             thinks: tuple[int, ...] = (0, 0, 250, 1000, 4000)) -> Workload:
     """``sessions`` conversations of 1–4 rounds (messages of 3–24 tokens, 1–12 outputs, think
-    times from ``thinks`` (µs), a third of the follow-ups with a 1–6 ms timeout, some round 0s in prefix
-    group "g" of 8 tokens) and ``loose`` requests outside sessions; arrivals within 12 ms on a
+    times from ``thinks`` (µs), a third of the conversations' follow-ups with a 1–6 ms
+    timeout, some round 0s in prefix group "g" of 8 tokens) and ``loose`` requests outside sessions; arrivals within 12 ms on a
     500 µs grid, so equal times are common. The rounds per session depend on ``sessions``
     only, so workloads of one size share a compiled program."""
     rng = np.random.default_rng(seed)
@@ -45,14 +45,15 @@ def random_session_workload(seed: int, *, sessions: int = 10, loose: int = 8,
         if grouped:
             head["input"] += 8
         rows.append(head)
+        # a third of the conversations time their later rounds out after 1–6 ms
+        timeout = int(rng.integers(1, 7)) * 1000 if rng.random() < 0.33 else 0
         for j in range(1, int(rounds[k])):
             follow.append(dict(arrival=FOLLOW_UP_ARRIVAL_US, input=int(rng.integers(3, 25)),
                                output=int(rng.integers(1, 13)), session=k, round=j,
                                think=int(rng.choice(thinks)),
                                group=head["group"], prefix=head["prefix"],
                                tenant=head["tenant"],
-                               deadline=int(rng.integers(1, 7)) * 1000
-                               if rng.random() < 0.33 else 0))
+                               deadline=timeout))
     for _ in range(loose):
         rows.append(dict(arrival=int(rng.integers(0, 25)) * 500, input=int(rng.integers(3, 40)),
                          output=int(rng.integers(1, 13)), session=-1, round=0, think=0,

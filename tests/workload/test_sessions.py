@@ -139,6 +139,8 @@ def test_session_workloads_are_validated():
     w = _session_workload()
     with pytest.raises(ValueError, match="round_index"):
         dataclasses.replace(w, round_index=np.array([0, 2, 1]))
+    with pytest.raises(ValueError, match="share one timeout"):
+        dataclasses.replace(w, deadline_us=np.array([0, 5_000, 6_000]))
     with pytest.raises(ValueError, match="after every other request"):
         dataclasses.replace(w, session=np.array([0, 0, -1]), round_index=np.array([0, 1, 0]),
                             arrival_us=np.array([0, FOLLOW_UP_ARRIVAL_US, 5]))
