@@ -102,9 +102,5 @@ def realized(workload: Workload, arrival_us: np.ndarray, prompts: np.ndarray) ->
     arrival = np.where(workload.follow_up, np.asarray(arrival_us, np.int64),
                        workload.arrival_us)
     arrival = np.where(arrival < 0, FOLLOW_UP_ARRIVAL_US, arrival)
-    created = workload.follow_up & (arrival != FOLLOW_UP_ARRIVAL_US)
-    deadline = np.where(workload.follow_up, np.where(
-        created & (workload.deadline_us > 0), arrival + workload.deadline_us, 0),
-        workload.deadline_us)
-    return dataclasses.replace(workload, arrival_us=arrival, deadline_us=deadline,
+    return dataclasses.replace(workload, arrival_us=arrival,
                                input_tokens=np.asarray(prompts, np.int64))
