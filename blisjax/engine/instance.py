@@ -25,6 +25,7 @@ from blisjax.engine import (
     completion,
     hostlatency,
     kvblocks,
+    kvtier,
     lifecycle,
     pd,
     physics,
@@ -183,6 +184,10 @@ def reset_instance(s: SimState, st, i, active) -> SimState:
     def row(arr, value):
         return arr.at[i].set(jnp.where(active, value, arr[i]))
 
+    if st.tiered:  # a new tiered cache; queued requests that held blocks here are gone
+        hold = jnp.arange(st.slot_count) >= st.hold_base
+        s = s.replace(tier=kvtier.reset_instance(s.tier, st, i, active),
+                      slot_req=row(s.slot_req, jnp.where(hold, NIL, s.slot_req[i])))
     return s.replace(
         step_time=upd(s.step_time, i, -1, active), stretch_steps=upd(s.stretch_steps, i, 0, active),
         ema=upd(s.ema, i, 0.0, active),
@@ -312,14 +317,25 @@ def reserve_transferred_kv(s: SimState, st, c, i, r, now, active):
     sb = (st.batch_slots + jnp.argmax(free)).astype(jnp.int32)
     has_room = jnp.any(free)
     l_in, empty = c.input_tokens[r], jnp.zeros(1, jnp.int32)
-    ok = active & has_room & kv.can_allocate(s, st, c, i, sb, r, 0, l_in, empty, 0)
     # the whole prompt's blocks in one pass (a prefill's chunk takes a few at a time): in a
     # lockstep block some lane reserves in almost every pass of the cheap events
-    s = kv.allocate(s, st, c, i, sb, r, 0, l_in, empty, 0, ok,
-                    chunk=max(1, st.max_blocks_per_request))
+    chunk = max(1, st.max_blocks_per_request)
+    if st.tiered:  # the tiered allocation, which may reload (its evictions happen now)
+        s = s.replace(clock=upd(s.clock, i, now, active))
+        no_prefix = jnp.full(max(st.max_prompt_blocks, 1), NIL, jnp.int32)
+        s, got = kv.tiered_allocate(s, st, c, i, sb, r, 0, l_in, no_prefix, 0,
+                                    active & has_room, chunk=chunk)
+        ok = got.ok
+        # refused after claiming reloaded blocks, the dropped sub-request keeps them (as in
+        # the reference and BLIS): its slot stays taken
+        held = ok | (s.blen[i, sb] > 0)
+    else:
+        ok = active & has_room & kv.can_allocate(s, st, c, i, sb, r, 0, l_in, empty, 0)
+        s = kv.allocate(s, st, c, i, sb, r, 0, l_in, empty, 0, ok, chunk=chunk)
+        held = ok
     q = s.pd
     return s.replace(
-        slot_req=upd(s.slot_req, (i, sb), r, ok),
+        slot_req=upd(s.slot_req, (i, sb), r, active & has_room & held),
         pi=s.pi.at[jnp.where(ok, r, st.num_requests)].set(l_in),
         pd=q.replace(ovf_reserve=q.ovf_reserve + (active & ~has_room).astype(jnp.int32))), ok
 

@@ -179,7 +179,7 @@ def hash_slot(st, c, i, r, j):
     in_group = j < c.group_blocks[r]
     group_slot = (i * st.num_groups + jnp.maximum(c.group[r], 0)) * st.group_blocks_max + j
     own = st.group_slots + st.session_slots + c.own_base[r] + j
-    if st.pd:
+    if st.own_per_instance:
         own = own + i * st.own_slots
     if st.sessions:  # a session's blocks: per (instance, session, block)
         shared = st.group_slots + (i * st.num_sessions + jnp.maximum(c.session[r], 0)) \

@@ -438,7 +438,7 @@ def flush_releases(s: SimState, st, active) -> SimState:
 def cpu_key(st, c, i, r, j):
     """CPU key of block j of request r on instance i on its true hash chain: its hash slot
     for a full prompt block, else an extension key (``engine.kvtier``)."""
-    ext = c.ext_base[r] + j + (i * st.cpu_ext_slots if st.pd else 0)  # per instance (P/D)
+    ext = c.ext_base[r] + j + (i * st.cpu_ext_slots if st.own_per_instance else 0)
     return jnp.where(j < c.full_blocks[r], hash_slot(st, c, i, r, j), ext)
 
 

@@ -73,7 +73,8 @@ class KVTierState:
     cpu_misses: jax.Array  # int64 [I]: allocations that failed without reloading anything
     mirror_stores: jax.Array  # int64 [I]: keys stored by mirror passes
     evictions: jax.Array  # int64 [I]: keys the full tier dropped
-    request_reloads: jax.Array  # int32 [N + 1]: blocks reloaded by each request's allocations
+    request_reloads: jax.Array  # int32 [request rows]: blocks reloaded by each row's allocations
+    #                             (a P/D prefill sub-request's row: its own)
     evicted_at: jax.Array  # int64 µs [KEYS + 1]: when a GPU block holding the key was last
     #                        taken for other content, -1 = never (the thrashing anomaly)
     thrash_reloads: jax.Array  # int64 [I]: reloads of a key evicted from the GPU less than
@@ -107,7 +108,7 @@ def init_tier(st, capacity=0, reload_us=0) -> KVTierState:
         pending_us=jnp.zeros(n_inst, i64), reloads=jnp.zeros(n_inst, i64),
         cpu_misses=jnp.zeros(n_inst, i64), mirror_stores=jnp.zeros(n_inst, i64),
         evictions=jnp.zeros(n_inst, i64),
-        request_reloads=jnp.zeros(st.num_requests + 1 if on else 1, i32),
+        request_reloads=jnp.zeros(st.request_rows if on else 1, i32),
         evicted_at=jnp.full(keys + 1, -1, i64), thrash_reloads=jnp.zeros(n_inst, i64),
         capacity=jnp.asarray(capacity, i32),
         pass_mark=jnp.full(keys + 1, -1, i64), pass_stamp=jnp.asarray(0, i64),
@@ -115,6 +116,36 @@ def init_tier(st, capacity=0, reload_us=0) -> KVTierState:
         off_origin=jnp.full(st.cpu_off_slots + 1 if on else 1, OFF_UNUSED,
                             i32),
         offchain_overflow=jnp.asarray(0, i32), hold_overflow=jnp.asarray(0, i32))
+
+
+def key_instance(st, key):
+    """The instance whose tier CPU key ``key`` belongs to, with keys per instance
+    (``EngineStatic.own_per_instance``): the instance of its hash slot (prefix-group, session
+    and own slots are laid out instance by instance, ``kvblocks.hash_slot``) or extension key,
+    and an off-chain key's true key's."""
+    true = st.cpu_true_keys
+    t = jnp.where(key < true, key, (key - true) % true)
+    groups, sessions = st.group_slots, st.session_slots
+    own, ext = groups + sessions, st.hash_slots
+    per_group = max(st.num_groups * st.group_blocks_max, 1)
+    per_session = max(st.num_sessions * st.session_blocks_max, 1)
+    return jnp.select([t < groups, t < own, t < ext],
+                      [t // per_group, (t - groups) // per_session, (t - own) // st.own_slots],
+                      (t - ext) // st.cpu_ext_slots)
+
+
+def reset_instance(t: KVTierState, st, i, active) -> KVTierState:
+    """A new instance in slot i (``Instance.restart``: a new tiered cache carrying the slot's
+    counters): its tier empty, no reload time pending, no GPU eviction remembered."""
+    keys = jnp.arange(t.where.shape[0])
+    mine = active & (keys < t.where.shape[0] - 1) & (key_instance(st, keys) == i)
+    return t.replace(
+        where=jnp.where(mine, NIL, t.where), evicted_at=jnp.where(mine, -1, t.evicted_at),
+        ring=t.ring.at[i].set(jnp.where(active, NIL, t.ring[i])),
+        head=upd(t.head, i, 0, active), tail=upd(t.tail, i, 0, active),
+        size=upd(t.size, i, 0, active), pending_us=upd(t.pending_us, i, 0, active),
+        pass_keys=upd(t.pass_keys, i, 0, active),
+        key_of_block=t.key_of_block.at[i].set(jnp.where(active, NIL, t.key_of_block[i])))
 
 
 # ---- the ring ----------------------------------------------------------------------------------

@@ -111,8 +111,9 @@ def first_divergence(a, b, request_ids=None) -> str | None:
     """None if identical; otherwise a sentence naming the first difference.
 
     Checked in order: a capacity overflow on either side (its numbers are not valid), the run's
-    shape, the request counts by status, every request's fields, the run-level counters, and
-    each side's counters against its own statuses (``count_mismatch``)."""
+    shape, the request counts by status, every request's fields, the run-level counters (each
+    feature's too: P/D, lifecycle, sessions, gateway, CPU tier), and each side's counters
+    against its own statuses (``count_mismatch``)."""
     for side, result in (("first", a), ("second", b)):
         if result.overflow:
             return f"capacity overflow in the {side} run: {result.overflow}"
@@ -150,7 +151,9 @@ def first_divergence(a, b, request_ids=None) -> str | None:
                                 ("session", a.sessions, b.sessions,
                                  records.SessionRecords._fields),
                                 ("gateway", a.gateway, b.gateway,
-                                 records.GatewayCounters._fields)):
+                                 records.GatewayCounters._fields),
+                                ("CPU tier", a.kv_tier, b.kv_tier,
+                                 records.KVTierCounters._fields)):
         found = _counters_divergence(label, x, y, fields)
         if found is not None:
             return found

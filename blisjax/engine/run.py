@@ -541,10 +541,13 @@ def _tier_counters(st: EngineStatic, g, n: int) -> records.KVTierCounters | None
         return None
     t = g.tier
     i64 = lambda x: np.asarray(x, dtype=np.int64)  # noqa: E731
+    per_row = i64(t.request_reloads)
+    # a request's reloads are its sub-requests' together (``PDCluster``: they share its index)
+    per_request = per_row[:n] + per_row[n + 1:2 * n + 1] if st.pd else per_row[:n]
     return records.KVTierCounters(
         reloads=i64(t.reloads), cpu_misses=i64(t.cpu_misses),
         mirror_stores=i64(t.mirror_stores), cpu_evictions=i64(t.evictions),
-        request_reloads=i64(t.request_reloads[:n]), thrash_reloads=i64(t.thrash_reloads))
+        request_reloads=per_request, thrash_reloads=i64(t.thrash_reloads))
 
 
 def _empty_result(resolved, workload) -> records.RunResult:
@@ -613,5 +616,9 @@ def _own_instances(result: records.RunResult, count: int) -> records.RunResult:
     """``result`` over its first ``count`` instances."""
     if count == result.num_instances:
         return result
-    return dataclasses.replace(result, num_instances=count,
+    tier = result.kv_tier
+    if tier is not None:  # its per-instance counters (per request: all of them)
+        tier = tier._replace(**{f: getattr(tier, f)[:count] for f in tier._fields
+                                if f != "request_reloads"})
+    return dataclasses.replace(result, num_instances=count, kv_tier=tier,
                                **{f: getattr(result, f)[:count] for f in _PER_INSTANCE})

@@ -205,10 +205,18 @@ class EngineStatic:
         return self.cpu_tier_blocks > 0
 
     @property
+    def own_per_instance(self) -> bool:
+        """A request's own blocks have hash slots and CPU keys per instance: with P/D pools
+        (its prefill and decode sub-requests hold them on two instances), and with a CPU tier
+        and instance lifecycles (a redirected request runs on another instance than the one
+        whose tier holds its blocks)."""
+        return self.pd or (self.lifecycle and self.tiered)
+
+    @property
     def own_copies(self) -> int:
-        """Instances a request's own blocks can be cached on: one, or with P/D pools any (its
-        prefill and decode sub-requests hold them on two), so own keys are per instance."""
-        return self.num_instances if self.pd else 1
+        """Instances a request's own blocks can be cached on: one, or all of them
+        (``own_per_instance``)."""
+        return self.num_instances if self.own_per_instance else 1
 
     @property
     def cpu_true_keys(self) -> int:
@@ -414,8 +422,6 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
                          f"workload), got {decode_stretches!r}")
     cfg = resolved.config
     pd = cfg.cluster.pd.enabled
-    if pd:
-        _check_pd_supported(cfg)
     eng = cfg.engine
     bs = eng.block_size_tokens
     sessions = workload.has_sessions
@@ -570,10 +576,6 @@ def _lifecycle_shape(cfg, actuation_slots: int | None, timeline_slots: int | Non
 
     if not uses_lifecycle(cfg):
         return {}
-    if cfg.engine.kv_cpu_blocks > 0:
-        raise ConfigError("engine.kv_cpu_blocks", "a CPU tier with instance lifecycles "
-                          "(autoscaling, node pools, loading, warm-up) runs in the reference "
-                          "engine only (--engine reference)")
     pools = cfg.cluster.node_pools
     tp = cfg.engine.tensor_parallel_size
     slots = max_replicas(cfg.policy.autoscaler, cfg.cluster.num_instances, pools, tp)
@@ -591,14 +593,6 @@ def _lifecycle_shape(cfg, actuation_slots: int | None, timeline_slots: int | Non
         initial_instances=n0, initial_name_rank=tuple(names.index(i) for i in range(n0)),
         actuation_slots=int(actuation_slots or 8),
         timeline_slots=int(timeline_slots or 64 * slots + 64))
-
-
-def _check_pd_supported(cfg) -> None:
-    """P/D pools with what the JAX engine models of them (not a CPU tier with them yet); a
-    clear error otherwise."""
-    if cfg.engine.kv_cpu_blocks > 0:
-        raise ConfigError("engine.kv_cpu_blocks", "a CPU tier with P/D pools runs in the "
-                          "reference engine only (--engine reference)")
 
 
 def _itl_counts(out, pd: bool) -> np.ndarray:

@@ -19,7 +19,8 @@ KEYS, WIDTH, RING = 40, 24, 64
 
 def _tier(capacity: int):
     st = SimpleNamespace(tiered=True, num_instances=2, cpu_keys=KEYS, cpu_ring=RING,
-                         kv_blocks=4, num_requests=1, blis_quirks=False, cpu_off_slots=1)
+                         kv_blocks=4, num_requests=1, request_rows=2, blis_quirks=False,
+                         cpu_off_slots=1)
     return kvtier.init_tier(st, capacity)
 
 

@@ -176,18 +176,6 @@ def test_blis_flags():
         apply_blis_flag_values(cfg, {"decode-tp": "2"})
 
 
-def test_jax_engine_refuses_a_cpu_tier_with_pools():
-    """A CPU tier with pools runs in the reference engine only; the JAX engine names the
-    field."""
-    from blisjax.engine.static import build_static
-
-    base = make_resolved(instances=2, cpu_blocks=8)
-    cfg = dataclasses.replace(base.config, cluster=dataclasses.replace(base.config.cluster,
-                                                                       pd=PDConfig(**PD)))
-    with pytest.raises(ConfigError, match="engine.kv_cpu_blocks: .*reference engine only"):
-        build_static(resolve_config(cfg), make_workload([dict(arrival=0, input=16)]))
-
-
 @pytest.mark.parametrize("flag", [["--pd-transfer-bandwidth", "5"], ["--pd-decider", "never"],
                                   ["--pd-transfer-contention"]])
 def test_pd_flags_without_pools_are_refused(flag, capsys):
