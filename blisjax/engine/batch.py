@@ -390,16 +390,10 @@ def _admit_decode(s: SimState, st, c, i, r, sb, active):
     """The first admission of a decode sub-request holding its transferred KV (phase 2's
     branch in ``Instance._form_batch``): one decode token allocated in its reservation slot,
     whose blocks then move to running slot sb. Returns ``(state, ok)``."""
-    l_in, empty = c.input_tokens[r], jnp.zeros(1, jnp.int32)
+    l_in = c.input_tokens[r]
     src = jnp.argmax(s.slot_req[i] == r).astype(jnp.int32)
-    if st.tiered:  # the tiered allocation (its prompt blocks are held: nothing to reload)
-        no_prefix = jnp.full(max(st.max_prompt_blocks, 1), NIL, jnp.int32)
-        s, got = kv.tiered_allocate(s, st, c, i, src, r, l_in, l_in + 1, no_prefix, 0, active,
-                                    chunk=1)
-        ok = got.ok
-    else:
-        ok = active & kv.can_allocate(s, st, c, i, src, r, l_in, l_in + 1, empty, 0)
-        s = kv.allocate(s, st, c, i, src, r, l_in, l_in + 1, empty, 0, ok, chunk=1)
+    # with a CPU tier the tiered allocation (its prompt blocks are held: nothing to reload)
+    s, ok = kv.allocate_uncached(s, st, c, i, src, r, l_in, l_in + 1, active, chunk=1)
     s = _move_blocks(s, i, src, sb, ok)
     return s.replace(slot_req=upd(s.slot_req, (i, src), NIL, ok)), ok
 

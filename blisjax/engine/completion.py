@@ -64,7 +64,6 @@ def complete(s: SimState, st, c, i, now, d, active, running: Running, defer: boo
                           jnp.sum(jnp.where(fin, pi - l_in, 0).astype(jnp.int64)), active)
     fin_through = prefix_sum(fin)  # finishing positions at or before each position
     rank = fin_through - 1  # k-th finishing position has rank k
-    empty = jnp.zeros(1, jnp.int32)
     left = now + d
 
     if defer:
@@ -85,14 +84,8 @@ def complete(s: SimState, st, c, i, now, d, active, running: Running, defer: boo
             # from the free list's head, which they would only reach empty.
             s = lane_once(go & kv.must_flush(s, i, final),
                              lambda s, go: kv.flush_releases(s, st, go), s)
-        if st.tiered:  # the tiered allocation (it may reload, see batch.phase1_fast)
-            no_prefix = jnp.full(max(st.max_prompt_blocks, 1), NIL, jnp.int32)
-            s, got = kv.tiered_allocate(s, st, c, i, sb, r, p_r, p_r + 1, no_prefix, 0, final,
-                                        chunk=1)
-            ok = got.ok
-        else:
-            ok = final & kv.can_allocate(s, st, c, i, sb, r, p_r, p_r + 1, empty, 0)
-            s = kv.allocate(s, st, c, i, sb, r, p_r, p_r + 1, empty, 0, ok, chunk=1)
+        # with a CPU tier the tiered allocation (it may reload, see batch.phase1_fast)
+        s, ok = kv.allocate_uncached(s, st, c, i, sb, r, p_r, p_r + 1, final, chunk=1)
         # a final token that finds no block is counted; the request completes all the same
         s = s.replace(alloc_failures=add(s.alloc_failures, i, 1, final & ~ok))
         s = kv.defer_release(s, st, i, sb, go) if defer else kv.release(s, st, i, sb, go)

@@ -316,23 +316,16 @@ def reserve_transferred_kv(s: SimState, st, c, i, r, now, active):
     free = s.slot_req[i, st.batch_slots:st.hold_base] == NIL
     sb = (st.batch_slots + jnp.argmax(free)).astype(jnp.int32)
     has_room = jnp.any(free)
-    l_in, empty = c.input_tokens[r], jnp.zeros(1, jnp.int32)
-    # the whole prompt's blocks in one pass (a prefill's chunk takes a few at a time): in a
-    # lockstep block some lane reserves in almost every pass of the cheap events
-    chunk = max(1, st.max_blocks_per_request)
+    l_in = c.input_tokens[r]
     if st.tiered:  # the tiered allocation, which may reload (its evictions happen now)
         s = s.replace(clock=upd(s.clock, i, now, active))
-        no_prefix = jnp.full(max(st.max_prompt_blocks, 1), NIL, jnp.int32)
-        s, got = kv.tiered_allocate(s, st, c, i, sb, r, 0, l_in, no_prefix, 0,
-                                    active & has_room, chunk=chunk)
-        ok = got.ok
-        # refused after claiming reloaded blocks, the dropped sub-request keeps them (as in
-        # the reference and BLIS): its slot stays taken
-        held = ok | (s.blen[i, sb] > 0)
-    else:
-        ok = active & has_room & kv.can_allocate(s, st, c, i, sb, r, 0, l_in, empty, 0)
-        s = kv.allocate(s, st, c, i, sb, r, 0, l_in, empty, 0, ok, chunk=chunk)
-        held = ok
+    # the whole prompt's blocks in one pass (a prefill's chunk takes a few at a time): in a
+    # lockstep block some lane reserves in almost every pass of the cheap events
+    s, ok = kv.allocate_uncached(s, st, c, i, sb, r, 0, l_in, active & has_room,
+                                 chunk=max(1, st.max_blocks_per_request))
+    # refused after claiming reloaded blocks, the dropped sub-request keeps them (as in the
+    # reference and BLIS): its slot stays taken
+    held = ok | (s.blen[i, sb] > 0) if st.tiered else ok
     q = s.pd
     return s.replace(
         slot_req=upd(s.slot_req, (i, sb), r, active & has_room & held),

@@ -651,6 +651,21 @@ class TieredOutcome(NamedTuple):
     reloaded: jax.Array  # int32: blocks it reloaded
 
 
+def allocate_uncached(s: SimState, st, c, i, sb, r, start, end, active,
+                      chunk: int | None = None):
+    """Positions [start, end) of request r in slot sb, with no cached prefix to claim: the
+    tiered allocation with a CPU tier (it may reload), else the plain one where its pre-check
+    passes. Returns ``(state, ok)``."""
+    if st.tiered:
+        no_prefix = jnp.full(max(st.max_prompt_blocks, 1), NIL, jnp.int32)
+        s, got = tiered_allocate(s, st, c, i, sb, r, start, end, no_prefix, 0, active,
+                                 chunk=chunk)
+        return s, got.ok
+    empty = jnp.zeros(1, jnp.int32)
+    ok = active & can_allocate(s, st, c, i, sb, r, start, end, empty, 0)
+    return allocate(s, st, c, i, sb, r, start, end, empty, 0, ok, chunk=chunk), ok
+
+
 def tiered_allocate(s: SimState, st, c, i, sb, r, start, end, cached, n_cached, active,
                     chunk: int | None = None):
     """``TieredKVCache.allocate`` of positions [start, end) of request r in batch slot sb:
