@@ -67,25 +67,18 @@ def admit(s: SimState, st, c, p, r, now, active, members) -> AdmitDecision:
     limited = code == AdmissionPolicy.RATE_LIMIT
     cap = jnp.where(limited, p.rl_burst, p.tb_capacity)
     rate = jnp.where(limited, p.rl_rate, p.tb_rate)
-    elapsed = now - s.bucket_last
-    refill = elapsed > 0
-    refilled = ieee_divide(elapsed.astype(F64) * rate, c.one_e6)  # not ·(1/1e6): exactfloat
-    tokens = jnp.where(refill, jnp.minimum(cap, s.bucket + refilled),
-                       s.bucket)
+    tokens, refill = _refilled(s.bucket, s.bucket_last, cap, rate, now, c)
     cost = jnp.where(limited, 1.0, c.input_tokens[r].astype(F64))
     take = tokens >= cost
     uses_bucket = active & ((code == AdmissionPolicy.TOKEN_BUCKET) | limited)
     t = c.tenant[r]
     quota_ok = s.tenant_in_flight[t] < p.tenant_quota[t]
     # tenant-bucket: request r's tenant's bucket, refilled as the shared one
-    own = code == AdmissionPolicy.TENANT_BUCKET
-    t_elapsed = now - s.tenant_bucket_last[t]
-    t_refill = t_elapsed > 0
-    t_tokens = jnp.where(t_refill, jnp.minimum(p.tt_capacity[t], s.tenant_bucket[t] + ieee_divide(
-        t_elapsed.astype(F64) * p.tt_rate[t], c.one_e6)), s.tenant_bucket[t])
+    t_tokens, t_refill = _refilled(s.tenant_bucket[t], s.tenant_bucket_last[t],
+                                   p.tt_capacity[t], p.tt_rate[t], now, c)
     t_cost = c.input_tokens[r].astype(F64)
     t_take = t_tokens >= t_cost
-    t_uses = active & own
+    t_uses = active & (code == AdmissionPolicy.TENANT_BUCKET)
     admitted = by_code(AdmissionPolicy, {
         AdmissionPolicy.ALWAYS_ADMIT: True, AdmissionPolicy.TOKEN_BUCKET: take,
         AdmissionPolicy.REJECT_ALL: False, AdmissionPolicy.RATE_LIMIT: take,
@@ -102,16 +95,21 @@ def admit(s: SimState, st, c, p, r, now, active, members) -> AdmitDecision:
         tenant_bucket_last=upd(s.tenant_bucket_last, t, now, t_uses & t_refill))
 
 
+def _refilled(level, last_us, capacity, rate, now, c):
+    """``(level, refills)``: a token bucket's level at ``now`` (``TokenBucket.try_take``'s
+    refill: ``rate`` per second since ``last_us``, capped at ``capacity``) and whether time
+    has passed since (else the level is unchanged and so is ``last_us``)."""
+    elapsed = now - last_us
+    refills = elapsed > 0
+    refilled = ieee_divide(elapsed.astype(F64) * rate, c.one_e6)  # not ·(1/1e6): exactfloat
+    return jnp.where(refills, jnp.minimum(capacity, level + refilled), level), refills
+
+
 def _below_load_limits(s: SimState, p, members):
     """load-shed: the routable instances' queued requests (snapshots, summed) below
-    ``p.shed_queue`` and their mean KV utilization below ``p.shed_kv`` (a 0 limit unchecked);
-    the mean summed in instance order (``cluster_observables``)."""
-    kv = jnp.asarray(0.0, F64)
-    for i in range(members.shape[0]):  # left to right, as the reference sums
-        kv = jnp.where(members[i], kv + s.snap_kv[i], kv)
-    count = jnp.sum(members)
-    mean = jnp.where(count > 0, ieee_divide(kv, jnp.maximum(count, 1).astype(F64)), 0.0)
-    queued = jnp.sum(jnp.where(members, s.snap_qd, 0))
+    ``p.shed_queue`` and their mean KV utilization below ``p.shed_kv`` (a 0 limit unchecked),
+    as the cluster observables read them (``program.cluster_load``)."""
+    queued, mean, _ = program.cluster_load(s, members)
     return (((p.shed_queue == 0) | (queued < p.shed_queue))
             & ((p.shed_kv == 0.0) | (mean < p.shed_kv)))
 

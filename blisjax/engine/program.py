@@ -123,15 +123,23 @@ def request_values(s, c, r, now) -> dict:
             "age_ms": ieee_divide(age, jnp.full_like(age, 1000.0))}
 
 
-def cluster_values(s, st, c, members, now) -> dict:
-    """The cluster observables over the instances ``members`` (bool [I]), summed in instance
-    order, and the recent arrival rate at ``now`` (``cluster_observables``)."""
+def cluster_load(s, members):
+    """``(queued requests, mean KV utilization, instance count)`` over the instances
+    ``members`` (bool [I]) from the router's snapshots, the KV utilizations summed in instance
+    order as the reference sums them (``cluster_observables``); float64, int32, int32."""
     kv = jnp.asarray(0.0, F64)
     for i in range(members.shape[0]):  # left to right, as the reference sums
         kv = jnp.where(members[i], kv + s.snap_kv[i], kv)
     count = jnp.sum(members)
     mean = jnp.where(count > 0, ieee_divide(kv, jnp.maximum(count, 1).astype(F64)), 0.0)
-    return {"cluster_queue_depth": jnp.sum(jnp.where(members, s.snap_qd, 0)).astype(F64),
+    return jnp.sum(jnp.where(members, s.snap_qd, 0)), mean, count
+
+
+def cluster_values(s, st, c, members, now) -> dict:
+    """The cluster observables over the instances ``members`` (bool [I]), summed in instance
+    order, and the recent arrival rate at ``now`` (``cluster_observables``)."""
+    queued, mean, count = cluster_load(s, members)
+    return {"cluster_queue_depth": queued.astype(F64),
             "cluster_in_flight": jnp.sum(jnp.where(members, s.in_flight, 0)).astype(F64),
             "cluster_kv_utilization": mean, "instances": count.astype(F64),
             "arrival_rate": ieee_divide(recent.arrivals(c, st, now).astype(F64),
