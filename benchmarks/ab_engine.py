@@ -77,7 +77,8 @@ def main() -> None:
     from base_revision import BASE_NAME, export_base  # noqa: E402
     from bench_jax import anchor, population, scenario  # noqa: E402
 
-    from blisjax.engine.static import build_consts, build_static  # noqa: E402
+    from blisjax.engine.consts import build_consts  # noqa: E402
+    from blisjax.engine.static import build_static  # noqa: E402
 
     if args.anchor and args.kv_blocks:
         ap.error("--kv-blocks applies to scenario S, not --anchor")

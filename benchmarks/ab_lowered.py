@@ -49,7 +49,8 @@ def main() -> None:
     from base_revision import BASE_NAME, export_base
     from bench_jax import anchor, population, scenario
 
-    from blisjax.engine.static import build_consts, build_static
+    from blisjax.engine.consts import build_consts
+    from blisjax.engine.static import build_static
 
     resolved, wl = anchor(args.anchor, 4) if args.anchor else scenario(2_000, 4, 106.0)
     st = build_static(resolved, wl)

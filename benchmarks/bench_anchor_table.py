@@ -55,8 +55,9 @@ def main() -> None:
     from bench_jax import anchor, population  # noqa: E402
 
     from blisjax.config import LatencyConfig, resolve_config  # noqa: E402
+    from blisjax.engine.consts import build_consts  # noqa: E402
     from blisjax.engine.run import compile_lanes  # noqa: E402
-    from blisjax.engine.static import build_consts, build_static  # noqa: E402
+    from blisjax.engine.static import build_static  # noqa: E402
     from blisjax.reference import simulate as reference  # noqa: E402
 
     print(json.dumps({"jax": jax.__version__, "devices": len(jax.local_devices()),

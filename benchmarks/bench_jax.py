@@ -81,9 +81,10 @@ from blisjax.config import (  # noqa: E402
     load_config,
     resolve_config,
 )
+from blisjax.engine.consts import build_consts  # noqa: E402
 from blisjax.engine.params import params_from_config, stack_params  # noqa: E402
 from blisjax.engine.run import compile_lanes, lane_result, simulate_population  # noqa: E402
-from blisjax.engine.static import build_consts, build_static  # noqa: E402
+from blisjax.engine.static import build_static  # noqa: E402
 from blisjax.reference import simulate as reference  # noqa: E402
 from blisjax.workload import (  # noqa: E402
     distribution_spec,

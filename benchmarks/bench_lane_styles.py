@@ -23,8 +23,9 @@ import time
 import jax
 import numpy as np
 
+from blisjax.engine.consts import build_consts
 from blisjax.engine.run import compile_lanes
-from blisjax.engine.static import build_consts, build_static
+from blisjax.engine.static import build_static
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_jax  # noqa: E402

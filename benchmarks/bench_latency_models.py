@@ -37,9 +37,10 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from blisjax.config import LatencyConfig, ScorerWeight, load_config, resolve_config  # noqa: E402
+from blisjax.engine.consts import build_consts  # noqa: E402
 from blisjax.engine.params import params_from_config, stack_params  # noqa: E402
 from blisjax.engine.run import compile_lanes  # noqa: E402
-from blisjax.engine.static import build_consts, build_static  # noqa: E402
+from blisjax.engine.static import build_static  # noqa: E402
 from blisjax.latency.factory import make_latency_model  # noqa: E402
 from blisjax.workload import generate_workload, parse_workload_spec  # noqa: E402
 

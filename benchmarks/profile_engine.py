@@ -48,7 +48,8 @@ import jax  # noqa: E402
 
 from blisjax.config import LatencyConfig, resolve_config  # noqa: E402
 from blisjax.engine import run as engine_run  # noqa: E402
-from blisjax.engine.static import build_consts, build_static  # noqa: E402
+from blisjax.engine.consts import build_consts  # noqa: E402
+from blisjax.engine.static import build_static  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_jax  # noqa: E402

@@ -54,7 +54,7 @@ import numpy as np
 import yaml
 
 from blisjax.config import ConfigError, SimConfig
-from blisjax.config.sim import KNOB_MAGNITUDE
+from blisjax.config.fields import KNOB_MAGNITUDE
 from blisjax.engine.population import ENGINE_KNOBS, set_knob
 from blisjax.program import MAX_PROGRAM_LENGTH, SITES, ProgramError, compile_program
 from blisjax.program.language import parse, size, to_text
@@ -100,7 +100,7 @@ class NumericKnob:
         if self.integer:
             return int(min(max(round(x), math.ceil(self.low)), math.floor(self.high)))
         if abs(x) < KNOB_MAGNITUDE[0] and self.low <= 0 <= self.high:
-            x = 0.0  # nonzero knobs below this magnitude are refused (config.sim.check_knob)
+            x = 0.0  # nonzero knobs below this magnitude are refused (config.fields.check_knob)
         return float(x)
 
     def to_unit(self, value: Any) -> float:

@@ -79,9 +79,8 @@ def cmd_fit_latency(args: Any) -> int:
         coefficients_yaml,
         fit_latency,
         physics_config_from_sim,
-        read_journey_table,
-        read_step_table,
     )
+    from blisjax.latency.fit_tables import read_journey_table, read_step_table
 
     for dest in EXPORT_ONLY:
         if getattr(args, dest):

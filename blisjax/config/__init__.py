@@ -1,7 +1,9 @@
 """Typed, validated configuration of a blisjax simulation.
 
-* :mod:`~blisjax.config.sim` — the frozen ``SimConfig`` tree (engine, latency, cluster, policies,
-  metrics) with field-level validation (:class:`ConfigError` names the dotted field path).
+* :mod:`~blisjax.config.sim` — the frozen ``SimConfig`` tree (engine, latency, cluster, metrics)
+  with field-level validation (:class:`ConfigError` names the dotted field path);
+  :mod:`~blisjax.config.policy` its policy sections; :mod:`~blisjax.config.fields` the accepted
+  names and the checks the sections share.
 * :mod:`~blisjax.config.model`, :mod:`~blisjax.config.hardware` — HF ``config.json`` and GPU specs,
   parsed exactly as BLIS does.
 * :mod:`~blisjax.config.kv_capacity` — BLIS's KV-block capacity formula.
@@ -34,9 +36,16 @@ from blisjax.config.model import (
     load_model_config,
     shipped_models,
 )
+from blisjax.config.policy import (
+    AdmissionConfig,
+    PolicyConfig,
+    PriorityConfig,
+    RoutingConfig,
+    SchedulerConfig,
+    ScorerWeight,
+)
 from blisjax.config.resolve import ResolvedConfig, resolve_config
 from blisjax.config.sim import (
-    AdmissionConfig,
     ClusterConfig,
     CompatConfig,
     EngineConfig,
@@ -44,11 +53,6 @@ from blisjax.config.sim import (
     LatencyConfig,
     MetricsConfig,
     PDConfig,
-    PolicyConfig,
-    PriorityConfig,
-    RoutingConfig,
-    SchedulerConfig,
-    ScorerWeight,
     SimConfig,
     SLOTarget,
 )

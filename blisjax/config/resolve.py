@@ -16,12 +16,12 @@ from blisjax.config.kv_capacity import (
     kv_bytes_per_token_per_gpu,
 )
 from blisjax.config.model import ModelConfig, UnknownModelError, load_model_config
+from blisjax.config.policy import PolicyConfig
 from blisjax.config.sim import (
     ClusterConfig,
     EngineConfig,
     LatencyConfig,
     MetricsConfig,
-    PolicyConfig,
     SimConfig,
     check_model_len_fits,
 )

@@ -21,17 +21,19 @@ import yaml
 
 from blisjax.config._checks import ConfigError, check_float
 from blisjax.config.autoscale import AutoscalerConfig, blis_autoscaler, blis_cluster_sections
-from blisjax.config.sim import (
+from blisjax.config.policy import (
     AdmissionConfig,
+    PolicyConfig,
+    PriorityConfig,
+    RoutingConfig,
+    SchedulerConfig,
+)
+from blisjax.config.sim import (
     ClusterConfig,
     CompatConfig,
     EngineConfig,
     LatencyConfig,
     MetricsConfig,
-    PolicyConfig,
-    PriorityConfig,
-    RoutingConfig,
-    SchedulerConfig,
     SimConfig,
 )
 

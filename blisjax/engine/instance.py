@@ -35,6 +35,7 @@ from blisjax.engine import (
     stretch,
 )
 from blisjax.engine import kvcache as kv
+from blisjax.engine.consts import otp, queue_delay, roofline_of, step_tables
 from blisjax.engine.lockstep import add, after_reads, by_width, lane_max, upd
 from blisjax.engine.queues import (
     order_remove_at,
@@ -44,7 +45,6 @@ from blisjax.engine.queues import (
     running_slots,
 )
 from blisjax.engine.state import DROPPED, NIL, QUEUED, ROUTED, RUNNING, TIMED_OUT, SimState
-from blisjax.engine.static import otp, queue_delay, roofline_of, step_tables
 from blisjax.latency.base import float_to_ticks_array
 from blisjax.limits import INT64_MAX
 from blisjax.metrics import records

@@ -10,7 +10,7 @@ their counterparts of the same names in ``engine.instance``.
 
 Request rows: a disaggregated request r keeps row r for its decode sub-request (and for the
 parent's facts) while its prefill sub-request is row N + 1 + r (``prefill_row``), whose
-constants are r's without output tokens (``static.build_consts``). Transfer starts (cluster
+constants are r's without output tokens (``consts.build_consts``). Transfer starts (cluster
 priority 5) and ends (priority 6) are entries of a fixed-capacity array ordered by (time,
 priority, sequence) as the reference's cluster heap; prefill routings (priority 4) follow the
 routings of their own time in request order (``PDState.pf_next``). A decode sub-request

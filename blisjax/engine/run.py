@@ -28,6 +28,7 @@ from jax.sharding import Mesh, PartitionSpec  # noqa: E402
 from blisjax.config.codes import HOLDING_STATES, AdmissionPolicy  # noqa: E402
 from blisjax.engine import progcache  # noqa: E402
 from blisjax.engine.cluster import lane_advance, next_event  # noqa: E402
+from blisjax.engine.consts import build_consts, check_gpus, lane_consts  # noqa: E402
 from blisjax.engine.initial import init_state  # noqa: E402
 from blisjax.engine.lanes import FLAT_MIN_LANES, release_queued  # noqa: E402
 from blisjax.engine.lockstep import LANES  # noqa: E402
@@ -44,15 +45,7 @@ from blisjax.engine.state import (  # noqa: E402
     TRANSFER,
     WHOLE,
 )
-from blisjax.engine.static import (  # noqa: E402
-    EngineStatic,
-    build_consts,
-    build_static,
-    check_gpus,
-    for_hardware,
-    for_lanes,
-    lane_consts,
-)
+from blisjax.engine.static import EngineStatic, build_static, for_hardware, for_lanes  # noqa: E402
 from blisjax.metrics import records  # noqa: E402
 from blisjax.rules import held_cost  # noqa: E402
 

@@ -56,6 +56,7 @@ import jax.numpy as jnp
 
 from blisjax.engine import kvblocks, kvtier, physics, roofline
 from blisjax.engine import kvcache as kv
+from blisjax.engine.consts import otp, roofline_of
 from blisjax.engine.lockstep import (
     add,
     after_reads,
@@ -66,7 +67,7 @@ from blisjax.engine.lockstep import (
     upd,
 )
 from blisjax.engine.state import NIL, SimState
-from blisjax.engine.static import VARYING_PLAN, otp, roofline_of
+from blisjax.engine.static import VARYING_PLAN
 
 CHUNK_STEPS = 16  # plain steps applied per pass of ``materialize`` (at most the block size)
 

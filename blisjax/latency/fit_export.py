@@ -15,8 +15,9 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from blisjax.atomicio import write_text_atomic
 from blisjax.latency.base import StepBatch
-from blisjax.latency.fit import (
+from blisjax.latency.fit_tables import (
     INSTANCE_COLUMN,
     JOURNEY_COLUMNS,
     JOURNEY_OPTIONAL,
@@ -24,7 +25,6 @@ from blisjax.latency.fit import (
     SNAPSHOT_COLUMNS,
     STEP_COLUMNS,
     STEP_OPTIONAL,
-    write_text_atomic,
 )
 from blisjax.latency.physics import PhysicsStepInputs
 

@@ -23,8 +23,8 @@ import numpy as np
 
 from blisjax.config.autoscale import lifecycle_configured
 from blisjax.config.codes import HOLDING_STATES, ROUTABLE_STATES, DrainPolicy, InstanceState
-from blisjax.config.sim import INT64_MAX
 from blisjax.gorand import blis_subsystem_rand
+from blisjax.limits import INT64_MAX
 from blisjax.metrics.records import LifecycleCounters, Stage
 from blisjax.reference.autoscaler import Autoscaler, Decision, Reading
 from blisjax.reference.events import (

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from blisjax.config.codes import PDRole
-from blisjax.config.sim import RoutingConfig
+from blisjax.config.policy import RoutingConfig
 from blisjax.metrics.records import (
     COMPLETED,
     DROPPED,

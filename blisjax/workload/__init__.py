@@ -5,23 +5,19 @@ Both paths produce one ``Workload`` (plain numpy arrays, one row per request) th
 consumes. Randomness comes from ``PartitionedRNG`` named streams (seed + name path only).
 """
 
-from blisjax.workload.generate import generate_workload
-from blisjax.workload.rng import PartitionedRNG
-from blisjax.workload.section import section_traces, workload_from_section
-from blisjax.workload.spec import (
+from blisjax.workload.adversarial import LongPromptFlood, SynchronizedBurst, TenantSurge
+from blisjax.workload.clients import (
     ActiveWindow,
     ArrivalSpec,
     ClientSpec,
     DistSpec,
     LifecycleSpec,
-    LongPromptFlood,
     MultiTurnSpec,
-    SynchronizedBurst,
-    TenantSurge,
-    WorkloadSpec,
-    distribution_spec,
-    parse_workload_spec,
 )
+from blisjax.workload.generate import generate_workload
+from blisjax.workload.rng import PartitionedRNG
+from blisjax.workload.section import section_traces, workload_from_section
+from blisjax.workload.spec import WorkloadSpec, distribution_spec, parse_workload_spec
 from blisjax.workload.trace import read_trace, write_trace
 from blisjax.workload.types import FOLLOW_UP_ARRIVAL_US, SLO_CLASSES, Workload
 

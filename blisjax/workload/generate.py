@@ -37,18 +37,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from blisjax.workload.rng import DEFAULT_SEED, PartitionedRNG
-from blisjax.workload.spec import (
-    ArrivalSpec,
-    ClientSpec,
-    DistSpec,
-    LifecycleSpec,
+from blisjax.workload.adversarial import (
     LongPromptFlood,
     SynchronizedBurst,
     TenantSurge,
-    WorkloadSpec,
     pattern_targets,
 )
+from blisjax.workload.clients import ArrivalSpec, ClientSpec, DistSpec, LifecycleSpec
+from blisjax.workload.rng import DEFAULT_SEED, PartitionedRNG
+from blisjax.workload.spec import WorkloadSpec
 from blisjax.workload.types import FOLLOW_UP_ARRIVAL_US, NO_PREFIX_GROUP, SLO_CLASS_CODE, Workload
 
 #: BLIS floors a client's rate here (req/µs) to avoid dividing by zero.

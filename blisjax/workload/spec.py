@@ -9,652 +9,50 @@ Units: rates in requests/second, times in integer microseconds, lengths in token
 Every value is validated when a ``WorkloadSpec`` is built; errors name the field path, e.g.
 ``clients[1].arrival.cv: must be > 0``.
 
-Supported subset: open-loop, rate-based clients, optionally active only inside lifecycle windows
-(``lifecycle.windows``; ``LifecycleSpec``), and blisjax's ``adversarial`` patterns: synchronized
-bursts, long-prompt floods and tenant surges added on top of the clients' traffic
-(``SynchronizedBurst``, ``LongPromptFlood``, ``TenantSurge``). BLIS features that change request generation (cohorts,
-concurrency/closed-loop sessions, per-window overrides of a lifecycle window, multimodal,
-reasoning, network, ServeGen/inference-perf sources) are rejected with a clear error rather than
-silently ignored.
+Supported subset: rate-based clients (``blisjax.workload.clients``), optionally active only
+inside lifecycle windows (``lifecycle.windows``) and optionally sending multi-turn
+conversations (``reasoning.multi_turn``: closed-loop follow-up rounds), and blisjax's
+``adversarial`` patterns (``blisjax.workload.adversarial``) added on top of the clients'
+traffic. BLIS features that change request generation otherwise (cohorts, concurrency clients,
+``closed_loop``, per-window overrides of a lifecycle window, multimodal, network,
+ServeGen/inference-perf sources) are rejected with a clear error rather than silently ignored.
 """
-
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from dataclasses import dataclass
+from typing import Any
 
 import yaml
 
-from blisjax.workload.types import SLO_CLASSES
-
-ARRIVAL_PROCESSES = ("poisson", "constant", "gamma", "weibull", "bursty", "periodic")
-DIST_TYPES = (
-    "gaussian",
-    "exponential",
-    "uniform",
-    "lognormal",
-    "constant",
-    "empirical",
-    "pareto_lognormal",
+from blisjax.workload.adversarial import (
+    ADVERSARIAL_CLASSES,
+    ADVERSARIAL_TYPES,
+    DEFAULT_FLOOD_ID,
+    AdversarialPattern,
+    LongPromptFlood,
+    SynchronizedBurst,
+    TenantSurge,
+    check_targets,
 )
-CATEGORIES = ("", "language", "multimodal", "reasoning")
-#: ``adversarial`` pattern types (blisjax extension of the BLIS spec; docs/configuration.md).
-ADVERSARIAL_TYPES = ("synchronized_burst", "long_prompt_flood", "tenant_surge")
-#: Client id of a long-prompt flood's requests when it names none.
-DEFAULT_FLOOD_ID = "long-prompt-flood"
-#: v1 SLO class names and their v2 equivalents (BLIS ``UpgradeV1ToV2``).
-V1_SLO_CLASSES = {"realtime": "critical", "interactive": "standard"}
-#: Shared-prefix length when a client names a prefix group but no length (BLIS default).
-DEFAULT_PREFIX_LENGTH = 50
-#: Pareto tail index of ``bursty`` arrivals when not given (must be > 1 for a finite mean).
-DEFAULT_PARETO_ALPHA = 1.5
-#: BLIS accepts Weibull CVs only in this range (the bisection for k covers it).
-WEIBULL_CV_RANGE = (0.01, 10.4)
-
-#: Distribution parameters: (required, optional) names per type. Empirical uses bins/probabilities.
-DIST_PARAMS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "gaussian": (("mean", "std_dev", "min", "max"), ()),
-    "exponential": (("mean",), ("min", "max")),
-    "uniform": (("min", "max"), ()),
-    "lognormal": (("mu", "sigma"), ("min", "max")),
-    "constant": (("value",), ()),
-    "empirical": ((), ()),
-    "pareto_lognormal": (("alpha", "xm", "mu", "sigma", "mix_weight"), ()),
-}
-
-
-# --------------------------------------------------------------------------- value checks
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _check_number(
-    path: str,
-    value: Any,
-    *,
-    gt: float | None = None,
-    ge: float | None = None,
-    le: float | None = None,
-    integral: bool = False,
-) -> None:
-    """Raise ValueError naming ``path`` unless ``value`` is a finite number within the bounds."""
-    if not _is_number(value):
-        raise ValueError(f"{path}: must be a number, got {value!r}")
-    if not math.isfinite(value):
-        raise ValueError(f"{path}: must be finite, got {value!r}")
-    if integral and value != int(value):
-        raise ValueError(f"{path}: must be an integer, got {value!r}")
-    if gt is not None and not value > gt:
-        raise ValueError(f"{path}: must be > {gt:g}, got {value!r}")
-    if ge is not None and not value >= ge:
-        raise ValueError(f"{path}: must be >= {ge:g}, got {value!r}")
-    if le is not None and not value <= le:
-        raise ValueError(f"{path}: must be <= {le:g}, got {value!r}")
-
-
-def _check_str(path: str, value: Any) -> None:
-    if not isinstance(value, str):
-        raise ValueError(f"{path}: must be a string, got {value!r}")
-
-
-def _check_choice(path: str, value: Any, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        allowed = ", ".join(repr(c) for c in choices)
-        raise ValueError(f"{path}: unknown value {value!r}; allowed: {allowed}")
-
-
-# --------------------------------------------------------------------------- dataclasses
-
-
-@dataclass(frozen=True)
-class ArrivalSpec:
-    """Inter-arrival-time (IAT) process of one client; IATs are integer µs >= 1.
-
-    Attributes:
-      process: poisson | constant | gamma | weibull | bursty | periodic.
-      cv: coefficient of variation of the IAT (gamma, weibull); None = 1.
-      shape: explicit gamma shape / Weibull k, overriding the value derived from ``cv``.
-      scale: explicit gamma / Weibull scale in µs; None = chosen so the mean IAT is 1/rate.
-      period_us: periodic base IAT in µs; None = 1/rate (the client's rate).
-      jitter_us: periodic IAT jitter half-width in µs (IAT = period + U(-jitter, +jitter)).
-      pareto_alpha: bursty Pareto tail index (> 1); the mean IAT stays 1/rate.
-    """
-
-    process: str = "poisson"
-    cv: float | None = None
-    shape: float | None = None
-    scale: float | None = None
-    period_us: int | None = None
-    jitter_us: int = 0
-    pareto_alpha: float = DEFAULT_PARETO_ALPHA
-
-    def check(self, path: str) -> None:
-        """Raise ValueError naming the first invalid field under ``path``."""
-        _check_choice(f"{path}.process", self.process, ARRIVAL_PROCESSES)
-        if self.cv is not None:
-            _check_number(f"{path}.cv", self.cv, gt=0)
-            if self.process == "weibull":
-                lo, hi = WEIBULL_CV_RANGE
-                _check_number(f"{path}.cv", self.cv, ge=lo, le=hi)
-        if self.shape is not None:
-            _check_number(f"{path}.shape", self.shape, gt=0)
-        if self.scale is not None:
-            _check_number(f"{path}.scale", self.scale, gt=0)
-        if self.period_us is not None:
-            _check_number(f"{path}.period_us", self.period_us, ge=1, integral=True)
-        _check_number(f"{path}.jitter_us", self.jitter_us, ge=0, integral=True)
-        _check_number(f"{path}.pareto_alpha", self.pareto_alpha, gt=1)
-
-
-@dataclass(frozen=True)
-class DistSpec:
-    """Token-length distribution; samples are integers >= 1 (BLIS sampler contract).
-
-    ``params`` by type (``min``/``max`` clamp the float sample before rounding):
-      gaussian{mean, std_dev, min, max}; exponential{mean, min?, max?}; uniform{min, max}
-      (integers, inclusive); lognormal{mu, sigma, min?, max?}; constant{value};
-      pareto_lognormal{alpha, xm, mu, sigma, mix_weight}.
-    ``empirical`` uses ``bins`` (token counts) with ``probabilities`` (normalised on use) and
-    no params. ``params`` is a plain dict, so a DistSpec is comparable but not hashable.
-    """
-
-    type: str
-    params: Mapping[str, float] = field(default_factory=dict)
-    bins: tuple[int, ...] = ()
-    probabilities: tuple[float, ...] = ()
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "params", dict(self.params))
-        object.__setattr__(self, "bins", tuple(self.bins))
-        object.__setattr__(self, "probabilities", tuple(self.probabilities))
-
-    def param(self, name: str, default: float | None = None) -> float | None:
-        """The value of a parameter, or ``default`` when absent."""
-        return self.params.get(name, default)
-
-    def check(self, path: str) -> None:
-        """Raise ValueError naming the first invalid field under ``path``."""
-        _check_choice(f"{path}.type", self.type, DIST_TYPES)
-        required, optional = DIST_PARAMS[self.type]
-        for name in self.params:
-            if name not in required and name not in optional:
-                raise ValueError(f"{path}.params.{name}: unknown parameter for {self.type!r}")
-        for name in required:
-            if name not in self.params:
-                raise ValueError(f"{path}.params.{name}: required for {self.type!r}")
-        for name, value in self.params.items():
-            _check_number(f"{path}.params.{name}", value)
-        _TYPE_CHECKS[self.type](self, path)
-        if self.type != "empirical" and (self.bins or self.probabilities):
-            raise ValueError(f"{path}.bins: only used by the 'empirical' type")
-
-
-def _check_min_max(d: DistSpec, path: str) -> None:
-    for name in ("min", "max"):
-        if name in d.params:
-            _check_number(f"{path}.params.{name}", d.params[name], ge=0, integral=True)
-    if "min" in d.params and "max" in d.params and d.params["min"] > d.params["max"]:
-        raise ValueError(f"{path}.params.min: must be <= max ({d.params['max']!r})")
-
-
-def _check_gaussian(d: DistSpec, path: str) -> None:
-    _check_number(f"{path}.params.std_dev", d.params["std_dev"], ge=0)
-    _check_min_max(d, path)
-
-
-def _check_exponential(d: DistSpec, path: str) -> None:
-    _check_number(f"{path}.params.mean", d.params["mean"], gt=0)
-    _check_min_max(d, path)
-
-
-def _check_lognormal(d: DistSpec, path: str) -> None:
-    _check_number(f"{path}.params.sigma", d.params["sigma"], ge=0)
-    _check_min_max(d, path)
-
-
-def _check_constant(d: DistSpec, path: str) -> None:
-    _check_number(f"{path}.params.value", d.params["value"], ge=0, integral=True)
-
-
-def _check_pareto_lognormal(d: DistSpec, path: str) -> None:
-    _check_number(f"{path}.params.alpha", d.params["alpha"], gt=0)
-    _check_number(f"{path}.params.xm", d.params["xm"], gt=0)
-    _check_number(f"{path}.params.sigma", d.params["sigma"], ge=0)
-    _check_number(f"{path}.params.mix_weight", d.params["mix_weight"], ge=0, le=1)
-
-
-def _check_empirical(d: DistSpec, path: str) -> None:
-    if not d.bins:
-        raise ValueError(f"{path}.bins: empirical distribution needs at least one bin")
-    if len(d.bins) != len(d.probabilities):
-        raise ValueError(
-            f"{path}.probabilities: length {len(d.probabilities)} differs from bins ({len(d.bins)})"
-        )
-    for i, b in enumerate(d.bins):
-        _check_number(f"{path}.bins[{i}]", b, ge=0, integral=True)
-    if len(set(d.bins)) != len(d.bins):
-        raise ValueError(f"{path}.bins: values must be distinct")
-    for i, p in enumerate(d.probabilities):
-        _check_number(f"{path}.probabilities[{i}]", p, ge=0)
-    if not sum(d.probabilities) > 0:
-        raise ValueError(f"{path}.probabilities: must have a positive sum")
-
-
-_TYPE_CHECKS = {
-    "gaussian": _check_gaussian,
-    "exponential": _check_exponential,
-    "uniform": _check_min_max,
-    "lognormal": _check_lognormal,
-    "constant": _check_constant,
-    "empirical": _check_empirical,
-    "pareto_lognormal": _check_pareto_lognormal,
-}
-
-
-def gaussian_dist(mean: float, std_dev: float, min_tokens: int, max_tokens: int) -> DistSpec:
-    """A clamped Gaussian length distribution (BLIS CLI style)."""
-    params = {"mean": mean, "std_dev": std_dev, "min": min_tokens, "max": max_tokens}
-    return DistSpec("gaussian", params)
-
-
-def _default_dist() -> DistSpec:
-    # BLIS CLI defaults for prompt and output lengths (docs/semantics.md §8.3).
-    return gaussian_dist(512, 256, 2, 7000)
-
-
-@dataclass(frozen=True)
-class ActiveWindow:
-    """One activity window of a client: the half-open interval [start_us, end_us) in µs.
-
-    Attributes:
-      start_us: first microsecond of the window (integer >= 0).
-      end_us: first microsecond after the window (integer > start_us).
-    """
-
-    start_us: int
-    end_us: int
-
-    def check(self, path: str) -> None:
-        """Raise ValueError naming the first invalid field under ``path``."""
-        _check_number(f"{path}.start_us", self.start_us, ge=0, integral=True)
-        _check_number(f"{path}.end_us", self.end_us, integral=True)
-        if not self.end_us > self.start_us:
-            raise ValueError(
-                f"{path}.end_us: must be > start_us ({self.start_us!r}), got {self.end_us!r}"
-            )
-
-
-@dataclass(frozen=True)
-class LifecycleSpec:
-    """When a client is active (BLIS ``lifecycle``): the union of its windows.
-
-    A client with a lifecycle draws its arrivals exactly as without one (from time 0, at its
-    rate) and keeps only those inside a window; it stops at the first arrival at or after the
-    largest ``end_us`` (docs/configuration.md, ``workload``). Windows may overlap and come in any
-    order. ``windows`` accepts ``ActiveWindow`` objects or ``(start_us, end_us)`` pairs.
-    """
-
-    windows: tuple[ActiveWindow, ...] = ()
-
-    def __post_init__(self) -> None:
-        windows = tuple(
-            w if isinstance(w, ActiveWindow) or not isinstance(w, (tuple, list))
-            else ActiveWindow(*w)
-            for w in self.windows
-        )  # fmt: skip
-        object.__setattr__(self, "windows", windows)
-
-    @property
-    def end_us(self) -> int:
-        """The largest ``end_us``: no arrival at or after it is kept."""
-        return max(w.end_us for w in self.windows)
-
-    def contains(self, times_us: Any) -> Any:
-        """Boolean mask: which of ``times_us`` (a numpy integer array) fall inside a window."""
-        inside = times_us < 0  # all False, same shape
-        for w in self.windows:
-            inside |= (times_us >= w.start_us) & (times_us < w.end_us)
-        return inside
-
-    def overlaps(self, other: LifecycleSpec) -> bool:
-        """True when some window of ``self`` and some window of ``other`` share a microsecond."""
-        return any(
-            a.start_us < b.end_us and b.start_us < a.end_us
-            for a in self.windows
-            for b in other.windows
-        )
-
-    def check(self, path: str) -> None:
-        """Raise ValueError naming the first invalid field under ``path``."""
-        if not self.windows:
-            raise ValueError(f"{path}.windows: at least one window is required")
-        for i, w in enumerate(self.windows):
-            if not isinstance(w, ActiveWindow):
-                raise ValueError(f"{path}.windows[{i}]: must be an ActiveWindow")
-            w.check(f"{path}.windows[{i}]")
-
-
-#: ``MultiTurnSpec.context_growth`` values: "" (each round sends the shared prefix and its own
-#: message) or "accumulate" (the conversation so far, then its message).
-CONTEXT_GROWTH = ("", "accumulate")
-
-
-@dataclass(frozen=True)
-class MultiTurnSpec:
-    """A client's conversations (BLIS ``reasoning.multi_turn``; ``blisjax.workload.sessions``):
-    each request the client's arrival process sends is round 0 of a conversation of
-    ``max_rounds`` rounds; round k ≥ 1 is sent ``think_time_us`` after round k − 1 completes,
-    its message and output lengths drawn from the client's distributions.
-
-    Attributes:
-      max_rounds: rounds per conversation, >= 1.
-      think_time_us: µs between a round's completion and the next round, >= 0.
-      context_growth: "accumulate" or "" (see ``CONTEXT_GROWTH``).
-    """
-
-    max_rounds: int = 1
-    think_time_us: int = 0
-    context_growth: str = ""
-
-    def check(self, path: str) -> None:
-        _check_number(f"{path}.max_rounds", self.max_rounds, ge=1, integral=True)
-        _check_number(f"{path}.think_time_us", self.think_time_us, ge=0, integral=True)
-        _check_choice(f"{path}.context_growth", self.context_growth, CONTEXT_GROWTH)
-
-
-@dataclass(frozen=True)
-class ClientSpec:
-    """One client: a rate share, arrival process, length distributions and request labels.
-
-    Attributes:
-      id, tenant_id: names (empty string is a valid name).
-      slo_class: one of ``SLO_CLASSES`` ("" = none).
-      rate_fraction: > 0; the client's rate is aggregate_rate * fraction / S, S = the sum of
-        the fractions of the clients whose lifecycle overlaps this one's (all clients when
-        there are no lifecycles; ``generate.client_rates_per_us``).
-      arrival: inter-arrival process.
-      input_distribution, output_distribution: token lengths (the input excludes the prefix).
-      prefix_group: shared-prefix group name ("" = none).
-      prefix_length: tokens of shared prefix prepended to each input (only with prefix_group).
-        All clients of a group share the length of the group's first client (BLIS).
-      timeout_us: per-request timeout; deadline = arrival + timeout. None or 0 = no deadline.
-      slo_target_us: per-request TTFT target in µs carried as metadata (None = no target).
-      lifecycle: activity windows (None = always active); see ``LifecycleSpec``.
-      multi_turn: each request the client sends starts a closed-loop conversation
-        (``MultiTurnSpec``; BLIS ``reasoning.multi_turn``); None = single requests.
-    """
-
-    id: str = ""
-    tenant_id: str = ""
-    slo_class: str = ""
-    rate_fraction: float = 1.0
-    arrival: ArrivalSpec = field(default_factory=ArrivalSpec)
-    input_distribution: DistSpec = field(default_factory=_default_dist)
-    output_distribution: DistSpec = field(default_factory=_default_dist)
-    prefix_group: str = ""
-    prefix_length: int = DEFAULT_PREFIX_LENGTH
-    timeout_us: int | None = None
-    slo_target_us: int | None = None
-    lifecycle: LifecycleSpec | None = None
-    multi_turn: MultiTurnSpec | None = None
-
-    def check(self, path: str) -> None:
-        """Raise ValueError naming the first invalid field under ``path``."""
-        if self.multi_turn is not None:
-            if not isinstance(self.multi_turn, MultiTurnSpec):
-                raise ValueError(f"{path}.reasoning.multi_turn: must be a MultiTurnSpec")
-            self.multi_turn.check(f"{path}.reasoning.multi_turn")
-        for name in ("id", "tenant_id", "prefix_group"):
-            _check_str(f"{path}.{name}", getattr(self, name))
-        _check_choice(f"{path}.slo_class", self.slo_class, SLO_CLASSES)
-        _check_number(f"{path}.rate_fraction", self.rate_fraction, gt=0)
-        if not isinstance(self.arrival, ArrivalSpec):
-            raise ValueError(f"{path}.arrival: must be an ArrivalSpec")
-        self.arrival.check(f"{path}.arrival")
-        for name in ("input_distribution", "output_distribution"):
-            dist = getattr(self, name)
-            if not isinstance(dist, DistSpec):
-                raise ValueError(f"{path}.{name}: must be a DistSpec")
-            dist.check(f"{path}.{name}")
-        # A group with an empty prefix would make the group meaningless; BLIS maps 0 to 50.
-        min_prefix = 1 if self.prefix_group else 0
-        _check_number(f"{path}.prefix_length", self.prefix_length, ge=min_prefix, integral=True)
-        # Errors use the YAML key names ("timeout" is in µs there too).
-        for name, key in (("timeout_us", "timeout"), ("slo_target_us", "slo_target_us")):
-            value = getattr(self, name)
-            if value is not None:
-                _check_number(f"{path}.{key}", value, ge=0, integral=True)
-        if self.lifecycle is not None:
-            if not isinstance(self.lifecycle, LifecycleSpec):
-                raise ValueError(f"{path}.lifecycle: must be a LifecycleSpec")
-            self.lifecycle.check(f"{path}.lifecycle")
-
-
-# --------------------------------------------------------------------------- adversarial patterns
-
-
-def _check_names(path: str, value: Any) -> None:
-    if not isinstance(value, tuple):
-        raise ValueError(f"{path}: must be a list of names, got {value!r}")
-    for i, name in enumerate(value):
-        _check_str(f"{path}[{i}]", name)
-
-
-def _check_rate_arrival(path: str, arrival: Any) -> None:
-    """An adversarial pattern's arrival process: its rate comes from the pattern, so parameters
-    that fix the mean inter-arrival time on their own (``period_us``, ``scale``) are refused."""
-    if not isinstance(arrival, ArrivalSpec):
-        raise ValueError(f"{path}: must be an ArrivalSpec")
-    arrival.check(path)
-    for name in ("period_us", "scale"):
-        if getattr(arrival, name) is not None:
-            raise ValueError(
-                f"{path}.{name}: not allowed here; the pattern's rate sets the mean "
-                "inter-arrival time"
-            )
-
-
-def _check_window(path: str, start_us: Any, end_us: Any) -> None:
-    _check_number(f"{path}.start_us", start_us, ge=0, integral=True)
-    _check_number(f"{path}.end_us", end_us, integral=True)
-    if not end_us > start_us:
-        raise ValueError(f"{path}.end_us: must be > start_us ({start_us!r}), got {end_us!r}")
-
-
-@dataclass(frozen=True)
-class SynchronizedBurst:
-    """Every targeted client fires ``size`` extra requests at the same instants.
-
-    Burst instants are ``start_us + k * period_us`` for k = 0, 1, …, while k < ``count``, the
-    instant is < ``end_us`` and < the workload's horizon (each bound optional; a repeating burst
-    needs at least one). ``period_us`` None = a single burst at ``start_us``. With ``spread_us``
-    > 0 each request arrives at its instant plus an integer offset drawn uniformly from
-    [0, spread_us]; 0 = all at the instant. The requests carry the client's labels, lengths
-    from its distributions and its timeout; a client with a lifecycle keeps only those inside
-    its windows.
-
-    Attributes:
-      period_us: µs between bursts (integer >= 1) or None (one burst).
-      size: requests per targeted client per burst (integer >= 1).
-      start_us: first burst instant (integer >= 0).
-      count: number of bursts (integer >= 1) or None (until ``end_us`` / horizon).
-      end_us: no burst instant at or after it (integer > start_us) or None.
-      spread_us: arrival offset range within a burst (integer >= 0).
-      clients, tenants: targets by client id / tenant id; both empty = every client.
-    """
-
-    type: ClassVar[str] = "synchronized_burst"
-    period_us: int | None = None
-    size: int = 1
-    start_us: int = 0
-    count: int | None = None
-    end_us: int | None = None
-    spread_us: int = 0
-    clients: tuple[str, ...] = ()
-    tenants: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        for name in ("clients", "tenants"):
-            value = getattr(self, name)
-            if isinstance(value, list):
-                object.__setattr__(self, name, tuple(value))
-
-    @property
-    def repeats(self) -> bool:
-        """Whether more than one burst may fire."""
-        return self.period_us is not None and self.count != 1
-
-    def check(self, path: str) -> None:
-        """Raise ValueError naming the first invalid field under ``path``."""
-        if self.period_us is not None:
-            _check_number(f"{path}.period_us", self.period_us, ge=1, integral=True)
-        _check_number(f"{path}.size", self.size, ge=1, integral=True)
-        _check_number(f"{path}.start_us", self.start_us, ge=0, integral=True)
-        if self.count is not None:
-            _check_number(f"{path}.count", self.count, ge=1, integral=True)
-            if self.period_us is None and self.count > 1:
-                raise ValueError(f"{path}.period_us: required when count > 1")
-        if self.end_us is not None:
-            _check_window(path, self.start_us, self.end_us)
-        _check_number(f"{path}.spread_us", self.spread_us, ge=0, integral=True)
-        _check_names(f"{path}.clients", self.clients)
-        _check_names(f"{path}.tenants", self.tenants)
-
-
-@dataclass(frozen=True)
-class LongPromptFlood:
-    """Extra requests with long prompts at ``rate`` req/s inside [start_us, end_us).
-
-    The flood is a client of its own (``id``, ``tenant_id``, ``slo_class``; no shared prefix):
-    its first arrival is one inter-arrival time after ``start_us``, the next ones follow from
-    ``arrival`` at ``rate``, and it stops at the first arrival >= ``end_us`` (or the horizon).
-    Naming an existing client or tenant merges the labels (the flood then counts in that
-    tenant's metrics). Its rate is added to ``aggregate_rate``, not taken from it.
-
-    Attributes:
-      start_us, end_us: the window in µs (integers, 0 <= start_us < end_us).
-      rate: requests/second inside the window (> 0).
-      input_distribution, output_distribution: token lengths (e.g. uniform 6000..8000 prompts).
-      arrival: inter-arrival process (default poisson); ``period_us`` / ``scale`` are refused.
-      id, tenant_id, slo_class: request labels.
-      timeout_us: per-request timeout (None or 0 = no deadline).
-    """
-
-    type: ClassVar[str] = "long_prompt_flood"
-    start_us: int = 0
-    end_us: int = 0
-    rate: float = 0.0
-    input_distribution: DistSpec = field(default_factory=_default_dist)
-    output_distribution: DistSpec = field(default_factory=_default_dist)
-    arrival: ArrivalSpec = field(default_factory=ArrivalSpec)
-    id: str = DEFAULT_FLOOD_ID
-    tenant_id: str = ""
-    slo_class: str = ""
-    timeout_us: int | None = None
-
-    def check(self, path: str) -> None:
-        """Raise ValueError naming the first invalid field under ``path``."""
-        _check_window(path, self.start_us, self.end_us)
-        _check_number(f"{path}.rate", self.rate, gt=0)
-        for name in ("input_distribution", "output_distribution"):
-            dist = getattr(self, name)
-            if not isinstance(dist, DistSpec):
-                raise ValueError(f"{path}.{name}: must be a DistSpec")
-            dist.check(f"{path}.{name}")
-        _check_rate_arrival(f"{path}.arrival", self.arrival)
-        for name in ("id", "tenant_id"):
-            _check_str(f"{path}.{name}", getattr(self, name))
-        _check_choice(f"{path}.slo_class", self.slo_class, SLO_CLASSES)
-        if self.timeout_us is not None:
-            _check_number(f"{path}.timeout", self.timeout_us, ge=0, integral=True)
-
-    def as_client(self) -> ClientSpec:
-        """The flood's labels and lengths as a client (its rate fraction is not used)."""
-        return ClientSpec(
-            id=self.id,
-            tenant_id=self.tenant_id,
-            slo_class=self.slo_class,
-            arrival=self.arrival,
-            input_distribution=self.input_distribution,
-            output_distribution=self.output_distribution,
-            timeout_us=self.timeout_us,
-        )
-
-
-@dataclass(frozen=True)
-class TenantSurge:
-    """Targeted clients send ``factor`` times their fair share inside [start_us, end_us).
-
-    Each targeted client keeps its own arrivals and adds a second stream at ``(factor - 1)``
-    times its rate (``aggregate_rate`` · fraction / S) inside the window, so its rate there is
-    ``factor`` times its share (exactly a Poisson process at that rate for Poisson arrivals).
-    The extra stream's first arrival is one inter-arrival time after ``start_us``; its requests
-    carry the client's labels, lengths from its distributions and its timeout; a client with a
-    lifecycle keeps only those inside its windows.
-
-    Attributes:
-      start_us, end_us: the window in µs (integers, 0 <= start_us < end_us).
-      factor: the client's rate multiple inside the window (> 1).
-      clients, tenants: targets by client id / tenant id (at least one name in all).
-      arrival: the extra stream's process (default poisson); ``period_us`` / ``scale`` refused.
-    """
-
-    type: ClassVar[str] = "tenant_surge"
-    start_us: int = 0
-    end_us: int = 0
-    factor: float = 2.0
-    clients: tuple[str, ...] = ()
-    tenants: tuple[str, ...] = ()
-    arrival: ArrivalSpec = field(default_factory=ArrivalSpec)
-
-    def __post_init__(self) -> None:
-        for name in ("clients", "tenants"):
-            value = getattr(self, name)
-            if isinstance(value, list):
-                object.__setattr__(self, name, tuple(value))
-
-    def check(self, path: str) -> None:
-        """Raise ValueError naming the first invalid field under ``path``."""
-        _check_window(path, self.start_us, self.end_us)
-        _check_number(f"{path}.factor", self.factor, gt=1)
-        _check_names(f"{path}.clients", self.clients)
-        _check_names(f"{path}.tenants", self.tenants)
-        if not self.clients and not self.tenants:
-            raise ValueError(f"{path}.tenants: name at least one tenant (or client) that surges")
-        _check_rate_arrival(f"{path}.arrival", self.arrival)
-
-
-#: One entry of ``WorkloadSpec.adversarial``.
-AdversarialPattern = SynchronizedBurst | LongPromptFlood | TenantSurge
-_ADVERSARIAL_CLASSES = (SynchronizedBurst, LongPromptFlood, TenantSurge)
-
-
-def pattern_targets(
-    pattern: SynchronizedBurst | TenantSurge, clients: tuple[ClientSpec, ...]
-) -> list[int]:
-    """Indices of the clients a burst or surge targets (every client when it names none)."""
-    if not pattern.clients and not pattern.tenants:
-        return list(range(len(clients)))
-    return [
-        i for i, c in enumerate(clients)
-        if c.id in pattern.clients or c.tenant_id in pattern.tenants
-    ]  # fmt: skip
-
-
-def _check_targets(path: str, pattern: SynchronizedBurst | TenantSurge,
-                   clients: tuple[ClientSpec, ...]) -> None:
-    for key, attr in (("clients", "id"), ("tenants", "tenant_id")):
-        known = [getattr(c, attr) for c in clients]
-        for i, name in enumerate(getattr(pattern, key)):
-            if name not in known:
-                allowed = ", ".join(repr(n) for n in dict.fromkeys(known))
-                raise ValueError(f"{path}.{key}[{i}]: no client has {attr} {name!r}; "
-                                 f"known: {allowed}")
+from blisjax.workload.clients import (
+    CATEGORIES,
+    DEFAULT_PARETO_ALPHA,
+    DEFAULT_PREFIX_LENGTH,
+    V1_SLO_CLASSES,
+    ActiveWindow,
+    ArrivalSpec,
+    ClientSpec,
+    DistSpec,
+    LifecycleSpec,
+    MultiTurnSpec,
+    check_choice,
+    check_number,
+    check_str,
+    gaussian_dist,
+    is_number,
+)
 
 
 @dataclass(frozen=True)
@@ -696,19 +94,19 @@ class WorkloadSpec:
         if self.version != "2":
             raise ValueError(f"version: must be '2', got {self.version!r}")
         if self.seed is not None:
-            _check_number("seed", self.seed, integral=True)
-        _check_choice("category", self.category, CATEGORIES)
+            check_number("seed", self.seed, integral=True)
+        check_choice("category", self.category, CATEGORIES)
         if not self.clients:
             raise ValueError("clients: at least one client is required")
         for i, client in enumerate(self.clients):
             if not isinstance(client, ClientSpec):
                 raise ValueError(f"clients[{i}]: must be a ClientSpec")
             client.check(f"clients[{i}]")
-        _check_number("aggregate_rate", self.aggregate_rate, gt=0)
+        check_number("aggregate_rate", self.aggregate_rate, gt=0)
         if self.horizon_us is not None:
-            _check_number("horizon", self.horizon_us, ge=1, integral=True)
+            check_number("horizon", self.horizon_us, ge=1, integral=True)
         if self.num_requests is not None:
-            _check_number("num_requests", self.num_requests, ge=1, integral=True)
+            check_number("num_requests", self.num_requests, ge=1, integral=True)
         if self.goodput_slo_targets is not None and not isinstance(
             self.goodput_slo_targets, Mapping
         ):
@@ -723,14 +121,14 @@ class WorkloadSpec:
                              "multi-turn client of a workload must use the same one")
 
     def _check_pattern(self, path: str, pattern: Any) -> None:
-        if not isinstance(pattern, _ADVERSARIAL_CLASSES):
+        if not isinstance(pattern, ADVERSARIAL_CLASSES):
             raise ValueError(
                 f"{path}: must be a SynchronizedBurst, LongPromptFlood or TenantSurge"
             )
         pattern.check(path)
         if isinstance(pattern, LongPromptFlood):
             return
-        _check_targets(path, pattern, self.clients)
+        check_targets(path, pattern, self.clients)
         if isinstance(pattern, SynchronizedBurst) and pattern.repeats and (
             pattern.count is None and pattern.end_us is None and self.horizon_us is None
         ):
@@ -761,7 +159,7 @@ def distribution_spec(
     clamped Gaussians; ``prefix_tokens`` > 0 adds one shared prefix group named "shared" (as in
     BLIS traces) whose tokens are prepended to every prompt. No deadline (docs/semantics.md Decision 11).
     """
-    _check_number("prefix_tokens", prefix_tokens, ge=0, integral=True)
+    check_number("prefix_tokens", prefix_tokens, ge=0, integral=True)
     client = ClientSpec(
         arrival=ArrivalSpec("constant"),
         input_distribution=gaussian_dist(prompt_mean, prompt_std, prompt_min, prompt_max),
@@ -817,7 +215,7 @@ def _opt_int(path: str, value: Any) -> int | None:
     """None stays None; integral numbers (YAML may give 3.0e8) become int."""
     if value is None:
         return None
-    _check_number(path, value, integral=True)
+    check_number(path, value, integral=True)
     return int(value)
 
 
@@ -826,7 +224,7 @@ def _opt_str(path: str, value: Any) -> str:
         return ""
     if isinstance(value, int) and not isinstance(value, bool):
         return str(value)  # YAML `id: 7` is meant as the name "7"
-    _check_str(path, value)
+    check_str(path, value)
     return value
 
 
@@ -919,9 +317,9 @@ def _reject_unsupported_client(path: str, data: Mapping[str, Any]) -> None:
         raise ValueError(f"{path}.closed_loop: closed-loop sessions are not supported")
     think = data.get("think_time_us")
     if think is not None:
-        _check_number(f"{path}.think_time_us", think, ge=0, integral=True)
+        check_number(f"{path}.think_time_us", think, ge=0, integral=True)
     if data.get("model") is not None:
-        _check_str(f"{path}.model", data["model"])
+        check_str(f"{path}.model", data["model"])
     if data.get("streaming") is not None and not isinstance(data["streaming"], bool):
         raise ValueError(f"{path}.streaming: must be true or false")
 
@@ -973,7 +371,7 @@ def _parse_reasoning(path: str, data: Any) -> MultiTurnSpec | None:
     if ratio is not None:
         params = (ratio.get("params") or {}) if isinstance(ratio, Mapping) else None
         if not isinstance(params, Mapping) or any(
-                _is_number(v) and v != 0 for v in params.values()):
+                is_number(v) and v != 0 for v in params.values()):
             raise ValueError(f"{path}.reason_ratio_distribution: not supported by blisjax "
                              "(reasoning tokens are not modelled); only a ratio of 0 is accepted")
     turns = data.get("multi_turn")
@@ -1019,7 +417,7 @@ def _parse_pattern(path: str, data: Any) -> AdversarialPattern:
         raise ValueError(f"{path}: must be a mapping with a type, got {data!r}")
     if "type" not in data:
         raise ValueError(f"{path}.type: required")
-    _check_choice(f"{path}.type", data["type"], ADVERSARIAL_TYPES)
+    check_choice(f"{path}.type", data["type"], ADVERSARIAL_TYPES)
     allowed, required = _ADVERSARIAL_KEYS[data["type"]]
     data = _check_keys(path, data, allowed)
     for key in required:

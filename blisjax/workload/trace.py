@@ -43,8 +43,8 @@ from typing import Any
 import numpy as np
 import yaml
 
+from blisjax.workload.clients import V1_SLO_CLASSES
 from blisjax.workload.sessions import FOLLOW_UP_TIMEOUT_US
-from blisjax.workload.spec import V1_SLO_CLASSES
 from blisjax.workload.types import (
     FOLLOW_UP_ARRIVAL_US,
     NO_PREFIX_GROUP,

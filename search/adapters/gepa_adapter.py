@@ -311,7 +311,7 @@ def component_role(name: str) -> str:
     if name in PROGRAM_COMPONENTS:
         return program_role(name.split(".")[0])
     from blisjax.config.autoscale import AUTOSCALER_POLICIES
-    from blisjax.config.sim import (
+    from blisjax.config.fields import (
         ADMISSION_POLICIES,
         PRIORITY_POLICIES,
         ROUTING_POLICIES,

@@ -18,10 +18,11 @@ import jax
 import jax.numpy as jnp
 
 from blisjax.engine import batch, kvcache
+from blisjax.engine.consts import build_consts
 from blisjax.engine.initial import init_state
 from blisjax.engine.lockstep import LANES, lane_while
 from blisjax.engine.params import params_from_config
-from blisjax.engine.static import build_consts, build_static
+from blisjax.engine.static import build_static
 from tests.reference.conftest import make_resolved, make_workload
 
 LANES_N, SLOTS, BLOCKS = 3, 24, 40  # distinct sizes, so array shapes are easy to tell apart

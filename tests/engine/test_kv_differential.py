@@ -24,9 +24,10 @@ import numpy as np
 import pytest
 
 from blisjax.engine import batch, kvblocks, kvcache
+from blisjax.engine.consts import build_consts
 from blisjax.engine.initial import init_state
 from blisjax.engine.lockstep import LANES
-from blisjax.engine.static import build_consts, build_static
+from blisjax.engine.static import build_static
 from blisjax.reference.cluster import ClusterSimulator
 from blisjax.reference.kvcache import KVCache
 from tests.reference.conftest import make_resolved, make_workload

@@ -20,9 +20,10 @@ from blisjax.engine import (
     simulate_population,
     stack_params,
 )
+from blisjax.engine.consts import build_consts
 from blisjax.engine.parity import first_divergence
 from blisjax.engine.population import apply_knobs, set_knob
-from blisjax.engine.static import build_consts, build_static, for_hardware
+from blisjax.engine.static import build_static, for_hardware
 from blisjax.reference import simulate as reference
 from blisjax.workload import generate_workload, parse_workload_spec
 from tests.engine.conftest import room_for_a_program

@@ -29,7 +29,7 @@ from blisjax.config import (
     resolve_config,
 )
 from blisjax.config.codes import Scorer, TieBreak
-from blisjax.config.sim import KNOB_MAGNITUDE
+from blisjax.config.fields import KNOB_MAGNITUDE
 from blisjax.engine import params_from_config, simulate_population, stack_params
 from blisjax.engine.parity import first_divergence
 from blisjax.engine.static import build_static, build_static_shared

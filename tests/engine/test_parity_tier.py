@@ -20,9 +20,10 @@ import pytest
 
 from blisjax.config import LatencyConfig, resolve_config
 from blisjax.engine import params_from_config, stack_params
+from blisjax.engine.consts import build_consts
 from blisjax.engine.parity import first_divergence
 from blisjax.engine.run import lane_result, run_lanes
-from blisjax.engine.static import build_consts, build_static
+from blisjax.engine.static import build_static
 from blisjax.reference import simulate as reference
 from blisjax.reference.kvcache import KVCache
 from blisjax.workload.trace import read_trace

@@ -78,8 +78,9 @@ def test_one_program_serves_populations_of_any_sizes():
     lanes are all smaller (a search generation without a full-size candidate) as it is, with
     each lane's results those of its own cluster size."""
     from blisjax.engine import params_from_config, stack_params
+    from blisjax.engine.consts import build_consts
     from blisjax.engine.run import compile_lanes, lane_result
-    from blisjax.engine.static import build_consts, build_static
+    from blisjax.engine.static import build_static
 
     workload = make_workload(_rows(40), groups=("g0", "g1"))
     base = make_resolved(instances=4, kv_blocks=120, max_running=4, routing=ROUTINGS["rr"])

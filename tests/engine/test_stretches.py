@@ -27,9 +27,10 @@ from blisjax.config import (
     resolve_config,
 )
 from blisjax.engine import params_from_config, stack_params, stretch
+from blisjax.engine.consts import build_consts
 from blisjax.engine.parity import first_divergence
 from blisjax.engine.run import lane_result, run_lanes
-from blisjax.engine.static import VARYING_PLAN, build_consts, build_static
+from blisjax.engine.static import VARYING_PLAN, build_static
 from blisjax.metrics import records
 from blisjax.reference import simulate as reference
 from tests.reference.conftest import make_resolved, make_workload

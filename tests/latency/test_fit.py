@@ -13,17 +13,15 @@ from blisjax.cli import main
 from blisjax.config import load_config, resolve_config
 from blisjax.latency.fit import (
     Design,
-    FitDataError,
     FitOptions,
     cv_rmse,
     fit_latency,
     physics_config_from_sim,
-    read_journey_table,
-    read_step_table,
     ridge,
     step_time_from_features,
 )
 from blisjax.latency.fit_export import export_latency_tables
+from blisjax.latency.fit_tables import FitDataError, read_journey_table, read_step_table
 from blisjax.latency.physics import load_physics_coefficients
 from blisjax.workload import generate_workload, parse_workload_spec
 

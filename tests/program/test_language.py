@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from blisjax.config import ConfigError, SimConfig
-from blisjax.config.sim import AdmissionConfig, PolicyConfig, RoutingConfig
+from blisjax.config.policy import AdmissionConfig, PolicyConfig, RoutingConfig
 from blisjax.program import (
     MAX_PROGRAM_LENGTH,
     Node,

@@ -1,0 +1,259 @@
+"""The workload constants of the JAX engine: per-request arrays and host-precomputed float
+tables, passed to the program as *traced* arrays (never baked in) so XLA cannot constant-fold or
+rewrite the arithmetic that touches them; and the reads that pick a lane's GPU rows.
+
+Counterpart: the constant fields of each ``blisjax.reference`` ``SimRequest`` and the latency
+model's tables.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import numpy as np
+
+from blisjax.config._checks import ConfigError
+from blisjax.config.hardware import hardware_code, hardware_code_count, shipped_hardware
+from blisjax.engine.physics import PhysicsConsts, physics_consts
+from blisjax.engine.pytree import pytree_dataclass
+from blisjax.engine.request_rows import (
+    engine_workload,
+    ext_counts,
+    group_blocks,
+    itl_counts,
+    own_counts,
+    queue_delays,
+    session_blocks,
+)
+from blisjax.engine.roofline import RooflineConsts, roofline_consts
+from blisjax.engine.static import EngineStatic, gpu_resolved
+from blisjax.latency.factory import make_latency_model
+from blisjax.workload.sessions import next_round
+
+
+@pytree_dataclass
+class WorkloadConsts:
+    """Per-request constants (length N) and float tables, shared by every lane."""
+
+    arrival_us: jax.Array
+    input_tokens: jax.Array
+    output_tokens: jax.Array
+    deadline_us: jax.Array
+    tenant: jax.Array
+    slo_class: jax.Array
+    group: jax.Array
+    group_blocks: jax.Array  # prompt blocks shared with the prefix group
+    prefix_tokens: jax.Array  # the shared prefix's tokens (0 without a prefix group)
+    full_blocks: jax.Array  # full prompt blocks = input_tokens // block_size
+    session: jax.Array  # closed-loop session (-1: none)
+    session_blocks: jax.Array  # leading blocks shared with the session (engine.sessions)
+    reg_blocks: jax.Array  # blocks registered when they fill: prompt or session blocks
+    next_row: jax.Array  # the session's next round (-1: none)
+    think_us: jax.Array  # µs between a follow-up's predecessor completing and its arrival
+    follow_up: jax.Array  # bool: a follow-up round (its arrival is the simulation's)
+    follow_start: jax.Array  # int32 [S]: each session's first follow-up row (N: none)
+    own_base: jax.Array  # hash slot of own block j is group_slots + own_base + j
+    ext_base: jax.Array  # CPU key of block j >= full_blocks is ext_base + j (engine.kvtier)
+    queue_delay_us: jax.Array
+    itl_offset: jax.Array
+    deadline_order: jax.Array  # requests with 0 < deadline <= horizon, by (deadline, index)
+    step_prefill: jax.Array  # float64[budget+1]: (0 + β0) + β1·prefill_tokens
+    step_decode: jax.Array  # float64[batch+1]: β2·decode_tokens
+    # Per-lane GPU types (``EngineStatic.gpus``): queue_delay_us, step_prefill, step_decode and
+    # the roofline's prefill_flops, decode_flops and bandwidth gain a leading axis of one row
+    # per ``hardware_code``; otp_us holds each row's output-token time (µs); gpu is the lane's
+    # code (set per lane in the run, ``lane_consts``). gpu_rows: the codes whose rows hold
+    # their own GPU's latency (the base's alone without per-lane GPUs; a host-side check).
+    gpu: jax.Array
+    otp_us: jax.Array
+    gpu_rows: jax.Array
+    pd_rank: jax.Array  # P/D: rank of the prefill sub-request's id text ("request_<id>_prefill"),
+    #                     BLIS's order of same-event transfer starts ([1] without pools)
+    pd_kv_bytes: jax.Array  # float64 P/D: bytes of the request's prompt KV a transfer moves
+    one_e6: jax.Array  # 1e6, 1e-6 and the KV size as traced values (no constant rewriting)
+    one_e_6: jax.Array
+    kv_blocks_f: jax.Array
+    roofline: RooflineConsts  # roofline tables and constants (a placeholder for other models)
+    physics: PhysicsConsts  # physics coefficients, tables and constants (a placeholder for others)
+
+
+def _follow_starts(workload, st: EngineStatic) -> np.ndarray:
+    """int32 [S]: each session's first follow-up row (the sink row N for none)."""
+    out = np.full(max(st.num_sessions, 1), st.num_requests, np.int32)
+    follow = np.flatnonzero(workload.follow_up)
+    for row in follow[::-1].tolist():  # last to first: the first row of each session stays
+        out[int(workload.session[row])] = row
+    return out
+
+
+class LatencyRows(NamedTuple):
+    """Host tables of each GPU row (``_latency_rows``)."""
+
+    codes: list  # the hardware codes whose rows hold their own GPU's latency
+    resolved: list  # per row: the configuration resolved with the row's GPU
+    qdelay: list  # per row: int64 [N] α delays
+    step_prefill: list  # per row: float64 [budget + 1]
+    step_decode: list  # per row: float64 [batch + 1]
+    otp_us: list  # per row: int µs the output-token time adds to each step's ITL and TTFT
+
+
+def _latency_rows(resolved, workload, st: EngineStatic) -> LatencyRows:
+    """The GPU-dependent tables with the reference's own float formulas, on the host: the
+    configuration's alone, or one row per ``hardware_code`` with ``st.gpus`` (rows of codes
+    no lane runs repeat the configuration's)."""
+    base = hardware_code(resolved.config.hardware)
+    if st.gpus:
+        named = {hardware_code(x): gpu_resolved(resolved, x) for x in st.gpus}
+        per_row = [named.get(k, resolved) for k in range(hardware_code_count())]
+        codes = sorted(named)
+    else:
+        per_row, codes = [resolved], [base]
+    out = LatencyRows(codes, per_row, [], [], [], [])
+    for r in per_row:
+        beta = tuple(r.beta) if st.latency_model == "blackbox" else (0.0, 0.0, 0.0)  # unused
+        out.qdelay.append(queue_delays(r, workload))
+        out.step_prefill.append(np.array([(0.0 + beta[0]) + beta[1] * float(c)
+                                          for c in range(st.token_budget + 1)], np.float64))
+        out.step_decode.append(np.array([beta[2] * float(c) for c in range(st.batch_slots + 1)],
+                                        np.float64))
+        out.otp_us.append(int(make_latency_model(r).output_token_processing_us)
+                          if r is not resolved else st.otp_us)
+    return out
+
+
+def lane_consts(st: EngineStatic, consts: WorkloadConsts, params) -> WorkloadConsts:
+    """The constants one lane reads: with per-lane GPU types its GPU code set (``gpu``), so the
+    GPU-dependent reads (``queue_delay``, ``step_tables``, ``roofline_of``, ``otp``) take its
+    rows; ``consts`` itself otherwise. Inside the lanes' ``vmap``."""
+    return consts.replace(gpu=params.gpu) if st.gpus else consts
+
+
+def queue_delay(st: EngineStatic, c: WorkloadConsts, r):
+    """int64 µs α delay of request row r on the lane's GPU."""
+    return c.queue_delay_us[c.gpu, r] if st.gpus else c.queue_delay_us[r]
+
+
+def step_tables(st: EngineStatic, c: WorkloadConsts):
+    """(prefill, decode) blackbox step tables of the lane's GPU."""
+    if st.gpus:
+        return c.step_prefill[c.gpu], c.step_decode[c.gpu]
+    return c.step_prefill, c.step_decode
+
+
+def roofline_of(st: EngineStatic, c: WorkloadConsts) -> RooflineConsts:
+    """The roofline constants of the lane's GPU (its FLOP rates and bandwidth)."""
+    if not st.gpus:
+        return c.roofline
+    rc = c.roofline
+    return rc._replace(prefill_flops=rc.prefill_flops[c.gpu],
+                       decode_flops=rc.decode_flops[c.gpu], bandwidth=rc.bandwidth[c.gpu])
+
+
+def otp(st: EngineStatic, c: WorkloadConsts):
+    """µs the output-token time adds to each step's ITL and TTFT on the lane's GPU (α2)."""
+    return c.otp_us[c.gpu] if st.gpus else st.otp_us
+
+
+def check_gpus(st: EngineStatic, consts: WorkloadConsts, params) -> None:
+    """ConfigError unless every lane's GPU type has its rows in ``consts`` (host-side)."""
+    have = {int(x) for x in np.asarray(consts.gpu_rows)}
+    lanes = {int(x) for x in np.unique(np.asarray(params.gpu))}
+    missing = sorted(lanes - have)
+    if missing:
+        names = shipped_hardware()
+        raise ConfigError("hardware", "lanes run GPU types the program holds no latency for ("
+                          + ", ".join(names[k] if k < len(names) else "another" for k in missing)
+                          + "): build the program with build_static(gpus=...) or for_hardware, "
+                          "and its constants after")
+
+
+def build_consts(resolved, workload, st: EngineStatic) -> WorkloadConsts:
+    """Host-side preparation of per-request constants and exact float tables."""
+    bs = st.block_size
+    original = workload
+    workload = engine_workload(workload, st.max_model_len)
+    inp = np.asarray(workload.input_tokens, dtype=np.int64)
+    out = np.asarray(workload.output_tokens, dtype=np.int64)
+    gb = group_blocks(workload, bs)
+    full = inp // bs
+    own_count = own_counts(workload, bs)
+    own_start = np.concatenate([[0], np.cumsum(own_count)[:-1]]) if st.num_requests else own_count
+    starts = lambda counts: np.concatenate([[0], np.cumsum(counts)[:-1]]) \
+        if st.num_requests else np.zeros(0, np.int64)  # noqa: E731
+    ext_start = starts(ext_counts(inp, out, bs))
+    rows = _latency_rows(resolved, workload, st)
+    shared = session_blocks(workload, bs) if st.sessions \
+        else np.zeros(workload.num_requests, np.int64)
+    dl = np.asarray(workload.deadline_us, dtype=np.int64)
+    # a follow-up's deadline is relative to its arrival (engine.sessions), not in the order
+    has = np.nonzero((dl > 0) & (dl <= st.horizon_us) & ~workload.follow_up)[0]
+    order = has[np.lexsort((has, dl[has]))] if has.size else np.zeros(0, np.int64)
+    itl_off = np.concatenate([[0], np.cumsum(itl_counts(out, st.pd))[:-1]]) \
+        if st.num_requests else np.zeros(0, np.int64)
+    # Every per-request array gets one extra "sink" row (index N): masked scatters write there.
+    # With P/D pools the prefill sub-requests' rows follow, each its request's constants
+    # (``shadow``: what differs; it has no output tokens). Built on the host and put on the
+    # device as they are: ``jnp.asarray`` would compile a small program per array (~0.1 s in
+    # a new process).
+    def pad(x, value, dtype, shadow=None):
+        x = np.asarray(x)
+        rows = [x, [value]]
+        if st.pd:
+            rows.append(x if shadow is None else shadow)
+        return jax.device_put(np.concatenate(rows).astype(dtype))
+
+    i32, i64 = np.int32, np.int64
+    if st.pd:
+        ids = [f"request_{int(x)}_prefill" for x in np.asarray(workload.request_id).tolist()]
+        rank = np.empty(len(ids), np.int64)
+        rank[sorted(range(len(ids)), key=ids.__getitem__)] = np.arange(len(ids))
+        pd_rank = pad(rank, 0, i32)
+        # bytes = ceil(L_in / B) · (B · KV bytes per token), in the reference's float order
+        per_block = float(bs) * float(resolved.pd_kv_bytes_per_token)
+        pd_kv_bytes = pad([float(-(-int(x) // bs)) * per_block for x in inp], 0.0, np.float64)
+    else:
+        pd_rank = jax.device_put(np.zeros(1, i32))
+        pd_kv_bytes = jax.device_put(np.zeros(1, np.float64))
+    model = make_latency_model(resolved) if st.latency_model != "blackbox" else None
+    by_gpu = (lambda xs: np.stack(xs)) if st.gpus else (lambda xs: xs[0])  # noqa: E731
+    roofline = roofline_consts(model if st.latency_model == "roofline" else None,
+                               st.max_step_tokens)
+    if st.gpus and st.latency_model == "roofline":  # the GPU's rates per row
+        rates = [make_latency_model(r).rates for r in rows.resolved]
+        roofline = roofline._replace(**{name: jax.device_put(np.array(
+            [float(getattr(x, name)) for x in rates], np.float64))
+            for name in ("prefill_flops", "decode_flops", "bandwidth")})
+    return WorkloadConsts(
+        arrival_us=pad(workload.arrival_us, 0, i64),
+        input_tokens=pad(inp, 1, i32), output_tokens=pad(out, 0, i32, np.zeros_like(out)),
+        deadline_us=pad(dl, 0, i64),
+        tenant=pad(workload.tenant, 0, i32), slo_class=pad(workload.slo_class, 0, i32),
+        group=pad(workload.prefix_group, -1, i32), group_blocks=pad(gb, 0, i32),
+        prefix_tokens=pad(np.where(np.asarray(workload.prefix_group) >= 0,
+                                   np.asarray(workload.prefix_length, np.int64), 0), 0, i32),
+        full_blocks=pad(full, 0, i32),
+        own_base=pad(own_start - np.maximum(gb, shared), 0, i32),
+        session=pad(original.session, -1, i32), session_blocks=pad(shared, 0, i32),
+        reg_blocks=pad(np.maximum(full, shared), 0, i32),
+        next_row=pad(next_round(original), -1, i32),
+        think_us=pad(original.think_time_us, 0, i64),
+        follow_up=pad(original.follow_up, False, bool),
+        follow_start=jax.device_put(_follow_starts(original, st)),
+        ext_base=pad(st.hash_slots + ext_start - full, 0, i32),
+        queue_delay_us=jax.device_put(by_gpu([np.asarray(pad(q, 0, i64)) for q in rows.qdelay])),
+        itl_offset=pad(itl_off, 0, i64),
+        deadline_order=jax.device_put(np.concatenate(
+            [order, np.full(st.num_deadlines + 1 - order.size, -1)]).astype(i32)),
+        step_prefill=jax.device_put(by_gpu(rows.step_prefill)),
+        step_decode=jax.device_put(by_gpu(rows.step_decode)),
+        gpu=jax.device_put(np.int32(hardware_code(resolved.config.hardware))),
+        otp_us=jax.device_put(np.array(rows.otp_us, np.int64)),
+        gpu_rows=jax.device_put(np.array(rows.codes, np.int32)),
+        pd_rank=pd_rank, pd_kv_bytes=pd_kv_bytes,
+        one_e6=jax.device_put(np.float64(1e6)), one_e_6=jax.device_put(np.float64(1e-6)),
+        kv_blocks_f=jax.device_put(np.float64(st.kv_blocks)),
+        roofline=roofline,
+        physics=physics_consts(model if st.latency_model == "physics" else None,
+                               st.max_step_tokens, st.queue_slots),
+    )
