@@ -7,7 +7,8 @@ so that neither engine imports the other.
 * the lifecycle's drawn delays and the cost of holding an instance;
 * the transfer time of a block reloaded from the CPU tier (docs/semantics.md §3.8);
 * each instance's role under P/D pools (docs/semantics.md Decision 15);
-* whether a configuration models instance lifecycles.
+* whether a configuration models instance lifecycles;
+* the utilization bucket a step's KV blocks in use fall in (``kv_utilization``).
 """
 
 from __future__ import annotations
@@ -19,13 +20,22 @@ from blisjax.config.autoscale import lifecycle_configured
 from blisjax.config.codes import PDRole
 
 __all__ = ["NEVER_US", "US_PER_HOUR", "Variant", "cost_order", "delay_us", "held_cost",
-           "instance_roles", "instance_variants", "reload_cost_us", "uses_lifecycle",
-           "variant_of"]
+           "instance_roles", "instance_variants", "KV_UTIL_BUCKETS", "kv_util_bucket",
+           "reload_cost_us", "uses_lifecycle", "variant_of"]
 
 #: "Never happened" for lifecycle times, µs (far below any simulated time).
 NEVER_US = -(1 << 62)
 #: µs per hour.
 US_PER_HOUR = 3.6e9
+#: KV utilization is recorded in whole percent: buckets 0 .. 100.
+KV_UTIL_BUCKETS = 100
+
+
+def kv_util_bucket(used_blocks, total_blocks):
+    """The whole percent of an instance's KV blocks in use, rounded up: 0 for none, 100 for
+    all; ceil(100 · used / total) in integer arithmetic (Python ints or integer arrays of
+    either engine; ``total_blocks`` >= 1)."""
+    return (KV_UTIL_BUCKETS * used_blocks + total_blocks - 1) // total_blocks
 
 
 class Variant(NamedTuple):

@@ -19,6 +19,7 @@ from blisjax.engine.sessions import init_sessions
 from blisjax.engine.state import DEFERRED_RELEASES, NIL, SimState
 from blisjax.engine.static import EngineStatic
 from blisjax.gorand import STATE_WORDS, TAP_LAG
+from blisjax.rules import KV_UTIL_BUCKETS
 
 __all__ = ["init_state"]
 
@@ -89,6 +90,7 @@ def init_state(st: EngineStatic, tb_capacity, rl_burst, admission_code, rate_lim
         hits=zi(i), misses=zi(i), preempt_count=zi(i), completed=zi(i), dropped=zi(i),
         timed_out=zi(i), capped_count=zi(i), alloc_failures=zi(i), input_tokens=zi(i), steps=zi(i), busy=zi(i),
         qdepth_time=zi(i), peak_used=zi(i), kv_time=zi(i),
+        kv_util=jnp.zeros((i, KV_UTIL_BUCKETS + 1), i64),
         done=jnp.asarray(False), iters=jnp.asarray(0, i64), stretched=jnp.asarray(0, i64),
         ovf_queue=jnp.asarray(0, i32), ovf_pending=jnp.asarray(0, i32),
         ovf_blocks=jnp.asarray(0, i32), ovf_deadline=jnp.asarray(0, i32),

@@ -48,6 +48,7 @@ from blisjax.engine.state import DROPPED, NIL, QUEUED, ROUTED, RUNNING, TIMED_OU
 from blisjax.latency.base import float_to_ticks_array
 from blisjax.limits import INT64_MAX
 from blisjax.metrics import records
+from blisjax.rules import kv_util_bucket
 
 # ---- arrival, enqueue and timeout -------------------------------------------------------------
 
@@ -417,6 +418,8 @@ def execute(s: SimState, st, c, i, now, n_preempted, active, width: int, factor=
     used = (st.kv_blocks - s.kv_free[i]).astype(jnp.int64)
     s = s.replace(peak_used=upd(s.peak_used, i, jnp.maximum(s.peak_used[i], used), active),
                   busy=add(s.busy, i, d, active), kv_time=add(s.kv_time, i, used * d, active),
+                  kv_util=s.kv_util.at[i, kv_util_bucket(used, st.kv_blocks)].add(
+                      jnp.where(active, d, 0)),
                   qdepth_time=add(s.qdepth_time, i, s.q_len[i].astype(jnp.int64) * d, active))
     return s, d, completion.Running(valid, slots, reqs, new_pi, l_in, out)
 

@@ -17,7 +17,8 @@ RUN_FIELDS = ("sim_ended_us", "cache_hits", "cache_misses", "preemption_count", 
               "completed", "total_input_tokens", "kv_allocation_failures", "rejected_admission",
               "busy_time_us",
               "queue_depth_time_us", "step_count", "peak_kv_blocks_used", "itl_entries_us",
-              "rejected_routing", "kv_block_time_us", "kv_total_blocks")
+              "rejected_routing", "kv_block_time_us", "kv_total_blocks",
+              "kv_util_time_us")
 #: P/D fields compared (``RunResult.pd``), per request then run level.
 PD_FIELDS = ("prefill_instance", "transfer_start_us", "transfer_end_us", "role",
              "prefill_completed", "in_transfer", "dropped_at_decode_kv", "peak_transfers",

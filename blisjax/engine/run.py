@@ -401,6 +401,7 @@ def lane_result(st: EngineStatic, consts, final, k: int) -> records.RunResult:
         queue_depth_time_us=g.qdepth_time.astype(np.int64), busy_time_us=g.busy.astype(np.int64),
         step_count=g.steps.astype(np.int64), peak_kv_blocks_used=g.peak_used.astype(np.int64),
         kv_block_time_us=g.kv_time.astype(np.int64),
+        kv_util_time_us=g.kv_util.astype(np.int64),
         kv_total_blocks=np.full(st.num_instances, st.kv_blocks, np.int64),
         overflow=overflow,
         kv_tier=_tier_counters(st, g, n),
@@ -422,7 +423,7 @@ _PER_INSTANCE = ("cache_hits", "cache_misses", "preemption_count", "still_queued
                  "still_running", "dropped_unservable", "timed_out", "length_capped_count",
                  "completed", "total_input_tokens", "queue_depth_time_us", "busy_time_us",
                  "step_count", "peak_kv_blocks_used", "kv_allocation_failures",
-                 "kv_block_time_us", "kv_total_blocks")
+                 "kv_block_time_us", "kv_total_blocks", "kv_util_time_us")
 
 
 def _lane_slots(result: records.RunResult, slots: int, lane_on: bool) -> records.RunResult:

@@ -167,6 +167,7 @@ class SimState:
     qdepth_time: jax.Array  # µs·requests: sum of queue length × step duration
     peak_used: jax.Array  # most KV blocks in use when a step executes
     kv_time: jax.Array  # block·µs: sum of KV blocks in use × step duration
+    kv_util: jax.Array  # int64 [I, 101] µs: step durations by whole percent of KV in use
     # ---- run control and capacity overflow (never silently wrong: flagged per lane) ----
     done: jax.Array  # bool: the lane has no event left within the horizon
     iters: jax.Array  # int64: events handled

@@ -68,6 +68,7 @@ from blisjax.engine.lockstep import (
 )
 from blisjax.engine.state import NIL, SimState
 from blisjax.engine.static import VARYING_PLAN
+from blisjax.rules import kv_util_bucket
 
 CHUNK_STEPS = 16  # plain steps applied per pass of ``materialize`` (at most the block size)
 
@@ -346,6 +347,11 @@ def _apply(s: SimState, st, c, i, kc, go, width: int) -> SimState:
     used0 = (st.kv_blocks - s.kv_free[i]).astype(jnp.int64)
     kv_time = used0 * span + jnp.sum(jnp.where(fresh, span - times.after(spare), 0),
                                      dtype=jnp.int64)
+    # each step's time by the whole percent of the blocks in use then (the fresh blocks taken
+    # at or before it), as the reference's step by step
+    k = jnp.arange(chunk_steps(st), dtype=jnp.int32)
+    used_k = used0 + jnp.cumsum(per_value)[:chunk_steps(st)].astype(jnp.int64)
+    step_k = jnp.where(k < kc, times.after(k + 1) - times.after(k), 0)
     s, blocks, taken = kvblocks.pop_blocks(s, st, i, count, go, width)
     k_blocks, mb = st.kv_blocks, st.max_blocks_per_request
     b = jnp.where(fresh, blocks[jnp.minimum(rank, width - 1)], k_blocks)
@@ -395,6 +401,7 @@ def _apply(s: SimState, st, c, i, kc, go, width: int) -> SimState:
     return s.replace(
         steps=add(s.steps, i, kc.astype(jnp.int64), go), busy=add(s.busy, i, span, go),
         kv_time=add(s.kv_time, i, kv_time, go),
+        kv_util=s.kv_util.at[i, kv_util_bucket(used_k, st.kv_blocks)].add(step_k),
         peak_used=upd(s.peak_used, i, jnp.maximum(s.peak_used[i], used), go),
         # the instance's clock is the last event's time: this pass's last step, unless a later
         # event (the real step that materializes it) has set it already

@@ -45,6 +45,7 @@ from blisjax.metrics.percentile import mean, percentile_linear
 from blisjax.metrics.records import COMPLETED, DROPPED, REJECTED, TIMED_OUT, UNFINISHED, RunResult
 from blisjax.metrics.sessions import session_metrics
 from blisjax.metrics.slo import DEFAULT_CLASS_NAME, slo_attainment, tenant_slo_attainment
+from blisjax.rules import KV_UTIL_BUCKETS
 from blisjax.workload.sessions import realized
 from blisjax.workload.types import SLO_CLASSES, Workload
 
@@ -224,7 +225,9 @@ def kv_utilization(result: RunResult) -> dict[str, float]:
     * ``mean`` = Σ A_i / Σ C_i·T_i — the fraction of the cluster's KV capacity in use,
       averaged over the run (idle time counts as empty);
     * ``busy_mean`` = Σ A_i / Σ C_i·busy_i — the same over the time the instances stepped;
-    * ``peak`` = max_i peak blocks_i / C_i.
+    * ``peak`` = max_i peak blocks_i / C_i;
+    * ``p50``, ``p90``, ``p95``, ``p99`` (with ``kv_util_time_us``): percentiles of the
+      utilization over the instances' held time, ``kv_util_percentiles``.
 
     Each is 0.0 where its denominator is 0."""
     existed = existing_instances(result)
@@ -243,13 +246,46 @@ def kv_utilization(result: RunResult) -> dict[str, float]:
         return float(numerator) / float(denominator) if denominator > 0 else 0.0
 
     capacity = blocks.tolist()
-    return {
+    out = {
         "mean": ratio(area, sum(c * t for c, t in zip(capacity, held.tolist(), strict=True))),
         "busy_mean": ratio(area, sum(c * b for c, b in zip(capacity, busy.tolist(),
                                                            strict=True))),
         "peak": max((ratio(p, c) for p, c in zip(peak.tolist(), capacity, strict=True)),
                     default=0.0),
     }
+    if result.kv_util_time_us is not None:
+        stepped = np.asarray(result.kv_util_time_us, dtype=np.int64)[existed]
+        out.update(kv_util_percentiles(stepped, np.maximum(held - busy, 0)))
+    return out
+
+
+#: Percentiles of ``kv_utilization`` over time.
+KV_UTIL_PERCENTILES = (50, 90, 95, 99)
+
+
+def kv_util_percentiles(stepped_us: np.ndarray, idle_us: np.ndarray) -> dict[str, float]:
+    """Percentiles of KV utilization over the instances' held time, in whole percent rounded
+    up (``rules.kv_util_bucket``): ``pX`` is the least u in {0, 0.01, …, 1} such that the
+    instances spent at least X % of their held time at a utilization of at most u.
+
+    Args:
+      stepped_us: int64 [instances, 101], µs of each instance's steps by bucket
+        (``RunResult.kv_util_time_us``).
+      idle_us: int64 [instances], each instance's held time outside its steps (counted at 0).
+    Each is 0.0 when no time was held."""
+    weight = [0] * (KV_UTIL_BUCKETS + 1)
+    for row in np.asarray(stepped_us, dtype=np.int64).tolist():  # Python ints: exact sums
+        weight = [w + x for w, x in zip(weight, row, strict=True)]
+    weight[0] += sum(np.asarray(idle_us, dtype=np.int64).tolist())
+    total = sum(weight)
+    out = {}
+    for q in KV_UTIL_PERCENTILES:
+        b, reached = 0, weight[0]  # the least bucket whose time so far is >= q % of the total
+        while 100 * reached < q * total:
+            b += 1
+            reached += weight[b]
+        out[f"p{q}"] = b / KV_UTIL_BUCKETS
+    return out
 
 
 def kv_cache_summary(result: RunResult) -> str:

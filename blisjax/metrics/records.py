@@ -254,6 +254,9 @@ class RunResult:
       kv_block_time_us: int64 per instance, Σ(KV blocks in use after a step's allocations ×
         step duration), block·µs (KV utilization over time); None from a producer without it.
       kv_total_blocks: int64 per instance, its GPU KV blocks; None as ``kv_block_time_us``.
+      kv_util_time_us: int64 [instances, 101], µs of each instance's steps by the whole
+        percent of its KV blocks in use after the step's allocations, rounded up
+        (``rules.kv_util_bucket``); None as ``kv_block_time_us``.
       sessions: closed-loop sessions' arrivals and prompts (``SessionRecords``), None without
         follow-ups.
       itl_entry_request: int64, the request (row) of each ``itl_entries_us`` entry; None from a
@@ -300,6 +303,7 @@ class RunResult:
     itl_entry_request: np.ndarray | None = None
     kv_block_time_us: np.ndarray | None = None
     kv_total_blocks: np.ndarray | None = None
+    kv_util_time_us: np.ndarray | None = None
     gateway: GatewayCounters | None = None
 
     @property

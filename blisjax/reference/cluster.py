@@ -50,6 +50,7 @@ from blisjax.reference.pd import PDCluster
 from blisjax.reference.policies import Admission, Priority, Router, Snapshot, leading_present
 from blisjax.reference.program import cluster_observables, recent_arrivals
 from blisjax.reference.request import SimRequest
+from blisjax.rules import KV_UTIL_BUCKETS
 from blisjax.trace.records import InstanceView
 from blisjax.workload import sessions
 
@@ -503,6 +504,8 @@ class ClusterSimulator:
             step_count=per_inst("step_count"),
             peak_kv_blocks_used=per_inst("peak_kv_blocks_used"),
             kv_block_time_us=per_inst("kv_block_time_us"),
+            kv_util_time_us=per_inst("kv_util_time_us").reshape(len(insts),
+                                                                KV_UTIL_BUCKETS + 1),
             kv_total_blocks=np.array([x.kv.total_blocks for x in insts], dtype=np.int64),
             kv_tier=self._tier_counters(),
             pd=pd,

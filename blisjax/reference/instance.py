@@ -18,6 +18,7 @@ from blisjax.reference.kvcache import KVCache, TieredKVCache
 from blisjax.reference.policies import reorder_wait_queue
 from blisjax.reference.program import RecentSignals
 from blisjax.reference.request import PD_DECODE
+from blisjax.rules import KV_UTIL_BUCKETS, kv_util_bucket
 
 # Instance event priorities (§1.2).
 EV_ARRIVAL, EV_QUEUED, EV_STEP, EV_TIMEOUT = 0, 1, 3, 6
@@ -76,6 +77,8 @@ class Instance:
         self.queue_depth_time_us = 0
         self.peak_kv_blocks_used = 0
         self.kv_block_time_us = 0  # Σ used blocks × step duration (KV utilization over time)
+        # µs of steps by the whole percent of the KV blocks in use (``rules.kv_util_bucket``)
+        self.kv_util_time_us = [0] * (KV_UTIL_BUCKETS + 1)
         self.itl_entries: list[int] = []
         self.itl_entry_rows: list[int] = []  # the request of each entry
         self._budget = 0
@@ -495,6 +498,7 @@ class Instance:
         used = self.kv.used_blocks
         self.peak_kv_blocks_used = max(self.peak_kv_blocks_used, used)
         self.kv_block_time_us += used * d
+        self.kv_util_time_us[kv_util_bucket(used, self.kv.total_blocks)] += d
         self.busy_time_us += d
         return d
 

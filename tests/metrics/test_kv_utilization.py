@@ -1,5 +1,6 @@
 """KV utilization over time (``kv_utilization``): the engines' Σ(blocks in use × step duration)
-on a run worked out by hand, in both engines, and the summary's formulas."""
+and their step time by utilization percent on a run worked out by hand, in both engines, and
+the summary's formulas."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from blisjax.metrics.aggregate import aggregate_metrics, kv_utilization
+from blisjax.metrics.aggregate import aggregate_metrics, kv_util_percentiles, kv_utilization
 from blisjax.metrics.records import LifecycleCounters
 from tests.reference.conftest import make_resolved, make_workload
 
@@ -22,15 +23,24 @@ KV_BLOCKS = 10
 BLOCK_TIME = 2 * 1320 + 1100 * (16 * 3 + 16 * 4 + 7 * 5) + 1 * 1160  # 165,500 block·µs
 BUSY = 1320 + 39 * 1100 + 1160  # 45,380 µs
 END = 100_000 + 1160  # the run ends when request 1 leaves
+# Step µs by blocks in use, as a percent of the 10 blocks: request 1's step at 10 %, the
+# prefill at 20 %, the decode steps at 30, 40 and 50 %; the 55,780 idle µs count at 0 %.
+STEP_TIME_BY_PERCENT = {10: 1160, 20: 1320, 30: 16 * 1100, 40: 16 * 1100, 50: 7 * 1100}
+# cumulative share of the 101,160 µs: 0 % 55.1 %, 10 % 56.3 %, 20 % 57.6 %, 30 % 75.0 %,
+# 40 % 92.4 %, 50 % 100 %
+PERCENTILES = {"p50": 0.0, "p90": 0.4, "p95": 0.5, "p99": 0.5}
 
 
 def _check(result) -> None:
     assert result.kv_block_time_us.tolist() == [BLOCK_TIME]
     assert result.kv_total_blocks.tolist() == [KV_BLOCKS]
     assert result.busy_time_us.tolist() == [BUSY] and result.sim_ended_us == END
+    by_percent = result.kv_util_time_us
+    assert by_percent.shape == (1, 101)
+    assert {k: int(x) for k, x in enumerate(by_percent[0]) if x} == STEP_TIME_BY_PERCENT
     util = aggregate_metrics(result, make_workload(ROWS))["kv_utilization"]
     assert util == {"mean": 165_500 / (10 * 101_160), "busy_mean": 165_500 / (10 * 45_380),
-                    "peak": 0.5}
+                    "peak": 0.5, **PERCENTILES}
 
 
 def test_reference_engine_accumulates_block_time():
@@ -86,6 +96,32 @@ def test_utilization_matches_the_metrics_schema():
     metrics = aggregate_metrics(simulate(make_resolved(kv_blocks=KV_BLOCKS), make_workload(ROWS)),
                                 make_workload(ROWS))
     _validate(metrics, "metrics")
-    metrics["kv_utilization"]["p95"] = 0.5
-    with pytest.raises(Exception, match="p95"):
+    metrics["kv_utilization"]["p95"] = 1.5
+    with pytest.raises(Exception, match="maximum"):
         _validate(metrics, "metrics")
+    metrics["kv_utilization"]["p95"] = 0.5
+    metrics["kv_utilization"]["p97"] = 0.5
+    with pytest.raises(Exception, match="p97"):
+        _validate(metrics, "metrics")
+
+
+def test_utilization_bucket_is_the_whole_percent_rounded_up():
+    from blisjax.rules import kv_util_bucket
+
+    assert [kv_util_bucket(u, t) for u, t in ((0, 10), (1, 10), (1, 3), (2, 3), (3, 3),
+                                               (1, 1000), (999, 1000))] \
+        == [0, 10, 34, 67, 100, 1, 100]
+
+
+def test_utilization_percentiles_over_instances_and_idle_time():
+    # instance 0: 300 µs at 100 %, 200 µs at 50 %, 500 µs idle; instance 1: 1000 µs at 20 %.
+    # Of 2000 µs: 0 % 500 (25 %), 20 % 1000 (75 %), 50 % 200 (85 %), 100 % 300 (100 %).
+    stepped = np.zeros((2, 101), np.int64)
+    stepped[0, 100], stepped[0, 50], stepped[1, 20] = 300, 200, 1000
+    assert kv_util_percentiles(stepped, np.array([500, 0])) \
+        == {"p50": 0.2, "p90": 1.0, "p95": 1.0, "p99": 1.0}
+    # a share reached exactly counts: 1800 of 2000 µs (90 %) at 50 % or less
+    stepped[0, 100], stepped[0, 50] = 200, 300
+    assert kv_util_percentiles(stepped, np.array([500, 0]))["p90"] == 0.5
+    assert kv_util_percentiles(np.zeros((0, 101), np.int64), np.zeros(0, np.int64)) \
+        == {"p50": 0.0, "p90": 0.0, "p95": 0.0, "p99": 0.0}
