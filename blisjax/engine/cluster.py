@@ -98,10 +98,10 @@ def admission(s: SimState, st, c, p, now, active) -> SimState:
     admitted = decision.admitted
     if st.gateway:  # admitted requests wait at the gateway (flow-control lanes)
         g = s.gw
-        refused = active & admitted & p.gw_on & gateway.full(g, p)
-        waits = active & admitted & p.gw_on & ~refused
+        refused = active & admitted & p.gateway.on & gateway.full(g, p)
+        waits = active & admitted & p.gateway.on & ~refused
         g = gateway.enqueue(g, st, c, p, r, now, waits)
-        g = gateway.to_routing(g, st, r, now, active & admitted & ~p.gw_on)
+        g = gateway.to_routing(g, st, r, now, active & admitted & ~p.gateway.on)
         s = s.replace(gw=g.replace(rejected=g.rejected + refused.astype(jnp.int32)))
         admitted = admitted & ~refused
     s = s.replace(
@@ -127,7 +127,7 @@ def gateway_dispatch(s: SimState, st, c, p, now, go) -> SimState:
     g = s.gw
     go = go & (g.count > 0)
     start = go & (g.tick_us == INT64_MAX)
-    s = s.replace(gw=g.replace(tick_us=jnp.where(start, now + p.gw_tick_us, g.tick_us)))
+    s = s.replace(gw=g.replace(tick_us=jnp.where(start, now + p.gateway.tick_us, g.tick_us)))
     s = refresh_snapshots(s, st, c, now, go)
     send = go & (gateway.saturation(s, st, p, router_members(s, st, p)) < 1.0)
     g, r = gateway.pop(s.gw, st, p, now, send)
@@ -139,7 +139,7 @@ def gateway_tick(s: SimState, st, c, p, now, active) -> SimState:
     while requests wait."""
     s = gateway_dispatch(s, st, c, p, now, active)
     g = s.gw
-    after = jnp.where(g.count > 0, now + p.gw_tick_us, INT64_MAX)
+    after = jnp.where(g.count > 0, now + p.gateway.tick_us, INT64_MAX)
     return s.replace(gw=g.replace(tick_us=jnp.where(active, after, g.tick_us)))
 
 
@@ -305,7 +305,7 @@ def _scale_down(s: SimState, st, c, p, count, variant, now, active):
 
     victims = jnp.zeros(st.num_instances, jnp.int32)
     s, drained, victims = lane_while(more, body, (s, zero, victims))
-    redirect = active & (p.as_drain == DrainPolicy.REDIRECT)
+    redirect = active & (p.autoscaler.drain == DrainPolicy.REDIRECT)
 
     def reroute_victim(carry, go):
         s, j = carry
@@ -334,12 +334,12 @@ def _drain(s: SimState, st, c, p, v, now, go) -> SimState:
     redirect takes its waiting requests) terminates at once."""
     life = s.life
     s = s.replace(life=lifecycle.set_state(life, st, v, lifecycle.DRAINING, now, go))
-    immediate = go & (p.as_drain == DrainPolicy.IMMEDIATE)
+    immediate = go & (p.autoscaler.drain == DrainPolicy.IMMEDIATE)
     s, dropped = lane_once(immediate, lambda carry, go: instance.drop_everything(
         carry[0], st, c, v, now, go), (s, jnp.asarray(0, jnp.int32)))
     life = s.life
     life = life.replace(dropped_at_drain=add(life.dropped_at_drain, v, dropped, immediate))
-    taken = jnp.where(p.as_drain == DrainPolicy.REDIRECT,
+    taken = jnp.where(p.autoscaler.drain == DrainPolicy.REDIRECT,
                       instance.held_requests(s, st, v).count, 0)
     idle = (s.in_flight[v] - taken == 0) & (not st.blis_quirks)
     return s.replace(life=lifecycle.terminate(life, st, v, now, immediate | (go & idle)))

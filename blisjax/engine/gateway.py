@@ -63,7 +63,8 @@ def init_gateway(st, params=None) -> GatewayState:
         order=jnp.full(rows, st.num_requests, i32), route_us=jnp.full(rows, INT64_MAX, i64),
         dispatched=zero(i32), tick_us=jnp.asarray(INT64_MAX, i64), rejected=zero(i32),
         wait_sum=zero(i64), overflow=zero(i32),
-        on=jnp.asarray(False) if params is None or not st.gateway else jnp.asarray(params.gw_on))
+        on=jnp.asarray(False) if params is None or not st.gateway
+        else jnp.asarray(params.gateway.on))
 
 
 def next_routing(g: GatewayState, cursor, n):
@@ -82,7 +83,7 @@ def to_routing(g: GatewayState, st, r, now, go) -> GatewayState:
 
 def full(g: GatewayState, p):
     """The lane's queue is at its ``max_queue_depth`` (0: unlimited)."""
-    return (p.gw_max_depth > 0) & (g.count >= p.gw_max_depth)
+    return (p.gateway.max_depth > 0) & (g.count >= p.gateway.max_depth)
 
 
 def enqueue(g: GatewayState, st, c, p, r, now, go) -> GatewayState:
@@ -93,7 +94,8 @@ def enqueue(g: GatewayState, st, c, p, r, now, go) -> GatewayState:
     put = go & has
     return g.replace(
         req=upd(g.req, k, r, put), stamp=upd(g.stamp, k, g.clock, put),
-        band=upd(g.band, k, p.class_score[c.slo_class[r]], put), since=upd(g.since, k, now, put),
+        band=upd(g.band, k, p.priority.class_score[c.slo_class[r]], put),
+        since=upd(g.since, k, now, put),
         count=g.count + put.astype(jnp.int32), clock=g.clock + put.astype(jnp.int64),
         overflow=g.overflow + (go & ~has).astype(jnp.int32))
 
@@ -104,14 +106,14 @@ def saturation(s, st, p, members):
     n = jnp.sum(members.astype(jnp.int32))
     util = jnp.asarray(0.0, F64)
     for i in range(st.num_instances):  # sequential: the reference's order of additions
-        q = ieee_divide(s.snap_qd[i].astype(F64), p.gw_qd_threshold)
-        kv = ieee_divide(s.snap_kv[i], p.gw_kv_threshold)
+        q = ieee_divide(s.snap_qd[i].astype(F64), p.gateway.qd_threshold)
+        kv = ieee_divide(s.snap_kv[i], p.gateway.kv_threshold)
         util = jnp.where(members[i], util + jnp.maximum(q, kv), util)
     util = ieee_divide(util, jnp.maximum(n, 1).astype(F64))
     busy = jnp.sum(jnp.where(members, s.in_flight, 0))
-    conc = ieee_divide(busy.astype(F64), (jnp.maximum(n, 1) * p.gw_max_conc).astype(F64))
-    value = jnp.stack([jnp.asarray(0.0, F64), util, conc])[p.gw_detector]
-    none = (n == 0) & (p.gw_detector != SaturationDetector.NEVER)
+    conc = ieee_divide(busy.astype(F64), (jnp.maximum(n, 1) * p.gateway.max_conc).astype(F64))
+    value = jnp.stack([jnp.asarray(0.0, F64), util, conc])[p.gateway.detector]
+    none = (n == 0) & (p.gateway.detector != SaturationDetector.NEVER)
     return jnp.where(none, 1.0, value)
 
 
@@ -119,7 +121,7 @@ def pop(g: GatewayState, st, p, now, go):
     """Take the next request to dispatch where ``go``: (state, its row)."""
     used = g.req < st.num_requests
     top = jnp.max(jnp.where(used, g.band, -jnp.inf))
-    eligible = used & (~p.gw_by_band | (g.band == top))
+    eligible = used & (~p.gateway.by_band | (g.band == top))
     k = jnp.argmin(jnp.where(eligible, g.stamp, INT64_MAX))
     r = g.req[k]
     g = g.replace(req=upd(g.req, k, st.num_requests, go), stamp=upd(g.stamp, k, INT64_MAX, go),

@@ -28,9 +28,9 @@ def init_state(st: EngineStatic, tb_capacity, rl_burst, admission_code, rate_lim
                router_rng=None, kv_cpu_blocks=0, kv_reload_us=0, pd_rng=None,
                pd_role=None, pd_pools=False, params=None):
     """Initial state of one lane. The bucket starts full (token-bucket or rate-limit size);
-    ``router_rng``: the seeded words of the "router" stream (``PolicyParams.router_rng``;
+    ``router_rng``: the seeded words of the "router" stream (``PolicyParams.routing.router_rng``;
     zeros if not given); ``pd_rng``, ``pd_role``, ``pd_pools``: the P/D pools' streams, the
-    instances' roles and whether the lane has pools (``PolicyParams.pd_pool_rng`` ...);
+    instances' roles and whether the lane has pools (``PolicyParams.pd``: ``pool_rng``, ``role``, ``pools``);
     ``params``: the lane's ``PolicyParams``, which place its initial instances when the
     program models lifecycles (``engine.lifecycle``)."""
     n, i, t = st.request_rows, st.num_instances, st.num_tenants  # + sink row (+ P/D rows)
@@ -53,7 +53,7 @@ def init_state(st: EngineStatic, tb_capacity, rl_burst, admission_code, rate_lim
         dl_cursor=jnp.asarray(0, i32), route_seq=jnp.asarray(0, i64),
         enq_counter=jnp.asarray(0, i64), in_flight=zi32(i), tenant_in_flight=zi32(t),
         rr=jnp.asarray(0, i32), bucket=jnp.asarray(bucket, f64), bucket_last=jnp.asarray(0, i64),
-        tenant_bucket=(jnp.asarray(params.tt_capacity, f64) if params is not None
+        tenant_bucket=(jnp.asarray(params.admission.tt_capacity, f64) if params is not None
                        else jnp.zeros(t, f64)),  # each tenant's bucket starts full
         tenant_bucket_last=zi(t),
         snap_qd=zi32(i), snap_bs=zi32(i), snap_kv=jnp.zeros(i, f64), snap_last=jnp.asarray(0, i64),

@@ -12,7 +12,7 @@ is the slot count (the largest lane's ``max_replicas``). The lane's pending life
 are a time per slot (its node provisioned, priority −2, while Scheduling; its model loaded,
 priority −1, while Loading), the next tick (priority 8) and a few actuation slots
 (priority 9, ``EngineStatic.actuation_slots``). Random delays are drawn on the host in
-stream order (``PolicyParams.life_*_delay_us``): the k-th draw of a stream is the k-th
+stream order (``LifecycleParams.*_delay_us``): the k-th draw of a stream is the k-th
 entry. Compiled out of programs whose lanes have no lifecycle (``EngineStatic.lifecycle``).
 """
 
@@ -127,10 +127,10 @@ class LifecycleState:
 # ---- knobs (PolicyParams fields) ----------------------------------------------------------------
 
 
-def lifecycle_params(cfg) -> dict:
-    """The lifecycle and autoscaler knobs of ``cfg`` as ``PolicyParams`` fields (``as_*``: the
-    autoscaler's, per lane; ``life_*``: the lifecycle's and the node pools'). Random delays are
-    drawn here, in their streams' order."""
+def lifecycle_params(cfg) -> tuple[dict, dict]:
+    """The autoscaler's and the lifecycle's knobs of ``cfg`` (the fields of
+    ``params.AutoscalerParams`` and ``params.LifecycleParams``, the latter with the node
+    pools'). Random delays are drawn here, in their streams' order."""
     a, life, pools = cfg.policy.autoscaler, cfg.cluster.lifecycle, cfg.cluster.node_pools
     tp = cfg.engine.tensor_parallel_size
     f64 = lambda x: np.asarray(x, dtype=np.float64)  # noqa: E731
@@ -154,36 +154,48 @@ def lifecycle_params(cfg) -> dict:
         spec = pool.provisioning_delay
         prov[k] = ([int(max(0.0, x * spec.stddev_s + spec.mean_s) * 1e6) for x in normals]
                    if spec.random else delay_us(spec, None))
-    return dict(
-        life_on=np.asarray(uses_lifecycle(cfg)),
-        as_policy=i32(a.code), as_interval_us=i64(a.interval_us),
-        as_min=i32(a.min_replicas),
-        as_max=i32(max_replicas(a, cfg.cluster.num_instances, pools, tp)),
-        as_up_step=i32(a.max_scale_up_step), as_down_step=i32(a.max_scale_down_step),
-        as_cooldown_us=i64(a.cooldown_us), as_drain=i32(DrainPolicy.of(a.drain_policy)),
-        as_up_util=f64(a.scale_up_utilization), as_down_util=f64(a.scale_down_utilization),
-        as_target_util=f64(a.target_utilization), as_tolerance=f64(a.utilization_tolerance),
-        as_target_qd=f64(a.target_queue_depth), as_kv_threshold=f64(a.kv_cache_threshold),
-        as_sat_up=f64(a.saturation_up_threshold), as_sat_down=f64(a.saturation_down_boundary),
-        as_avg_input=f64(a.avg_input_tokens), as_up_window_us=i64(a.scale_up_window_us),
-        as_down_window_us=i64(a.scale_down_window_us),
-        as_act_delay_us=draws(a.actuation_delay, "autoscaler"),
-        as_act_random=np.asarray(a.actuation_delay.random),
-        life_load_delay_us=draws(life.loading_delay, "instance-loading"),
-        life_load_random=np.asarray(life.loading_delay.random),
-        life_prov_delay_us=prov,
-        life_prov_random=np.asarray([p.provisioning_delay.random for p in pool_list] or [False]),
-        life_warm_start=np.asarray(life.warm_start_initial_instances),
-        life_warm_requests=i32(life.warm_up_requests), life_warm_factor=f64(life.warm_up_factor),
-        life_cost_per_hour=f64(life.cost_per_hour),
-        life_pool_gpus=i32([p.gpus_per_node for p in pool_list] or [0]),
-        life_pool_max_nodes=i32([p.max_nodes for p in pool_list] or [0]),
-        life_pool_cost=f64([p.cost_per_hour for p in pool_list] or [0.0]),
-        life_pool_variant=i32([next(v for v, x in enumerate(variants)
-                                    if x.gpu_type == p.gpu_type) for p in pool_list] or [0]),
-        life_variant_cost=f64([v.cost_per_hour for v in variants]),
-        life_variant_order=i32(order),
+    autoscaler = dict(
+        policy=i32(a.code),
+        interval_us=i64(a.interval_us),
+        min=i32(a.min_replicas),
+        max=i32(max_replicas(a, cfg.cluster.num_instances, pools, tp)),
+        up_step=i32(a.max_scale_up_step),
+        down_step=i32(a.max_scale_down_step),
+        cooldown_us=i64(a.cooldown_us),
+        drain=i32(DrainPolicy.of(a.drain_policy)),
+        up_util=f64(a.scale_up_utilization),
+        down_util=f64(a.scale_down_utilization),
+        target_util=f64(a.target_utilization),
+        tolerance=f64(a.utilization_tolerance),
+        target_qd=f64(a.target_queue_depth),
+        kv_threshold=f64(a.kv_cache_threshold),
+        sat_up=f64(a.saturation_up_threshold),
+        sat_down=f64(a.saturation_down_boundary),
+        avg_input=f64(a.avg_input_tokens),
+        up_window_us=i64(a.scale_up_window_us),
+        down_window_us=i64(a.scale_down_window_us),
+        act_delay_us=draws(a.actuation_delay, "autoscaler"),
+        act_random=np.asarray(a.actuation_delay.random),
     )
+    lifecycle = dict(
+        on=np.asarray(uses_lifecycle(cfg)),
+        load_delay_us=draws(life.loading_delay, "instance-loading"),
+        load_random=np.asarray(life.loading_delay.random),
+        prov_delay_us=prov,
+        prov_random=np.asarray([p.provisioning_delay.random for p in pool_list] or [False]),
+        warm_start=np.asarray(life.warm_start_initial_instances),
+        warm_requests=i32(life.warm_up_requests),
+        warm_factor=f64(life.warm_up_factor),
+        cost_per_hour=f64(life.cost_per_hour),
+        pool_gpus=i32([p.gpus_per_node for p in pool_list] or [0]),
+        pool_max_nodes=i32([p.max_nodes for p in pool_list] or [0]),
+        pool_cost=f64([p.cost_per_hour for p in pool_list] or [0.0]),
+        pool_variant=i32([next(v for v, x in enumerate(variants) if x.gpu_type == p.gpu_type)
+                          for p in pool_list] or [0]),
+        variant_cost=f64([v.cost_per_hour for v in variants]),
+        variant_order=i32(order),
+    )
+    return autoscaler, lifecycle
 
 
 # ---- initial state ------------------------------------------------------------------------------
@@ -207,7 +219,7 @@ def init_lifecycle(st, p) -> LifecycleState:
         for k in range(st.num_pools):
             n0 = st.pool_initial_nodes[k]
             node_ready = node_ready.at[first[k]:first[k] + n0].set(0)
-            node_free = node_free.at[first[k]:first[k] + n0].set(p.life_pool_gpus[k])
+            node_free = node_free.at[first[k]:first[k] + n0].set(p.lifecycle.pool_gpus[k])
             pool_nodes = pool_nodes.at[k].set(n0)
     life = LifecycleState(
         state=jnp.zeros(i, jnp.int8), placed_us=jnp.full(i, -1, I64), node=jnp.full(i, NIL, I32),
@@ -215,7 +227,7 @@ def init_lifecycle(st, p) -> LifecycleState:
         cost=z(i, F64), placements=z(i, I32), dropped_at_drain=z(i),
         ready_us=jnp.full(i, INT64_MAX, I64), ready_seq=z(i), snap_used=z(i, I32),
         node_free=node_free, node_ready_us=node_ready, pool_nodes=pool_nodes,
-        tick_us=(jnp.where(p.as_policy != AutoscalerPolicy.NONE, 0, INT64_MAX).astype(I64)
+        tick_us=(jnp.where(p.autoscaler.policy != AutoscalerPolicy.NONE, 0, INT64_MAX).astype(I64)
                  if on else jnp.asarray(INT64_MAX, I64)),
         act_us=jnp.full(a, INT64_MAX, I64), act_delta=z(a, I32), act_variant=z(a, I32),
         act_seq=z(a), seq=zero(I64), last_up_us=jnp.asarray(NEVER_US, I64),
@@ -224,12 +236,12 @@ def init_lifecycle(st, p) -> LifecycleState:
         last_actuation_us=zero(I64), unrouted=zero(), last_event_us=zero(I64),
         warm_routed=jnp.zeros(st.num_requests + 1 if on and st.blis_quirks else 1, bool),
         warm_count=z(i, I32),
-        warm_factor=jnp.asarray(p.life_warm_factor if on else 1.0, F64),
+        warm_factor=jnp.asarray(p.lifecycle.warm_factor if on else 1.0, F64),
         clock_before=z(i),
         arrive_us=jnp.full((i, st.pending_slots) if on and st.blis_quirks else (1, 1),
                            INT64_MAX, I64),
-        lane_on=jnp.asarray(p.life_on if on else False),
-        lane_slots=jnp.asarray(p.as_max if on else st.num_instances, I32),
+        lane_on=jnp.asarray(p.lifecycle.on if on else False),
+        lane_slots=jnp.asarray(p.autoscaler.max if on else st.num_instances, I32),
         scale_ups=zero(), scale_downs=zero(), added=zero(), drained=zero(),
         oscillations=zero(), refused_no_room=zero(), redirected=zero(),
         rejected_routing=zero(), load_draw=zero(), act_draw=zero(), prov_draw=zero(),
@@ -288,20 +300,21 @@ def _place_on_node(life: LifecycleState, st, p, variant, now, go):
     a new node of the first pool with room to grow. Returns (life, node, ok)."""
     tp = st.gpus_per_instance
     pool_of = jnp.asarray(st.node_pool, I32)
-    wanted = (variant < 0) | (p.life_pool_variant == variant)  # [P]
+    wanted = (variant < 0) | (p.lifecycle.pool_variant == variant)  # [P]
     fits = (life.node_ready_us >= 0) & wanted[pool_of] & (life.node_free >= tp)
     node = jnp.argmax(fits).astype(I32)
     found = jnp.any(fits)
     if not st.blis_quirks:
-        grow = wanted & (life.pool_nodes < p.life_pool_max_nodes) & (p.life_pool_gpus >= tp)
+        grow = wanted & (life.pool_nodes < p.lifecycle.pool_max_nodes) \
+            & (p.lifecycle.pool_gpus >= tp)
         pool = jnp.argmax(grow).astype(I32)
         new = go & ~found & jnp.any(grow)
         fresh = jnp.asarray(st.pool_first_node, I32)[pool] + life.pool_nodes[pool]
-        delay, cursor, ovf = _draw(p.life_prov_delay_us[pool], life.prov_draw,
-                                   p.life_prov_random[pool], new)
+        delay, cursor, ovf = _draw(p.lifecycle.prov_delay_us[pool], life.prov_draw,
+                                   p.lifecycle.prov_random[pool], new)
         life = life.replace(
             node_ready_us=upd(life.node_ready_us, fresh, now + delay, new),
-            node_free=upd(life.node_free, fresh, p.life_pool_gpus[pool], new),
+            node_free=upd(life.node_free, fresh, p.lifecycle.pool_gpus[pool], new),
             pool_nodes=add(life.pool_nodes, pool, 1, new), prov_draw=cursor,
             ovf_draws=life.ovf_draws + ovf.astype(I32))
         node = jnp.where(found, node, fresh)
@@ -317,19 +330,19 @@ def place_instance(life: LifecycleState, st, p, k, variant, now, initial: bool, 
     if st.num_pools:
         life, node, ok = _place_on_node(life, st, p, variant, now, go)
         pool = jnp.asarray(st.node_pool, I32)[node]
-        cost = p.life_pool_cost[pool]
-        var = p.life_pool_variant[pool]
+        cost = p.lifecycle.pool_cost[pool]
+        var = p.lifecycle.pool_variant[pool]
         node_ready = life.node_ready_us[node]
     else:  # BLIS (--blis-quirks) places no scale-up without node pools
         ok = go if initial or not st.blis_quirks else jnp.asarray(False)
-        node, cost, var, node_ready = NIL, p.life_cost_per_hour, 0, now
+        node, cost, var, node_ready = NIL, p.lifecycle.cost_per_hour, 0, now
     life = life.replace(placed_us=upd(life.placed_us, k, now, ok),
                         node=upd(life.node, k, node, ok),
                         placements=add(life.placements, k, 1, ok),
                         cost_per_hour=upd(life.cost_per_hour, k, cost, ok),
                         variant=upd(life.variant, k, var, ok))
     # BLIS starts initial instances ready without node pools, whatever its lifecycle says
-    warm_start = p.life_warm_start | (st.blis_quirks and not st.num_pools)
+    warm_start = p.lifecycle.warm_start | (st.blis_quirks and not st.num_pools)
     warm = ok & warm_start if initial else jnp.asarray(False)
     waits = ok & ~warm & (node_ready > now)
     life = _ready(life, st, p, k, now, warm)
@@ -347,7 +360,8 @@ def _push_ready(life: LifecycleState, k, t, go) -> LifecycleState:
 def start_loading(life: LifecycleState, st, p, k, now, go) -> LifecycleState:
     """Slot k starts loading its model (``Lifecycle.start_loading``)."""
     life = set_state(life, st, k, LOADING, now, go)
-    delay, cursor, ovf = _draw(p.life_load_delay_us, life.load_draw, p.life_load_random, go)
+    delay, cursor, ovf = _draw(p.lifecycle.load_delay_us, life.load_draw,
+                               p.lifecycle.load_random, go)
     life = life.replace(load_draw=cursor, ovf_draws=life.ovf_draws + ovf.astype(I32))
     life = _ready(life, st, p, k, now, go & (delay == 0))
     return _push_ready(life, k, now + delay, go & (delay > 0))
@@ -356,8 +370,8 @@ def start_loading(life: LifecycleState, st, p, k, now, go) -> LifecycleState:
 def _ready(life: LifecycleState, st, p, k, now, go) -> LifecycleState:
     """Loaded: routable, warming up first when the lifecycle has a warm-up
     (``Lifecycle.ready``)."""
-    warm = go & (p.life_warm_requests > 0)
-    life = life.replace(warm_left=upd(life.warm_left, k, p.life_warm_requests, warm),
+    warm = go & (p.lifecycle.warm_requests > 0)
+    life = life.replace(warm_left=upd(life.warm_left, k, p.lifecycle.warm_requests, warm),
                         ready_us=upd(life.ready_us, k, INT64_MAX, go))
     return set_state(life, st, k, jnp.where(warm, WARMING_UP, ACTIVE), now, go)
 
@@ -370,7 +384,7 @@ def routed(life: LifecycleState, st, p, r, target, went, rejected) -> LifecycleS
                         rejected_routing=life.rejected_routing + rejected.astype(I32))
     if not st.blis_quirks:
         return life
-    record = went & (life.warm_count[target] < p.life_warm_requests)
+    record = went & (life.warm_count[target] < p.lifecycle.warm_requests)
     return life.replace(
         warm_routed=life.warm_routed.at[jnp.where(record, r, st.num_requests)].set(True),
         warm_count=add(life.warm_count, target, 1, record))
@@ -405,7 +419,7 @@ def warm_factor(s: SimState, st, p, i, completions=0):
         return None
     life = s.life
     left = life.warm_left[i] - jnp.minimum(completions, life.warm_left[i])
-    return jnp.where((life.state[i] == WARMING_UP) & (left > 0), p.life_warm_factor, 1.0)
+    return jnp.where((life.state[i] == WARMING_UP) & (left > 0), p.lifecycle.warm_factor, 1.0)
 
 
 def slowed(d, factor):
@@ -441,12 +455,14 @@ def _template_delta(s: SimState, st, c, p, rt, n, live):
     util = ieee_divide(life.snap_used.astype(F64), c.kv_blocks_f)
     mean = jnp.where(n > 0, ieee_divide(_sequential_sum(util, rt), jnp.maximum(n, 1).astype(F64)),
                      0.0)
-    threshold = jnp.where(mean > p.as_up_util, 1, jnp.where(mean < p.as_down_util, -1, 0))
-    within = jnp.abs(ieee_divide(mean, p.as_target_util) - 1.0) <= p.as_tolerance
-    desired = _ceil_int(ieee_divide(live.astype(F64) * mean, p.as_target_util))
+    threshold = jnp.where(mean > p.autoscaler.up_util, 1,
+                          jnp.where(mean < p.autoscaler.down_util, -1, 0))
+    within = jnp.abs(ieee_divide(mean, p.autoscaler.target_util) - 1.0) <= p.autoscaler.tolerance
+    desired = _ceil_int(ieee_divide(live.astype(F64) * mean, p.autoscaler.target_util))
     target = jnp.where((n == 0) | within, 0, desired - live)
     load = jnp.sum(jnp.where(rt, s.snap_qd + s.snap_bs, 0)).astype(I64)
-    queue = jnp.where(n == 0, 0, _ceil_int(ieee_divide(load.astype(F64), p.as_target_qd)) - live)
+    queue = jnp.where(n == 0, 0,
+                      _ceil_int(ieee_divide(load.astype(F64), p.autoscaler.target_qd)) - live)
     return threshold.astype(I64), target.astype(I64), queue.astype(I64)
 
 
@@ -457,18 +473,18 @@ def _saturation(s: SimState, st, p, rt, n):
     v_count = st.num_variants
     bs = st.block_size
     # a replica's supply (the same KV on all); products formed exactly (no FMA with the sums)
-    k1 = exact_mul(float(st.kv_blocks * bs), p.as_kv_threshold)
+    k1 = exact_mul(float(st.kv_blocks * bs), p.autoscaler.kv_threshold)
     count = jnp.zeros(v_count, I64)
     supply = jnp.zeros(v_count, F64)
     demand = jnp.zeros(v_count, F64)
     for k in range(st.num_instances):  # replica order
         v, m = life.variant[k], rt[k]
         d = (life.snap_used[k] * bs).astype(F64) + exact_mul(s.snap_qd[k].astype(F64),
-                                                             p.as_avg_input)
+                                                             p.autoscaler.avg_input)
         count = count.at[v].add(m.astype(I64))
         supply = supply.at[v].set(jnp.where(m, supply[v] + k1, supply[v]))
         demand = demand.at[v].set(jnp.where(m, demand[v] + d, demand[v]))
-    order = p.life_variant_order
+    order = p.lifecycle.variant_order
     total_supply = total_demand = jnp.asarray(0.0, F64)
     for j in range(v_count):  # cost order
         v = order[j]
@@ -476,23 +492,23 @@ def _saturation(s: SimState, st, p, rt, n):
         total_demand = total_demand + jnp.where(count[v] > 0, demand[v], 0.0)
     coming = (life.state == SCHEDULING) | (life.state == LOADING)
     pending = float(st.kv_blocks * bs) * jnp.sum(coming).astype(F64)  # exact: integers
-    pending_supply = exact_mul(pending, p.as_kv_threshold)
-    required = ieee_divide(total_demand, p.as_sat_up) - (total_supply + pending_supply)
+    pending_supply = exact_mul(pending, p.autoscaler.kv_threshold)
+    required = ieee_divide(total_demand, p.autoscaler.sat_up) - (total_supply + pending_supply)
     present = count[order] > 0
     cheapest = order[jnp.argmax(present)]
     per_cheap = ieee_divide(supply[cheapest], jnp.maximum(count[cheapest], 1).astype(F64))
     up = jnp.where(per_cheap <= 0, 1,
                    jnp.maximum(1, _ceil_int(ieee_divide(required, per_cheap))))
-    spare = total_supply - ieee_divide(total_demand, p.as_sat_down)
+    spare = total_supply - ieee_divide(total_demand, p.autoscaler.sat_down)
     per = ieee_divide(supply, jnp.maximum(count, 1).astype(F64))
     max_per = jnp.max(jnp.where(count > 0, per, -jnp.inf))
-    cost = p.life_variant_cost[order]
+    cost = p.lifecycle.variant_cost[order]
     dear_rank = jnp.argmax(present & (cost == jnp.max(jnp.where(present, cost, -jnp.inf))))
     dearest = order[dear_rank]
     down = -jnp.minimum(jnp.maximum(_floor_int(ieee_divide(spare, per[dearest])), 1),
                         count[dearest])
     shrink = (n >= 2) & (spare > 0) & (total_supply - max_per
-                                       > ieee_divide(total_demand, p.as_sat_down))
+                                       > ieee_divide(total_demand, p.autoscaler.sat_down))
     delta = jnp.where(n == 0, 0, jnp.where(required > 0, up, jnp.where(shrink, down, 0)))
     variant = jnp.where(required > 0, cheapest, dearest)
     return delta.astype(I64), variant.astype(I32)
@@ -504,7 +520,7 @@ def _stabilized(life: LifecycleState, p, delta, now):
     up_timer = jnp.where(sign > 0, life.window_up_us, NO_TIMER)
     down_timer = jnp.where(sign < 0, life.window_down_us, NO_TIMER)
     timer = jnp.where(sign > 0, up_timer, down_timer)
-    window = jnp.where(sign > 0, p.as_up_window_us, p.as_down_window_us)
+    window = jnp.where(sign > 0, p.autoscaler.up_window_us, p.autoscaler.down_window_us)
     unset = timer == NO_TIMER
     passes = (sign != 0) & jnp.where(unset, window == 0, now - timer >= window)
     new_timer = jnp.where(unset & (window > 0), now, jnp.where(passes, NO_TIMER, timer))
@@ -516,10 +532,10 @@ def bounded(life: LifecycleState, st, p, delta):
     """A decision within the replica bounds and step limits (``Lifecycle._bounded``)."""
     live = jnp.sum(_live(life)).astype(I64)
     holding = jnp.sum(_holding(life)).astype(I64)
-    up = delta if st.blis_quirks else jnp.minimum(delta, p.as_max - holding)
-    up = jnp.where(p.as_up_step > 0, jnp.minimum(up, p.as_up_step), up)
-    down = jnp.maximum(delta, p.as_min - live)
-    down = jnp.where(p.as_down_step > 0, jnp.maximum(down, -p.as_down_step), down)
+    up = delta if st.blis_quirks else jnp.minimum(delta, p.autoscaler.max - holding)
+    up = jnp.where(p.autoscaler.up_step > 0, jnp.minimum(up, p.autoscaler.up_step), up)
+    down = jnp.maximum(delta, p.autoscaler.min - live)
+    down = jnp.where(p.autoscaler.down_step > 0, jnp.maximum(down, -p.autoscaler.down_step), down)
     return jnp.where(delta > 0, jnp.maximum(up, 0), jnp.where(delta < 0, jnp.minimum(down, 0), 0))
 
 
@@ -532,17 +548,17 @@ def tick(s: SimState, st, c, p, now, go) -> SimState:
     live = jnp.sum(_live(life)).astype(I64)
     threshold, target, queue = _template_delta(s, st, c, p, rt, n, live)
     sat_delta, sat_variant = _saturation(s, st, p, rt, n)
-    saturation = p.as_policy == AutoscalerPolicy.BLIS_SATURATION
+    saturation = p.autoscaler.policy == AutoscalerPolicy.BLIS_SATURATION
     stabilized_life, stable = _stabilized(life, p, sat_delta, now)
     life = jax.tree_util.tree_map(lambda a, b: jnp.where(go & saturation, a, b),
                                   stabilized_life, life)
-    raw = jnp.where(p.as_policy == AutoscalerPolicy.THRESHOLD, threshold,
-                    jnp.where(p.as_policy == AutoscalerPolicy.TARGET_UTILIZATION, target,
-                              jnp.where(p.as_policy == AutoscalerPolicy.QUEUE_DEPTH, queue,
+    raw = jnp.where(p.autoscaler.policy == AutoscalerPolicy.THRESHOLD, threshold,
+                    jnp.where(p.autoscaler.policy == AutoscalerPolicy.TARGET_UTILIZATION, target,
+                              jnp.where(p.autoscaler.policy == AutoscalerPolicy.QUEUE_DEPTH, queue,
                                         jnp.where(stable, sat_delta, 0))))
     delta = bounded(life, st, p, raw)
     last = jnp.where(delta > 0, life.last_up_us, life.last_scale_us)
-    cooled = saturation | (now - last >= p.as_cooldown_us)
+    cooled = saturation | (now - last >= p.autoscaler.cooldown_us)
     passed = go & (delta != 0) & cooled
     life = life.replace(last_scale_us=jnp.where(passed, now, life.last_scale_us),
                         last_up_us=jnp.where(passed & (delta > 0), now, life.last_up_us))
@@ -550,7 +566,8 @@ def tick(s: SimState, st, c, p, now, go) -> SimState:
     free = life.act_us == INT64_MAX
     a = jnp.argmax(free)
     room = jnp.any(free)
-    delay, cursor, ovf = _draw(p.as_act_delay_us, life.act_draw, p.as_act_random, passed)
+    delay, cursor, ovf = _draw(p.autoscaler.act_delay_us, life.act_draw,
+                               p.autoscaler.act_random, passed)
     push = passed & room
     life = life.replace(
         act_us=upd(life.act_us, a, now + delay, push),
@@ -563,7 +580,7 @@ def tick(s: SimState, st, c, p, now, go) -> SimState:
     awaiting = sessions.arrivals_known(s, st) - s.adm_cursor + life.unrouted
     idle = (awaiting <= 0) & (jnp.sum(s.in_flight) == 0)
     stop = (st.horizon_us == INT64_MAX) & idle
-    nxt = jnp.where(stop, INT64_MAX, now + p.as_interval_us)
+    nxt = jnp.where(stop, INT64_MAX, now + p.autoscaler.interval_us)
     return s.replace(life=life.replace(tick_us=jnp.where(go, nxt, life.tick_us)))
 
 
@@ -583,7 +600,7 @@ def free_slot(life: LifecycleState, st, p):
     free = life.state == UNUSED
     if not st.blis_quirks:
         free = free | (life.state == TERMINATED)
-    free = free & (jnp.arange(st.num_instances) < p.as_max)
+    free = free & (jnp.arange(st.num_instances) < p.autoscaler.max)
     return jnp.argmax(free).astype(I32), jnp.any(free)
 
 
@@ -624,7 +641,7 @@ def actuated(life: LifecycleState, p, delta, done, now, go) -> LifecycleState:
     moved = (up | down) & (done > 0)
     direction = jnp.where(up, 1, -1)
     oscillates = moved & (life.last_direction == -direction) & (
-        now - life.last_actuation_us < p.as_cooldown_us)
+        now - life.last_actuation_us < p.autoscaler.cooldown_us)
     return life.replace(
         added=life.added + jnp.where(up, done, 0), drained=life.drained + jnp.where(down, done, 0),
         scale_ups=life.scale_ups + (up & moved).astype(I32),

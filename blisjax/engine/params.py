@@ -33,63 +33,18 @@ MAX_SCORERS = len(Scorer)
 
 
 @pytree_dataclass
-class PolicyParams:
-    """Knobs of one lane (shapes without the population axis).
+class AdmissionParams:
+    """``policy.admission`` of one lane (docs/semantics.md §5.3).
 
-    admission: ``AdmissionPolicy`` code; token bucket (capacity in tokens, refill tokens/s);
-      rate limit (burst requests, requests/s); tenant_quota[T] max in-flight per tenant;
-      shed_queue, shed_kv: load-shed's limits on queued requests and mean KV use (0: none);
-      tt_capacity[T], tt_rate[T]: tenant-bucket's per-tenant bucket size and refill.
-    priority: ``PriorityPolicy`` code; age_weight; class_score[6] by SLO class code;
-      tenant_score[T]; no_deadline_score (= -no_deadline_slack_s).
-    routing: ``RoutingPolicy`` code; scorer_order[S] ``Scorer`` codes in configuration
-      order, padded with -1 (S = ``MAX_SCORERS``); scorer_weight[S] raw weights in the same
-      order; prefix_index_on: the prefix-affinity observer is active; tie_break:
-      ``TieBreak`` code; router_rng[607]: int64 words of BLIS's "router" stream as seeded
-      from the configuration's seed (``blisjax.gorand``), the state ties draw from.
-    scheduler: ``SchedulerPolicy`` code; preemption: ``PreemptionPolicy`` code.
-    Policy programs (``policy.<site>.policy: program``; read only by programs that compile
-    the site's interpreter in, ``EngineStatic.program_sites``): routing_program,
-    admission_program, priority_program — each a ``blisjax.program.Bytecode`` of
-    ``MAX_PROGRAM_LENGTH`` instructions, its parameters bound (a site without a program holds
-    one unused instruction); program_lru: the routing program reads no-hit-lru's scorer, so
-    its cold requests' targets are recorded (``prefix_index_on`` likewise covers a program
-    reading prefix-affinity's).
-    active_instances: the instances the lane's cluster has (``cluster.num_instances``), the
-      program's first ones; the router never picks the others. Read only by programs built
-      with ``sized_lanes`` (``EngineStatic.sized_lanes``), which need no lifecycle or pools.
-    gpu: the lane's GPU type (``hardware``), ``blisjax.config.hardware.hardware_code``: the row
-      of the latency tables it reads (only programs with per-lane GPU types,
-      ``EngineStatic.gpus``, read it).
-    kv_cpu_blocks: the CPU tier's size in blocks per instance (0: none; at most the
-      program's ``EngineStatic.cpu_tier_blocks``); kv_reload_us: int64 µs one reloaded block
-      adds to its step (``blisjax.rules.reload_cost_us``).
-    P/D pools (``cluster.pd``; read only by programs with pools, ``EngineStatic.pd``):
-      pd_pools: the lane has pools (else it serves co-located: every instance shared,
-      decider never, and its results have no P/D counters, as the reference's);
-      pd_role[I] ``PDRole`` code of each instance (the lane's split); pd_decider
-      ``PDDecider`` code; pd_threshold tokens; pd_base_us float64 µs of each transfer's base
-      latency; pd_bandwidth float64 bytes/µs; pd_contention: transfers share the bandwidth;
-      per pool (``POOL_DECODE``, ``POOL_PREFILL``): pd_pool_own — it routes with its own
-      weighted scorers pd_pool_order[S] / pd_pool_weight[S] and random stream
-      pd_pool_rng[607] ("decode-router" / "prefill-router"), else with the lane's routing.
-    Instance lifecycles (``policy.autoscaler``, ``cluster.lifecycle``, ``cluster.node_pools``;
-    read only by programs with lifecycles, ``EngineStatic.lifecycle``): ``life_on`` the lane
-    models them (else its results are a fixed cluster's, as the reference's); ``as_*`` the
-    autoscaler's knobs (``AutoscalerPolicy`` and ``DrainPolicy`` codes, thresholds, windows
-    and intervals in µs, replica bounds, its actuation delays drawn in stream order,
-    ``DELAY_DRAWS`` of them); ``life_*`` the lifecycle's (loading and node-provisioning delays
-    drawn likewise, warm-up, cost) and the node pools' (GPUs and nodes per pool, cost,
-    variant; variants' costs and cost order) — ``engine.lifecycle.lifecycle_params``.
-    The gateway queue (``cluster.gateway``; read only by programs with flow control,
-    ``EngineStatic.gateway``): gw_on the lane has flow control; gw_detector
-    ``SaturationDetector`` code, its thresholds gw_qd_threshold, gw_kv_threshold (float64)
-    and gw_max_conc; gw_by_band dispatches by SLO-class band (``priority`` order, or fifo
-    under ``compat.blis_quirks``: BLIS's gated dispatch); gw_max_depth (0: unlimited);
-    gw_tick_us the dispatch tick period.
+    policy: ``AdmissionPolicy`` code; tb_capacity, tb_rate: the token bucket (capacity in
+    tokens, refill tokens/s); rl_burst, rl_rate: the rate limit (burst requests, requests/s);
+    tenant_quota[T]: max in-flight per tenant; shed_queue, shed_kv: load-shed's limits on
+    queued requests and mean KV use (0: none); tt_capacity[T], tt_rate[T]: tenant-bucket's
+    per-tenant bucket size and refill; program: the admission program
+    (``blisjax.program.Bytecode``, see ``RoutingParams.program``).
     """
 
-    admission: jax.Array
+    policy: jax.Array
     tb_capacity: jax.Array
     tb_rate: jax.Array
     rl_burst: jax.Array
@@ -99,85 +54,188 @@ class PolicyParams:
     shed_kv: jax.Array
     tt_capacity: jax.Array
     tt_rate: jax.Array
-    priority: jax.Array
+    program: program_code.Bytecode
+
+
+@pytree_dataclass
+class PriorityParams:
+    """``policy.priority`` of one lane (docs/semantics.md §5.5).
+
+    policy: ``PriorityPolicy`` code; age_weight; class_score[6] by SLO class code;
+    tenant_score[T]; no_deadline_score (= -no_deadline_slack_s); program: the priority program.
+    """
+
+    policy: jax.Array
     age_weight: jax.Array
     class_score: jax.Array
     tenant_score: jax.Array
     no_deadline_score: jax.Array
-    routing: jax.Array
+    program: program_code.Bytecode
+
+
+@pytree_dataclass
+class RoutingParams:
+    """``policy.routing`` of one lane (docs/semantics.md §5.6).
+
+    policy: ``RoutingPolicy`` code; scorer_order[S] ``Scorer`` codes in configuration order,
+    padded with -1 (S = ``MAX_SCORERS``); scorer_weight[S] raw weights in the same order;
+    prefix_index_on: the prefix-affinity observer is active; tie_break: ``TieBreak`` code;
+    router_rng[607]: int64 words of BLIS's "router" stream as seeded from the configuration's
+    seed (``blisjax.gorand``), the state ties draw from. program: the routing program
+    (``policy.routing.policy: program``; each site's program is read only by programs that
+    compile the site's interpreter in, ``EngineStatic.program_sites``): a
+    ``blisjax.program.Bytecode`` of ``MAX_PROGRAM_LENGTH`` instructions, its parameters bound
+    (a site without a program holds one unused instruction); program_lru: the routing program
+    reads no-hit-lru's scorer, so its cold requests' targets are recorded
+    (``prefix_index_on`` likewise covers a program reading prefix-affinity's).
+    """
+
+    policy: jax.Array
     scorer_order: jax.Array
     scorer_weight: jax.Array
     prefix_index_on: jax.Array
     tie_break: jax.Array
     router_rng: jax.Array
+    program: program_code.Bytecode
+    program_lru: jax.Array
+
+
+@pytree_dataclass
+class AutoscalerParams:
+    """``policy.autoscaler`` of one lane (read only by programs with lifecycles,
+    ``EngineStatic.lifecycle``; docs/autoscaling.md): policy (``AutoscalerPolicy`` code), the
+    tick interval, replica bounds and steps, cooldown, drain (``DrainPolicy`` code), the
+    utilization, queue-depth, KV and saturation thresholds, the windows in µs, and the
+    actuation delays drawn in stream order (``DELAY_DRAWS`` of them) —
+    ``engine.lifecycle.lifecycle_params``."""
+
+    policy: jax.Array
+    interval_us: jax.Array
+    min: jax.Array
+    max: jax.Array
+    up_step: jax.Array
+    down_step: jax.Array
+    cooldown_us: jax.Array
+    drain: jax.Array
+    up_util: jax.Array
+    down_util: jax.Array
+    target_util: jax.Array
+    tolerance: jax.Array
+    target_qd: jax.Array
+    kv_threshold: jax.Array
+    sat_up: jax.Array
+    sat_down: jax.Array
+    avg_input: jax.Array
+    up_window_us: jax.Array
+    down_window_us: jax.Array
+    act_delay_us: jax.Array
+    act_random: jax.Array
+
+
+@pytree_dataclass
+class LifecycleParams:
+    """``cluster.lifecycle`` and ``cluster.node_pools`` of one lane (read only by programs with
+    lifecycles): ``on`` the lane models them (else its results are a fixed cluster's, as the
+    reference's); loading and node-provisioning delays drawn in stream order, warm-up, cost;
+    the node pools' GPUs and nodes, cost and variant; the variants' costs and cost order —
+    ``engine.lifecycle.lifecycle_params``."""
+
+    on: jax.Array
+    load_delay_us: jax.Array
+    load_random: jax.Array
+    prov_delay_us: jax.Array
+    prov_random: jax.Array
+    warm_start: jax.Array
+    warm_requests: jax.Array
+    warm_factor: jax.Array
+    cost_per_hour: jax.Array
+    pool_gpus: jax.Array
+    pool_max_nodes: jax.Array
+    pool_cost: jax.Array
+    pool_variant: jax.Array
+    variant_cost: jax.Array
+    variant_order: jax.Array
+
+
+@pytree_dataclass
+class PDParams:
+    """``cluster.pd`` of one lane (read only by programs with pools, ``EngineStatic.pd``).
+
+    pools: the lane has pools (else it serves co-located: every instance shared, decider
+    never, and its results have no P/D counters, as the reference's); role[I] ``PDRole`` code
+    of each instance (the lane's split); decider ``PDDecider`` code; threshold tokens;
+    base_us float64 µs of each transfer's base latency; bandwidth float64 bytes/µs;
+    contention: transfers share the bandwidth; per pool (``POOL_DECODE``, ``POOL_PREFILL``):
+    pool_own — it routes with its own weighted scorers pool_order[S] / pool_weight[S] and
+    random stream pool_rng[607] ("decode-router" / "prefill-router"), else with the lane's
+    routing.
+    """
+
+    pools: jax.Array
+    role: jax.Array
+    decider: jax.Array
+    threshold: jax.Array
+    base_us: jax.Array
+    bandwidth: jax.Array
+    contention: jax.Array
+    pool_own: jax.Array
+    pool_order: jax.Array
+    pool_weight: jax.Array
+    pool_rng: jax.Array
+
+
+@pytree_dataclass
+class GatewayParams:
+    """``cluster.gateway`` of one lane (read only by programs with flow control,
+    ``EngineStatic.gateway``): on — the lane has flow control; detector ``SaturationDetector``
+    code, its thresholds qd_threshold, kv_threshold (float64) and max_conc; by_band dispatches
+    by SLO-class band (``priority`` order, or fifo under ``compat.blis_quirks``: BLIS's gated
+    dispatch); max_depth (0: unlimited); tick_us the dispatch tick period."""
+
+    on: jax.Array
+    detector: jax.Array
+    qd_threshold: jax.Array
+    kv_threshold: jax.Array
+    max_conc: jax.Array
+    by_band: jax.Array
+    max_depth: jax.Array
+    tick_us: jax.Array
+
+
+@pytree_dataclass
+class PolicyParams:
+    """Knobs of one lane (shapes without the population axis), nested like the configuration:
+    ``admission``, ``priority``, ``routing``, ``autoscaler`` (``policy.*``), ``lifecycle``,
+    ``pd``, ``gateway`` (``cluster.*``), and the single knobs below.
+
+    scheduler: ``SchedulerPolicy`` code; preemption: ``PreemptionPolicy`` code.
+    active_instances: the instances the lane's cluster has (``cluster.num_instances``), the
+      program's first ones; the router never picks the others. Read only by programs built
+      with ``sized_lanes`` (``EngineStatic.sized_lanes``), which need no lifecycle or pools.
+    gpu: the lane's GPU type (``hardware``), ``blisjax.config.hardware.hardware_code``: the row
+      of the latency tables it reads (only programs with per-lane GPU types,
+      ``EngineStatic.gpus``, read it).
+    kv_cpu_blocks: the CPU tier's size in blocks per instance (0: none; at most the
+      program's ``EngineStatic.cpu_tier_blocks``); kv_reload_us: int64 µs one reloaded block
+      adds to its step (``blisjax.rules.reload_cost_us``).
+    """
+
+    admission: AdmissionParams
+    priority: PriorityParams
+    routing: RoutingParams
+    scheduler: jax.Array
+    preemption: jax.Array
+    autoscaler: AutoscalerParams
+    lifecycle: LifecycleParams
+    pd: PDParams
+    gateway: GatewayParams
     active_instances: jax.Array
     gpu: jax.Array
     kv_cpu_blocks: jax.Array
     kv_reload_us: jax.Array
-    scheduler: jax.Array
-    preemption: jax.Array
-    routing_program: program_code.Bytecode
-    admission_program: program_code.Bytecode
-    priority_program: program_code.Bytecode
-    program_lru: jax.Array
-    pd_pools: jax.Array
-    pd_role: jax.Array
-    pd_decider: jax.Array
-    pd_threshold: jax.Array
-    pd_base_us: jax.Array
-    pd_bandwidth: jax.Array
-    pd_contention: jax.Array
-    pd_pool_own: jax.Array
-    pd_pool_order: jax.Array
-    pd_pool_weight: jax.Array
-    pd_pool_rng: jax.Array
-    life_on: jax.Array
-    as_policy: jax.Array
-    as_interval_us: jax.Array
-    as_min: jax.Array
-    as_max: jax.Array
-    as_up_step: jax.Array
-    as_down_step: jax.Array
-    as_cooldown_us: jax.Array
-    as_drain: jax.Array
-    as_up_util: jax.Array
-    as_down_util: jax.Array
-    as_target_util: jax.Array
-    as_tolerance: jax.Array
-    as_target_qd: jax.Array
-    as_kv_threshold: jax.Array
-    as_sat_up: jax.Array
-    as_sat_down: jax.Array
-    as_avg_input: jax.Array
-    as_up_window_us: jax.Array
-    as_down_window_us: jax.Array
-    as_act_delay_us: jax.Array
-    as_act_random: jax.Array
-    life_load_delay_us: jax.Array
-    life_load_random: jax.Array
-    life_prov_delay_us: jax.Array
-    life_prov_random: jax.Array
-    life_warm_start: jax.Array
-    life_warm_requests: jax.Array
-    life_warm_factor: jax.Array
-    life_cost_per_hour: jax.Array
-    life_pool_gpus: jax.Array
-    life_pool_max_nodes: jax.Array
-    life_pool_cost: jax.Array
-    life_pool_variant: jax.Array
-    life_variant_cost: jax.Array
-    life_variant_order: jax.Array
-    gw_on: jax.Array
-    gw_detector: jax.Array
-    gw_qd_threshold: jax.Array
-    gw_kv_threshold: jax.Array
-    gw_max_conc: jax.Array
-    gw_by_band: jax.Array
-    gw_max_depth: jax.Array
-    gw_tick_us: jax.Array
 
 
-#: Pools of ``PolicyParams.pd_pool_*`` (index of the first axis).
+#: Pools of ``PDParams.pool_*`` (index of the first axis).
 POOL_DECODE, POOL_PREFILL = 0, 1
 
 
@@ -189,26 +247,26 @@ def _scorer_arrays(scorers) -> tuple[np.ndarray, np.ndarray]:
             np.asarray([float(w.weight) for w in scorers] + [0.0] * padding, dtype=np.float64))
 
 
-def _pd_params(cfg) -> dict:
-    """The P/D knobs of ``cfg`` as arrays (every instance shared, decider never, without
+def _pd_params(cfg) -> PDParams:
+    """The P/D knobs of ``cfg`` (every instance shared, decider never, without
     pools)."""
     pd = cfg.cluster.pd
     pools = (pd.decode_scorers, pd.prefill_scorers)
     orders, weights = zip(*(_scorer_arrays(x) for x in pools), strict=True)
     streams = ("decode-router", "prefill-router")
-    return dict(
-        pd_pools=np.asarray(bool(pd.enabled)),
-        pd_role=np.asarray([int(x) for x in instance_roles(pd, cfg.cluster.num_instances)],
-                           dtype=np.int32),
-        pd_decider=np.asarray(PDDecider.of(pd.decider), dtype=np.int32),
-        pd_threshold=np.asarray(pd.prefix_threshold_tokens, dtype=np.int32),
-        pd_base_us=np.asarray(float(pd.transfer_base_latency_ms) * 1000.0, dtype=np.float64),
-        pd_bandwidth=np.asarray(float(pd.transfer_bandwidth_gbps) * 1000.0, dtype=np.float64),
-        pd_contention=np.asarray(bool(pd.transfer_contention)),
-        pd_pool_own=np.asarray([bool(x) for x in pools]),
-        pd_pool_order=np.stack(orders), pd_pool_weight=np.stack(weights),
-        pd_pool_rng=np.stack([np.asarray(blis_subsystem_rand(cfg.seed, name).state().words,
-                                         dtype=np.int64) for name in streams]))
+    return PDParams(
+        pools=np.asarray(bool(pd.enabled)),
+        role=np.asarray([int(x) for x in instance_roles(pd, cfg.cluster.num_instances)],
+                        dtype=np.int32),
+        decider=np.asarray(PDDecider.of(pd.decider), dtype=np.int32),
+        threshold=np.asarray(pd.prefix_threshold_tokens, dtype=np.int32),
+        base_us=np.asarray(float(pd.transfer_base_latency_ms) * 1000.0, dtype=np.float64),
+        bandwidth=np.asarray(float(pd.transfer_bandwidth_gbps) * 1000.0, dtype=np.float64),
+        contention=np.asarray(bool(pd.transfer_contention)),
+        pool_own=np.asarray([bool(x) for x in pools]),
+        pool_order=np.stack(orders), pool_weight=np.stack(weights),
+        pool_rng=np.stack([np.asarray(blis_subsystem_rand(cfg.seed, name).state().words,
+                                      dtype=np.int64) for name in streams]))
 
 
 def params_from_config(cfg, tenant_names: tuple[str, ...]) -> PolicyParams:
@@ -224,32 +282,44 @@ def params_from_config(cfg, tenant_names: tuple[str, ...]) -> PolicyParams:
     code = {site: (section.compiled() if section.policy == "program" else None)
             for site, section in (("routing", rt), ("admission", adm), ("priority", pri))}
     program_reads = set(code["routing"].reads) if code["routing"] is not None else set()
+    programs = {site: program_code.empty() if x is None else x.bytecode()
+                for site, x in code.items()}
+    autoscaler, lifecycle = lifecycle_params(cfg)
     return PolicyParams(
-        admission=i32(AdmissionPolicy.of(adm.policy)),
-        tb_capacity=f64(adm.token_bucket_capacity), tb_rate=f64(adm.token_bucket_refill_rate),
-        rl_burst=f64(adm.rate_limit_burst), rl_rate=f64(adm.rate_limit_rps),
-        tenant_quota=i32(adm.max_in_flight_table(tenant_names)),
-        shed_queue=i32(adm.shed_queue_depth), shed_kv=f64(adm.shed_kv_utilization),
-        tt_capacity=f64([cap for cap, _ in adm.tenant_bucket_table(tenant_names)]),
-        tt_rate=f64([rate for _, rate in adm.tenant_bucket_table(tenant_names)]),
-        priority=i32(PriorityPolicy.of(pri.policy)),
-        age_weight=f64(pri.age_weight),
-        class_score=f64(pri.slo_class_score_table()),
-        tenant_score=f64(pri.tenant_score_table(tenant_names)),
-        no_deadline_score=f64(-float(pri.no_deadline_slack_s)),
-        routing=i32(routing),
-        scorer_order=order, scorer_weight=weights,
-        prefix_index_on=np.asarray((routing == RoutingPolicy.WEIGHTED
-                                    and Scorer.PREFIX_AFFINITY in scorers)
-                                   or scorer_name(Scorer.PREFIX_AFFINITY) in program_reads),
-        tie_break=i32(TieBreak.of(rt.tie_break)),
-        router_rng=np.asarray(blis_subsystem_rand(cfg.seed, "router").state().words,
-                              dtype=np.int64),
+        admission=AdmissionParams(
+            policy=i32(AdmissionPolicy.of(adm.policy)),
+            tb_capacity=f64(adm.token_bucket_capacity),
+            tb_rate=f64(adm.token_bucket_refill_rate),
+            rl_burst=f64(adm.rate_limit_burst), rl_rate=f64(adm.rate_limit_rps),
+            tenant_quota=i32(adm.max_in_flight_table(tenant_names)),
+            shed_queue=i32(adm.shed_queue_depth), shed_kv=f64(adm.shed_kv_utilization),
+            tt_capacity=f64([cap for cap, _ in adm.tenant_bucket_table(tenant_names)]),
+            tt_rate=f64([rate for _, rate in adm.tenant_bucket_table(tenant_names)]),
+            program=programs["admission"]),
+        priority=PriorityParams(
+            policy=i32(PriorityPolicy.of(pri.policy)),
+            age_weight=f64(pri.age_weight),
+            class_score=f64(pri.slo_class_score_table()),
+            tenant_score=f64(pri.tenant_score_table(tenant_names)),
+            no_deadline_score=f64(-float(pri.no_deadline_slack_s)),
+            program=programs["priority"]),
+        routing=RoutingParams(
+            policy=i32(routing),
+            scorer_order=order, scorer_weight=weights,
+            prefix_index_on=np.asarray((routing == RoutingPolicy.WEIGHTED
+                                        and Scorer.PREFIX_AFFINITY in scorers)
+                                       or scorer_name(Scorer.PREFIX_AFFINITY) in program_reads),
+            tie_break=i32(TieBreak.of(rt.tie_break)),
+            router_rng=np.asarray(blis_subsystem_rand(cfg.seed, "router").state().words,
+                                  dtype=np.int64),
+            program=programs["routing"],
+            program_lru=np.asarray(scorer_name(Scorer.NO_HIT_LRU) in program_reads)),
         scheduler=i32(SchedulerPolicy.of(pol.scheduler.policy)),
         preemption=i32(PreemptionPolicy.of(cfg.engine.preemption_policy)),
-        **{f"{site}_program": program_code.empty() if x is None else x.bytecode()
-           for site, x in code.items()},
-        program_lru=np.asarray(scorer_name(Scorer.NO_HIT_LRU) in program_reads),
+        autoscaler=AutoscalerParams(**autoscaler),
+        lifecycle=LifecycleParams(**lifecycle),
+        pd=_pd_params(cfg),
+        gateway=_gateway_params(cfg),
         active_instances=i32(cfg.cluster.num_instances),
         gpu=i32(hardware_code(cfg.hardware)),
         kv_cpu_blocks=i32(cfg.engine.kv_cpu_blocks),
@@ -257,44 +327,35 @@ def params_from_config(cfg, tenant_names: tuple[str, ...]) -> PolicyParams:
                                                cfg.engine.kv_transfer_bandwidth,
                                                cfg.engine.kv_transfer_base_latency_us),
                                 dtype=np.int64),
-        **_pd_params(cfg),
-        **lifecycle_params(cfg),
-        **_gateway_params(cfg),
     )
 
 
-def _gateway_params(cfg) -> dict:
-    """The gateway queue's knobs of ``cfg`` as arrays."""
+def _gateway_params(cfg) -> GatewayParams:
+    """The gateway queue's knobs of ``cfg``."""
     gw = cfg.cluster.gateway
-    return dict(
-        gw_on=np.asarray(bool(gw.enabled)),
-        gw_detector=np.asarray(SaturationDetector.of(gw.saturation_detector), dtype=np.int32),
-        gw_qd_threshold=np.asarray(gw.queue_depth_threshold, dtype=np.float64),
-        gw_kv_threshold=np.asarray(gw.kv_cache_util_threshold, dtype=np.float64),
-        gw_max_conc=np.asarray(gw.max_concurrency, dtype=np.int32),
-        gw_by_band=np.asarray(gw.dispatch_order == "priority" or cfg.compat.blis_quirks),
-        gw_max_depth=np.asarray(gw.max_queue_depth, dtype=np.int32),
-        gw_tick_us=np.asarray(gw.dispatch_tick_interval_us, dtype=np.int64))
-
-
-#: Fields with one entry per instance of the lane's cluster (``cluster.num_instances``).
-_PER_INSTANCE = ("pd_role",)
+    return GatewayParams(
+        on=np.asarray(bool(gw.enabled)),
+        detector=np.asarray(SaturationDetector.of(gw.saturation_detector), dtype=np.int32),
+        qd_threshold=np.asarray(gw.queue_depth_threshold, dtype=np.float64),
+        kv_threshold=np.asarray(gw.kv_cache_util_threshold, dtype=np.float64),
+        max_conc=np.asarray(gw.max_concurrency, dtype=np.int32),
+        by_band=np.asarray(gw.dispatch_order == "priority" or cfg.compat.blis_quirks),
+        max_depth=np.asarray(gw.max_queue_depth, dtype=np.int32),
+        tick_us=np.asarray(gw.dispatch_tick_interval_us, dtype=np.int64))
 
 
 def fit_instances(params: PolicyParams, width: int) -> PolicyParams:
-    """``params`` (one lane's or stacked) with its per-instance fields ``width`` entries wide
-    on their last axis, padded with their last entry; the padded fields as host arrays.
+    """``params`` (one lane's or stacked) with its per-instance knobs (``pd.role``) ``width``
+    entries wide on their last axis, padded with their last entry, as host arrays.
 
     A lane of fewer instances (the ``cluster.num_instances`` knob) has shorter ones; only
     programs with P/D pools read them, and those refuse the knob, so the padding is never
     read. It keeps one input shape: a program is compiled per shape."""
-    fields = {}
-    for f in _PER_INSTANCE:
-        x = np.asarray(getattr(params, f))
-        if x.shape[-1] != width:
-            fields[f] = np.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, width - x.shape[-1])],
-                               mode="edge")
-    return params.replace(**fields) if fields else params
+    role = np.asarray(params.pd.role)
+    if role.shape[-1] == width:
+        return params
+    role = np.pad(role, [(0, 0)] * (role.ndim - 1) + [(0, width - role.shape[-1])], mode="edge")
+    return params.replace(pd=params.pd.replace(role=role))
 
 
 def stack_params(params: list[PolicyParams]) -> PolicyParams:
@@ -302,7 +363,7 @@ def stack_params(params: list[PolicyParams]) -> PolicyParams:
     as the widest lane's, ``fit_instances``). Stacked on the host and put on the device as
     they are: ``jnp.stack`` would compile a small program per field (~0.15 s in a new
     process)."""
-    widest = max((np.shape(p.pd_role)[-1] for p in params), default=0)
+    widest = max((np.shape(p.pd.role)[-1] for p in params), default=0)
     params = [fit_instances(p, widest) for p in params]
     return jax.tree_util.tree_map(lambda *xs: jax.device_put(np.stack([np.asarray(x)
                                                                        for x in xs])), *params)

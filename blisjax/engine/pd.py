@@ -78,7 +78,7 @@ class PDState:
     lru_own: jax.Array  # int64 [2, I]
     cold_stamp: jax.Array  # int64 [2, I]
     cold_clock: jax.Array  # int64 [2]
-    pools: jax.Array  # bool: the lane has pools (``PolicyParams.pd_pools``; for its results)
+    pools: jax.Array  # bool: the lane has pools (``PDParams.pools``; for its results)
     role: jax.Array  # int8 [I]: the lane's ``PDRole`` of each instance (for its results)
     ovf_transfers: jax.Array  # int32: transfers refused by full transfer slots (flagged)
     ovf_reserve: jax.Array  # int32: reservations refused by full reservation slots (flagged)
@@ -130,17 +130,17 @@ def disaggregates(p, c, r, cached_on_decode, block_size: int):
     prompt tokens not cached on the pre-selected decode instance exceed the threshold."""
     l_in = c.input_tokens[r]
     uncached = l_in - cached_on_decode * block_size
-    by_prefix = (l_in > 0) & (uncached > p.pd_threshold)
-    return jnp.where(p.pd_decider == PDDecider.ALWAYS, True,
-                     jnp.where(p.pd_decider == PDDecider.PREFIX_THRESHOLD, by_prefix, False))
+    by_prefix = (l_in > 0) & (uncached > p.pd.threshold)
+    return jnp.where(p.pd.decider == PDDecider.ALWAYS, True,
+                     jnp.where(p.pd.decider == PDDecider.PREFIX_THRESHOLD, by_prefix, False))
 
 
 def transfer_duration_us(p, c, r, active):
     """``reference.pd.transfer_duration_us``: ceil(base + bytes / bandwidth) µs, at least 1,
     the bandwidth divided by the transfers in flight (``active``) when more than one."""
-    bandwidth = jnp.where(active > 1, ieee_divide(p.pd_bandwidth, active.astype(jnp.float64)),
-                          p.pd_bandwidth)
-    span = p.pd_base_us + ieee_divide(c.pd_kv_bytes[r], bandwidth)
+    bandwidth = jnp.where(active > 1, ieee_divide(p.pd.bandwidth, active.astype(jnp.float64)),
+                          p.pd.bandwidth)
+    span = p.pd.base_us + ieee_divide(c.pd_kv_bytes[r], bandwidth)
     return jnp.maximum(jnp.ceil(span).astype(jnp.int64), 1)
 
 
@@ -177,15 +177,15 @@ def route_pool(s: SimState, st, c, p, r, now, pool: int, active):
     pool with its own scorers routes by weight with its own random stream; otherwise with the
     lane's routing and the "router" stream. Round-robin counts per pool, or on one counter
     with ``blis_quirks``. Returns ``(state, target)``."""
-    own = p.pd_pool_own[pool]
+    own = p.pd.pool_own[pool]
     wanted = PDRole.DECODE if pool == POOL_DECODE else PDRole.PREFILL
     spec = policies.RouteSpec(
-        policy=jnp.where(own, RoutingPolicy.WEIGHTED, p.routing),
-        scorer_order=jnp.where(own, p.pd_pool_order[pool], p.scorer_order),
-        scorer_weight=jnp.where(own, p.pd_pool_weight[pool], p.scorer_weight),
-        prefix_index_on=jnp.where(own, jnp.any(p.pd_pool_order[pool] == Scorer.PREFIX_AFFINITY),
-                                  p.prefix_index_on),
-        candidates=(p.pd_role & wanted) != 0)
+        policy=jnp.where(own, RoutingPolicy.WEIGHTED, p.routing.policy),
+        scorer_order=jnp.where(own, p.pd.pool_order[pool], p.routing.scorer_order),
+        scorer_weight=jnp.where(own, p.pd.pool_weight[pool], p.routing.scorer_weight),
+        prefix_index_on=jnp.where(own, jnp.any(p.pd.pool_order[pool] == Scorer.PREFIX_AFFINITY),
+                                  p.routing.prefix_index_on),
+        candidates=(p.pd.role & wanted) != 0)
     s = _exchange(s, st, pool, own)
     s, target = policies.route(s, st, c, p, r, now, active, spec)
     return _exchange(s, st, pool, own), target
@@ -298,7 +298,7 @@ def transfer_started(s: SimState, st, c, p, k, r, now, reserved, active) -> SimS
     n = st.num_requests
     go = active & reserved
     failed = active & ~reserved
-    contention = go & p.pd_contention
+    contention = go & p.pd.contention
     in_flight = jnp.where(contention, q.active + 1, 1)
     end = now + transfer_duration_us(p, c, r, in_flight)
     return s.replace(pd=q.replace(
@@ -320,6 +320,6 @@ def transfer_ended(s: SimState, st, p, k, r, now, active) -> SimState:
     r_or_sink = jnp.where(active, r, st.num_requests)
     return s.replace(pd=q.replace(
         x_req=upd(q.x_req, k, NIL, active),
-        active=q.active - (active & p.pd_contention).astype(jnp.int32),
+        active=q.active - (active & p.pd.contention).astype(jnp.int32),
         transfer_end_us=q.transfer_end_us.at[r_or_sink].set(now),
         phase=q.phase.at[r_or_sink].set(DECODE)))

@@ -63,19 +63,19 @@ def admit(s: SimState, st, c, p, r, now, active, members) -> AdmitDecision:
     in-flight requests of r's tenant than its quota; program: the lane's admission program's
     value > 0 (its cluster observables over ``members``, bool [I]: the instances the router
     could pick). The bucket changes only where ``active`` and the lane's template uses it."""
-    code = p.admission
+    code = p.admission.policy
     limited = code == AdmissionPolicy.RATE_LIMIT
-    cap = jnp.where(limited, p.rl_burst, p.tb_capacity)
-    rate = jnp.where(limited, p.rl_rate, p.tb_rate)
+    cap = jnp.where(limited, p.admission.rl_burst, p.admission.tb_capacity)
+    rate = jnp.where(limited, p.admission.rl_rate, p.admission.tb_rate)
     tokens, refill = _refilled(s.bucket, s.bucket_last, cap, rate, now, c)
     cost = jnp.where(limited, 1.0, c.input_tokens[r].astype(F64))
     take = tokens >= cost
     uses_bucket = active & ((code == AdmissionPolicy.TOKEN_BUCKET) | limited)
     t = c.tenant[r]
-    quota_ok = s.tenant_in_flight[t] < p.tenant_quota[t]
+    quota_ok = s.tenant_in_flight[t] < p.admission.tenant_quota[t]
     # tenant-bucket: request r's tenant's bucket, refilled as the shared one
     t_tokens, t_refill = _refilled(s.tenant_bucket[t], s.tenant_bucket_last[t],
-                                   p.tt_capacity[t], p.tt_rate[t], now, c)
+                                   p.admission.tt_capacity[t], p.admission.tt_rate[t], now, c)
     t_cost = c.input_tokens[r].astype(F64)
     t_take = t_tokens >= t_cost
     t_uses = active & (code == AdmissionPolicy.TENANT_BUCKET)
@@ -107,11 +107,12 @@ def _refilled(level, last_us, capacity, rate, now, c):
 
 def _below_load_limits(s: SimState, p, members):
     """load-shed: the routable instances' queued requests (snapshots, summed) below
-    ``p.shed_queue`` and their mean KV utilization below ``p.shed_kv`` (a 0 limit unchecked),
+    ``p.admission.shed_queue`` and their mean KV utilization below ``p.admission.shed_kv`` (a 0
+    limit unchecked),
     as the cluster observables read them (``program.cluster_load``)."""
     queued, mean, _ = program.cluster_load(s, members)
-    return (((p.shed_queue == 0) | (queued < p.shed_queue))
-            & ((p.shed_kv == 0.0) | (mean < p.shed_kv)))
+    return (((p.admission.shed_queue == 0) | (queued < p.admission.shed_queue))
+            & ((p.admission.shed_kv == 0.0) | (mean < p.admission.shed_kv)))
 
 
 def _admission_program(s: SimState, st, c, p, r, now, members):
@@ -120,7 +121,7 @@ def _admission_program(s: SimState, st, c, p, r, now, members):
         return jnp.asarray(False)
     values = {**program.request_values(s, c, r, now),
               **program.cluster_values(s, st, c, members, now)}
-    return program.run(p.admission_program, program.rows(1, values))[0] > 0.0
+    return program.run(p.admission.program, program.rows(1, values))[0] > 0.0
 
 
 # ---- priority and the instance scheduler --------------------------------------------------------
@@ -132,17 +133,18 @@ def priority_score(s: SimState, st, p, c, r, now):
     scores; deadline-aware minus the remaining slack in seconds; program: the lane's priority
     program's value (request observables)."""
     age = (now - sessions.arrival_us(s, st, c, r)).astype(F64)
-    slo_based = p.age_weight * (0.0 + c.one_e_6 * age)
-    slo_class = p.class_score[c.slo_class[r]]
-    tenant = p.tenant_score[c.tenant[r]]
+    slo_based = p.priority.age_weight * (0.0 + c.one_e_6 * age)
+    slo_class = p.priority.class_score[c.slo_class[r]]
+    tenant = p.priority.tenant_score[c.tenant[r]]
     due_us = sessions.deadline_us(s, st, c, r)
     slack = (due_us - now).astype(F64)
-    deadline = jnp.where(due_us > 0, -(c.one_e_6 * slack), p.no_deadline_score)
+    deadline = jnp.where(due_us > 0, -(c.one_e_6 * slack), p.priority.no_deadline_score)
     return by_code(PriorityPolicy, {
         PriorityPolicy.CONSTANT: jnp.zeros_like(slo_based), PriorityPolicy.SLO_BASED: slo_based,
         PriorityPolicy.SLO_CLASS: slo_class, PriorityPolicy.TENANT_PRIORITY: tenant,
         PriorityPolicy.DEADLINE_AWARE: deadline,
-        PriorityPolicy.PROGRAM: _priority_program(s, st, p, c, r, now, slo_based)})[p.priority]
+        PriorityPolicy.PROGRAM: _priority_program(s, st, p, c, r, now, slo_based),
+    })[p.priority.policy]
 
 
 def _priority_program(s: SimState, st, p, c, r, now, like):
@@ -151,7 +153,7 @@ def _priority_program(s: SimState, st, p, c, r, now, like):
     if "priority" not in st.program_sites:
         return jnp.zeros_like(like)
     r = jnp.atleast_1d(r)
-    values = program.run(p.priority_program, program.rows(r.shape[0], program.request_values(
+    values = program.run(p.priority.program, program.rows(r.shape[0], program.request_values(
         s, c, r, now)))
     return values.reshape(like.shape)
 
@@ -299,7 +301,8 @@ class RouteSpec(NamedTuple):
 
 def lane_spec(p) -> RouteSpec:
     """The lane's own router, deciding among every instance."""
-    return RouteSpec(p.routing, p.scorer_order, p.scorer_weight, p.prefix_index_on, None)
+    rt = p.routing
+    return RouteSpec(rt.policy, rt.scorer_order, rt.scorer_weight, rt.prefix_index_on, None)
 
 
 def scorer_values(s: SimState, st, c, r, view: RouterView, among):
@@ -384,7 +387,7 @@ def _break_tie(s: SimState, p, tied, active):
     """The instance among ``tied`` (bool [I]): where the lane breaks ties BLIS's way and more
     than one ties, ``tied[Intn(count)]`` from its "router" stream; otherwise the first."""
     count = jnp.sum(tied)
-    draw_now = active & (count > 1) & (p.tie_break == TieBreak.BLIS_RANDOM)
+    draw_now = active & (count > 1) & (p.routing.tie_break == TieBreak.BLIS_RANDOM)
 
     def draw(carry, go):
         src, _ = carry
@@ -410,7 +413,7 @@ def program_scores(s: SimState, st, c, p, r, now, view: RouterView, among, raw):
               **{scorer_name(x): jnp.clip(raw[x], 0.0, 1.0) for x in Scorer},
               **program.request_values(s, c, r, now),
               **program.cluster_values(s, st, c, members, now), **recent.values(s.recent, now)}
-    return program.run(p.routing_program, program.rows(st.num_instances, values))
+    return program.run(p.routing.program, program.rows(st.num_instances, values))
 
 
 def route(s: SimState, st, c, p, r, now, active, spec: RouteSpec | None = None):
@@ -455,7 +458,7 @@ def route(s: SimState, st, c, p, r, now, active, spec: RouteSpec | None = None):
     s = prefix_touch(s, st, c, r, target, active & spec.prefix_index_on & scoring)
     if st.cache_scorers:
         uses_lru = jnp.any(spec.scorer_order == Scorer.NO_HIT_LRU)
-        mark = active & ((weighted_lane & uses_lru) | (program_lane & p.program_lru)) \
+        mark = active & ((weighted_lane & uses_lru) | (program_lane & p.routing.program_lru)) \
             & view.cold
         s = s.replace(cold_stamp=upd(s.cold_stamp, target, s.cold_clock, mark),
                       cold_clock=s.cold_clock + mark.astype(jnp.int64))

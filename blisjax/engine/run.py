@@ -64,7 +64,7 @@ def _lane_blocks(lanes: int, block: int) -> tuple[int, int]:
 def _run_local(st: EngineStatic, lane_block: int, consts, params: PolicyParams):
     """The lanes of one device, at most ``lane_block`` at a time (the lane count is a multiple
     of the block size chosen by ``_lane_blocks``; ``_placement`` pads it)."""
-    lanes = int(params.admission.shape[0])
+    lanes = int(params.admission.policy.shape[0])
     count, size = _lane_blocks(lanes, lane_block)
     if count == 1:
         return _run_block(st, consts, params)
@@ -76,13 +76,14 @@ def _run_local(st: EngineStatic, lane_block: int, consts, params: PolicyParams):
 def _run_block(st: EngineStatic, consts, params: PolicyParams):
     """One block of lanes: one ``while_loop``; each iteration advances every lane through its
     next step (``lane_advance``)."""
-    init = jax.vmap(lambda p: init_state(st, p.tb_capacity, p.rl_burst, p.admission,
-                                         AdmissionPolicy.RATE_LIMIT, p.router_rng,
+    init = jax.vmap(lambda p: init_state(st, p.admission.tb_capacity, p.admission.rl_burst,
+                                         p.admission.policy,
+                                         AdmissionPolicy.RATE_LIMIT, p.routing.router_rng,
                                          p.kv_cpu_blocks, p.kv_reload_us,
-                                         p.pd_pool_rng, p.pd_role, p.pd_pools, p))(params)
+                                         p.pd.pool_rng, p.pd.role, p.pd.pools, p))(params)
     # With enough lanes, completions queue their releases and the queues of all lanes run
     # as one pass per iteration (``lanes.release_queued``); a few lanes release in place.
-    defer = int(params.admission.shape[0]) >= FLAT_MIN_LANES
+    defer = int(params.admission.policy.shape[0]) >= FLAT_MIN_LANES
     advance = jax.vmap(lambda s, ev, p: lane_advance(s, ev, st, lane_consts(st, consts, p), p,
                                                      defer), axis_name=LANES)
 
@@ -127,7 +128,7 @@ def _placement(params: PolicyParams, devices, lane_block: int) -> Placement:
     if lane_block < 1:
         raise ValueError(f"lane_block must be >= 1, got {lane_block}")
     devices = tuple(jax.local_devices() if devices is None else devices)
-    lanes = int(np.shape(params.admission)[0])
+    lanes = int(np.shape(params.admission.policy)[0])
     devices = devices[:max(min(lanes, len(devices)), 1)]
     count, size = _lane_blocks(-(-lanes // len(devices)), lane_block)
     pad = count * size * len(devices) - lanes
@@ -586,7 +587,7 @@ def simulate_population(resolved, workload, params: PolicyParams, static=None,
     if workload.num_requests == 0:
         if lane_block < 1:
             raise ValueError(f"lane_block must be >= 1, got {lane_block}")
-        lanes = int(np.shape(params.admission)[0])
+        lanes = int(np.shape(params.admission.policy)[0])
         return [_empty_result(resolved, workload) for _ in range(lanes)]
     st = for_hardware(st, resolved, workload, params)
     consts = build_consts(resolved, workload, st)

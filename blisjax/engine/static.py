@@ -574,7 +574,8 @@ def for_lanes(st: EngineStatic, params) -> EngineStatic:
     add scorers its base configuration does not use. Whether the lane routes with weights is
     not consulted: a search's lanes keep their scorer lists from one generation to the next
     while a ``routing.policy`` knob changes, and one program must serve them all."""
-    if st.lifecycle and int(np.max(np.asarray(params.as_max), initial=0)) > st.num_instances:
+    most = int(np.max(np.asarray(params.autoscaler.max), initial=0))
+    if st.lifecycle and most > st.num_instances:
         raise ConfigError("policy.autoscaler.max_replicas", "a lane's max_replicas exceeds "
                           f"the program's {st.num_instances} instance slots (the base "
                           "configuration's max_replicas): raise the base's")
@@ -587,27 +588,27 @@ def for_lanes(st: EngineStatic, params) -> EngineStatic:
         if int(np.min(active, initial=st.num_instances)) < st.num_instances \
                 and not st.sized_lanes:
             st = dataclasses.replace(st, sized_lanes=_check_sized(st))
-    if bool(np.any(np.asarray(params.gw_on))):
+    if bool(np.any(np.asarray(params.gateway.on))):
         st = with_gateway(st)
     cpu = int(np.max(np.asarray(params.kv_cpu_blocks), initial=0))
     if cpu > st.cpu_tier_blocks:  # a lane sizes a CPU tier larger than the base's
         st = dataclasses.replace(st, cpu_tier_blocks=cpu)
-    codes = {"routing": (params.routing, RoutingPolicy.PROGRAM),
-             "admission": (params.admission, AdmissionPolicy.PROGRAM),
-             "priority": (params.priority, PriorityPolicy.PROGRAM)}
+    codes = {"routing": (params.routing.policy, RoutingPolicy.PROGRAM),
+             "admission": (params.admission.policy, AdmissionPolicy.PROGRAM),
+             "priority": (params.priority.policy, PriorityPolicy.PROGRAM)}
     st = with_program_sites(st, tuple(
         site for site in PROGRAM_SITES
         if bool(np.any(np.asarray(codes[site][0]) == int(codes[site][1])))))
     if st.sessions and st.program_sites:
         raise ConfigError("policy", "closed-loop sessions with policy programs run in the "
                           "reference engine only (--engine reference)")
-    if st.sessions and bool(np.any(np.asarray(params.prefix_index_on))):
+    if st.sessions and bool(np.any(np.asarray(params.routing.prefix_index_on))):
         raise ConfigError("policy.routing.scorers", "closed-loop sessions with the "
                           "prefix-affinity scorer run in the reference engine only (--engine "
                           "reference)")
     if st.cache_scorers:
         return st
-    order = np.asarray(params.scorer_order)
+    order = np.asarray(params.routing.scorer_order)
     needed = bool(np.isin(order, [int(x) for x in CACHE_SCORERS]).any())
     return dataclasses.replace(st, cache_scorers=True) if needed else st
 

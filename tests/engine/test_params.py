@@ -15,7 +15,8 @@ def test_unlisted_slo_classes_score_as_standard():
     cfg = make_resolved(priority=PriorityConfig(policy="slo-class",
                                                 slo_class_scores={"critical": 1.0})).config
     p = params_from_config(cfg, ("",))
-    np.testing.assert_array_equal(np.asarray(p.class_score), [3.0, 1.0, 3.0, 3.0, 3.0, 3.0])
+    np.testing.assert_array_equal(np.asarray(p.priority.class_score),
+                                  [3.0, 1.0, 3.0, 3.0, 3.0, 3.0])
 
 
 def test_tenant_tables_follow_the_workload_tenant_order():
@@ -25,21 +26,21 @@ def test_tenant_tables_follow_the_workload_tenant_order():
                          default_tenant_score=-2.0)
     cfg = make_resolved(admission=adm, priority=pri).config
     p = params_from_config(cfg, ("a", "b", "c"))
-    np.testing.assert_array_equal(np.asarray(p.tenant_quota), [7, 2, 7])
-    np.testing.assert_array_equal(np.asarray(p.tenant_score), [1.5, -2.0, -2.0])
-    assert int(p.admission) == AdmissionPolicy.TENANT_QUOTA
+    np.testing.assert_array_equal(np.asarray(p.admission.tenant_quota), [7, 2, 7])
+    np.testing.assert_array_equal(np.asarray(p.priority.tenant_score), [1.5, -2.0, -2.0])
+    assert int(p.admission.policy) == AdmissionPolicy.TENANT_QUOTA
 
 
 def test_scorers_keep_configuration_order_padded_with_minus_one():
     rt = RoutingConfig(policy="weighted", scorers=(ScorerWeight("load-balance", 1.0),
                                                    ScorerWeight("prefix-affinity", 2.0)))
     p = params_from_config(make_resolved(routing=rt).config, ("",))
-    assert int(p.routing) == RoutingPolicy.WEIGHTED
+    assert int(p.routing.policy) == RoutingPolicy.WEIGHTED
     pad = len(Scorer) - 2  # one slot per scorer the engine knows
-    assert list(np.asarray(p.scorer_order)) == [Scorer.LOAD_BALANCE, Scorer.PREFIX_AFFINITY,
-                                                *[-1] * pad]
-    assert list(np.asarray(p.scorer_weight)) == [1.0, 2.0, *[0.0] * pad]
-    assert bool(p.prefix_index_on)
+    assert list(np.asarray(p.routing.scorer_order)) == [
+        Scorer.LOAD_BALANCE, Scorer.PREFIX_AFFINITY, *[-1] * pad]
+    assert list(np.asarray(p.routing.scorer_weight)) == [1.0, 2.0, *[0.0] * pad]
+    assert bool(p.routing.prefix_index_on)
 
 
 def test_router_stream_is_blis_router_stream_of_the_seed():
@@ -49,9 +50,9 @@ def test_router_stream_is_blis_router_stream_of_the_seed():
 
     cfg = dataclasses.replace(make_resolved().config, seed=111)
     p = params_from_config(cfg, ("",))
-    assert int(p.tie_break) == TieBreak.BLIS_RANDOM
-    from_params = GoRand.from_state(GoSourceState(tuple(int(w) for w in np.asarray(p.router_rng)),
-                                                  0, 607 - 273))
+    assert int(p.routing.tie_break) == TieBreak.BLIS_RANDOM
+    words = tuple(int(w) for w in np.asarray(p.routing.router_rng))
+    from_params = GoRand.from_state(GoSourceState(words, 0, 607 - 273))
     fresh = GoRand(blis_subsystem_seed(111, "router"))
     assert [from_params.int63() for _ in range(700)] == [fresh.int63() for _ in range(700)]
 
