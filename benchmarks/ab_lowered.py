@@ -47,7 +47,7 @@ def main() -> None:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     sys.path.insert(0, str(ROOT))
     from base_revision import BASE_NAME, export_base
-    from bench_jax import anchor, population, scenario
+    from bench_jax import anchor, population_configs, scenario
 
     from blisjax.engine.consts import build_consts
     from blisjax.engine.static import build_static
@@ -55,13 +55,16 @@ def main() -> None:
     resolved, wl = anchor(args.anchor, 4) if args.anchor else scenario(2_000, 4, 106.0)
     st = build_static(resolved, wl)
     consts = build_consts(resolved, wl, st)
-    params = population(resolved.config, wl.tenant_names, args.lanes)
+    configs = population_configs(resolved.config, args.lanes)
     sides = {}
     with tempfile.TemporaryDirectory() as tmp:
         export_base(args.base, Path(tmp))
         sys.path.insert(0, tmp)
         for name in (BASE_NAME, "blisjax"):
             run = importlib.import_module(f"{name}.engine.run")
+            module = importlib.import_module(f"{name}.engine.params")  # each side's own knobs
+            params = module.stack_params([module.params_from_config(c, wl.tenant_names)
+                                          for c in configs])
             sides[name] = lowered_digest(run, st, consts, params, args.lanes)
     (base_chars, base_sha), (new_chars, new_sha) = sides[BASE_NAME], sides["blisjax"]
     print(json.dumps({"base": args.base, "anchor_requests": args.anchor or None,

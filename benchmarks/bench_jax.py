@@ -122,10 +122,15 @@ def _with_routing(cfg: SimConfig, weights) -> SimConfig:
     return cfg.__class__(**{**cfg.__dict__, "policy": policy})
 
 
-def population(cfg: SimConfig, tenants, lanes: int, seed: int = 0):
+def population_configs(cfg: SimConfig, lanes: int, seed: int = 0) -> list[SimConfig]:
+    """The lanes' configurations: ``cfg`` with random weights of its four routing scorers."""
     rng = np.random.default_rng(seed)
-    configs = [_with_routing(cfg, rng.uniform(0.1, 3.0, size=4)) for _ in range(lanes)]
-    return stack_params([params_from_config(c, tenants) for c in configs])
+    return [_with_routing(cfg, rng.uniform(0.1, 3.0, size=4)) for _ in range(lanes)]
+
+
+def population(cfg: SimConfig, tenants, lanes: int, seed: int = 0):
+    return stack_params([params_from_config(c, tenants)
+                         for c in population_configs(cfg, lanes, seed)])
 
 
 def anchor(num_requests: int, instances: int):
