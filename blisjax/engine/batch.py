@@ -97,7 +97,7 @@ class PreemptOutcome(NamedTuple):
     preempted: jax.Array  # bool: some request was evicted
 
 
-def preempt_for_tokens(s: SimState, st, c, p, i, sb, r, n, pos, budget, active, width: int):
+def preempt_for_tokens(s: SimState, st, c, p, i, sb, r, *, n, pos, budget, active, width: int):
     """Evict victims until n tokens of running request r fit, then allocate them
     (``Instance._preempt_for_tokens``; docs/semantics.md §2.5). Returns
     ``(state, PreemptOutcome)``."""
@@ -108,11 +108,11 @@ def preempt_for_tokens(s: SimState, st, c, p, i, sb, r, n, pos, budget, active, 
         s, pos, budget, pre, failed, going = carry  # masked by `going` (== go) throughout
         pi = s.pi[r]
         if st.tiered:  # each attempt reloads, then allocates if it can (kv.tiered_allocate)
-            s, tried = kv.tiered_allocate(s, st, c, i, sb, r, pi, pi + n, no_prefix, 0,
-                                          going)
+            s, tried = kv.tiered_allocate(s, st, c, i, sb, r, start=pi, end=pi + n,
+                                          cached=no_prefix, n_cached=0, active=going)
             ok = tried.ok
         else:
-            ok = kv.can_allocate(s, st, c, i, sb, r, pi, pi + n, empty, 0)
+            ok = kv.can_allocate(s, st, c, i, sb, r, start=pi, end=pi + n, cached=empty, n_cached=0)
         no_one = s.n_run[i] == 0
         do_evict = going & ~ok & ~no_one
         vpos = victim_position(s, st, c, p, i, width)
@@ -127,7 +127,8 @@ def preempt_for_tokens(s: SimState, st, c, p, i, sb, r, n, pos, budget, active, 
     success = active & ~failed
     if not st.tiered:
         pi = s.pi[r]
-        s = kv.allocate(s, st, c, i, sb, r, pi, pi + n, empty, 0, success)
+        s = kv.allocate(s, st, c, i, sb, r, start=pi, end=pi + n, cached=empty, n_cached=0,
+                        active=success)
     return s, PreemptOutcome(success, pos, budget, pre)
 
 
@@ -194,7 +195,8 @@ def phase1_fast(s: SimState, st, c, i, active, width: int, start=0, budget=None,
     through_stop = jnp.where(stop > 0, fresh_through[jnp.maximum(stop - 1, 0)], 0)
     known = kv.KnownGrant(blen, last, filled,
                           jnp.where(before_stop, fresh_through, through_stop))
-    s = kv.grant_tokens(s, st, c, i, slots, r, n, s.pi[r], prefill, ok, known=known)
+    s = kv.grant_tokens(s, st, c, i, slots, r, n=n, first_pos=s.pi[r], prefill=prefill, mask=ok,
+                        known=known)
     r_or_sink = jnp.where(ok, r, st.num_requests)
     if reset:
         granted = s.num_new.at[r].set(jnp.where(ok, n, 0))
@@ -229,8 +231,8 @@ def phase1(s: SimState, st, c, p, i, active, width: int):
         needs, want = wants.needs, wants.tokens
         need = go & needs
         n = jnp.minimum(want, budget).astype(jnp.int32)
-        s, outcome = preempt_for_tokens(s, st, c, p, i, jnp.maximum(sb, 0), r, n, pos, budget,
-                                        need, width)
+        s, outcome = preempt_for_tokens(s, st, c, p, i, jnp.maximum(sb, 0), r, n=n, pos=pos,
+                                        budget=budget, active=need, width=width)
         ok, pos, budget, pre_now = outcome.success, outcome.pos, outcome.budget, outcome.preempted
         granted = need & ok
         r_or_sink = jnp.where(granted, r, st.num_requests)
@@ -278,8 +280,8 @@ def phase2(s: SimState, st, c, p, i, now, budget, preempted, active):
             cached, n_cached = prefix_found.blocks, prefix_found.count
             start_w = n_cached * st.block_size
             n_w = clamp_prefill(st, c.input_tokens[r] - start_w, start_w, budget)
-            ok_w = go & kv.can_allocate(s, st, c, i, sb, r, start_w, start_w + n_w, cached,
-                                        n_cached)
+            ok_w = go & kv.can_allocate(s, st, c, i, sb, r, start=start_w, end=start_w + n_w,
+                                        cached=cached, n_cached=n_cached)
             claim = ok_w & (n_w > 0) & (s.blen[i, sb] == 0) & (n_cached > 0)
             s = kv.claim_cached(s, st, i, sb, cached, n_cached, claim)
             return (s, jnp.where(go, start_w, start), jnp.where(go, n_w, n), ok | ok_w)
@@ -301,8 +303,8 @@ def phase2(s: SimState, st, c, p, i, now, budget, preempted, active):
             ok = jnp.where(held, decode_ok, ok)
             allocated = allocated | held
         s, r = q_remove_at(s, st, i, k, ok, through=r)  # r read before the queue moves
-        s = kv.allocate(s, st, c, i, sb, r, start, start + n, jnp.zeros(1, jnp.int32), 0,
-                        ok & ~allocated)
+        s = kv.allocate(s, st, c, i, sb, r, start=start, end=start + n,
+                        cached=jnp.zeros(1, jnp.int32), n_cached=0, active=ok & ~allocated)
         r_or_sink = jnp.where(ok, r, st.num_requests)
         if st.stateful_latency:  # physics reads the prefix tokens of this step's admissions
             s = s.replace(step_cached=upd(s.step_cached, (i, sb), start, ok))
@@ -339,8 +341,8 @@ def _admit_tiered(s: SimState, st, c, p, i, sb, r, budget, go):
         start = n_cached * bs
         n = clamp_prefill(st, c.input_tokens[r] - start, start, budget)
         if not st.kv_hold_slots:  # a program built without holder slots
-            s, tried = kv.tiered_allocate(s, st, c, i, sb, r, start, start + n, cached,
-                                          n_cached, go)
+            s, tried = kv.tiered_allocate(s, st, c, i, sb, r, start=start, end=start + n,
+                                          cached=cached, n_cached=n_cached, active=go)
             t = s.tier
             refused = go & ~tried.ok & (s.blen[i, sb] > 0)
             s = s.replace(tier=t.replace(hold_overflow=t.hold_overflow
@@ -350,8 +352,8 @@ def _admit_tiered(s: SimState, st, c, p, i, sb, r, budget, go):
         holding = s.slot_req[i, st.hold_base:] == r
         held = go & jnp.any(holding)
         src = jnp.where(held, st.hold_base + jnp.argmax(holding), sb).astype(jnp.int32)
-        s, tried = kv.tiered_allocate(s, st, c, i, src, r, start, start + n, cached,
-                                      n_cached, go)
+        s, tried = kv.tiered_allocate(s, st, c, i, src, r, start=start, end=start + n,
+                                      cached=cached, n_cached=n_cached, active=go)
         s = _settle_held_blocks(s, st, i, r, sb, src, held, tried.ok, go)
         return s, start, n, tried.ok, tried.ok
     keep = kv.keep_mask(s, st, i, cached, n_cached, go)
@@ -360,7 +362,8 @@ def _admit_tiered(s: SimState, st, c, p, i, sb, r, budget, go):
     cached, n_cached = found.blocks, found.count
     start = n_cached * bs
     n = clamp_prefill(st, c.input_tokens[r] - start, start, budget)
-    ok = go & kv.can_allocate(s, st, c, i, sb, r, start, start + n, cached, n_cached)
+    ok = go & kv.can_allocate(s, st, c, i, sb, r, start=start, end=start + n, cached=cached,
+                              n_cached=n_cached)
     claim = ok & (n > 0) & (s.blen[i, sb] == 0) & (n_cached > 0)
     s = kv.claim_cached(s, st, i, sb, cached, n_cached, claim)
     t = s.tier
@@ -393,7 +396,8 @@ def _admit_decode(s: SimState, st, c, i, r, sb, active):
     l_in = c.input_tokens[r]
     src = jnp.argmax(s.slot_req[i] == r).astype(jnp.int32)
     # with a CPU tier the tiered allocation (its prompt blocks are held: nothing to reload)
-    s, ok = kv.allocate_uncached(s, st, c, i, src, r, l_in, l_in + 1, active, chunk=1)
+    s, ok = kv.allocate_uncached(s, st, c, i, src, r, start=l_in, end=l_in + 1, active=active,
+                                 chunk=1)
     s = _move_blocks(s, i, src, sb, ok)
     return s.replace(slot_req=upd(s.slot_req, (i, src), NIL, ok)), ok
 

@@ -85,7 +85,8 @@ def complete(s: SimState, st, c, i, now, d, active, running: Running, defer: boo
             s = lane_once(go & kv.must_flush(s, i, final),
                              lambda s, go: kv.flush_releases(s, st, go), s)
         # with a CPU tier the tiered allocation (it may reload, see batch.phase1_fast)
-        s, ok = kv.allocate_uncached(s, st, c, i, sb, r, p_r, p_r + 1, final, chunk=1)
+        s, ok = kv.allocate_uncached(s, st, c, i, sb, r, start=p_r, end=p_r + 1, active=final,
+                                     chunk=1)
         # a final token that finds no block is counted; the request completes all the same
         s = s.replace(alloc_failures=add(s.alloc_failures, i, 1, final & ~ok))
         s = kv.defer_release(s, st, i, sb, go) if defer else kv.release(s, st, i, sb, go)
@@ -197,9 +198,9 @@ def complete_planned(s: SimState, st, c, i, plan: QueuedPlan) -> SimState:
     on = k < plan.count
 
     def grant(s, go):
-        return kv.grant_tokens(s, st, c, i, sb, r, jnp.ones(depth, jnp.int32), plan.pos,
-                               plan.prefill,
-                               final & go, chunk=depth,
+        return kv.grant_tokens(s, st, c, i, sb, r, n=jnp.ones(depth, jnp.int32),
+                               first_pos=plan.pos, prefill=plan.prefill, mask=final & go,
+                               chunk=depth,
                                known=kv.KnownGrant(plan.blen, plan.last, plan.filled,
                                                    prefix_sum(jnp.where(go, fresh, 0))))
 
@@ -212,8 +213,9 @@ def complete_planned(s: SimState, st, c, i, plan: QueuedPlan) -> SimState:
         if st.tiered:  # a block the final token fills gets its hash (kv.grant_tokens)
             filled = top & (plan.filled + 1 == st.block_size)
             s, _ = kv.register_keys(s, st, c, i, r, plan.blen - 1,
-                                    s.bt[i, sb, jnp.maximum(plan.blen - 2, 0)], plan.last,
-                                    filled, plan.pos - plan.filled)
+                                    prev_block=s.bt[i, sb, jnp.maximum(plan.blen - 2, 0)],
+                                    block=plan.last, mask=filled,
+                                    first_token=plan.pos - plan.filled)
         return s.replace(
             status=s.status.at[jnp.where(m, r, st.num_requests)].set(COMPLETED, mode="drop"),
             slot_req=s.slot_req.at[i, jnp.where(m, sb, st.slot_count)].set(NIL, mode="drop"),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from blisjax.engine import kvblocks
 from blisjax.engine.gateway import init_gateway
 from blisjax.engine.kvtier import init_tier
 from blisjax.engine.lifecycle import init_lifecycle
@@ -30,7 +31,8 @@ def init_state(st: EngineStatic, tb_capacity, rl_burst, admission_code, rate_lim
     """Initial state of one lane. The bucket starts full (token-bucket or rate-limit size);
     ``router_rng``: the seeded words of the "router" stream (``PolicyParams.routing.router_rng``;
     zeros if not given); ``pd_rng``, ``pd_role``, ``pd_pools``: the P/D pools' streams, the
-    instances' roles and whether the lane has pools (``PolicyParams.pd``: ``pool_rng``, ``role``, ``pools``);
+    instances' roles and whether the lane has pools (``PolicyParams.pd``: ``pool_rng``,
+    ``role``, ``pools``);
     ``params``: the lane's ``PolicyParams``, which place its initial instances when the
     program models lifecycles (``engine.lifecycle``)."""
     n, i, t = st.request_rows, st.num_instances, st.num_tenants  # + sink row (+ P/D rows)
@@ -40,9 +42,7 @@ def init_state(st: EngineStatic, tb_capacity, rl_burst, admission_code, rate_lim
     i32, i64, f64 = jnp.int32, jnp.int64, jnp.float64
     zi = lambda *shape: jnp.zeros(shape, i64)  # noqa: E731
     zi32 = lambda *shape: jnp.zeros(shape, i32)  # noqa: E731
-    ring = max(2 * k, 1)
-    fifo = jnp.broadcast_to(jnp.where(jnp.arange(ring) < k, jnp.arange(ring), NIL).astype(i32),
-                            (i, ring))  # blocks 0..K-1 in id order, keys 0..K-1
+    free = kvblocks.empty_free_list(st)
     bucket = jnp.where(admission_code == rate_limit_code, rl_burst, tb_capacity)
     return SimState(
         status=zi32(n).astype(jnp.int8), instance=jnp.full(n, NIL, i32), pi=zi32(n),
@@ -78,8 +78,7 @@ def init_state(st: EngineStatic, tb_capacity, rl_burst, admission_code, rate_lim
         blen=zi32(i, slots), step_cached=zi32(i, slots),
         ema=jnp.zeros(i, f64),
         kv_ref=zi32(i, k), kv_tok=zi32(i, k), kv_slot=jnp.full((i, k), NIL, i32),
-        fifo=fifo, fkey=jnp.broadcast_to(jnp.arange(k, dtype=i32), (i, k)),
-        fhead=zi32(i), ftail=jnp.full(i, k, i32), kv_free=jnp.full(i, k, i32),
+        **{name: jnp.broadcast_to(x, (i, *x.shape)) for name, x in free._asdict().items()},
         slot_block=jnp.full(st.hash_slots + 1, NIL, i32),
         slot_seq=jnp.full(st.hash_slots + 1, -1, i64), slot_clock=jnp.asarray(0, i64),
         tier=init_tier(st, kv_cpu_blocks, kv_reload_us), pd=init_pd(st, pd_rng, pd_role, pd_pools),
@@ -88,7 +87,8 @@ def init_state(st: EngineStatic, tb_capacity, rl_burst, admission_code, rate_lim
         rel_inst=jnp.asarray(0, i32), rel_slots=zi32(DEFERRED_RELEASES),
         rel_count=jnp.asarray(0, i32),
         hits=zi(i), misses=zi(i), preempt_count=zi(i), completed=zi(i), dropped=zi(i),
-        timed_out=zi(i), capped_count=zi(i), alloc_failures=zi(i), input_tokens=zi(i), steps=zi(i), busy=zi(i),
+        timed_out=zi(i), capped_count=zi(i), alloc_failures=zi(i), input_tokens=zi(i), steps=zi(i),
+        busy=zi(i),
         qdepth_time=zi(i), peak_used=zi(i), kv_time=zi(i),
         kv_util=jnp.zeros((i, KV_UTIL_BUCKETS + 1), i64),
         done=jnp.asarray(False), iters=jnp.asarray(0, i64), stretched=jnp.asarray(0, i64),

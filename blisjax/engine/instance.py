@@ -174,7 +174,7 @@ def reset_instance(s: SimState, st, i, active) -> SimState:
     """A new instance in slot i (``Instance.restart`` and ``Router.forget_instance``): empty
     KV cache, free list in id order, no pending step or virtual steps, no preemption history,
     and the router knows nothing of it; the slot's counters carry on."""
-    k, ring = st.kv_blocks, kvblocks.ring_size(st)
+    free = kvblocks.empty_free_list(st)
     g = st.num_groups * st.group_blocks_max
     groups = jnp.arange(st.group_slots) // max(g, 1) == i  # the instance's group hash slots
     shared = st.group_slots + st.session_slots  # and its sessions' (engine.sessions)
@@ -194,9 +194,9 @@ def reset_instance(s: SimState, st, i, active) -> SimState:
         ema=upd(s.ema, i, 0.0, active),
         blen=row(s.blen, 0), kv_ref=row(s.kv_ref, 0), kv_tok=row(s.kv_tok, 0),
         kv_slot=row(s.kv_slot, NIL),
-        fifo=row(s.fifo, jnp.where(jnp.arange(ring) < k, jnp.arange(ring), NIL).astype(jnp.int32)),
-        fkey=row(s.fkey, jnp.arange(k, dtype=jnp.int32)), fhead=upd(s.fhead, i, 0, active),
-        ftail=upd(s.ftail, i, k, active), kv_free=upd(s.kv_free, i, k, active),
+        fifo=row(s.fifo, free.fifo), fkey=row(s.fkey, free.fkey),
+        fhead=upd(s.fhead, i, free.fhead, active), ftail=upd(s.ftail, i, free.ftail, active),
+        kv_free=upd(s.kv_free, i, free.kv_free, active),
         slot_block=s.slot_block.at[:shared].set(
             jnp.where(active & groups, NIL, s.slot_block[:shared])),
         lru_pos=row(s.lru_pos, -1), lru_own_at=row(s.lru_own_at, 0),
@@ -322,7 +322,7 @@ def reserve_transferred_kv(s: SimState, st, c, i, r, now, active):
         s = s.replace(clock=upd(s.clock, i, now, active))
     # the whole prompt's blocks in one pass (a prefill's chunk takes a few at a time): in a
     # lockstep block some lane reserves in almost every pass of the cheap events
-    s, ok = kv.allocate_uncached(s, st, c, i, sb, r, 0, l_in, active & has_room,
+    s, ok = kv.allocate_uncached(s, st, c, i, sb, r, start=0, end=l_in, active=active & has_room,
                                  chunk=max(1, st.max_blocks_per_request))
     # refused after claiming reloaded blocks, the dropped sub-request keeps them (as in the
     # reference and BLIS): its slot stays taken

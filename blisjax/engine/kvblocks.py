@@ -51,6 +51,25 @@ def ring_size(st) -> int:
     return max(2 * st.kv_blocks, 1)
 
 
+class FreeList(NamedTuple):
+    """One instance's free list (``SimState`` fields of the same names, one row)."""
+
+    fifo: jax.Array  # int32 [R]: ring of block ids
+    fkey: jax.Array  # int32 [K]: ring key of each block's live entry, -1 = in use
+    fhead: jax.Array  # int32: key of the head
+    ftail: jax.Array  # int32: next key to append
+    kv_free: jax.Array  # int32: free blocks
+
+
+def empty_free_list(st) -> FreeList:
+    """An instance's free list with every block free, in id order: blocks 0 .. K-1 under keys
+    0 .. K-1 (the initial state, and a new instance in a reused slot)."""
+    k, ring = st.kv_blocks, ring_size(st)
+    return FreeList(fifo=jnp.where(jnp.arange(ring) < k, jnp.arange(ring), NIL).astype(jnp.int32),
+                    fkey=jnp.arange(k, dtype=jnp.int32), fhead=jnp.asarray(0, jnp.int32),
+                    ftail=jnp.asarray(k, jnp.int32), kv_free=jnp.asarray(k, jnp.int32))
+
+
 # ---- free list (ring of keys) ---------------------------------------------------------------
 
 

@@ -113,7 +113,7 @@ def blocks_needed(st, blen, filled, n):
     return (jnp.maximum(0, n - spare_positions(st, blen, filled)) + bs - 1) // bs
 
 
-def can_allocate(s: SimState, st, c, i, sb, r, start, end, cached, n_cached):
+def can_allocate(s: SimState, st, c, i, sb, r, *, start, end, cached, n_cached):
     """BLIS's check-then-act pre-check (prefill vs decode by the request's PI)."""
     bs = st.block_size
     fill = last_block_fill(s, st, i, sb)
@@ -185,7 +185,7 @@ class _GrantChunks(NamedTuple):
     on_chain: jax.Array  # its fresh blocks' hashes are on the true chain (a CPU tier)
 
 
-def grant_tokens(s: SimState, st, c, i, sb, r, n, first_pos, prefill, mask,
+def grant_tokens(s: SimState, st, c, i, sb, r, *, n, first_pos, prefill, mask,
                  chunk: int = POP_CHUNK, known: KnownGrant | None = None) -> SimState:
     """Allocate ``n[k]`` more tokens for request ``r[k]`` in batch slot ``sb[k]``, the first at
     position ``first_pos[k]``, for every k where ``mask``, in k order — as consecutive
@@ -228,8 +228,9 @@ def grant_tokens(s: SimState, st, c, i, sb, r, n, first_pos, prefill, mask,
         # them); fresh blocks chain from the last block's
         top_full = partial & (filled + fill == bs)
         s, top_on = register_keys(s, st, c, i, r, blen - 1,
-                                  s.bt[i, sb, jnp.maximum(blen - 2, 0)], last, top_full,
-                                  top_first)
+                                  prev_block=s.bt[i, sb, jnp.maximum(blen - 2, 0)], block=last,
+                                  mask=top_full,
+                                  first_token=top_first)
         held = s.tier.key_of_block[i, jnp.clip(last, 0, st.kv_blocks - 1)]
         on_chain = content_key(st, c, i, r, fresh_pos,
                                jnp.where(blen > 0, held, NIL)).on_chain
@@ -330,7 +331,7 @@ def _grant_chunk(s: SimState, st, c, i, plan: _GrantChunks, k, total, go, chunk:
     return s
 
 
-def allocate(s: SimState, st, c, i, sb, r, start, end, cached, n_cached, active,
+def allocate(s: SimState, st, c, i, sb, r, *, start, end, cached, n_cached, active,
              chunk: int | None = None):
     """One reference ``allocate`` of positions [start, end) of request r in batch slot sb,
     whose pre-check passed; does nothing unless ``active``. ``chunk``: fresh blocks per inner
@@ -346,8 +347,9 @@ def allocate(s: SimState, st, c, i, sb, r, start, end, cached, n_cached, active,
         s = claim_cached(s, st, i, sb, cached, n_cached, claim)
     prefill = s.pi[r] < c.input_tokens[r]
     one = lambda x: jnp.reshape(x, (1,))  # noqa: E731
-    return grant_tokens(s, st, c, i, one(sb), one(r), one(n), one(jnp.asarray(start, jnp.int32)),
-                        one(prefill), one(active & (n > 0)), chunk)
+    return grant_tokens(s, st, c, i, one(sb), one(r), n=one(n),
+                        first_pos=one(jnp.asarray(start, jnp.int32)), prefill=one(prefill),
+                        mask=one(active & (n > 0)), chunk=chunk)
 
 
 RELEASE_NARROWEST = 32  # narrowest vector width of a release (doubled up to the table width)
@@ -483,7 +485,7 @@ def holds_true_key(s: SimState, st, c, i, r, m, block):
     return (m < 0) | (held == cpu_key(st, c, i, r, jnp.maximum(m, 0)))
 
 
-def register_keys(s: SimState, st, c, i, r, j, prev_block, block, mask, first_token):
+def register_keys(s: SimState, st, c, i, r, j, *, prev_block, block, mask, first_token):
     """``(state, on_chain)``: give GPU block ``block`` (block j of request r, its first token
     at position ``first_token``) the CPU key of its hash where ``mask``, chained from the
     block the request holds at j - 1 (``prev_block``; ``KVCache._register``). A block off its
@@ -651,22 +653,24 @@ class TieredOutcome(NamedTuple):
     reloaded: jax.Array  # int32: blocks it reloaded
 
 
-def allocate_uncached(s: SimState, st, c, i, sb, r, start, end, active,
+def allocate_uncached(s: SimState, st, c, i, sb, r, *, start, end, active,
                       chunk: int | None = None):
     """Positions [start, end) of request r in slot sb, with no cached prefix to claim: the
     tiered allocation with a CPU tier (it may reload), else the plain one where its pre-check
     passes. Returns ``(state, ok)``."""
     if st.tiered:
         no_prefix = jnp.full(max(st.max_prompt_blocks, 1), NIL, jnp.int32)
-        s, got = tiered_allocate(s, st, c, i, sb, r, start, end, no_prefix, 0, active,
+        s, got = tiered_allocate(s, st, c, i, sb, r, start=start, end=end, cached=no_prefix,
+                                 n_cached=0, active=active,
                                  chunk=chunk)
         return s, got.ok
     empty = jnp.zeros(1, jnp.int32)
-    ok = active & can_allocate(s, st, c, i, sb, r, start, end, empty, 0)
-    return allocate(s, st, c, i, sb, r, start, end, empty, 0, ok, chunk=chunk), ok
+    ok = active & can_allocate(s, st, c, i, sb, r, start=start, end=end, cached=empty, n_cached=0)
+    return allocate(s, st, c, i, sb, r, start=start, end=end, cached=empty, n_cached=0, active=ok,
+                    chunk=chunk), ok
 
 
-def tiered_allocate(s: SimState, st, c, i, sb, r, start, end, cached, n_cached, active,
+def tiered_allocate(s: SimState, st, c, i, sb, r, *, start, end, cached, n_cached, active,
                     chunk: int | None = None):
     """``TieredKVCache.allocate`` of positions [start, end) of request r in batch slot sb:
     reload first, then one of the three ways on (claim what the reload made cached and
@@ -703,11 +707,13 @@ def tiered_allocate(s: SimState, st, c, i, sb, r, start, end, cached, n_cached, 
     a_start = jnp.where(partial, new_start, start)
     pre_cached = jnp.where(partial, now.blocks, cached)
     pre_n = jnp.where(partial, now.count, n_cached)
-    fits = can_allocate(s, st, c, i, sb, r, a_start, end, pre_cached, pre_n)
+    fits = can_allocate(s, st, c, i, sb, r, start=a_start, end=end, cached=pre_cached,
+                        n_cached=pre_n)
     grant = (plain | partial) & fits
     claim_first = plain & grant & (s.blen[i, sb] == 0) & (end > start) & (n_cached > 0)
     s = claim_cached(s, st, i, sb, cached, n_cached, claim_first)
-    s = allocate(s, st, c, i, sb, r, a_start, end, jnp.zeros(1, jnp.int32), 0, grant, chunk)
+    s = allocate(s, st, c, i, sb, r, start=a_start, end=end, cached=jnp.zeros(1, jnp.int32),
+                 n_cached=0, active=grant, chunk=chunk)
     ok = claim_only | grant
     t = s.tier
     s = s.replace(tier=t.replace(cpu_misses=add(t.cpu_misses, i, 1, active & ~ok & ~reloaded)))

@@ -81,7 +81,8 @@ def test_allocation_in_a_loop_updates_hash_slots_in_place():
     def lane(s, sb):
         def body(carry, go):
             s, k = carry
-            s = kvcache.allocate(s, st, consts, 0, sb, 0, 4 * k, 4 * k + 4, empty, 0, go)
+            s = kvcache.allocate(s, st, consts, 0, sb, 0, start=4 * k, end=4 * k + 4, cached=empty,
+                                 n_cached=0, active=go)
             return s, k + go.astype(k.dtype)
 
         return lane_while(lambda c: c[1] < 3, body, (s, jnp.int32(0)))[0]

@@ -71,8 +71,10 @@ def _kernel(st, consts):
         s = s.replace(pi=s.pi.at[r].set(pi))
         cached, n_cached = kvcache.cached_blocks(s, st, consts, 0, r)
         n_cached = jnp.where(lookup, n_cached, 0)
-        ok = kvcache.can_allocate(s, st, consts, 0, sb, r, start, end, cached, n_cached)
-        s = kvcache.allocate(s, st, consts, 0, sb, r, start, end, cached, n_cached, (op == 0) & ok)
+        ok = kvcache.can_allocate(s, st, consts, 0, sb, r, start=start, end=end, cached=cached,
+                                  n_cached=n_cached)
+        s = kvcache.allocate(s, st, consts, 0, sb, r, start=start, end=end, cached=cached,
+                             n_cached=n_cached, active=(op == 0) & ok)
         s = kvcache.release(s, st, 0, sb, op == 1)
         return s, ok
 
@@ -163,8 +165,10 @@ def _queue_kernel(st, consts):
         s = s.replace(pi=s.pi.at[r].set(pi))
         cached, n_cached = kvcache.cached_blocks(s, st, consts, 0, r)
         n_cached = jnp.where(lookup, n_cached, 0)
-        ok = kvcache.can_allocate(s, st, consts, 0, r, r, start, end, cached, n_cached)
-        s = kvcache.allocate(s, st, consts, 0, r, r, start, end, cached, n_cached, (op == 0) & ok)
+        ok = kvcache.can_allocate(s, st, consts, 0, r, r, start=start, end=end, cached=cached,
+                                  n_cached=n_cached)
+        s = kvcache.allocate(s, st, consts, 0, r, r, start=start, end=end, cached=cached,
+                             n_cached=n_cached, active=(op == 0) & ok)
         return kvcache.defer_release(s, st, 0, r, op == 1), ok
 
     return jax.jit(jax.vmap(lane, axis_name=LANES))
@@ -296,14 +300,16 @@ def _tier_kernel(st, consts):
         admit = op == ADMIT
         s, start, n, ok_admit, granted = batch._admit_tiered(
             s, st, consts, None, 0, r, r, budget, admit)
-        fits = kvcache.can_allocate(s, st, consts, 0, r, r, pi, end, none, 0)
+        fits = kvcache.can_allocate(s, st, consts, 0, r, r, start=pi, end=end, cached=none,
+                                    n_cached=0)
         # one allocate serves the admission's grant and the plain allocation (a smaller
         # program to compile)
-        s = kvcache.allocate(s, st, consts, 0, r, r, jnp.where(admit, start, pi),
-                             jnp.where(admit, start + n, end), none, 0,
-                             (admit & ok_admit & ~granted) | ((op == FAST) & fits))
-        s, tried = kvcache.tiered_allocate(s, st, consts, 0, r, r, pi, end, no_prefix, 0,
-                                           op == TIERED)
+        s = kvcache.allocate(s, st, consts, 0, r, r, start=jnp.where(admit, start, pi),
+                             end=jnp.where(admit, start + n, end), cached=none, n_cached=0,
+                             active=(admit & ok_admit & ~granted) | ((op == FAST) & fits))
+        s, tried = kvcache.tiered_allocate(s, st, consts, 0, r, r, start=pi, end=end,
+                                           cached=no_prefix, n_cached=0,
+                                           active=op == TIERED)
         s = kvcache.release(s, st, 0, r, op == RELEASE)
         valid = jnp.arange(order.shape[0]) < n_order
         s = kvcache.mirror_batch(s, st, 0, order, valid, op == MIRROR)
