@@ -12,6 +12,7 @@ Prints one JSON line: each side's wall times, medians, and the per-round ratios 
     taskset -c 0 python benchmarks/ab_engine.py --base main --lanes 64 --rounds 8
     python benchmarks/ab_engine.py --base main --cpu-devices 2 --lanes 256 --rounds 5
     python benchmarks/ab_engine.py --base main --anchor 50000 --lanes 4 --rounds 3
+    python benchmarks/ab_engine.py --base main --anchor 1000 --roofline   # roofline steps
 
 Confirm a change with ``--cpu-devices 2``, the configuration of the headline benchmark: that
 program goes through XLA's SPMD partitioner and is fused differently. Removing a whole-array
@@ -65,6 +66,9 @@ def main() -> None:
     ap.add_argument("--anchor", type=int, default=0, metavar="N",
                     help="BLIS's anchor workload with N requests on 4 instances (512-token "
                          "outputs: decode stretches) instead of scenario S")
+    ap.add_argument("--roofline", action="store_true",
+                    help="the roofline latency model (the model's and GPU's constants) instead "
+                         "of the configuration's")
     args = ap.parse_args()
     if args.lanes < 1 or args.rounds < 1 or args.cpu_devices < 1 or args.kv_blocks < 0:
         ap.error("--lanes, --rounds and --cpu-devices must be >= 1, --kv-blocks >= 0")
@@ -84,6 +88,13 @@ def main() -> None:
         ap.error("--kv-blocks applies to scenario S, not --anchor")
     resolved, wl = (anchor(args.anchor, 4) if args.anchor else
                     scenario(2_000, 4, 106.0, kv_blocks=args.kv_blocks))
+    if args.roofline:
+        import dataclasses
+
+        from blisjax.config import LatencyConfig, resolve_config  # noqa: E402
+
+        resolved = resolve_config(dataclasses.replace(
+            resolved.config, latency=LatencyConfig(model="roofline")))
     if args.tie_break is not None:
         from blisjax.config import resolve_config  # noqa: E402
         from blisjax.engine.population import set_knob  # noqa: E402
@@ -116,6 +127,7 @@ def main() -> None:
     base, new = walls[BASE_NAME], walls["blisjax"]
     print(json.dumps({
         "base": args.base, "anchor_requests": args.anchor or None, "lanes": args.lanes,
+        "roofline": args.roofline,
         "devices": args.cpu_devices,
         "kv_blocks": args.kv_blocks or None, "tie_break": args.tie_break,
         "same_results": bool(same),

@@ -202,14 +202,20 @@ class RooflineSeconds(NamedTuple):
 
 
 def _ordered_sum(terms, prefill, decode):
-    """0.0 + prefill terms in position order, then + decode terms in position order, one
-    addition per position and pass (absent positions add +0.0: no change to a value >= 0)."""
-    total = jnp.zeros(terms.shape[:-1], F64)
-    zero = jnp.zeros_like(total)
+    """0.0 + the prefill terms in position order, then + the decode terms in position order,
+    one addition per position and pass (absent positions add +0.0: no change to a value
+    >= 0). ``terms``, ``prefill``, ``decode``: [..., W]; returns [...].
+
+    The masked terms are selected once, then added along one chain over static slices: two
+    operations per position, so the program grows by little per position of the width.
+    """
+    zero = jnp.zeros((), terms.dtype)
+    total = jnp.zeros((*terms.shape[:-1], 1), terms.dtype)
     for mask in (prefill, decode):
-        for k in range(terms.shape[-1]):
-            total = total + jnp.where(mask[..., k], terms[..., k], zero)
-    return total
+        part = jnp.where(mask, terms, zero)
+        for k in range(part.shape[-1]):
+            total = total + lax.slice_in_dim(part, k, k + 1, axis=-1)
+    return total[..., 0]
 
 
 def step_seconds(rc: RooflineConsts, nn, pi, l_in, out) -> RooflineSeconds:
