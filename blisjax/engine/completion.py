@@ -48,10 +48,11 @@ def complete(s: SimState, st, c, i, now, d, active, running: Running, defer: boo
     """Completions and length caps, accounted at the step start, in batch order
     (``Instance._complete`` and ``_finish``; docs/semantics.md §2.7).
     ``running``: what ``instance.execute`` read and wrote of the running positions, so it is
-    not read again. ``defer``: queue the releases (``kv.defer_release``) for the block's pass
-    across lanes instead of running them here, and return ``(state, plan)``: the lanes whose
-    completions all go in one pass are left to ``complete_planned`` (``_plan_queued``); the
-    others took the loop here."""
+    not read again. Returns ``(state, plan, todo)``: with ``defer`` (releases queued for the
+    block's pass across lanes, ``kv.defer_release``) the lanes whose completions all go in one
+    pass are left to ``plan`` (``complete_planned``; None without ``defer``); the others'
+    completions to ``todo`` (``run_loop``). Both run after the step's width programs; this
+    part accounts the batch (its compaction and counters) at the step start."""
     valid, slots, reqs = running.valid, running.slots, running.reqs
     pi, l_in, out = running.pi, running.l_in, running.out
     width = valid.shape[0]
@@ -70,15 +71,75 @@ def complete(s: SimState, st, c, i, now, d, active, running: Running, defer: boo
         plan = _plan_queued(s, st, c, i, fin, done, rank, count, running, active)
         fast = plan.fast
     else:
-        fast = jnp.asarray(False)
-    count_loop = jnp.where(fast, 0, count)  # what the one-at-a-time loop below still does
+        plan, fast = None, jnp.asarray(False)
+    count_loop = jnp.where(fast, 0, count)
+
+    def listing(todo, go):
+        """What the one-at-a-time loop (``run_loop``, after the width programs) reads of the
+        running positions: the k-th finishing position's, at the batch slots' width."""
+        slots_b = st.batch_slots
+        kth = jnp.zeros(slots_b, jnp.int32).at[jnp.where(fin, rank, slots_b)].set(
+            jnp.arange(width, dtype=jnp.int32), mode="drop")
+        return LoopCompletions(count_loop, slots[kth], reqs[kth], pi[kth], l_in[kth],
+                               out[kth], done[kth])
+
+    todo = lane_once(count_loop > 0, listing, no_loop(st))  # listed only if a lane needs it
+    if st.sessions:  # each completed round's next round, in batch order
+        s = sessions.create_follow_ups(s, st, c, reqs, fin, rank, left)
+    keep = valid & ~fin
+    # valid positions are 0 .. n_run - 1, so the kept ones up to position k number
+    # k + 1 - fin_through[k]
+    dest = jnp.where(keep, jnp.arange(width) - fin_through, width)
+    row = jnp.full(width + 1, NIL, jnp.int32).at[dest].set(s.order[i, :width])[:-1]
+    s = s.replace(
+        order=s.order.at[i, :width].set(jnp.where(active, row, s.order[i, :width])),
+        n_run=add(s.n_run, i, -count, active),
+        completed=add(s.completed, i, count.astype(jnp.int64), active),  # capped ones too
+        capped_count=add(s.capped_count, i, jnp.sum((fin & capped).astype(jnp.int64)), active),
+        in_flight=s.in_flight.at[i].set(jnp.maximum(s.in_flight[i] - count, 0)),
+        last_left=upd(s.last_left, i, jnp.maximum(s.last_left[i], left),
+                      active & (count > 0) & (left <= st.horizon_us)))
+    return s, plan, todo
+
+
+class LoopCompletions(NamedTuple):
+    """A step's completions left to the one-at-a-time loop (``run_loop``): ``count`` of them
+    (0 where the lane's completions went in the queued pass, or none finished), and for the
+    k-th (k < count, batch order) its slot, request, progress after the step, input and output
+    tokens and whether its output is done (else it reached the length cap); each [batch
+    slots]."""
+
+    count: jax.Array  # int32
+    sb: jax.Array
+    r: jax.Array
+    pi: jax.Array
+    l_in: jax.Array
+    out: jax.Array
+    done: jax.Array  # bool
+
+
+def no_loop(st) -> LoopCompletions:
+    """No completions (the carry's start value before the width programs)."""
+    zeros = jnp.zeros(st.batch_slots, jnp.int32)
+    return LoopCompletions(jnp.asarray(0, jnp.int32), zeros, zeros, zeros, zeros, zeros,
+                           jnp.zeros(st.batch_slots, bool))
+
+
+def run_loop(s: SimState, st, c, i, todo: LoopCompletions, defer: bool = False) -> SimState:
+    """The completions of ``todo``, one at a time in batch order: the final token's block,
+    then the release (queued with ``defer``), status, slot and tenant in-flight.
+
+    It runs once after the step's width programs (``instance.step``), so it is compiled once
+    rather than once per width: it reads none of their running positions but ``todo``, and
+    what runs between (the batch's compaction and counters, the next step time, P/D transfer
+    starts, the decode-stretch outlook) neither writes what it reads nor reads what it writes
+    (the finishing slots' blocks, the free list, status, slots, tenants in flight)."""
 
     def body(carry, go):
         s, k = carry
-        pos = jnp.argmax(fin & (rank == k))
-        sb, r = slots[pos], jnp.where(go, reqs[pos], st.num_requests)
-        p_r, l_r, o_r = pi[pos], l_in[pos], out[pos]  # as execute left them
-        final = go & done[pos] & (o_r > 0) & (p_r < l_r + o_r)
+        sb, r = todo.sb[k], jnp.where(go, todo.r[k], st.num_requests)
+        p_r, l_r, o_r = todo.pi[k], todo.l_in[k], todo.out[k]  # as execute left them
+        final = go & todo.done[k] & (o_r > 0) & (p_r < l_r + o_r)
         if defer:
             # The releases of earlier completions are queued; the final token's block comes
             # from the free list's head, which they would only reach empty.
@@ -100,23 +161,8 @@ def complete(s: SimState, st, c, i, now, d, active, running: Running, defer: boo
                                  jnp.maximum(s.tenant_in_flight[t] - 1, 0), go))
         return s, k + go.astype(k.dtype)
 
-    s, _ = lane_while(lambda cr: cr[1] < count_loop, body, (s, jnp.asarray(0, jnp.int32)))
-    if st.sessions:  # each completed round's next round, in batch order
-        s = sessions.create_follow_ups(s, st, c, reqs, fin, rank, left)
-    keep = valid & ~fin
-    # valid positions are 0 .. n_run - 1, so the kept ones up to position k number
-    # k + 1 - fin_through[k]
-    dest = jnp.where(keep, jnp.arange(width) - fin_through, width)
-    row = jnp.full(width + 1, NIL, jnp.int32).at[dest].set(s.order[i, :width])[:-1]
-    s = s.replace(
-        order=s.order.at[i, :width].set(jnp.where(active, row, s.order[i, :width])),
-        n_run=add(s.n_run, i, -count, active),
-        completed=add(s.completed, i, count.astype(jnp.int64), active),  # capped ones too
-        capped_count=add(s.capped_count, i, jnp.sum((fin & capped).astype(jnp.int64)), active),
-        in_flight=s.in_flight.at[i].set(jnp.maximum(s.in_flight[i] - count, 0)),
-        last_left=upd(s.last_left, i, jnp.maximum(s.last_left[i], left),
-                      active & (count > 0) & (left <= st.horizon_us)))
-    return (s, plan) if defer else s
+    s, _ = lane_while(lambda cr: cr[1] < todo.count, body, (s, jnp.asarray(0, jnp.int32)))
+    return s
 
 
 class QueuedPlan(NamedTuple):

@@ -432,6 +432,7 @@ class Finished(NamedTuple):
 
     state: SimState
     releases: completion.QueuedPlan | None  # with deferred releases: the one-pass plan
+    loop: completion.LoopCompletions  # the completions left to the one-at-a-time loop
     outlook: stretch.BatchOutlook | None  # with decode stretches: the batch left running
 
 
@@ -441,8 +442,7 @@ def _finish_at(s: SimState, st, c, i, now, n_preempted, go, width: int,
     s, d, running = execute(s, st, c, i, now, n_preempted, go, width, factor)
     if st.tiered:  # after execution, before completions leave the batch (§3.8)
         s = kv.mirror_batch(s, st, i, running.slots, running.valid, go)
-    done = completion.complete(s, st, c, i, now, d, go, running, defer)
-    s, releases = done if defer else (done, None)
+    s, releases, todo = completion.complete(s, st, c, i, now, d, go, running, defer)
     more = (s.n_run[i] > 0) | (s.q_len[i] > 0)
     s = s.replace(step_time=upd(s.step_time, i, jnp.where(more, now + d, -1), go))
     ended = records.output_finished(running.pi, running.l_in, running.out) \
@@ -454,7 +454,7 @@ def _finish_at(s: SimState, st, c, i, now, n_preempted, go, width: int,
     if st.stretches:
         seen = stretch.outlook(s, st, c, i, running.valid & go & ~ended, running.slots,
                                running.pi, running.l_in, running.out)
-    return Finished(s, releases, seen)
+    return Finished(s, releases, todo, seen)
 
 
 PHASE1_PER_OCTAVE = 1  # widths per doubling of phase 1's programs (64, 128, 256)
@@ -516,23 +516,25 @@ def step(s: SimState, st, c, p, i, now, active, defer: bool = False):
     s = batch.phase2(s, st, c, p, i, now, budget, pre, go)
     n_preempted = s.preempt_count[i] - preempted_before
     running = lane_max(jnp.where(go, s.n_run[i], 0))
-    init = Finished(s, completion.no_plan(s) if defer else None,
+    init = Finished(s, completion.no_plan(s) if defer else None, completion.no_loop(st),
                     stretch.no_outlook(st) if st.stretches else None)
     factor = lifecycle.warm_factor(s, st, p, i)
     completed_before = s.completed[i]
     out = by_width(step_widths(st, FINISH_PER_OCTAVE), running, go,
                    lambda f, go, w: _finish_at(f.state, st, c, i, now, n_preempted, go, w,
                                                defer, factor), init)
-    if defer:
-        releases = out.releases
-        if st.stretches:  # the outlook read the fills, lengths and block tables the plan
-            # writes: its values feed the plan, so that XLA writes them in place (after_reads)
-            seen = jnp.minimum(jnp.min(out.outlook.spare_cum),
-                               out.outlook.decoding.astype(jnp.int32))
+    releases, todo = out.releases, out.loop
+    if st.stretches:  # the outlook read the fills, lengths and block tables that the
+        # completions write: its values feed them, so that XLA writes them in place
+        seen = jnp.minimum(jnp.min(out.outlook.spare_cum),
+                           out.outlook.decoding.astype(jnp.int32))
+        todo = todo._replace(count=after_reads(todo.count, seen))
+        if defer:
             releases = releases._replace(fast=after_reads(releases.fast, seen))
-        s = completion.complete_planned(out.state, st, c, i, releases)
-    else:
-        s = out.state
+    # a lane's completions go either one at a time or in the queued pass
+    s = completion.run_loop(out.state, st, c, i, todo, defer)
+    if defer:
+        s = completion.complete_planned(s, st, c, i, releases)
     if not st.stretches:
         return s
     # no prefill tokens, one decode token each; slowed while the instance still warms up
