@@ -27,7 +27,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 _ALIAS = re.compile(r"^(#loc\d+) = loc\((.*)\)$", re.M)
-_FILE_LINE = re.compile(r'"([^"]*blisjax/[^"]*)":(\d+)')
+_FILE_LINE = re.compile(r'"([^"]+\.py)":(\d+)')
+PACKAGE = ROOT / "blisjax"
 _OP_LOC = re.compile(r" loc\((#loc\d+)\)\s*$")
 
 
@@ -46,15 +47,17 @@ def _function_at(path: str, line: int) -> str:
     return max(spans)[1] if spans else "<module>"
 
 
-def count_by_function(text: str) -> tuple[int, collections.Counter]:
-    """(operations, inclusive count per ``module.py:function``) of a lowered program's text
-    printed with its debug locations."""
+def count_by_function(text: str, package: Path = PACKAGE) -> tuple[int, collections.Counter]:
+    """(operations, inclusive count per ``module.py:function`` of the source files under
+    ``package``) of a lowered program's text printed with its debug locations."""
     alias = dict(_ALIAS.findall(text))
+    prefix = f"{Path(package).resolve()}/"
 
     @functools.lru_cache(None)
     def frames(key: str, depth: int = 0) -> tuple[tuple[str, str], ...]:
         loc = alias.get(key, key)
-        found = tuple(_FILE_LINE.findall(loc))
+        found = tuple((path, n) for path, n in _FILE_LINE.findall(loc)
+                      if path.startswith(prefix))
         if depth < 64:
             for ref in re.findall(r"#loc\d+", loc):
                 found += frames(ref, depth + 1)
@@ -67,7 +70,7 @@ def count_by_function(text: str) -> tuple[int, collections.Counter]:
         if not m or not line.lstrip().startswith(("%", '"', "stablehlo")):
             continue
         total += 1
-        names = {f"{path.split('blisjax/')[-1]}:{_function_at(path, int(n))}"
+        names = {f"{path[len(prefix):]}:{_function_at(path, int(n))}"
                  for path, n in frames(m.group(1))}
         counts.update(names)
     return total, counts
