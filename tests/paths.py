@@ -1,12 +1,23 @@
-"""Where the tests find BLIS's reference outputs: ``tests/data/`` inside the repository."""
+"""Where the tests find BLIS's reference outputs (``tests/data/`` inside the repository) and the
+benchmark scripts whose tools they check."""
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
+from types import ModuleType
 
 REPO = Path(__file__).resolve().parents[1]
 DATA_DIR = REPO / "tests" / "data"
 GOLDEN_DIR = DATA_DIR / "blis-golden"
+
+
+def benchmark_script(name: str) -> ModuleType:
+    """``benchmarks/{name}.py`` loaded as a module (the benchmarks are scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 # The five BLIS golden-dataset cases. Tests enumerate them by number, never by listing the folder,
 # so a missing file fails its test instead of leaving nothing to run.

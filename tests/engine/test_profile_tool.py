@@ -3,22 +3,17 @@ compiled module's stack-frame index, and exclusive times of nested trace events.
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import re
 
 import jax
 import jax.numpy as jnp
 
-from tests.paths import REPO
+from tests.paths import REPO, benchmark_script
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location(
-        "profile_engine", REPO / "benchmarks" / "profile_engine.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_script("profile_engine")
 
 
 def _inner(x):
@@ -74,10 +69,7 @@ def test_hlo_copies_lists_large_copies_in_loop_bodies_with_their_users(monkeypat
     """``hlo_copies.py``: a copy of 8,004 elements in a loop body is listed, a small one and
     one in the entry computation are not, and its user's engine frames are named."""
     monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("hlo_copies",
-                                                  REPO / "benchmarks" / "hlo_copies.py")
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    tool = benchmark_script("hlo_copies")
     assert tool._elements("s32[4,2001]{1,0}") == 8004 and tool._elements("(s32[2], f64[])") == 0
     copies = tool.loop_copies(HLO, min_elements=8000)
     assert copies == [("body.1", "copy.7", "s32[4,2001]{1,0}")]

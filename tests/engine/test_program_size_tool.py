@@ -3,21 +3,15 @@ to every blisjax function on its source stack, once per time that function was t
 
 from __future__ import annotations
 
-import importlib.util
-
 import jax
 import jax.numpy as jnp
 
 from blisjax.engine import vec
-from tests.paths import REPO
+from tests.paths import benchmark_script
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location(
-        "program_size", REPO / "benchmarks" / "program_size.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_script("program_size")
 
 
 def _counts(fn):
