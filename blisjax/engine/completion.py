@@ -1,9 +1,11 @@
 """Completions of an instance's step: requests that finished or reached the length cap leave
 the batch, their final tokens allocated and their KV released (or queued for release).
 
-Counterpart: ``blisjax.reference.instance.Instance._complete`` and ``_finish`` (``complete``).
-With deferred releases the lanes whose completions all fit one pass are completed by one
-planned pass after the step's width programs (``_plan_queued``, ``complete_planned``).
+Counterpart: ``blisjax.reference.instance.Instance._complete`` and ``_finish`` (``complete``
+accounts the batch; ``run_loop`` and ``complete_planned`` complete the requests). Both run
+once after the step's width programs: with deferred releases the lanes whose completions all
+fit one pass are completed by one planned pass (``_plan_queued``, ``complete_planned``), the
+others one request at a time (``run_loop``).
 Behaviour: docs/semantics.md §2.7.
 """
 
@@ -77,9 +79,7 @@ def complete(s: SimState, st, c, i, now, d, active, running: Running, defer: boo
     def listing(todo, go):
         """What the one-at-a-time loop (``run_loop``, after the width programs) reads of the
         running positions: the k-th finishing position's, at the batch slots' width."""
-        slots_b = st.batch_slots
-        kth = jnp.zeros(slots_b, jnp.int32).at[jnp.where(fin, rank, slots_b)].set(
-            jnp.arange(width, dtype=jnp.int32), mode="drop")
+        kth = finishing_positions(fin, rank, st.batch_slots)
         return LoopCompletions(count_loop, slots[kth], reqs[kth], pi[kth], l_in[kth],
                                out[kth], done[kth])
 
@@ -100,6 +100,13 @@ def complete(s: SimState, st, c, i, now, d, active, running: Running, defer: boo
         last_left=upd(s.last_left, i, jnp.maximum(s.last_left[i], left),
                       active & (count > 0) & (left <= st.horizon_us)))
     return s, plan, todo
+
+
+def finishing_positions(fin, rank, size: int):
+    """[size] int32: the running position of the k-th finishing request (``fin`` [width],
+    ``rank`` its prefix count - 1) at index k, for k < min(finishing, size); 0 elsewhere."""
+    return jnp.zeros(size, jnp.int32).at[jnp.where(fin, rank, size)].set(
+        jnp.arange(fin.shape[0], dtype=jnp.int32), mode="drop")
 
 
 class LoopCompletions(NamedTuple):
@@ -212,10 +219,7 @@ def _plan_queued(s: SimState, st, c, i, fin, done, rank, count, running: Running
     pi, l_in, out = running.pi, running.l_in, running.out
     depth = s.rel_slots.shape[0]
     k = jnp.arange(depth, dtype=jnp.int32)
-    width = fin.shape[0]
-    # the k-th finishing position, for k < count (count <= depth where it is used)
-    pos = jnp.zeros(depth, jnp.int32).at[jnp.where(fin & (rank < depth), rank, depth)].set(
-        jnp.arange(width, dtype=jnp.int32), mode="drop")
+    pos = finishing_positions(fin, rank, depth)  # count <= depth where it is used
     on = k < count
     sb, r = slots[pos], jnp.where(on, reqs[pos], st.num_requests)
     p_r, l_r, o_r = pi[pos], l_in[pos], out[pos]
