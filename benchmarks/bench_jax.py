@@ -237,8 +237,8 @@ def run_jax(resolved, workload, lanes: int, warm_calls: int = 2,
     final = compiled(consts, params)
     jax.block_until_ready(final)
     run_s = time.perf_counter() - start
-    events = int(np.asarray(final.iters).sum())
-    final_stretched = final.stretched
+    events = int(np.asarray(final.run.iters).sum())
+    final_stretched = final.run.stretched
     first = lane_result(st, consts, final, 0)
     state_bytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(final)) // lanes
     del final  # the warm calls must not hold two populations' states at once (peak RSS)

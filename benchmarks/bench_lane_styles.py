@@ -5,7 +5,7 @@ trips it needs, its handlers only when it needs them). Both run the same engine 
 style is the lane block (``simulate_population(lane_block=...)``).
 
 Prints one JSON line per (style, P): compile and run seconds, seconds per simulation, lane-events
-(``SimState.iters``) and microseconds per lane-event. Every style gives the same per-lane
+(``RunControl.iters``) and microseconds per lane-event. Every style gives the same per-lane
 results (checked here on each lane's TTFTs). Kernel counts: ``profile_engine.py --anchor
 --lanes 1``. Figures: docs/performance.md, "Lockstep or solo lanes".
 
@@ -47,7 +47,7 @@ def run(requests: int, lanes: int, style: str, calls: int) -> tuple[dict, np.nda
         final = compiled(consts, params)
         jax.block_until_ready(final)
         times.append(time.perf_counter() - start)
-    events = int(np.asarray(final.iters).sum())
+    events = int(np.asarray(final.run.iters).sum())
     best = min(times)
     row = {"style": style, "lanes": lanes, "requests": requests, "compile_s": round(compile_s, 1),
            "run_s": [round(t, 2) for t in times], "per_simulation_s": round(best / lanes, 4),

@@ -18,11 +18,12 @@ Glossary of the short names used throughout (arguments and locals):
   (``st.num_requests``) is the sink row masked writes go to; ``r_or_sink`` = r where the write
   applies, N elsewhere.
 * ``sb``: a batch slot of an instance (``0 .. st.batch_slots - 1``); a slot holds one running
-  request (``slot_req``) and its block table (``bt``, ``blen``). ``slots``: several.
-* ``pos``: a running position, an index into ``order[i, :n_run]`` (batch order); ``vpos``
-  the position of a preemption victim.
+  request (``s.batch.slot_req``) and its block table (``s.batch.bt``, ``blen``). ``slots``:
+  several.
+* ``pos``: a running position, an index into ``s.batch.order[i, :n_run]`` (batch order);
+  ``vpos`` the position of a preemption victim.
 * ``k``: an offset from a wait queue's head, or a loop counter. ``e``: an entry of an
-  instance's α-delay window (``pend_*``). ``t``: a tenant. ``g``: a prefix group (in
+  instance's α-delay window (``s.window``). ``t``: a tenant. ``g``: a prefix group (in
   ``kvcache._grant_chunk``: a fresh block's index within the grant). ``j``: a block's index
   within a request's block table. ``b``: a KV block id of an instance. ``m``: a block count,
   or a block's index among one request's fresh blocks.

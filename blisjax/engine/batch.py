@@ -24,6 +24,7 @@ from blisjax.engine import kvcache as kv
 from blisjax.engine import recent, sessions
 from blisjax.engine.lockstep import add, after_reads, by_width, lane_max, lane_while, upd
 from blisjax.engine.policies import head_offset, priority_score
+from blisjax.engine.pytree import pytree_dataclass
 from blisjax.engine.queues import (
     order_remove_at,
     q_at,
@@ -33,6 +34,38 @@ from blisjax.engine.queues import (
 )
 from blisjax.engine.state import DECODE, NIL, QUEUED, RUNNING, SimState
 from blisjax.engine.vec import prefix_sum
+
+
+@pytree_dataclass
+class BatchState:
+    """Each instance's running batch (``Instance.running``) and step clock. Shapes: I
+    instances, B batch slots (with P/D pools, reservation slots after them:
+    ``EngineStatic.slot_count``; the running order has B positions), MB blocks per request."""
+
+    order: jax.Array  # int32 [I, B]: batch slots in running order; the first n_run are valid
+    n_run: jax.Array  # int32 [I]: running requests
+    slot_req: jax.Array  # int32 [I, slots]: request in the slot, -1 = free
+    bt: jax.Array  # int32 [I, slots, MB]: block table per slot (the request's blocks, in order)
+    blen: jax.Array  # int32 [I, slots]: blocks the slot holds
+    step_cached: jax.Array  # int32 [I, slots]: prefix tokens of the slot's request if admitted
+    #                          this step (physics latency only)
+    ema: jax.Array  # float64 [I]: physics preemption EMA
+    step_time: jax.Array  # int64 µs [I]: next step, -1 = none pending
+    clock: jax.Array  # int64 µs [I]: time of the last executed event
+    last_left: jax.Array  # int64 µs [I]: latest completion time within the horizon
+
+
+def init_batch(st) -> BatchState:
+    """Every batch empty, no step pending."""
+    i, slots = st.num_instances, st.slot_count
+    i32, i64 = jnp.int32, jnp.int64
+    return BatchState(
+        order=jnp.full((i, st.batch_slots), NIL, i32), n_run=jnp.zeros(i, i32),
+        slot_req=jnp.full((i, slots), NIL, i32),
+        bt=jnp.full((i, slots, st.max_blocks_per_request), NIL, i32),
+        blen=jnp.zeros((i, slots), i32), step_cached=jnp.zeros((i, slots), i32),
+        ema=jnp.zeros(i, jnp.float64), step_time=jnp.full(i, -1, i64), clock=jnp.zeros(i, i64),
+        last_left=jnp.zeros(i, i64))
 
 
 def clamp_prefill(st, n, start, budget):
@@ -48,10 +81,11 @@ def clamp_prefill(st, n, start, budget):
 
 def victim_position(s: SimState, st, c, p, i, width: int):
     """fcfs: the tail; priority: least urgent, latest arrival, tail-most among equals."""
-    n = s.n_run[i]
+    n = s.batch.n_run[i]
     pos = jnp.arange(width)
     valid = pos < n
-    r = jnp.where(valid, s.slot_req[i, jnp.maximum(s.order[i, :width], 0)], st.num_requests)
+    r = jnp.where(valid, s.batch.slot_req[i, jnp.maximum(s.batch.order[i, :width], 0)],
+                  st.num_requests)
     neg = -s.prio[r]
     m1 = jnp.max(jnp.where(valid, neg, -jnp.inf))
     cand = valid & (neg == m1)
@@ -64,9 +98,9 @@ def victim_position(s: SimState, st, c, p, i, width: int):
 
 def evict(s: SimState, st, c, p, i, vpos, budget, active):
     """Preempt the request at running position vpos: progress lost, KV freed, queue front."""
-    sb = s.order[i, jnp.maximum(vpos, 0)]
+    sb = s.batch.order[i, jnp.maximum(vpos, 0)]
     sb0 = jnp.maximum(sb, 0)
-    r = jnp.where(active, s.slot_req[i, sb0], st.num_requests)
+    r = jnp.where(active, s.batch.slot_req[i, sb0], st.num_requests)
     budget = (budget + jnp.where(active & (s.num_new[r] > 0), s.num_new[r], 0)).astype(jnp.int32)
     s = kv.release(s, st, i, sb0, active)
     # Each write below is tied (``after_reads``) to results of what read its array's old value
@@ -75,14 +109,15 @@ def evict(s: SimState, st, c, p, i, vpos, budget, active):
     # every eviction (fusion re-reads the slot inside each kernel that uses it). All tie
     # values are >= 0: r, the budget, ftail, a block count, a slot's request + 1.
     tie = jnp.minimum(r, jnp.maximum(budget, 0))
-    s = s.replace(
-        num_new=s.num_new.at[r].set(after_reads(jnp.int32(0), tie)),
-        status=s.status.at[r].set(QUEUED),
-        pi=s.pi.at[r].set(0), itl_sum=s.itl_sum.at[r].set(0), computed=s.computed.at[r].set(0),
-        preempt=s.preempt.at[r].add(1), preempt_count=add(s.preempt_count, i, 1, active),
-        slot_req=upd(s.slot_req, (i, sb0), after_reads(NIL, tie), active))
-    done = jnp.minimum(jnp.minimum(tie, s.ftail[i]),
-                       jnp.minimum(s.blen[i, sb0], s.slot_req[i, sb0] + 1))
+    s = s.replace(num_new=s.num_new.at[r].set(after_reads(jnp.int32(0), tie)),
+                  status=s.status.at[r].set(QUEUED), pi=s.pi.at[r].set(0),
+                  itl_sum=s.itl_sum.at[r].set(0), computed=s.computed.at[r].set(0),
+                  preempt=s.preempt.at[r].add(1),
+                  batch=s.batch.replace(
+                      slot_req=upd(s.batch.slot_req, (i, sb0), after_reads(NIL, tie), active)),
+                  stats=s.stats.replace(preempt_count=add(s.stats.preempt_count, i, 1, active)))
+    done = jnp.minimum(jnp.minimum(tie, s.kv.ftail[i]),
+                       jnp.minimum(s.batch.blen[i, sb0], s.batch.slot_req[i, sb0] + 1))
     s = order_remove_at(s, st, i, after_reads(vpos, done), active)
     s = q_push_front(s, st, i, r, active)
     return s, budget, sb
@@ -113,7 +148,7 @@ def preempt_for_tokens(s: SimState, st, c, p, i, sb, r, *, n, pos, budget, activ
             ok = tried.ok
         else:
             ok = kv.can_allocate(s, st, c, i, sb, r, start=pi, end=pi + n, cached=empty, n_cached=0)
-        no_one = s.n_run[i] == 0
+        no_one = s.batch.n_run[i] == 0
         do_evict = going & ~ok & ~no_one
         vpos = victim_position(s, st, c, p, i, width)
         s, budget, vslot = evict(s, st, c, p, i, vpos, budget, do_evict)
@@ -183,7 +218,7 @@ def phase1_fast(s: SimState, st, c, i, active, width: int, start=0, budget=None,
     blen, last, filled = fill.blen, fill.last, fill.filled
     fresh = jnp.where(served, kv.blocks_needed(st, blen, filled, n), 0).astype(jnp.int32)
     fresh_through = prefix_sum(fresh)
-    short = served & (fresh_through > s.kv_free[i])
+    short = served & (fresh_through > s.kv.kv_free[i])
     if st.tiered:  # a request holding fewer blocks than its full prompt blocks may reload
         # from the CPU tier (a prefill chunk; a decode token of a request whose whole prompt
         # was cached at admission holds only its decode blocks): the loop allocates it
@@ -221,12 +256,12 @@ def phase1(s: SimState, st, c, p, i, active, width: int):
 
     def cond(carry):
         s, pos, budget, pre, halt = carry
-        return active & ~halt & (pos < s.n_run[i]) & (budget > 0)
+        return active & ~halt & (pos < s.batch.n_run[i]) & (budget > 0)
 
     def body(carry, go):
         s, pos, budget, pre, halt = carry
-        sb = s.order[i, jnp.minimum(pos, st.batch_slots - 1)]
-        r = jnp.where(go, s.slot_req[i, jnp.maximum(sb, 0)], st.num_requests)
+        sb = s.batch.order[i, jnp.minimum(pos, st.batch_slots - 1)]
+        r = jnp.where(go, s.batch.slot_req[i, jnp.maximum(sb, 0)], st.num_requests)
         wants = _continue_wants(s, st, c, r)
         needs, want = wants.needs, wants.tokens
         need = go & needs
@@ -256,14 +291,14 @@ def phase2(s: SimState, st, c, p, i, now, budget, preempted, active):
 
     def cond(carry):
         s, budget, stop = carry
-        return (active & ~stop & ~preempted & (s.n_run[i] < st.batch_slots) & (s.q_len[i] > 0)
-                & (budget > 0))
+        return (active & ~stop & ~preempted & (s.batch.n_run[i] < st.batch_slots)
+                & (s.queue.length[i] > 0) & (budget > 0))
 
     def body(carry, go):
         s, budget, stop = carry
         k = head_offset(s, st, c, p, i, now, go)
         r = q_at(s, st, i, k)
-        sb = jnp.argmax(s.slot_req[i, :st.batch_slots] == NIL).astype(jnp.int32)
+        sb = jnp.argmax(s.batch.slot_req[i, :st.batch_slots] == NIL).astype(jnp.int32)
         if st.pd:  # a decode sub-request holding its transferred KV: its first decode token
             held = (s.pd.phase[jnp.minimum(r, st.num_requests)] == DECODE) \
                 & (r <= st.num_requests) & (s.pi[r] >= c.input_tokens[r])
@@ -282,7 +317,7 @@ def phase2(s: SimState, st, c, p, i, now, budget, preempted, active):
             n_w = clamp_prefill(st, c.input_tokens[r] - start_w, start_w, budget)
             ok_w = go & kv.can_allocate(s, st, c, i, sb, r, start=start_w, end=start_w + n_w,
                                         cached=cached, n_cached=n_cached)
-            claim = ok_w & (n_w > 0) & (s.blen[i, sb] == 0) & (n_cached > 0)
+            claim = ok_w & (n_w > 0) & (s.batch.blen[i, sb] == 0) & (n_cached > 0)
             s = kv.claim_cached(s, st, i, sb, cached, n_cached, claim)
             return (s, jnp.where(go, start_w, start), jnp.where(go, n_w, n), ok | ok_w)
 
@@ -307,14 +342,17 @@ def phase2(s: SimState, st, c, p, i, now, budget, preempted, active):
                         cached=jnp.zeros(1, jnp.int32), n_cached=0, active=ok & ~allocated)
         r_or_sink = jnp.where(ok, r, st.num_requests)
         if st.stateful_latency:  # physics reads the prefix tokens of this step's admissions
-            s = s.replace(step_cached=upd(s.step_cached, (i, sb), start, ok))
-        s = s.replace(
-            order=upd(s.order, (i, s.n_run[i]), sb, ok), n_run=add(s.n_run, i, 1, ok),
-            slot_req=upd(s.slot_req, (i, sb), r, ok), status=s.status.at[r_or_sink].set(RUNNING),
-            num_new=s.num_new.at[r_or_sink].set(n),
-            computed=s.computed.at[r_or_sink].set(n + start),
-            sched=s.sched.at[r_or_sink].set(now - sessions.arrival_us(s, st, c, r)),
-            prio=s.prio.at[r_or_sink].set(priority_score(s, st, p, c, r, now)))
+            s = s.replace(batch=s.batch.replace(
+                              step_cached=upd(s.batch.step_cached, (i, sb), start, ok)))
+        s = s.replace(status=s.status.at[r_or_sink].set(RUNNING),
+                      num_new=s.num_new.at[r_or_sink].set(n),
+                      computed=s.computed.at[r_or_sink].set(n + start),
+                      sched=s.sched.at[r_or_sink].set(now - sessions.arrival_us(s, st, c, r)),
+                      prio=s.prio.at[r_or_sink].set(priority_score(s, st, p, c, r, now)),
+                      batch=s.batch.replace(
+                          order=upd(s.batch.order, (i, s.batch.n_run[i]), sb, ok),
+                          n_run=add(s.batch.n_run, i, 1, ok),
+                          slot_req=upd(s.batch.slot_req, (i, sb), r, ok)))
         if st.recent_signals:  # the admission's wait and cache hits (routing programs)
             s = recent.record(s, i, now, recent.WAIT, now - sessions.arrival_us(s, st, c, r),
                               1, ok)
@@ -344,12 +382,12 @@ def _admit_tiered(s: SimState, st, c, p, i, sb, r, budget, go):
             s, tried = kv.tiered_allocate(s, st, c, i, sb, r, start=start, end=start + n,
                                           cached=cached, n_cached=n_cached, active=go)
             t = s.tier
-            refused = go & ~tried.ok & (s.blen[i, sb] > 0)
+            refused = go & ~tried.ok & (s.batch.blen[i, sb] > 0)
             s = s.replace(tier=t.replace(hold_overflow=t.hold_overflow
                                          + refused.astype(jnp.int32)))
             return s, start, n, tried.ok, tried.ok
         # a request still holding the blocks of an earlier failed admission allocates there
-        holding = s.slot_req[i, st.hold_base:] == r
+        holding = s.batch.slot_req[i, st.hold_base:] == r
         held = go & jnp.any(holding)
         src = jnp.where(held, st.hold_base + jnp.argmax(holding), sb).astype(jnp.int32)
         s, tried = kv.tiered_allocate(s, st, c, i, src, r, start=start, end=start + n,
@@ -364,7 +402,7 @@ def _admit_tiered(s: SimState, st, c, p, i, sb, r, budget, go):
     n = clamp_prefill(st, c.input_tokens[r] - start, start, budget)
     ok = go & kv.can_allocate(s, st, c, i, sb, r, start=start, end=start + n, cached=cached,
                               n_cached=n_cached)
-    claim = ok & (n > 0) & (s.blen[i, sb] == 0) & (n_cached > 0)
+    claim = ok & (n > 0) & (s.batch.blen[i, sb] == 0) & (n_cached > 0)
     s = kv.claim_cached(s, st, i, sb, cached, n_cached, claim)
     t = s.tier
     s = s.replace(tier=t.replace(cpu_misses=add(t.cpu_misses, i, 1, go & ~ok & (count == 0))))
@@ -377,16 +415,17 @@ def _settle_held_blocks(s: SimState, st, i, r, sb, src, held, ok, go) -> SimStat
     it claimed before failing (``kvcache.tiered_allocate``) stay its own while it waits, in a
     holder slot (none free: flagged, ``KVTierState.hold_overflow``)."""
     s = _move_blocks(s, i, src, sb, held & ok)
-    s = s.replace(slot_req=upd(s.slot_req, (i, src), NIL, held & ok))
-    keeps = go & ~held & ~ok & (s.blen[i, sb] > 0)
-    free = s.slot_req[i, st.hold_base:] == NIL
+    s = s.replace(batch=s.batch.replace(slot_req=upd(s.batch.slot_req, (i, src), NIL, held & ok)))
+    keeps = go & ~held & ~ok & (s.batch.blen[i, sb] > 0)
+    free = s.batch.slot_req[i, st.hold_base:] == NIL
     room = jnp.any(free)
     h = (st.hold_base + jnp.argmax(free)).astype(jnp.int32)
     s = _move_blocks(s, i, sb, h, keeps & room)
     t = s.tier
-    return s.replace(slot_req=upd(s.slot_req, (i, h), r, keeps & room),
-                     tier=t.replace(hold_overflow=t.hold_overflow
-                                    + (keeps & ~room).astype(jnp.int32)))
+    return s.replace(
+        tier=t.replace(hold_overflow=t.hold_overflow
+                                    + (keeps & ~room).astype(jnp.int32)),
+        batch=s.batch.replace(slot_req=upd(s.batch.slot_req, (i, h), r, keeps & room)))
 
 
 def _admit_decode(s: SimState, st, c, i, r, sb, active):
@@ -394,12 +433,12 @@ def _admit_decode(s: SimState, st, c, i, r, sb, active):
     branch in ``Instance._form_batch``): one decode token allocated in its reservation slot,
     whose blocks then move to running slot sb. Returns ``(state, ok)``."""
     l_in = c.input_tokens[r]
-    src = jnp.argmax(s.slot_req[i] == r).astype(jnp.int32)
+    src = jnp.argmax(s.batch.slot_req[i] == r).astype(jnp.int32)
     # with a CPU tier the tiered allocation (its prompt blocks are held: nothing to reload)
     s, ok = kv.allocate_uncached(s, st, c, i, src, r, start=l_in, end=l_in + 1, active=active,
                                  chunk=1)
     s = _move_blocks(s, i, src, sb, ok)
-    return s.replace(slot_req=upd(s.slot_req, (i, src), NIL, ok)), ok
+    return s.replace(batch=s.batch.replace(slot_req=upd(s.batch.slot_req, (i, src), NIL, ok))), ok
 
 
 def _move_blocks(s: SimState, i, src, dst, active) -> SimState:
@@ -408,8 +447,10 @@ def _move_blocks(s: SimState, i, src, dst, active) -> SimState:
     # one gather and one scatter per array: a second read of the old array after a first
     # write would make XLA copy the whole block table
     pair = jnp.stack([src, dst])
-    tables, held = s.bt[i, pair], s.blen[i, pair]
+    tables, held = s.batch.bt[i, pair], s.batch.blen[i, pair]
     empty_row = jnp.full_like(tables[0], NIL)
     return s.replace(
-        bt=s.bt.at[i, pair].set(jnp.where(active, jnp.stack([empty_row, tables[0]]), tables)),
-        blen=s.blen.at[i, pair].set(jnp.where(active, jnp.stack([0, held[0]]), held)))
+        batch=s.batch.replace(
+            bt=s.batch.bt.at[i, pair].set(
+                jnp.where(active, jnp.stack([empty_row, tables[0]]), tables)),
+            blen=s.batch.blen.at[i, pair].set(jnp.where(active, jnp.stack([0, held[0]]), held))))

@@ -29,6 +29,7 @@ from blisjax.engine import gateway, instance, lifecycle, pd, policies, sessions,
 from blisjax.engine.exactfloat import ieee_divide
 from blisjax.engine.lockstep import add, lane_once, lane_while, upd
 from blisjax.engine.params import POOL_PREFILL
+from blisjax.engine.pytree import pytree_dataclass
 from blisjax.engine.state import (
     ADMITTED,
     COMPLETED,
@@ -53,34 +54,70 @@ F64 = jnp.float64
 # ---- cluster events: admission and routing -----------------------------------------------------
 
 
+@pytree_dataclass
+class Cursors:
+    """Where the cluster's event streams stand (``ClusterSimulator``'s counters); scalars."""
+
+    admit: jax.Array  # int32: next request to admit (requests are in arrival order)
+    route: jax.Array  # int32: next request to route
+    deadline: jax.Array  # int32: first entry of c.deadline_order not known to be handled
+    route_seq: jax.Array  # int64: routings so far (orders same-time enqueues, window.seq)
+    enq_counter: jax.Array  # int64: enqueues so far (source of SimState.enq_seq)
+
+
+def init_cursors() -> Cursors:
+    """Nothing admitted, routed or enqueued."""
+    zero32, zero64 = jnp.asarray(0, jnp.int32), jnp.asarray(0, jnp.int64)
+    return Cursors(admit=zero32, route=zero32, deadline=zero32, route_seq=zero64,
+                   enq_counter=zero64)
+
+
+@pytree_dataclass
+class WindowState:
+    """Each instance's α-delay window: routed requests waiting for their enqueue; [I, E]."""
+
+    req: jax.Array  # int32: request in the window, -1 = free entry
+    time: jax.Array  # int64 µs: its enqueue time (routing time + α delay)
+    seq: jax.Array  # int64: its Cursors.route_seq (ties of same-time enqueues)
+
+
+def init_window(st) -> WindowState:
+    """Every entry free."""
+    shape = (st.num_instances, st.pending_slots)
+    return WindowState(req=jnp.full(shape, NIL, jnp.int32), time=jnp.zeros(shape, jnp.int64),
+                       seq=jnp.zeros(shape, jnp.int64))
+
+
 def refresh_snapshots(s: SimState, st, c, now, active) -> SimState:
     """Router snapshots of queue depth, batch size and KV utilisation, refreshed at every
     decision (interval 0) or when the refresh interval has passed, and the cache query's
     periodic copy of the hash slots when the cache signal delay has passed (docs/semantics.md
     §5.4; ``ClusterSimulator._snapshots``)."""
-    due = active & ((st.refresh_interval_us == 0) | (now - s.snap_last >= st.refresh_interval_us))
+    due = active & ((st.refresh_interval_us == 0)
+                    | (now - s.router.snap_last >= st.refresh_interval_us))
     # virtual decode steps before `now` have taken blocks (``stretch.kv_used_at``)
-    used = stretch.kv_used_at(s, st, now) if st.stretches else st.kv_blocks - s.kv_free
+    used = stretch.kv_used_at(s, st, now) if st.stretches else st.kv_blocks - s.kv.kv_free
     kv_util = ieee_divide(used.astype(F64), c.kv_blocks_f)  # not x·(1/blocks): exactfloat
-    s = s.replace(snap_qd=jnp.where(due, s.q_len, s.snap_qd),
-                  snap_bs=jnp.where(due, s.n_run, s.snap_bs),
-                  snap_kv=jnp.where(due, kv_util, s.snap_kv),
-                  snap_last=jnp.where(due, now, s.snap_last))
+    s = s.replace(router=s.router.replace(snap_qd=jnp.where(due, s.queue.length, s.router.snap_qd),
+                                          snap_bs=jnp.where(due, s.batch.n_run, s.router.snap_bs),
+                                          snap_kv=jnp.where(due, kv_util, s.router.snap_kv),
+                                          snap_last=jnp.where(due, now, s.router.snap_last)))
     if st.lifecycle:  # the autoscaler reads the blocks in use
         life = s.life
         s = s.replace(life=life.replace(snap_used=jnp.where(due, used.astype(jnp.int32),
                                                             life.snap_used)))
     if not st.cache_copy_on:
         return s
-    copy_due = active & (now - s.cache_copy_last >= st.cache_signal_delay_us)
+    copy_due = active & (now - s.router.cache_copy_last >= st.cache_signal_delay_us)
 
     def copy(s, go):  # run only when some lane's copy is due
         # prefix-group slots only: a request's own blocks are never registered before it is
         # first routed, so the query never finds them (``policies.cache_query``); the copy's
         # size and cost do not grow with the request count
-        registered = s.slot_block[:st.group_slots + st.session_slots] >= 0
-        return s.replace(cache_copy=jnp.where(go, registered, s.cache_copy),
-                         cache_copy_last=jnp.where(go, now, s.cache_copy_last))
+        registered = s.kv.slot_block[:st.group_slots + st.session_slots] >= 0
+        return s.replace(router=s.router.replace(
+                             cache_copy=jnp.where(go, registered, s.router.cache_copy),
+                             cache_copy_last=jnp.where(go, now, s.router.cache_copy_last)))
 
     return lane_once(copy_due, copy, s)
 
@@ -92,7 +129,7 @@ def admission(s: SimState, st, c, p, now, active) -> SimState:
     if st.sessions:  # the earliest arrival not yet admitted, a follow-up's or not
         s, r = sessions.admit_next(s, st, c, active)
     else:
-        r = jnp.where(active, s.adm_cursor, st.num_requests)
+        r = jnp.where(active, s.cursors.admit, st.num_requests)
     s = refresh_snapshots(s, st, c, now, active)
     decision = policies.admit(s, st, c, p, r, now, active, router_members(s, st, p))
     admitted = decision.admitted
@@ -105,12 +142,15 @@ def admission(s: SimState, st, c, p, now, active) -> SimState:
         s = s.replace(gw=g.replace(rejected=g.rejected + refused.astype(jnp.int32)))
         admitted = admitted & ~refused
     s = s.replace(
-        bucket=decision.bucket, bucket_last=decision.bucket_last,
-        tenant_bucket=decision.tenant_bucket, tenant_bucket_last=decision.tenant_bucket_last,
         status=s.status.at[r].set(jnp.where(admitted, ADMITTED, REJECTED).astype(s.status.dtype)),
-        rejected=s.rejected + (active & ~decision.admitted).astype(jnp.int32),
-        tenant_in_flight=add(s.tenant_in_flight, c.tenant[r], 1, active & admitted),
-        adm_cursor=s.adm_cursor + active.astype(jnp.int32))
+        cursors=s.cursors.replace(admit=s.cursors.admit + active.astype(jnp.int32)),
+        admission=s.admission.replace(
+            bucket=decision.bucket,
+            bucket_last=decision.bucket_last,
+            tenant_bucket=decision.tenant_bucket,
+            tenant_bucket_last=decision.tenant_bucket_last,
+            rejected=s.admission.rejected + (active & ~decision.admitted).astype(jnp.int32),
+            tenant_in_flight=add(s.admission.tenant_in_flight, c.tenant[r], 1, active & admitted)))
     if st.lifecycle:
         s = s.replace(life=s.life.replace(
             unrouted=s.life.unrouted + (active & admitted).astype(jnp.int32)))
@@ -149,9 +189,9 @@ def routing(s: SimState, st, c, p, now, active) -> SimState:
     disaggregate it) and the request enters that instance's α-delay window
     (``instance.inject_arrival``)."""
     if st.gateway:  # in dispatch order
-        cursor = gateway.next_routing(s.gw, s.route_cursor, st.num_requests)[1]
+        cursor = gateway.next_routing(s.gw, s.cursors.route, st.num_requests)[1]
     else:
-        cursor = s.sess.order[s.route_cursor] if st.sessions else s.route_cursor
+        cursor = s.sess.order[s.cursors.route] if st.sessions else s.cursors.route
     r = jnp.where(active, cursor, st.num_requests)
     go = active & (s.status[r] == ADMITTED)
     s = refresh_snapshots(s, st, c, now, go)
@@ -160,7 +200,7 @@ def routing(s: SimState, st, c, p, now, active) -> SimState:
         s = instance.inject_arrival(s, st, c, target, r, now, whole)
     else:
         s = route_to_instance(s, st, c, p, r, now, go)
-    return s.replace(route_cursor=s.route_cursor + active.astype(jnp.int32))
+    return s.replace(cursors=s.cursors.replace(route=s.cursors.route + active.astype(jnp.int32)))
 
 
 def router_members(s: SimState, st, p):
@@ -195,8 +235,9 @@ def route_to_instance(s: SimState, st, c, p, r, now, go) -> SimState:
     s = s.replace(
         status=s.status.at[jnp.where(none, r, st.num_requests)].set(REJECTED),
         instance=s.instance.at[jnp.where(none, r, st.num_requests)].set(NIL),  # redirected
-        tenant_in_flight=upd(s.tenant_in_flight, t, jnp.maximum(s.tenant_in_flight[t] - 1, 0),
-                             none))
+        admission=s.admission.replace(tenant_in_flight=upd(
+            s.admission.tenant_in_flight, t, jnp.maximum(s.admission.tenant_in_flight[t] - 1, 0),
+            none)))
     return s.replace(life=lifecycle.routed(s.life, st, p, r, target, routed, none))
 
 
@@ -226,8 +267,9 @@ def transfer_event(s: SimState, st, c, p, k, now, active) -> SimState:
 
     def end(s, go):
         s = pd.transfer_ended(s, st, p, k, r, now, go)
-        s = s.replace(in_flight=add(s.in_flight, d, 1, go),
-                      tenant_in_flight=add(s.tenant_in_flight, c.tenant[r], 1, go))
+        s = s.replace(router=s.router.replace(in_flight=add(s.router.in_flight, d, 1, go)),
+                      admission=s.admission.replace(
+                          tenant_in_flight=add(s.admission.tenant_in_flight, c.tenant[r], 1, go)))
         return instance.enqueue_decode(s, st, c, d, r, now, go)
 
     s = lane_once(active & ~ending, start, s)
@@ -341,7 +383,7 @@ def _drain(s: SimState, st, c, p, v, now, go) -> SimState:
     life = life.replace(dropped_at_drain=add(life.dropped_at_drain, v, dropped, immediate))
     taken = jnp.where(p.autoscaler.drain == DrainPolicy.REDIRECT,
                       instance.held_requests(s, st, v).count, 0)
-    idle = (s.in_flight[v] - taken == 0) & (not st.blis_quirks)
+    idle = (s.router.in_flight[v] - taken == 0) & (not st.blis_quirks)
     return s.replace(life=lifecycle.terminate(life, st, v, now, immediate | (go & idle)))
 
 
@@ -363,13 +405,13 @@ class DeadlineWindow(NamedTuple):
 def _deadline_window(s: SimState, st, c) -> DeadlineWindow:
     """The requests at the deadline cursor's time."""
     w = st.deadline_window
-    idx = s.dl_cursor + jnp.arange(w + 1)
+    idx = s.cursors.deadline + jnp.arange(w + 1)
     wr = c.deadline_order[jnp.minimum(idx, st.num_deadlines)]
     valid = (idx < st.num_deadlines) & (wr >= 0)
     wr_safe = jnp.where(valid, wr, st.num_requests)
-    first = c.deadline_order[jnp.minimum(s.dl_cursor, st.num_deadlines)]
+    first = c.deadline_order[jnp.minimum(s.cursors.deadline, st.num_deadlines)]
     # entries past the workload's own deadlines are -1 padding (shapes shared across workloads)
-    t = jnp.where((s.dl_cursor < st.num_deadlines) & (first >= 0),
+    t = jnp.where((s.cursors.deadline < st.num_deadlines) & (first >= 0),
                   c.deadline_us[jnp.maximum(first, 0)], INT64_MAX)
     member = valid & (c.deadline_us[wr_safe] == t) & ~s.tdone[wr_safe]
     live = lambda row: (s.status[row] == QUEUED) | (s.status[row] == RUNNING)  # noqa: E731
@@ -453,7 +495,7 @@ def next_event(s: SimState, st, c) -> NextEvent:
     instances the lowest index; within one, enqueue, step, timeout."""
     n = st.num_requests
     la, lr = st.admission_latency_us, st.routing_latency_us
-    ac, rc = s.adm_cursor, s.route_cursor
+    ac, rc = s.cursors.admit, s.cursors.route
     if st.sessions:  # arrivals merge the workload's rows and the follow-ups (engine.sessions)
         nxt = sessions.next_arrival(s, st, c).t_us
         adm_t = jnp.where(nxt < INT64_MAX, nxt + la, INT64_MAX)
@@ -484,12 +526,12 @@ def next_event(s: SimState, st, c) -> NextEvent:
     cl_kind = jnp.asarray([k for k, _ in kinds], jnp.int32)[first]
     cl_t = cl_times[first]
     # instance candidates
-    pt = jnp.where(s.pend_req >= 0, s.pend_time, INT64_MAX)  # [I, E]
+    pt = jnp.where(s.window.req >= 0, s.window.time, INT64_MAX)  # [I, E]
     pmin = jnp.min(pt, axis=1)
-    pseq = jnp.where(pt == pmin[:, None], s.pend_seq, INT64_MAX)
+    pseq = jnp.where(pt == pmin[:, None], s.window.seq, INT64_MAX)
     e_star = jnp.argmin(pseq, axis=1)
     # an instance's next step that runs on its own: after its virtual ones (``stretch``)
-    step_at = stretch.next_step_us(s, st) if st.stretches else s.step_time
+    step_at = stretch.next_step_us(s, st) if st.stretches else s.batch.step_time
     ts = jnp.where(step_at >= 0, step_at, INT64_MAX)
     inst_t = jnp.minimum(jnp.minimum(pmin, ts), timeout_t)
     if st.lifecycle and st.blis_quirks:  # arrival events (priority 0) come first
@@ -499,7 +541,7 @@ def next_event(s: SimState, st, c) -> NextEvent:
     best_t = inst_t[i_star]
     use_cluster = cl_t <= best_t
     t_evt = jnp.minimum(cl_t, best_t)
-    live = ~s.done & (t_evt <= st.horizon_us) & (t_evt < INT64_MAX)
+    live = ~s.run.done & (t_evt <= st.horizon_us) & (t_evt < INT64_MAX)
     if st.tiered:  # a lane whose queued request found no holder slot for its blocks stops:
         # its result is refused (``run.lane_result``), and going on could only take time
         live = live & (s.tier.hold_overflow == 0)
@@ -521,8 +563,11 @@ def _begin(s: SimState, st, ev: NextEvent, go):
     """Bookkeeping of every event: a lane with no live event is done; counters; the clock of
     the event's instance. Returns (state, whether the lane handles ``ev``)."""
     live = go & ev.live
-    s = s.replace(done=s.done | (go & ~ev.live), iters=s.iters + live.astype(jnp.int64),
-                  ovf_deadline=s.ovf_deadline + (live & ev.deadline_overflow).astype(jnp.int32))
+    s = s.replace(
+        run=s.run.replace(
+            done=s.run.done | (go & ~ev.live),
+            iters=s.run.iters + live.astype(jnp.int64),
+            ovf_deadline=s.run.ovf_deadline + (live & ev.deadline_overflow).astype(jnp.int32)))
     if st.lifecycle:  # held instances cost until the run's last event
         # a deadline no-op is a reference event only as a completed request's lazily
         # cancelled timeout (a dropped or redirected request's was removed, a request not yet
@@ -531,7 +576,8 @@ def _begin(s: SimState, st, ev: NextEvent, go):
         s = s.replace(life=s.life.replace(last_event_us=jnp.where(
             live & ~phantom, ev.t_us, s.life.last_event_us)))
     ins = live & (ev.cluster_kind < 0)
-    return s.replace(clock=upd(s.clock, ev.instance, ev.t_us, ins)), live
+    clock = upd(s.batch.clock, ev.instance, ev.t_us, ins)
+    return s.replace(batch=s.batch.replace(clock=clock)), live
 
 
 def _dispatch_cheap(s: SimState, st, c, p, ev: NextEvent, go) -> SimState:
@@ -547,7 +593,8 @@ def _dispatch_cheap(s: SimState, st, c, p, ev: NextEvent, go) -> SimState:
     route = cl & (ev.cluster_kind == CL_ROUTING)
     if st.routing_latency_us == 0 and not st.gateway:
         fused = _routing_follows(s, st, c, admit)
-        s = s.replace(iters=s.iters + fused.astype(jnp.int64))  # an event of its own
+        # an event of its own
+        s = s.replace(run=s.run.replace(iters=s.run.iters + fused.astype(jnp.int64)))
         route = route | fused
     s = lane_once(route, lambda s, go: routing(s, st, c, p, t_evt, go), s)
     if st.gateway:
@@ -601,14 +648,14 @@ def _routing_follows(s: SimState, st, c, admitted):
     Handling both in one pass of the cheap-event loop saves an iteration — an arrival's
     admission and routing in one iteration, its enqueue in another."""
     n = st.num_requests
-    r = s.adm_cursor - 1
+    r = s.cursors.admit - 1
     if st.sessions:
         this = s.sess.arrival_us[s.sess.order[jnp.maximum(r, 0)]]
         alone = sessions.next_arrival(s, st, c).t_us > this
-        return admitted & (s.route_cursor == r) & alone
-    nxt = jnp.minimum(s.adm_cursor, n)
-    alone = (s.adm_cursor >= n) | (c.arrival_us[nxt] > c.arrival_us[jnp.maximum(r, 0)])
-    return admitted & (s.route_cursor == r) & alone
+        return admitted & (s.cursors.route == r) & alone
+    nxt = jnp.minimum(s.cursors.admit, n)
+    alone = (s.cursors.admit >= n) | (c.arrival_us[nxt] > c.arrival_us[jnp.maximum(r, 0)])
+    return admitted & (s.cursors.route == r) & alone
 
 
 def _dispatch_step(s: SimState, st, c, p, ev: NextEvent, defer: bool = False) -> SimState:
@@ -616,10 +663,10 @@ def _dispatch_step(s: SimState, st, c, p, ev: NextEvent, defer: bool = False) ->
     step handler is compiled here. A step marks no deadline handled, so the deadline cursor
     stays where it is."""
     s, live = _begin(s, st, ev, jnp.asarray(True))
-    before = s.completed[ev.instance]
+    before = s.stats.completed[ev.instance]
     s = lane_once(live & ev.kind_step,
                   lambda s, go: instance.step(s, st, c, p, ev.instance, ev.t_us, go, defer), s)
-    return _after_instance_event(s, st, ev.instance, s.completed[ev.instance] - before,
+    return _after_instance_event(s, st, ev.instance, s.stats.completed[ev.instance] - before,
                                  ev.t_us, live & ev.kind_step)
 
 
@@ -681,4 +728,5 @@ def _advance_deadline_cursor(s: SimState, st, c) -> SimState:
     def body(cur, go):
         return cur + go.astype(cur.dtype)
 
-    return s.replace(dl_cursor=lane_while(cond, body, s.dl_cursor))
+    return s.replace(
+        cursors=s.cursors.replace(deadline=lane_while(cond, body, s.cursors.deadline)))

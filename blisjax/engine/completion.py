@@ -27,10 +27,10 @@ from blisjax.metrics import records
 def tenants_left(s: SimState, c, reqs, mask):
     """``tenant_in_flight`` after the requests ``reqs`` where ``mask`` left: max(x − 1, 0)
     once per request of the tenant, which is max(x − n, 0) (the reference's loop)."""
-    n_tenants = s.tenant_in_flight.shape[0]
+    n_tenants = s.admission.tenant_in_flight.shape[0]
     ended = jnp.zeros(n_tenants, jnp.int32).at[jnp.where(mask, c.tenant[reqs], n_tenants)].add(
         1, mode="drop")
-    left = s.tenant_in_flight
+    left = s.admission.tenant_in_flight
     return jnp.where(ended > 0, jnp.maximum(left - ended, 0), left)
 
 
@@ -90,15 +90,20 @@ def complete(s: SimState, st, c, i, now, d, active, running: Running, defer: boo
     # valid positions are 0 .. n_run - 1, so the kept ones up to position k number
     # k + 1 - fin_through[k]
     dest = jnp.where(keep, jnp.arange(width) - fin_through, width)
-    row = jnp.full(width + 1, NIL, jnp.int32).at[dest].set(s.order[i, :width])[:-1]
+    row = jnp.full(width + 1, NIL, jnp.int32).at[dest].set(s.batch.order[i, :width])[:-1]
     s = s.replace(
-        order=s.order.at[i, :width].set(jnp.where(active, row, s.order[i, :width])),
-        n_run=add(s.n_run, i, -count, active),
-        completed=add(s.completed, i, count.astype(jnp.int64), active),  # capped ones too
-        capped_count=add(s.capped_count, i, jnp.sum((fin & capped).astype(jnp.int64)), active),
-        in_flight=s.in_flight.at[i].set(jnp.maximum(s.in_flight[i] - count, 0)),
-        last_left=upd(s.last_left, i, jnp.maximum(s.last_left[i], left),
-                      active & (count > 0) & (left <= st.horizon_us)))
+        router=s.router.replace(
+            in_flight=s.router.in_flight.at[i].set(
+                jnp.maximum(s.router.in_flight[i] - count, 0))),
+        batch=s.batch.replace(
+            order=s.batch.order.at[i, :width].set(jnp.where(active, row, s.batch.order[i, :width])),
+            n_run=add(s.batch.n_run, i, -count, active),
+            last_left=upd(s.batch.last_left, i, jnp.maximum(s.batch.last_left[i], left),
+                          active & (count > 0) & (left <= st.horizon_us))),
+        stats=s.stats.replace(
+            completed=add(s.stats.completed, i, count.astype(jnp.int64), active),  # capped too
+            capped_count=add(s.stats.capped_count, i, jnp.sum((fin & capped).astype(jnp.int64)),
+                             active)))
     return s, plan, todo
 
 
@@ -156,16 +161,17 @@ def run_loop(s: SimState, st, c, i, todo: LoopCompletions, defer: bool = False) 
         s, ok = kv.allocate_uncached(s, st, c, i, sb, r, start=p_r, end=p_r + 1, active=final,
                                      chunk=1)
         # a final token that finds no block is counted; the request completes all the same
-        s = s.replace(alloc_failures=add(s.alloc_failures, i, 1, final & ~ok))
+        s = s.replace(stats=s.stats.replace(
+                          alloc_failures=add(s.stats.alloc_failures, i, 1, final & ~ok)))
         s = kv.defer_release(s, st, i, sb, go) if defer else kv.release(s, st, i, sb, go)
         t = c.tenant[r]
         # E2E, output tokens done and the length-cap flag are functions of progress, TTFT
         # and ITL sum, which no longer change: ``run.lane_result`` derives them.
-        s = s.replace(
-            status=s.status.at[r].set(COMPLETED),
-            slot_req=upd(s.slot_req, (i, sb), NIL, go),
-            tenant_in_flight=upd(s.tenant_in_flight, t,
-                                 jnp.maximum(s.tenant_in_flight[t] - 1, 0), go))
+        s = s.replace(status=s.status.at[r].set(COMPLETED),
+                      admission=s.admission.replace(
+                          tenant_in_flight=upd(s.admission.tenant_in_flight, t,
+                                 jnp.maximum(s.admission.tenant_in_flight[t] - 1, 0), go)),
+                      batch=s.batch.replace(slot_req=upd(s.batch.slot_req, (i, sb), NIL, go)))
         return s, k + go.astype(k.dtype)
 
     s, _ = lane_while(lambda cr: cr[1] < todo.count, body, (s, jnp.asarray(0, jnp.int32)))
@@ -193,7 +199,7 @@ class QueuedPlan(NamedTuple):
 
 def no_plan(s: SimState) -> QueuedPlan:
     """A plan that does nothing (the carry's start value before the width programs)."""
-    depth = s.rel_slots.shape[0]
+    depth = s.kv.rel_slots.shape[0]
     zeros, false = jnp.zeros(depth, jnp.int32), jnp.zeros(depth, bool)
     return QueuedPlan(jnp.asarray(False), jnp.asarray(0, jnp.int32), zeros, zeros, zeros,
                       false, false, zeros, zeros, zeros, zeros, jnp.asarray(False))
@@ -217,7 +223,7 @@ def _plan_queued(s: SimState, st, c, i, fin, done, rank, count, running: Running
     between writes what it reads."""
     slots, reqs = running.slots, running.reqs
     pi, l_in, out = running.pi, running.l_in, running.out
-    depth = s.rel_slots.shape[0]
+    depth = s.kv.rel_slots.shape[0]
     k = jnp.arange(depth, dtype=jnp.int32)
     pos = finishing_positions(fin, rank, depth)  # count <= depth where it is used
     on = k < count
@@ -227,8 +233,8 @@ def _plan_queued(s: SimState, st, c, i, fin, done, rank, count, running: Running
     fill = kv.last_block_fill(s, st, i, sb)
     blen, last, filled = fill.blen, fill.last, fill.filled
     fresh = jnp.where(final, kv.blocks_needed(st, blen, filled, 1), 0).astype(jnp.int32)
-    room = (count <= depth - s.rel_count) & ((s.rel_count == 0) | (s.rel_inst == i))
-    fast = active & (count > 0) & room & (jnp.sum(fresh) <= s.kv_free[i])
+    room = (count <= depth - s.kv.rel_count) & ((s.kv.rel_count == 0) | (s.kv.rel_inst == i))
+    fast = active & (count > 0) & room & (jnp.sum(fresh) <= s.kv.kv_free[i])
     if st.tiered:  # a final token that may reload takes the loop (kv.tiered_allocate)
         fast = fast & ~jnp.any(final & (blen < c.full_blocks[r]))
     # Most final tokens only top up their last block; fresh blocks (or a top-up that would
@@ -242,7 +248,7 @@ def _plan_queued(s: SimState, st, c, i, fin, done, rank, count, running: Running
 def complete_planned(s: SimState, st, c, i, plan: QueuedPlan) -> SimState:
     """Run ``plan`` (``_plan_queued``) where its ``fast`` holds: the final tokens, then status,
     slot, tenant in-flight and release-queue updates as scatters over the queue's positions."""
-    depth = s.rel_slots.shape[0]
+    depth = s.kv.rel_slots.shape[0]
     k = jnp.arange(depth, dtype=jnp.int32)
     sb, r, final, fresh, general = plan.sb, plan.r, plan.final, plan.fresh, plan.general
     on = k < plan.count
@@ -258,20 +264,25 @@ def complete_planned(s: SimState, st, c, i, plan: QueuedPlan) -> SimState:
         m = on & go
         s = lane_once(go & general, grant, s)
         top = final & go & ~general  # every final token of the lane tops up
-        s = s.replace(kv_tok=s.kv_tok.at[i, jnp.where(top, plan.last, st.kv_blocks)].add(
-            1, mode="drop"))
+        s = s.replace(kv=s.kv.replace(
+                          kv_tok=s.kv.kv_tok.at[i, jnp.where(top, plan.last, st.kv_blocks)].add(
+            1, mode="drop")))
         if st.tiered:  # a block the final token fills gets its hash (kv.grant_tokens)
             filled = top & (plan.filled + 1 == st.block_size)
             s, _ = kv.register_keys(s, st, c, i, r, plan.blen - 1,
-                                    prev_block=s.bt[i, sb, jnp.maximum(plan.blen - 2, 0)],
+                                    prev_block=s.batch.bt[i, sb, jnp.maximum(plan.blen - 2, 0)],
                                     block=plan.last, mask=filled,
                                     first_token=plan.pos - plan.filled)
         return s.replace(
             status=s.status.at[jnp.where(m, r, st.num_requests)].set(COMPLETED, mode="drop"),
-            slot_req=s.slot_req.at[i, jnp.where(m, sb, st.slot_count)].set(NIL, mode="drop"),
-            tenant_in_flight=tenants_left(s, c, r, m),
-            rel_slots=s.rel_slots.at[jnp.where(m, s.rel_count + k, depth)].set(sb, mode="drop"),
-            rel_inst=jnp.where(go, jnp.asarray(i, jnp.int32), s.rel_inst),
-            rel_count=s.rel_count + jnp.where(go, plan.count, 0))
+            admission=s.admission.replace(tenant_in_flight=tenants_left(s, c, r, m)),
+            batch=s.batch.replace(
+                slot_req=s.batch.slot_req.at[i, jnp.where(m, sb, st.slot_count)].set(
+                    NIL, mode="drop")),
+            kv=s.kv.replace(
+                rel_slots=s.kv.rel_slots.at[jnp.where(m, s.kv.rel_count + k, depth)].set(
+                    sb, mode="drop"),
+                rel_inst=jnp.where(go, jnp.asarray(i, jnp.int32), s.kv.rel_inst),
+                rel_count=s.kv.rel_count + jnp.where(go, plan.count, 0)))
 
     return lane_once(plan.fast, queued, s)

@@ -106,11 +106,11 @@ def saturation(s, st, p, members):
     n = jnp.sum(members.astype(jnp.int32))
     util = jnp.asarray(0.0, F64)
     for i in range(st.num_instances):  # sequential: the reference's order of additions
-        q = ieee_divide(s.snap_qd[i].astype(F64), p.gateway.qd_threshold)
-        kv = ieee_divide(s.snap_kv[i], p.gateway.kv_threshold)
+        q = ieee_divide(s.router.snap_qd[i].astype(F64), p.gateway.qd_threshold)
+        kv = ieee_divide(s.router.snap_kv[i], p.gateway.kv_threshold)
         util = jnp.where(members[i], util + jnp.maximum(q, kv), util)
     util = ieee_divide(util, jnp.maximum(n, 1).astype(F64))
-    busy = jnp.sum(jnp.where(members, s.in_flight, 0))
+    busy = jnp.sum(jnp.where(members, s.router.in_flight, 0))
     conc = ieee_divide(busy.astype(F64), (jnp.maximum(n, 1) * p.gateway.max_conc).astype(F64))
     value = jnp.stack([jnp.asarray(0.0, F64), util, conc])[p.gateway.detector]
     none = (n == 0) & (p.gateway.detector != SaturationDetector.NEVER)

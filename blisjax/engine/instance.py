@@ -29,6 +29,7 @@ from blisjax.engine import (
     lifecycle,
     pd,
     physics,
+    policies,
     recent,
     roofline,
     sessions,
@@ -57,14 +58,14 @@ def inject_arrival(s: SimState, st, c, i, r, now, active) -> SimState:
     """Routing hands request row r to instance i at ``now`` (``Instance.inject_arrival``): it
     is counted in flight and enters the α-delay window, to be enqueued after its queueing
     delay (computed now: the arrival event's time)."""
-    e = jnp.argmax(s.pend_req[i] == NIL)
-    has_room = s.pend_req[i, e] == NIL
+    e = jnp.argmax(s.window.req[i] == NIL)
+    has_room = s.window.req[i, e] == NIL
     ok = active & has_room
     if st.stateful_latency:  # physics α reads the receiving instance's state now
         if st.stretches:  # its virtual steps before now have run (cluster events come first)
             s = end_stretch(s, st, c, i, now, active)
-        inputs = (s.n_run[i], s.q_len[i], st.kv_blocks - s.kv_free[i], c.input_tokens[r],
-                  kv.cached_blocks(s, st, c, i, r).count, s.ema[i])
+        inputs = (s.batch.n_run[i], s.queue.length[i], st.kv_blocks - s.kv.kv_free[i],
+                  c.input_tokens[r], kv.cached_blocks(s, st, c, i, r).count, s.batch.ema[i])
         delay = (physics.queueing_delay(c.physics, *inputs) if st.latency is None
                  else hostlatency.queueing_delay(st.latency, active, *inputs))
     else:
@@ -76,19 +77,20 @@ def inject_arrival(s: SimState, st, c, i, r, now, active) -> SimState:
         s = s.replace(life=life.replace(arrive_us=upd(life.arrive_us, (i, e), now, ok)))
     elif st.lifecycle:  # a drain at this time may cancel the arrival (``_arrivals_cancelled``)
         life = s.life
-        first = active & (s.clock[i] < now)
-        s = s.replace(life=life.replace(clock_before=upd(life.clock_before, i, s.clock[i],
+        first = active & (s.batch.clock[i] < now)
+        s = s.replace(life=life.replace(clock_before=upd(life.clock_before, i, s.batch.clock[i],
                                                          first)))
     return s.replace(
-        in_flight=add(s.in_flight, i, 1, active),
         instance=s.instance.at[r_or_sink].set(i),
         status=s.status.at[r_or_sink].set(ROUTED),
-        clock=s.clock if arrival_event else upd(s.clock, i, now, active),
-        pend_req=upd(s.pend_req, (i, e), r, ok),
-        pend_time=upd(s.pend_time, (i, e), now + delay, ok),
-        pend_seq=upd(s.pend_seq, (i, e), s.route_seq, ok),
-        route_seq=s.route_seq + active.astype(jnp.int64),
-        ovf_pending=s.ovf_pending + (active & ~has_room).astype(jnp.int32))
+        cursors=s.cursors.replace(route_seq=s.cursors.route_seq + active.astype(jnp.int64)),
+        router=s.router.replace(in_flight=add(s.router.in_flight, i, 1, active)),
+        window=s.window.replace(req=upd(s.window.req, (i, e), r, ok),
+                                time=upd(s.window.time, (i, e), now + delay, ok),
+                                seq=upd(s.window.seq, (i, e), s.cursors.route_seq, ok)),
+        batch=s.batch.replace(
+            clock=s.batch.clock if arrival_event else upd(s.batch.clock, i, now, active)),
+        run=s.run.replace(ovf_pending=s.run.ovf_pending + (active & ~has_room).astype(jnp.int32)))
 
 
 def end_stretch(s: SimState, st, c, i, now, active, inclusive: bool = False) -> SimState:
@@ -96,33 +98,36 @@ def end_stretch(s: SimState, st, c, i, now, active, inclusive: bool = False) -> 
     of its plan is dropped: its next step runs on its own (``stretch.materialize``)."""
     s = stretch.materialize(s, st, c, i, now, active, step_widths(st, PHASE1_PER_OCTAVE),
                             inclusive=inclusive)
-    return s.replace(stretch_steps=upd(s.stretch_steps, i, 0, active))
+    return s.replace(stretch=s.stretch.replace(steps=upd(s.stretch.steps, i, 0, active)))
 
 
 def _release_slot_of(s: SimState, st, i, r, active):
     """Free the blocks of the batch slot holding request r on instance i, if one does, where
     ``active`` (``KVCache.release``); returns ``(state, that slot)``."""
-    holder = s.slot_req[i] == r
+    holder = s.batch.slot_req[i] == r
     sb = jnp.argmax(holder).astype(jnp.int32)
     held = active & jnp.any(holder)
     s = kv.release(s, st, i, sb, held)
-    return s.replace(slot_req=upd(s.slot_req, (i, sb), NIL, held)), sb
+    return s.replace(batch=s.batch.replace(slot_req=upd(s.batch.slot_req, (i, sb), NIL, held))), sb
 
 
 def _finish_in_flight(s: SimState, c, i, r, active) -> SimState:
     """A request left instance i (dropped, timed out): router in-flight counts go down."""
     t = c.tenant[r]
     return s.replace(
-        in_flight=upd(s.in_flight, i, jnp.maximum(s.in_flight[i] - 1, 0), active),
-        tenant_in_flight=upd(s.tenant_in_flight, t, jnp.maximum(s.tenant_in_flight[t] - 1, 0),
-                             active))
+        router=s.router.replace(
+            in_flight=upd(s.router.in_flight, i, jnp.maximum(s.router.in_flight[i] - 1, 0),
+                          active)),
+        admission=s.admission.replace(
+            tenant_in_flight=upd(s.admission.tenant_in_flight, t,
+                                 jnp.maximum(s.admission.tenant_in_flight[t] - 1, 0), active)))
 
 
 def enqueue(s: SimState, st, c, i, e, now, active) -> SimState:
     """End of the α delay (``Instance._enqueue``): BLIS EnqueueRequest guards, then the wait
     queue (docs/semantics.md §2.1)."""
-    r = jnp.where(active, s.pend_req[i, e], st.num_requests)
-    s = s.replace(pend_req=upd(s.pend_req, (i, e), NIL, active))
+    r = jnp.where(active, s.window.req[i, e], st.num_requests)
+    s = s.replace(window=s.window.replace(req=upd(s.window.req, (i, e), NIL, active)))
     # the guards count a prefill sub-request's parent's output budget (P/D)
     l_in, out = c.input_tokens[r], c.output_tokens[pd.parent_row(st, r) if st.pd else r]
     drop = active & records.unservable(l_in, out, st.max_model_len, st.kv_blocks, st.block_size)
@@ -133,16 +138,18 @@ def enqueue(s: SimState, st, c, i, e, now, active) -> SimState:
     status = jnp.where(drop, DROPPED, jnp.where(due, TIMED_OUT, QUEUED)).astype(s.status.dtype)
     s = s.replace(
         status=s.status.at[r].set(jnp.where(active, status, s.status[r])),
-        dropped=add(s.dropped, i, 1, drop), timed_out=add(s.timed_out, i, 1, due),
-        input_tokens=add(s.input_tokens, i, l_in.astype(jnp.int64), admitted),
-        enq_seq=s.enq_seq.at[r].set(jnp.where(queued, s.enq_counter, s.enq_seq[r])),
-        enq_counter=s.enq_counter + queued.astype(jnp.int64))
+        enq_seq=s.enq_seq.at[r].set(jnp.where(queued, s.cursors.enq_counter, s.enq_seq[r])),
+        cursors=s.cursors.replace(enq_counter=s.cursors.enq_counter + queued.astype(jnp.int64)),
+        stats=s.stats.replace(
+            dropped=add(s.stats.dropped, i, 1, drop),
+            timed_out=add(s.stats.timed_out, i, 1, due),
+            input_tokens=add(s.stats.input_tokens, i, l_in.astype(jnp.int64), admitted)))
     s = _finish_in_flight(s, c, i, r, drop | due)
     s = q_push_back(s, st, i, r, queued)
     if st.stretches:  # steps from now on may admit it: they are no longer plain
         s = stretch.truncate(s, st, i, now, queued)
-    start_step = queued & (s.step_time[i] < 0)
-    return s.replace(step_time=upd(s.step_time, i, now, start_step))
+    start_step = queued & (s.batch.step_time[i] < 0)
+    return s.replace(batch=s.batch.replace(step_time=upd(s.batch.step_time, i, now, start_step)))
 
 
 def timeout(s: SimState, st, c, i, r, now, active) -> SimState:
@@ -156,15 +163,16 @@ def timeout(s: SimState, st, c, i, r, now, active) -> SimState:
     # a queued decode sub-request (P/D) holds its reserved KV in a reservation slot, a queued
     # request whose tiered admission failed (``blis_quirks``) the blocks it claimed
     s, sb = _release_slot_of(s, st, i, r, active if st.pd or st.kv_hold_slots else running)
-    pos = jnp.argmax((s.order[i] == sb) & (jnp.arange(st.batch_slots) < s.n_run[i]))
+    pos = jnp.argmax((s.batch.order[i] == sb) & (jnp.arange(st.batch_slots) < s.batch.n_run[i]))
     s = order_remove_at(s, st, i, pos, running)
     s = q_remove_at(s, st, i, q_offset_of(s, st, i, r, queued), queued)
     s = s.replace(status=s.status.at[r].set(jnp.where(active, TIMED_OUT, s.status[r])
                                             .astype(s.status.dtype)),
-                  timed_out=add(s.timed_out, i, 1, active), computed=s.computed.at[r].set(0))
+                  computed=s.computed.at[r].set(0),
+                  stats=s.stats.replace(timed_out=add(s.stats.timed_out, i, 1, active)))
     s = _finish_in_flight(s, c, i, r, active)
-    wake = active & (s.n_run[i] == 0) & (s.q_len[i] > 0) & (s.step_time[i] < 0)
-    return s.replace(step_time=upd(s.step_time, i, now, wake))
+    wake = active & (s.batch.n_run[i] == 0) & (s.queue.length[i] > 0) & (s.batch.step_time[i] < 0)
+    return s.replace(batch=s.batch.replace(step_time=upd(s.batch.step_time, i, now, wake)))
 
 
 # ---- lifecycle (Decision 16) ------------------------------------------------------------------
@@ -174,35 +182,23 @@ def reset_instance(s: SimState, st, i, active) -> SimState:
     """A new instance in slot i (``Instance.restart`` and ``Router.forget_instance``): empty
     KV cache, free list in id order, no pending step or virtual steps, no preemption history,
     and the router knows nothing of it; the slot's counters carry on."""
-    free = kvblocks.empty_free_list(st)
-    g = st.num_groups * st.group_blocks_max
-    groups = jnp.arange(st.group_slots) // max(g, 1) == i  # the instance's group hash slots
-    shared = st.group_slots + st.session_slots  # and its sessions' (engine.sessions)
-    if st.sessions:
-        per = st.num_sessions * st.session_blocks_max
-        groups = jnp.concatenate([groups, jnp.arange(st.session_slots) // per == i])
 
     def row(arr, value):
         return arr.at[i].set(jnp.where(active, value, arr[i]))
 
     if st.tiered:  # a new tiered cache; queued requests that held blocks here are gone
         hold = jnp.arange(st.slot_count) >= st.hold_base
-        s = s.replace(tier=kvtier.reset_instance(s.tier, st, i, active),
-                      slot_req=row(s.slot_req, jnp.where(hold, NIL, s.slot_req[i])))
-    return s.replace(
-        step_time=upd(s.step_time, i, -1, active), stretch_steps=upd(s.stretch_steps, i, 0, active),
-        ema=upd(s.ema, i, 0.0, active),
-        blen=row(s.blen, 0), kv_ref=row(s.kv_ref, 0), kv_tok=row(s.kv_tok, 0),
-        kv_slot=row(s.kv_slot, NIL),
-        fifo=row(s.fifo, free.fifo), fkey=row(s.fkey, free.fkey),
-        fhead=upd(s.fhead, i, free.fhead, active), ftail=upd(s.ftail, i, free.ftail, active),
-        kv_free=upd(s.kv_free, i, free.kv_free, active),
-        slot_block=s.slot_block.at[:shared].set(
-            jnp.where(active & groups, NIL, s.slot_block[:shared])),
-        lru_pos=row(s.lru_pos, -1), lru_own_at=row(s.lru_own_at, 0),
-        lru_clock=upd(s.lru_clock, i, 0, active), lru_own=upd(s.lru_own, i, 0, active),
-        cold_stamp=upd(s.cold_stamp, i, -1, active),
-        recent=recent.reset(s.recent, i, active) if st.recent_signals else s.recent)
+        s = s.replace(
+            tier=kvtier.reset_instance(s.tier, st, i, active),
+            batch=s.batch.replace(
+                slot_req=row(s.batch.slot_req, jnp.where(hold, NIL, s.batch.slot_req[i]))))
+    return s.replace(recent=recent.reset(s.recent, i, active) if st.recent_signals else s.recent,
+                     router=policies.forget_instance(s.router, i, active),
+                     stretch=s.stretch.replace(steps=upd(s.stretch.steps, i, 0, active)),
+                     batch=s.batch.replace(step_time=upd(s.batch.step_time, i, -1, active),
+                                           ema=upd(s.batch.ema, i, 0.0, active),
+                                           blen=row(s.batch.blen, 0)),
+                     kv=kvblocks.reset_instance(s.kv, st, i, active))
 
 
 class HeldRequests(NamedTuple):
@@ -215,18 +211,19 @@ class HeldRequests(NamedTuple):
 
 def held_requests(s: SimState, st, i) -> HeldRequests:
     e, q = st.pending_slots, st.queue_slots
-    waiting = s.pend_req[i] >= 0
-    order = jnp.argsort(jnp.where(waiting, s.pend_seq[i], jnp.iinfo(jnp.int64).max))
-    arriving = jnp.where(waiting[order], s.pend_req[i, order], st.num_requests)
+    waiting = s.window.req[i] >= 0
+    order = jnp.argsort(jnp.where(waiting, s.window.seq[i], jnp.iinfo(jnp.int64).max))
+    arriving = jnp.where(waiting[order], s.window.req[i, order], st.num_requests)
     n_arriving = jnp.sum(waiting).astype(jnp.int32)
     k = jnp.arange(q)
-    queued = jnp.where(k < s.q_len[i], s.q_buf[i, (s.q_head[i] + k) % q], st.num_requests)
+    queued = jnp.where(k < s.queue.length[i], s.queue.buf[i, (s.queue.head[i] + k) % q],
+                       st.num_requests)
     # arrivals first, then the queue, packed
     pos = jnp.concatenate([jnp.arange(e), n_arriving + k])
     reqs = jnp.full(e + q + 1, st.num_requests, jnp.int32).at[
-        jnp.where(jnp.concatenate([jnp.arange(e) < n_arriving, k < s.q_len[i]]), pos, e + q)
+        jnp.where(jnp.concatenate([jnp.arange(e) < n_arriving, k < s.queue.length[i]]), pos, e + q)
     ].set(jnp.concatenate([arriving, queued]).astype(jnp.int32))[:e + q]
-    return HeldRequests(reqs, n_arriving + s.q_len[i])
+    return HeldRequests(reqs, n_arriving + s.queue.length[i])
 
 
 def take_not_running(s: SimState, st, c, i, now, active) -> tuple[SimState, HeldRequests]:
@@ -242,14 +239,18 @@ def take_not_running(s: SimState, st, c, i, now, active) -> tuple[SimState, Held
     if st.sessions:  # a session's blocks stay cached here for its later rounds
         own = own & (j >= c.session_blocks[r][:, None])
     slots = jnp.where(own, kvblocks.hash_slot(st, c, i, r[:, None], j), st.hash_slots)
-    block = s.slot_block[slots]
-    mine = own & (block >= 0) & (s.kv_slot[i, jnp.maximum(block, 0)] == slots)
+    block = s.kv.slot_block[slots]
+    mine = own & (block >= 0) & (s.kv.kv_slot[i, jnp.maximum(block, 0)] == slots)
     s = s.replace(
-        kv_slot=s.kv_slot.at[i, jnp.where(mine, block, st.kv_blocks)].set(NIL, mode="drop"),
-        slot_block=s.slot_block.at[jnp.where(mine, slots, st.hash_slots)].set(NIL),
-        pend_req=s.pend_req.at[i].set(jnp.where(active, NIL, s.pend_req[i])),
-        q_len=upd(s.q_len, i, 0, active),
-        in_flight=upd(s.in_flight, i, jnp.maximum(s.in_flight[i] - held.count, 0), active))
+        router=s.router.replace(
+            in_flight=upd(s.router.in_flight, i,
+                          jnp.maximum(s.router.in_flight[i] - held.count, 0), active)),
+        window=s.window.replace(
+            req=s.window.req.at[i].set(jnp.where(active, NIL, s.window.req[i]))),
+        queue=s.queue.replace(length=upd(s.queue.length, i, 0, active)),
+        kv=s.kv.replace(
+            kv_slot=s.kv.kv_slot.at[i, jnp.where(mine, block, st.kv_blocks)].set(NIL, mode="drop"),
+            slot_block=s.kv.slot_block.at[jnp.where(mine, slots, st.hash_slots)].set(NIL)))
     return _arrivals_cancelled(s, st, i, now, active), held
 
 
@@ -262,8 +263,9 @@ def _arrivals_cancelled(s: SimState, st, i, now, active) -> SimState:
     if st.blis_quirks:
         return s.replace(life=life.replace(arrive_us=life.arrive_us.at[i].set(
             jnp.where(active, INT64_MAX, life.arrive_us[i]))))
-    back = active & (s.clock[i] == now)
-    return s.replace(clock=upd(s.clock, i, life.clock_before[i], back))
+    back = active & (s.batch.clock[i] == now)
+    return s.replace(
+        batch=s.batch.replace(clock=upd(s.batch.clock, i, life.clock_before[i], back)))
 
 
 def arrival(s: SimState, st, i, now, active) -> SimState:
@@ -271,9 +273,9 @@ def arrival(s: SimState, st, i, now, active) -> SimState:
     ArrivalEvent, with --blis-quirks and lifecycles): the instance's clock moves to it."""
     life = s.life
     t = life.arrive_us[i]
-    e = jnp.argmin(jnp.where(t == now, s.pend_seq[i], jnp.iinfo(jnp.int64).max))
-    return s.replace(clock=upd(s.clock, i, now, active),
-                     life=life.replace(arrive_us=upd(life.arrive_us, (i, e), INT64_MAX, active)))
+    e = jnp.argmin(jnp.where(t == now, s.window.seq[i], jnp.iinfo(jnp.int64).max))
+    return s.replace(life=life.replace(arrive_us=upd(life.arrive_us, (i, e), INT64_MAX, active)),
+                     batch=s.batch.replace(clock=upd(s.batch.clock, i, now, active)))
 
 
 def drop_everything(s: SimState, st, c, i, now, active) -> tuple[SimState, jax.Array]:
@@ -285,21 +287,26 @@ def drop_everything(s: SimState, st, c, i, now, active) -> tuple[SimState, jax.A
         s = end_stretch(s, st, c, i, now, active)
     held = held_requests(s, st, i)
     b = st.batch_slots
-    running = jnp.where(active & (jnp.arange(b) < s.n_run[i]), s.slot_req[i, jnp.maximum(
-        s.order[i], 0)], st.num_requests)
+    running = jnp.where(active & (jnp.arange(b) < s.batch.n_run[i]),
+                        s.batch.slot_req[i, jnp.maximum(s.batch.order[i], 0)], st.num_requests)
     reqs = jnp.concatenate([jnp.where(active & (jnp.arange(held.reqs.shape[0]) < held.count),
                                       held.reqs, st.num_requests), running])
-    count = jnp.where(active, held.count + s.n_run[i], 0)
+    count = jnp.where(active, held.count + s.batch.n_run[i], 0)
     on = reqs < st.num_requests
     s = s.replace(
         status=s.status.at[reqs].set(jnp.where(on, DROPPED, s.status[reqs]).astype(s.status.dtype)),
-        tenant_in_flight=completion.tenants_left(s, c, reqs, on),
-        in_flight=upd(s.in_flight, i, jnp.maximum(s.in_flight[i] - count, 0), active),
-        pend_req=s.pend_req.at[i].set(jnp.where(active, NIL, s.pend_req[i])),
-        q_len=upd(s.q_len, i, 0, active), n_run=upd(s.n_run, i, 0, active),
-        order=s.order.at[i].set(jnp.where(active, NIL, s.order[i])),
-        slot_req=s.slot_req.at[i].set(jnp.where(active, NIL, s.slot_req[i])),
-        blen=s.blen.at[i].set(jnp.where(active, 0, s.blen[i])))
+        router=s.router.replace(
+            in_flight=upd(s.router.in_flight, i, jnp.maximum(s.router.in_flight[i] - count, 0),
+                          active)),
+        admission=s.admission.replace(tenant_in_flight=completion.tenants_left(s, c, reqs, on)),
+        window=s.window.replace(
+            req=s.window.req.at[i].set(jnp.where(active, NIL, s.window.req[i]))),
+        queue=s.queue.replace(length=upd(s.queue.length, i, 0, active)),
+        batch=s.batch.replace(
+            n_run=upd(s.batch.n_run, i, 0, active),
+            order=s.batch.order.at[i].set(jnp.where(active, NIL, s.batch.order[i])),
+            slot_req=s.batch.slot_req.at[i].set(jnp.where(active, NIL, s.batch.slot_req[i])),
+            blen=s.batch.blen.at[i].set(jnp.where(active, 0, s.batch.blen[i]))))
     return _arrivals_cancelled(s, st, i, now, active), count
 
 
@@ -314,24 +321,25 @@ def reserve_transferred_kv(s: SimState, st, c, i, r, now, active):
     reservation slot is free: flagged)."""
     if st.stretches:  # its virtual steps before now happened; the next ones see the blocks
         s = end_stretch(s, st, c, i, now, active)
-    free = s.slot_req[i, st.batch_slots:st.hold_base] == NIL
+    free = s.batch.slot_req[i, st.batch_slots:st.hold_base] == NIL
     sb = (st.batch_slots + jnp.argmax(free)).astype(jnp.int32)
     has_room = jnp.any(free)
     l_in = c.input_tokens[r]
     if st.tiered:  # the tiered allocation, which may reload (its evictions happen now)
-        s = s.replace(clock=upd(s.clock, i, now, active))
+        s = s.replace(batch=s.batch.replace(clock=upd(s.batch.clock, i, now, active)))
     # the whole prompt's blocks in one pass (a prefill's chunk takes a few at a time): in a
     # lockstep block some lane reserves in almost every pass of the cheap events
     s, ok = kv.allocate_uncached(s, st, c, i, sb, r, start=0, end=l_in, active=active & has_room,
                                  chunk=max(1, st.max_blocks_per_request))
     # refused after claiming reloaded blocks, the dropped sub-request keeps them (as in the
     # reference and BLIS): its slot stays taken
-    held = ok | (s.blen[i, sb] > 0) if st.tiered else ok
+    held = ok | (s.batch.blen[i, sb] > 0) if st.tiered else ok
     q = s.pd
     return s.replace(
-        slot_req=upd(s.slot_req, (i, sb), r, active & has_room & held),
         pi=s.pi.at[jnp.where(ok, r, st.num_requests)].set(l_in),
-        pd=q.replace(ovf_reserve=q.ovf_reserve + (active & ~has_room).astype(jnp.int32))), ok
+        pd=q.replace(ovf_reserve=q.ovf_reserve + (active & ~has_room).astype(jnp.int32)),
+        batch=s.batch.replace(
+            slot_req=upd(s.batch.slot_req, (i, sb), r, active & has_room & held))), ok
 
 
 def enqueue_decode(s: SimState, st, c, i, r, now, active) -> SimState:
@@ -344,16 +352,16 @@ def enqueue_decode(s: SimState, st, c, i, r, now, active) -> SimState:
     s = s.replace(
         status=s.status.at[r_or_sink].set(jnp.where(due, TIMED_OUT, QUEUED)
                                           .astype(s.status.dtype)),
-        timed_out=add(s.timed_out, i, 1, due),
-        enq_seq=s.enq_seq.at[r_or_sink].set(jnp.where(queued, s.enq_counter, s.enq_seq[r])),
-        enq_counter=s.enq_counter + queued.astype(jnp.int64))
+        enq_seq=s.enq_seq.at[r_or_sink].set(jnp.where(queued, s.cursors.enq_counter, s.enq_seq[r])),
+        cursors=s.cursors.replace(enq_counter=s.cursors.enq_counter + queued.astype(jnp.int64)),
+        stats=s.stats.replace(timed_out=add(s.stats.timed_out, i, 1, due)))
     s, _ = _release_slot_of(s, st, i, r, due)
     s = _finish_in_flight(s, c, i, r, due)
     s = q_push_back(s, st, i, r, queued)
     if st.stretches:  # steps from now on may admit it: they are no longer plain
         s = stretch.truncate(s, st, i, now, queued)
-    start_step = queued & (s.step_time[i] < 0)
-    return s.replace(step_time=upd(s.step_time, i, now, start_step))
+    start_step = queued & (s.batch.step_time[i] < 0)
+    return s.replace(batch=s.batch.replace(step_time=upd(s.batch.step_time, i, now, start_step)))
 
 
 # ---- execute (the step's duration and progress) ----------------------------------------------
@@ -376,11 +384,11 @@ def execute(s: SimState, st, c, i, now, n_preempted, active, width: int, factor=
     pi, l_in, out = s.pi[reqs], c.input_tokens[reqs], c.output_tokens[reqs]
     if st.stateful_latency or st.latency is not None:
         # physics in the program, or a model through the reference's own code on the host
-        cached = jnp.where(valid, s.step_cached[i, slots], 0)
-        inputs = (nn, pi, l_in, out, cached, s.ema[i], n_preempted, s.n_run[i])
+        cached = jnp.where(valid, s.batch.step_cached[i, slots], 0)
+        inputs = (nn, pi, l_in, out, cached, s.batch.ema[i], n_preempted, s.batch.n_run[i])
         d, ema = (physics.step_time(c.physics, *inputs) if st.latency is None
                   else hostlatency.step_time(st.latency, active, *inputs))
-        s = s.replace(ema=upd(s.ema, i, ema, active))
+        s = s.replace(batch=s.batch.replace(ema=upd(s.batch.ema, i, ema, active)))
     elif st.latency_model == "roofline":
         d = roofline.step_time_us(roofline_of(st, c), nn, pi, l_in, out)
     else:
@@ -415,12 +423,16 @@ def execute(s: SimState, st, c, i, now, n_preempted, active, width: int, factor=
         slot = c.itl_offset[reqs] + new_pi - l_in - 1  # this entry's index among r's ITLs
         s = s.replace(itl_buf=s.itl_buf.at[jnp.where(dec, slot, st.itl_capacity)].set(
             itl.astype(jnp.int32), mode="drop"))
-    used = (st.kv_blocks - s.kv_free[i]).astype(jnp.int64)
-    s = s.replace(peak_used=upd(s.peak_used, i, jnp.maximum(s.peak_used[i], used), active),
-                  busy=add(s.busy, i, d, active), kv_time=add(s.kv_time, i, used * d, active),
-                  kv_util=s.kv_util.at[i, kv_util_bucket(used, st.kv_blocks)].add(
+    used = (st.kv_blocks - s.kv.kv_free[i]).astype(jnp.int64)
+    s = s.replace(
+        stats=s.stats.replace(
+            peak_used=upd(s.stats.peak_used, i, jnp.maximum(s.stats.peak_used[i], used), active),
+            busy=add(s.stats.busy, i, d, active),
+            kv_time=add(s.stats.kv_time, i, used * d, active),
+            kv_util=s.stats.kv_util.at[i, kv_util_bucket(used, st.kv_blocks)].add(
                       jnp.where(active, d, 0)),
-                  qdepth_time=add(s.qdepth_time, i, s.q_len[i].astype(jnp.int64) * d, active))
+            qdepth_time=add(s.stats.qdepth_time, i, s.queue.length[i].astype(jnp.int64) * d,
+                            active)))
     return s, d, completion.Running(valid, slots, reqs, new_pi, l_in, out)
 
 
@@ -443,8 +455,9 @@ def _finish_at(s: SimState, st, c, i, now, n_preempted, go, width: int,
     if st.tiered:  # after execution, before completions leave the batch (§3.8)
         s = kv.mirror_batch(s, st, i, running.slots, running.valid, go)
     s, releases, todo = completion.complete(s, st, c, i, now, d, go, running, defer)
-    more = (s.n_run[i] > 0) | (s.q_len[i] > 0)
-    s = s.replace(step_time=upd(s.step_time, i, jnp.where(more, now + d, -1), go))
+    more = (s.batch.n_run[i] > 0) | (s.queue.length[i] > 0)
+    s = s.replace(batch=s.batch.replace(
+                      step_time=upd(s.batch.step_time, i, jnp.where(more, now + d, -1), go)))
     ended = records.output_finished(running.pi, running.l_in, running.out) \
         | records.at_length_cap(running.pi, st.max_model_len)
     if st.pd:  # completed prefill sub-requests start their KV transfers
@@ -496,11 +509,11 @@ def step(s: SimState, st, c, p, i, now, active, defer: bool = False):
     """
     if st.stretches:  # the virtual steps before this one happen first
         s = stretch.materialize(s, st, c, i, now, active, step_widths(st, PHASE1_PER_OCTAVE))
-    idle = (s.n_run[i] == 0) & (s.q_len[i] == 0)
+    idle = (s.batch.n_run[i] == 0) & (s.queue.length[i] == 0)
     go = active & ~idle
-    s = s.replace(step_time=upd(s.step_time, i, -1, active & idle),
-                  steps=add(s.steps, i, 1, go))
-    preempted_before = s.preempt_count[i]
+    s = s.replace(batch=s.batch.replace(step_time=upd(s.batch.step_time, i, -1, active & idle)),
+                  stats=s.stats.replace(steps=add(s.stats.steps, i, 1, go)))
+    preempted_before = s.stats.preempt_count[i]
 
     def phase1_program(carry, go, w):
         s, budget, pre = carry
@@ -508,18 +521,21 @@ def step(s: SimState, st, c, p, i, now, active, defer: bool = False):
         return s, jnp.where(go, budget_w, budget), pre | (go & pre_w)
 
     init = (s, jnp.asarray(st.token_budget, jnp.int32), jnp.asarray(False))
-    running = lane_max(jnp.where(go, s.n_run[i], 0))
+    running = lane_max(jnp.where(go, s.batch.n_run[i], 0))
     s, budget, pre = by_width(step_widths(st, PHASE1_PER_OCTAVE), running, go,
                                  phase1_program, init)
     if st.stateful_latency:
-        s = s.replace(step_cached=s.step_cached.at[i].set(jnp.where(go, 0, s.step_cached[i])))
+        s = s.replace(
+            batch=s.batch.replace(
+                step_cached=s.batch.step_cached.at[i].set(
+                    jnp.where(go, 0, s.batch.step_cached[i]))))
     s = batch.phase2(s, st, c, p, i, now, budget, pre, go)
-    n_preempted = s.preempt_count[i] - preempted_before
-    running = lane_max(jnp.where(go, s.n_run[i], 0))
+    n_preempted = s.stats.preempt_count[i] - preempted_before
+    running = lane_max(jnp.where(go, s.batch.n_run[i], 0))
     init = Finished(s, completion.no_plan(s) if defer else None, completion.no_loop(st),
                     stretch.no_outlook(st) if st.stretches else None)
     factor = lifecycle.warm_factor(s, st, p, i)
-    completed_before = s.completed[i]
+    completed_before = s.stats.completed[i]
     out = by_width(step_widths(st, FINISH_PER_OCTAVE), running, go,
                    lambda f, go, w: _finish_at(f.state, st, c, i, now, n_preempted, go, w,
                                                defer, factor), init)
@@ -540,7 +556,7 @@ def step(s: SimState, st, c, p, i, now, active, defer: bool = False):
     # no prefill tokens, one decode token each; slowed while the instance still warms up
     # after this step's completions
     model_us = (out.outlook.step_us if st.stretch_times_vary
-                else step_duration(st, c, 0, s.n_run[i]))
+                else step_duration(st, c, 0, s.batch.n_run[i]))
     plain_us = lifecycle.slowed(model_us, lifecycle.warm_factor(
-        s, st, p, i, (s.completed[i] - completed_before).astype(jnp.int32)))
+        s, st, p, i, (s.stats.completed[i] - completed_before).astype(jnp.int32)))
     return stretch.plan(s, st, i, out.outlook, plain_us, go)

@@ -41,7 +41,8 @@ import jax
 import jax.numpy as jnp
 
 from blisjax.engine.lockstep import add, lane_once, lane_while, upd
-from blisjax.engine.state import NIL, SimState
+from blisjax.engine.pytree import pytree_dataclass
+from blisjax.engine.state import DEFERRED_RELEASES, NIL, SimState
 from blisjax.engine.vec import prefix_sum
 
 KEY_LIMIT = 1 << 30  # ring keys are renumbered from 0 before they could overflow int32
@@ -68,6 +69,67 @@ def empty_free_list(st) -> FreeList:
     return FreeList(fifo=jnp.where(jnp.arange(ring) < k, jnp.arange(ring), NIL).astype(jnp.int32),
                     fkey=jnp.arange(k, dtype=jnp.int32), fhead=jnp.asarray(0, jnp.int32),
                     ftail=jnp.asarray(k, jnp.int32), kv_free=jnp.asarray(k, jnp.int32))
+
+
+@pytree_dataclass
+class KVState:
+    """Each instance's KV cache (``KVCache``): blocks, free list and the hash slots of all
+    instances, and the releases this step's completions queued (``kvcache.defer_release``).
+    Shapes: I instances, K blocks, R = 2K ring keys, S hash slots (+1 sink), D deferred
+    releases."""
+
+    kv_ref: jax.Array  # int32 [I, K]: refcount (in use iff > 0)
+    kv_tok: jax.Array  # int32 [I, K]: tokens in the block
+    kv_slot: jax.Array  # int32 [I, K]: hash slot registered for the block, -1 = none
+    fifo: jax.Array  # int32 [I, R]: free-list ring of block ids
+    fkey: jax.Array  # int32 [I, K]: ring key of the block's live entry, -1 = in use
+    fhead: jax.Array  # int32 [I]: key of the free-list head (entries before it are consumed)
+    ftail: jax.Array  # int32 [I]: next key to append
+    kv_free: jax.Array  # int32 [I]: free blocks
+    slot_block: jax.Array  # int32 [S+1]: hash slot -> block (-1 = absent); last entry a sink
+    slot_seq: jax.Array  # int64 [S+1]: stamp of the last write to the slot (apply_slot_ops)
+    slot_clock: jax.Array  # int64: next stamp
+    rel_inst: jax.Array  # int32: the instance of the queued releases
+    rel_slots: jax.Array  # int32 [D]: their batch slots, in completion order
+    rel_count: jax.Array  # int32: releases queued
+
+
+def init_kv(st) -> KVState:
+    """Every block free in id order (``empty_free_list``), no hash slot registered."""
+    i, k = st.num_instances, st.kv_blocks
+    free = empty_free_list(st)
+    i32 = jnp.int32
+    return KVState(
+        kv_ref=jnp.zeros((i, k), i32), kv_tok=jnp.zeros((i, k), i32),
+        kv_slot=jnp.full((i, k), NIL, i32),
+        **{name: jnp.broadcast_to(x, (i, *x.shape)) for name, x in free._asdict().items()},
+        slot_block=jnp.full(st.hash_slots + 1, NIL, i32),
+        slot_seq=jnp.full(st.hash_slots + 1, -1, jnp.int64), slot_clock=jnp.asarray(0, jnp.int64),
+        rel_inst=jnp.asarray(0, i32), rel_slots=jnp.zeros(DEFERRED_RELEASES, i32),
+        rel_count=jnp.asarray(0, i32))
+
+
+def reset_instance(kv: KVState, st, i, active) -> KVState:
+    """Instance i's blocks as a new instance's where ``active``: every block free in id order,
+    none registered, and its prefix groups' and sessions' hash slots cleared."""
+    free = empty_free_list(st)
+    g = st.num_groups * st.group_blocks_max
+    mine = jnp.arange(st.group_slots) // max(g, 1) == i  # the instance's group hash slots
+    shared = st.group_slots + st.session_slots  # and its sessions' (engine.sessions)
+    if st.sessions:
+        per = st.num_sessions * st.session_blocks_max
+        mine = jnp.concatenate([mine, jnp.arange(st.session_slots) // per == i])
+
+    def row(arr, value):
+        return arr.at[i].set(jnp.where(active, value, arr[i]))
+
+    return kv.replace(
+        kv_ref=row(kv.kv_ref, 0), kv_tok=row(kv.kv_tok, 0), kv_slot=row(kv.kv_slot, NIL),
+        fifo=row(kv.fifo, free.fifo), fkey=row(kv.fkey, free.fkey),
+        fhead=upd(kv.fhead, i, free.fhead, active), ftail=upd(kv.ftail, i, free.ftail, active),
+        kv_free=upd(kv.kv_free, i, free.kv_free, active),
+        slot_block=kv.slot_block.at[:shared].set(
+            jnp.where(active & mine, NIL, kv.slot_block[:shared])))
 
 
 # ---- free list (ring of keys) ---------------------------------------------------------------
@@ -99,7 +161,7 @@ def free_run(s: SimState, st, i, m, max_count: int, keep=None) -> FreeRun:
     (bool [K]; None: every block), reading windows of the ring from its head."""
     r_size, k_blocks = ring_size(st), st.kv_blocks
     scan = max(max_count, 16)
-    tail = s.ftail[i]
+    tail = s.kv.ftail[i]
     big = jnp.iinfo(jnp.int32).max
 
     def cond(carry):
@@ -109,9 +171,9 @@ def free_run(s: SimState, st, i, m, max_count: int, keep=None) -> FreeRun:
     def body(carry, go):
         head, out, at, got, kept = carry
         pos = head + jnp.arange(scan, dtype=jnp.int32)
-        blk = s.fifo[i, pos % r_size]
+        blk = s.kv.fifo[i, pos % r_size]
         safe = jnp.clip(blk, 0, k_blocks - 1)
-        live = (pos < tail) & (blk >= 0) & (s.fkey[i, safe] == pos)
+        live = (pos < tail) & (blk >= 0) & (s.kv.fkey[i, safe] == pos)
         if keep is not None:
             kept = jnp.where(go, jnp.minimum(kept, jnp.min(jnp.where(live & keep[safe], pos,
                                                                           big))), kept)
@@ -125,7 +187,7 @@ def free_run(s: SimState, st, i, m, max_count: int, keep=None) -> FreeRun:
                 (got + n_take).astype(jnp.int32), kept)
 
     none = jnp.full(max_count, NIL, jnp.int32)
-    init = (s.fhead[i], none, none, jnp.asarray(0, jnp.int32), jnp.asarray(big, jnp.int32))
+    init = (s.kv.fhead[i], none, none, jnp.asarray(0, jnp.int32), jnp.asarray(big, jnp.int32))
     _, blocks, positions, _, kept = lane_while(cond, body, init)
     return FreeRun(blocks, positions, kept)
 
@@ -139,47 +201,50 @@ def take_run(s: SimState, i, run: FreeRun, m, active) -> SimState:
     last = run.positions[jnp.maximum(m - 1, 0)]
     head = jnp.minimum(run.kept_from, last + 1)
     return s.replace(
-        fkey=s.fkey.at[i, jnp.where(taken, run.blocks, s.fkey.shape[1])].set(NIL, mode="drop"),
-        fhead=upd(s.fhead, i, head, m > 0),
-        kv_free=add(s.kv_free, i, -m, active))
+        kv=s.kv.replace(
+            fkey=s.kv.fkey.at[i, jnp.where(taken, run.blocks, s.kv.fkey.shape[1])].set(
+                NIL, mode="drop"),
+            fhead=upd(s.kv.fhead, i, head, m > 0),
+            kv_free=add(s.kv.kv_free, i, -m, active)))
 
 
 def _compact(s: SimState, st, i, go) -> SimState:
     """Rewrite instance i's ring with only live entries, keys renumbered 0, 1, … (order kept)."""
     r_size, k_blocks = ring_size(st), st.kv_blocks
-    pos = s.fhead[i] + jnp.arange(r_size, dtype=jnp.int32)
-    blk = s.fifo[i, pos % r_size]
-    live = go & (pos < s.ftail[i]) & (blk >= 0) \
-        & (s.fkey[i, jnp.clip(blk, 0, k_blocks - 1)] == pos)
+    pos = s.kv.fhead[i] + jnp.arange(r_size, dtype=jnp.int32)
+    blk = s.kv.fifo[i, pos % r_size]
+    live = go & (pos < s.kv.ftail[i]) & (blk >= 0) \
+        & (s.kv.fkey[i, jnp.clip(blk, 0, k_blocks - 1)] == pos)
     key = jnp.cumsum(live.astype(jnp.int32)) - 1
     row = jnp.full(r_size, NIL, jnp.int32).at[jnp.where(live, key, r_size)].set(blk, mode="drop")
     return s.replace(
-        fifo=s.fifo.at[i].set(jnp.where(go, row, s.fifo[i])),
-        fkey=s.fkey.at[i, jnp.where(live, blk, k_blocks)].set(key, mode="drop"),
-        fhead=upd(s.fhead, i, 0, go),
-        ftail=upd(s.ftail, i, jnp.sum(live, dtype=jnp.int32), go))
+        kv=s.kv.replace(fifo=s.kv.fifo.at[i].set(jnp.where(go, row, s.kv.fifo[i])),
+                        fkey=s.kv.fkey.at[i, jnp.where(live, blk, k_blocks)].set(key, mode="drop"),
+                        fhead=upd(s.kv.fhead, i, 0, go),
+                        ftail=upd(s.kv.ftail, i, jnp.sum(live, dtype=jnp.int32), go)))
 
 
 def append_blocks(s: SimState, st, i, blocks, mask) -> SimState:
     """Append ``blocks[k]`` where ``mask[k]``, in order, to instance i's free-list tail."""
     r_size, k_blocks = ring_size(st), st.kv_blocks
     count = jnp.sum(mask, dtype=jnp.int32)
-    full = (s.ftail[i] - s.fhead[i] + count > r_size) | (s.ftail[i] + count > KEY_LIMIT)
+    full = (s.kv.ftail[i] - s.kv.fhead[i] + count > r_size) | (s.kv.ftail[i] + count > KEY_LIMIT)
     s = lane_once(full, lambda s, go: _compact(s, st, i, go), s)
-    key = s.ftail[i] + prefix_sum(mask) - 1
+    key = s.kv.ftail[i] + prefix_sum(mask) - 1
     return s.replace(
-        fifo=s.fifo.at[i, jnp.where(mask, key % r_size, r_size)].set(blocks, mode="drop"),
-        fkey=s.fkey.at[i, jnp.where(mask, blocks, k_blocks)].set(key, mode="drop"),
-        ftail=s.ftail.at[i].add(count),
-        kv_free=s.kv_free.at[i].add(count))
+        kv=s.kv.replace(
+            fifo=s.kv.fifo.at[i, jnp.where(mask, key % r_size, r_size)].set(blocks, mode="drop"),
+            fkey=s.kv.fkey.at[i, jnp.where(mask, blocks, k_blocks)].set(key, mode="drop"),
+            ftail=s.kv.ftail.at[i].add(count),
+            kv_free=s.kv.kv_free.at[i].add(count)))
 
 
 def free_list(s: SimState, st, i):
     """Instance i's free blocks head first (host-side helper for tests; not jittable)."""
     import numpy as np
 
-    fifo, fkey = np.asarray(s.fifo[i]), np.asarray(s.fkey[i])
-    head, tail = int(s.fhead[i]), int(s.ftail[i])
+    fifo, fkey = np.asarray(s.kv.fifo[i]), np.asarray(s.kv.fkey[i])
+    head, tail = int(s.kv.fhead[i]), int(s.kv.ftail[i])
     r_size = ring_size(st)
     out = []
     for pos in range(head, tail):
@@ -213,10 +278,12 @@ def apply_slot_ops(s: SimState, st, slots, values, seq, mask) -> SimState:
     order the scatter applies duplicates in. Stamps are ``slot_clock + seq``; the clock then
     moves past the largest stamp used, so later calls always win over earlier ones."""
     sink = st.hash_slots
-    stamp = s.slot_clock + seq.astype(jnp.int64)
+    stamp = s.kv.slot_clock + seq.astype(jnp.int64)
     target = jnp.where(mask, slots, sink)
-    slot_seq = s.slot_seq.at[target].max(jnp.where(mask, stamp, -1))
+    slot_seq = s.kv.slot_seq.at[target].max(jnp.where(mask, stamp, -1))
     win = mask & (slot_seq[target] == stamp)
-    return s.replace(slot_seq=slot_seq,
-                     slot_block=s.slot_block.at[jnp.where(win, slots, sink)].set(values),
-                     slot_clock=jnp.maximum(s.slot_clock, jnp.max(jnp.where(mask, stamp + 1, 0))))
+    return s.replace(
+        kv=s.kv.replace(
+            slot_seq=slot_seq,
+            slot_block=s.kv.slot_block.at[jnp.where(win, slots, sink)].set(values),
+            slot_clock=jnp.maximum(s.kv.slot_clock, jnp.max(jnp.where(mask, stamp + 1, 0)))))

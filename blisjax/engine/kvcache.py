@@ -5,7 +5,7 @@ Counterpart: ``blisjax.reference.kvcache.KVCache`` — ``cached_blocks``, ``can_
 ``allocate`` and ``release`` keep its names and meaning (read its docstring first; behaviour:
 docs/semantics.md §3) — and ``TieredKVCache``'s ``reload_prefix`` and ``allocate``
 (``tiered_allocate``). The reference's per-request block list is the block table of the
-request's batch slot (``SimState.bt``, ``blen``). The data structures differ so that every
+request's batch slot (``BatchState.bt``, ``blen``). The data structures differ so that every
 operation is a handful of vector gathers and scatters rather than a loop over blocks: the free
 list is a ring of keys and block hashes are hash slots (``kvblocks``, which holds both and
 their primitive operations).
@@ -61,7 +61,7 @@ def cached_blocks(s: SimState, st, c, i, r, width: int | None = None) -> CachedP
     mpb = max(st.max_prompt_blocks, 1) if width is None else width
     j = jnp.arange(mpb, dtype=jnp.int32)
     valid = j < c.full_blocks[r]
-    blocks = s.slot_block[jnp.where(valid, hash_slot(st, c, i, r, j), st.hash_slots)]
+    blocks = s.kv.slot_block[jnp.where(valid, hash_slot(st, c, i, r, j), st.hash_slots)]
     hit = valid & (blocks >= 0)
     count = leading_count(hit)
     if not st.prefix_caching:
@@ -95,9 +95,9 @@ class BlockFill(NamedTuple):
 
 def last_block_fill(s: SimState, st, i, sb) -> BlockFill:
     """Blocks held, last block and the tokens in it of batch slot(s) sb on instance i."""
-    blen = s.blen[i, sb]
-    last = jnp.maximum(s.bt[i, sb, jnp.maximum(blen - 1, 0)], 0)
-    filled = jnp.where(blen > 0, s.kv_tok[i, last], 0)
+    blen = s.batch.blen[i, sb]
+    last = jnp.maximum(s.batch.bt[i, sb, jnp.maximum(blen - 1, 0)], 0)
+    filled = jnp.where(blen > 0, s.kv.kv_tok[i, last], 0)
     return BlockFill(blen, last, filled)
 
 
@@ -120,9 +120,9 @@ def can_allocate(s: SimState, st, c, i, sb, r, *, start, end, cached, n_cached):
     blen, filled = fill.blen, fill.filled
     need = blocks_needed(st, blen, filled, end - start)
     k = jnp.arange(cached.shape[0])
-    not_in_use = (k < n_cached) & (s.kv_ref[i, jnp.maximum(cached, 0)] == 0)
-    prefill_ok = need + jnp.sum(not_in_use) <= s.kv_free[i]
-    decode_ok = jnp.where((blen == 0) | (filled >= bs), s.kv_free[i] > 0, True)
+    not_in_use = (k < n_cached) & (s.kv.kv_ref[i, jnp.maximum(cached, 0)] == 0)
+    prefill_ok = need + jnp.sum(not_in_use) <= s.kv.kv_free[i]
+    decode_ok = jnp.where((blen == 0) | (filled >= bs), s.kv.kv_free[i] > 0, True)
     return jnp.where(s.pi[r] < c.input_tokens[r], prefill_ok, decode_ok)
 
 
@@ -136,21 +136,25 @@ def claim_cached(s: SimState, st, i, sb, cached, n_claim, active, first=0) -> Si
     appending = not (isinstance(first, int) and first == 0)
     on = active & (k >= first) & (k < first + n_claim) if appending else active & (k < n_claim)
     b = jnp.maximum(cached, 0)
-    ref = s.kv_ref[i, b]
+    ref = s.kv.kv_ref[i, b]
     was_free = on & (ref == 0)
     s = s.replace(
-        kv_ref=s.kv_ref.at[i, jnp.where(on, b, k_blocks)].set(ref + 1, mode="drop"),
-        fkey=s.fkey.at[i, jnp.where(was_free, b, k_blocks)].set(NIL, mode="drop"),
-        kv_free=add(s.kv_free, i, -jnp.sum(was_free, dtype=jnp.int32), active),
-        hits=add(s.hits, i, jnp.asarray(n_claim).astype(jnp.int64), active))
+        kv=s.kv.replace(
+            kv_ref=s.kv.kv_ref.at[i, jnp.where(on, b, k_blocks)].set(ref + 1, mode="drop"),
+            fkey=s.kv.fkey.at[i, jnp.where(was_free, b, k_blocks)].set(NIL, mode="drop"),
+            kv_free=add(s.kv.kv_free, i, -jnp.sum(was_free, dtype=jnp.int32), active)),
+        stats=s.stats.replace(
+            hits=add(s.stats.hits, i, jnp.asarray(n_claim).astype(jnp.int64), active)))
     if not appending:
-        return s.replace(bt=s.bt.at[i, sb, jnp.where(on, k, mb)].set(b, mode="drop"),
-                         blen=upd(s.blen, (i, sb), n_claim, active))
-    pos = s.blen[i, sb] + k - first
+        return s.replace(batch=s.batch.replace(
+                             bt=s.batch.bt.at[i, sb, jnp.where(on, k, mb)].set(b, mode="drop"),
+                             blen=upd(s.batch.blen, (i, sb), n_claim, active)))
+    pos = s.batch.blen[i, sb] + k - first
     return s.replace(
-        bt=s.bt.at[i, sb, jnp.where(on & (pos < mb), pos, mb)].set(b, mode="drop"),
-        blen=add(s.blen, (i, sb), n_claim, active),
-        ovf_blocks=s.ovf_blocks + jnp.sum(on & (pos >= mb), dtype=jnp.int32))
+        batch=s.batch.replace(
+            bt=s.batch.bt.at[i, sb, jnp.where(on & (pos < mb), pos, mb)].set(b, mode="drop"),
+            blen=add(s.batch.blen, (i, sb), n_claim, active)),
+        run=s.run.replace(ovf_blocks=s.run.ovf_blocks + jnp.sum(on & (pos >= mb), dtype=jnp.int32)))
 
 
 POP_CHUNK = 16  # fresh blocks per inner iteration of an allocation (phase 1, admissions)
@@ -213,8 +217,8 @@ def grant_tokens(s: SimState, st, c, i, sb, r, *, n, first_pos, prefill, mask,
     cum = prefix_sum(fresh.astype(jnp.int32)) if known is None else known.cum
     before = cum - fresh
     total = cum[-1]
-    s = s.replace(kv_tok=s.kv_tok.at[i, jnp.where(partial, last, st.kv_blocks)]
-                  .add(fill, mode="drop"))
+    s = s.replace(kv=s.kv.replace(kv_tok=s.kv.kv_tok.at[i, jnp.where(partial, last, st.kv_blocks)]
+                  .add(fill, mode="drop")))
     top_first = first_pos - filled  # the top-up block's first token
     top_index = top_first // bs
     reg_partial = partial & (filled + fill == bs) & (top_first % bs == 0) \
@@ -228,8 +232,8 @@ def grant_tokens(s: SimState, st, c, i, sb, r, *, n, first_pos, prefill, mask,
         # them); fresh blocks chain from the last block's
         top_full = partial & (filled + fill == bs)
         s, top_on = register_keys(s, st, c, i, r, blen - 1,
-                                  prev_block=s.bt[i, sb, jnp.maximum(blen - 2, 0)], block=last,
-                                  mask=top_full,
+                                  prev_block=s.batch.bt[i, sb, jnp.maximum(blen - 2, 0)],
+                                  block=last, mask=top_full,
                                   first_token=top_first)
         held = s.tier.key_of_block[i, jnp.clip(last, 0, st.kv_blocks - 1)]
         on_chain = content_key(st, c, i, r, fresh_pos,
@@ -259,8 +263,9 @@ def grant_tokens(s: SimState, st, c, i, sb, r, *, n, first_pos, prefill, mask,
         s = lane_once(any_top, lambda s, go: chunks(s, True), s)
         s = lane_once(~any_top, lambda s, go: chunks(s, False), s)
     return s.replace(
-        blen=s.blen.at[i, jnp.where(mask, sb, st.slot_count)].add(fresh, mode="drop"),
-        misses=s.misses.at[i].add(total.astype(jnp.int64)))
+        batch=s.batch.replace(
+            blen=s.batch.blen.at[i, jnp.where(mask, sb, st.slot_count)].add(fresh, mode="drop")),
+        stats=s.stats.replace(misses=s.stats.misses.at[i].add(total.astype(jnp.int64))))
 
 
 def _grant_chunk(s: SimState, st, c, i, plan: _GrantChunks, k, total, go, chunk: int,
@@ -280,12 +285,14 @@ def _grant_chunk(s: SimState, st, c, i, plan: _GrantChunks, k, total, go, chunk:
     tok = jnp.minimum(bs, rest[owner] - m * bs)
     j = blen[owner] + m  # position in the owner's block table
     b_safe = jnp.where(taken, blocks, k_blocks)
-    old_slot = s.kv_slot[i, jnp.clip(blocks, 0, k_blocks - 1)]
+    old_slot = s.kv.kv_slot[i, jnp.clip(blocks, 0, k_blocks - 1)]
     s = s.replace(
-        kv_tok=s.kv_tok.at[i, b_safe].set(tok, mode="drop"),
-        kv_ref=s.kv_ref.at[i, b_safe].set(1, mode="drop"),
-        bt=s.bt.at[i, sb[owner], jnp.where(taken, j, mb)].set(blocks, mode="drop"),
-        ovf_blocks=s.ovf_blocks + jnp.sum(taken & (j >= mb), dtype=jnp.int32))
+        batch=s.batch.replace(
+            bt=s.batch.bt.at[i, sb[owner], jnp.where(taken, j, mb)].set(blocks, mode="drop")),
+        kv=s.kv.replace(kv_tok=s.kv.kv_tok.at[i, b_safe].set(tok, mode="drop"),
+                        kv_ref=s.kv.kv_ref.at[i, b_safe].set(1, mode="drop")),
+        run=s.run.replace(
+            ovf_blocks=s.run.ovf_blocks + jnp.sum(taken & (j >= mb), dtype=jnp.int32)))
     if not st.prefix_caching:
         return s
     # a fresh block filled during a prefill gets a hash; a prompt block's goes in its slot
@@ -298,14 +305,14 @@ def _grant_chunk(s: SimState, st, c, i, plan: _GrantChunks, k, total, go, chunk:
         on = plan.on_chain[owner]
         t = s.tier
         t = kvtier.note_evictions(t, t.key_of_block[i, jnp.clip(blocks, 0, k_blocks - 1)],
-                                  taken, s.clock[i])
+                                  taken, s.batch.clock[i])
         # A block whose tokens are not its position's (a prefill after a reload that covered
         # part of a block, ``TieredKVCache.allocate``) has an off-chain key
         key = content_key(st, c, i, r[owner], first, NIL)
         t = t.replace(key_of_block=t.key_of_block.at[i, b_safe].set(
             jnp.where(hashed & on, key.true_key, NIL), mode="drop"))
         # off the chain: each chains from the block before it (none: -1)
-        prev = jnp.where(j > 0, s.bt[i, sb[owner], jnp.clip(j - 1, 0, mb - 1)], NIL)
+        prev = jnp.where(j > 0, s.batch.bt[i, sb[owner], jnp.clip(j - 1, 0, mb - 1)], NIL)
         t = kvtier.chain_offchain(t, st, i, prev, b_safe, key.true_key, hashed & ~on,
                                   key.shift)
         s = s.replace(tier=t)
@@ -324,10 +331,11 @@ def _grant_chunk(s: SimState, st, c, i, plan: _GrantChunks, k, total, go, chunk:
     s = apply_slot_ops(s, st, slots, values, seq, ops)
     # the write that depends on old_slot goes first, so every write follows that read
     fresh_slot = after_reads(jnp.where(reg_fresh, slot_fresh, NIL), old_slot)
-    s = s.replace(kv_slot=s.kv_slot.at[i, b_safe].set(fresh_slot, mode="drop"))
+    s = s.replace(kv=s.kv.replace(kv_slot=s.kv.kv_slot.at[i, b_safe].set(fresh_slot, mode="drop")))
     if top_ups:
-        s = s.replace(kv_slot=s.kv_slot.at[i, jnp.where(reg_top, last, k_blocks)]
-                      .set(slot_top, mode="drop"))
+        s = s.replace(kv=s.kv.replace(
+                          kv_slot=s.kv.kv_slot.at[i, jnp.where(reg_top, last, k_blocks)]
+                      .set(slot_top, mode="drop")))
     return s
 
 
@@ -343,7 +351,7 @@ def allocate(s: SimState, st, c, i, sb, r, *, start, end, cached, n_cached, acti
         chunk = max(1, min(POP_CHUNK, -(-st.token_budget // st.block_size)))
     n = jnp.where(active, end - start, 0).astype(jnp.int32)
     if not (isinstance(n_cached, int) and n_cached == 0):  # statically no cached prefix
-        claim = active & (n > 0) & (s.blen[i, sb] == 0) & (n_cached > 0)
+        claim = active & (n > 0) & (s.batch.blen[i, sb] == 0) & (n_cached > 0)
         s = claim_cached(s, st, i, sb, cached, n_cached, claim)
     prefill = s.pi[r] < c.input_tokens[r]
     one = lambda x: jnp.reshape(x, (1,))  # noqa: E731
@@ -373,7 +381,7 @@ def release(s: SimState, st, i, sb, active) -> SimState:
     the table's width (on scenario S ~30 of 85; a masked entry costs ~40 % of a live one). So
     it runs at the narrowest of ``release_widths`` that holds every active lane's block count
     — the same width for all lanes of a lockstep loop, so only one program runs."""
-    need = lane_max(jnp.where(active, s.blen[i, sb], 0))
+    need = lane_max(jnp.where(active, s.batch.blen[i, sb], 0))
     return by_width(release_widths(st), need, active,
                     lambda s, go, w: _release(s, st, i, sb, go, w), s)
 
@@ -381,18 +389,20 @@ def release(s: SimState, st, i, sb, active) -> SimState:
 def _release(s: SimState, st, i, sb, active, width: int) -> SimState:
     """``release`` with blocks 0 .. width - 1 of the slot (width >= its block count)."""
     mb, k_blocks = st.max_blocks_per_request, st.kv_blocks
-    n = jnp.where(active, s.blen[i, sb], 0)
+    n = jnp.where(active, s.batch.blen[i, sb], 0)
     k = jnp.arange(width)
     on = k < n
-    b = jnp.where(on, s.bt[i, sb, jnp.clip(n - 1 - k, 0, mb - 1)], 0)
-    ref = s.kv_ref[i, b] - 1
-    s = s.replace(kv_ref=s.kv_ref.at[i, jnp.where(on, b, k_blocks)].set(ref, mode="drop"))
+    b = jnp.where(on, s.batch.bt[i, sb, jnp.clip(n - 1 - k, 0, mb - 1)], 0)
+    ref = s.kv.kv_ref[i, b] - 1
+    s = s.replace(kv=s.kv.replace(
+                      kv_ref=s.kv.kv_ref.at[i, jnp.where(on, b, k_blocks)].set(ref, mode="drop")))
     s = append_blocks(s, st, i, b, on & (ref == 0))
     # The block count is reset last, with a value tied to both writes above: fusion re-reads
     # the count inside each kernel that uses it, and unless every such read is an ancestor of
     # the reset, XLA copies the whole [instances, slots] array at every release.
-    tie = s.kv_ref[i, b[0]] | s.ftail[i]  # never negative
-    return s.replace(blen=upd(s.blen, (i, sb), after_reads(jnp.int32(0), tie), active))
+    tie = s.kv.kv_ref[i, b[0]] | s.kv.ftail[i]  # never negative
+    return s.replace(batch=s.batch.replace(
+                         blen=upd(s.batch.blen, (i, sb), after_reads(jnp.int32(0), tie), active)))
 
 
 # ---- deferred releases (completions) -----------------------------------------------------------
@@ -408,30 +418,31 @@ def defer_release(s: SimState, st, i, sb, active) -> SimState:
     depends on them: within a step only a completion's final-token allocation could, and only
     when the free list is empty (a release appends at the LRU tail, a pop takes the head)."""
     sb = jnp.asarray(sb, jnp.int32)
-    return s.replace(rel_slots=upd(s.rel_slots, s.rel_count, sb, active),
-                     rel_inst=jnp.where(active, jnp.asarray(i, jnp.int32), s.rel_inst),
-                     rel_count=s.rel_count + active.astype(jnp.int32))
+    return s.replace(kv=s.kv.replace(
+                         rel_slots=upd(s.kv.rel_slots, s.kv.rel_count, sb, active),
+                         rel_inst=jnp.where(active, jnp.asarray(i, jnp.int32), s.kv.rel_inst),
+                         rel_count=s.kv.rel_count + active.astype(jnp.int32)))
 
 
 def must_flush(s: SimState, i, final_token):
     """Whether the lane must run its queued releases before a completion on instance i: its
     queue is full, or the completion's final token (``final_token``) may need a block from a
     free list that is empty without them."""
-    full = s.rel_count >= s.rel_slots.shape[0]
-    return full | (final_token & (s.rel_count > 0) & (s.kv_free[i] == 0))
+    full = s.kv.rel_count >= s.kv.rel_slots.shape[0]
+    return full | (final_token & (s.kv.rel_count > 0) & (s.kv.kv_free[i] == 0))
 
 
 def flush_releases(s: SimState, st, active) -> SimState:
     """Run the lane's queued releases in queue order and empty the queue (where ``active``)."""
-    count = jnp.where(active, s.rel_count, 0)
+    count = jnp.where(active, s.kv.rel_count, 0)
 
     def body(carry, go):
         s, k = carry
-        sb = s.rel_slots[jnp.minimum(k, s.rel_slots.shape[0] - 1)]
-        return release(s, st, s.rel_inst, sb, go), k + go.astype(k.dtype)
+        sb = s.kv.rel_slots[jnp.minimum(k, s.kv.rel_slots.shape[0] - 1)]
+        return release(s, st, s.kv.rel_inst, sb, go), k + go.astype(k.dtype)
 
     s, _ = lane_while(lambda carry: carry[1] < count, body, (s, jnp.asarray(0, jnp.int32)))
-    return s.replace(rel_count=jnp.where(active, 0, s.rel_count))
+    return s.replace(kv=s.kv.replace(rel_count=jnp.where(active, 0, s.kv.rel_count)))
 
 
 # ---- CPU tier: keys, reloads, the tiered allocation (engine.kvtier) ------------------------------
@@ -544,13 +555,13 @@ def _reload(s: SimState, st, c, i, r, start_block, keep, go):
     slots = hash_slot(st, c, i, r, j)
     in_range = go & (j >= start_block) & (j < c.full_blocks[r])
     slots = jnp.where(in_range, slots, NIL)
-    on_gpu = s.slot_block[jnp.where(in_range, slots, st.hash_slots)] >= 0
-    kept_free = 0 if keep is None else jnp.sum(keep & (s.kv_ref[i] == 0), dtype=jnp.int32)
-    budget = s.kv_free[i] - kept_free
+    on_gpu = s.kv.slot_block[jnp.where(in_range, slots, st.hash_slots)] >= 0
+    kept_free = 0 if keep is None else jnp.sum(keep & (s.kv.kv_ref[i] == 0), dtype=jnp.int32)
+    budget = s.kv.kv_free[i] - kept_free
     run = free_run(s, st, i, jnp.where(go, jnp.minimum(budget, mpb), 0), mpb, keep)
     found = run.blocks >= 0
     safe = jnp.clip(run.blocks, 0, k_blocks - 1)
-    old_slot = jnp.where(found, s.kv_slot[i, safe], NIL)
+    old_slot = jnp.where(found, s.kv.kv_slot[i, safe], NIL)
     old_key = jnp.where(found, s.tier.key_of_block[i, safe], NIL)
     slot_taken_at = _first_match(old_slot, slots)  # the reload that takes j's GPU copy
     key_taken_at = _first_match(old_key, slots)
@@ -569,7 +580,7 @@ def _reload(s: SimState, st, c, i, r, start_block, keep, go):
     stops = x & (~kvtier.holds(s.tier, slots) | (before >= budget))
     reload = x & (j < jnp.min(jnp.where(stops, j, mpb)))
     count = jnp.sum(reload, dtype=jnp.int32)
-    now = s.clock[i]
+    now = s.batch.clock[i]
     window = st.kv_thrash_window_us
     evicted_us = s.tier.evicted_at[jnp.where(reload, slots, s.tier.evicted_at.shape[0] - 1)]
     thrash = reload & (((evicted_us >= 0) & (now - evicted_us < window))
@@ -594,8 +605,9 @@ def _reload(s: SimState, st, c, i, r, start_block, keep, go):
                   thrash_reloads=add(t.thrash_reloads, i, jnp.sum(thrash), go),
                   request_reloads=add(t.request_reloads, r, count, go))
     t = kvtier.append(t, i, new_slot, taken)  # each reloaded hash becomes the most recent
-    s = s.replace(kv_slot=s.kv_slot.at[i, dest].set(new_slot, mode="drop"),
-                  kv_tok=s.kv_tok.at[i, dest].set(bs, mode="drop"), tier=t)
+    s = s.replace(tier=t, kv=s.kv.replace(
+                              kv_slot=s.kv.kv_slot.at[i, dest].set(new_slot, mode="drop"),
+                              kv_tok=s.kv.kv_tok.at[i, dest].set(bs, mode="drop")))
     return append_blocks(s, st, i, run.blocks, taken), count
 
 
@@ -620,7 +632,7 @@ def mirror_batch(s: SimState, st, i, slots, valid, active) -> SimState:
     only the blocks held, not the batch's whole block tables; blocks without a hash or not
     full are left out of the pass by its mask."""
     mb, rows = st.max_blocks_per_request, slots.shape[0]
-    held = jnp.where(valid, s.blen[i, slots], 0)
+    held = jnp.where(valid, s.batch.blen[i, slots], 0)
     ends = prefix_sum(held)  # blocks of the requests up to each
     total = jnp.where(active, ends[-1], 0)
 
@@ -629,10 +641,10 @@ def mirror_batch(s: SimState, st, i, slots, valid, active) -> SimState:
         row = jnp.minimum(jnp.searchsorted(ends, p, side="right", method="scan_unrolled"),
                           rows - 1)
         col = p - (ends[row] - held[row])
-        blocks = s.bt[i, slots[row], jnp.clip(col, 0, mb - 1)]
+        blocks = s.batch.bt[i, slots[row], jnp.clip(col, 0, mb - 1)]
         safe = jnp.clip(blocks, 0, st.kv_blocks - 1)
         keys = s.tier.key_of_block[i, safe]
-        on = (p < total) & (keys >= 0) & (s.kv_tok[i, safe] == st.block_size)
+        on = (p < total) & (keys >= 0) & (s.kv.kv_tok[i, safe] == st.block_size)
         return s.replace(tier=kvtier.mirror(s.tier, i, keys, on, go))
 
     return by_width(mirror_widths(st), lane_max(total), active, program, s)
@@ -684,10 +696,10 @@ def tiered_allocate(s: SimState, st, c, i, sb, r, *, start, end, cached, n_cache
     (``batch._settle_held_blocks``)."""
     bs = st.block_size
     n_cached = jnp.asarray(n_cached, jnp.int32)
-    blen = s.blen[i, sb]
+    blen = s.batch.blen[i, sb]
     owned = blen > 0
     scan_from = jnp.where(owned & (blen > n_cached), blen, n_cached)
-    last = s.bt[i, sb, jnp.maximum(blen - 1, 0)]
+    last = s.batch.bt[i, sb, jnp.maximum(blen - 1, 0)]
     chain_known = ~(owned & (blen > n_cached)) | holds_true_key(s, st, c, i, r, blen - 1, last)
     scan = active & chain_known & (scan_from < c.full_blocks[r])
     s, count = reload_prefix(s, st, c, i, r, scan_from, None, scan)
@@ -710,7 +722,7 @@ def tiered_allocate(s: SimState, st, c, i, sb, r, *, start, end, cached, n_cache
     fits = can_allocate(s, st, c, i, sb, r, start=a_start, end=end, cached=pre_cached,
                         n_cached=pre_n)
     grant = (plain | partial) & fits
-    claim_first = plain & grant & (s.blen[i, sb] == 0) & (end > start) & (n_cached > 0)
+    claim_first = plain & grant & (s.batch.blen[i, sb] == 0) & (end > start) & (n_cached > 0)
     s = claim_cached(s, st, i, sb, cached, n_cached, claim_first)
     s = allocate(s, st, c, i, sb, r, start=a_start, end=end, cached=jnp.zeros(1, jnp.int32),
                  n_cached=0, active=grant, chunk=chunk)

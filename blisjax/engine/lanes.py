@@ -50,14 +50,14 @@ def release_queued(s: SimState, st) -> SimState:
     (``kvblocks.append_blocks``): bounded by the blocks each lane releases, not the ones it
     frees. Otherwise, or when the blocks exceed the widest program, the lanes run their own
     queues (``kv.flush_releases``)."""
-    lanes, queue = s.rel_slots.shape
-    queued = jnp.arange(queue)[None, :] < s.rel_count[:, None]  # [L, D]
+    lanes, queue = s.kv.rel_slots.shape
+    queued = jnp.arange(queue)[None, :] < s.kv.rel_count[:, None]  # [L, D]
     lane = jnp.arange(lanes)
-    inst = s.rel_inst
-    slots = jnp.where(queued, s.rel_slots, 0)
-    held = jnp.where(queued, s.blen[lane[:, None], inst[:, None], slots], 0)  # [L, D]
+    inst = s.kv.rel_inst
+    slots = jnp.where(queued, s.kv.rel_slots, 0)
+    held = jnp.where(queued, s.batch.blen[lane[:, None], inst[:, None], slots], 0)  # [L, D]
     per_lane = jnp.sum(held, axis=1)
-    tail, head = s.ftail[lane, inst], s.fhead[lane, inst]
+    tail, head = s.kv.ftail[lane, inst], s.kv.fhead[lane, inst]
     ring_ok = jnp.all((tail - head + per_lane <= kvblocks.ring_size(st))
                       & (tail + per_lane <= kvblocks.KEY_LIMIT))
     total = jnp.sum(per_lane)
@@ -68,8 +68,8 @@ def release_queued(s: SimState, st) -> SimState:
         s = run_if(fits, lambda s, w=w: _flat_release(s, st, slots, held, w), s)
     lane_loop = jax.vmap(lambda s: kv.flush_releases(s, st, jnp.asarray(True)),
                          axis_name=LANES)
-    s = run_if(~flat & jnp.any(s.rel_count > 0), lane_loop, s)
-    return s.replace(rel_count=jnp.zeros_like(s.rel_count))
+    s = run_if(~flat & jnp.any(s.kv.rel_count > 0), lane_loop, s)
+    return s.replace(kv=s.kv.replace(rel_count=jnp.zeros_like(s.kv.rel_count)))
 
 
 def _flat(x, index, valid=None):
@@ -98,33 +98,34 @@ def _flat_release(s: SimState, st, slots, held, width: int) -> SimState:
     owner = lax.cummax(first)
     lane = owner // queue
     # (lane, instance) as one row index; int64, as the flat arrays may pass 2^31 entries
-    row = lane.astype(jnp.int64) * insts + s.rel_inst[lane]
+    row = lane.astype(jnp.int64) * insts + s.kv.rel_inst[lane]
     sb = slots.reshape(-1)[owner]
     pos = n[owner] - 1 - (p - start[owner])  # last block first
-    bt, at = _flat(s.bt, (row * b_slots + sb) * mb + jnp.clip(pos, 0, mb - 1))
+    bt, at = _flat(s.batch.bt, (row * b_slots + sb) * mb + jnp.clip(pos, 0, mb - 1))
     b = jnp.where(valid, bt[at], 0)
-    kv_ref, at = _flat(s.kv_ref, row * k_blocks + b, valid)
+    kv_ref, at = _flat(s.kv.kv_ref, row * k_blocks + b, valid)
     kv_ref = kv_ref.at[at].add(-1, mode="drop")
     # a block's entry goes to the tail at its last release (fkey is -1 while a block is in use)
-    fkey = s.fkey.reshape(-1).at[at].max(p, mode="drop")
+    fkey = s.kv.fkey.reshape(-1).at[at].max(p, mode="drop")
     last = valid & (fkey[at] == p)
     freed = last & (kv_ref[at] == 0)
     count = jnp.zeros(lanes, jnp.int32).at[jnp.where(freed, lane, lanes)].add(1, mode="drop")
     before = jnp.cumsum(count) - count  # freed blocks of the lanes before
     rank = jnp.cumsum(freed.astype(jnp.int32)) - 1 - before[lane]
-    tail, at_tail = _flat(s.ftail, row)
+    tail, at_tail = _flat(s.kv.ftail, row)
     key = tail[at_tail] + rank
-    fifo, at_fifo = _flat(s.fifo, row * r_size + key % r_size, freed)
-    lanes_all, inst = jnp.arange(lanes), s.rel_inst
-    queued = jnp.arange(queue)[None, :] < s.rel_count[:, None]
+    fifo, at_fifo = _flat(s.kv.fifo, row * r_size + key % r_size, freed)
+    lanes_all, inst = jnp.arange(lanes), s.kv.rel_inst
+    queued = jnp.arange(queue)[None, :] < s.kv.rel_count[:, None]
     rows = lanes_all.astype(jnp.int64) * insts + inst
-    blen, at_blen = _flat(s.blen, rows[:, None] * b_slots + slots, queued)
-    shape = s.kv_ref.shape
-    return s.replace(
-        kv_ref=kv_ref.reshape(shape),
-        fifo=fifo.at[at_fifo].set(b, mode="drop").reshape(s.fifo.shape),
-        fkey=fkey.at[jnp.where(last, at, fkey.shape[0])].set(
+    blen, at_blen = _flat(s.batch.blen, rows[:, None] * b_slots + slots, queued)
+    shape = s.kv.kv_ref.shape
+    return s.replace(batch=s.batch.replace(
+                         blen=blen.at[at_blen].set(0, mode="drop").reshape(s.batch.blen.shape)),
+                     kv=s.kv.replace(
+                         kv_ref=kv_ref.reshape(shape),
+                         fifo=fifo.at[at_fifo].set(b, mode="drop").reshape(s.kv.fifo.shape),
+                         fkey=fkey.at[jnp.where(last, at, fkey.shape[0])].set(
             jnp.where(freed, key, NIL), mode="drop").reshape(shape),
-        ftail=s.ftail.at[lanes_all, inst].add(count),
-        kv_free=s.kv_free.at[lanes_all, inst].add(count),
-        blen=blen.at[at_blen].set(0, mode="drop").reshape(s.blen.shape))
+                         ftail=s.kv.ftail.at[lanes_all, inst].add(count),
+                         kv_free=s.kv.kv_free.at[lanes_all, inst].add(count)))

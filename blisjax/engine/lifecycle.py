@@ -460,7 +460,7 @@ def _template_delta(s: SimState, st, c, p, rt, n, live):
     within = jnp.abs(ieee_divide(mean, p.autoscaler.target_util) - 1.0) <= p.autoscaler.tolerance
     desired = _ceil_int(ieee_divide(live.astype(F64) * mean, p.autoscaler.target_util))
     target = jnp.where((n == 0) | within, 0, desired - live)
-    load = jnp.sum(jnp.where(rt, s.snap_qd + s.snap_bs, 0)).astype(I64)
+    load = jnp.sum(jnp.where(rt, s.router.snap_qd + s.router.snap_bs, 0)).astype(I64)
     queue = jnp.where(n == 0, 0,
                       _ceil_int(ieee_divide(load.astype(F64), p.autoscaler.target_qd)) - live)
     return threshold.astype(I64), target.astype(I64), queue.astype(I64)
@@ -479,7 +479,7 @@ def _saturation(s: SimState, st, p, rt, n):
     demand = jnp.zeros(v_count, F64)
     for k in range(st.num_instances):  # replica order
         v, m = life.variant[k], rt[k]
-        d = (life.snap_used[k] * bs).astype(F64) + exact_mul(s.snap_qd[k].astype(F64),
+        d = (life.snap_used[k] * bs).astype(F64) + exact_mul(s.router.snap_qd[k].astype(F64),
                                                              p.autoscaler.avg_input)
         count = count.at[v].add(m.astype(I64))
         supply = supply.at[v].set(jnp.where(m, supply[v] + k1, supply[v]))
@@ -577,8 +577,8 @@ def tick(s: SimState, st, c, p, now, go) -> SimState:
         act_draw=cursor, ovf_draws=life.ovf_draws + ovf.astype(I32),
         ovf_actuations=life.ovf_actuations + (passed & ~room).astype(I32))
     # the next tick, unless an unbounded run has nothing left to do
-    awaiting = sessions.arrivals_known(s, st) - s.adm_cursor + life.unrouted
-    idle = (awaiting <= 0) & (jnp.sum(s.in_flight) == 0)
+    awaiting = sessions.arrivals_known(s, st) - s.cursors.admit + life.unrouted
+    idle = (awaiting <= 0) & (jnp.sum(s.router.in_flight) == 0)
     stop = (st.horizon_us == INT64_MAX) & idle
     nxt = jnp.where(stop, INT64_MAX, now + p.autoscaler.interval_us)
     return s.replace(life=life.replace(tick_us=jnp.where(go, nxt, life.tick_us)))
@@ -660,6 +660,7 @@ def after_instance_event(s: SimState, st, i, completions, now, go) -> SimState:
     left = life.warm_left[i] - jnp.minimum(jnp.asarray(completions, I32), life.warm_left[i])
     life = life.replace(warm_left=upd(life.warm_left, i, left, warming))
     life = set_state(life, st, i, ACTIVE, now, warming & (left == 0))
-    empty = ((s.q_len[i] == 0) & (s.n_run[i] == 0)) if st.blis_quirks else (s.in_flight[i] == 0)
+    empty = (((s.queue.length[i] == 0) & (s.batch.n_run[i] == 0)) if st.blis_quirks
+             else (s.router.in_flight[i] == 0))
     life = terminate(life, st, i, now, go & (life.state[i] == DRAINING) & empty)
     return s.replace(life=life)

@@ -147,8 +147,9 @@ def transfer_duration_us(p, c, r, active):
 # ---- routing into pools -------------------------------------------------------------------------
 
 
-# The lane router's state that a pool with its own scorers keeps apart (``PDState``'s fields of
-# the same names): its random stream, prefix index and no-hit-lru recency.
+# The lane router's state that a pool with its own scorers keeps apart (``RouterState``'s
+# fields that ``PDState`` holds under the same names): its random stream, prefix index and
+# no-hit-lru recency.
 _ROUTER_FIELDS = ("rng_words", "rng_tap", "rng_feed", "lru_pos", "lru_own_at", "lru_clock",
                   "lru_own", "cold_stamp", "cold_clock")
 
@@ -162,14 +163,14 @@ def _exchange(s: SimState, st, pool: int, own) -> SimState:
     mine, pools = {}, {}
 
     def swap(name, on, counter=None):
-        lane, kept = getattr(s, name), getattr(q, counter or name)
+        lane, kept = getattr(s.router, name), getattr(q, counter or name)
         mine[name] = jnp.where(on, kept[pool], lane)
         pools[counter or name] = kept.at[pool].set(jnp.where(on, lane, kept[pool]))
 
     for name in _ROUTER_FIELDS:
         swap(name, own)
     swap("rr", not st.blis_quirks)
-    return s.replace(**mine, pd=q.replace(**pools))
+    return s.replace(router=s.router.replace(**mine), pd=q.replace(**pools))
 
 
 def route_pool(s: SimState, st, c, p, r, now, pool: int, active):
@@ -223,17 +224,17 @@ def prefill_routed(s: SimState, st, r, target, active) -> SimState:
     r_or_sink = jnp.where(active, r, st.num_requests)
 
     def cond(cur):
-        return (cur < s.route_cursor) & (q.phase[jnp.minimum(cur, st.num_requests)]
+        return (cur < s.cursors.route) & (q.phase[jnp.minimum(cur, st.num_requests)]
                                          != PREFILL_ROUTING)
 
     def body(cur, go):
         return cur + go.astype(cur.dtype)
 
-    after = lane_while(cond, body, jnp.where(active, r + 1, s.route_cursor))
+    after = lane_while(cond, body, jnp.where(active, r + 1, s.cursors.route))
     return s.replace(pd=q.replace(
         phase=q.phase.at[r_or_sink].set(PREFILL),
         prefill_instance=q.prefill_instance.at[r_or_sink].set(target),
-        pf_next=jnp.where(active, jnp.where(after < s.route_cursor, after, st.num_requests),
+        pf_next=jnp.where(active, jnp.where(after < s.cursors.route, after, st.num_requests),
                           q.pf_next)))
 
 

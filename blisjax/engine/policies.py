@@ -30,12 +30,100 @@ from blisjax.engine import gorand, kvblocks, program, recent, sessions
 from blisjax.engine import kvcache as kv
 from blisjax.engine.exactfloat import exact_mul, ieee_divide
 from blisjax.engine.lockstep import add, lane_once, upd
+from blisjax.engine.pytree import pytree_dataclass
 from blisjax.engine.queues import q_fold
 from blisjax.engine.state import SimState
 from blisjax.engine.vec import leading_count
+from blisjax.gorand import STATE_WORDS, TAP_LAG
 from blisjax.program.observables import scorer_name
 
 F64 = jnp.float64
+
+
+@pytree_dataclass
+class RouterState:
+    """The router's state (``Router``): what each instance has in flight, the periodic
+    snapshots, BLIS's "router" random stream, the prefix index and no-hit-lru recency, and the
+    cache query's periodic copy. Shapes: I instances, G prefix groups, Jg blocks per group."""
+
+    in_flight: jax.Array  # int32 [I]: routed requests not yet finished, per instance
+    rr: jax.Array  # int32: round-robin counter
+    snap_qd: jax.Array  # int32 [I]: snapshot of queue depths
+    snap_bs: jax.Array  # int32 [I]: snapshot of batch sizes
+    snap_kv: jax.Array  # float64 [I]: snapshot of KV utilisation
+    snap_last: jax.Array  # int64 µs: time of the last snapshot refresh
+    # BLIS's "router" random stream (Router.rng; engine.gorand): ties draw from it
+    rng_words: jax.Array  # int64 [607]: Go source state
+    rng_tap: jax.Array  # int32
+    rng_feed: jax.Array  # int32
+    # no-hit-lru scorer (Router.cold_recency): when each instance last took a cold request
+    cold_stamp: jax.Array  # int64 [I]: stamp of its last cold request, -1 = never
+    cold_clock: jax.Array  # int64: next stamp
+    # the cache query's periodic copy (ClusterSimulator._cache_copy; only with a positive
+    # cache signal delay, ``EngineStatic.cache_copy_on``, else one unused entry)
+    cache_copy: jax.Array  # bool [I·G·Jg]: the hash slot was registered at the last refresh
+    cache_copy_last: jax.Array  # int64 µs: time of the last refresh
+    # router-side prefix index per instance (PrefixIndex; see prefix_match)
+    lru_pos: jax.Array  # int64 [I, G, Jg]: position of the group block's last touch, -1 = never
+    lru_own_at: jax.Array  # int64 [I, G, Jg]: own entries inserted before that touch
+    lru_clock: jax.Array  # int64 [I]: next touch position
+    lru_own: jax.Array  # int64 [I]: own (not prefix-group) entries inserted so far
+
+
+def init_router(st, router_rng=None) -> RouterState:
+    """Nothing in flight, empty snapshots and index; ``router_rng``: the seeded words of the
+    "router" stream (``PolicyParams.routing.router_rng``; zeros if not given)."""
+    i, g, jg = st.num_instances, st.num_groups, st.group_blocks_max
+    i32, i64 = jnp.int32, jnp.int64
+    return RouterState(
+        in_flight=jnp.zeros(i, i32), rr=jnp.asarray(0, i32), snap_qd=jnp.zeros(i, i32),
+        snap_bs=jnp.zeros(i, i32), snap_kv=jnp.zeros(i, jnp.float64),
+        snap_last=jnp.asarray(0, i64),
+        rng_words=(jnp.zeros(STATE_WORDS, i64) if router_rng is None
+                   else jnp.asarray(router_rng, i64)),
+        rng_tap=jnp.asarray(0, i32), rng_feed=jnp.asarray(STATE_WORDS - TAP_LAG, i32),
+        cold_stamp=jnp.full(i, -1, i64), cold_clock=jnp.asarray(0, i64),
+        cache_copy=jnp.zeros(st.group_slots + st.session_slots if st.cache_copy_on else 1, bool),
+        cache_copy_last=jnp.asarray(0, i64),
+        lru_pos=jnp.full((i, g, jg), -1, i64), lru_own_at=jnp.zeros((i, g, jg), i64),
+        lru_clock=jnp.zeros(i, i64), lru_own=jnp.zeros(i, i64))
+
+
+
+def forget_instance(router: RouterState, i, active) -> RouterState:
+    """The router forgets instance i where ``active`` (``Router.forget_instance``): its prefix
+    index and no-hit-lru recency start over."""
+    def row(arr, value):
+        return arr.at[i].set(jnp.where(active, value, arr[i]))
+
+    return router.replace(lru_pos=row(router.lru_pos, -1), lru_own_at=row(router.lru_own_at, 0),
+                          lru_clock=upd(router.lru_clock, i, 0, active),
+                          lru_own=upd(router.lru_own, i, 0, active),
+                          cold_stamp=upd(router.cold_stamp, i, -1, active))
+
+@pytree_dataclass
+class AdmissionState:
+    """Admission's state (``Admission``): the token-bucket / rate-limit bucket, the
+    tenant-bucket's per-tenant buckets and admitted requests in flight; T tenants."""
+
+    bucket: jax.Array  # float64: token-bucket / rate-limit bucket level
+    bucket_last: jax.Array  # int64 µs: time of the bucket's last refill
+    tenant_bucket: jax.Array  # float64 [T]: tenant-bucket's per-tenant bucket levels
+    tenant_bucket_last: jax.Array  # int64 µs [T]: time of each one's last refill
+    tenant_in_flight: jax.Array  # int32 [T]: admitted requests not yet finished, per tenant
+    rejected: jax.Array  # int32: requests rejected by admission
+
+
+def init_admission(st, bucket, tenant_capacity=None) -> AdmissionState:
+    """The bucket at ``bucket`` (full), each tenant's at ``tenant_capacity`` [T] (full;
+    zeros if not given)."""
+    t = st.num_tenants
+    return AdmissionState(
+        bucket=jnp.asarray(bucket, jnp.float64), bucket_last=jnp.asarray(0, jnp.int64),
+        tenant_bucket=(jnp.zeros(t, jnp.float64) if tenant_capacity is None
+                       else jnp.asarray(tenant_capacity, jnp.float64)),
+        tenant_bucket_last=jnp.zeros(t, jnp.int64), tenant_in_flight=jnp.zeros(t, jnp.int32),
+        rejected=jnp.asarray(0, jnp.int32))
 
 
 def by_code(codes: type[Code], value_of: dict) -> jax.Array:
@@ -67,14 +155,14 @@ def admit(s: SimState, st, c, p, r, now, active, members) -> AdmitDecision:
     limited = code == AdmissionPolicy.RATE_LIMIT
     cap = jnp.where(limited, p.admission.rl_burst, p.admission.tb_capacity)
     rate = jnp.where(limited, p.admission.rl_rate, p.admission.tb_rate)
-    tokens, refill = _refilled(s.bucket, s.bucket_last, cap, rate, now, c)
+    tokens, refill = _refilled(s.admission.bucket, s.admission.bucket_last, cap, rate, now, c)
     cost = jnp.where(limited, 1.0, c.input_tokens[r].astype(F64))
     take = tokens >= cost
     uses_bucket = active & ((code == AdmissionPolicy.TOKEN_BUCKET) | limited)
     t = c.tenant[r]
-    quota_ok = s.tenant_in_flight[t] < p.admission.tenant_quota[t]
+    quota_ok = s.admission.tenant_in_flight[t] < p.admission.tenant_quota[t]
     # tenant-bucket: request r's tenant's bucket, refilled as the shared one
-    t_tokens, t_refill = _refilled(s.tenant_bucket[t], s.tenant_bucket_last[t],
+    t_tokens, t_refill = _refilled(s.admission.tenant_bucket[t], s.admission.tenant_bucket_last[t],
                                    p.admission.tt_capacity[t], p.admission.tt_rate[t], now, c)
     t_cost = c.input_tokens[r].astype(F64)
     t_take = t_tokens >= t_cost
@@ -88,11 +176,11 @@ def admit(s: SimState, st, c, p, r, now, active, members) -> AdmitDecision:
         AdmissionPolicy.TENANT_BUCKET: t_take})[code]
     return AdmitDecision(
         admitted=admitted,
-        bucket=jnp.where(uses_bucket, jnp.where(take, tokens - cost, tokens), s.bucket),
-        bucket_last=jnp.where(uses_bucket & refill, now, s.bucket_last),
-        tenant_bucket=upd(s.tenant_bucket, t, jnp.where(t_take, t_tokens - t_cost, t_tokens),
-                          t_uses),
-        tenant_bucket_last=upd(s.tenant_bucket_last, t, now, t_uses & t_refill))
+        bucket=jnp.where(uses_bucket, jnp.where(take, tokens - cost, tokens), s.admission.bucket),
+        bucket_last=jnp.where(uses_bucket & refill, now, s.admission.bucket_last),
+        tenant_bucket=upd(s.admission.tenant_bucket, t,
+                          jnp.where(t_take, t_tokens - t_cost, t_tokens), t_uses),
+        tenant_bucket_last=upd(s.admission.tenant_bucket_last, t, now, t_uses & t_refill))
 
 
 def _refilled(level, last_us, capacity, rate, now, c):
@@ -214,11 +302,11 @@ def prefix_match(s: SimState, st, c, r):
     a later touch position.
     """
     g = jnp.maximum(c.group[r], 0)
-    pos = s.lru_pos[:, g, :]  # [I, Jg]
-    own_at = s.lru_own_at[:, g, :]
-    everything = s.lru_pos.reshape(st.num_instances, -1)  # [I, G·Jg]
+    pos = s.router.lru_pos[:, g, :]  # [I, Jg]
+    own_at = s.router.lru_own_at[:, g, :]
+    everything = s.router.lru_pos.reshape(st.num_instances, -1)  # [I, G·Jg]
     newer_group = jnp.sum(everything[:, None, :] > pos[:, :, None], axis=-1)
-    newer = (s.lru_own[:, None] - own_at) + newer_group
+    newer = (s.router.lru_own[:, None] - own_at) + newer_group
     j = jnp.arange(st.group_blocks_max)
     present = (pos >= 0) & (newer < st.prefix_index_capacity) & (j < c.group_blocks[r])
     return leading_count(present, axis=1)
@@ -230,14 +318,15 @@ def prefix_touch(s: SimState, st, c, r, target, active) -> SimState:
     g = jnp.maximum(c.group[r], 0)
     j = jnp.arange(st.group_blocks_max)
     mine = active & (j < c.group_blocks[r])
-    row = jnp.where(mine, s.lru_clock[target] + j, s.lru_pos[target, g])
-    row_own = jnp.where(mine, s.lru_own[target], s.lru_own_at[target, g])
+    row = jnp.where(mine, s.router.lru_clock[target] + j, s.router.lru_pos[target, g])
+    row_own = jnp.where(mine, s.router.lru_own[target], s.router.lru_own_at[target, g])
     full = c.full_blocks[r].astype(jnp.int64)
     own = (c.full_blocks[r] - c.group_blocks[r]).astype(jnp.int64)
-    return s.replace(lru_pos=s.lru_pos.at[target, g].set(row),
-                     lru_own_at=s.lru_own_at.at[target, g].set(row_own),
-                     lru_clock=add(s.lru_clock, target, full, active),
-                     lru_own=add(s.lru_own, target, own, active))
+    return s.replace(router=s.router.replace(
+                         lru_pos=s.router.lru_pos.at[target, g].set(row),
+                         lru_own_at=s.router.lru_own_at.at[target, g].set(row_own),
+                         lru_clock=add(s.router.lru_clock, target, full, active),
+                         lru_own=add(s.router.lru_own, target, own, active)))
 
 
 class RouterView(NamedTuple):
@@ -277,7 +366,7 @@ def _cold_ramp(s: SimState, st, among=None):
     if st.num_instances == 1:
         return jnp.ones(1, F64)
     idx = jnp.arange(st.num_instances)
-    stamp = s.cold_stamp
+    stamp = s.router.cold_stamp
     never = stamp < 0
     cand = jnp.ones(st.num_instances, bool) if among is None else among
     n = st.num_instances if among is None else jnp.sum(among)
@@ -309,7 +398,7 @@ def scorer_values(s: SimState, st, c, r, view: RouterView, among):
     """Every scorer's value for each instance, before clamping (``Router.scorer``), float64
     [S, I] in ``Scorer`` code order; scores that normalise over instances do so over
     ``among`` (bool [I]; None: all)."""
-    qd, bs, in_flight = s.snap_qd, s.snap_bs, s.in_flight
+    qd, bs, in_flight = s.router.snap_qd, s.router.snap_bs, s.router.in_flight
     full = c.full_blocks[r]
     prefix = jnp.where(full > 0, prefix_match(s, st, c, r).astype(F64)
                        / jnp.maximum(full, 1).astype(F64), 0.0)
@@ -325,7 +414,7 @@ def scorer_values(s: SimState, st, c, r, view: RouterView, among):
         else jnp.full(st.num_instances, 0.5, F64)
     scores = by_code(Scorer, {
         Scorer.PREFIX_AFFINITY: prefix, Scorer.QUEUE_DEPTH: _inverted_min_max(qd, among),
-        Scorer.KV_UTILIZATION: 1.0 - s.snap_kv,
+        Scorer.KV_UTILIZATION: 1.0 - s.router.snap_kv,
         Scorer.LOAD_BALANCE: 1.0 / (1 + view.load).astype(F64),
         Scorer.PRECISE_PREFIX_CACHE: precise, Scorer.LOAD_AWARE: load_aware,
         Scorer.ACTIVE_REQUESTS: active_requests,
@@ -365,9 +454,9 @@ def cache_query(s: SimState, st, c, r):
         slots = jnp.where(valid, kvblocks.hash_slot(st, c, i, r, j), st.hash_slots)
         if st.cache_copy_on:  # the copy holds the prefix-group (and session) slots
             group = slots < st.group_slots + st.session_slots
-            present = group & s.cache_copy[jnp.where(group, slots, 0)]
+            present = group & s.router.cache_copy[jnp.where(group, slots, 0)]
         else:
-            present = s.slot_block[slots] >= 0
+            present = s.kv.slot_block[slots] >= 0
         return leading_count(valid & present)
 
     return jax.vmap(count)(jnp.arange(st.num_instances))
@@ -375,7 +464,7 @@ def cache_query(s: SimState, st, c, r):
 
 def router_view(s: SimState, st, c, r) -> RouterView:
     """Loads, and the cache query where compiled in."""
-    load = s.snap_qd + s.snap_bs + s.in_flight
+    load = s.router.snap_qd + s.router.snap_bs + s.router.in_flight
     if not st.cache_scorers:
         zeros = jnp.zeros(st.num_instances, jnp.int32)
         return RouterView(load, zeros, jnp.asarray(True))
@@ -394,11 +483,12 @@ def _break_tie(s: SimState, p, tied, active):
         src, k = gorand.intn(src, count, go)
         return src, k
 
-    src = gorand.GoSource(s.rng_words, s.rng_tap, s.rng_feed)
+    src = gorand.GoSource(s.router.rng_words, s.router.rng_tap, s.router.rng_feed)
     src, k = lane_once(draw_now, draw, (src, jnp.asarray(0, jnp.int32)))
     nth = tied & (jnp.cumsum(tied) - 1 == k)
     target = jnp.where(draw_now, jnp.argmax(nth), jnp.argmax(tied)).astype(jnp.int32)
-    return s.replace(rng_words=src.words, rng_tap=src.tap, rng_feed=src.feed), target
+    return s.replace(router=s.router.replace(rng_words=src.words, rng_tap=src.tap,
+                                             rng_feed=src.feed)), target
 
 
 def program_scores(s: SimState, st, c, p, r, now, view: RouterView, among, raw):
@@ -407,8 +497,9 @@ def program_scores(s: SimState, st, c, p, r, now, view: RouterView, among, raw):
     (``scorer_values`` [S, I]), request and cluster ones over ``among`` (bool [I]; None: all
     instances)."""
     members = jnp.ones(st.num_instances, bool) if among is None else among
-    values = {"queue_depth": s.snap_qd.astype(F64), "batch_size": s.snap_bs.astype(F64),
-              "in_flight": s.in_flight.astype(F64), "kv_utilization": s.snap_kv,
+    values = {"queue_depth": s.router.snap_qd.astype(F64),
+              "batch_size": s.router.snap_bs.astype(F64),
+              "in_flight": s.router.in_flight.astype(F64), "kv_utilization": s.router.snap_kv,
               "cached_blocks": view.cached.astype(F64),
               **{scorer_name(x): jnp.clip(raw[x], 0.0, 1.0) for x in Scorer},
               **program.request_values(s, c, r, now),
@@ -444,10 +535,10 @@ def route(s: SimState, st, c, p, r, now, active, spec: RouteSpec | None = None):
     ties_matter = active & (scoring | (spec.policy == RoutingPolicy.LEAST_LOADED))
     s, best = _break_tie(s, p, tied, ties_matter)
     if among is None:
-        rr_target = s.rr % st.num_instances
+        rr_target = s.router.rr % st.num_instances
         busiest = jnp.argmax(load)
     else:  # the (counter mod candidates)-th candidate; the first busiest candidate
-        nth = s.rr % jnp.maximum(jnp.sum(among), 1)
+        nth = s.router.rr % jnp.maximum(jnp.sum(among), 1)
         rr_target = jnp.argmax(among & (jnp.cumsum(among) - 1 == nth))
         busiest = jnp.argmax(jnp.where(among, load, -1))
     target = by_code(RoutingPolicy, {
@@ -460,8 +551,10 @@ def route(s: SimState, st, c, p, r, now, active, spec: RouteSpec | None = None):
         uses_lru = jnp.any(spec.scorer_order == Scorer.NO_HIT_LRU)
         mark = active & ((weighted_lane & uses_lru) | (program_lane & p.routing.program_lru)) \
             & view.cold
-        s = s.replace(cold_stamp=upd(s.cold_stamp, target, s.cold_clock, mark),
-                      cold_clock=s.cold_clock + mark.astype(jnp.int64))
+        s = s.replace(router=s.router.replace(
+                          cold_stamp=upd(s.router.cold_stamp, target, s.router.cold_clock, mark),
+                          cold_clock=s.router.cold_clock + mark.astype(jnp.int64)))
     round_robin = spec.policy == RoutingPolicy.ROUND_ROBIN
-    s = s.replace(rr=s.rr + (active & round_robin).astype(jnp.int32))
+    s = s.replace(router=s.router.replace(
+                      rr=s.router.rr + (active & round_robin).astype(jnp.int32)))
     return s, target

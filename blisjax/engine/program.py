@@ -119,7 +119,7 @@ def request_values(s, c, r, now) -> dict:
     return {"input_tokens": c.input_tokens[r].astype(F64),
             "prefix_tokens": c.prefix_tokens[r].astype(F64),
             "slo_class_rank": rank[c.slo_class[r]],
-            "tenant_in_flight": s.tenant_in_flight[c.tenant[r]].astype(F64),
+            "tenant_in_flight": s.admission.tenant_in_flight[c.tenant[r]].astype(F64),
             "age_ms": ieee_divide(age, jnp.full_like(age, 1000.0))}
 
 
@@ -129,10 +129,10 @@ def cluster_load(s, members):
     order as the reference sums them (``cluster_observables``); float64, int32, int32."""
     kv = jnp.asarray(0.0, F64)
     for i in range(members.shape[0]):  # left to right, as the reference sums
-        kv = jnp.where(members[i], kv + s.snap_kv[i], kv)
+        kv = jnp.where(members[i], kv + s.router.snap_kv[i], kv)
     count = jnp.sum(members)
     mean = jnp.where(count > 0, ieee_divide(kv, jnp.maximum(count, 1).astype(F64)), 0.0)
-    return jnp.sum(jnp.where(members, s.snap_qd, 0)), mean, count
+    return jnp.sum(jnp.where(members, s.router.snap_qd, 0)), mean, count
 
 
 def cluster_values(s, st, c, members, now) -> dict:
@@ -140,7 +140,7 @@ def cluster_values(s, st, c, members, now) -> dict:
     order, and the recent arrival rate at ``now`` (``cluster_observables``)."""
     queued, mean, count = cluster_load(s, members)
     return {"cluster_queue_depth": queued.astype(F64),
-            "cluster_in_flight": jnp.sum(jnp.where(members, s.in_flight, 0)).astype(F64),
+            "cluster_in_flight": jnp.sum(jnp.where(members, s.router.in_flight, 0)).astype(F64),
             "cluster_kv_utilization": mean, "instances": count.astype(F64),
             "arrival_rate": ieee_divide(recent.arrivals(c, st, now).astype(F64),
                                         jnp.asarray(RECENT_WINDOW_US / 1e6, F64))}

@@ -3,8 +3,10 @@
 Counterpart: ``blisjax.reference.instance.Instance.wait_queue`` (a deque: ``q_push_back`` is
 ``append``, ``q_push_front`` ``appendleft``, ``q_remove_at`` ``remove``/``popleft``) and
 ``Instance.running`` (a list in batch order: ``order_remove_at`` is ``remove``/``pop``). The
-queue is a ring ``q_buf[i, (q_head + k) % Q]`` of ``q_len`` request ids; the running batch is
-``order[i, :n_run]``, batch slots in running order (a slot holds a request's block table).
+queue is a ring ``queue.buf[i, (queue.head + k) % Q]`` of ``queue.length`` request ids
+(``QueueState``, this module's part of ``SimState``); the running batch is
+``batch.order[i, :n_run]``, batch slots in running order (a slot holds a request's block
+table; ``batch.BatchState``).
 """
 
 from __future__ import annotations
@@ -15,29 +17,50 @@ import jax
 import jax.numpy as jnp
 
 from blisjax.engine.lockstep import add, lane_while, upd
+from blisjax.engine.pytree import pytree_dataclass
 from blisjax.engine.state import NIL, SimState
+
+
+@pytree_dataclass
+class QueueState:
+    """Each instance's wait queue (``Instance.wait_queue``) as a ring; I instances, Q slots."""
+
+    buf: jax.Array  # int32 [I, Q]: ring buffer of request ids
+    head: jax.Array  # int32 [I]: ring index of the queue's head
+    length: jax.Array  # int32 [I]: queued requests
+
+
+def init_queue(st) -> QueueState:
+    """Every queue empty."""
+    i = st.num_instances
+    return QueueState(buf=jnp.full((i, st.queue_slots), NIL, jnp.int32),
+                      head=jnp.zeros(i, jnp.int32), length=jnp.zeros(i, jnp.int32))
 
 
 def q_at(s: SimState, st, i, k):
     """Request at offset k from the head of instance i's wait queue."""
-    return s.q_buf[i, (s.q_head[i] + k) % st.queue_slots]
+    return s.queue.buf[i, (s.queue.head[i] + k) % st.queue_slots]
 
 
 def q_push_back(s: SimState, st, i, r, active) -> SimState:
-    full = s.q_len[i] >= st.queue_slots
+    full = s.queue.length[i] >= st.queue_slots
     ok = active & ~full
-    pos = (s.q_head[i] + s.q_len[i]) % st.queue_slots
-    return s.replace(q_buf=upd(s.q_buf, (i, pos), r, ok), q_len=add(s.q_len, i, 1, ok),
-                     ovf_queue=s.ovf_queue + (active & full).astype(jnp.int32))
+    pos = (s.queue.head[i] + s.queue.length[i]) % st.queue_slots
+    return s.replace(queue=s.queue.replace(buf=upd(s.queue.buf, (i, pos), r, ok),
+                                           length=add(s.queue.length, i, 1, ok)),
+                     run=s.run.replace(
+                         ovf_queue=s.run.ovf_queue + (active & full).astype(jnp.int32)))
 
 
 def q_push_front(s: SimState, st, i, r, active) -> SimState:
-    full = s.q_len[i] >= st.queue_slots
+    full = s.queue.length[i] >= st.queue_slots
     ok = active & ~full
-    head = (s.q_head[i] - 1) % st.queue_slots
-    return s.replace(q_buf=upd(s.q_buf, (i, head), r, ok), q_head=upd(s.q_head, i, head, ok),
-                     q_len=add(s.q_len, i, 1, ok),
-                     ovf_queue=s.ovf_queue + (active & full).astype(jnp.int32))
+    head = (s.queue.head[i] - 1) % st.queue_slots
+    return s.replace(queue=s.queue.replace(buf=upd(s.queue.buf, (i, head), r, ok),
+                                           head=upd(s.queue.head, i, head, ok),
+                                           length=add(s.queue.length, i, 1, ok)),
+                     run=s.run.replace(
+                         ovf_queue=s.run.ovf_queue + (active & full).astype(jnp.int32)))
 
 
 Q_CHUNK = 64  # queue entries per iteration of a scan or shift (work follows the queue length)
@@ -52,7 +75,7 @@ def q_fold(s: SimState, st, i, active, fold, acc):
     first: ``fold(acc, offsets[C], requests[C], valid[C]) -> acc`` must return ``acc``
     unchanged where ``valid`` is all False. Iterations follow the longest queue of the lanes
     that fold, so a scan costs O(queue length), not O(queue slots)."""
-    c, n_len = q_chunk(st), jnp.where(active, s.q_len[i], 0)
+    c, n_len = q_chunk(st), jnp.where(active, s.queue.length[i], 0)
 
     def body(carry, go):
         start, acc = carry
@@ -77,7 +100,7 @@ def q_remove_at(s: SimState, st, i, k, active, through=None):
         q_buf, hi, kept = carry
         off = hi - 1 - jnp.arange(c, dtype=jnp.int32)
         move = go & (off >= 0)
-        src = (s.q_head[i] + jnp.maximum(off, 0)) % q
+        src = (s.queue.head[i] + jnp.maximum(off, 0)) % q
         dst = jnp.where(move, (src + 1) % q, q)
         q_buf = q_buf.at[i, dst].set(q_buf[i, src], mode="drop")
         return q_buf, jnp.where(go, jnp.maximum(hi - c, 0), hi), kept
@@ -85,9 +108,11 @@ def q_remove_at(s: SimState, st, i, k, active, through=None):
     # Values read from the queue before (``through``) ride in the loop's carry, so nothing
     # re-reads the old queue afterwards and XLA updates it in place.
     q_buf, _, through_out = lane_while(lambda carry: carry[1] > 0, shift,
-                                       (s.q_buf, hi0, through))
-    s = s.replace(q_buf=q_buf, q_head=upd(s.q_head, i, (s.q_head[i] + 1) % q, active),
-                  q_len=add(s.q_len, i, -1, active))
+                                       (s.queue.buf, hi0, through))
+    s = s.replace(queue=s.queue.replace(
+                      buf=q_buf,
+                      head=upd(s.queue.head, i, (s.queue.head[i] + 1) % q, active),
+                      length=add(s.queue.length, i, -1, active)))
     return s if through is None else (s, through_out)
 
 
@@ -104,9 +129,10 @@ def order_remove_at(s: SimState, st, i, pos, active) -> SimState:
     b = st.batch_slots
     idx = jnp.arange(b)
     src = jnp.minimum(jnp.where(idx >= pos, idx + 1, idx), b - 1)
-    row = jnp.where(idx < s.n_run[i] - 1, s.order[i, src], NIL)
-    return s.replace(order=s.order.at[i].set(jnp.where(active, row, s.order[i])),
-                     n_run=add(s.n_run, i, -1, active))
+    row = jnp.where(idx < s.batch.n_run[i] - 1, s.batch.order[i, src], NIL)
+    return s.replace(batch=s.batch.replace(
+                         order=s.batch.order.at[i].set(jnp.where(active, row, s.batch.order[i])),
+                         n_run=add(s.batch.n_run, i, -1, active)))
 
 
 class RunningSlots(NamedTuple):
@@ -121,7 +147,7 @@ def running_slots(s: SimState, st, i, width: int) -> RunningSlots:
     """Valid flags, batch slots and requests of running positions 0..width-1 (width >=
     n_run)."""
     pos = jnp.arange(width)
-    valid = pos < s.n_run[i]
-    slots = jnp.maximum(s.order[i, :width], 0)
-    reqs = jnp.where(valid, s.slot_req[i, slots], st.num_requests)
+    valid = pos < s.batch.n_run[i]
+    slots = jnp.maximum(s.batch.order[i, :width], 0)
+    reqs = jnp.where(valid, s.batch.slot_req[i, slots], st.num_requests)
     return RunningSlots(valid, slots, reqs)

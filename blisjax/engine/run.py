@@ -88,7 +88,7 @@ def _run_block(st: EngineStatic, consts, params: PolicyParams):
                                                      defer), axis_name=LANES)
 
     def cond(carry):
-        return ~jnp.all(carry[0].done)
+        return ~jnp.all(carry[0].run.done)
 
     def body(carry):
         s, ev = advance(*carry, params)
@@ -233,7 +233,7 @@ def _fit_instances(st: EngineStatic, params: PolicyParams) -> PolicyParams:
 def _drop_padding(final, lanes: int):
     """The first ``lanes`` lanes; without padding the states themselves (a slice copies every
     field)."""
-    if int(final.done.shape[0]) == lanes:
+    if int(final.run.done.shape[0]) == lanes:
         return final
     return jax.tree_util.tree_map(lambda x: x[:lanes], final)
 
@@ -349,9 +349,9 @@ def lane_result(st: EngineStatic, consts, final, k: int) -> records.RunResult:
         itl_rows = np.repeat(np.flatnonzero(done), itl_count[done]).astype(np.int64)
     else:
         itl_entries = itl_rows = np.zeros(0, np.int64)
-    clock = np.maximum(g.clock, g.last_left)
-    overflow = {name: int(getattr(g, f"ovf_{name}")) for name in
-                ("queue", "pending", "blocks", "deadline") if int(getattr(g, f"ovf_{name}"))}
+    clock = np.maximum(g.batch.clock, g.batch.last_left)
+    overflow = {name: int(getattr(g.run, f"ovf_{name}")) for name in
+                ("queue", "pending", "blocks", "deadline") if int(getattr(g.run, f"ovf_{name}"))}
     if st.tiered and int(g.tier.offchain_overflow):
         overflow["offchain"] = int(g.tier.offchain_overflow)
     if st.tiered and int(g.tier.hold_overflow):
@@ -386,23 +386,28 @@ def lane_result(st: EngineStatic, consts, final, k: int) -> records.RunResult:
         np.where(np.asarray(consts.follow_up)[:n], g.sess.arrival_us[:n],
                  np.asarray(consts.arrival_us)[:n]).astype(np.int64),
         np.asarray(consts.input_tokens)[:n].astype(np.int64)) if st.sessions else None
+    stats = g.stats
     result = records.RunResult(
         **rows,
         itl_entries_us=itl_entries, itl_entry_request=itl_rows, sim_ended_us=ended,
         horizon_us=st.horizon_us,
         num_instances=st.num_instances,
-        cache_hits=g.hits.astype(np.int64), cache_misses=g.misses.astype(np.int64),
-        preemption_count=g.preempt_count.astype(np.int64),
-        still_queued=g.q_len.astype(np.int64), still_running=g.n_run.astype(np.int64),
-        dropped_unservable=g.dropped.astype(np.int64), timed_out=g.timed_out.astype(np.int64),
-        length_capped_count=g.capped_count.astype(np.int64),
-        completed=g.completed.astype(np.int64), total_input_tokens=g.input_tokens.astype(np.int64),
-        kv_allocation_failures=g.alloc_failures.astype(np.int64),
-        rejected_admission=int(g.rejected),
-        queue_depth_time_us=g.qdepth_time.astype(np.int64), busy_time_us=g.busy.astype(np.int64),
-        step_count=g.steps.astype(np.int64), peak_kv_blocks_used=g.peak_used.astype(np.int64),
-        kv_block_time_us=g.kv_time.astype(np.int64),
-        kv_util_time_us=g.kv_util.astype(np.int64),
+        cache_hits=stats.hits.astype(np.int64), cache_misses=stats.misses.astype(np.int64),
+        preemption_count=stats.preempt_count.astype(np.int64),
+        still_queued=g.queue.length.astype(np.int64), still_running=g.batch.n_run.astype(np.int64),
+        dropped_unservable=stats.dropped.astype(np.int64),
+        timed_out=stats.timed_out.astype(np.int64),
+        length_capped_count=stats.capped_count.astype(np.int64),
+        completed=stats.completed.astype(np.int64),
+        total_input_tokens=stats.input_tokens.astype(np.int64),
+        kv_allocation_failures=stats.alloc_failures.astype(np.int64),
+        rejected_admission=int(g.admission.rejected),
+        queue_depth_time_us=stats.qdepth_time.astype(np.int64),
+        busy_time_us=stats.busy.astype(np.int64),
+        step_count=stats.steps.astype(np.int64),
+        peak_kv_blocks_used=stats.peak_used.astype(np.int64),
+        kv_block_time_us=stats.kv_time.astype(np.int64),
+        kv_util_time_us=stats.kv_util.astype(np.int64),
         kv_total_blocks=np.full(st.num_instances, st.kv_blocks, np.int64),
         overflow=overflow,
         kv_tier=_tier_counters(st, g, n),

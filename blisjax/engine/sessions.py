@@ -112,7 +112,7 @@ def admit_next(s, st, c, active):
     r = jnp.where(active, nxt.row, st.num_requests)
     from_init = active & nxt.initial
     q = q.replace(
-        order=q.order.at[jnp.where(active, s.adm_cursor, st.num_requests)].set(r),
+        order=q.order.at[jnp.where(active, s.cursors.admit, st.num_requests)].set(r),
         init_cursor=q.init_cursor + from_init.astype(jnp.int32),
         arrival_us=q.arrival_us.at[jnp.where(from_init, r, st.num_requests)].set(
             c.arrival_us[r]),

@@ -261,13 +261,13 @@ class EngineStatic:
 
     @property
     def stretch_offset_slots(self) -> int:
-        """Entries per instance of ``SimState.stretch_offset``: the starts of a plan's steps
+        """Entries per instance of ``StretchState.offset``: the starts of a plan's steps
         and of the real step after them where the times vary, none otherwise."""
         return VARYING_PLAN + 1 if self.stretch_times_vary else 0
 
     @property
     def stretch_ema_slots(self) -> int:
-        """Entries per instance of ``SimState.stretch_ema``: the physics EMA after each of a
+        """Entries per instance of ``StretchState.ema``: the physics EMA after each of a
         plan's steps (and before the first), none for other models or without stretches."""
         return VARYING_PLAN + 1 if self.stretches and self.stateful_latency else 0
 

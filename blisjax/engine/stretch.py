@@ -16,11 +16,11 @@ Under the roofline and physics models a plain step's time grows with the context
 by one token per step: the plan evaluates the model for its next ``VARYING_PLAN`` steps at once
 (the batch's progress plus 0, 1, …; each evaluation is the same float64 program as a real
 step's, so each time is exact) and keeps their starts relative to the plan's first
-(``SimState.stretch_offset``), so a plan covers at most that many steps. Each step's time is
+(``StretchState.offset``), so a plan covers at most that many steps. Each step's time is
 truncated to µs on its own, so the integer starts are exact prefix sums. A physics step also
 reads the preemption EMA, which every step updates (with no preemption in a plain step, it
 decays): the plan runs the reference's update step after step and keeps the EMA after each
-(``SimState.stretch_ema``); applying k steps sets the instance's EMA to entry k.
+(``StretchState.ema``); applying k steps sets the instance's EMA to entry k.
 
 After every step the instance *plans* its stretch (``plan``): how many plain steps follow
 before the first step that must run on its own (a completion or length cap, a KV shortfall,
@@ -38,7 +38,7 @@ free token positions (0 .. B - 1, B the block size), so it takes a fresh block a
 spare_j, spare_j + B, …. Within each window of B steps every request takes exactly one, in
 the order of (spare, batch position) — the reference allocates in batch order within a step —
 so the g-th fresh block (from 0) is taken at step (g // J)·B + (g % J)-th smallest spare, and
-k steps take (k // B)·J + #{j : spare_j < k % B} blocks (J running requests). ``stretch_cum``
+k steps take (k // B)·J + #{j : spare_j < k % B} blocks (J running requests). ``stretch.cum``
 keeps the spare histogram so both are a few gathers.
 
 With a CPU tier every plain step also mirrors the batch. Its keys only grow within a stretch,
@@ -66,11 +66,37 @@ from blisjax.engine.lockstep import (
     lane_while,
     upd,
 )
+from blisjax.engine.pytree import pytree_dataclass
 from blisjax.engine.state import NIL, SimState
 from blisjax.engine.static import VARYING_PLAN
 from blisjax.rules import kv_util_bucket
 
 CHUNK_STEPS = 16  # plain steps applied per pass of ``materialize`` (at most the block size)
+
+
+@pytree_dataclass
+class StretchState:
+    """Each instance's planned plain decode steps from ``BatchState.step_time`` on, applied
+    lazily (this module); I instances, S = ``static.VARYING_PLAN``."""
+
+    steps: jax.Array  # int32 [I]: virtual steps before the next real one
+    d: jax.Array  # int64 µs [I]: duration of each of them (blackbox)
+    offset: jax.Array  # int64 µs [I, S + 1]: with step times that vary (roofline), start of
+    #                    virtual step k = 0 .. S after step_time's (entry 0 is 0); [I, 0] otherwise
+    ema: jax.Array  # float64 [I, S + 1]: physics, the EMA after k = 0 .. S virtual steps
+    #                 (entry 0: the current EMA); [I, 0] otherwise
+    cum: jax.Array  # int32 [I, block size]: running requests with <= v free positions in
+    #                 their last block, at step_time
+
+
+def init_stretch(st) -> StretchState:
+    """No stretch planned."""
+    i = st.num_instances
+    return StretchState(
+        steps=jnp.zeros(i, jnp.int32), d=jnp.zeros(i, jnp.int64),
+        offset=jnp.zeros((i, st.stretch_offset_slots), jnp.int64),
+        ema=jnp.zeros((i, st.stretch_ema_slots), jnp.float64),
+        cum=jnp.zeros((i, st.block_size), jnp.int32))
 
 
 def chunk_steps(st) -> int:
@@ -116,8 +142,8 @@ def outlook(s: SimState, st, c, i, keep, slots, pi, l_in, out) -> BatchOutlook:
     step before both is plain for it."""
     decoding = jnp.all(~keep | ((pi >= l_in) & (out > 0)))
     if st.tiered:  # a request holding fewer blocks than its full prompt blocks may reload
-        reqs = jnp.where(keep, s.slot_req[i, slots], 0)
-        whole = ~keep | (s.blen[i, slots] >= c.full_blocks[reqs])
+        reqs = jnp.where(keep, s.batch.slot_req[i, slots], 0)
+        whole = ~keep | (s.batch.blen[i, slots] >= c.full_blocks[reqs])
         # the plan keys the blocks it fills by their positions in the block table
         # (``_cpu_keys``), which hold the tokens of those positions unless a reload shifted
         # the request's blocks (``kvcache.content_key``): then its tokens number otherwise
@@ -128,7 +154,7 @@ def outlook(s: SimState, st, c, i, keep, slots, pi, l_in, out) -> BatchOutlook:
         # are on the true chain (``_apply`` gives them their true keys), which holds unless a
         # reload replaced that block's content (off-chain hashes, ``blis_quirks``)
         m = held.blen - 1 - ((held.filled >= 1) & (held.filled < st.block_size))
-        block = s.bt[i, slots, jnp.maximum(m, 0)]
+        block = s.batch.bt[i, slots, jnp.maximum(m, 0)]
         whole = whole & (~keep | kv.holds_true_key(s, st, c, i, reqs, m, block))
         decoding = decoding & ((s.tier.capacity == 0) | jnp.all(whole))
     left = l_in + out - 2 - pi
@@ -142,9 +168,9 @@ def outlook(s: SimState, st, c, i, keep, slots, pi, l_in, out) -> BatchOutlook:
     cum = jnp.sum(keep[:, None] & (spare[:, None] <= v[None, :]), axis=0, dtype=jnp.int32)
     times = (jnp.ones(_plain_times(st), jnp.int64), jnp.zeros(st.stretch_ema_slots, jnp.float64))
     if st.stretch_times_vary:  # evaluated only when some lane may plan
-        wanted = decoding & (s.q_len[i] == 0) & jnp.any(keep)
+        wanted = decoding & (s.queue.length[i] == 0) & jnp.any(keep)
         times = lane_once(wanted, lambda times, go: plain_step_times(
-            st, c, keep, pi, l_in, out, s.ema[i]), times)
+            st, c, keep, pi, l_in, out, s.batch.ema[i]), times)
     return BatchOutlook(decoding, plain, cum, *times)
 
 
@@ -185,11 +211,11 @@ def plan(s: SimState, st, i, seen: BatchOutlook, plain_us, active) -> SimState:
     the first completion or length cap, steps whose fresh blocks the free list holds, steps
     that start before the horizon's last one (which runs on its own, so the lane never ends
     with virtual steps) and, where times vary, the steps whose times are known."""
-    running = s.n_run[i]
-    t0 = s.step_time[i]
-    ok = (active & seen.decoding & (running > 0) & (s.q_len[i] == 0)
+    running = s.batch.n_run[i]
+    t0 = s.batch.step_time[i]
+    ok = (active & seen.decoding & (running > 0) & (s.queue.length[i] == 0)
           & (running <= st.token_budget) & (t0 >= 0) & (t0 <= st.horizon_us))
-    by_kv = _block_step(seen.spare_cum, running, s.kv_free[i], st.block_size)
+    by_kv = _block_step(seen.spare_cum, running, s.kv.kv_free[i], st.block_size)
     if st.stretch_times_vary:
         # offset[k] = the first k times: the real step after k plain ones starts there
         offset = jnp.concatenate([jnp.zeros(1, jnp.int64), jnp.cumsum(plain_us)])
@@ -201,15 +227,17 @@ def plan(s: SimState, st, i, seen: BatchOutlook, plain_us, active) -> SimState:
         k = jnp.minimum(k, _by_tier(s, st, i, seen, running))
     k = jnp.where(ok, jnp.maximum(k, 0), 0).astype(jnp.int32)
     s = s.replace(
-        stretch_steps=upd(s.stretch_steps, i, k, active),
-        stretch_cum=s.stretch_cum.at[i].set(jnp.where(active, seen.spare_cum, s.stretch_cum[i])))
+        stretch=s.stretch.replace(
+            steps=upd(s.stretch.steps, i, k, active),
+            cum=s.stretch.cum.at[i].set(jnp.where(active, seen.spare_cum, s.stretch.cum[i]))))
     if st.stateful_latency:
-        s = s.replace(stretch_ema=s.stretch_ema.at[i].set(
-            jnp.where(active, seen.ema, s.stretch_ema[i])))
+        s = s.replace(stretch=s.stretch.replace(ema=s.stretch.ema.at[i].set(
+            jnp.where(active, seen.ema, s.stretch.ema[i]))))
     if st.stretch_times_vary:
-        return s.replace(stretch_offset=s.stretch_offset.at[i].set(
-            jnp.where(active, offset, s.stretch_offset[i])))
-    return s.replace(stretch_d=upd(s.stretch_d, i, plain_us.astype(jnp.int64), active))
+        return s.replace(stretch=s.stretch.replace(offset=s.stretch.offset.at[i].set(
+            jnp.where(active, offset, s.stretch.offset[i]))))
+    return s.replace(stretch=s.stretch.replace(
+                         d=upd(s.stretch.d, i, plain_us.astype(jnp.int64), active)))
 
 
 def _by_tier(s: SimState, st, i, seen: BatchOutlook, running):
@@ -230,39 +258,39 @@ def _by_tier(s: SimState, st, i, seen: BatchOutlook, running):
 def next_step_us(s: SimState, st):
     """[I] start of each instance's next real step (after its virtual ones); -1 where none."""
     if st.stretch_times_vary:
-        span = jnp.take_along_axis(s.stretch_offset, s.stretch_steps[:, None], 1)[:, 0]
+        span = jnp.take_along_axis(s.stretch.offset, s.stretch.steps[:, None], 1)[:, 0]
     else:
-        span = s.stretch_steps * s.stretch_d
-    return jnp.where(s.step_time >= 0, s.step_time + span, -1)
+        span = s.stretch.steps * s.stretch.d
+    return jnp.where(s.batch.step_time >= 0, s.batch.step_time + span, -1)
 
 
 def _steps_before(s: SimState, st, now, inclusive: bool):
     """[I] virtual steps of each plan that start before ``now`` (at or before, if
     inclusive)."""
     if st.stretch_times_vary:
-        starts = s.step_time[:, None] + s.stretch_offset[:, :VARYING_PLAN]
+        starts = s.batch.step_time[:, None] + s.stretch.offset[:, :VARYING_PLAN]
         k = jnp.arange(VARYING_PLAN, dtype=jnp.int32)
         started = (starts <= now) if inclusive else (starts < now)
-        return jnp.sum(started & (k < s.stretch_steps[:, None]), axis=1, dtype=jnp.int32)
-    d = jnp.maximum(s.stretch_d, 1)
-    span = now - s.step_time + (1 if inclusive else 0)
+        return jnp.sum(started & (k < s.stretch.steps[:, None]), axis=1, dtype=jnp.int32)
+    d = jnp.maximum(s.stretch.d, 1)
+    span = now - s.batch.step_time + (1 if inclusive else 0)
     started = jnp.where(span > 0, (span + d - 1) // d, 0)
-    return jnp.minimum(started, s.stretch_steps).astype(jnp.int32)
+    return jnp.minimum(started, s.stretch.steps).astype(jnp.int32)
 
 
 def truncate(s: SimState, st, i, now, active) -> SimState:
     """A request joins instance i's wait queue at ``now``: the plain steps starting before it
     stay virtual, the first one at or after it will run on its own (phase 2 may admit)."""
     before = _steps_before(s, st, now, False)[i]
-    return s.replace(stretch_steps=upd(s.stretch_steps, i, before, active))
+    return s.replace(stretch=s.stretch.replace(steps=upd(s.stretch.steps, i, before, active)))
 
 
 def kv_used_at(s: SimState, st, now):
     """[I] KV blocks in use at ``now`` with every virtual step starting before it applied."""
     done = _steps_before(s, st, now, False)
-    pending = jnp.where(s.step_time >= 0, done, 0)
-    grown = blocks_taken(s.stretch_cum, s.n_run, pending, st.block_size)
-    return st.kv_blocks - s.kv_free + grown
+    pending = jnp.where(s.batch.step_time >= 0, done, 0)
+    grown = blocks_taken(s.stretch.cum, s.batch.n_run, pending, st.block_size)
+    return st.kv_blocks - s.kv.kv_free + grown
 
 
 # ---- applying virtual steps -------------------------------------------------------------------
@@ -273,10 +301,10 @@ def materialize(s: SimState, st, c, i, now, active, widths: tuple[int, ...],
     """Apply instance i's virtual steps that start before ``now`` (or at it, if
     ``inclusive``), where ``active``. ``widths``: the vector widths of the running-batch
     programs (``instance.step_widths``). The caller ends the plan there (or runs the real
-    step that follows it): its KV outlook (``stretch_cum``) stays that of the plan's start,
+    step that follows it): its KV outlook (``stretch.cum``) stays that of the plan's start,
     which ``kv_used_at`` would misread after part of the plan was applied."""
     due = jnp.where(active, _steps_before(s, st, now, inclusive)[i], 0)
-    widest = lane_max(jnp.where(due > 0, s.n_run[i], 0))
+    widest = lane_max(jnp.where(due > 0, s.batch.n_run[i], 0))
 
     def program(s, go, width):
         def body(carry, go):
@@ -287,8 +315,8 @@ def materialize(s: SimState, st, c, i, now, active, widths: tuple[int, ...],
         s = lane_while(lambda carry: go & (carry[1] > 0), body, (s, due))[0]
         if st.tiered:  # the last step's mirror pass (the plan keeps the tier from evicting)
             pos = jnp.arange(width, dtype=jnp.int32)
-            s = kv.mirror_batch(s, st, i, jnp.maximum(s.order[i, :width], 0),
-                                go & (pos < s.n_run[i]), go)
+            s = kv.mirror_batch(s, st, i, jnp.maximum(s.batch.order[i, :width], 0),
+                                go & (pos < s.batch.n_run[i]), go)
         return s
 
     return by_width(widths, widest, active & (due > 0), program, s)
@@ -313,8 +341,8 @@ class PassTimes(NamedTuple):
 def pass_times(s: SimState, st, i) -> PassTimes:
     """The times of instance i's next ``chunk_steps`` virtual steps."""
     if st.stretch_times_vary:
-        return PassTimes(s.step_time[i], None, s.stretch_offset[i, :chunk_steps(st) + 1])
-    return PassTimes(s.step_time[i], s.stretch_d[i], None)
+        return PassTimes(s.batch.step_time[i], None, s.stretch.offset[i, :chunk_steps(st) + 1])
+    return PassTimes(s.batch.step_time[i], s.stretch.d[i], None)
 
 
 def _apply(s: SimState, st, c, i, kc, go, width: int) -> SimState:
@@ -325,9 +353,9 @@ def _apply(s: SimState, st, c, i, kc, go, width: int) -> SimState:
     times = pass_times(s, st, i)
     span = times.after(kc)  # µs from the pass's first step to the step after its last
     pos = jnp.arange(width, dtype=jnp.int32)
-    valid = go & (pos < s.n_run[i])
-    slots = jnp.maximum(s.order[i, :width], 0)
-    reqs = jnp.where(valid, s.slot_req[i, slots], st.num_requests)
+    valid = go & (pos < s.batch.n_run[i])
+    slots = jnp.maximum(s.batch.order[i, :width], 0)
+    reqs = jnp.where(valid, s.batch.slot_req[i, slots], st.num_requests)
     fill = kv.last_block_fill(s, st, i, slots)
     spare = kv.spare_positions(st, fill.blen, fill.filled)  # 0 .. B - 1
     # each request takes at most one fresh block in kc <= B steps, at step `spare`; the
@@ -344,7 +372,7 @@ def _apply(s: SimState, st, c, i, kc, go, width: int) -> SimState:
     count = jnp.sum(fresh, dtype=jnp.int32)
     # KV block-time of the kc steps: the blocks in use before the pass for all of them, and
     # each fresh block from its step (``spare``) on — the reference's Σ used × d step by step
-    used0 = (st.kv_blocks - s.kv_free[i]).astype(jnp.int64)
+    used0 = (st.kv_blocks - s.kv.kv_free[i]).astype(jnp.int64)
     kv_time = used0 * span + jnp.sum(jnp.where(fresh, span - times.after(spare), 0),
                                      dtype=jnp.int64)
     # each step's time by the whole percent of the blocks in use then (the fresh blocks taken
@@ -358,13 +386,15 @@ def _apply(s: SimState, st, c, i, kc, go, width: int) -> SimState:
     top_up = valid & (spare > 0)
     table_pos = jnp.where(fresh, fill.blen, mb)
     s = s.replace(
-        kv_tok=s.kv_tok.at[i, jnp.where(top_up, fill.last, k_blocks)].add(
+        batch=s.batch.replace(
+            bt=s.batch.bt.at[i, slots, table_pos].set(b, mode="drop"),
+            blen=s.batch.blen.at[i, jnp.where(fresh, slots, st.slot_count)].add(1, mode="drop")),
+        kv=s.kv.replace(kv_tok=s.kv.kv_tok.at[i, jnp.where(top_up, fill.last, k_blocks)].add(
             jnp.minimum(spare, kc), mode="drop").at[i, b].set(kc - spare, mode="drop"),
-        kv_ref=s.kv_ref.at[i, b].set(1, mode="drop"),
-        bt=s.bt.at[i, slots, table_pos].set(b, mode="drop"),
-        blen=s.blen.at[i, jnp.where(fresh, slots, st.slot_count)].add(1, mode="drop"),
-        misses=add(s.misses, i, count.astype(jnp.int64), go),
-        ovf_blocks=s.ovf_blocks + jnp.sum(fresh & (fill.blen >= mb), dtype=jnp.int32))
+                        kv_ref=s.kv.kv_ref.at[i, b].set(1, mode="drop")),
+        stats=s.stats.replace(misses=add(s.stats.misses, i, count.astype(jnp.int64), go)),
+        run=s.run.replace(
+            ovf_blocks=s.run.ovf_blocks + jnp.sum(fresh & (fill.blen >= mb), dtype=jnp.int32)))
     if st.tiered:  # before the hash-slot writes, which read no CPU key
         s = _cpu_keys(s, st, c, i, reqs, fill, spare, fresh, top_up, b, kc, times)
     if st.prefix_caching:
@@ -389,27 +419,31 @@ def _apply(s: SimState, st, c, i, kc, go, width: int) -> SimState:
             itl = jnp.broadcast_to(itl, write.shape)
         s = s.replace(itl_buf=s.itl_buf.at[jnp.where(write, entry, st.itl_capacity)].set(
             itl, mode="drop"))
-    used = (st.kv_blocks - s.kv_free[i]).astype(jnp.int64)
+    used = (st.kv_blocks - s.kv.kv_free[i]).astype(jnp.int64)
     if st.stretch_times_vary:  # the plan's offsets from the next virtual step on
         later = jnp.minimum(jnp.arange(VARYING_PLAN + 1) + kc, VARYING_PLAN)
-        s = s.replace(stretch_offset=s.stretch_offset.at[i].set(
-            jnp.where(go, s.stretch_offset[i, later] - span, s.stretch_offset[i])))
+        s = s.replace(stretch=s.stretch.replace(offset=s.stretch.offset.at[i].set(
+            jnp.where(go, s.stretch.offset[i, later] - span, s.stretch.offset[i]))))
     if st.stateful_latency:  # the EMA after the pass's last step; the plan's from there on
-        s = s.replace(ema=upd(s.ema, i, s.stretch_ema[i, kc], go),
-                      stretch_ema=s.stretch_ema.at[i].set(
-                          jnp.where(go, s.stretch_ema[i, later], s.stretch_ema[i])))
+        s = s.replace(stretch=s.stretch.replace(ema=s.stretch.ema.at[i].set(
+                          jnp.where(go, s.stretch.ema[i, later], s.stretch.ema[i]))),
+                      batch=s.batch.replace(ema=upd(s.batch.ema, i, s.stretch.ema[i, kc], go)))
     return s.replace(
-        steps=add(s.steps, i, kc.astype(jnp.int64), go), busy=add(s.busy, i, span, go),
-        kv_time=add(s.kv_time, i, kv_time, go),
-        kv_util=s.kv_util.at[i, kv_util_bucket(used_k, st.kv_blocks)].add(step_k),
-        peak_used=upd(s.peak_used, i, jnp.maximum(s.peak_used[i], used), go),
-        # the instance's clock is the last event's time: this pass's last step, unless a later
-        # event (the real step that materializes it) has set it already
-        clock=upd(s.clock, i, jnp.maximum(s.clock[i], times.t0 + times.after(
-            jnp.maximum(kc - 1, 0))), go),
-        step_time=upd(s.step_time, i, times.t0 + span, go),
-        stretch_steps=add(s.stretch_steps, i, -kc, go),
-        iters=s.iters + kc.astype(jnp.int64), stretched=s.stretched + kc.astype(jnp.int64))
+        stretch=s.stretch.replace(steps=add(s.stretch.steps, i, -kc, go)),
+        batch=s.batch.replace(
+            # the instance's clock is the last event's time: this pass's last step, unless a
+            # later event (the real step that materializes it) has set it already
+            clock=upd(s.batch.clock, i, jnp.maximum(s.batch.clock[i], times.t0 + times.after(
+                jnp.maximum(kc - 1, 0))), go),
+            step_time=upd(s.batch.step_time, i, times.t0 + span, go)),
+        stats=s.stats.replace(
+            steps=add(s.stats.steps, i, kc.astype(jnp.int64), go),
+            busy=add(s.stats.busy, i, span, go),
+            kv_time=add(s.stats.kv_time, i, kv_time, go),
+            kv_util=s.stats.kv_util.at[i, kv_util_bucket(used_k, st.kv_blocks)].add(step_k),
+            peak_used=upd(s.stats.peak_used, i, jnp.maximum(s.stats.peak_used[i], used), go)),
+        run=s.run.replace(iters=s.run.iters + kc.astype(jnp.int64),
+                          stretched=s.run.stretched + kc.astype(jnp.int64)))
 
 
 def _hash_slot_ops(s: SimState, st, i, fresh, b, width: int) -> SimState:
@@ -420,12 +454,14 @@ def _hash_slot_ops(s: SimState, st, i, fresh, b, width: int) -> SimState:
     the pass takes stay empty."""
     k_blocks = st.kv_blocks
     pos = jnp.arange(width, dtype=jnp.int32)
-    old_slot = jnp.where(fresh, s.kv_slot[i, jnp.clip(b, 0, k_blocks - 1)], NIL)
+    old_slot = jnp.where(fresh, s.kv.kv_slot[i, jnp.clip(b, 0, k_blocks - 1)], NIL)
     s = kvblocks.apply_slot_ops(s, st, old_slot, jnp.full(width, NIL, jnp.int32), 2 * pos + 1,
                           fresh & (old_slot >= 0))
     # the write that depends on old_slot goes first, so every write follows that read
-    return s.replace(kv_slot=s.kv_slot.at[i, b].set(after_reads(jnp.full(width, NIL, jnp.int32),
-                                                                old_slot + 1), mode="drop"))
+    return s.replace(
+        kv=s.kv.replace(
+            kv_slot=s.kv.kv_slot.at[i, b].set(after_reads(jnp.full(width, NIL, jnp.int32),
+                                                                old_slot + 1), mode="drop")))
 
 
 def _cpu_keys(s: SimState, st, c, i, reqs, fill, spare, fresh, top_up, b, kc,

@@ -85,13 +85,13 @@ def _kernel(st, consts):
 def _compare(s, st, ref: KVCache, hash_of, reqs):
     lane = jax.tree_util.tree_map(lambda x: x[0], s)
     assert kvblocks.free_list(lane, st, 0) == ref.free_list()
-    assert int(lane.kv_free[0]) == ref.free_count
-    assert np.asarray(lane.kv_ref[0]).tolist() == ref.refcount
-    used = np.asarray(lane.kv_ref[0]) > 0
-    assert np.asarray(lane.kv_tok[0])[used].tolist() == [t for t, u in zip(ref.num_tokens, used,
+    assert int(lane.kv.kv_free[0]) == ref.free_count
+    assert np.asarray(lane.kv.kv_ref[0]).tolist() == ref.refcount
+    used = np.asarray(lane.kv.kv_ref[0]) > 0
+    assert np.asarray(lane.kv.kv_tok[0])[used].tolist() == [t for t, u in zip(ref.num_tokens, used,
                                                                                strict=True) if u]
-    assert (int(lane.hits[0]), int(lane.misses[0])) == (ref.hits, ref.misses)
-    slot_block = np.asarray(lane.slot_block)
+    assert (int(lane.stats.hits[0]), int(lane.stats.misses[0])) == (ref.hits, ref.misses)
+    slot_block = np.asarray(lane.kv.slot_block)
     for req in reqs:
         for j in range(req.input_tokens // BS):
             h = hash_of(req, j)
@@ -150,7 +150,7 @@ def test_kv_cache_matches_reference_op_by_op(seed):
             if ok_ref:
                 active[r] = end
         assert bool(ok[0]) == ok_ref
-        tail = int(s.ftail[0, 0])
+        tail = int(s.kv.ftail[0, 0])
         compactions += tail < last_tail  # keys renumbered from 0 (appends only raise the tail)
         last_tail = tail
         _compare(s, st, ref, hash_of, reqs)
@@ -222,9 +222,9 @@ def test_queued_releases_of_all_lanes_match_reference(seed):
         if not releasing and any(queued):
             # the queues run before this wave of allocations, as the engine runs them at
             # the end of the lockstep iteration that queued them
-            room = [kvblocks.ring_size(st) - int(s.ftail[ln, 0] - s.fhead[ln, 0])
+            room = [kvblocks.ring_size(st) - int(s.kv.ftail[ln, 0] - s.kv.fhead[ln, 0])
                     for ln in range(lanes)]
-            held = [sum(int(s.blen[ln, 0, q]) for q in queued[ln]) for ln in range(lanes)]
+            held = [sum(int(s.batch.blen[ln, 0, q]) for q in queued[ln]) for ln in range(lanes)]
             fits = all(h <= rm for h, rm in zip(held, room, strict=True))
             flat_ring += fits
             loop_ring += not fits
@@ -235,7 +235,7 @@ def test_queued_releases_of_all_lanes_match_reference(seed):
                 queued[ln] = []
                 one = jax.tree_util.tree_map(lambda x, ln=ln: x[ln:ln + 1], s)
                 _compare(one, st, refs[ln], hash_of, reqs[ln])
-                assert int(s.rel_count[ln]) == 0 and int(s.blen[ln, 0].sum()) == sum(
+                assert int(s.kv.rel_count[ln]) == 0 and int(s.batch.blen[ln, 0].sum()) == sum(
                     -(-active[ln][q] // BS) for q in active[ln])
         args = np.zeros((6, lanes), np.int64)  # op, r, pi, start, end, lookup
         args[0] = 2
@@ -296,7 +296,8 @@ def _tier_kernel(st, consts):
     none = jnp.zeros(1, jnp.int32)
 
     def lane(s, op, r, pi, end, budget, now, order, n_order):
-        s = s.replace(pi=s.pi.at[r].set(pi), clock=s.clock.at[0].set(now))
+        s = s.replace(pi=s.pi.at[r].set(pi), batch=s.batch.replace(
+                                                 clock=s.batch.clock.at[0].set(now)))
         admit = op == ADMIT
         s, start, n, ok_admit, granted = batch._admit_tiered(
             s, st, consts, None, 0, r, r, budget, admit)
@@ -360,17 +361,17 @@ class _KeyMap:
 def _compare_tier(s, st, ref, reqs, keymap: _KeyMap, cached_of, true_keys) -> None:
     lane = jax.tree_util.tree_map(lambda x: np.asarray(x)[0], s)  # one host copy per field
     assert kvblocks.free_list(lane, st, 0) == ref.free_list()
-    assert int(lane.kv_free[0]) == ref.free_count
-    assert np.asarray(lane.kv_ref[0]).tolist() == ref.refcount
-    used = np.asarray(lane.kv_ref[0]) > 0
-    assert np.asarray(lane.kv_tok[0])[used].tolist() == [
+    assert int(lane.kv.kv_free[0]) == ref.free_count
+    assert np.asarray(lane.kv.kv_ref[0]).tolist() == ref.refcount
+    used = np.asarray(lane.kv.kv_ref[0]) > 0
+    assert np.asarray(lane.kv.kv_tok[0])[used].tolist() == [
         t for t, u in zip(ref.num_tokens, used, strict=True) if u]
-    assert (int(lane.hits[0]), int(lane.misses[0])) == (ref.hits, ref.misses)
-    blen, bt = np.asarray(lane.blen[0]), np.asarray(lane.bt[0])
+    assert (int(lane.stats.hits[0]), int(lane.stats.misses[0])) == (ref.hits, ref.misses)
+    blen, bt = np.asarray(lane.batch.blen[0]), np.asarray(lane.batch.bt[0])
     # slot = request, except a waiting request holding blocks (a failed admission with
     # ``blis_quirks``): a holder slot names it
     slot = {req.index: req.index for req in reqs}
-    holders = np.asarray(lane.slot_req[0])[st.hold_base:]
+    holders = np.asarray(lane.batch.slot_req[0])[st.hold_base:]
     slot.update({int(q): st.hold_base + h for h, q in enumerate(holders) if q >= 0})
     for req in reqs:
         sb = slot[req.index]

@@ -88,7 +88,7 @@ def test_lanes_with_distinct_tiers_match_the_reference(stretches, latency):
     final = run_lanes(st, consts, params)
     lanes = [lane_result(st, consts, final, k) for k in range(len(LANES))]
     if stretches:  # a 24-block tier never holds a batch's blocks: it never stretches
-        stretched = np.asarray(final.stretched)
+        stretched = np.asarray(final.run.stretched)
         assert stretched[1] == 0 and np.all(stretched[[0, 2, 3]] > 0), stretched
     for k, ref in enumerate(refs):
         assert first_divergence(ref, lanes[k]) is None, (k, first_divergence(ref, lanes[k]))
@@ -121,7 +121,7 @@ def test_lanes_with_distinct_tiers_match_the_reference_with_blis_quirks():
     assert st.stretches
     consts = build_consts(base, workload, st)
     final = run_lanes(st, consts, params)
-    assert np.all(np.asarray(final.stretched) > 0), np.asarray(final.stretched)
+    assert np.all(np.asarray(final.run.stretched) > 0), np.asarray(final.run.stretched)
     lanes = [lane_result(st, consts, final, k) for k in range(len(QUIRK_LANES))]
     for k, ref in enumerate(refs):
         assert first_divergence(ref, lanes[k]) is None, (k, first_divergence(ref, lanes[k]))

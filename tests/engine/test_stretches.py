@@ -197,8 +197,8 @@ def test_stretch_ends_of_every_kind_match_the_reference_step_by_step(latency):
             timed_out_running = (want.status == records.TIMED_OUT) & (want.ttft_us >= 0)
             assert timed_out_running.sum() == 2
             assert want.status[w.input_tokens == 100][0] == records.COMPLETED
-    steps = np.asarray(final.steps).sum(axis=1)
-    stretched = np.asarray(final.stretched)
+    steps = np.asarray(final.stats.steps).sum(axis=1)
+    stretched = np.asarray(final.run.stretched)
     # under this much preemption still over 40 % of the steps ran inside stretches, in
     # every lane (about 55 %; roofline 40–56 %, its plans at most VARYING_PLAN steps long);
     # without stretches none would
