@@ -21,7 +21,7 @@ import jax.numpy as jnp
 
 from blisjax.config.codes import PreemptionPolicy
 from blisjax.engine import kvcache as kv
-from blisjax.engine import recent, sessions
+from blisjax.engine import kvtier, recent, sessions
 from blisjax.engine.lockstep import add, after_reads, by_width, lane_max, lane_while, upd
 from blisjax.engine.policies import head_offset, priority_score
 from blisjax.engine.pytree import pytree_dataclass
@@ -381,10 +381,8 @@ def _admit_tiered(s: SimState, st, c, p, i, sb, r, budget, go):
         if not st.kv_hold_slots:  # a program built without holder slots
             s, tried = kv.tiered_allocate(s, st, c, i, sb, r, start=start, end=start + n,
                                           cached=cached, n_cached=n_cached, active=go)
-            t = s.tier
             refused = go & ~tried.ok & (s.batch.blen[i, sb] > 0)
-            s = s.replace(tier=t.replace(hold_overflow=t.hold_overflow
-                                         + refused.astype(jnp.int32)))
+            s = s.replace(tier=kvtier.hold_overflowed(s.tier, refused))
             return s, start, n, tried.ok, tried.ok
         # a request still holding the blocks of an earlier failed admission allocates there
         holding = s.batch.slot_req[i, st.hold_base:] == r
@@ -404,8 +402,7 @@ def _admit_tiered(s: SimState, st, c, p, i, sb, r, budget, go):
                               n_cached=n_cached)
     claim = ok & (n > 0) & (s.batch.blen[i, sb] == 0) & (n_cached > 0)
     s = kv.claim_cached(s, st, i, sb, cached, n_cached, claim)
-    t = s.tier
-    s = s.replace(tier=t.replace(cpu_misses=add(t.cpu_misses, i, 1, go & ~ok & (count == 0))))
+    s = s.replace(tier=kvtier.missed(s.tier, i, go & ~ok & (count == 0)))
     return s, start, n, ok, jnp.zeros_like(ok)
 
 
@@ -421,10 +418,8 @@ def _settle_held_blocks(s: SimState, st, i, r, sb, src, held, ok, go) -> SimStat
     room = jnp.any(free)
     h = (st.hold_base + jnp.argmax(free)).astype(jnp.int32)
     s = _move_blocks(s, i, sb, h, keeps & room)
-    t = s.tier
     return s.replace(
-        tier=t.replace(hold_overflow=t.hold_overflow
-                                    + (keeps & ~room).astype(jnp.int32)),
+        tier=kvtier.hold_overflowed(s.tier, keeps & ~room),
         batch=s.batch.replace(slot_req=upd(s.batch.slot_req, (i, h), r, keeps & room)))
 
 

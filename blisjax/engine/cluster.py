@@ -103,9 +103,7 @@ def refresh_snapshots(s: SimState, st, c, now, active) -> SimState:
                                           snap_kv=jnp.where(due, kv_util, s.router.snap_kv),
                                           snap_last=jnp.where(due, now, s.router.snap_last)))
     if st.lifecycle:  # the autoscaler reads the blocks in use
-        life = s.life
-        s = s.replace(life=life.replace(snap_used=jnp.where(due, used.astype(jnp.int32),
-                                                            life.snap_used)))
+        s = s.replace(life=lifecycle.snapshot_used(s.life, used, due))
     if not st.cache_copy_on:
         return s
     copy_due = active & (now - s.router.cache_copy_last >= st.cache_signal_delay_us)
@@ -139,7 +137,7 @@ def admission(s: SimState, st, c, p, now, active) -> SimState:
         waits = active & admitted & p.gateway.on & ~refused
         g = gateway.enqueue(g, st, c, p, r, now, waits)
         g = gateway.to_routing(g, st, r, now, active & admitted & ~p.gateway.on)
-        s = s.replace(gw=g.replace(rejected=g.rejected + refused.astype(jnp.int32)))
+        s = s.replace(gw=gateway.refused(g, refused))
         admitted = admitted & ~refused
     s = s.replace(
         status=s.status.at[r].set(jnp.where(admitted, ADMITTED, REJECTED).astype(s.status.dtype)),
@@ -152,8 +150,7 @@ def admission(s: SimState, st, c, p, now, active) -> SimState:
             rejected=s.admission.rejected + (active & ~decision.admitted).astype(jnp.int32),
             tenant_in_flight=add(s.admission.tenant_in_flight, c.tenant[r], 1, active & admitted)))
     if st.lifecycle:
-        s = s.replace(life=s.life.replace(
-            unrouted=s.life.unrouted + (active & admitted).astype(jnp.int32)))
+        s = s.replace(life=lifecycle.admitted(s.life, active & admitted))
     if st.gateway:
         s = lane_once(waits, lambda s, go: gateway_dispatch(s, st, c, p, now, go), s)
     return s
@@ -167,7 +164,7 @@ def gateway_dispatch(s: SimState, st, c, p, now, go) -> SimState:
     g = s.gw
     go = go & (g.count > 0)
     start = go & (g.tick_us == INT64_MAX)
-    s = s.replace(gw=g.replace(tick_us=jnp.where(start, now + p.gateway.tick_us, g.tick_us)))
+    s = s.replace(gw=gateway.tick_at(g, now + p.gateway.tick_us, start))
     s = refresh_snapshots(s, st, c, now, go)
     send = go & (gateway.saturation(s, st, p, router_members(s, st, p)) < 1.0)
     g, r = gateway.pop(s.gw, st, p, now, send)
@@ -178,9 +175,8 @@ def gateway_tick(s: SimState, st, c, p, now, active) -> SimState:
     """A dispatch tick (``ClusterSimulator._gateway_tick``): one attempt, and the next tick
     while requests wait."""
     s = gateway_dispatch(s, st, c, p, now, active)
-    g = s.gw
-    after = jnp.where(g.count > 0, now + p.gateway.tick_us, INT64_MAX)
-    return s.replace(gw=g.replace(tick_us=jnp.where(active, after, g.tick_us)))
+    after = jnp.where(s.gw.count > 0, now + p.gateway.tick_us, INT64_MAX)
+    return s.replace(gw=gateway.tick_at(s.gw, after, active))
 
 
 def routing(s: SimState, st, c, p, now, active) -> SimState:
@@ -299,7 +295,7 @@ def actuation(s: SimState, st, c, p, now, active) -> SimState:
     _, a = lifecycle.next_actuation(life)
     delta = lifecycle.bounded(life, st, p, life.act_delta[a].astype(jnp.int64))
     variant = life.act_variant[a]
-    s = s.replace(life=life.replace(act_us=upd(life.act_us, a, INT64_MAX, active)))
+    s = s.replace(life=lifecycle.took_actuation(life, a, active))
     s, added = lane_once(active & (delta > 0),
                          lambda carry, go: _scale_up(carry[0], st, p, delta, variant, now, go),
                          (s, jnp.asarray(0, jnp.int32)))
@@ -317,9 +313,7 @@ def _scale_up(s: SimState, st, p, count, variant, now, active):
         life = s.life
         k, has = lifecycle.free_slot(life, st, p)
         life, ok = lifecycle.place_instance(life, st, p, k, variant, now, False, go & has)
-        life = life.replace(ovf_slots=life.ovf_slots + (go & ~has).astype(jnp.int32),
-                            refused_no_room=life.refused_no_room + (go & has & ~ok).astype(
-                                jnp.int32))
+        life = lifecycle.placement_counted(life, no_slot=go & ~has, no_room=go & has & ~ok)
         s = lane_once(ok & (life.placements[k] > 1),
                       lambda s, go: instance.reset_instance(s, st, k, go), s.replace(life=life))
         return s, j + go.astype(jnp.int32), done + ok.astype(jnp.int32)
@@ -352,10 +346,8 @@ def _scale_down(s: SimState, st, c, p, count, variant, now, active):
     def reroute_victim(carry, go):
         s, j = carry
         s, held = instance.take_not_running(s, st, c, victims[j], now, go)
-        life = s.life
-        count = jnp.where(go, held.count, 0)
-        s = s.replace(life=life.replace(unrouted=life.unrouted + count,
-                                        redirected=life.redirected + count))
+        taken = jnp.where(go, held.count, 0)  # not the drain's ``count``
+        s = s.replace(life=lifecycle.redirected(s.life, taken))
 
         def route_one(carry, go):
             s, k = carry
@@ -363,7 +355,7 @@ def _scale_down(s: SimState, st, c, p, count, variant, now, active):
             s = refresh_snapshots(s, st, c, now, go)
             return route_to_instance(s, st, c, p, r, now, go), k + go.astype(jnp.int32)
 
-        s, _ = lane_while(lambda cr: go & (cr[1] < count), route_one, (s, zero))
+        s, _ = lane_while(lambda cr: go & (cr[1] < taken), route_one, (s, zero))
         return s, j + go.astype(jnp.int32)
 
     s, _ = lane_while(lambda carry: redirect & (carry[1] < drained), reroute_victim, (s, zero))
@@ -379,8 +371,7 @@ def _drain(s: SimState, st, c, p, v, now, go) -> SimState:
     immediate = go & (p.autoscaler.drain == DrainPolicy.IMMEDIATE)
     s, dropped = lane_once(immediate, lambda carry, go: instance.drop_everything(
         carry[0], st, c, v, now, go), (s, jnp.asarray(0, jnp.int32)))
-    life = s.life
-    life = life.replace(dropped_at_drain=add(life.dropped_at_drain, v, dropped, immediate))
+    life = lifecycle.dropped_at_drain(s.life, v, dropped, immediate)
     taken = jnp.where(p.autoscaler.drain == DrainPolicy.REDIRECT,
                       instance.held_requests(s, st, v).count, 0)
     idle = (s.router.in_flight[v] - taken == 0) & (not st.blis_quirks)
@@ -573,8 +564,7 @@ def _begin(s: SimState, st, ev: NextEvent, go):
         # cancelled timeout (a dropped or redirected request's was removed, a request not yet
         # enqueued had none)
         phantom = (ev.cluster_kind == CL_NOOP) & (s.status[ev.noop_req] != COMPLETED)
-        s = s.replace(life=s.life.replace(last_event_us=jnp.where(
-            live & ~phantom, ev.t_us, s.life.last_event_us)))
+        s = s.replace(life=lifecycle.saw_event(s.life, ev.t_us, live & ~phantom))
     ins = live & (ev.cluster_kind < 0)
     clock = upd(s.batch.clock, ev.instance, ev.t_us, ins)
     return s.replace(batch=s.batch.replace(clock=clock)), live

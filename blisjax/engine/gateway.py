@@ -81,6 +81,16 @@ def to_routing(g: GatewayState, st, r, now, go) -> GatewayState:
                      dispatched=g.dispatched + go.astype(jnp.int32))
 
 
+def refused(g: GatewayState, mask) -> GatewayState:
+    """Admitted requests the full queue turned away (where ``mask``)."""
+    return g.replace(rejected=g.rejected + mask.astype(jnp.int32))
+
+
+def tick_at(g: GatewayState, t_us, go) -> GatewayState:
+    """The next dispatch tick at ``t_us`` (INT64_MAX: none) where ``go``."""
+    return g.replace(tick_us=jnp.where(go, t_us, g.tick_us))
+
+
 def full(g: GatewayState, p):
     """The lane's queue is at its ``max_queue_depth`` (0: unlimited)."""
     return (p.gateway.max_depth > 0) & (g.count >= p.gateway.max_depth)

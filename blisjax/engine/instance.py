@@ -47,7 +47,6 @@ from blisjax.engine.queues import (
 )
 from blisjax.engine.state import DROPPED, NIL, QUEUED, ROUTED, RUNNING, TIMED_OUT, SimState
 from blisjax.latency.base import float_to_ticks_array
-from blisjax.limits import INT64_MAX
 from blisjax.metrics import records
 from blisjax.rules import kv_util_bucket
 
@@ -73,13 +72,10 @@ def inject_arrival(s: SimState, st, c, i, r, now, active) -> SimState:
     r_or_sink = jnp.where(active, r, st.num_requests)
     arrival_event = st.lifecycle and st.blis_quirks
     if arrival_event:  # the arrival is an event of its own (``arrival``)
-        life = s.life
-        s = s.replace(life=life.replace(arrive_us=upd(life.arrive_us, (i, e), now, ok)))
+        s = s.replace(life=lifecycle.arrival_due(s.life, i, e, now, ok))
     elif st.lifecycle:  # a drain at this time may cancel the arrival (``_arrivals_cancelled``)
-        life = s.life
         first = active & (s.batch.clock[i] < now)
-        s = s.replace(life=life.replace(clock_before=upd(life.clock_before, i, s.batch.clock[i],
-                                                         first)))
+        s = s.replace(life=lifecycle.clock_before_arrivals(s.life, i, s.batch.clock[i], first))
     return s.replace(
         instance=s.instance.at[r_or_sink].set(i),
         status=s.status.at[r_or_sink].set(ROUTED),
@@ -259,22 +255,19 @@ def _arrivals_cancelled(s: SimState, st, i, now, active) -> SimState:
     arrivals routed to it at this very time never happen (the reference removes their
     arrival events, which would run after the cluster's events), so its clock is what it was
     before them; with --blis-quirks, where arrivals are events of their own, they go."""
-    life = s.life
     if st.blis_quirks:
-        return s.replace(life=life.replace(arrive_us=life.arrive_us.at[i].set(
-            jnp.where(active, INT64_MAX, life.arrive_us[i]))))
+        return s.replace(life=lifecycle.arrivals_cancelled(s.life, i, active))
     back = active & (s.batch.clock[i] == now)
     return s.replace(
-        batch=s.batch.replace(clock=upd(s.batch.clock, i, life.clock_before[i], back)))
+        batch=s.batch.replace(clock=upd(s.batch.clock, i, s.life.clock_before[i], back)))
 
 
 def arrival(s: SimState, st, i, now, active) -> SimState:
     """The arrival event of instance i's earliest α-window entry not yet arrived (BLIS's
     ArrivalEvent, with --blis-quirks and lifecycles): the instance's clock moves to it."""
-    life = s.life
-    t = life.arrive_us[i]
+    t = s.life.arrive_us[i]
     e = jnp.argmin(jnp.where(t == now, s.window.seq[i], jnp.iinfo(jnp.int64).max))
-    return s.replace(life=life.replace(arrive_us=upd(life.arrive_us, (i, e), INT64_MAX, active)),
+    return s.replace(life=lifecycle.arrival_done(s.life, i, e, active),
                      batch=s.batch.replace(clock=upd(s.batch.clock, i, now, active)))
 
 
@@ -334,10 +327,9 @@ def reserve_transferred_kv(s: SimState, st, c, i, r, now, active):
     # refused after claiming reloaded blocks, the dropped sub-request keeps them (as in the
     # reference and BLIS): its slot stays taken
     held = ok | (s.batch.blen[i, sb] > 0) if st.tiered else ok
-    q = s.pd
     return s.replace(
         pi=s.pi.at[jnp.where(ok, r, st.num_requests)].set(l_in),
-        pd=q.replace(ovf_reserve=q.ovf_reserve + (active & ~has_room).astype(jnp.int32)),
+        pd=pd.reserve_overflowed(s.pd, active & ~has_room),
         batch=s.batch.replace(
             slot_req=upd(s.batch.slot_req, (i, sb), r, active & has_room & held))), ok
 
@@ -374,10 +366,12 @@ def step_duration(st, c, cm, dc):
     return jnp.maximum(1, float_to_ticks_array(prefill[cm] + decode[dc], jnp))
 
 
-def execute(s: SimState, st, c, i, now, n_preempted, active, width: int, factor=None):
+def execute(s: SimState, st, c, i, now, n_preempted, active, width: int, factor=None,
+            roofline_us=None):
     """Step time from the scheduled requests; then progress, ITL and TTFT
     (``Instance._execute``; docs/semantics.md §2.6). ``factor``: a warming-up instance's
-    (``lifecycle.warm_factor``)."""
+    (``lifecycle.warm_factor``); ``roofline_us``: the roofline model's step time, computed
+    once over every batch slot before the width programs (``roofline_step_us``)."""
     run_slots = running_slots(s, st, i, width)
     valid, slots, reqs = run_slots.valid, run_slots.slots, run_slots.reqs
     nn = jnp.where(valid, s.num_new[reqs], 0)
@@ -390,15 +384,14 @@ def execute(s: SimState, st, c, i, now, n_preempted, active, width: int, factor=
                   else hostlatency.step_time(st.latency, active, *inputs))
         s = s.replace(batch=s.batch.replace(ema=upd(s.batch.ema, i, ema, active)))
     elif st.latency_model == "roofline":
-        d = roofline.step_time_us(roofline_of(st, c), nn, pi, l_in, out)
+        d = roofline_us
     else:
         cm = jnp.sum(jnp.where((nn > 0) & (pi < l_in), nn, 0))
         dc = jnp.sum(jnp.where((nn > 0) & (pi >= l_in) & (out > 0), nn, 0))
         d = step_duration(st, c, cm, dc)
     if st.tiered:  # reloads of this step's batch formation add their transfer time (§3.8)
         d = jnp.maximum(1, d + s.tier.pending_us[i])
-        t = s.tier
-        s = s.replace(tier=t.replace(pending_us=upd(t.pending_us, i, 0, active)))
+        s = s.replace(tier=kvtier.reload_time_taken(s.tier, i, active))
     d = lifecycle.slowed(d, factor)
     itl = d + otp(st, c)
     on = valid & active
@@ -449,9 +442,9 @@ class Finished(NamedTuple):
 
 
 def _finish_at(s: SimState, st, c, i, now, n_preempted, go, width: int,
-               defer: bool = False, factor=None) -> Finished:
+               defer: bool = False, factor=None, roofline_us=None) -> Finished:
     """Execute and complete over running positions 0..width-1 (>= n_run); the next step."""
-    s, d, running = execute(s, st, c, i, now, n_preempted, go, width, factor)
+    s, d, running = execute(s, st, c, i, now, n_preempted, go, width, factor, roofline_us)
     if st.tiered:  # after execution, before completions leave the batch (§3.8)
         s = kv.mirror_batch(s, st, i, running.slots, running.valid, go)
     s, releases, todo = completion.complete(s, st, c, i, now, d, go, running, defer)
@@ -468,6 +461,25 @@ def _finish_at(s: SimState, st, c, i, now, n_preempted, go, width: int,
         seen = stretch.outlook(s, st, c, i, running.valid & go & ~ended, running.slots,
                                running.pi, running.l_in, running.out)
     return Finished(s, releases, todo, seen)
+
+
+def _roofline_in_program(st) -> bool:
+    """The roofline model's step time is computed in the program (not physics, not a host
+    model)."""
+    return (st.latency_model == "roofline" and not st.stateful_latency
+            and st.latency is None)
+
+
+def roofline_step_us(s: SimState, st, c, i):
+    """The roofline step time of instance i's batch as formed (after phase 2), over every
+    batch slot: positions past the running batch add nothing (``roofline.step_seconds``), so
+    it equals the time over any width that holds the batch. Computed once per step instead
+    of in each width program (a fifth of the roofline program's size)."""
+    run_slots = running_slots(s, st, i, st.batch_slots)
+    reqs = run_slots.reqs
+    nn = jnp.where(run_slots.valid, s.num_new[reqs], 0)
+    return roofline.step_time_us(roofline_of(st, c), nn, s.pi[reqs], c.input_tokens[reqs],
+                                 c.output_tokens[reqs])
 
 
 PHASE1_PER_OCTAVE = 1  # widths per doubling of phase 1's programs (64, 128, 256)
@@ -535,10 +547,11 @@ def step(s: SimState, st, c, p, i, now, active, defer: bool = False):
     init = Finished(s, completion.no_plan(s) if defer else None, completion.no_loop(st),
                     stretch.no_outlook(st) if st.stretches else None)
     factor = lifecycle.warm_factor(s, st, p, i)
+    roofline_us = roofline_step_us(s, st, c, i) if _roofline_in_program(st) else None
     completed_before = s.stats.completed[i]
     out = by_width(step_widths(st, FINISH_PER_OCTAVE), running, go,
                    lambda f, go, w: _finish_at(f.state, st, c, i, now, n_preempted, go, w,
-                                               defer, factor), init)
+                                               defer, factor, roofline_us), init)
     releases, todo = out.releases, out.loop
     if st.stretches:  # the outlook read the fills, lengths and block tables that the
         # completions write: its values feed them, so that XLA writes them in place

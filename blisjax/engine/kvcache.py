@@ -727,6 +727,5 @@ def tiered_allocate(s: SimState, st, c, i, sb, r, *, start, end, cached, n_cache
     s = allocate(s, st, c, i, sb, r, start=a_start, end=end, cached=jnp.zeros(1, jnp.int32),
                  n_cached=0, active=grant, chunk=chunk)
     ok = claim_only | grant
-    t = s.tier
-    s = s.replace(tier=t.replace(cpu_misses=add(t.cpu_misses, i, 1, active & ~ok & ~reloaded)))
+    s = s.replace(tier=kvtier.missed(s.tier, i, active & ~ok & ~reloaded))
     return s, TieredOutcome(ok, count)

@@ -214,6 +214,27 @@ def evict_oldest(t: KVTierState, i, m, active) -> KVTierState:
     return t
 
 
+def missed(t: KVTierState, i, go) -> KVTierState:
+    """A tiered allocation on instance i failed without reloading a block (a CPU miss)."""
+    return t.replace(cpu_misses=add(t.cpu_misses, i, 1, go))
+
+
+def hold_overflowed(t: KVTierState, mask) -> KVTierState:
+    """A refused admission kept blocks but found no holder slot (where ``mask``): flagged."""
+    return t.replace(hold_overflow=t.hold_overflow + mask.astype(jnp.int32))
+
+
+def reload_time_taken(t: KVTierState, i, go) -> KVTierState:
+    """Instance i's step added its pending reload time (``pending_us``) where ``go``."""
+    return t.replace(pending_us=upd(t.pending_us, i, 0, go))
+
+
+def keyed_blocks(t: KVTierState, key_of_block) -> KVTierState:
+    """The keys registered for the GPU blocks (``key_of_block`` [I, K]) after a decode
+    stretch filled some."""
+    return t.replace(key_of_block=key_of_block)
+
+
 def note_evictions(t: KVTierState, keys, mask, now) -> KVTierState:
     """GPU blocks holding ``keys`` (where ``mask`` and the key is >= 0) were taken for other
     content at ``now`` (µs; a scalar or one time per key) (``TieredKVCache._evicted``)."""

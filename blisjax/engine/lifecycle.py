@@ -291,6 +291,70 @@ def _holding(life: LifecycleState):
     return (life.state >= SCHEDULING) & (life.state <= DRAINING)
 
 
+# ---- what the cluster and instances tell the lifecycle --------------------------------------------
+
+
+def placement_counted(life: LifecycleState, no_slot, no_room) -> LifecycleState:
+    """A scale-up's placement found no free instance slot (``no_slot``: the slots' capacity
+    overflows) or no node with room (``no_room``: refused, as the reference's)."""
+    return life.replace(ovf_slots=life.ovf_slots + no_slot.astype(jnp.int32),
+                        refused_no_room=life.refused_no_room + no_room.astype(jnp.int32))
+
+
+def dropped_at_drain(life: LifecycleState, v, count, go) -> LifecycleState:
+    """Instance v dropped ``count`` requests as it drained (policy ``immediate``)."""
+    return life.replace(dropped_at_drain=add(life.dropped_at_drain, v, count, go))
+
+
+def snapshot_used(life: LifecycleState, used, due) -> LifecycleState:
+    """The router snapshot's refresh where ``due``: the blocks in use [I] the autoscaler
+    reads."""
+    return life.replace(snap_used=jnp.where(due, used.astype(jnp.int32), life.snap_used))
+
+
+def admitted(life: LifecycleState, count) -> LifecycleState:
+    """``count`` requests admitted, not yet routed."""
+    return life.replace(unrouted=life.unrouted + count.astype(jnp.int32))
+
+
+def redirected(life: LifecycleState, count) -> LifecycleState:
+    """``count`` requests taken from a draining instance to be routed again."""
+    return life.replace(unrouted=life.unrouted + count, redirected=life.redirected + count)
+
+
+def took_actuation(life: LifecycleState, a, go) -> LifecycleState:
+    """Actuation slot ``a`` is carried out (and free again) where ``go``."""
+    return life.replace(act_us=upd(life.act_us, a, INT64_MAX, go))
+
+
+def saw_event(life: LifecycleState, t_us, live) -> LifecycleState:
+    """An event of the reference's at ``t_us`` where ``live``: held instances cost until the
+    run's last one."""
+    return life.replace(last_event_us=jnp.where(live, t_us, life.last_event_us))
+
+
+def arrival_due(life: LifecycleState, i, e, now, ok) -> LifecycleState:
+    """With --blis-quirks: the arrival event of instance i's α-window entry e at ``now``."""
+    return life.replace(arrive_us=upd(life.arrive_us, (i, e), now, ok))
+
+
+def arrival_done(life: LifecycleState, i, e, go) -> LifecycleState:
+    """With --blis-quirks: entry e's arrival event has run (or was cancelled)."""
+    return life.replace(arrive_us=upd(life.arrive_us, (i, e), INT64_MAX, go))
+
+
+def arrivals_cancelled(life: LifecycleState, i, go) -> LifecycleState:
+    """With --blis-quirks: every arrival event pending on instance i is removed."""
+    return life.replace(arrive_us=life.arrive_us.at[i].set(
+        jnp.where(go, INT64_MAX, life.arrive_us[i])))
+
+
+def clock_before_arrivals(life: LifecycleState, i, clock, first) -> LifecycleState:
+    """Instance i's clock before this time's arrivals (where ``first``: the first arrival
+    at this time), so that a drain at the same time can take them back."""
+    return life.replace(clock_before=upd(life.clock_before, i, clock, first))
+
+
 # ---- placement and coming up --------------------------------------------------------------------
 
 

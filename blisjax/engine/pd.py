@@ -144,6 +144,11 @@ def transfer_duration_us(p, c, r, active):
     return jnp.maximum(jnp.ceil(span).astype(jnp.int64), 1)
 
 
+def reserve_overflowed(q: PDState, mask) -> PDState:
+    """Decode sub-requests that found no reservation slot (where ``mask``): flagged."""
+    return q.replace(ovf_reserve=q.ovf_reserve + mask.astype(jnp.int32))
+
+
 # ---- routing into pools -------------------------------------------------------------------------
 
 

@@ -115,7 +115,7 @@ class EngineStatic:
     # program also compiles the cache query in (its ``cached_blocks`` and cache scorers).
     program_sites: tuple[str, ...] = ()
     # ``cluster.cache_signal_delay_us``: > 0, the cache query reads a periodic copy of the hash
-    # slots (``SimState.cache_copy``), compiled in with the query.
+    # slots (``RouterState.cache_copy``), compiled in with the query.
     cache_signal_delay_us: int = 0
     # ``compat.blis_quirks``: reproduce BLIS's own behaviour where it departs from a real
     # cluster (docs/semantics.md Decision 12; the features with such quirks read it).

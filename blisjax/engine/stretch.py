@@ -481,4 +481,4 @@ def _cpu_keys(s: SimState, st, c, i, reqs, fill, spare, fresh, top_up, b, kc,
         jnp.where(fills_fresh, kv.cpu_key(st, c, i, reqs, fill.blen), NIL), mode="drop")
     key_of_block = key_of_block.at[i, jnp.where(fills_last, fill.last, k_blocks)].set(
         kv.cpu_key(st, c, i, reqs, fill.blen - 1), mode="drop")
-    return s.replace(tier=t.replace(key_of_block=key_of_block))
+    return s.replace(tier=kvtier.keyed_blocks(t, key_of_block))
