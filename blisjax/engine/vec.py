@@ -57,7 +57,8 @@ def earlier_smaller(a):
                             top - jnp.arange(size - n, 0, -1, dtype=jnp.int64)])
     origin = jnp.arange(size, dtype=jnp.int32)
     count = jnp.zeros(size, jnp.int32)
-    insertion = jax.vmap(lambda run, xs: jnp.searchsorted(run, xs).astype(jnp.int32))
+    insertion = jax.vmap(lambda run, xs: jnp.searchsorted(
+        run, xs, method="scan_unrolled").astype(jnp.int32))
     s = 1
     while s < size:
         v, o = vals.reshape(-1, 2, s), origin.reshape(-1, 2, s)
