@@ -332,6 +332,17 @@ def _completion_fields(st: EngineStatic, consts, g, done) -> CompletionFields:
                             np.where(done, np.maximum(pi - l_in, 0), 0).astype(np.int64))
 
 
+# ``RunResult``'s per-instance counters and the ``InstanceStats`` fields they come from
+_STATS_FIELDS = (
+    ("cache_hits", "hits"), ("cache_misses", "misses"), ("preemption_count", "preempt_count"),
+    ("dropped_unservable", "dropped"), ("timed_out", "timed_out"),
+    ("length_capped_count", "capped_count"), ("completed", "completed"),
+    ("total_input_tokens", "input_tokens"), ("kv_allocation_failures", "alloc_failures"),
+    ("queue_depth_time_us", "qdepth_time"), ("busy_time_us", "busy"), ("step_count", "steps"),
+    ("peak_kv_blocks_used", "peak_used"), ("kv_block_time_us", "kv_time"),
+    ("kv_util_time_us", "kv_util"))
+
+
 def lane_result(st: EngineStatic, consts, final, k: int) -> records.RunResult:
     """The k-th lane of a final state (or of its ``HostLanes``) as a ``RunResult`` (same
     fields as the reference)."""
@@ -386,28 +397,14 @@ def lane_result(st: EngineStatic, consts, final, k: int) -> records.RunResult:
         np.where(np.asarray(consts.follow_up)[:n], g.sess.arrival_us[:n],
                  np.asarray(consts.arrival_us)[:n]).astype(np.int64),
         np.asarray(consts.input_tokens)[:n].astype(np.int64)) if st.sessions else None
-    stats = g.stats
     result = records.RunResult(
         **rows,
         itl_entries_us=itl_entries, itl_entry_request=itl_rows, sim_ended_us=ended,
         horizon_us=st.horizon_us,
         num_instances=st.num_instances,
-        cache_hits=stats.hits.astype(np.int64), cache_misses=stats.misses.astype(np.int64),
-        preemption_count=stats.preempt_count.astype(np.int64),
+        **{name: getattr(g.stats, field).astype(np.int64) for name, field in _STATS_FIELDS},
         still_queued=g.queue.length.astype(np.int64), still_running=g.batch.n_run.astype(np.int64),
-        dropped_unservable=stats.dropped.astype(np.int64),
-        timed_out=stats.timed_out.astype(np.int64),
-        length_capped_count=stats.capped_count.astype(np.int64),
-        completed=stats.completed.astype(np.int64),
-        total_input_tokens=stats.input_tokens.astype(np.int64),
-        kv_allocation_failures=stats.alloc_failures.astype(np.int64),
         rejected_admission=int(g.admission.rejected),
-        queue_depth_time_us=stats.qdepth_time.astype(np.int64),
-        busy_time_us=stats.busy.astype(np.int64),
-        step_count=stats.steps.astype(np.int64),
-        peak_kv_blocks_used=stats.peak_used.astype(np.int64),
-        kv_block_time_us=stats.kv_time.astype(np.int64),
-        kv_util_time_us=stats.kv_util.astype(np.int64),
         kv_total_blocks=np.full(st.num_instances, st.kv_blocks, np.int64),
         overflow=overflow,
         kv_tier=_tier_counters(st, g, n),
