@@ -85,10 +85,11 @@ def test_steps_before_counts_step_starts_strictly_before_or_at_a_time():
     plans = (((7,) * 5, 5), ((7,) * 5, 2), ((1,), 0), ((3, 4, 9, 1, 1, 30), 6),
              ((2, 2, 5), 1))
     times = [(*d, *(1,) * (VARYING_PLAN - len(d))) for d, _ in plans]
-    s = SimpleNamespace(step_time=jnp.full(len(plans), 100, jnp.int64),
-                        stretch_d=jnp.asarray([d[0] for d, _ in plans], jnp.int64),
-                        stretch_steps=jnp.asarray([k for _, k in plans], jnp.int32),
-                        stretch_offset=jnp.asarray(np.cumsum([[0, *d] for d in times], axis=1)))
+    s = SimpleNamespace(
+        batch=SimpleNamespace(step_time=jnp.full(len(plans), 100, jnp.int64)),
+        stretch=SimpleNamespace(d=jnp.asarray([d[0] for d, _ in plans], jnp.int64),
+                                steps=jnp.asarray([k for _, k in plans], jnp.int32),
+                                offset=jnp.asarray(np.cumsum([[0, *d] for d in times], axis=1))))
     for now in range(90, 170):
         for inclusive in (False, True):
             got = {st.stretch_times_vary: np.asarray(stretch._steps_before(
