@@ -194,8 +194,8 @@ def build_consts(resolved, workload, st: EngineStatic) -> WorkloadConsts:
     # Every per-request array gets one extra "sink" row (index N): masked scatters write there.
     # With P/D pools the prefill sub-requests' rows follow, each its request's constants
     # (``shadow``: what differs; it has no output tokens). Built on the host and put on the
-    # device as they are: ``jnp.asarray`` would compile a small program per array (~0.1 s in
-    # a new process).
+    # device as they are: ``jnp.asarray`` would compile a small program per array
+    # (docs/performance.md, Seconds to first result).
     def pad(x, value, dtype, shadow=None):
         x = np.asarray(x)
         rows = [x, [value]]

@@ -361,8 +361,8 @@ def fit_instances(params: PolicyParams, width: int) -> PolicyParams:
 def stack_params(params: list[PolicyParams]) -> PolicyParams:
     """Stack per-lane params along a new leading population axis (per-instance fields as wide
     as the widest lane's, ``fit_instances``). Stacked on the host and put on the device as
-    they are: ``jnp.stack`` would compile a small program per field (~0.15 s in a new
-    process)."""
+    they are: ``jnp.stack`` would compile a small program per field (docs/performance.md,
+    Seconds to first result)."""
     widest = max((np.shape(p.pd.role)[-1] for p in params), default=0)
     params = [fit_instances(p, widest) for p in params]
     return jax.tree_util.tree_map(lambda *xs: jax.device_put(np.stack([np.asarray(x)

@@ -78,7 +78,7 @@ def tree_hash(root: Path) -> str:
 
 @lru_cache(maxsize=1)
 def source_hash() -> str:
-    """``tree_hash`` of the blisjax package (~3 ms): any edit to it gives new keys."""
+    """``tree_hash`` of the blisjax package: any edit to it gives new keys."""
     return tree_hash(Path(__file__).resolve().parents[1])
 
 

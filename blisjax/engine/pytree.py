@@ -2,7 +2,7 @@
 
 Every field is a leaf (an array); the leaves flatten in field-name order. ``replace`` returns
 a copy with some fields changed. (A local decorator rather than a library's: importing one
-costs a new process ~0.1 s, a tenth of loading a cached program.)
+costs a new process time; docs/performance.md, Seconds to first result.)
 """
 
 from __future__ import annotations

@@ -183,8 +183,8 @@ def run_lanes(st: EngineStatic, consts, params: PolicyParams, devices=None,
 
     When the population was padded (its size is not a whole number of equal lane blocks per
     device) the padding is sliced off on the devices, which copies every lane's state
-    (measured: 4.3–5.2 s for 516 lanes of scenario S on two devices, on top of a 12.3 s
-    run); ``simulate_population`` reads the padded states in place instead."""
+    (docs/performance.md, What the engine does for speed); ``simulate_population`` reads the
+    padded states in place instead."""
     final, lanes = _run_padded(st, consts, params, devices, lane_block)
     return _drop_padding(final, lanes)
 
@@ -271,9 +271,9 @@ def _status_codes(status: np.ndarray) -> np.ndarray:
 class HostLanes:
     """Lanes of final states read as NumPy views of each device's own buffer.
 
-    Indexing device arrays lane by lane dispatches one slice per field and lane (measured:
-    52 ms per lane of scenario S, against 3 ms here); converting a sharded array whole would
-    first gather every device's share into one host copy (P = 1,024: +3.4 GB at the peak).
+    Indexing device arrays lane by lane dispatches one slice per field and lane; converting a
+    sharded array whole would first gather every device's share into one host copy (figures:
+    docs/performance.md, What the engine does for speed).
     """
 
     def __init__(self, final) -> None:
