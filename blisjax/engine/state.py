@@ -4,9 +4,11 @@ Counterpart: the mutable attributes of the reference engine's objects — ``SimR
 request), ``ClusterSimulator`` and its ``Router``/``Admission`` (cluster), ``Instance`` and its
 ``KVCache`` (per instance) — as arrays indexed by request, instance, batch slot or block.
 
-Request status codes extend the reference engine's lifecycle with the pipeline stages the
-kernel needs to tell apart. The initial state is ``engine.initial.init_state`` (it builds the
-feature modules' parts, which import this module).
+The per-request arrays sit at the top level; everything else is one record per module that
+owns it (``cursors`` … ``gw``), plus this module's per-instance counters (``InstanceStats``)
+and run control (``RunControl``). Request status codes extend the reference engine's
+lifecycle with the pipeline stages the kernel needs to tell apart. The initial state is
+``engine.initial.init_state`` (it builds each part with its owner's ``init_*``).
 """
 
 from __future__ import annotations
@@ -37,8 +39,8 @@ class SimState:
     Shapes: N requests (+1: row N is a sink that masked writes go to; with P/D pools N more
     rows follow, the prefill sub-requests', ``EngineStatic.request_rows``), I instances,
     T tenants, B batch slots (with P/D pools, reservation slots after them:
-    ``EngineStatic.slot_count``; the running order has B positions), MB blocks per request, K KV blocks per instance, R = 2K free-list ring keys,
-    Q wait-queue slots, E α-delay window entries, G prefix groups, Jg blocks per prefix group,
+    ``EngineStatic.slot_count``; the running order has B positions), MB blocks per request,
+    K KV blocks per instance, R = 2K free-list ring keys, Q wait-queue slots, E α-delay window entries, G prefix groups, Jg blocks per prefix group,
     S hash slots (+1 sink), D deferred releases. Times are int64 µs; -1 (``NIL``) marks an
     empty entry. The compiled loops carry the fields in name order (``pytree_dataclass``).
     """
