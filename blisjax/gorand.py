@@ -79,6 +79,7 @@ __all__ = [
 
 STATE_WORDS = 607  # words of state of the lagged-Fibonacci source (Go's rngLen)
 TAP_LAG = 273  # lag between the two words added at each step (Go's rngTap)
+FEED_START = STATE_WORDS - TAP_LAG  # a seeded source's feed index (Go's rngFeed)
 LEHMER_MODULUS = (1 << 31) - 1  # the prime 2**31 - 1; also Go's int32max
 LEHMER_MULTIPLIER = 48271
 ZERO_SEED_REPLACEMENT = 89482311  # seed used when seed mod (2**31 - 1) is 0
@@ -296,7 +297,7 @@ class GoRand:
         seed = _check_int("seed", seed, INT64_MIN, INT64_MAX)
         self._words = _seeded_words(seed)
         self._tap = 0
-        self._feed = STATE_WORDS - TAP_LAG
+        self._feed = FEED_START
 
     # -- state ------------------------------------------------------------------------------
 

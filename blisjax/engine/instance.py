@@ -178,22 +178,19 @@ def reset_instance(s: SimState, st, i, active) -> SimState:
     """A new instance in slot i (``Instance.restart`` and ``Router.forget_instance``): empty
     KV cache, free list in id order, no pending step or virtual steps, no preemption history,
     and the router knows nothing of it; the slot's counters carry on."""
-
-    def row(arr, value):
-        return arr.at[i].set(jnp.where(active, value, arr[i]))
-
     if st.tiered:  # a new tiered cache; queued requests that held blocks here are gone
         hold = jnp.arange(st.slot_count) >= st.hold_base
         s = s.replace(
             tier=kvtier.reset_instance(s.tier, st, i, active),
             batch=s.batch.replace(
-                slot_req=row(s.batch.slot_req, jnp.where(hold, NIL, s.batch.slot_req[i]))))
+                slot_req=upd(s.batch.slot_req, i, jnp.where(hold, NIL, s.batch.slot_req[i]),
+                             active)))
     return s.replace(recent=recent.reset(s.recent, i, active) if st.recent_signals else s.recent,
                      router=policies.forget_instance(s.router, i, active),
                      stretch=s.stretch.replace(steps=upd(s.stretch.steps, i, 0, active)),
                      batch=s.batch.replace(step_time=upd(s.batch.step_time, i, -1, active),
                                            ema=upd(s.batch.ema, i, 0.0, active),
-                                           blen=row(s.batch.blen, 0)),
+                                           blen=upd(s.batch.blen, i, 0, active)),
                      kv=kvblocks.reset_instance(s.kv, st, i, active))
 
 

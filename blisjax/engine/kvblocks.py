@@ -119,13 +119,10 @@ def reset_instance(kv: KVState, st, i, active) -> KVState:
     if st.sessions:
         per = st.num_sessions * st.session_blocks_max
         mine = jnp.concatenate([mine, jnp.arange(st.session_slots) // per == i])
-
-    def row(arr, value):
-        return arr.at[i].set(jnp.where(active, value, arr[i]))
-
     return kv.replace(
-        kv_ref=row(kv.kv_ref, 0), kv_tok=row(kv.kv_tok, 0), kv_slot=row(kv.kv_slot, NIL),
-        fifo=row(kv.fifo, free.fifo), fkey=row(kv.fkey, free.fkey),
+        kv_ref=upd(kv.kv_ref, i, 0, active), kv_tok=upd(kv.kv_tok, i, 0, active),
+        kv_slot=upd(kv.kv_slot, i, NIL, active), fifo=upd(kv.fifo, i, free.fifo, active),
+        fkey=upd(kv.fkey, i, free.fkey, active),
         fhead=upd(kv.fhead, i, free.fhead, active), ftail=upd(kv.ftail, i, free.ftail, active),
         kv_free=upd(kv.kv_free, i, free.kv_free, active),
         slot_block=kv.slot_block.at[:shared].set(

@@ -41,7 +41,7 @@ from blisjax.engine.state import (
     TRANSFER,
     SimState,
 )
-from blisjax.gorand import STATE_WORDS, TAP_LAG
+from blisjax.gorand import FEED_START, STATE_WORDS
 from blisjax.limits import INT64_MAX
 
 
@@ -105,7 +105,7 @@ def init_pd(st, pd_rng=None, pd_role=None, pd_pools=False) -> PDState:
         starts=jnp.asarray(0, i64), prefill_completed=jnp.asarray(0, i32),
         dropped_kv=jnp.asarray(0, i32), rr=jnp.zeros(2, i32),
         rng_words=words, rng_tap=jnp.zeros(2, i32),
-        rng_feed=jnp.full(2, STATE_WORDS - TAP_LAG, i32),
+        rng_feed=jnp.full(2, FEED_START, i32),
         lru_pos=jnp.full((2, *groups), -1, i64), lru_own_at=jnp.zeros((2, *groups), i64),
         lru_clock=jnp.zeros((2, inst), i64), lru_own=jnp.zeros((2, inst), i64),
         cold_stamp=jnp.full((2, inst), -1, i64), cold_clock=jnp.zeros(2, i64),

@@ -34,7 +34,7 @@ from blisjax.engine.pytree import pytree_dataclass
 from blisjax.engine.queues import q_fold
 from blisjax.engine.state import SimState
 from blisjax.engine.vec import leading_count
-from blisjax.gorand import STATE_WORDS, TAP_LAG
+from blisjax.gorand import FEED_START, STATE_WORDS
 from blisjax.program.observables import scorer_name
 
 F64 = jnp.float64
@@ -81,7 +81,7 @@ def init_router(st, router_rng=None) -> RouterState:
         snap_last=jnp.asarray(0, i64),
         rng_words=(jnp.zeros(STATE_WORDS, i64) if router_rng is None
                    else jnp.asarray(router_rng, i64)),
-        rng_tap=jnp.asarray(0, i32), rng_feed=jnp.asarray(STATE_WORDS - TAP_LAG, i32),
+        rng_tap=jnp.asarray(0, i32), rng_feed=jnp.asarray(FEED_START, i32),
         cold_stamp=jnp.full(i, -1, i64), cold_clock=jnp.asarray(0, i64),
         cache_copy=jnp.zeros(st.group_slots + st.session_slots if st.cache_copy_on else 1, bool),
         cache_copy_last=jnp.asarray(0, i64),
@@ -93,13 +93,12 @@ def init_router(st, router_rng=None) -> RouterState:
 def forget_instance(router: RouterState, i, active) -> RouterState:
     """The router forgets instance i where ``active`` (``Router.forget_instance``): its prefix
     index and no-hit-lru recency start over."""
-    def row(arr, value):
-        return arr.at[i].set(jnp.where(active, value, arr[i]))
-
-    return router.replace(lru_pos=row(router.lru_pos, -1), lru_own_at=row(router.lru_own_at, 0),
+    return router.replace(lru_pos=upd(router.lru_pos, i, -1, active),
+                          lru_own_at=upd(router.lru_own_at, i, 0, active),
                           lru_clock=upd(router.lru_clock, i, 0, active),
                           lru_own=upd(router.lru_own, i, 0, active),
                           cold_stamp=upd(router.cold_stamp, i, -1, active))
+
 
 @pytree_dataclass
 class AdmissionState:
