@@ -137,7 +137,7 @@ def admission(s: SimState, st, c, p, now, active) -> SimState:
         waits = active & admitted & p.gateway.on & ~refused
         g = gateway.enqueue(g, st, c, p, r, now, waits)
         g = gateway.to_routing(g, st, r, now, active & admitted & ~p.gateway.on)
-        s = s.replace(gw=gateway.refused(g, refused))
+        s = s.replace(gw=gateway.turned_away(g, refused))
         admitted = admitted & ~refused
     s = s.replace(
         status=s.status.at[r].set(jnp.where(admitted, ADMITTED, REJECTED).astype(s.status.dtype)),

@@ -81,7 +81,7 @@ def to_routing(g: GatewayState, st, r, now, go) -> GatewayState:
                      dispatched=g.dispatched + go.astype(jnp.int32))
 
 
-def refused(g: GatewayState, mask) -> GatewayState:
+def turned_away(g: GatewayState, mask) -> GatewayState:
     """Admitted requests the full queue turned away (where ``mask``)."""
     return g.replace(rejected=g.rejected + mask.astype(jnp.int32))
 
