@@ -380,7 +380,7 @@ def execute(s: SimState, st, c, i, now, n_preempted, active, width: int, factor=
         d, ema = (physics.step_time(c.physics, *inputs) if st.latency is None
                   else hostlatency.step_time(st.latency, active, *inputs))
         s = s.replace(batch=s.batch.replace(ema=upd(s.batch.ema, i, ema, active)))
-    elif st.latency_model == "roofline":
+    elif _roofline_in_program(st):  # computed once per step by ``step``
         d = roofline_us
     else:
         cm = jnp.sum(jnp.where((nn > 0) & (pi < l_in), nn, 0))
