@@ -53,6 +53,7 @@ from blisjax.config.sim import (
     LatencyConfig,
     MetricsConfig,
     PDConfig,
+    PoolOverrides,
     SimConfig,
     SLOTarget,
 )
@@ -72,6 +73,7 @@ __all__ = [
     "BlackboxCoefficients",
     "ClusterConfig",
     "PDConfig",
+    "PoolOverrides",
     "ConfigError",
     "EngineConfig",
     "GatewayConfig",

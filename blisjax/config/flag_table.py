@@ -122,14 +122,13 @@ def parse_switch(flag: str, v: Any) -> bool:
     raise ConfigError(flag, f"expected true or false, got {v!r}")
 
 
-#: BLIS's per-pool P/D overrides (``--prefill-tp``, ``--decode-hardware``, ...): refused.
-PER_POOL_OVERRIDES = ("tp", "hardware", "latency-model", "max-model-len")
-
-
-def _per_pool_override(flag: str, v: Any) -> Any:
-    raise ConfigError(flag, "per-pool TP, hardware, latency model and max-model-len are not "
-                            "modelled: every instance uses the global settings (--tp, "
-                            "--hardware, --latency-model, --max-model-len)")
+#: BLIS's per-pool P/D settings: flag suffix, ``PoolOverrides`` field, parser, what it sets.
+PER_POOL_FLAGS = (
+    ("tp", "tensor_parallel_size", parse_int, "tensor parallelism (GPUs per instance)"),
+    ("hardware", "hardware", parse_str, "GPU"),
+    ("latency-model", "latency_model", parse_str, "latency model"),
+    ("max-model-len", "max_model_len", parse_int, "max input + output tokens per request"),
+)
 
 
 def _tick_interval(flag: str, v: Any) -> int:
@@ -511,9 +510,11 @@ BLIS_FLAGS: tuple[BlisFlag, ...] = (
         "P/D: weighted-routing scorers of the decode pool",
         "NAME:W,...",
     ),
-    *(BlisFlag((f"--{pool}-{what}",), f"{pool}_{what.replace('-', '_')}", _per_pool_override,
-               "", f"P/D: per-pool {what} (not modelled: refused)")
-      for pool in ("prefill", "decode") for what in PER_POOL_OVERRIDES),
+    *(BlisFlag((f"--{pool}-{suffix}",), f"{pool}_{suffix.replace('-', '_')}",
+               parser,
+               f"cluster.pd.{pool}.{field}", f"P/D: the {pool} pool's {what}",
+               choices=LATENCY_MODELS if field == "latency_model" else None)
+      for pool in ("prefill", "decode") for suffix, field, parser, what in PER_POOL_FLAGS),
     BlisFlag(
         ("--flow-control",),
         "flow_control",

@@ -18,6 +18,7 @@ from blisjax.config.kv_capacity import (
 from blisjax.config.model import ModelConfig, UnknownModelError, load_model_config
 from blisjax.config.policy import PolicyConfig
 from blisjax.config.sim import (
+    POOL_ROLES,
     ClusterConfig,
     EngineConfig,
     LatencyConfig,
@@ -47,7 +48,11 @@ class ResolvedConfig:
       beta: β coefficients (µs); () for roofline, and for physics when not given (the physics
         model then uses its own defaults).
       pd_kv_bytes_per_token: with P/D pools, the KV bytes of one token a transfer moves (BLIS
-        ``KVBytesPerToken`` at the global TP, a float); 0.0 without pools.
+        ``KVBytesPerToken`` at the prefill pool's TP, a float); 0.0 without pools.
+      pools: with per-pool settings (``cluster.pd.prefill`` / ``decode``), the prefill and the
+        decode pool's own resolved configuration (``pool_resolved``; None for a pool without
+        settings of its own); None without per-pool settings.
+        ``for_instance`` picks an instance's.
     """
 
     config: SimConfig
@@ -58,6 +63,18 @@ class ResolvedConfig:
     alpha: tuple[float, ...]
     beta: tuple[float, ...]
     pd_kv_bytes_per_token: float = 0.0
+    pools: tuple[ResolvedConfig | None, ResolvedConfig | None] | None = None
+
+    def for_instance(self, instance: int) -> ResolvedConfig:
+        """The resolved configuration instance ``instance`` runs: its pool's with per-pool
+        settings (prefill instances the prefill pool's, decode and shared ones the decode
+        pool's), this one otherwise."""
+        if self.pools is None:
+            return self
+        pd = self.config.cluster.pd
+        pool = (self.pools[0] if instance < pd.prefill_instances
+                else self.pools[1] if instance < pd.pooled_instances else None)
+        return self if pool is None else pool
 
     @property
     def engine(self) -> EngineConfig:
@@ -186,7 +203,7 @@ def resolve_config(cfg: SimConfig, hardware_path: str | Path | None = None) -> R
     max_model_len = cfg.engine.max_model_len
     check_model_len_fits(max_model_len, cfg.engine.block_size_tokens, total_kv_blocks)
     pd_bytes = _pd_kv_bytes_per_token(cfg, model) if cfg.cluster.pd.enabled else 0.0
-    return ResolvedConfig(
+    resolved = ResolvedConfig(
         config=cfg,
         model_config=model,
         hardware_config=hardware,
@@ -196,14 +213,114 @@ def resolve_config(cfg: SimConfig, hardware_path: str | Path | None = None) -> R
         beta=beta,
         pd_kv_bytes_per_token=pd_bytes,
     )
+    if not cfg.cluster.pd.has_overrides:
+        return resolved
+    pools = tuple(None if getattr(cfg.cluster.pd, role).empty
+                  else pool_resolved(resolved, role, hardware_path) for role in POOL_ROLES)
+    return dataclasses.replace(resolved, pools=pools)
+
+
+def pool_resolved(resolved: ResolvedConfig, role: str,
+                  hardware_path: str | Path | None = None) -> ResolvedConfig:
+    """The configuration a P/D pool's instances run (``role``: prefill or decode), from its
+    settings ``cluster.pd.<role>`` (docs/semantics.md §5.10, "Per-pool settings"):
+
+    * TP, GPU, latency model and max-model-len are the pool's where it sets them.
+    * KV blocks: a pool whose TP or GPU differs from the global ones gets its KV cache sized
+      for them (the global DP, block size and memory utilization; an explicit
+      ``engine.total_kv_blocks`` does not stop this, as in BLIS), and its max-model-len capped
+      to that cache when it sets none and the global one is larger. With ``--blis-quirks``
+      only roofline and physics configurations are resized (BLIS sizes no blackbox pool).
+    * Speed: the pool's GPU rates and shipped coefficients for its GPU and TP. With
+      ``--blis-quirks`` the pool keeps the global GPU's rates and coefficients (BLIS copies
+      them; only TP and the latency model change a pool's speed there).
+    * A GPU without memory data or a model without KV parameters keeps the global KV blocks
+      (with a warning), as BLIS does.
+    """
+    cfg = resolved.config
+    own = getattr(cfg.cluster.pd, role)
+    if own.empty:
+        return resolved
+    path = f"cluster.pd.{role}"
+    engine = cfg.engine
+    quirks = cfg.compat.blis_quirks
+    tp = own.tensor_parallel_size or engine.tensor_parallel_size
+    gpu = own.hardware or cfg.hardware
+    model_name = own.latency_model or cfg.latency.model
+    try:
+        gpu_config = load_hardware(gpu, hardware_path)
+    except ConfigError as err:
+        raise ConfigError(f"{path}.hardware", err.problem) from None
+    resize = (tp, gpu) != (engine.tensor_parallel_size, cfg.hardware) and (
+        not quirks or cfg.latency.model in ("roofline", "physics"))
+    blocks = _pool_kv_blocks(cfg, resolved, gpu_config, tp, path) if resize \
+        else resolved.total_kv_blocks
+    max_model_len = resolved.max_model_len
+    if own.max_model_len is not None:
+        max_model_len = own.max_model_len
+    elif resize and 0 < blocks * engine.block_size_tokens < max_model_len:
+        max_model_len = blocks * engine.block_size_tokens
+    try:
+        check_model_len_fits(max_model_len, engine.block_size_tokens, blocks)
+    except ConfigError as err:
+        raise ConfigError(f"{path}.max_model_len", err.problem) from None
+    pool_cfg = dataclasses.replace(
+        cfg, hardware=gpu,
+        engine=dataclasses.replace(engine, tensor_parallel_size=tp, total_kv_blocks=blocks,
+                                   max_model_len=max_model_len),
+        latency=dataclasses.replace(cfg.latency, model=model_name))
+    speed = resolved.hardware_config if quirks else gpu_config
+    if quirks and model_name == cfg.latency.model:
+        alpha, beta = resolved.alpha, resolved.beta
+    else:
+        basis = pool_cfg if not quirks else dataclasses.replace(pool_cfg, hardware=cfg.hardware)
+        try:
+            alpha, beta = _coefficients(basis)
+        except ConfigError as err:
+            field = ("hardware" if own.hardware else "tensor_parallel_size"
+                     if own.tensor_parallel_size else "latency_model")
+            raise ConfigError(f"{path}.{field}", f"the pool's latency: {err.problem}; or give "
+                              f"the pool a latency model with no coefficients to look up "
+                              f"({path}.latency_model roofline)") from None
+    if model_name != "blackbox" and resolved.model_config is None:
+        raise ConfigError(f"{path}.latency_model", f"{model_name!r} needs a shipped model")
+    return ResolvedConfig(config=pool_cfg, model_config=resolved.model_config,
+                          hardware_config=speed, total_kv_blocks=blocks,
+                          max_model_len=max_model_len, alpha=alpha, beta=beta,
+                          pd_kv_bytes_per_token=resolved.pd_kv_bytes_per_token)
+
+
+def _pool_kv_blocks(cfg: SimConfig, resolved: ResolvedConfig, gpu: HardwareConfig, tp: int,
+                    path: str) -> int:
+    """KV blocks per instance of a pool on GPU ``gpu`` at TP ``tp``; the global count, with a
+    warning, where BLIS keeps it (no memory data, no KV parameters)."""
+    engine = cfg.engine
+    model = resolved.model_config
+    if model is None or gpu.memory_gib <= 0:
+        warnings.warn(f"{path}: cannot size the pool's KV cache (GPU {gpu.name!r} memory or "
+                      f"the model unknown); it keeps {resolved.total_kv_blocks} KV blocks",
+                      stacklevel=4)
+        return resolved.total_kv_blocks
+    try:
+        return compute_total_kv_blocks(model, gpu, tp, engine.data_parallel_size,
+                                       engine.block_size_tokens, engine.gpu_memory_utilization)
+    except KVCapacityParamsError as err:
+        warnings.warn(f"{path}: {err}; the pool keeps {resolved.total_kv_blocks} KV blocks",
+                      stacklevel=4)
+        return resolved.total_kv_blocks
+    except ValueError as err:
+        raise ConfigError(f"{path}.tensor_parallel_size",
+                          f"cannot size the pool's KV cache: {err}") from err
 
 
 def _pd_kv_bytes_per_token(cfg: SimConfig, model: ModelConfig | None) -> float:
-    """KV bytes per token of a P/D transfer: the model's at the (global) TP, as BLIS."""
+    """KV bytes per token of a P/D transfer: the model's at the prefill pool's TP (the global
+    one unless ``cluster.pd.prefill`` sets its own), as BLIS (``EffectivePrefillTP``)."""
     if model is None:
         raise ConfigError("cluster.pd", "P/D pools need the model's KV size per token for the "
                           f"transfer time; {cfg.model!r} is not a shipped model")
     try:
-        return kv_bytes_per_token_per_gpu(model, cfg.engine.tensor_parallel_size)
+        tp = cfg.cluster.pd.prefill.tensor_parallel_size or cfg.engine.tensor_parallel_size
+        return kv_bytes_per_token_per_gpu(model, tp)
     except ValueError as err:
         raise ConfigError("cluster.pd", f"cannot size a KV transfer: {err}") from err

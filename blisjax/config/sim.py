@@ -235,6 +235,49 @@ class LatencyConfig:
 PD_DECIDERS = PDDecider.labels()
 
 
+#: Roles whose instances take a pool's own settings (``PDConfig.prefill`` / ``decode``).
+POOL_ROLES = ("prefill", "decode")
+#: The settings a pool may set for itself (``PoolOverrides``' fields).
+POOL_FIELDS = ("tensor_parallel_size", "hardware", "latency_model", "max_model_len")
+
+
+@dataclass(frozen=True)
+class PoolOverrides:
+    """One P/D pool's own settings (BLIS's ``--prefill-tp``, ``--decode-hardware``, ...);
+    None = the global one (docs/semantics.md §5.10, "Per-pool settings").
+
+    Attributes:
+      tensor_parallel_size: GPUs per instance of the pool, >= 1 (``engine.tensor_parallel_size``).
+      hardware: the pool's GPU (``hardware``): its FLOP rates, bandwidth, memory, coefficients.
+      latency_model: the pool's latency model (``latency.model``).
+      max_model_len: max input + output tokens per request on the pool, >= 1
+        (``engine.max_model_len``).
+    """
+
+    tensor_parallel_size: int | None = None
+    hardware: str | None = None
+    latency_model: str | None = None
+    max_model_len: int | None = None
+
+    def check(self, path: str) -> None:
+        """ConfigError naming ``path``'s field at fault."""
+        if self.tensor_parallel_size is not None:
+            set_field(self, "tensor_parallel_size", check_int(
+                f"{path}.tensor_parallel_size", self.tensor_parallel_size, min_value=1))
+        if self.max_model_len is not None:
+            set_field(self, "max_model_len", check_int(
+                f"{path}.max_model_len", self.max_model_len, min_value=1))
+        if self.hardware is not None:
+            set_field(self, "hardware", check_str(f"{path}.hardware", self.hardware))
+        if self.latency_model is not None:
+            check_choice(f"{path}.latency_model", self.latency_model, LATENCY_MODELS)
+
+    @property
+    def empty(self) -> bool:
+        """No setting of its own: the pool's instances run the global configuration."""
+        return all(getattr(self, f) is None for f in POOL_FIELDS)
+
+
 @dataclass(frozen=True)
 class PDConfig:
     """Prefill/decode disaggregation (docs/semantics.md Decision 15; BLIS HEAD's P/D pools).
@@ -257,6 +300,8 @@ class PDConfig:
       prefill_scorers, decode_scorers: weighted-routing scorers of the prefill / decode pool
         (BLIS's ``--prefill-routing-scorers`` / ``--decode-routing-scorers``); empty = the
         pool routes with ``policy.routing``.
+      prefill, decode: the pools' own TP, GPU, latency model and max-model-len
+        (``PoolOverrides``); shared instances take the decode pool's, as in BLIS.
     """
 
     prefill_instances: int = 0
@@ -269,8 +314,16 @@ class PDConfig:
     transfer_contention: bool = False
     prefill_scorers: tuple[ScorerWeight, ...] = ()
     decode_scorers: tuple[ScorerWeight, ...] = ()
+    prefill: PoolOverrides = field(default_factory=PoolOverrides)
+    decode: PoolOverrides = field(default_factory=PoolOverrides)
 
     def __post_init__(self) -> None:
+        for role in POOL_ROLES:
+            path = f"cluster.pd.{role}"
+            section = as_section(getattr(self, role), PoolOverrides, path, "pool settings")
+            section = PoolOverrides(**{f: getattr(section, f) for f in POOL_FIELDS})
+            section.check(path)
+            set_field(self, role, section)
         for name in ("prefill_instances", "decode_instances", "shared_instances"):
             set_field(self, name, non_negative_int(f"cluster.pd.{name}", getattr(self, name)))
         check_choice("cluster.pd.decider", self.decider, PD_DECIDERS)
@@ -298,6 +351,12 @@ class PDConfig:
         if self.decider != "never" and p == 0:
             raise ConfigError("cluster.pd.decider", f"{self.decider!r} needs prefill "
                               "instances (cluster.pd.prefill_instances > 0)")
+        for role in POOL_ROLES:
+            own = getattr(self, role)
+            if not own.empty and p == 0:
+                name = next(f for f in POOL_FIELDS if getattr(own, f) is not None)
+                raise ConfigError(f"cluster.pd.{role}.{name}", "per-pool settings need a "
+                                  "prefill pool (cluster.pd.prefill_instances > 0), as in BLIS")
         if not self.enabled:
             if self.transfer_contention:
                 raise ConfigError("cluster.pd.transfer_contention",
@@ -311,6 +370,22 @@ class PDConfig:
     def enabled(self) -> bool:
         """P/D pools are configured."""
         return self.prefill_instances + self.decode_instances + self.shared_instances > 0
+
+    def overrides_of(self, instance: int) -> PoolOverrides:
+        """The pool settings instance ``instance`` runs with: prefill instances the prefill
+        pool's, decode and shared instances the decode pool's ("decode wins", BLIS
+        ``resolveConfigForRole``), the others none."""
+        p, d, shared = self.prefill_instances, self.decode_instances, self.shared_instances
+        if instance < p:
+            return self.prefill
+        if instance < p + d + shared:
+            return self.decode
+        return PoolOverrides()
+
+    @property
+    def has_overrides(self) -> bool:
+        """Some pool has settings of its own."""
+        return not (self.prefill.empty and self.decode.empty)
 
     @property
     def pooled_instances(self) -> int:

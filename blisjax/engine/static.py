@@ -375,6 +375,11 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
                          f"workload), got {decode_stretches!r}")
     cfg = resolved.config
     pd = cfg.cluster.pd.enabled
+    for role in ("prefill", "decode"):
+        if not getattr(cfg.cluster.pd, role).empty:
+            raise ConfigError(f"cluster.pd.{role}", "P/D pools with their own TP, GPU, latency "
+                              "model or max-model-len run in the reference engine only "
+                              "(--engine reference)")
     eng = cfg.engine
     bs = eng.block_size_tokens
     sessions = workload.has_sessions

@@ -5,7 +5,9 @@ duration, BLIS's SimEndedTime); with instance lifecycles each instance from its 
 its termination or the run's end (``LifecycleCounters.replica_us``). GPU-hours are those
 instance-hours times the GPUs of one instance (TP × PP × DP), and ``cost`` is the GPU-hours
 times the price of one GPU-hour (``metrics.gpu_price_per_hour``, by default the hardware's
-indicative price). Both engines' ``RunResult`` feed it alike (docs/semantics.md §6.5).
+indicative price). P/D pools with their own TP or GPU (``cluster.pd.prefill`` / ``decode``)
+price each instance by its pool's GPUs and GPU. Both engines' ``RunResult`` feed it alike
+(docs/semantics.md §6.5).
 """
 
 from __future__ import annotations
@@ -22,19 +24,34 @@ __all__ = ["CostBasis", "cost_basis", "cost_metrics"]
 
 
 class CostBasis(NamedTuple):
-    """GPUs of one instance and the price of one GPU-hour."""
+    """GPUs of one instance and the price of one GPU-hour; with P/D pools of their own
+    hardware, ``per_instance`` holds each instance's (GPUs, price of one GPU-hour)."""
 
     gpus_per_instance: int
     gpu_price_per_hour: float
+    per_instance: tuple[tuple[int, float], ...] = ()
 
 
 def cost_basis(config) -> CostBasis:
     """The cost basis of a ``SimConfig``: its engine's GPUs per instance and its
-    ``metrics.gpu_price_per_hour`` (the hardware's default price when None)."""
-    price = config.metrics.gpu_price_per_hour
-    if price is None:
-        price = gpu_price_per_hour(config.hardware)
-    return CostBasis(int(config.engine.total_gpus), float(price))
+    ``metrics.gpu_price_per_hour`` (the hardware's default price when None; an explicit
+    price is every GPU's)."""
+    def price_of(hardware: str) -> float:
+        given = config.metrics.gpu_price_per_hour
+        return float(gpu_price_per_hour(hardware) if given is None else given)
+
+    engine = config.engine
+    basis = CostBasis(int(engine.total_gpus), price_of(config.hardware))
+    pd = config.cluster.pd
+    if not pd.has_overrides:
+        return basis
+    per_instance = []
+    for i in range(config.cluster.num_instances):
+        own = pd.overrides_of(i)
+        tp = own.tensor_parallel_size or engine.tensor_parallel_size
+        gpus = tp * engine.pipeline_parallel_size * engine.data_parallel_size
+        per_instance.append((gpus, price_of(own.hardware or config.hardware)))
+    return basis._replace(per_instance=tuple(per_instance))
 
 
 def instance_us(result: RunResult) -> int:
@@ -46,5 +63,10 @@ def instance_us(result: RunResult) -> int:
 
 def cost_metrics(result: RunResult, basis: CostBasis) -> dict[str, float]:
     """``gpu_hours`` and ``cost`` of one run."""
+    if basis.per_instance and result.lifecycle is None:  # a fixed cluster of mixed pools
+        held = int(result.sim_ended_us)
+        gpu_us = sum(held * gpus for gpus, _ in basis.per_instance)
+        cost_us = sum(float(held * gpus) * price for gpus, price in basis.per_instance)
+        return {"gpu_hours": float(gpu_us) / US_PER_HOUR, "cost": cost_us / US_PER_HOUR}
     gpu_hours = float(instance_us(result) * basis.gpus_per_instance) / US_PER_HOUR
     return {"gpu_hours": gpu_hours, "cost": gpu_hours * basis.gpu_price_per_hour}

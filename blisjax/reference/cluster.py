@@ -83,13 +83,16 @@ class ClusterSimulator:
         # compat.blis_quirks (docs/semantics.md Decision 12): read by the features whose BLIS
         # behaviour it switches (P/D, tiered KV, autoscaling)
         self.blis_quirks = cfg.compat.blis_quirks
-        latency = make_latency_model(resolved)
         priority = Priority(cfg.policy.priority, workload.tenant_names)
         n_inst = max_replicas(cfg.policy.autoscaler, cfg.cluster.num_instances,
                               cfg.cluster.node_pools, cfg.engine.tensor_parallel_size)
+        # each instance runs its P/D pool's configuration (``ResolvedConfig.for_instance``)
+        own = [resolved.for_instance(i) for i in range(n_inst)]
+        latency = {id(x): make_latency_model(x) for x in own}
         self.instances = [
-            Instance(i, engine=cfg.engine, total_kv_blocks=resolved.total_kv_blocks,
-                     max_model_len=resolved.max_model_len, latency=latency, priority=priority,
+            Instance(i, engine=cfg.engine, total_kv_blocks=own[i].total_kv_blocks,
+                     max_model_len=own[i].max_model_len, latency=latency[id(own[i])],
+                     priority=priority,
                      scheduler=SchedulerPolicy.of(cfg.policy.scheduler.policy), horizon_us=self.horizon_us,
                      hash_of=self._hash_of, blis_quirks=cfg.compat.blis_quirks,
                      hash_at=self._hash_at,

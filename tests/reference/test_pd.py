@@ -172,7 +172,8 @@ def test_blis_flags():
     with pytest.raises(ConfigError, match="--pd-prefix-threshold: is only used with"):
         apply_blis_flag_values(cfg, {"prefill-instances": 1, "decode-instances": 1,
                                      "pd-prefix-threshold": 5})
-    with pytest.raises(ConfigError, match="--decode-tp: per-pool TP.*not modelled"):
+    with pytest.raises(ConfigError, match="--decode-tp: cluster.pd.decode.tensor_parallel_size: "
+                                          "per-pool settings need a prefill pool"):
         apply_blis_flag_values(cfg, {"decode-tp": "2"})
 
 
