@@ -25,7 +25,16 @@ import jax
 import jax.numpy as jnp
 
 from blisjax.config.codes import DrainPolicy
-from blisjax.engine import gateway, instance, lifecycle, pd, policies, sessions, stretch
+from blisjax.engine import (
+    gateway,
+    instance,
+    kvblocks,
+    lifecycle,
+    pd,
+    policies,
+    sessions,
+    stretch,
+)
 from blisjax.engine.exactfloat import ieee_divide
 from blisjax.engine.lockstep import add, lane_once, lane_while, upd
 from blisjax.engine.params import POOL_PREFILL
@@ -96,7 +105,8 @@ def refresh_snapshots(s: SimState, st, c, now, active) -> SimState:
     due = active & ((st.refresh_interval_us == 0)
                     | (now - s.router.snap_last >= st.refresh_interval_us))
     # virtual decode steps before `now` have taken blocks (``stretch.kv_used_at``)
-    used = stretch.kv_used_at(s, st, now) if st.stretches else st.kv_blocks - s.kv.kv_free
+    used = stretch.kv_used_at(s, st, now) if st.stretches \
+        else kvblocks.capacity(st) - s.kv.kv_free
     kv_util = ieee_divide(used.astype(F64), c.kv_blocks_f)  # not x·(1/blocks): exactfloat
     s = s.replace(router=s.router.replace(snap_qd=jnp.where(due, s.queue.length, s.router.snap_qd),
                                           snap_bs=jnp.where(due, s.batch.n_run, s.router.snap_bs),

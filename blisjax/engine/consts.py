@@ -1,6 +1,7 @@
 """The workload constants of the JAX engine: per-request arrays and host-precomputed float
 tables, passed to the program as *traced* arrays (never baked in) so XLA cannot constant-fold or
-rewrite the arithmetic that touches them; and the reads that pick a lane's GPU rows.
+rewrite the arithmetic that touches them; and the reads that pick the latency rows of a lane's
+GPU or of an instance's P/D pool.
 
 Counterpart: the constant fields of each ``blisjax.reference`` ``SimRequest`` and the latency
 model's tables.
@@ -27,7 +28,7 @@ from blisjax.engine.request_rows import (
     session_blocks,
 )
 from blisjax.engine.roofline import RooflineConsts, roofline_consts
-from blisjax.engine.static import EngineStatic, gpu_resolved
+from blisjax.engine.static import EngineStatic, gpu_resolved, pool_row_configs
 from blisjax.latency.factory import make_latency_model
 from blisjax.workload.sessions import next_round
 
@@ -68,6 +69,11 @@ class WorkloadConsts:
     gpu: jax.Array
     otp_us: jax.Array
     gpu_rows: jax.Array
+    # P/D pools of their own (``EngineStatic.instance_rows``): the same tables with a leading
+    # axis of three rows (the configuration's, the prefill pool's, the decode pool's), the
+    # roofline constants stacked whole (TP changes them all); instance_row (int32 [I]) is each
+    # instance's row ([1] otherwise).
+    instance_row: jax.Array
     pd_rank: jax.Array  # P/D: rank of the prefill sub-request's id text ("request_<id>_prefill"),
     #                     BLIS's order of same-event transfer starts ([1] without pools)
     pd_kv_bytes: jax.Array  # float64 P/D: bytes of the request's prompt KV a transfer moves
@@ -103,7 +109,10 @@ def _latency_rows(resolved, workload, st: EngineStatic) -> LatencyRows:
     configuration's alone, or one row per ``hardware_code`` with ``st.gpus`` (rows of codes
     no lane runs repeat the configuration's)."""
     base = hardware_code(resolved.config.hardware)
-    if st.gpus:
+    if st.instance_rows:
+        per_row = pool_row_configs(resolved)
+        codes = [base]
+    elif st.gpus:
         named = {hardware_code(x): gpu_resolved(resolved, x) for x in st.gpus}
         per_row = [named.get(k, resolved) for k in range(hardware_code_count())]
         codes = sorted(named)
@@ -129,30 +138,45 @@ def lane_consts(st: EngineStatic, consts: WorkloadConsts, params) -> WorkloadCon
     return consts.replace(gpu=params.gpu) if st.gpus else consts
 
 
-def queue_delay(st: EngineStatic, c: WorkloadConsts, r):
-    """int64 µs α delay of request row r on the lane's GPU."""
-    return c.queue_delay_us[c.gpu, r] if st.gpus else c.queue_delay_us[r]
+def _row(st: EngineStatic, c: WorkloadConsts, i):
+    """The latency row instance i reads: the lane's GPU's, or the instance's pool's; None
+    with one row."""
+    if st.instance_rows:
+        return c.instance_row[i]
+    return c.gpu if st.gpus else None
 
 
-def step_tables(st: EngineStatic, c: WorkloadConsts):
-    """(prefill, decode) blackbox step tables of the lane's GPU."""
-    if st.gpus:
-        return c.step_prefill[c.gpu], c.step_decode[c.gpu]
-    return c.step_prefill, c.step_decode
+def queue_delay(st: EngineStatic, c: WorkloadConsts, r, i):
+    """int64 µs α delay of request row r on instance i (its GPU, its pool)."""
+    row = _row(st, c, i)
+    return c.queue_delay_us[r] if row is None else c.queue_delay_us[row, r]
 
 
-def roofline_of(st: EngineStatic, c: WorkloadConsts) -> RooflineConsts:
-    """The roofline constants of the lane's GPU (its FLOP rates and bandwidth)."""
-    if not st.gpus:
-        return c.roofline
+def step_tables(st: EngineStatic, c: WorkloadConsts, i):
+    """(prefill, decode) blackbox step tables of instance i."""
+    row = _row(st, c, i)
+    if row is None:
+        return c.step_prefill, c.step_decode
+    return c.step_prefill[row], c.step_decode[row]
+
+
+def roofline_of(st: EngineStatic, c: WorkloadConsts, i) -> RooflineConsts:
+    """The roofline constants of instance i (its GPU's FLOP rates and bandwidth; with pools
+    of their own, its pool's constants whole)."""
     rc = c.roofline
+    if st.instance_rows:
+        row = c.instance_row[i]
+        return jax.tree.map(lambda x: x[row], rc)
+    if not st.gpus:
+        return rc
     return rc._replace(prefill_flops=rc.prefill_flops[c.gpu],
                        decode_flops=rc.decode_flops[c.gpu], bandwidth=rc.bandwidth[c.gpu])
 
 
-def otp(st: EngineStatic, c: WorkloadConsts):
-    """µs the output-token time adds to each step's ITL and TTFT on the lane's GPU (α2)."""
-    return c.otp_us[c.gpu] if st.gpus else st.otp_us
+def otp(st: EngineStatic, c: WorkloadConsts, i):
+    """µs the output-token time adds to each step's ITL and TTFT on instance i (α2)."""
+    row = _row(st, c, i)
+    return st.otp_us if row is None else c.otp_us[row]
 
 
 def check_gpus(st: EngineStatic, consts: WorkloadConsts, params) -> None:
@@ -216,10 +240,16 @@ def build_consts(resolved, workload, st: EngineStatic) -> WorkloadConsts:
         pd_rank = jax.device_put(np.zeros(1, i32))
         pd_kv_bytes = jax.device_put(np.zeros(1, np.float64))
     model = make_latency_model(resolved) if st.latency_model != "blackbox" else None
-    by_gpu = (lambda xs: np.stack(xs)) if st.gpus else (lambda xs: xs[0])  # noqa: E731
+    by_gpu = (lambda xs: np.stack(xs)) if st.gpus or st.instance_rows \
+        else (lambda xs: xs[0])  # noqa: E731
     roofline = roofline_consts(model if st.latency_model == "roofline" else None,
                                st.max_step_tokens)
-    if st.gpus and st.latency_model == "roofline":  # the GPU's rates per row
+    if st.instance_rows:  # each pool's constants whole
+        tables = [roofline_consts(make_latency_model(r) if st.latency_model == "roofline"
+                                  else None, st.max_step_tokens) for r in rows.resolved]
+        roofline = jax.tree.map(lambda *xs: jax.device_put(np.stack([np.asarray(x)
+                                                                      for x in xs])), *tables)
+    elif st.gpus and st.latency_model == "roofline":  # the GPU's rates per row
         rates = [make_latency_model(r).rates for r in rows.resolved]
         roofline = roofline._replace(**{name: jax.device_put(np.array(
             [float(getattr(x, name)) for x in rates], np.float64))
@@ -250,9 +280,11 @@ def build_consts(resolved, workload, st: EngineStatic) -> WorkloadConsts:
         gpu=jax.device_put(np.int32(hardware_code(resolved.config.hardware))),
         otp_us=jax.device_put(np.array(rows.otp_us, np.int64)),
         gpu_rows=jax.device_put(np.array(rows.codes, np.int32)),
+        instance_row=jax.device_put(np.array(st.instance_rows or (0,), np.int32)),
         pd_rank=pd_rank, pd_kv_bytes=pd_kv_bytes,
         one_e6=jax.device_put(np.float64(1e6)), one_e_6=jax.device_put(np.float64(1e-6)),
-        kv_blocks_f=jax.device_put(np.float64(st.kv_blocks)),
+        kv_blocks_f=jax.device_put(np.array(st.instance_kv_blocks, np.float64)
+                                   if st.instance_kv_blocks else np.float64(st.kv_blocks)),
         roofline=roofline,
         physics=physics_consts(model if st.latency_model == "physics" else None,
                                st.max_step_tokens, st.queue_slots),

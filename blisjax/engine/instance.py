@@ -63,12 +63,12 @@ def inject_arrival(s: SimState, st, c, i, r, now, active) -> SimState:
     if st.stateful_latency:  # physics α reads the receiving instance's state now
         if st.stretches:  # its virtual steps before now have run (cluster events come first)
             s = end_stretch(s, st, c, i, now, active)
-        inputs = (s.batch.n_run[i], s.queue.length[i], st.kv_blocks - s.kv.kv_free[i],
+        inputs = (s.batch.n_run[i], s.queue.length[i], kvblocks.capacity_of(st, i) - s.kv.kv_free[i],
                   c.input_tokens[r], kv.cached_blocks(s, st, c, i, r).count, s.batch.ema[i])
         delay = (physics.queueing_delay(c.physics, *inputs) if st.latency is None
                  else hostlatency.queueing_delay(st.latency, active, *inputs))
     else:
-        delay = queue_delay(st, c, r)
+        delay = queue_delay(st, c, r, i)
     r_or_sink = jnp.where(active, r, st.num_requests)
     arrival_event = st.lifecycle and st.blis_quirks
     if arrival_event:  # the arrival is an event of its own (``arrival``)
@@ -126,7 +126,8 @@ def enqueue(s: SimState, st, c, i, e, now, active) -> SimState:
     s = s.replace(window=s.window.replace(req=upd(s.window.req, (i, e), NIL, active)))
     # the guards count a prefill sub-request's parent's output budget (P/D)
     l_in, out = c.input_tokens[r], c.output_tokens[pd.parent_row(st, r) if st.pd else r]
-    drop = active & records.unservable(l_in, out, st.max_model_len, st.kv_blocks, st.block_size)
+    drop = active & records.unservable(l_in, out, st.max_model_len, kvblocks.capacity_of(st, i),
+                                       st.block_size)
     admitted = active & ~drop
     due_us = sessions.deadline_us(s, st, c, r)
     due = admitted & (due_us > 0) & (due_us <= now)
@@ -356,10 +357,10 @@ def enqueue_decode(s: SimState, st, c, i, r, now, active) -> SimState:
 # ---- execute (the step's duration and progress) ----------------------------------------------
 
 
-def step_duration(st, c, cm, dc):
+def step_duration(st, c, i, cm, dc):
     """max(1, trunc(((0 + β0) + β1·cm) + β2·dc)) from host-exact tables (one device add) of
-    the lane's GPU."""
-    prefill, decode = step_tables(st, c)
+    instance i (its lane's GPU, its pool)."""
+    prefill, decode = step_tables(st, c, i)
     return jnp.maximum(1, float_to_ticks_array(prefill[cm] + decode[dc], jnp))
 
 
@@ -385,12 +386,12 @@ def execute(s: SimState, st, c, i, now, n_preempted, active, width: int, factor=
     else:
         cm = jnp.sum(jnp.where((nn > 0) & (pi < l_in), nn, 0))
         dc = jnp.sum(jnp.where((nn > 0) & (pi >= l_in) & (out > 0), nn, 0))
-        d = step_duration(st, c, cm, dc)
+        d = step_duration(st, c, i, cm, dc)
     if st.tiered:  # reloads of this step's batch formation add their transfer time (§3.8)
         d = jnp.maximum(1, d + s.tier.pending_us[i])
         s = s.replace(tier=kvtier.reload_time_taken(s.tier, i, active))
     d = lifecycle.slowed(d, factor)
-    itl = d + otp(st, c)
+    itl = d + otp(st, c, i)
     on = valid & active
     dec = on & (pi >= l_in) & (nn > 0)
     new_pi = jnp.where(pi < l_in, s.computed[reqs], jnp.where(nn > 0, pi + 1, pi))
@@ -401,7 +402,7 @@ def execute(s: SimState, st, c, i, now, n_preempted, active, width: int, factor=
     first = on & (pi < l_in) & (new_pi == l_in)
     sink = st.num_requests
     r_or_sink = jnp.where(on, reqs, sink)
-    ttft = now + d + otp(st, c) - sessions.arrival_us(s, st, c, reqs)
+    ttft = now + d + otp(st, c, i) - sessions.arrival_us(s, st, c, reqs)
     s = s.replace(
         pi=s.pi.at[r_or_sink].set(new_pi),
         itl_sum=s.itl_sum.at[jnp.where(dec, reqs, sink)].add(itl),
@@ -413,13 +414,14 @@ def execute(s: SimState, st, c, i, now, n_preempted, active, width: int, factor=
         slot = c.itl_offset[reqs] + new_pi - l_in - 1  # this entry's index among r's ITLs
         s = s.replace(itl_buf=s.itl_buf.at[jnp.where(dec, slot, st.itl_capacity)].set(
             itl.astype(jnp.int32), mode="drop"))
-    used = (st.kv_blocks - s.kv.kv_free[i]).astype(jnp.int64)
+    total = kvblocks.capacity_of(st, i)
+    used = (total - s.kv.kv_free[i]).astype(jnp.int64)
     s = s.replace(
         stats=s.stats.replace(
             peak_used=upd(s.stats.peak_used, i, jnp.maximum(s.stats.peak_used[i], used), active),
             busy=add(s.stats.busy, i, d, active),
             kv_time=add(s.stats.kv_time, i, used * d, active),
-            kv_util=s.stats.kv_util.at[i, kv_util_bucket(used, st.kv_blocks)].add(
+            kv_util=s.stats.kv_util.at[i, kv_util_bucket(used, total)].add(
                       jnp.where(active, d, 0)),
             qdepth_time=add(s.stats.qdepth_time, i, s.queue.length[i].astype(jnp.int64) * d,
                             active)))
@@ -475,7 +477,7 @@ def roofline_step_us(s: SimState, st, c, i):
     run_slots = running_slots(s, st, i, st.batch_slots)
     reqs = run_slots.reqs
     nn = jnp.where(run_slots.valid, s.num_new[reqs], 0)
-    return roofline.step_time_us(roofline_of(st, c), nn, s.pi[reqs], c.input_tokens[reqs],
+    return roofline.step_time_us(roofline_of(st, c, i), nn, s.pi[reqs], c.input_tokens[reqs],
                                  c.output_tokens[reqs])
 
 
@@ -566,7 +568,7 @@ def step(s: SimState, st, c, p, i, now, active, defer: bool = False):
     # no prefill tokens, one decode token each; slowed while the instance still warms up
     # after this step's completions
     model_us = (out.outlook.step_us if st.stretch_times_vary
-                else step_duration(st, c, 0, s.batch.n_run[i]))
+                else step_duration(st, c, i, 0, s.batch.n_run[i]))
     plain_us = lifecycle.slowed(model_us, lifecycle.warm_factor(
         s, st, p, i, (s.stats.completed[i] - completed_before).astype(jnp.int32)))
     return stretch.plan(s, st, i, out.outlook, plain_us, go)

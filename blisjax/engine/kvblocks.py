@@ -62,13 +62,29 @@ class FreeList(NamedTuple):
     kv_free: jax.Array  # int32: free blocks
 
 
-def empty_free_list(st) -> FreeList:
-    """An instance's free list with every block free, in id order: blocks 0 .. K-1 under keys
-    0 .. K-1 (the initial state, and a new instance in a reused slot)."""
+def capacity(st):
+    """KV blocks of each instance: int32 [I] where P/D pools' caches differ in size
+    (``EngineStatic.instance_kv_blocks``), the int ``kv_blocks`` otherwise."""
+    if st.instance_kv_blocks:
+        return jnp.asarray(st.instance_kv_blocks, jnp.int32)
+    return st.kv_blocks
+
+
+def capacity_of(st, i):
+    """KV blocks of instance i (``capacity``)."""
+    return capacity(st)[i] if st.instance_kv_blocks else st.kv_blocks
+
+
+def empty_free_list(st, blocks=None) -> FreeList:
+    """An instance's free list with every block free, in id order: blocks 0 .. n-1 under keys
+    0 .. n-1 (the initial state, and a new instance in a reused slot); n = ``blocks``, the
+    instance's capacity (default K; the blocks past it are never free)."""
     k, ring = st.kv_blocks, ring_size(st)
-    return FreeList(fifo=jnp.where(jnp.arange(ring) < k, jnp.arange(ring), NIL).astype(jnp.int32),
-                    fkey=jnp.arange(k, dtype=jnp.int32), fhead=jnp.asarray(0, jnp.int32),
-                    ftail=jnp.asarray(k, jnp.int32), kv_free=jnp.asarray(k, jnp.int32))
+    n = k if blocks is None else blocks
+    return FreeList(fifo=jnp.where(jnp.arange(ring) < n, jnp.arange(ring), NIL).astype(jnp.int32),
+                    fkey=jnp.where(jnp.arange(k) < n, jnp.arange(k), NIL).astype(jnp.int32),
+                    fhead=jnp.asarray(0, jnp.int32), ftail=jnp.asarray(n, jnp.int32),
+                    kv_free=jnp.asarray(n, jnp.int32))
 
 
 @pytree_dataclass
@@ -97,12 +113,15 @@ class KVState:
 def init_kv(st) -> KVState:
     """Every block free in id order (``empty_free_list``), no hash slot registered."""
     i, k = st.num_instances, st.kv_blocks
-    free = empty_free_list(st)
+    if st.instance_kv_blocks:  # each instance's own capacity
+        free = jax.vmap(lambda n: empty_free_list(st, n))(capacity(st))
+    else:
+        free = jax.tree.map(lambda x: jnp.broadcast_to(x, (i, *x.shape)), empty_free_list(st))
     i32 = jnp.int32
     return KVState(
         kv_ref=jnp.zeros((i, k), i32), kv_tok=jnp.zeros((i, k), i32),
         kv_slot=jnp.full((i, k), NIL, i32),
-        **{name: jnp.broadcast_to(x, (i, *x.shape)) for name, x in free._asdict().items()},
+        **free._asdict(),
         slot_block=jnp.full(st.hash_slots + 1, NIL, i32),
         slot_seq=jnp.full(st.hash_slots + 1, -1, jnp.int64), slot_clock=jnp.asarray(0, jnp.int64),
         rel_inst=jnp.asarray(0, i32), rel_slots=jnp.zeros(DEFERRED_RELEASES, i32),
@@ -112,7 +131,7 @@ def init_kv(st) -> KVState:
 def reset_instance(kv: KVState, st, i, active) -> KVState:
     """Instance i's blocks as a new instance's where ``active``: every block free in id order,
     none registered, and its prefix groups' and sessions' hash slots cleared."""
-    free = empty_free_list(st)
+    free = empty_free_list(st, capacity_of(st, i) if st.instance_kv_blocks else None)
     g = st.num_groups * st.group_blocks_max
     mine = jnp.arange(st.group_slots) // max(g, 1) == i  # the instance's group hash slots
     shared = st.group_slots + st.session_slots  # and its sessions' (engine.sessions)

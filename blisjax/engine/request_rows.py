@@ -65,12 +65,14 @@ def queue_delays(resolved, workload) -> np.ndarray:
                     dtype=np.int64)
 
 
-def max_pending(resolved, workload) -> int:
+def max_pending(resolved, workload, others=()) -> int:
     """Most requests that can be between routing and enqueue at once, on any instance.
 
     Request r is routed at arrival + admission + routing latency (fixed offsets) and enqueued
     exactly ``queue_delay_us[r]`` later; both ends count (routing precedes enqueue at equal
     times). The slots the kernel scans per event are this bound, not the request count.
+    ``others``: resolved configurations some instances run (P/D pools of their own): each
+    request's window is then the longest of its delays under any of them.
     """
     if workload.num_requests == 0 or resolved.config.latency.model == "physics":
         return max(workload.num_requests, 1)
@@ -81,11 +83,14 @@ def max_pending(resolved, workload) -> int:
         rows.update(session=None, round_index=None, think_time_us=None)
         plain = dataclasses.replace(workload, **rows, session_names=(),
                                     session_accumulate=False)
-        return max_pending(resolved, plain) + len(workload.session_names)
+        return max_pending(resolved, plain, others) + len(workload.session_names)
     cl = resolved.config.cluster
     start = np.asarray(workload.arrival_us, np.int64) + cl.admission_latency_us \
         + cl.routing_latency_us
-    end = np.sort(start + queue_delays(resolved, workload))
+    delays = queue_delays(resolved, workload)
+    for other in others:
+        delays = np.maximum(delays, queue_delays(other, workload))
+    end = np.sort(start + delays)
     start = np.sort(start)
     # overlap peaks at some start: routed by then minus enqueued strictly before then
     live = np.searchsorted(start, start, "right") - np.searchsorted(end, start, "left")

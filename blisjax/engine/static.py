@@ -19,6 +19,7 @@ from blisjax.config.autoscale import lifecycle_configured, max_replicas
 from blisjax.config.codes import (
     CACHE_SCORERS,
     AdmissionPolicy,
+    PDRole,
     PriorityPolicy,
     RoutingPolicy,
     Scorer,
@@ -161,6 +162,13 @@ class EngineStatic:
     # base configuration's GPU and nothing per lane is compiled in (``for_hardware`` sets
     # them from a population whose lanes run others).
     gpus: tuple[str, ...] = ()
+    # P/D pools with their own TP or GPU (``cluster.pd.prefill`` / ``decode``): each
+    # instance's latency row (0 the configuration's, 1 the prefill pool's, 2 the decode
+    # pool's; the rows of ``WorkloadConsts`` as with ``gpus``) and, where the pools' KV caches
+    # differ in size, each instance's KV blocks (``kv_blocks`` is then the largest). (): one
+    # configuration for every instance, nothing per instance compiled in.
+    instance_rows: tuple[int, ...] = ()
+    instance_kv_blocks: tuple[int, ...] = ()
     initial_requests: int = 0
     num_sessions: int = 1
     session_blocks_max: int = 1
@@ -375,11 +383,7 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
                          f"workload), got {decode_stretches!r}")
     cfg = resolved.config
     pd = cfg.cluster.pd.enabled
-    for role in ("prefill", "decode"):
-        if not getattr(cfg.cluster.pd, role).empty:
-            raise ConfigError(f"cluster.pd.{role}", "P/D pools with their own TP, GPU, latency "
-                              "model or max-model-len run in the reference engine only "
-                              "(--engine reference)")
+    pools = _pool_shape(resolved)
     eng = cfg.engine
     bs = eng.block_size_tokens
     sessions = workload.has_sessions
@@ -410,14 +414,14 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
                                    cfg.cluster.node_pools, eng.tensor_parallel_size),
         num_tenants=len(workload.tenant_names),
         queue_slots=int(max(n, 1) if queue_slots is None else queue_slots),
-        pending_slots=int(max_pending(resolved, workload) if pending_slots is None
-                          else pending_slots),
+        pending_slots=int(max_pending(resolved, workload, _pool_configs(resolved))
+                          if pending_slots is None else pending_slots),
         batch_slots=eng.max_num_running_reqs,
         max_blocks_per_request=int(
             (_ceil_div(int(total.max()) + 1, bs) if n else 1) if max_blocks_per_request is None
             else max_blocks_per_request),
         max_prompt_blocks=int(full.max()) if n else 0,
-        kv_blocks=int(resolved.total_kv_blocks),
+        kv_blocks=max([int(resolved.total_kv_blocks), *pools.get("instance_kv_blocks", ())]),
         block_size=bs,
         token_budget=eng.max_num_scheduled_tokens,
         long_prefill_threshold=eng.long_prefill_token_threshold,
@@ -454,11 +458,13 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
         kv_hold_slots=(int(kv_hold_slots) if eng.kv_cpu_blocks > 0 or cpu_tier_blocks else 0)
         if cfg.compat.blis_quirks else 0,
         pd=pd,
-        pd_reserve_slots=(int(pd_reserve_slots or max(min(n, int(resolved.total_kv_blocks)), 1))
+        pd_reserve_slots=(int(pd_reserve_slots or max(min(n, max(
+            [int(resolved.total_kv_blocks), *pools.get("instance_kv_blocks", ())])), 1))
                           if pd else 0),
         pd_transfer_slots=int(pd_transfer_slots or max(n, 1)) if pd else 0,
         **_lifecycle_shape(cfg, actuation_slots, timeline_slots),
         **_session_shape(workload, bs),
+        **pools,
     )
     if cfg.cluster.gateway.enabled:
         st = with_gateway(st)
@@ -468,8 +474,58 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
     # evaluate exactly.
     on_host = (st.latency_model == "roofline"
                and not roofline_fits_the_program(model, st.max_step_tokens, int(total.max())))
+    if pools and st.latency_model == "roofline" and any(
+            not roofline_fits_the_program(make_latency_model(x), st.max_step_tokens,
+                                          int(total.max())) for x in _pool_configs(resolved)):
+        raise ConfigError("cluster.pd", "P/D pools of their own with a roofline model the "
+                          "program evaluates on the host (contexts of 2^25 tokens or more) run "
+                          "in the reference engine only (--engine reference)")
     st = dataclasses.replace(st, latency=model) if on_host else st
     return with_gpus(st, resolved, workload, gpus) if gpus else st
+
+
+def _pool_configs(resolved) -> tuple:
+    """The P/D pools' own resolved configurations (``ResolvedConfig.pools``), if any."""
+    return tuple(x for x in resolved.pools or () if x is not None)
+
+
+def _pool_shape(resolved) -> dict:
+    """``EngineStatic``'s per-instance fields for P/D pools of their own (``instance_rows``,
+    ``instance_kv_blocks``; none without). The JAX engine runs pools that differ in TP, GPU
+    and KV size; pools of another latency model, another max-model-len or physics latency it
+    refuses, naming the pool's setting."""
+    if not _pool_configs(resolved):
+        return {}
+    cfg = resolved.config
+    for role, own in zip(("prefill", "decode"), resolved.pools, strict=True):
+        if own is None:
+            continue
+        for field, ours, base in (
+                ("latency_model", own.config.latency.model, cfg.latency.model),
+                ("max_model_len", own.max_model_len, resolved.max_model_len)):
+            if ours != base:
+                raise ConfigError(f"cluster.pd.{role}.{field}", f"a pool's own {field} "
+                                  f"({ours!r}, the configuration's {base!r}) runs in the "
+                                  "reference engine only (--engine reference)")
+        if cfg.latency.model == "physics":
+            raise ConfigError(f"cluster.pd.{role}", "P/D pools of their own with physics "
+                              "latency run in the reference engine only (--engine reference)")
+    n = max_replicas(cfg.policy.autoscaler, cfg.cluster.num_instances, cfg.cluster.node_pools,
+                     cfg.engine.tensor_parallel_size)
+    pd = cfg.cluster.pd
+    rows = tuple(0 if resolved.for_instance(i) is resolved
+                 else 1 if i < pd.prefill_instances else 2 for i in range(n))
+    blocks = tuple(int(resolved.for_instance(i).total_kv_blocks) for i in range(n))
+    return dict(instance_rows=rows,
+                instance_kv_blocks=blocks if len(set(blocks)) > 1 else ())
+
+
+def pool_row_configs(resolved) -> list:
+    """The resolved configuration of each latency row of ``EngineStatic.instance_rows``:
+    the configuration's, the prefill pool's, the decode pool's (the configuration's where a
+    pool has no settings of its own)."""
+    pools = resolved.pools or (None, None)
+    return [resolved, *(resolved if x is None else x for x in pools)]
 
 
 def gpu_resolved(resolved, name: str):
@@ -503,6 +559,10 @@ def with_gpus(st: EngineStatic, resolved, workload, names) -> EngineStatic:
     wanted = sorted(set(st.gpus) | set(names) | {base}, key=hardware_code)
     if tuple(wanted) == st.gpus or (not st.gpus and wanted == [base]):
         return st
+    if st.instance_rows:
+        raise ConfigError("hardware", "per-lane GPU types with P/D pools of their own "
+                          "(cluster.pd.prefill / decode) run in the reference engine only "
+                          "(--engine reference)")
     if len({hardware_code(x) for x in wanted}) != len(wanted):
         raise ConfigError("hardware", f"GPU types {wanted} include two outside the shipped "
                           "table: a lane's GPU type must be a shipped one")
@@ -562,6 +622,22 @@ def _check_sized(st: EngineStatic) -> bool:
     return True
 
 
+def _check_pool_rows(st: EngineStatic, params) -> None:
+    """ConfigError unless every lane's split puts each instance in a pool of the settings the
+    program holds for it (``instance_rows``: pools of their own are the base
+    configuration's)."""
+    rows = np.asarray(st.instance_rows)
+    role = np.atleast_2d(np.asarray(params.pd.role))[:, :rows.size]
+    prefill = 1 if 1 in st.instance_rows else 0
+    decode = 2 if 2 in st.instance_rows else 0
+    lane_rows = np.where(role == int(PDRole.PREFILL), prefill,
+                         np.where(role >= int(PDRole.DECODE), decode, 0))
+    if not (np.all(np.asarray(params.pd.pools)) and np.all(lane_rows == rows[None, :])):
+        raise ConfigError("cluster.pd", "with P/D pools of their own settings "
+                          "(cluster.pd.prefill / decode) every lane keeps the base "
+                          "configuration's split of the instances into pools")
+
+
 def with_program_sites(st: EngineStatic, sites) -> EngineStatic:
     """``st`` with the program interpreters of ``sites`` (and those it has) compiled in, and a
     routing program's cache query; a search over programs builds its program so, once, for
@@ -595,6 +671,8 @@ def for_lanes(st: EngineStatic, params) -> EngineStatic:
             st = dataclasses.replace(st, sized_lanes=_check_sized(st))
     if bool(np.any(np.asarray(params.gateway.on))):
         st = with_gateway(st)
+    if st.instance_rows:
+        _check_pool_rows(st, params)
     cpu = int(np.max(np.asarray(params.kv_cpu_blocks), initial=0))
     if cpu > st.cpu_tier_blocks:  # a lane sizes a CPU tier larger than the base's
         st = dataclasses.replace(st, cpu_tier_blocks=cpu)

@@ -170,11 +170,11 @@ def outlook(s: SimState, st, c, i, keep, slots, pi, l_in, out) -> BatchOutlook:
     if st.stretch_times_vary:  # evaluated only when some lane may plan
         wanted = decoding & (s.queue.length[i] == 0) & jnp.any(keep)
         times = lane_once(wanted, lambda times, go: plain_step_times(
-            st, c, keep, pi, l_in, out, s.batch.ema[i]), times)
+            st, c, i, keep, pi, l_in, out, s.batch.ema[i]), times)
     return BatchOutlook(decoding, plain, cum, *times)
 
 
-def plain_step_times(st, c, keep, pi, l_in, out, ema):
+def plain_step_times(st, c, i, keep, pi, l_in, out, ema):
     """(int64 µs [VARYING_PLAN], float64 EMA [VARYING_PLAN + 1] or [0]): the model's times of
     the plain steps k = 0, 1, … of the requests ``keep`` (progress ``pi`` after the step just
     run; [width] like ``outlook``'s), each decoding one token at progress pi + k; with
@@ -183,7 +183,8 @@ def plain_step_times(st, c, keep, pi, l_in, out, ema):
         return physics.plain_step_times(c.physics, keep, pi, l_in, out, ema, VARYING_PLAN)
     k = jnp.arange(VARYING_PLAN, dtype=pi.dtype)[:, None]
     nn = jnp.broadcast_to(keep.astype(jnp.int32), (VARYING_PLAN, keep.shape[0]))
-    return (roofline.step_time_us(roofline_of(st, c), nn, pi[None, :] + k, l_in[None, :], out[None, :]),
+    return (roofline.step_time_us(roofline_of(st, c, i), nn, pi[None, :] + k, l_in[None, :],
+                                  out[None, :]),
             jnp.zeros(0, jnp.float64))
 
 
@@ -290,7 +291,7 @@ def kv_used_at(s: SimState, st, now):
     done = _steps_before(s, st, now, False)
     pending = jnp.where(s.batch.step_time >= 0, done, 0)
     grown = blocks_taken(s.stretch.cum, s.batch.n_run, pending, st.block_size)
-    return st.kv_blocks - s.kv.kv_free + grown
+    return kvblocks.capacity(st) - s.kv.kv_free + grown
 
 
 # ---- applying virtual steps -------------------------------------------------------------------
@@ -372,7 +373,7 @@ def _apply(s: SimState, st, c, i, kc, go, width: int) -> SimState:
     count = jnp.sum(fresh, dtype=jnp.int32)
     # KV block-time of the kc steps: the blocks in use before the pass for all of them, and
     # each fresh block from its step (``spare``) on — the reference's Σ used × d step by step
-    used0 = (st.kv_blocks - s.kv.kv_free[i]).astype(jnp.int64)
+    used0 = (kvblocks.capacity_of(st, i) - s.kv.kv_free[i]).astype(jnp.int64)
     kv_time = used0 * span + jnp.sum(jnp.where(fresh, span - times.after(spare), 0),
                                      dtype=jnp.int64)
     # each step's time by the whole percent of the blocks in use then (the fresh blocks taken
@@ -401,7 +402,7 @@ def _apply(s: SimState, st, c, i, kc, go, width: int) -> SimState:
         s = _hash_slot_ops(s, st, i, fresh, b, width)
     grown = jnp.where(valid, kc, 0)  # the sink row (invalid positions) gets nothing
     # each step adds its time plus the output-token processing time to every ITL sum
-    itl_total = span + kc.astype(jnp.int64) * otp(st, c)
+    itl_total = span + kc.astype(jnp.int64) * otp(st, c, i)
     s = s.replace(
         pi=s.pi.at[reqs].add(grown), computed=s.computed.at[reqs].add(grown),
         num_new=s.num_new.at[reqs].set(jnp.where(valid, 1, 0)),
@@ -414,12 +415,13 @@ def _apply(s: SimState, st, c, i, kc, go, width: int) -> SimState:
         k = jnp.arange(chunk_steps(st), dtype=jnp.int32)
         entry = c.itl_offset[reqs][:, None] + (pi0 - c.input_tokens[reqs])[:, None] + k[None, :]
         write = valid[:, None] & (k[None, :] < kc)
-        itl = (times.step_us() + otp(st, c)).astype(jnp.int32)
+        itl = (times.step_us() + otp(st, c, i)).astype(jnp.int32)
         if st.stretch_times_vary:
             itl = jnp.broadcast_to(itl, write.shape)
         s = s.replace(itl_buf=s.itl_buf.at[jnp.where(write, entry, st.itl_capacity)].set(
             itl, mode="drop"))
-    used = (st.kv_blocks - s.kv.kv_free[i]).astype(jnp.int64)
+    total = kvblocks.capacity_of(st, i)
+    used = (total - s.kv.kv_free[i]).astype(jnp.int64)
     if st.stretch_times_vary:  # the plan's offsets from the next virtual step on
         later = jnp.minimum(jnp.arange(VARYING_PLAN + 1) + kc, VARYING_PLAN)
         s = s.replace(stretch=s.stretch.replace(offset=s.stretch.offset.at[i].set(
@@ -440,7 +442,7 @@ def _apply(s: SimState, st, c, i, kc, go, width: int) -> SimState:
             steps=add(s.stats.steps, i, kc.astype(jnp.int64), go),
             busy=add(s.stats.busy, i, span, go),
             kv_time=add(s.stats.kv_time, i, kv_time, go),
-            kv_util=s.stats.kv_util.at[i, kv_util_bucket(used_k, st.kv_blocks)].add(step_k),
+            kv_util=s.stats.kv_util.at[i, kv_util_bucket(used_k, total)].add(step_k),
             peak_used=upd(s.stats.peak_used, i, jnp.maximum(s.stats.peak_used[i], used), go)),
         run=s.run.replace(iters=s.run.iters + kc.astype(jnp.int64),
                           stretched=s.run.stretched + kc.astype(jnp.int64)))

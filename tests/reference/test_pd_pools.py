@@ -172,10 +172,3 @@ def test_each_instance_is_priced_by_its_pool():
     assert cost_metrics(two_hours, CostBasis(1, 1.0, ((2, 3.0), (1, 2.0)))) == {
         "gpu_hours": 6.0, "cost": 2 * 2 * 3.0 + 2 * 2.0}
 
-
-def test_the_jax_engine_refuses_pool_settings():
-    from blisjax.engine.static import build_static
-
-    r = resolve_config(_pools(ROOFLINE, decode={"hardware": "A100-80"}))
-    with pytest.raises(ConfigError, match="cluster.pd.decode: P/D pools with their own"):
-        build_static(r, make_workload([dict(arrival=0, input=16, output=1)]))
