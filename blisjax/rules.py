@@ -59,6 +59,19 @@ def instance_variants(pools, hardware: str, cost_per_hour: float, tp: int) -> li
     return out
 
 
+def speed_gpu(gpu_type: str, hardware: str, blis_quirks: bool) -> str:
+    """The GPU whose latency an instance placed on a node pool of ``gpu_type`` runs with: the
+    pool's, where the hardware table knows it, else the configuration's ``hardware`` (an
+    unknown label changes the instance's cost only). With ``blis_quirks`` always the
+    configuration's: BLIS labels the instance with the pool's GPU and keeps the CLI GPU's
+    calibration and coefficients (docs/semantics.md Decision 12)."""
+    from blisjax.config.hardware import shipped_hardware
+
+    if blis_quirks or gpu_type not in shipped_hardware():
+        return hardware
+    return gpu_type
+
+
 def variant_of(variants: list[Variant], gpu_type: str) -> int:
     """The index of the variant of ``gpu_type``."""
     return next(v for v, x in enumerate(variants) if x.gpu_type == gpu_type)

@@ -85,7 +85,9 @@ class NodePool:
 
     Attributes:
       name: pool name (unique); its nodes are ``<name>-<k>``.
-      gpu_type: GPU label of its nodes (instances keep ``hardware``'s performance).
+      gpu_type: GPU of its nodes: an instance placed there runs at that GPU's speed where the
+        hardware table knows it (its roofline rates, its shipped coefficients), else at
+        ``hardware``'s; with ``--blis-quirks`` always at ``hardware``'s, as BLIS.
       gpus_per_node: GPUs per node, >= 1.
       gpu_memory_gib: memory per GPU, GiB, > 0 (sizes the KV cache when
         ``engine.total_kv_blocks`` is not given).

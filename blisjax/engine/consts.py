@@ -183,6 +183,8 @@ def check_gpus(st: EngineStatic, consts: WorkloadConsts, params) -> None:
     """ConfigError unless every lane's GPU type has its rows in ``consts`` (host-side)."""
     have = {int(x) for x in np.asarray(consts.gpu_rows)}
     lanes = {int(x) for x in np.unique(np.asarray(params.gpu))}
+    if st.variant_speed:  # the instances' variants' GPUs
+        lanes |= {int(x) for x in np.unique(np.asarray(params.lifecycle.variant_gpu))}
     missing = sorted(lanes - have)
     if missing:
         names = shipped_hardware()

@@ -57,6 +57,7 @@ def inject_arrival(s: SimState, st, c, i, r, now, active) -> SimState:
     """Routing hands request row r to instance i at ``now`` (``Instance.inject_arrival``): it
     is counted in flight and enters the α-delay window, to be enqueued after its queueing
     delay (computed now: the arrival event's time)."""
+    c = lifecycle.instance_consts(s, st, c, i)  # its variant's speed
     e = jnp.argmax(s.window.req[i] == NIL)
     has_room = s.window.req[i, e] == NIL
     ok = active & has_room
@@ -92,6 +93,7 @@ def inject_arrival(s: SimState, st, c, i, r, now, active) -> SimState:
 def end_stretch(s: SimState, st, c, i, now, active, inclusive: bool = False) -> SimState:
     """Instance i's virtual steps before ``now`` (or at it, if ``inclusive``) happen, the rest
     of its plan is dropped: its next step runs on its own (``stretch.materialize``)."""
+    c = lifecycle.instance_consts(s, st, c, i)  # its variant's speed
     s = stretch.materialize(s, st, c, i, now, active, step_widths(st, PHASE1_PER_OCTAVE),
                             inclusive=inclusive)
     return s.replace(stretch=s.stretch.replace(steps=upd(s.stretch.steps, i, 0, active)))
@@ -518,6 +520,7 @@ def step(s: SimState, st, c, p, i, now, active, defer: bool = False):
     carries the preemption loop and costs compile time for little run time
     (docs/performance.md, What the engine does for speed; Ideas tried and not kept).
     """
+    c = lifecycle.instance_consts(s, st, c, i)  # its variant's speed
     if st.stretches:  # the virtual steps before this one happen first
         s = stretch.materialize(s, st, c, i, now, active, step_widths(st, PHASE1_PER_OCTAVE))
     idle = (s.batch.n_run[i] == 0) & (s.queue.length[i] == 0)

@@ -24,6 +24,7 @@ import numpy as np
 
 from blisjax.config.autoscale import max_replicas
 from blisjax.config.codes import AutoscalerPolicy, DrainPolicy, InstanceState
+from blisjax.config.hardware import hardware_code
 from blisjax.engine import sessions
 from blisjax.engine.exactfloat import exact_mul, ieee_divide
 from blisjax.engine.lockstep import add, upd
@@ -37,6 +38,7 @@ from blisjax.rules import (
     cost_order,
     delay_us,
     instance_variants,
+    speed_gpu,
     uses_lifecycle,
 )
 
@@ -54,7 +56,9 @@ class LifecycleState:
     """One lane's lifecycle and autoscaler state ([1] placeholders without lifecycles).
 
     Per slot [I]: ``state`` (int8), ``placed_us``, ``node`` (-1 without pools),
-    ``cost_per_hour``, ``variant``, ``warm_left`` (completions left to warm up),
+    ``cost_per_hour``, ``variant``, ``gpu`` (the ``hardware_code`` of the GPU whose latency
+    its instance runs: its variant's, ``EngineStatic.variant_speed``), ``warm_left``
+    (completions left to warm up),
     ``replica_us`` and ``cost`` (held time and its cost, settled at termination),
     ``placements``, ``dropped_at_drain``, ``ready_us``/``ready_seq`` (its pending provisioned
     or loaded event; INT64_MAX: none), ``snap_used`` (KV blocks in use, the router snapshot's).
@@ -70,6 +74,7 @@ class LifecycleState:
     node: jax.Array
     cost_per_hour: jax.Array
     variant: jax.Array
+    gpu: jax.Array
     warm_left: jax.Array
     replica_us: jax.Array
     cost: jax.Array
@@ -193,6 +198,8 @@ def lifecycle_params(cfg) -> tuple[dict, dict]:
         pool_variant=i32([next(v for v, x in enumerate(variants) if x.gpu_type == p.gpu_type)
                           for p in pool_list] or [0]),
         variant_cost=f64([v.cost_per_hour for v in variants]),
+        variant_gpu=i32([hardware_code(speed_gpu(v.gpu_type, cfg.hardware,
+                                                 cfg.compat.blis_quirks)) for v in variants]),
         variant_order=i32(order),
     )
     return autoscaler, lifecycle
@@ -223,7 +230,8 @@ def init_lifecycle(st, p) -> LifecycleState:
             pool_nodes = pool_nodes.at[k].set(n0)
     life = LifecycleState(
         state=jnp.zeros(i, jnp.int8), placed_us=jnp.full(i, -1, I64), node=jnp.full(i, NIL, I32),
-        cost_per_hour=z(i, F64), variant=z(i, I32), warm_left=z(i, I32), replica_us=z(i),
+        cost_per_hour=z(i, F64), variant=z(i, I32), gpu=z(i, I32), warm_left=z(i, I32),
+        replica_us=z(i),
         cost=z(i, F64), placements=z(i, I32), dropped_at_drain=z(i),
         ready_us=jnp.full(i, INT64_MAX, I64), ready_seq=z(i), snap_used=z(i, I32),
         node_free=node_free, node_ready_us=node_ready, pool_nodes=pool_nodes,
@@ -404,7 +412,8 @@ def place_instance(life: LifecycleState, st, p, k, variant, now, initial: bool, 
                         node=upd(life.node, k, node, ok),
                         placements=add(life.placements, k, 1, ok),
                         cost_per_hour=upd(life.cost_per_hour, k, cost, ok),
-                        variant=upd(life.variant, k, var, ok))
+                        variant=upd(life.variant, k, var, ok),
+                        gpu=upd(life.gpu, k, p.lifecycle.variant_gpu[var], ok))
     # BLIS starts initial instances ready without node pools, whatever its lifecycle says
     warm_start = p.lifecycle.warm_start | (st.blis_quirks and not st.num_pools)
     warm = ok & warm_start if initial else jnp.asarray(False)
@@ -473,6 +482,13 @@ def ready_event(life: LifecycleState, st, p, now, go) -> LifecycleState:
     life = life.replace(ready_us=upd(life.ready_us, k, INT64_MAX, go))
     life = start_loading(life, st, p, k, now, go & scheduling)
     return _ready(life, st, p, k, now, go & ~scheduling)
+
+
+def instance_consts(s: SimState, st, c, i):
+    """The constants instance i reads: with variants of their own speed
+    (``EngineStatic.variant_speed``) the latency rows of its GPU (``LifecycleState.gpu``,
+    ``consts.queue_delay`` & co. read ``c.gpu``); ``c`` itself otherwise."""
+    return c.replace(gpu=s.life.gpu[i]) if st.variant_speed else c
 
 
 def warm_factor(s: SimState, st, p, i, completions=0):

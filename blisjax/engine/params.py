@@ -154,6 +154,7 @@ class LifecycleParams:
     pool_cost: jax.Array
     pool_variant: jax.Array
     variant_cost: jax.Array
+    variant_gpu: jax.Array  # int32 [V]: hardware code of the GPU each variant runs at
     variant_order: jax.Array
 
 

@@ -169,6 +169,10 @@ class EngineStatic:
     # configuration for every instance, nothing per instance compiled in.
     instance_rows: tuple[int, ...] = ()
     instance_kv_blocks: tuple[int, ...] = ()
+    # Instance variants of their own speed (node pools of a GPU the hardware table knows,
+    # ``rules.speed_gpu``): each instance reads the ``gpus`` rows of its variant's GPU
+    # (``LifecycleState.gpu``, ``lifecycle.instance_consts``) instead of its lane's.
+    variant_speed: bool = False
     initial_requests: int = 0
     num_sessions: int = 1
     session_blocks_max: int = 1
@@ -481,7 +485,38 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
                           "program evaluates on the host (contexts of 2^25 tokens or more) run "
                           "in the reference engine only (--engine reference)")
     st = dataclasses.replace(st, latency=model) if on_host else st
-    return with_gpus(st, resolved, workload, gpus) if gpus else st
+    st = with_gpus(st, resolved, workload, gpus) if gpus else st
+    return with_variant_speed(st, resolved, workload, _variant_gpus(cfg))
+
+
+def _variant_gpus(cfg) -> list[str]:
+    """The GPUs other than ``cfg.hardware`` whose speed instance variants run at."""
+    from blisjax.rules import instance_variants, speed_gpu, uses_lifecycle
+
+    if not uses_lifecycle(cfg):
+        return []
+    variants = instance_variants(cfg.cluster.node_pools, cfg.hardware,
+                                 cfg.cluster.lifecycle.cost_per_hour,
+                                 cfg.engine.tensor_parallel_size)
+    speeds = {speed_gpu(v.gpu_type, cfg.hardware, cfg.compat.blis_quirks) for v in variants}
+    return sorted(speeds - {cfg.hardware})
+
+
+def with_variant_speed(st: EngineStatic, resolved, workload, names) -> EngineStatic:
+    """``st`` with the latency rows of GPUs ``names`` and each instance reading its variant's
+    (``variant_speed``); ``st`` itself without names."""
+    if not names:
+        return st
+    if st.latency_model == "physics" or st.latency is not None:
+        what = "physics latency" if st.latency_model == "physics" \
+            else "a roofline model the program evaluates on the host"
+        raise ConfigError("cluster.node_pools", f"instances of another GPU's speed with {what} "
+                          "run in the reference engine only (--engine reference)")
+    try:
+        st = with_gpus(st, resolved, workload, names)
+    except ConfigError as err:
+        raise ConfigError("cluster.node_pools", f"{err.path}: {err.problem}") from None
+    return st if st.variant_speed else dataclasses.replace(st, variant_speed=True)
 
 
 def _pool_configs(resolved) -> tuple:
@@ -585,7 +620,15 @@ def for_hardware(st: EngineStatic, resolved, workload, params) -> EngineStatic:
     names = shipped_hardware()
     codes = {int(x) for x in np.unique(np.asarray(params.gpu))}
     lanes = [names[k] if k < len(names) else resolved.config.hardware for k in sorted(codes)]
-    return with_gpus(st, resolved, workload, lanes)
+    st = with_gpus(st, resolved, workload, lanes)
+    if not st.lifecycle:
+        return st
+    # instance variants of their own speed (``rules.speed_gpu``) in some lane
+    gpu = np.asarray(params.gpu).reshape(-1, 1)
+    variant = np.asarray(params.lifecycle.variant_gpu).reshape(gpu.shape[0], -1)
+    other = {int(x) for x in np.unique(variant[variant != gpu])}
+    return with_variant_speed(st, resolved, workload,
+                              [names[k] for k in sorted(other) if k < len(names)])
 
 
 def _lifecycle_shape(cfg, actuation_slots: int | None, timeline_slots: int | None) -> dict:

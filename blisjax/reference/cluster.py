@@ -11,11 +11,13 @@ among instances the lowest index first. Events past the horizon are never execut
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 
 import numpy as np
 
 from blisjax.blockhash import CHAIN_SEED, block_code, chain, content_code
+from blisjax.config import ConfigError, resolve_config
 from blisjax.config.autoscale import max_replicas
 from blisjax.config.codes import SchedulerPolicy
 from blisjax.latency import make_latency_model
@@ -89,6 +91,9 @@ class ClusterSimulator:
         # each instance runs its P/D pool's configuration (``ResolvedConfig.for_instance``)
         own = [resolved.for_instance(i) for i in range(n_inst)]
         latency = {id(x): make_latency_model(x) for x in own}
+        self.resolved = resolved
+        self._latency_by_gpu = {cfg.hardware: latency[id(resolved)]} if id(resolved) in latency \
+            else {}
         self.instances = [
             Instance(i, engine=cfg.engine, total_kv_blocks=own[i].total_kv_blocks,
                      max_model_len=own[i].max_model_len, latency=latency[id(own[i])],
@@ -173,6 +178,23 @@ class ClusterSimulator:
         for i in np.flatnonzero(w.session >= 0).tolist():
             reqs[i].session, reqs[i].session_tokens = int(w.session[i]), int(shared[i])
         return reqs
+
+    def latency_on(self, gpu: str):
+        """The latency model of this configuration on GPU ``gpu`` (an instance placed on a node
+        pool of that GPU): the configuration resolved again with ``hardware: gpu``.
+
+        Raises:
+          ConfigError: naming ``cluster.node_pools`` where that configuration does not resolve
+            (e.g. no shipped blackbox coefficients for the GPU)."""
+        if gpu not in self._latency_by_gpu:
+            cfg = self.resolved.config
+            try:
+                other = resolve_config(dataclasses.replace(cfg, hardware=gpu))
+            except ConfigError as err:
+                raise ConfigError("cluster.node_pools", f"an instance on a {gpu!r} node runs "
+                                  f"at that GPU's speed: {err}") from None
+            self._latency_by_gpu[gpu] = make_latency_model(other)
+        return self._latency_by_gpu[gpu]
 
     def _hash_of(self, req: SimRequest, j: int) -> int:
         """Chained hash of block j of ``req`` (prompt and output blocks), computed lazily."""

@@ -43,6 +43,7 @@ class Instance:
         self.long_prefill_threshold = engine.long_prefill_token_threshold
         self.preemption_policy = PreemptionPolicy.of(engine.preemption_policy)
         self.max_model_len = max_model_len
+        self.own_latency = latency  # its configuration's (``set_latency``)
         self.latency = latency
         self.otp_us = latency.output_token_processing_us
         self.post_decode_us = latency.post_decode_overhead_us
@@ -106,6 +107,14 @@ class Instance:
                        engine.enable_prefix_caching, hash_at=self.hash_at)
 
     # ---- lifecycle (Decision 16) -----------------------------------------------------------
+    def set_latency(self, latency) -> None:
+        """The latency model of the instance placed in this slot: its node pool's GPU's, or
+        (None) its configuration's."""
+        latency = self.own_latency if latency is None else latency
+        self.latency = latency
+        self.otp_us = latency.output_token_processing_us
+        self.post_decode_us = latency.post_decode_overhead_us
+
     def restart(self) -> None:
         """A new instance in this slot: empty caches and no preemption history; the slot's
         counters carry on."""

@@ -34,7 +34,7 @@ from blisjax.reference.events import (
     EV_SCALE_ACTUATION,
     EV_SCALING_TICK,
 )
-from blisjax.rules import delay_us, held_cost, instance_variants, variant_of
+from blisjax.rules import delay_us, held_cost, instance_variants, speed_gpu, variant_of
 
 if TYPE_CHECKING:
     from blisjax.reference.cluster import ClusterSimulator
@@ -173,6 +173,11 @@ class Lifecycle:
         self.warm_up_routed: list[list[int]] = [[] for _ in sim.instances]
         self.autoscaler = (Autoscaler(self.autoscale_cfg, self.variants, sim.block_size)
                            if self.autoscale_cfg.enabled else None)
+        # each variant's speed: its GPU's where the hardware table knows it (``speed_gpu``);
+        # None: the configuration's GPU, the instance's own latency model
+        speeds = [speed_gpu(v.gpu_type, cfg.hardware, self.blis_quirks) for v in self.variants]
+        self.variant_latency = [None if gpu == cfg.hardware else sim.latency_on(gpu)
+                                for gpu in speeds]
         for i in range(self.initial_instances):
             placed = self._place(i, None, 0, initial=True)
             assert placed, "the initial nodes hold the initial instances (config check)"
@@ -203,6 +208,7 @@ class Lifecycle:
         if s.placements > 1:  # a reused slot: a new instance with cold caches
             sim.instances[slot].restart()
             sim.router.forget_instance(slot)
+        sim.instances[slot].set_latency(self.variant_latency[s.variant])
         # BLIS starts initial instances ready without node pools, whatever its lifecycle says
         warm = self.config.warm_start_initial_instances or (self.blis_quirks and not self.pools)
         if initial and warm:
