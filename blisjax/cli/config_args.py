@@ -160,7 +160,9 @@ def generated_workload(args: Any, cfg: SimConfig) -> WorkloadChoice:
             else ConfigError(text) from None
 
 
-def trace_workload(args: Any) -> WorkloadChoice:
+def trace_workload(args: Any, seed: int = 42) -> WorkloadChoice:
+    """The trace of ``--trace-header``/``--trace-data``, replayed as ``--session-mode`` says;
+    ``seed`` (the configuration's) seeds think times drawn from ``--think-time-dist``."""
     with reading("--trace-header", args.trace_header):
         from blisjax.workload.trace import read_trace_header
 
@@ -170,9 +172,22 @@ def trace_workload(args: Any) -> WorkloadChoice:
     if think_ms is not None and (mode != "closed-loop" or think_ms < 0):
         raise ConfigError("--think-time-ms", "needs --session-mode closed-loop and a value "
                           f">= 0, got {think_ms}")
+    dist_spec = getattr(args, "think_time_dist", None)
+    dist = None
+    if dist_spec is not None:
+        if mode != "closed-loop" or think_ms is not None:
+            raise ConfigError("--think-time-dist", "needs --session-mode closed-loop and no "
+                              "--think-time-ms")
+        from blisjax.workload.think import parse_think_time_dist
+
+        try:
+            dist = parse_think_time_dist(dist_spec)
+        except ValueError as err:
+            raise ConfigError("--think-time-dist", str(err)) from None
     with reading("--trace-data", args.trace_data):
         workload = read_trace(args.trace_header, args.trace_data, session_mode=mode,
-                              think_time_us=None if think_ms is None else think_ms * 1000)
+                              think_time_us=None if think_ms is None else think_ms * 1000,
+                              think_time_dist=dist, seed=seed)
     if workload.num_requests == 0:
         warn(f"--trace-data {args.trace_data}: the trace has no requests (a header line "
               "only); every count below is 0")

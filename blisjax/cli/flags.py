@@ -223,6 +223,10 @@ def add_trace_inputs(p: argparse.ArgumentParser, required: bool) -> None:
     p.add_argument("--think-time-ms", type=int, metavar="MS",
                    help="closed-loop: every follow-up's think time, ms (default: the trace's "
                         "think_time_us column, else its arrival gaps)")
+    p.add_argument("--think-time-dist", metavar="SPEC",
+                   help="closed-loop: follow-ups' think times drawn from a distribution, "
+                        "e.g. lognormal:mu=2.0,sigma=0.6,min=3s,max=30s or "
+                        "constant:value=500ms (not with --think-time-ms)")
 
 
 def add_adapter_scoring(p: argparse.ArgumentParser, objective: str) -> None:

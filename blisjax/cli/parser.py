@@ -59,9 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_trace_flags(replay)
     add_physics_flags(replay)
     add_blis_flags(replay)
-    _set_help(replay, "--seed", "accepted so BLIS replay command lines run unchanged; it changes "
-                                "nothing here (the trace fixes every request, and blisjax's "
-                                "engines draw no random numbers)")
+    _set_help(replay, "--seed", "master seed: the routers' random tie-breaks and think times "
+                                "drawn from --think-time-dist (the trace fixes every request)")
     add_capacity_flags(replay)
 
     parity = command("parity", "run both engines on one configuration and report "

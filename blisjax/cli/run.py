@@ -70,7 +70,7 @@ def cmd_run(args: Any) -> int:
 def cmd_replay(args: Any) -> int:
     _check_run_flags(args)
     cfg, base = config_from_args(args)
-    return simulate_and_report(args, cfg, trace_workload(args), base)
+    return simulate_and_report(args, cfg, trace_workload(args, cfg.seed), base)
 
 
 def cmd_parity(args: Any) -> int:
@@ -82,7 +82,7 @@ def cmd_parity(args: Any) -> int:
         raise ConfigError(missing, "is required with "
                           f"{'--trace-header' if args.trace_header else '--trace-data'}")
     cfg, base = config_from_args(args)
-    choice = trace_workload(args) if trace_given else generated_workload(args, cfg)
+    choice = trace_workload(args, cfg.seed) if trace_given else generated_workload(args, cfg)
     workload = choice.workload
     check_latency_model(args, cfg)
     from blisjax.engine.parity import first_divergence

@@ -17,7 +17,8 @@ Column meaning as BLIS replay reads them (``LoadTraceV2Requests``):
   sorted by ``round_index``, which must be 0, 1, …; a follow-up's think time is
   ``think_time_us`` (constant) if given, else its row's optional ``think_time_us`` column when a
   round ≥ 1 of its session has a non-zero one (negative values count as 0), else the gap between
-  its row's and its predecessor's ``arrival_time_us`` (at least 0). Tenant, client, SLO class
+  its row's and its predecessor's ``arrival_time_us`` (at least 0); or drawn from a think-time
+  distribution (``think_time_dist``, BLIS's ``--think-time-dist``). Tenant, client, SLO class
   and prefix group come from round 0. Header ``session_context_growth: accumulate`` makes a
   follow-up's prompt the conversation so far plus its message.
 
@@ -38,7 +39,7 @@ import tempfile
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import yaml
@@ -52,6 +53,13 @@ from blisjax.workload.types import (
     SLO_CLASSES,
     Workload,
 )
+
+if TYPE_CHECKING:
+    from blisjax.gorand import GoRand
+    from blisjax.workload.think import ThinkTimeDist
+
+#: BLIS draws each random token id as ``Intn(TOKEN_VOCABULARY)``.
+TOKEN_VOCABULARY = 128_000
 
 #: Exactly the columns of a BLIS TraceV2 CSV, in order.
 TRACE_COLUMNS: tuple[str, ...] = (
@@ -288,13 +296,17 @@ def read_trace(
     use_send_time: bool = False,
     session_mode: str = "fixed",
     think_time_us: int | None = None,
+    think_time_dist: ThinkTimeDist | None = None,
+    seed: int = 42,
 ) -> Workload:
     """Read a BLIS TraceV2 trace into a ``Workload`` (rows sorted stably by arrival).
 
     ``session_mode`` is ``"fixed"`` (every row an open-loop request) or ``"closed-loop"``
     (sessions replayed closed-loop; see the module docstring); ``think_time_us`` (closed-loop
-    only, >= 0) replaces every follow-up's think time. Raises ValueError naming the file, line
-    and column of the first invalid value, or the argument.
+    only, >= 0) replaces every follow-up's think time, or ``think_time_dist`` draws each from
+    its session's random source (``blisjax.workload.think``; BLIS's sources, seeded from
+    ``seed`` as BLIS's ``--seed``). Raises ValueError naming the file, line and column of the
+    first invalid value, or the argument.
     """
     if session_mode not in SESSION_MODES:
         raise ValueError(f"session_mode: must be one of {', '.join(SESSION_MODES)}, "
@@ -302,6 +314,10 @@ def read_trace(
     if think_time_us is not None and (session_mode != "closed-loop" or think_time_us < 0):
         raise ValueError("think_time_us: needs session_mode 'closed-loop' and a value >= 0, "
                          f"got {think_time_us!r} with {session_mode!r}")
+    if think_time_dist is not None and (session_mode != "closed-loop"
+                                        or think_time_us is not None):
+        raise ValueError("think_time_dist: needs session_mode 'closed-loop' and no "
+                         "think_time_us")
     header = read_trace_header(header_path)
     where = os.fspath(data_path)
     cols = _read_columns(data_path, use_send_time)
@@ -348,7 +364,8 @@ def read_trace(
         names, codes = _codes([cols.session[i] for i in rows if cols.session[i]])
         session = np.full(len(rows), -1, dtype=np.int32)
         session[[k for k, i in enumerate(rows) if cols.session[i]]] = codes
-        think = sessions.think_times(cols, think_time_us)
+        think = sessions.think_times(cols, think_time_us) if think_time_dist is None \
+            else sessions.drawn_think_times(cols, think_time_dist, seed, group_length)
         session_fields = dict(
             session=session, round_index=take(cols.round_index) * (session >= 0),
             think_time_us=np.asarray([think.get(int(i), 0) for i in rows], dtype=np.int64),
@@ -428,6 +445,35 @@ class _Sessions:
                           for a, b in zip(rows[:-1], follow, strict=True)]
             out.update(zip(follow, values, strict=True))
         return out
+
+
+    def drawn_think_times(self, cols: _Columns, dist: ThinkTimeDist, seed: int,
+                          group_length: dict[str, int]) -> dict[int, int]:
+        """Think time before each follow-up row drawn from ``dist`` as BLIS's replay draws it
+        (``LoadTraceV2SessionBlueprints``, ``SessionManager.OnComplete``): a master source
+        seeded with ``seed`` draws each prefix group's tokens (groups in order of first
+        appearance), then one seed per session (in session order); a session's source draws
+        its round 0's prompt and output tokens, then, for each later round, the think time
+        before that round's message and output tokens. A token is one ``Intn(128000)``."""
+        from blisjax.gorand import GoRand  # gorand imports the workload package
+
+        master = GoRand(seed)
+        for length in group_length.values():
+            _draw_tokens(master, length)
+        out: dict[int, int] = {}
+        for rows in self.rounds.values():
+            source = GoRand(master.int63())
+            _draw_tokens(source, cols.input_tokens[rows[0]] + cols.output_tokens[rows[0]])
+            for i in rows[1:]:
+                out[i] = dist.sample(source)
+                _draw_tokens(source, cols.input_tokens[i] + cols.output_tokens[i])
+        return out
+
+
+def _draw_tokens(source: GoRand, count: int) -> None:
+    """Advance ``source`` past ``count`` random token ids (BLIS ``GenerateRandomTokenIDs``)."""
+    for _ in range(count):
+        source.intn(TOKEN_VOCABULARY)
 
 
 class UnsortedTraceWarning(UserWarning):
