@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from blisjax.config._checks import ConfigError
-from blisjax.config.autoscale import lifecycle_configured, max_replicas
+from blisjax.config.autoscale import max_replicas
 from blisjax.config.codes import (
     CACHE_SCORERS,
     AdmissionPolicy,
@@ -791,10 +791,7 @@ def build_static_shared(resolved, workloads, **capacities) -> EngineStatic:
 def _check_gateway_supported(cfg, sessions: bool) -> None:
     """The gateway queue runs with the features below in the reference engine only."""
     for what, field, on in (("closed-loop sessions", "workload", sessions),
-                            ("P/D pools", "cluster.pd", cfg.cluster.pd.enabled),
-                            ("instance lifecycles", "policy.autoscaler",
-                             lifecycle_configured(cfg.policy.autoscaler, cfg.cluster.node_pools,
-                                                  cfg.cluster.lifecycle))):
+                            ("P/D pools", "cluster.pd", cfg.cluster.pd.enabled)):
         if on:
             raise ConfigError(field, f"the gateway queue (cluster.gateway) with {what} runs "
                               "in the reference engine only (--engine reference)")
@@ -804,10 +801,9 @@ def with_gateway(st: EngineStatic) -> EngineStatic:
     """``st`` with the gateway queue compiled in (holding every request at most)."""
     if st.gateway:
         return st
-    if st.sessions or st.pd or st.lifecycle:
-        raise ConfigError("cluster.gateway", "the gateway queue with closed-loop sessions, "
-                          "P/D pools or instance lifecycles runs in the reference engine only "
-                          "(--engine reference)")
+    if st.sessions or st.pd:
+        raise ConfigError("cluster.gateway", "the gateway queue with closed-loop sessions or "
+                          "P/D pools runs in the reference engine only (--engine reference)")
     # as ``build_static`` for a configuration with the gateway: no decode stretches
     return dataclasses.replace(st, gateway=True, decode_stretches=False,
                                gateway_slots=max(st.gateway_slots, st.num_requests, 1))
