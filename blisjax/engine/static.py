@@ -395,7 +395,7 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
         _check_sessions_supported(cfg)
         decode_stretches = False
     if cfg.cluster.gateway.enabled:
-        _check_gateway_supported(cfg, sessions)
+        _check_gateway_supported(cfg)
         decode_stretches = False
     workload = engine_workload(workload, int(resolved.max_model_len))
     n = workload.num_requests
@@ -788,22 +788,20 @@ def build_static_shared(resolved, workloads, **capacities) -> EngineStatic:
                                         for name in _SHAREABLE})
 
 
-def _check_gateway_supported(cfg, sessions: bool) -> None:
-    """The gateway queue runs with the features below in the reference engine only."""
-    for what, field, on in (("closed-loop sessions", "workload", sessions),
-                            ("P/D pools", "cluster.pd", cfg.cluster.pd.enabled)):
-        if on:
-            raise ConfigError(field, f"the gateway queue (cluster.gateway) with {what} runs "
-                              "in the reference engine only (--engine reference)")
+def _check_gateway_supported(cfg) -> None:
+    """The gateway queue runs with P/D pools in the reference engine only."""
+    if cfg.cluster.pd.enabled:
+        raise ConfigError("cluster.pd", "the gateway queue (cluster.gateway) with P/D pools "
+                          "runs in the reference engine only (--engine reference)")
 
 
 def with_gateway(st: EngineStatic) -> EngineStatic:
     """``st`` with the gateway queue compiled in (holding every request at most)."""
     if st.gateway:
         return st
-    if st.sessions or st.pd:
-        raise ConfigError("cluster.gateway", "the gateway queue with closed-loop sessions or "
-                          "P/D pools runs in the reference engine only (--engine reference)")
+    if st.pd:
+        raise ConfigError("cluster.gateway", "the gateway queue with P/D pools runs in the "
+                          "reference engine only (--engine reference)")
     # as ``build_static`` for a configuration with the gateway: no decode stretches
     return dataclasses.replace(st, gateway=True, decode_stretches=False,
                                gateway_slots=max(st.gateway_slots, st.num_requests, 1))
