@@ -16,6 +16,7 @@ import numpy as np
 
 from blisjax.config._checks import ConfigError
 from blisjax.config.hardware import hardware_code, hardware_code_count, shipped_hardware
+from blisjax.engine.latency_rows import gpu_resolved, pool_row_configs
 from blisjax.engine.physics import PhysicsConsts, physics_consts
 from blisjax.engine.pytree import pytree_dataclass
 from blisjax.engine.request_rows import (
@@ -28,7 +29,7 @@ from blisjax.engine.request_rows import (
     session_blocks,
 )
 from blisjax.engine.roofline import RooflineConsts, roofline_consts
-from blisjax.engine.static import EngineStatic, gpu_resolved, pool_row_configs
+from blisjax.engine.static import EngineStatic
 from blisjax.latency.factory import make_latency_model
 from blisjax.workload.sessions import next_round
 

@@ -31,6 +31,7 @@ from blisjax.engine.cluster import lane_advance, next_event  # noqa: E402
 from blisjax.engine.consts import build_consts, check_gpus, lane_consts  # noqa: E402
 from blisjax.engine.initial import init_state  # noqa: E402
 from blisjax.engine.lanes import FLAT_MIN_LANES, release_queued  # noqa: E402
+from blisjax.engine.latency_rows import for_hardware  # noqa: E402
 from blisjax.engine.lockstep import LANES  # noqa: E402
 from blisjax.engine.params import (  # noqa: E402
     PolicyParams,
@@ -45,7 +46,7 @@ from blisjax.engine.state import (  # noqa: E402
     TRANSFER,
     WHOLE,
 )
-from blisjax.engine.static import EngineStatic, build_static, for_hardware, for_lanes  # noqa: E402
+from blisjax.engine.static import EngineStatic, build_static, for_lanes  # noqa: E402
 from blisjax.metrics import records  # noqa: E402
 from blisjax.rules import held_cost  # noqa: E402
 

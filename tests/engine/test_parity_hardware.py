@@ -21,9 +21,10 @@ from blisjax.engine import (
     stack_params,
 )
 from blisjax.engine.consts import build_consts
+from blisjax.engine.latency_rows import for_hardware
 from blisjax.engine.parity import first_divergence
 from blisjax.engine.population import apply_knobs, set_knob
-from blisjax.engine.static import build_static, for_hardware
+from blisjax.engine.static import build_static
 from blisjax.reference import simulate as reference
 from blisjax.workload import generate_workload, parse_workload_spec
 from tests.engine.conftest import room_for_a_program

@@ -1,0 +1,178 @@
+"""Latency rows of a program: the GPU types its lanes run (the ``hardware`` knob), the P/D
+pools of their own TP and GPU, and instance variants of their own speed — which rows
+``WorkloadConsts`` holds (``EngineStatic.gpus``, ``instance_rows``, ``instance_kv_blocks``,
+``variant_speed``) and the checks that a population's lanes read rows the program has.
+
+Counterpart: the reference engine resolves each instance's configuration itself
+(``ResolvedConfig.for_instance``, ``ClusterSimulator.latency_on``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from blisjax.config._checks import ConfigError
+from blisjax.config.autoscale import max_replicas
+from blisjax.config.codes import PDRole
+from blisjax.config.hardware import hardware_code, load_hardware, shipped_hardware
+from blisjax.engine.request_rows import engine_workload, max_pending
+
+
+def variant_gpus(cfg) -> list[str]:
+    """The GPUs other than ``cfg.hardware`` whose speed instance variants run at."""
+    from blisjax.rules import instance_variants, speed_gpu, uses_lifecycle
+
+    if not uses_lifecycle(cfg):
+        return []
+    variants = instance_variants(cfg.cluster.node_pools, cfg.hardware,
+                                 cfg.cluster.lifecycle.cost_per_hour,
+                                 cfg.engine.tensor_parallel_size)
+    speeds = {speed_gpu(v.gpu_type, cfg.hardware, cfg.compat.blis_quirks) for v in variants}
+    return sorted(speeds - {cfg.hardware})
+
+
+def with_variant_speed(st, resolved, workload, names):
+    """``st`` with the latency rows of GPUs ``names`` and each instance reading its variant's
+    (``variant_speed``); ``st`` itself without names."""
+    if not names:
+        return st
+    if st.latency_model == "physics" or st.latency is not None:
+        what = "physics latency" if st.latency_model == "physics" \
+            else "a roofline model the program evaluates on the host"
+        raise ConfigError("cluster.node_pools", f"instances of another GPU's speed with {what} "
+                          "run in the reference engine only (--engine reference)")
+    try:
+        st = with_gpus(st, resolved, workload, names)
+    except ConfigError as err:
+        raise ConfigError("cluster.node_pools", f"{err.path}: {err.problem}") from None
+    return st if st.variant_speed else dataclasses.replace(st, variant_speed=True)
+
+
+def pool_configs(resolved) -> tuple:
+    """The P/D pools' own resolved configurations (``ResolvedConfig.pools``), if any."""
+    return tuple(x for x in resolved.pools or () if x is not None)
+
+
+def pool_shape(resolved) -> dict:
+    """``EngineStatic``'s per-instance fields for P/D pools of their own (``instance_rows``,
+    ``instance_kv_blocks``; none without). The JAX engine runs pools that differ in TP, GPU
+    and KV size; pools of another latency model, another max-model-len or physics latency it
+    refuses, naming the pool's setting."""
+    if not pool_configs(resolved):
+        return {}
+    cfg = resolved.config
+    for role, own in zip(("prefill", "decode"), resolved.pools, strict=True):
+        if own is None:
+            continue
+        for field, ours, base in (
+                ("latency_model", own.config.latency.model, cfg.latency.model),
+                ("max_model_len", own.max_model_len, resolved.max_model_len)):
+            if ours != base:
+                raise ConfigError(f"cluster.pd.{role}.{field}", f"a pool's own {field} "
+                                  f"({ours!r}, the configuration's {base!r}) runs in the "
+                                  "reference engine only (--engine reference)")
+        if cfg.latency.model == "physics":
+            raise ConfigError(f"cluster.pd.{role}", "P/D pools of their own with physics "
+                              "latency run in the reference engine only (--engine reference)")
+    n = max_replicas(cfg.policy.autoscaler, cfg.cluster.num_instances, cfg.cluster.node_pools,
+                     cfg.engine.tensor_parallel_size)
+    pd = cfg.cluster.pd
+    rows = tuple(0 if resolved.for_instance(i) is resolved
+                 else 1 if i < pd.prefill_instances else 2 for i in range(n))
+    blocks = tuple(int(resolved.for_instance(i).total_kv_blocks) for i in range(n))
+    return dict(instance_rows=rows,
+                instance_kv_blocks=blocks if len(set(blocks)) > 1 else ())
+
+
+def pool_row_configs(resolved) -> list:
+    """The resolved configuration of each latency row of ``EngineStatic.instance_rows``:
+    the configuration's, the prefill pool's, the decode pool's (the configuration's where a
+    pool has no settings of its own)."""
+    pools = resolved.pools or (None, None)
+    return [resolved, *(resolved if x is None else x for x in pools)]
+
+
+def gpu_resolved(resolved, name: str):
+    """``resolved`` with GPU ``name`` (``hardware``): the configuration resolved again, as the
+    reference engine resolves a lane's (``resolve_config``); it must keep the KV blocks per
+    instance, a shape of the program."""
+    from blisjax.config.resolve import resolve_config
+
+    if name == resolved.config.hardware:
+        return resolved
+    try:
+        other = resolve_config(dataclasses.replace(resolved.config, hardware=name))
+    except ConfigError as err:
+        raise ConfigError("hardware", f"GPU {name!r} as a lane's GPU type: {err}") from None
+    if other.total_kv_blocks != resolved.total_kv_blocks:
+        raise ConfigError("hardware", f"GPU {name!r} gives {other.total_kv_blocks} KV blocks "
+                          f"per instance, the configuration's {resolved.config.hardware!r} "
+                          f"{resolved.total_kv_blocks}: lanes of one program need one KV size "
+                          "(set engine.total_kv_blocks)")
+    return other
+
+
+def with_gpus(st, resolved, workload, names):
+    """``st`` with the latency of GPU types ``names`` per lane (and those it has, and the
+    configuration's): ``EngineStatic.gpus``, and pending slots for every GPU's α delays. ``st``
+    itself when every name is the configuration's GPU and it has no others."""
+    base = resolved.config.hardware
+    for name in names:
+        if name != base:
+            load_hardware(name)  # ConfigError naming ``hardware`` for an unknown GPU
+    wanted = sorted(set(st.gpus) | set(names) | {base}, key=hardware_code)
+    if tuple(wanted) == st.gpus or (not st.gpus and wanted == [base]):
+        return st
+    if st.instance_rows:
+        raise ConfigError("hardware", "per-lane GPU types with P/D pools of their own "
+                          "(cluster.pd.prefill / decode) run in the reference engine only "
+                          "(--engine reference)")
+    if len({hardware_code(x) for x in wanted}) != len(wanted):
+        raise ConfigError("hardware", f"GPU types {wanted} include two outside the shipped "
+                          "table: a lane's GPU type must be a shipped one")
+    if st.latency_model == "physics":
+        raise ConfigError("hardware", "per-lane GPU types with latency.model physics run in "
+                          "the reference engine only (--engine reference)")
+    if st.latency is not None:
+        raise ConfigError("hardware", "per-lane GPU types with a roofline model the program "
+                          "evaluates on the host (contexts of 2^25 tokens or more) run in the "
+                          "reference engine only (--engine reference)")
+    workload = engine_workload(workload, st.max_model_len)
+    pending = max(max_pending(gpu_resolved(resolved, x), workload) for x in wanted)
+    return dataclasses.replace(st, gpus=tuple(wanted),
+                               pending_slots=max(st.pending_slots, pending))
+
+
+def for_hardware(st, resolved, workload, params):
+    """``st`` with the GPU types of the lanes of ``params`` (stacked ``PolicyParams``) per lane
+    when some lane runs another GPU than the configuration's (``with_gpus``)."""
+    names = shipped_hardware()
+    codes = {int(x) for x in np.unique(np.asarray(params.gpu))}
+    lanes = [names[k] if k < len(names) else resolved.config.hardware for k in sorted(codes)]
+    st = with_gpus(st, resolved, workload, lanes)
+    if not st.lifecycle:
+        return st
+    # instance variants of their own speed (``rules.speed_gpu``) in some lane
+    gpu = np.asarray(params.gpu).reshape(-1, 1)
+    variant = np.asarray(params.lifecycle.variant_gpu).reshape(gpu.shape[0], -1)
+    other = {int(x) for x in np.unique(variant[variant != gpu])}
+    return with_variant_speed(st, resolved, workload,
+                              [names[k] for k in sorted(other) if k < len(names)])
+
+
+def check_pool_rows(st, params) -> None:
+    """ConfigError unless every lane's split puts each instance in a pool of the settings the
+    program holds for it (``instance_rows``: pools of their own are the base
+    configuration's)."""
+    rows = np.asarray(st.instance_rows)
+    role = np.atleast_2d(np.asarray(params.pd.role))[:, :rows.size]
+    prefill = 1 if 1 in st.instance_rows else 0
+    decode = 2 if 2 in st.instance_rows else 0
+    lane_rows = np.where(role == int(PDRole.PREFILL), prefill,
+                         np.where(role >= int(PDRole.DECODE), decode, 0))
+    if not (np.all(np.asarray(params.pd.pools)) and np.all(lane_rows == rows[None, :])):
+        raise ConfigError("cluster.pd", "with P/D pools of their own settings "
+                          "(cluster.pd.prefill / decode) every lane keeps the base "
+                          "configuration's split of the instances into pools")
