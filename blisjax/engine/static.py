@@ -390,6 +390,8 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
     cfg = resolved.config
     pd = cfg.cluster.pd.enabled
     pools = pool_shape(resolved)
+    # KV blocks per instance: the largest, where P/D pools' caches differ in size
+    kv_blocks = max([int(resolved.total_kv_blocks), *pools.get("instance_kv_blocks", ())])
     eng = cfg.engine
     bs = eng.block_size_tokens
     sessions = workload.has_sessions
@@ -427,7 +429,7 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
             (_ceil_div(int(total.max()) + 1, bs) if n else 1) if max_blocks_per_request is None
             else max_blocks_per_request),
         max_prompt_blocks=int(full.max()) if n else 0,
-        kv_blocks=max([int(resolved.total_kv_blocks), *pools.get("instance_kv_blocks", ())]),
+        kv_blocks=kv_blocks,
         block_size=bs,
         token_budget=eng.max_num_scheduled_tokens,
         long_prefill_threshold=eng.long_prefill_token_threshold,
@@ -464,9 +466,7 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
         kv_hold_slots=(int(kv_hold_slots) if eng.kv_cpu_blocks > 0 or cpu_tier_blocks else 0)
         if cfg.compat.blis_quirks else 0,
         pd=pd,
-        pd_reserve_slots=(int(pd_reserve_slots or max(min(n, max(
-            [int(resolved.total_kv_blocks), *pools.get("instance_kv_blocks", ())])), 1))
-                          if pd else 0),
+        pd_reserve_slots=(int(pd_reserve_slots or max(min(n, kv_blocks), 1)) if pd else 0),
         pd_transfer_slots=int(pd_transfer_slots or max(n, 1)) if pd else 0,
         **_lifecycle_shape(cfg, actuation_slots, timeline_slots),
         **_session_shape(workload, bs),

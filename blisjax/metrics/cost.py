@@ -12,6 +12,7 @@ price each instance by its pool's GPUs and GPU. Both engines' ``RunResult`` feed
 
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple
 
 import numpy as np
@@ -48,9 +49,9 @@ def cost_basis(config) -> CostBasis:
     per_instance = []
     for i in range(config.cluster.num_instances):
         own = pd.overrides_of(i)
-        tp = own.tensor_parallel_size or engine.tensor_parallel_size
-        gpus = tp * engine.pipeline_parallel_size * engine.data_parallel_size
-        per_instance.append((gpus, price_of(own.hardware or config.hardware)))
+        pool = dataclasses.replace(engine, tensor_parallel_size=own.tensor_parallel_size
+                                   or engine.tensor_parallel_size)
+        per_instance.append((int(pool.total_gpus), price_of(own.hardware or config.hardware)))
     return basis._replace(per_instance=tuple(per_instance))
 
 

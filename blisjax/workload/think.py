@@ -81,7 +81,7 @@ def _time_us(text: str, what: str) -> int:
                          f"{text!r}") from None
     if not math.isfinite(value) or value < 0:
         raise ValueError(f"{what}: must be a non-negative finite time, got {text!r}")
-    return int(value * factor) if factor != 1 else int(value)
+    return int(value * factor)
 
 
 def _params(text: str, kind: str) -> dict[str, str]:
