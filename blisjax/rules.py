@@ -16,12 +16,12 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-from blisjax.config.autoscale import lifecycle_configured
+from blisjax.config.autoscale import lifecycle_configured, max_replicas, pool_maximum
 from blisjax.config.codes import PDRole
 
 __all__ = ["NEVER_US", "US_PER_HOUR", "Variant", "cost_order", "delay_us", "held_cost",
            "instance_roles", "instance_variants", "KV_UTIL_BUCKETS", "kv_util_bucket",
-           "reload_cost_us", "uses_lifecycle", "variant_of"]
+           "reload_cost_us", "slot_roles", "uses_lifecycle", "variant_of"]
 
 #: "Never happened" for lifecycle times, µs (far below any simulated time).
 NEVER_US = -(1 << 62)
@@ -110,11 +110,16 @@ def uses_lifecycle(cfg) -> bool:
                                 cfg.cluster.lifecycle)
 
 
-def instance_roles(pd, num_instances: int) -> list[PDRole]:
-    """Each instance's role: prefill, then decode, then shared instances by index, then none
-    (``cluster.pd``); every instance serves both without pools."""
-    if not pd.enabled:
-        return [PDRole.SHARED] * num_instances
-    roles = ([PDRole.PREFILL] * pd.prefill_instances + [PDRole.DECODE] * pd.decode_instances
-             + [PDRole.SHARED] * pd.shared_instances)
-    return roles + [PDRole.NONE] * (num_instances - len(roles))
+def instance_roles(pd, num_instances: int, pool_maximum: tuple[int, int] = (0, 0)
+                   ) -> list[PDRole]:
+    """Each instance slot's role (``PDConfig.roles``)."""
+    return pd.roles(num_instances, pool_maximum)
+
+
+def slot_roles(cfg) -> list[PDRole]:
+    """``instance_roles`` of a ``SimConfig``'s instance slots (``max_replicas``)."""
+    pd, autoscaler = cfg.cluster.pd, cfg.policy.autoscaler
+    roles = instance_roles(pd, cfg.cluster.num_instances, pool_maximum(autoscaler, pd))
+    slots = max_replicas(autoscaler, cfg.cluster.num_instances, cfg.cluster.node_pools,
+                         cfg.engine.tensor_parallel_size, pd)
+    return roles + [PDRole.SHARED if not pd.enabled else PDRole.NONE] * (slots - len(roles))

@@ -369,12 +369,28 @@ def pool_capacity(pools: tuple[NodePool, ...], tp: int, *, initial: bool = False
                for p in pools)
 
 
+def pool_maximum(autoscaler: AutoscalerConfig, pd) -> tuple[int, int]:
+    """With P/D pools and an autoscaler (docs/autoscaling.md, P/D pools): the most instances
+    the prefill and the decode pool may hold, each ``max_replicas`` (0: the pool's initial
+    instances); (0, 0) otherwise."""
+    if pd is None or not pd.enabled or not autoscaler.enabled:
+        return 0, 0
+    if autoscaler.max_replicas:
+        return autoscaler.max_replicas, autoscaler.max_replicas
+    return pd.prefill_instances, pd.decode_instances
+
+
 def max_replicas(autoscaler: AutoscalerConfig, num_instances: int,
-                 pools: tuple[NodePool, ...], tp: int) -> int:
+                 pools: tuple[NodePool, ...], tp: int, pd=None) -> int:
     """Instance slots of a run: ``max_replicas``, or what the node pools hold, or the initial
-    instances (no autoscaler: always the initial instances)."""
+    instances (no autoscaler: always the initial instances). With P/D pools (``pd``): the
+    initial instances and, after them, the slots each scaled pool may grow into
+    (``pool_maximum``)."""
     if not autoscaler.enabled:
         return num_instances
+    if pd is not None and pd.enabled:
+        most_p, most_d = pool_maximum(autoscaler, pd)
+        return num_instances + most_p - pd.prefill_instances + most_d - pd.decode_instances
     if autoscaler.max_replicas:
         return autoscaler.max_replicas
     return max(num_instances, pool_capacity(pools, tp)) if pools else num_instances
@@ -389,16 +405,17 @@ def lifecycle_configured(autoscaler: AutoscalerConfig, pools: tuple[NodePool, ..
 
 def check_cluster_autoscaling(autoscaler: AutoscalerConfig, num_instances: int,
                               pools: tuple[NodePool, ...], lifecycle: LifecycleConfig, tp: int,
-                              pd_enabled: bool) -> None:
-    """Cross-section checks of the autoscaler, node pools, lifecycle and initial instances."""
+                              pd=None) -> None:
+    """Cross-section checks of the autoscaler, node pools, lifecycle, initial instances and
+    P/D pools (``pd``, a ``PDConfig``)."""
     if pools and pool_capacity(pools, tp, initial=True) < num_instances:
         raise ConfigError("cluster.node_pools", f"the initial nodes hold "
                           f"{pool_capacity(pools, tp, initial=True)} instances of "
                           f"{tp} GPU(s); cluster.num_instances is {num_instances}")
-    if pd_enabled and lifecycle_configured(autoscaler, pools, lifecycle):
-        raise ConfigError("cluster.pd", "instance lifecycles (autoscaling, node pools, loading "
-                          "and warm-up) are not supported with P/D pools")
-    if not autoscaler.enabled:
+    pd_on = pd is not None and pd.enabled
+    if pd_on and lifecycle_configured(autoscaler, pools, lifecycle):
+        _check_pd_lifecycle(autoscaler, pools, pd)
+    if not autoscaler.enabled or pd_on:
         return
     if autoscaler.max_replicas and autoscaler.max_replicas < num_instances:
         raise ConfigError("policy.autoscaler.max_replicas", f"must be >= cluster.num_instances "
@@ -406,4 +423,40 @@ def check_cluster_autoscaling(autoscaler: AutoscalerConfig, num_instances: int,
     if autoscaler.min_replicas > max_replicas(autoscaler, num_instances, pools, tp):
         raise ConfigError("policy.autoscaler.min_replicas", "must be <= the replica maximum "
                           f"({max_replicas(autoscaler, num_instances, pools, tp)}), got "
+                          f"{autoscaler.min_replicas}")
+
+
+def _check_pd_lifecycle(autoscaler: AutoscalerConfig, pools: tuple[NodePool, ...], pd) -> None:
+    """Instance lifecycles with P/D pools: node pools place instances of the engine's TP and
+    GPU, so pools of their own TP or GPU are refused with them; the autoscaler scales the
+    prefill and the decode pool, each within [min_replicas, its maximum], draining by the
+    ``wait`` policy only."""
+    if pools:
+        for role in ("prefill", "decode"):
+            own = getattr(pd, role)
+            for name in ("tensor_parallel_size", "hardware"):
+                if getattr(own, name) is not None:
+                    raise ConfigError(f"cluster.pd.{role}.{name}", "a P/D pool of its own TP or "
+                                      "GPU cannot be placed on cluster.node_pools (their nodes "
+                                      "hold instances of engine.tensor_parallel_size GPUs of "
+                                      "their gpu_type)")
+    if not autoscaler.enabled:
+        return
+    p, d = pd.prefill_instances, pd.decode_instances
+    if p == 0 or d == 0:
+        raise ConfigError("cluster.pd", "autoscaling scales the prefill and the decode pool: "
+                          f"both need instances, got prefill_instances {p} and "
+                          f"decode_instances {d}")
+    if autoscaler.drain_policy != "wait":
+        raise ConfigError("policy.autoscaler.drain_policy", "must be 'wait' with P/D pools "
+                          f"(a drained instance finishes its sub-requests), got "
+                          f"{autoscaler.drain_policy!r}")
+    if autoscaler.max_replicas and autoscaler.max_replicas < max(p, d):
+        raise ConfigError("policy.autoscaler.max_replicas", "bounds each P/D pool: must be >= "
+                          f"the larger pool's initial instances ({max(p, d)}), got "
+                          f"{autoscaler.max_replicas}")
+    most = min(pool_maximum(autoscaler, pd))
+    if not 1 <= autoscaler.min_replicas <= most:
+        raise ConfigError("policy.autoscaler.min_replicas", "bounds each P/D pool: must be in "
+                          f"[1, {most}] (the smaller pool's maximum), got "
                           f"{autoscaler.min_replicas}")

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from blisjax.config._checks import ConfigError
+from blisjax.config.autoscale import pool_maximum
+from blisjax.config.codes import PDRole
 from blisjax.config.coefficients import select_blackbox_coefficients
 from blisjax.config.hardware import HardwareConfig, load_hardware
 from blisjax.config.kv_capacity import (
@@ -71,9 +73,12 @@ class ResolvedConfig:
         pool's), this one otherwise."""
         if self.pools is None:
             return self
-        pd = self.config.cluster.pd
-        pool = (self.pools[0] if instance < pd.prefill_instances
-                else self.pools[1] if instance < pd.pooled_instances else None)
+        cluster = self.config.cluster
+        roles = cluster.pd.roles(cluster.num_instances,
+                                 pool_maximum(self.config.policy.autoscaler, cluster.pd))
+        role = roles[instance] if instance < len(roles) else PDRole.NONE
+        pool = (self.pools[0] if role == PDRole.PREFILL
+                else self.pools[1] if role != PDRole.NONE else None)
         return self if pool is None else pool
 
     @property

@@ -32,9 +32,11 @@ from blisjax.config.autoscale import (
     as_lifecycle,
     as_node_pools,
     check_cluster_autoscaling,
+    lifecycle_configured,
 )
 from blisjax.config.codes import (
     PDDecider,
+    PDRole,
 )
 from blisjax.config.fields import (
     LATENCY_MODELS,
@@ -371,16 +373,31 @@ class PDConfig:
         """P/D pools are configured."""
         return self.prefill_instances + self.decode_instances + self.shared_instances > 0
 
-    def overrides_of(self, instance: int) -> PoolOverrides:
-        """The pool settings instance ``instance`` runs with: prefill instances the prefill
+    def overrides_for(self, role: PDRole) -> PoolOverrides:
+        """The pool settings an instance of ``role`` runs with: prefill instances the prefill
         pool's, decode and shared instances the decode pool's ("decode wins", BLIS
         ``resolveConfigForRole``), the others none."""
-        p, d, shared = self.prefill_instances, self.decode_instances, self.shared_instances
-        if instance < p:
+        if role == PDRole.PREFILL:
             return self.prefill
-        if instance < p + d + shared:
+        if role in (PDRole.DECODE, PDRole.SHARED):
             return self.decode
         return PoolOverrides()
+
+    def roles(self, num_instances: int, pool_maximum: tuple[int, int] = (0, 0)
+              ) -> list[PDRole]:
+        """Each instance slot's role: prefill, then decode, then shared instances by index,
+        then none (up to ``num_instances``), then — with an autoscaler — the slots the prefill
+        and then the decode pool may grow into (``pool_maximum``: each pool's most instances,
+        ``config.autoscale.pool_maximum``); every instance serves both without pools."""
+        if not self.enabled:
+            return [PDRole.SHARED] * num_instances
+        roles = ([PDRole.PREFILL] * self.prefill_instances
+                 + [PDRole.DECODE] * self.decode_instances
+                 + [PDRole.SHARED] * self.shared_instances)
+        roles += [PDRole.NONE] * (num_instances - len(roles))
+        most_p, most_d = pool_maximum
+        return (roles + [PDRole.PREFILL] * max(most_p - self.prefill_instances, 0)
+                + [PDRole.DECODE] * max(most_d - self.decode_instances, 0))
 
     @property
     def has_overrides(self) -> bool:
@@ -683,4 +700,9 @@ class SimConfig:
                                       "with P/D pools (cluster.pd) yet")
         check_cluster_autoscaling(self.policy.autoscaler, cluster.num_instances,
                                   cluster.node_pools, cluster.lifecycle,
-                                  self.engine.tensor_parallel_size, cluster.pd.enabled)
+                                  self.engine.tensor_parallel_size, cluster.pd)
+        if cluster.pd.enabled and self.compat.blis_quirks and lifecycle_configured(
+                self.policy.autoscaler, cluster.node_pools, cluster.lifecycle):
+            raise ConfigError("compat.blis_quirks", "instance lifecycles with P/D pools are "
+                              "blisjax's own (BLIS adds autoscaled instances to no pool); "
+                              "run them without --blis-quirks")

@@ -18,6 +18,7 @@ from blisjax.config.autoscale import max_replicas
 from blisjax.config.codes import PDRole
 from blisjax.config.hardware import hardware_code, load_hardware, shipped_hardware
 from blisjax.engine.request_rows import engine_workload, max_pending
+from blisjax.rules import slot_roles
 
 
 def variant_gpus(cfg) -> list[str]:
@@ -77,10 +78,10 @@ def pool_shape(resolved) -> dict:
             raise ConfigError(f"cluster.pd.{role}", "P/D pools of their own with physics "
                               "latency run in the reference engine only (--engine reference)")
     n = max_replicas(cfg.policy.autoscaler, cfg.cluster.num_instances, cfg.cluster.node_pools,
-                     cfg.engine.tensor_parallel_size)
-    pd = cfg.cluster.pd
+                     cfg.engine.tensor_parallel_size, cfg.cluster.pd)
+    roles = slot_roles(cfg)
     rows = tuple(0 if resolved.for_instance(i) is resolved
-                 else 1 if i < pd.prefill_instances else 2 for i in range(n))
+                 else 1 if roles[i] == PDRole.PREFILL else 2 for i in range(n))
     blocks = tuple(int(resolved.for_instance(i).total_kv_blocks) for i in range(n))
     return dict(instance_rows=rows,
                 instance_kv_blocks=blocks if len(set(blocks)) > 1 else ())

@@ -163,7 +163,7 @@ def lifecycle_params(cfg) -> tuple[dict, dict]:
         policy=i32(a.code),
         interval_us=i64(a.interval_us),
         min=i32(a.min_replicas),
-        max=i32(max_replicas(a, cfg.cluster.num_instances, pools, tp)),
+        max=i32(max_replicas(a, cfg.cluster.num_instances, pools, tp, cfg.cluster.pd)),
         up_step=i32(a.max_scale_up_step),
         down_step=i32(a.max_scale_down_step),
         cooldown_us=i64(a.cooldown_us),

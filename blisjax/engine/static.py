@@ -43,6 +43,7 @@ from blisjax.engine.request_rows import (
 from blisjax.engine.roofline import fits_the_program as roofline_fits_the_program
 from blisjax.latency.factory import make_latency_model
 from blisjax.program.observables import SITES as PROGRAM_SITES
+from blisjax.rules import instance_variants, uses_lifecycle
 
 
 @dataclass(frozen=True)
@@ -401,6 +402,10 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
     if cfg.cluster.gateway.enabled:
         _check_gateway_supported(cfg)
         decode_stretches = False
+    if cfg.cluster.pd.enabled and uses_lifecycle(cfg):
+        raise ConfigError("cluster.pd", "instance lifecycles (autoscaling, node pools, loading "
+                          "and warm-up) with P/D pools run in the reference engine only "
+                          "(--engine reference)")
     workload = engine_workload(workload, int(resolved.max_model_len))
     n = workload.num_requests
     inp = np.asarray(workload.input_tokens, dtype=np.int64)
@@ -419,7 +424,8 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
     st = EngineStatic(
         num_requests=n,
         num_instances=max_replicas(cfg.policy.autoscaler, cfg.cluster.num_instances,
-                                   cfg.cluster.node_pools, eng.tensor_parallel_size),
+                                   cfg.cluster.node_pools, eng.tensor_parallel_size,
+                                   cfg.cluster.pd),
         num_tenants=len(workload.tenant_names),
         queue_slots=int(max(n, 1) if queue_slots is None else queue_slots),
         pending_slots=int(max_pending(resolved, workload, pool_configs(resolved))
@@ -493,13 +499,12 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
 
 def _lifecycle_shape(cfg, actuation_slots: int | None, timeline_slots: int | None) -> dict:
     """``EngineStatic``'s lifecycle fields (``engine.lifecycle``; all off without one)."""
-    from blisjax.rules import instance_variants, uses_lifecycle
-
     if not uses_lifecycle(cfg):
         return {}
     pools = cfg.cluster.node_pools
     tp = cfg.engine.tensor_parallel_size
-    slots = max_replicas(cfg.policy.autoscaler, cfg.cluster.num_instances, pools, tp)
+    slots = max_replicas(cfg.policy.autoscaler, cfg.cluster.num_instances, pools, tp,
+                         cfg.cluster.pd)
     first = tuple(int(x) for x in np.cumsum([0] + [p.max_nodes for p in pools])[:-1])
     n0 = cfg.cluster.num_instances
     names = sorted(range(n0), key=lambda i: f"instance_{i}")

@@ -19,7 +19,7 @@ import numpy as np
 
 from blisjax.config.hardware import gpu_price_per_hour
 from blisjax.metrics.records import RunResult
-from blisjax.rules import US_PER_HOUR
+from blisjax.rules import US_PER_HOUR, slot_roles
 
 __all__ = ["CostBasis", "cost_basis", "cost_metrics"]
 
@@ -47,8 +47,8 @@ def cost_basis(config) -> CostBasis:
     if not pd.has_overrides:
         return basis
     per_instance = []
-    for i in range(config.cluster.num_instances):
-        own = pd.overrides_of(i)
+    for role in slot_roles(config):
+        own = pd.overrides_for(role)
         pool = dataclasses.replace(engine, tensor_parallel_size=own.tensor_parallel_size
                                    or engine.tensor_parallel_size)
         per_instance.append((int(pool.total_gpus), price_of(own.hardware or config.hardware)))
@@ -64,10 +64,13 @@ def instance_us(result: RunResult) -> int:
 
 def cost_metrics(result: RunResult, basis: CostBasis) -> dict[str, float]:
     """``gpu_hours`` and ``cost`` of one run."""
-    if basis.per_instance and result.lifecycle is None:  # a fixed cluster of mixed pools
-        held = int(result.sim_ended_us)
-        gpu_us = sum(held * gpus for gpus, _ in basis.per_instance)
-        cost_us = sum(float(held * gpus) * price for gpus, price in basis.per_instance)
+    if basis.per_instance:  # instances of mixed pools: each held its own time
+        held = ([int(result.sim_ended_us)] * len(basis.per_instance)
+                if result.lifecycle is None
+                else [int(x) for x in np.asarray(result.lifecycle.replica_us)])
+        gpu_us = sum(h * gpus for h, (gpus, _) in zip(held, basis.per_instance, strict=True))
+        cost_us = sum(float(h * gpus) * price
+                      for h, (gpus, price) in zip(held, basis.per_instance, strict=True))
         return {"gpu_hours": float(gpu_us) / US_PER_HOUR, "cost": cost_us / US_PER_HOUR}
     gpu_hours = float(instance_us(result) * basis.gpus_per_instance) / US_PER_HOUR
     return {"gpu_hours": gpu_hours, "cost": gpu_hours * basis.gpu_price_per_hour}

@@ -51,7 +51,7 @@ from blisjax.reference.lifecycle import Lifecycle
 from blisjax.reference.pd import PDCluster
 from blisjax.reference.policies import Admission, Priority, Router, Snapshot, leading_present
 from blisjax.reference.program import cluster_observables, recent_arrivals
-from blisjax.reference.request import SimRequest
+from blisjax.reference.request import PD_PREFILL, SimRequest
 from blisjax.rules import KV_UTIL_BUCKETS
 from blisjax.trace.records import InstanceView
 from blisjax.workload import sessions
@@ -87,7 +87,8 @@ class ClusterSimulator:
         self.blis_quirks = cfg.compat.blis_quirks
         priority = Priority(cfg.policy.priority, workload.tenant_names)
         n_inst = max_replicas(cfg.policy.autoscaler, cfg.cluster.num_instances,
-                              cfg.cluster.node_pools, cfg.engine.tensor_parallel_size)
+                              cfg.cluster.node_pools, cfg.engine.tensor_parallel_size,
+                              cfg.cluster.pd)
         # each instance runs its P/D pool's configuration (``ResolvedConfig.for_instance``)
         own = [resolved.for_instance(i) for i in range(n_inst)]
         latency = {id(x): make_latency_model(x) for x in own}
@@ -355,11 +356,7 @@ class ClusterSimulator:
             return
         routable = self.life.routable()
         if routable == []:
-            req.state = Stage.REJECTED
-            self.rejected_routing += 1
-            self.tenant_in_flight[req.tenant] = max(0, self.tenant_in_flight[req.tenant] - 1)
-            if self.trace is not None:
-                self.trace.routing_rejection(req, time_us)
+            self._reject_routing(req, time_us)
             return
         routed = self.router.decide(req, self._prompt_hashes(req), snap, routable)
         target = routed.target
@@ -370,6 +367,15 @@ class ClusterSimulator:
         self.in_flight[target] += 1
         self.life.routed(req, target)
         self.instances[target].inject_arrival(req, time_us)
+
+    def _reject_routing(self, req: SimRequest, time_us: int) -> None:
+        """No instance the request may go to is routable: it is rejected (BLIS's routing
+        rejections)."""
+        req.state = Stage.REJECTED
+        self.rejected_routing += 1
+        self.tenant_in_flight[req.tenant] = max(0, self.tenant_in_flight[req.tenant] - 1)
+        if self.trace is not None:
+            self.trace.routing_rejection(req, time_us)
 
     # ---- main loop --------------------------------------------------------------------------
     def run(self) -> RunResult:
@@ -449,6 +455,9 @@ class ClusterSimulator:
             self.tenant_in_flight[r.tenant] = max(0, self.tenant_in_flight[r.tenant] - 1)
             if r.state == Stage.COMPLETED and self.next_round[r.index] >= 0:
                 self._follow_up(r)
+            elif self.pd is not None and r.pd_part == PD_PREFILL \
+                    and r.state != Stage.COMPLETED:
+                self.pd.prefill_failed(r)
         inst.finished.clear()
 
     def _follow_up(self, done: SimRequest) -> None:

@@ -22,11 +22,17 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 
 from blisjax.config.autoscale import lifecycle_configured
-from blisjax.config.codes import HOLDING_STATES, ROUTABLE_STATES, DrainPolicy, InstanceState
+from blisjax.config.codes import (
+    HOLDING_STATES,
+    ROUTABLE_STATES,
+    DrainPolicy,
+    InstanceState,
+    PDRole,
+)
 from blisjax.gorand import blis_subsystem_rand
 from blisjax.limits import INT64_MAX
 from blisjax.metrics.records import LifecycleCounters, Stage
-from blisjax.reference.autoscaler import Autoscaler, Decision, Reading
+from blisjax.reference.autoscaler import Autoscaler, Reading
 from blisjax.reference.events import (
     EV_LOADED,
     EV_PROVISIONED,
@@ -46,6 +52,26 @@ HOLDING, ROUTABLE = HOLDING_STATES, ROUTABLE_STATES
 LIVE = HOLDING - {InstanceState.DRAINING}
 #: States of an instance still coming up (BLIS's pending replicas).
 COMING_UP = frozenset({InstanceState.SCHEDULING, InstanceState.LOADING})
+
+class Actuation(NamedTuple):
+    """A decision on its way to actuation: replicas to add (> 0) or remove (< 0), the variant
+    (-1: any) and the scaling group (``Lifecycle.groups``) it is for."""
+
+    delta: int
+    variant: int
+    group: int
+
+
+def scaling_groups(roles, slots: int, autoscaled: bool) -> list[list[int]]:
+    """The slots of each group the autoscaler scales on its own: with P/D pools (``roles``,
+    each slot's ``PDRole``) and an autoscaler the prefill pool's and the decode pool's
+    (shared instances and those of no pool are never added or drained); otherwise one
+    group of every slot."""
+    if roles is None or not autoscaled:
+        return [list(range(slots))]
+    return [[i for i, r in enumerate(roles) if r == role]
+            for role in (PDRole.PREFILL, PDRole.DECODE)]
+
 
 class Streams:
     """BLIS's lifecycle random streams, created when first drawn from (§3.5)."""
@@ -168,11 +194,19 @@ class Lifecycle:
         self.timeline: list[tuple[int, int, int]] = []
         self.scale_ups = self.scale_downs = self.instances_added = self.instances_drained = 0
         self.oscillations = self.refused_no_slot = self.refused_no_room = self.redirected = 0
-        self._last_direction, self._last_actuation_us = 0, 0
+        #: the slots each scaling group holds: with P/D pools the prefill and the decode pool
+        #: (docs/autoscaling.md, "P/D pools"), else one group of every slot
+        self.groups = scaling_groups(sim.pd.roles if sim.pd is not None else None,
+                                     len(self.slots), self.autoscale_cfg.enabled)
+        # per group: the last actuation's direction and time (the oscillation count)
+        self._last_direction = [0] * len(self.groups)
+        self._last_actuation_us = [0] * len(self.groups)
         # --blis-quirks warm-up: the first requests routed to each instance (TTFT × factor)
         self.warm_up_routed: list[list[int]] = [[] for _ in sim.instances]
-        self.autoscaler = (Autoscaler(self.autoscale_cfg, self.variants, sim.block_size)
-                           if self.autoscale_cfg.enabled else None)
+        #: one autoscaler (cooldown clocks, stabilization timers) per scaling group
+        self.autoscalers = ([Autoscaler(self.autoscale_cfg, self.variants, sim.block_size)
+                             for _ in self.groups] if self.autoscale_cfg.enabled else [])
+        self.autoscaler = self.autoscalers[0] if self.autoscalers else None
         # each variant's speed: its GPU's where the hardware table knows it (``speed_gpu``);
         # None: the configuration's GPU, the instance's own latency model
         speeds = [speed_gpu(v.gpu_type, cfg.hardware, self.blis_quirks) for v in self.variants]
@@ -255,19 +289,22 @@ class Lifecycle:
         if self.blis_quirks and len(warm_up) < self.config.warm_up_requests:
             warm_up.append(req.index)
 
-    def _counts(self) -> tuple[int, int]:
-        """(live, holding): instances counted by a scale-down's minimum / by the maximum."""
-        live = sum(1 for s in self.slots if s.state in LIVE)
-        return live, sum(1 for s in self.slots if s.state in HOLDING)
+    def _counts(self, group: int = 0) -> tuple[int, int]:
+        """(live, holding): the group's instances counted by a scale-down's minimum / by the
+        maximum."""
+        slots = [self.slots[i] for i in self.groups[group]]
+        live = sum(1 for s in slots if s.state in LIVE)
+        return live, sum(1 for s in slots if s.state in HOLDING)
 
-    def _bounded(self, delta: int) -> int:
-        """A decision within the replica bounds and step limits (by default at most
-        ``max_replicas`` instances held; with --blis-quirks no maximum, as BLIS)."""
+    def _bounded(self, delta: int, group: int = 0) -> int:
+        """A decision within the group's replica bounds and the step limits (by default at
+        most its slots' instances held — ``max_replicas``, or a P/D pool's maximum; with
+        --blis-quirks no maximum, as BLIS)."""
         cfg = self.autoscale_cfg
-        live, holding = self._counts()
+        live, holding = self._counts(group)
         if delta > 0:
             if not self.blis_quirks:
-                delta = min(delta, len(self.slots) - holding)
+                delta = min(delta, len(self.groups[group]) - holding)
             if cfg.max_scale_up_step:
                 delta = min(delta, cfg.max_scale_up_step)
             return max(delta, 0)
@@ -279,46 +316,56 @@ class Lifecycle:
         return 0
 
     def tick(self, now_us: int) -> None:
-        """The autoscaler's periodic tick (§3.4): read, decide, schedule the actuation, and
-        the next tick unless an unbounded run has nothing left to do."""
+        """The autoscaler's periodic tick (§3.4): for each scaling group in order, read,
+        decide and schedule the actuation; then the next tick unless an unbounded run has
+        nothing left to do."""
         sim = self.sim
         qd, bs, _ = sim._snapshots(now_us)
         routable = self.routable()
-        coming_up = [i for i, s in enumerate(self.slots) if s.state in COMING_UP]
-        reading = Reading(
-            kv_used_blocks=[sim._snap_used[i] for i in routable],
-            kv_total_blocks=[sim.instances[i].kv.total_blocks for i in routable],
-            queue_depth=[qd[i] for i in routable], batch_size=[bs[i] for i in routable],
-            variant=[self.slots[i].variant for i in routable],
-            pending_kv_tokens=sum(sim.instances[i].kv.total_blocks * sim.block_size
-                                  for i in coming_up),
-            live=self._counts()[0])
-        decision = self.autoscaler.decide(reading, now_us)
-        delta = self._bounded(decision.delta)
-        actuate = bool(delta) and self.autoscaler.cooled_down(delta, now_us)
-        if sim.trace is not None:
-            sim.trace.scale_decision(now_us, self.autoscale_cfg.policy, reading.live,
-                                     len(routable), sum(reading.queue_depth),
-                                     sum(reading.batch_size), decision.delta, delta, actuate)
-        if actuate:
-            self.autoscaler.passed(delta, now_us)
-            delay = self.streams.delay_us(self.autoscale_cfg.actuation_delay, "autoscaler")
-            sim._push(now_us + delay, EV_SCALE_ACTUATION, Decision(delta, decision.variant))
-        idle = sim.awaiting_routing <= 0 and sum(sim.in_flight) == 0
+        for group, (members, autoscaler) in enumerate(zip(self.groups, self.autoscalers,
+                                                          strict=True)):
+            mine = set(members)
+            seen = [i for i in routable if i in mine]
+            coming_up = [i for i in members if self.slots[i].state in COMING_UP]
+            reading = Reading(
+                kv_used_blocks=[sim._snap_used[i] for i in seen],
+                kv_total_blocks=[sim.instances[i].kv.total_blocks for i in seen],
+                queue_depth=[qd[i] for i in seen], batch_size=[bs[i] for i in seen],
+                variant=[self.slots[i].variant for i in seen],
+                pending_kv_tokens=sum(sim.instances[i].kv.total_blocks * sim.block_size
+                                      for i in coming_up),
+                live=self._counts(group)[0])
+            decision = autoscaler.decide(reading, now_us)
+            delta = self._bounded(decision.delta, group)
+            actuate = bool(delta) and autoscaler.cooled_down(delta, now_us)
+            if sim.trace is not None:
+                sim.trace.scale_decision(now_us, self.autoscale_cfg.policy, reading.live,
+                                         len(seen), sum(reading.queue_depth),
+                                         sum(reading.batch_size), decision.delta, delta,
+                                         actuate)
+            if actuate:
+                autoscaler.passed(delta, now_us)
+                delay = self.streams.delay_us(self.autoscale_cfg.actuation_delay, "autoscaler")
+                sim._push(now_us + delay, EV_SCALE_ACTUATION,
+                          Actuation(delta, decision.variant, group))
+        idle = sim.awaiting_routing <= 0 and sum(sim.in_flight) == 0 \
+            and (sim.pd is None or sum(sim.pd.headed) == 0)
         if not (sim.horizon_us == INT64_MAX and idle):
             sim._push(now_us + self.autoscale_cfg.interval_us, EV_SCALING_TICK, None)
 
-    def actuate(self, decision: Decision, now_us: int) -> None:
-        """Carry out a decision, within the bounds as they stand now: place new instances
-        (free slot, node room) or drain the oldest Active ones (of the decision's variant)."""
+    def actuate(self, decision: Actuation, now_us: int) -> None:
+        """Carry out a decision, within its group's bounds as they stand now: place new
+        instances (free slot of the group, node room) or drain the group's oldest Active
+        ones (of the decision's variant)."""
         trace = self.sim.trace
-        delta = self._bounded(decision.delta)
+        group = decision.group
+        delta = self._bounded(decision.delta, group)
         placed, drained = [], []
         refused = 0
         if delta > 0:
             gpu_type = self.variants[decision.variant].gpu_type if decision.variant >= 0 else None
             for _ in range(delta):
-                slot = self._free_slot()
+                slot = self._free_slot(group)
                 if slot is None:
                     self.refused_no_slot += 1
                 elif not self._place(slot, gpu_type, now_us, initial=False):
@@ -329,8 +376,9 @@ class Lifecycle:
             self.instances_added += len(placed)
             self.scale_ups += bool(placed)
         elif delta < 0:
-            active = [i for i, s in enumerate(self.slots) if s.state == InstanceState.ACTIVE
-                      and (decision.variant < 0 or s.variant == decision.variant)]
+            active = [i for i in self.groups[group]
+                      if self.slots[i].state == InstanceState.ACTIVE
+                      and (decision.variant < 0 or self.slots[i].variant == decision.variant)]
             for slot in sorted(active, key=self._drain_order)[:-delta]:
                 self._drain(slot, now_us)
                 drained.append(slot)
@@ -338,22 +386,22 @@ class Lifecycle:
             self.scale_downs += bool(drained)
         if trace is not None:
             trace.scale_actuation(now_us, delta, placed, drained, refused)
-        if placed or drained:  # a scale against the previous one within the cooldown
+        if placed or drained:  # a scale against the group's previous one within the cooldown
             direction = 1 if delta > 0 else -1
-            if (self._last_direction == -direction
-                    and now_us - self._last_actuation_us < self.autoscale_cfg.cooldown_us):
+            if (self._last_direction[group] == -direction
+                    and now_us - self._last_actuation_us[group] < self.autoscale_cfg.cooldown_us):
                 self.oscillations += 1
                 if trace is not None:
-                    trace.oscillation(now_us, direction, self._last_actuation_us,
+                    trace.oscillation(now_us, direction, self._last_actuation_us[group],
                                       placed or drained)
-            self._last_direction, self._last_actuation_us = direction, now_us
+            self._last_direction[group], self._last_actuation_us[group] = direction, now_us
 
-    def _free_slot(self) -> int | None:
-        """The slot a new instance takes: the lowest not holding one (with --blis-quirks the
-        lowest never used, as BLIS appends)."""
+    def _free_slot(self, group: int = 0) -> int | None:
+        """The slot of the group a new instance takes: the lowest not holding one (with
+        --blis-quirks the lowest never used, as BLIS appends)."""
         free = ((InstanceState.UNUSED,) if self.blis_quirks
                 else (InstanceState.UNUSED, InstanceState.TERMINATED))
-        return next((i for i, s in enumerate(self.slots) if s.state in free), None)
+        return next((i for i in self.groups[group] if self.slots[i].state in free), None)
 
     def _drain_order(self, slot: int) -> tuple:
         """Which Active instance drains first: the earliest placed (then the lowest slot);
@@ -388,12 +436,20 @@ class Lifecycle:
             self._terminate(slot, now_us)
 
     def _holds_nothing(self, slot: int) -> bool:
-        """A draining instance may terminate: it holds no request (with --blis-quirks: its
-        wait queue and batch are empty, checked after its events only)."""
+        """A draining instance may terminate: it holds no request and no disaggregated request
+        is bound for it (with --blis-quirks: its wait queue and batch are empty, checked after
+        its events only)."""
         if self.blis_quirks:
             inst = self.sim.instances[slot]
             return not inst.wait_queue and not inst.running
-        return self.sim.in_flight[slot] == 0
+        pd = self.sim.pd
+        return self.sim.in_flight[slot] == 0 and (pd is None or pd.headed[slot] == 0)
+
+    def released(self, slot: int, now_us: int) -> None:
+        """Something bound for the slot's instance went elsewhere: a draining instance that
+        now holds nothing terminates."""
+        if self.slots[slot].state == InstanceState.DRAINING and self._holds_nothing(slot):
+            self._terminate(slot, now_us)
 
     def _terminate(self, slot: int, now_us: int) -> None:
         s = self.slots[slot]

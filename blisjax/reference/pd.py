@@ -31,7 +31,7 @@ from blisjax.metrics.records import (
 from blisjax.reference.events import EV_PREFILL_ROUTING, EV_TRANSFER_DONE, EV_TRANSFER_START
 from blisjax.reference.policies import Router, Snapshot
 from blisjax.reference.request import PD_DECODE, PD_PREFILL, SimRequest
-from blisjax.rules import instance_roles
+from blisjax.rules import slot_roles
 
 if TYPE_CHECKING:
     from blisjax.reference.cluster import ClusterSimulator
@@ -99,7 +99,11 @@ class PDCluster:
         self.blis_quirks = sim.blis_quirks
         self.block_size = sim.block_size
         n_inst = len(sim.instances)
-        self.roles = instance_roles(pd, n_inst)
+        self.roles = slot_roles(cfg)  # autoscaled pools grow into slots of their role
+        assert len(self.roles) == n_inst
+        #: per instance: disaggregated parents bound for it whose decode sub-request has not
+        #: joined it yet (a draining decode instance waits for them)
+        self.headed = [0] * n_inst
         self.parents: dict[int, Parent] = {}
         self.prefill_completed = 0
         self.dropped_at_decode_kv = 0
@@ -128,8 +132,12 @@ class PDCluster:
         request goes on to prefill routing at the same time; any other is served whole by
         the decode instance."""
         sim, pd = self.sim, self.config
+        members = self._routable(self.decode_pool)
+        if not members:
+            sim._reject_routing(req, time_us)
+            return
         routed = self.decode_router.decide(req, sim._prompt_hashes(req), snap,
-                                           self.decode_pool, self.counter_of["decode"])
+                                           members, self.counter_of["decode"])
         decode = routed.target
         cached = 0
         if pd.decider == "prefix-threshold" and req.input_tokens > 0:
@@ -139,9 +147,10 @@ class PDCluster:
         if sim.trace is not None:  # BLIS: a routing record only for a request served whole
             sim.trace.disaggregation(req, time_us, split, decode)
             if not split:
-                sim._trace_routing(req, time_us, routed, self.decode_router, self.decode_pool)
+                sim._trace_routing(req, time_us, routed, self.decode_router, members)
         if split:
             self.parents[req.index] = Parent(decode_instance=decode)
+            self.headed[decode] += 1
             sim._push(time_us, EV_PREFILL_ROUTING, req)
             return
         sim.in_flight[decode] += 1
@@ -150,19 +159,32 @@ class PDCluster:
     def route_prefill(self, req: SimRequest, time_us: int) -> None:
         """The prefill pool's decision; the prefill sub-request arrives at its instance."""
         sim = self.sim
+        members = self._routable(self.prefill_pool)
+        if not members:  # no prefill instance is routable: the request is rejected
+            sim._reject_routing(req, time_us)
+            self._abandoned(self.parents.pop(req.index).decode_instance, time_us)
+            return
         qd, bs, kv = sim._snapshots(time_us)
         snap = Snapshot(qd, bs, kv, sim.in_flight, lambda: sim._cached_blocks(req))
         routed = self.prefill_router.decide(req, sim._prompt_hashes(req), snap,
-                                            self.prefill_pool, self.counter_of["prefill"])
+                                            members, self.counter_of["prefill"])
         target = routed.target
         if sim.trace is not None:
-            sim._trace_routing(req, time_us, routed, self.prefill_router, self.prefill_pool,
+            sim._trace_routing(req, time_us, routed, self.prefill_router, members,
                                prefill=True)
         sim.in_flight[target] += 1
         parent = self.parents[req.index]
         parent.prefill_instance = target
         parent.prefill_sub = req.sub_request(PD_PREFILL)
         sim.instances[target].inject_arrival(parent.prefill_sub, time_us)
+
+    def _routable(self, pool_members: list[int]) -> list[int]:
+        """The pool's instances the router may pick (with instance lifecycles: the Active and
+        WarmingUp ones)."""
+        routable = self.sim.life.routable()
+        if routable is None:
+            return pool_members
+        return [i for i in pool_members if i in routable]
 
     def prefills_completed(self, inst: Instance) -> None:
         """Prefill sub-requests that completed in the instance's last event start their KV
@@ -175,6 +197,17 @@ class PDCluster:
             start = inst.clock_us if self.blis_quirks else sub.left_us
             sim._push(start, EV_TRANSFER_START, sim.requests[sub.index])
 
+    def prefill_failed(self, sub: SimRequest) -> None:
+        """A prefill sub-request left its instance without completing (timed out or
+        dropped): its parent no longer heads for its decode instance."""
+        self._abandoned(self.parents[sub.index].decode_instance, self.sim.clock_us)
+
+    def _abandoned(self, decode: int, now_us: int) -> None:
+        """A parent bound for ``decode`` will not join it: a draining instance that now holds
+        nothing terminates."""
+        self.headed[decode] -= 1
+        self.sim.life.released(decode, now_us)
+
     def start_transfer(self, req: SimRequest, time_us: int) -> None:
         """Reserve KV on the decode instance; the transfer then takes its time (dropped when
         the reservation fails)."""
@@ -185,6 +218,7 @@ class PDCluster:
         if not sim.instances[parent.decode_instance].reserve_transferred_kv(sub, time_us):
             parent.dropped_at_decode_kv = True
             self.dropped_at_decode_kv += 1
+            self._abandoned(parent.decode_instance, time_us)
             return
         parent.decode_sub = sub
         active = 1
@@ -211,6 +245,7 @@ class PDCluster:
                                   -(-req.input_tokens // self.block_size),
                                   parent.prefill_instance, parent.decode_instance)
         sim.in_flight[parent.decode_instance] += 1
+        self.headed[parent.decode_instance] -= 1
         sim.tenant_in_flight[req.tenant] += 1  # BLIS starts the tenant's request again
         decode = sim.instances[parent.decode_instance]
         decode.enqueue_decode(parent.decode_sub, time_us)

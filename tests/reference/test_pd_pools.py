@@ -13,8 +13,9 @@ import dataclasses
 import pytest
 
 from blisjax.config import ConfigError, resolve_config
+from blisjax.config.codes import PDRole
 from blisjax.config.flags import apply_blis_flag_values
-from blisjax.config.sim import ClusterConfig, LatencyConfig, PDConfig, SimConfig
+from blisjax.config.sim import ClusterConfig, LatencyConfig, PDConfig, PoolOverrides, SimConfig
 from blisjax.metrics import aggregate_metrics
 from blisjax.metrics.cost import CostBasis, cost_basis, cost_metrics
 from blisjax.reference import ClusterSimulator
@@ -56,7 +57,8 @@ def test_flags_set_the_pools_settings():
     assert pd.prefill.latency_model is None and pd.decode.tensor_parallel_size is None
     # shared instances take the decode pool's settings ("decode wins"), the rest none
     pd = dataclasses.replace(pd, shared_instances=0)
-    assert [pd.overrides_of(i) for i in range(4)] == [pd.prefill] * 2 + [pd.decode] * 2
+    assert [pd.overrides_for(role) for role in pd.roles(4)] == [pd.prefill] * 2 + [pd.decode] * 2
+    assert pd.overrides_for(PDRole.NONE) == PoolOverrides()
 
 
 @pytest.mark.parametrize("values, message", [
