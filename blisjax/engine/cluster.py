@@ -37,7 +37,7 @@ from blisjax.engine import (
 )
 from blisjax.engine.exactfloat import ieee_divide
 from blisjax.engine.lockstep import add, lane_once, lane_while, upd
-from blisjax.engine.params import POOL_PREFILL
+from blisjax.engine.params import POOL_DECODE, POOL_PREFILL
 from blisjax.engine.pytree import pytree_dataclass
 from blisjax.engine.state import (
     ADMITTED,
@@ -201,7 +201,14 @@ def routing(s: SimState, st, c, p, now, active) -> SimState:
     r = jnp.where(active, cursor, st.num_requests)
     go = active & (s.status[r] == ADMITTED)
     s = refresh_snapshots(s, st, c, now, go)
-    if st.pd:
+    if st.pd and st.lifecycle:  # the decode pool's routable instances; none: rejected
+        members = lifecycle.routable(s.life)
+        none = go & ~jnp.any(pd.pool_members(p, POOL_DECODE, members))
+        s, target, whole = pd.route_request(s, st, c, p, r, now, go & ~none, members)
+        s = instance.inject_arrival(s, st, c, target, r, now, whole)
+        s = _reject_routing(s, st, c, r, none)
+        s = s.replace(life=lifecycle.routed(s.life, st, p, r, target, go & ~none, none))
+    elif st.pd:
         s, target, whole = pd.route_request(s, st, c, p, r, now, go)
         s = instance.inject_arrival(s, st, c, target, r, now, whole)
     else:
@@ -237,14 +244,20 @@ def route_to_instance(s: SimState, st, c, p, r, now, go) -> SimState:
     s, target = policies.route(s, st, c, p, r, now, routed,
                                policies.lane_spec(p)._replace(candidates=candidates))
     s = instance.inject_arrival(s, st, c, target, r, now, routed)
+    s = _reject_routing(s, st, c, r, none)
+    return s.replace(life=lifecycle.routed(s.life, st, p, r, target, routed, none))
+
+
+def _reject_routing(s: SimState, st, c, r, none) -> SimState:
+    """Where ``none``: no instance request r may go to is routable; it is rejected
+    (``ClusterSimulator._reject_routing``; the lifecycle counts it, ``lifecycle.routed``)."""
     t = c.tenant[r]
-    s = s.replace(
+    return s.replace(
         status=s.status.at[jnp.where(none, r, st.num_requests)].set(REJECTED),
         instance=s.instance.at[jnp.where(none, r, st.num_requests)].set(NIL),  # redirected
         admission=s.admission.replace(tenant_in_flight=upd(
             s.admission.tenant_in_flight, t, jnp.maximum(s.admission.tenant_in_flight[t] - 1, 0),
             none)))
-    return s.replace(life=lifecycle.routed(s.life, st, p, r, target, routed, none))
 
 
 def prefill_routing(s: SimState, st, c, p, now, active) -> SimState:
@@ -252,10 +265,24 @@ def prefill_routing(s: SimState, st, c, p, now, active) -> SimState:
     prefill pool's router picks an instance and the prefill sub-request enters its α-delay
     window."""
     r = jnp.where(active, s.pd.pf_next, st.num_requests)
-    s = refresh_snapshots(s, st, c, now, active)
-    s, target = pd.route_pool(s, st, c, p, r, now, POOL_PREFILL, active)
-    s = instance.inject_arrival(s, st, c, target, pd.prefill_row(st, r), now, active)
-    return pd.prefill_routed(s, st, r, target, active)
+    if not st.lifecycle:
+        s = refresh_snapshots(s, st, c, now, active)
+        s, target = pd.route_pool(s, st, c, p, r, now, POOL_PREFILL, active)
+        s = instance.inject_arrival(s, st, c, target, pd.prefill_row(st, r), now, active)
+        return pd.prefill_routed(s, st, r, target, active)
+    # with instance lifecycles among the routable instances; none: r is rejected and no
+    # longer bound for its decode instance
+    members = lifecycle.routable(s.life)
+    none = active & ~jnp.any(pd.pool_members(p, POOL_PREFILL, members))
+    routed = active & ~none
+    s = refresh_snapshots(s, st, c, now, routed)
+    s, target = pd.route_pool(s, st, c, p, r, now, POOL_PREFILL, routed, members)
+    s = instance.inject_arrival(s, st, c, target, pd.prefill_row(st, r), now, routed)
+    decode = s.instance[r]
+    s = pd.prefill_routed(s, st, r, target, active, rejected=none)
+    s = _reject_routing(s, st, c, r, none)
+    s = s.replace(life=lifecycle.rejected(s.life, none))
+    return lifecycle.released(s, st, decode, now, none)
 
 
 def transfer_event(s: SimState, st, c, p, k, now, active) -> SimState:
@@ -269,14 +296,16 @@ def transfer_event(s: SimState, st, c, p, k, now, active) -> SimState:
 
     def start(s, go):
         s, reserved = instance.reserve_transferred_kv(s, st, c, d, r, now, go)
-        return pd.transfer_started(s, st, c, p, k, r, now, reserved, go)
+        s = pd.transfer_started(s, st, c, p, k, r, now, reserved, go)
+        return lifecycle.released(s, st, d, now, go & ~reserved)
 
     def end(s, go):
         s = pd.transfer_ended(s, st, p, k, r, now, go)
         s = s.replace(router=s.router.replace(in_flight=add(s.router.in_flight, d, 1, go)),
                       admission=s.admission.replace(
                           tenant_in_flight=add(s.admission.tenant_in_flight, c.tenant[r], 1, go)))
-        return instance.enqueue_decode(s, st, c, d, r, now, go)
+        s = instance.enqueue_decode(s, st, c, d, r, now, go)
+        return lifecycle.released(s, st, d, now, go)  # one whose deadline has passed
 
     s = lane_once(active & ~ending, start, s)
     return lane_once(ending, end, s)
@@ -303,25 +332,29 @@ def actuation(s: SimState, st, c, p, now, active) -> SimState:
     stand, place new instances or drain the oldest Active ones."""
     life = s.life
     _, a = lifecycle.next_actuation(life)
-    delta = lifecycle.bounded(life, st, p, life.act_delta[a].astype(jnp.int64))
+    g = life.act_group[a]
+    member = None if st.scaling_groups == 1 else lifecycle.group_members(st, p)[g]
+    delta = lifecycle.bounded(life, st, p, life.act_delta[a].astype(jnp.int64), member)
     variant = life.act_variant[a]
     s = s.replace(life=lifecycle.took_actuation(life, a, active))
     s, added = lane_once(active & (delta > 0),
-                         lambda carry, go: _scale_up(carry[0], st, p, delta, variant, now, go),
-                         (s, jnp.asarray(0, jnp.int32)))
+                         lambda carry, go: _scale_up(carry[0], st, p, delta, variant, now, go,
+                                                     member), (s, jnp.asarray(0, jnp.int32)))
     s, drained = lane_once(active & (delta < 0),
                            lambda carry, go: _scale_down(carry[0], st, c, p, -delta, variant,
-                                                         now, go), (s, jnp.asarray(0, jnp.int32)))
-    return s.replace(life=lifecycle.actuated(s.life, p, delta, added + drained, now, active))
+                                                         now, go, member),
+                           (s, jnp.asarray(0, jnp.int32)))
+    return s.replace(life=lifecycle.actuated(s.life, p, delta, added + drained, now, active, g))
 
 
-def _scale_up(s: SimState, st, p, count, variant, now, active):
-    """Place ``count`` instances, each in a free slot (a reused one restarts empty). Returns
-    (state, instances placed)."""
+def _scale_up(s: SimState, st, p, count, variant, now, active, member=None):
+    """Place ``count`` instances, each in a free slot of the scaling group's slots
+    ``member`` (None: any; a reused one restarts empty). Returns (state, instances
+    placed)."""
     def body(carry, go):
         s, j, done = carry
         life = s.life
-        k, has = lifecycle.free_slot(life, st, p)
+        k, has = lifecycle.free_slot(life, st, p, member)
         life, ok = lifecycle.place_instance(life, st, p, k, variant, now, False, go & has)
         life = lifecycle.placement_counted(life, no_slot=go & ~has, no_room=go & has & ~ok)
         s = lane_once(ok & (life.placements[k] > 1),
@@ -333,19 +366,20 @@ def _scale_up(s: SimState, st, p, count, variant, now, active):
     return s, done
 
 
-def _scale_down(s: SimState, st, c, p, count, variant, now, active):
-    """Drain ``count`` Active instances (of ``variant``) in drain order; then route the
-    requests a redirect drain took from them, victim by victim, as the reference's routing
-    events pushed by the drains run after the actuation. Returns (state, instances drained)."""
+def _scale_down(s: SimState, st, c, p, count, variant, now, active, member=None):
+    """Drain ``count`` Active instances (of ``variant``; of the scaling group's slots
+    ``member``, None: any) in drain order; then route the requests a redirect drain took
+    from them, victim by victim, as the reference's routing events pushed by the drains run
+    after the actuation. Returns (state, instances drained)."""
     zero = jnp.asarray(0, jnp.int32)
 
     def more(carry):
         return active & (carry[1] < count) & lifecycle.drain_victim(carry[0].life, st,
-                                                                   variant)[1]
+                                                                   variant, member)[1]
 
     def body(carry, go):
         s, j, victims = carry
-        v, _ = lifecycle.drain_victim(s.life, st, variant)
+        v, _ = lifecycle.drain_victim(s.life, st, variant, member)
         s = _drain(s, st, c, p, v, now, go)
         return s, j + go.astype(jnp.int32), upd(victims, j, v, go)
 
@@ -385,6 +419,8 @@ def _drain(s: SimState, st, c, p, v, now, go) -> SimState:
     taken = jnp.where(p.autoscaler.drain == DrainPolicy.REDIRECT,
                       instance.held_requests(s, st, v).count, 0)
     idle = (s.router.in_flight[v] - taken == 0) & (not st.blis_quirks)
+    if st.pd and st.lifecycle:  # nothing bound for it either
+        idle = idle & (s.pd.headed[v] == 0)
     return s.replace(life=lifecycle.terminate(life, st, v, now, immediate | (go & idle)))
 
 

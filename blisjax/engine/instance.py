@@ -109,6 +109,17 @@ def _release_slot_of(s: SimState, st, i, r, active):
     return s.replace(batch=s.batch.replace(slot_req=upd(s.batch.slot_req, (i, sb), NIL, held))), sb
 
 
+def _prefill_failed(s: SimState, st, row, now, mask) -> SimState:
+    """Where ``mask``: ``row`` left its instance without completing; a P/D prefill
+    sub-request's parent is then no longer bound for its decode instance, which may now
+    terminate (``PDCluster.prefill_failed``; with instance lifecycles only)."""
+    if not (st.pd and st.lifecycle):
+        return s
+    decode = s.instance[pd.parent_row(st, row)]
+    s = pd.prefill_failed(s, st, row, mask)
+    return lifecycle.released(s, st, decode, now, mask & (row > st.num_requests))
+
+
 def _finish_in_flight(s: SimState, c, i, r, active) -> SimState:
     """A request left instance i (dropped, timed out): router in-flight counts go down."""
     t = c.tenant[r]
@@ -144,6 +155,7 @@ def enqueue(s: SimState, st, c, i, e, now, active) -> SimState:
             timed_out=add(s.stats.timed_out, i, 1, due),
             input_tokens=add(s.stats.input_tokens, i, l_in.astype(jnp.int64), admitted)))
     s = _finish_in_flight(s, c, i, r, drop | due)
+    s = _prefill_failed(s, st, r, now, drop | due)
     s = q_push_back(s, st, i, r, queued)
     if st.stretches:  # steps from now on may admit it: they are no longer plain
         s = stretch.truncate(s, st, i, now, queued)
@@ -170,6 +182,7 @@ def timeout(s: SimState, st, c, i, r, now, active) -> SimState:
                   computed=s.computed.at[r].set(0),
                   stats=s.stats.replace(timed_out=add(s.stats.timed_out, i, 1, active)))
     s = _finish_in_flight(s, c, i, r, active)
+    s = _prefill_failed(s, st, r, now, active)
     wake = active & (s.batch.n_run[i] == 0) & (s.queue.length[i] > 0) & (s.batch.step_time[i] < 0)
     return s.replace(batch=s.batch.replace(step_time=upd(s.batch.step_time, i, now, wake)))
 

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from blisjax.config.autoscale import max_replicas
-from blisjax.config.codes import AutoscalerPolicy, DrainPolicy, InstanceState
+from blisjax.config.codes import AutoscalerPolicy, DrainPolicy, InstanceState, PDRole
 from blisjax.config.hardware import hardware_code
 from blisjax.engine import sessions
 from blisjax.engine.exactfloat import exact_mul, ieee_divide
@@ -64,8 +64,10 @@ class LifecycleState:
     or loaded event; INT64_MAX: none), ``snap_used`` (KV blocks in use, the router snapshot's).
     Per node [NODES]: ``node_free`` GPUs, ``node_ready_us`` (-1: not provisioned).
     Events: ``tick_us``; actuation slots [A] ``act_us`` (INT64_MAX: free), ``act_delta``,
-    ``act_variant``, ``act_seq``; ``seq`` orders same-time pushes.
-    Autoscaler: cooldown clocks, stabilization timers, the last actuation's direction and time.
+    ``act_variant``, ``act_seq``, ``act_group`` (its scaling group); ``seq`` orders same-time
+    pushes.
+    Autoscaler, per scaling group [G] (``EngineStatic.scaling_groups``): cooldown clocks,
+    stabilization timers, the last actuation's direction and time.
     Counters, draw cursors per stream, the state-change timeline [TL] and overflow counts.
     """
 
@@ -91,6 +93,7 @@ class LifecycleState:
     act_delta: jax.Array
     act_variant: jax.Array
     act_seq: jax.Array
+    act_group: jax.Array
     seq: jax.Array
     last_up_us: jax.Array
     last_scale_us: jax.Array
@@ -216,6 +219,7 @@ def init_lifecycle(st, p) -> LifecycleState:
     nodes = st.num_nodes if on else 1
     a = st.actuation_slots if on else 1
     tl = st.timeline_slots if on else 1
+    g = st.scaling_groups
     z = lambda n, dt=I64: jnp.zeros(n, dt)  # noqa: E731
     zero = lambda dt=I32: jnp.asarray(0, dt)  # noqa: E731
     node_ready = jnp.full(nodes, -1, I64)
@@ -238,10 +242,11 @@ def init_lifecycle(st, p) -> LifecycleState:
         tick_us=(jnp.where(p.autoscaler.policy != AutoscalerPolicy.NONE, 0, INT64_MAX).astype(I64)
                  if on else jnp.asarray(INT64_MAX, I64)),
         act_us=jnp.full(a, INT64_MAX, I64), act_delta=z(a, I32), act_variant=z(a, I32),
-        act_seq=z(a), seq=zero(I64), last_up_us=jnp.asarray(NEVER_US, I64),
-        last_scale_us=jnp.asarray(NEVER_US, I64), window_up_us=jnp.asarray(NO_TIMER, I64),
-        window_down_us=jnp.asarray(NO_TIMER, I64), last_direction=zero(),
-        last_actuation_us=zero(I64), unrouted=zero(), last_event_us=zero(I64),
+        act_seq=z(a), act_group=z(a, I32), seq=zero(I64),
+        last_up_us=jnp.full(g, NEVER_US, I64), last_scale_us=jnp.full(g, NEVER_US, I64),
+        window_up_us=jnp.full(g, NO_TIMER, I64), window_down_us=jnp.full(g, NO_TIMER, I64),
+        last_direction=z(g, I32), last_actuation_us=z(g),
+        unrouted=zero(), last_event_us=zero(I64),
         warm_routed=jnp.zeros(st.num_requests + 1 if on and st.blis_quirks else 1, bool),
         warm_count=z(i, I32),
         warm_factor=jnp.asarray(p.lifecycle.warm_factor if on else 1.0, F64),
@@ -463,6 +468,12 @@ def routed(life: LifecycleState, st, p, r, target, went, rejected) -> LifecycleS
         warm_count=add(life.warm_count, target, 1, record))
 
 
+def rejected(life: LifecycleState, mask) -> LifecycleState:
+    """A request routed earlier was rejected at a later routing (P/D: no prefill instance
+    routable, where ``mask``): counted."""
+    return life.replace(rejected_routing=life.rejected_routing + mask.astype(I32))
+
+
 def next_ready(life: LifecycleState):
     """(time, slot) of the lane's next provisioned or loaded event: by time, then priority
     (a node provisioned, −2, before a model loaded, −1), then push order."""
@@ -546,9 +557,10 @@ def _template_delta(s: SimState, st, c, p, rt, n, live):
     return threshold.astype(I64), target.astype(I64), queue.astype(I64)
 
 
-def _saturation(s: SimState, st, p, rt, n):
+def _saturation(s: SimState, st, p, rt, n, member=None):
     """blis-saturation's analyzer and unlimited engine (``reference.autoscaler.
-    saturation_decision``): (delta, variant)."""
+    saturation_decision``) over the routable slots ``rt`` of a scaling group (slots
+    ``member``; None: every slot): (delta, variant)."""
     life = s.life
     v_count = st.num_variants
     bs = st.block_size
@@ -571,6 +583,8 @@ def _saturation(s: SimState, st, p, rt, n):
         total_supply = total_supply + jnp.where(count[v] > 0, supply[v], 0.0)
         total_demand = total_demand + jnp.where(count[v] > 0, demand[v], 0.0)
     coming = (life.state == SCHEDULING) | (life.state == LOADING)
+    if member is not None:
+        coming = coming & member
     pending = float(st.kv_blocks * bs) * jnp.sum(coming).astype(F64)  # exact: integers
     pending_supply = exact_mul(pending, p.autoscaler.kv_threshold)
     required = ieee_divide(total_demand, p.autoscaler.sat_up) - (total_supply + pending_supply)
@@ -594,25 +608,46 @@ def _saturation(s: SimState, st, p, rt, n):
     return delta.astype(I64), variant.astype(I32)
 
 
-def _stabilized(life: LifecycleState, p, delta, now):
-    """BLIS's stabilization windows (``Autoscaler._stabilized``): (life, passes)."""
+def _stabilized(life: LifecycleState, p, delta, now, g: int):
+    """BLIS's stabilization windows of scaling group g (``Autoscaler._stabilized``): (life,
+    passes)."""
     sign = jnp.sign(delta)
-    up_timer = jnp.where(sign > 0, life.window_up_us, NO_TIMER)
-    down_timer = jnp.where(sign < 0, life.window_down_us, NO_TIMER)
+    up_timer = jnp.where(sign > 0, life.window_up_us[g], NO_TIMER)
+    down_timer = jnp.where(sign < 0, life.window_down_us[g], NO_TIMER)
     timer = jnp.where(sign > 0, up_timer, down_timer)
     window = jnp.where(sign > 0, p.autoscaler.up_window_us, p.autoscaler.down_window_us)
     unset = timer == NO_TIMER
     passes = (sign != 0) & jnp.where(unset, window == 0, now - timer >= window)
     new_timer = jnp.where(unset & (window > 0), now, jnp.where(passes, NO_TIMER, timer))
-    return life.replace(window_up_us=jnp.where(sign > 0, new_timer, NO_TIMER),
-                        window_down_us=jnp.where(sign < 0, new_timer, NO_TIMER)), passes
+    return life.replace(
+        window_up_us=life.window_up_us.at[g].set(jnp.where(sign > 0, new_timer, NO_TIMER)),
+        window_down_us=life.window_down_us.at[g].set(jnp.where(sign < 0, new_timer, NO_TIMER)),
+    ), passes
 
 
-def bounded(life: LifecycleState, st, p, delta):
-    """A decision within the replica bounds and step limits (``Lifecycle._bounded``)."""
-    live = jnp.sum(_live(life)).astype(I64)
-    holding = jnp.sum(_holding(life)).astype(I64)
-    up = delta if st.blis_quirks else jnp.minimum(delta, p.autoscaler.max - holding)
+def group_members(st, p):
+    """bool [G, I]: the slots of each scaling group (``reference.lifecycle.scaling_groups``):
+    with P/D pools and instance lifecycles the prefill pool's and the decode pool's (a lane
+    without pools has every slot in the first); otherwise one group of every slot."""
+    every = jnp.ones(st.num_instances, bool)
+    if st.scaling_groups == 1:
+        return every[None, :]
+    role = p.pd.role
+    pools = p.pd.pools
+    own = jnp.arange(st.num_instances) < p.autoscaler.max  # the lane's own slots
+    return jnp.stack([own & jnp.where(pools, role == PDRole.PREFILL, every),
+                      own & pools & (role == PDRole.DECODE)])
+
+
+def bounded(life: LifecycleState, st, p, delta, member=None):
+    """A decision within the replica bounds and step limits (``Lifecycle._bounded``): for the
+    scaling group of slots ``member`` (None: every slot, at most the lane's ``max_replicas``)
+    at most its slots' instances held."""
+    mine = (lambda x: x) if member is None else (lambda x: x & member)  # noqa: E731
+    live = jnp.sum(mine(_live(life))).astype(I64)
+    holding = jnp.sum(mine(_holding(life))).astype(I64)
+    most = (p.autoscaler.max if member is None else jnp.sum(member)).astype(I64)
+    up = delta if st.blis_quirks else jnp.minimum(delta, most - holding)
     up = jnp.where(p.autoscaler.up_step > 0, jnp.minimum(up, p.autoscaler.up_step), up)
     down = jnp.maximum(delta, p.autoscaler.min - live)
     down = jnp.where(p.autoscaler.down_step > 0, jnp.maximum(down, -p.autoscaler.down_step), down)
@@ -620,28 +655,45 @@ def bounded(life: LifecycleState, st, p, delta):
 
 
 def tick(s: SimState, st, c, p, now, go) -> SimState:
-    """The autoscaler's tick (``Lifecycle.tick``); the caller refreshed the
-    snapshots at ``now``."""
+    """The autoscaler's tick (``Lifecycle.tick``): each scaling group in order reads,
+    decides and schedules its actuation; the caller refreshed the snapshots at ``now``."""
+    members = group_members(st, p)
+    for g in range(st.scaling_groups):
+        s = _tick_group(s, st, c, p, now, go, g, None if st.scaling_groups == 1 else members[g])
     life = s.life
-    rt = routable(life)
+    # the next tick, unless an unbounded run has nothing left to do
+    awaiting = sessions.arrivals_known(s, st) - s.cursors.admit + life.unrouted
+    idle = (awaiting <= 0) & (jnp.sum(s.router.in_flight) == 0)
+    if st.scaling_groups > 1:  # requests on their way to a decode instance
+        idle = idle & (jnp.sum(s.pd.headed) == 0)
+    stop = (st.horizon_us == INT64_MAX) & idle
+    nxt = jnp.where(stop, INT64_MAX, now + p.autoscaler.interval_us)
+    return s.replace(life=life.replace(tick_us=jnp.where(go, nxt, life.tick_us)))
+
+
+def _tick_group(s: SimState, st, c, p, now, go, g: int, member) -> SimState:
+    """Scaling group g's part of a tick (slots ``member``; None: every slot)."""
+    life = s.life
+    mine = (lambda x: x) if member is None else (lambda x: x & member)  # noqa: E731
+    rt = mine(routable(life))
     n = jnp.sum(rt).astype(I64)
-    live = jnp.sum(_live(life)).astype(I64)
+    live = jnp.sum(mine(_live(life))).astype(I64)
     threshold, target, queue = _template_delta(s, st, c, p, rt, n, live)
-    sat_delta, sat_variant = _saturation(s, st, p, rt, n)
+    sat_delta, sat_variant = _saturation(s, st, p, rt, n, member)
     saturation = p.autoscaler.policy == AutoscalerPolicy.BLIS_SATURATION
-    stabilized_life, stable = _stabilized(life, p, sat_delta, now)
+    stabilized_life, stable = _stabilized(life, p, sat_delta, now, g)
     life = jax.tree_util.tree_map(lambda a, b: jnp.where(go & saturation, a, b),
                                   stabilized_life, life)
     raw = jnp.where(p.autoscaler.policy == AutoscalerPolicy.THRESHOLD, threshold,
                     jnp.where(p.autoscaler.policy == AutoscalerPolicy.TARGET_UTILIZATION, target,
                               jnp.where(p.autoscaler.policy == AutoscalerPolicy.QUEUE_DEPTH, queue,
                                         jnp.where(stable, sat_delta, 0))))
-    delta = bounded(life, st, p, raw)
-    last = jnp.where(delta > 0, life.last_up_us, life.last_scale_us)
+    delta = bounded(life, st, p, raw, member)
+    last = jnp.where(delta > 0, life.last_up_us[g], life.last_scale_us[g])
     cooled = saturation | (now - last >= p.autoscaler.cooldown_us)
     passed = go & (delta != 0) & cooled
-    life = life.replace(last_scale_us=jnp.where(passed, now, life.last_scale_us),
-                        last_up_us=jnp.where(passed & (delta > 0), now, life.last_up_us))
+    life = life.replace(last_scale_us=upd(life.last_scale_us, g, now, passed),
+                        last_up_us=upd(life.last_up_us, g, now, passed & (delta > 0)))
     # the actuation, after the HPA scrape delay
     free = life.act_us == INT64_MAX
     a = jnp.argmax(free)
@@ -653,15 +705,11 @@ def tick(s: SimState, st, c, p, now, go) -> SimState:
         act_us=upd(life.act_us, a, now + delay, push),
         act_delta=upd(life.act_delta, a, delta.astype(I32), push),
         act_variant=upd(life.act_variant, a, jnp.where(saturation, sat_variant, -1), push),
+        act_group=upd(life.act_group, a, g, push),
         act_seq=upd(life.act_seq, a, life.seq, push), seq=life.seq + push.astype(I64),
         act_draw=cursor, ovf_draws=life.ovf_draws + ovf.astype(I32),
         ovf_actuations=life.ovf_actuations + (passed & ~room).astype(I32))
-    # the next tick, unless an unbounded run has nothing left to do
-    awaiting = sessions.arrivals_known(s, st) - s.cursors.admit + life.unrouted
-    idle = (awaiting <= 0) & (jnp.sum(s.router.in_flight) == 0)
-    stop = (st.horizon_us == INT64_MAX) & idle
-    nxt = jnp.where(stop, INT64_MAX, now + p.autoscaler.interval_us)
-    return s.replace(life=life.replace(tick_us=jnp.where(go, nxt, life.tick_us)))
+    return s.replace(life=life)
 
 
 def next_actuation(life: LifecycleState):
@@ -674,22 +722,28 @@ def next_actuation(life: LifecycleState):
 # ---- actuation ----------------------------------------------------------------------------------
 
 
-def free_slot(life: LifecycleState, st, p):
-    """(slot, found): the lowest slot a new instance may take — not holding one (with
-    --blis-quirks never used), within the lane's ``max_replicas``."""
+def free_slot(life: LifecycleState, st, p, member=None):
+    """(slot, found): the lowest slot (of the scaling group's slots ``member``; None: any) a
+    new instance may take — not holding one (with --blis-quirks never used), within the
+    lane's ``max_replicas``."""
     free = life.state == UNUSED
     if not st.blis_quirks:
         free = free | (life.state == TERMINATED)
     free = free & (jnp.arange(st.num_instances) < p.autoscaler.max)
+    if member is not None:
+        free = free & member
     return jnp.argmax(free).astype(I32), jnp.any(free)
 
 
-def drain_victim(life: LifecycleState, st, variant):
-    """(slot, found): the Active instance (of ``variant``, -1: any) a scale-down drains
-    first (``Lifecycle._drain_order``): the earliest placed, then the lowest slot;
-    with --blis-quirks BLIS's smallest ID string (autoscaled instances in creation order,
-    then the initial ones by "instance_<i>" as text)."""
+def drain_victim(life: LifecycleState, st, variant, member=None):
+    """(slot, found): the Active instance (of ``variant``, -1: any; of the scaling group's
+    slots ``member``, None: any) a scale-down drains first (``Lifecycle._drain_order``): the
+    earliest placed, then the lowest slot; with --blis-quirks BLIS's smallest ID string
+    (autoscaled instances in creation order, then the initial ones by "instance_<i>" as
+    text)."""
     cand = (life.state == ACTIVE) & ((variant < 0) | (life.variant == variant))
+    if member is not None:
+        cand = cand & member
     slot = jnp.arange(st.num_instances)
     if st.blis_quirks:
         initial = jnp.asarray(st.initial_name_rank + (0,) * (st.num_instances
@@ -714,21 +768,33 @@ def terminate(life: LifecycleState, st, k, now, go) -> LifecycleState:
                       go & (node >= 0)))
 
 
-def actuated(life: LifecycleState, p, delta, done, now, go) -> LifecycleState:
-    """An actuation's counts, and an oscillation when it scales against the previous one
-    within the cooldown (``Lifecycle.actuate``)."""
+def actuated(life: LifecycleState, p, delta, done, now, go, g=0) -> LifecycleState:
+    """An actuation's counts, and an oscillation when it scales against its scaling group
+    g's previous one within the cooldown (``Lifecycle.actuate``)."""
     up, down = go & (delta > 0), go & (delta < 0)
     moved = (up | down) & (done > 0)
     direction = jnp.where(up, 1, -1)
-    oscillates = moved & (life.last_direction == -direction) & (
-        now - life.last_actuation_us < p.autoscaler.cooldown_us)
+    oscillates = moved & (life.last_direction[g] == -direction) & (
+        now - life.last_actuation_us[g] < p.autoscaler.cooldown_us)
     return life.replace(
         added=life.added + jnp.where(up, done, 0), drained=life.drained + jnp.where(down, done, 0),
         scale_ups=life.scale_ups + (up & moved).astype(I32),
         scale_downs=life.scale_downs + (down & moved).astype(I32),
         oscillations=life.oscillations + oscillates.astype(I32),
-        last_direction=jnp.where(moved, direction, life.last_direction),
-        last_actuation_us=jnp.where(moved, now, life.last_actuation_us))
+        last_direction=upd(life.last_direction, g, direction, moved),
+        last_actuation_us=upd(life.last_actuation_us, g, now, moved))
+
+
+def released(s: SimState, st, d, now, go) -> SimState:
+    """Where ``go``: a request bound for instance d went elsewhere (P/D: its prefill failed
+    or was rejected, its KV reservation failed); a draining instance that now holds nothing
+    terminates (``Lifecycle.released``)."""
+    if not (st.lifecycle and st.pd):
+        return s
+    d = jnp.maximum(d, 0)
+    idle = go & (s.life.state[d] == DRAINING) & (s.router.in_flight[d] == 0) \
+        & (s.pd.headed[d] == 0)
+    return s.replace(life=terminate(s.life, st, d, now, idle))
 
 
 def after_instance_event(s: SimState, st, i, completions, now, go) -> SimState:
@@ -742,5 +808,7 @@ def after_instance_event(s: SimState, st, i, completions, now, go) -> SimState:
     life = set_state(life, st, i, ACTIVE, now, warming & (left == 0))
     empty = (((s.queue.length[i] == 0) & (s.batch.n_run[i] == 0)) if st.blis_quirks
              else (s.router.in_flight[i] == 0))
+    if st.pd:  # nothing bound for it either
+        empty = empty & (s.pd.headed[i] == 0)
     life = terminate(life, st, i, now, go & (life.state[i] == DRAINING) & empty)
     return s.replace(life=life)

@@ -26,7 +26,7 @@ from blisjax.engine.pytree import pytree_dataclass
 from blisjax.gorand import blis_subsystem_rand
 from blisjax.program import bytecode as program_code
 from blisjax.program.observables import scorer_name
-from blisjax.rules import instance_roles, reload_cost_us
+from blisjax.rules import reload_cost_us, slot_roles
 
 #: Scorer slots per lane: every scorer at most once, in configuration order.
 MAX_SCORERS = len(Scorer)
@@ -257,8 +257,7 @@ def _pd_params(cfg) -> PDParams:
     streams = ("decode-router", "prefill-router")
     return PDParams(
         pools=np.asarray(bool(pd.enabled)),
-        role=np.asarray([int(x) for x in instance_roles(pd, cfg.cluster.num_instances)],
-                        dtype=np.int32),
+        role=np.asarray([int(x) for x in slot_roles(cfg)], dtype=np.int32),
         decider=np.asarray(PDDecider.of(pd.decider), dtype=np.int32),
         threshold=np.asarray(pd.prefix_threshold_tokens, dtype=np.int32),
         base_us=np.asarray(float(pd.transfer_base_latency_ms) * 1000.0, dtype=np.float64),

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 from blisjax.config.codes import PDDecider, PDRole, RoutingPolicy, Scorer
 from blisjax.engine import policies
 from blisjax.engine.exactfloat import ieee_divide
-from blisjax.engine.lockstep import lane_while, upd
+from blisjax.engine.lockstep import add, lane_while, upd
 from blisjax.engine.params import POOL_DECODE
 from blisjax.engine.pytree import pytree_dataclass
 from blisjax.engine.state import (
@@ -39,6 +39,7 @@ from blisjax.engine.state import (
     PREFILL_ROUTING,
     ROUTED,
     TRANSFER,
+    WHOLE,
     SimState,
 )
 from blisjax.gorand import FEED_START, STATE_WORDS
@@ -80,6 +81,8 @@ class PDState:
     cold_clock: jax.Array  # int64 [2]
     pools: jax.Array  # bool: the lane has pools (``PDParams.pools``; for its results)
     role: jax.Array  # int8 [I]: the lane's ``PDRole`` of each instance (for its results)
+    headed: jax.Array  # int32 [I]: disaggregated requests bound for the instance whose decode
+    #                    sub-request has not joined it yet (a draining instance waits for them)
     ovf_transfers: jax.Array  # int32: transfers refused by full transfer slots (flagged)
     ovf_reserve: jax.Array  # int32: reservations refused by full reservation slots (flagged)
 
@@ -112,6 +115,7 @@ def init_pd(st, pd_rng=None, pd_role=None, pd_pools=False) -> PDState:
         pools=jnp.asarray(pd_pools, bool),
         role=(jnp.full(st.num_instances, PDRole.SHARED, jnp.int8) if pd_role is None
               else jnp.asarray(pd_role).astype(jnp.int8)),
+        headed=jnp.zeros(inst, i32),
         ovf_transfers=jnp.asarray(0, i32), ovf_reserve=jnp.asarray(0, i32))
 
 
@@ -149,6 +153,23 @@ def reserve_overflowed(q: PDState, mask) -> PDState:
     return q.replace(ovf_reserve=q.ovf_reserve + mask.astype(jnp.int32))
 
 
+def _headed(q: PDState, st, decode, change, mask) -> PDState:
+    """``headed`` of instance ``decode`` changed by ``change`` where ``mask`` (kept only with
+    instance lifecycles, where a draining instance waits for the requests bound for it)."""
+    if not st.lifecycle:
+        return q
+    return q.replace(headed=add(q.headed, jnp.maximum(decode, 0), change, mask))
+
+
+def prefill_failed(s: SimState, st, row, mask) -> SimState:
+    """Where ``mask``: ``row`` left its instance without completing (timed out, dropped); a
+    prefill sub-request's parent is then no longer bound for its decode instance."""
+    if not (st.pd and st.lifecycle):
+        return s
+    pre = mask & (row > st.num_requests)
+    return s.replace(pd=_headed(s.pd, st, s.instance[parent_row(st, row)], -1, pre))
+
+
 # ---- routing into pools -------------------------------------------------------------------------
 
 
@@ -178,31 +199,39 @@ def _exchange(s: SimState, st, pool: int, own) -> SimState:
     return s.replace(router=s.router.replace(**mine), pd=q.replace(**pools))
 
 
-def route_pool(s: SimState, st, c, p, r, now, pool: int, active):
-    """Route r among the pool's instances (``Router.route`` with the pool's candidates). A
-    pool with its own scorers routes by weight with its own random stream; otherwise with the
-    lane's routing and the "router" stream. Round-robin counts per pool, or on one counter
-    with ``blis_quirks``. Returns ``(state, target)``."""
-    own = p.pd.pool_own[pool]
+def pool_members(p, pool: int, routable=None):
+    """[I] the pool's instances a router may pick: those of its role, among ``routable``
+    (with instance lifecycles; None: all)."""
     wanted = PDRole.DECODE if pool == POOL_DECODE else PDRole.PREFILL
+    members = (p.pd.role & wanted) != 0
+    return members if routable is None else members & routable
+
+
+def route_pool(s: SimState, st, c, p, r, now, pool: int, active, routable=None):
+    """Route r among the pool's instances (``Router.route`` with the pool's candidates,
+    ``pool_members``). A pool with its own scorers routes by weight with its own random
+    stream; otherwise with the lane's routing and the "router" stream. Round-robin counts
+    per pool, or on one counter with ``blis_quirks``. Returns ``(state, target)``."""
+    own = p.pd.pool_own[pool]
     spec = policies.RouteSpec(
         policy=jnp.where(own, RoutingPolicy.WEIGHTED, p.routing.policy),
         scorer_order=jnp.where(own, p.pd.pool_order[pool], p.routing.scorer_order),
         scorer_weight=jnp.where(own, p.pd.pool_weight[pool], p.routing.scorer_weight),
         prefix_index_on=jnp.where(own, jnp.any(p.pd.pool_order[pool] == Scorer.PREFIX_AFFINITY),
                                   p.routing.prefix_index_on),
-        candidates=(p.pd.role & wanted) != 0)
+        candidates=pool_members(p, pool, routable))
     s = _exchange(s, st, pool, own)
     s, target = policies.route(s, st, c, p, r, now, active, spec)
     return _exchange(s, st, pool, own), target
 
 
-def route_request(s: SimState, st, c, p, r, now, active):
-    """Routing with pools (``PDCluster.route``): the decode instance first, then
-    the decider, which reads that instance's cached prefix (the cache query). A
-    disaggregated request awaits its prefill routing at this time; any other is served
-    whole by the decode instance. Returns ``(state, decode instance, whole)``."""
-    s, decode = route_pool(s, st, c, p, r, now, POOL_DECODE, active)
+def route_request(s: SimState, st, c, p, r, now, active, routable=None):
+    """Routing with pools (``PDCluster.route``): the decode instance first (among
+    ``routable``, with instance lifecycles), then the decider, which reads that instance's
+    cached prefix (the cache query). A disaggregated request awaits its prefill routing at
+    this time, bound for its decode instance (``headed``); any other is served whole by the
+    decode instance. Returns ``(state, decode instance, whole)``."""
+    s, decode = route_pool(s, st, c, p, r, now, POOL_DECODE, active, routable)
     cached = policies.cache_query(s, st, c, r)[decode]
     split = active & disaggregates(p, c, r, cached, st.block_size)
     q = s.pd
@@ -211,6 +240,7 @@ def route_request(s: SimState, st, c, p, r, now, active):
         status=s.status.at[r_or_sink].set(ROUTED), instance=s.instance.at[r_or_sink].set(decode),
         pd=q.replace(phase=q.phase.at[r_or_sink].set(PREFILL_ROUTING),
                      pf_next=jnp.where(split & (q.pf_next == st.num_requests), r, q.pf_next)))
+    s = s.replace(pd=_headed(s.pd, st, decode, 1, split))
     return s, decode, active & ~split
 
 
@@ -222,11 +252,16 @@ def prefill_routing_us(s: SimState, st, c):
     return jnp.where(r < n, due, INT64_MAX)
 
 
-def prefill_routed(s: SimState, st, r, target, active) -> SimState:
-    """Request r's prefill sub-request went to ``target``; the next request awaiting its
-    prefill routing is the first one after r (all of them were routed at this time)."""
+def prefill_routed(s: SimState, st, r, target, active, rejected=False) -> SimState:
+    """Request r's prefill sub-request went to ``target`` (or, ``rejected``, no prefill
+    instance was routable: r is served by none, no longer disaggregated, no longer bound for
+    its decode instance); the next request awaiting its prefill routing is the first one
+    after r (all of them were routed at this time)."""
     q = s.pd
-    r_or_sink = jnp.where(active, r, st.num_requests)
+    r_or_sink = jnp.where(active & ~rejected, r, st.num_requests)
+    r_rejected = jnp.where(rejected, r, st.num_requests)
+    q = _headed(q.replace(phase=q.phase.at[r_rejected].set(WHOLE)), st, s.instance[r], -1,
+                rejected)
 
     def cond(cur):
         return (cur < s.cursors.route) & (q.phase[jnp.minimum(cur, st.num_requests)]
@@ -307,6 +342,7 @@ def transfer_started(s: SimState, st, c, p, k, r, now, reserved, active) -> SimS
     contention = go & p.pd.contention
     in_flight = jnp.where(contention, q.active + 1, 1)
     end = now + transfer_duration_us(p, c, r, in_flight)
+    q = _headed(q, st, s.instance[jnp.maximum(r, 0)], -1, failed)
     return s.replace(pd=q.replace(
         transfer_start_us=q.transfer_start_us.at[jnp.where(active, r, n)].set(now),
         phase=q.phase.at[jnp.where(failed, r, n)].set(DROPPED_AT_DECODE),
@@ -324,6 +360,7 @@ def transfer_ended(s: SimState, st, p, k, r, now, active) -> SimState:
     """The bookkeeping of a transfer's end in slot k (``_end_transfer``)."""
     q = s.pd
     r_or_sink = jnp.where(active, r, st.num_requests)
+    q = _headed(q, st, s.instance[jnp.maximum(r, 0)], -1, active)
     return s.replace(pd=q.replace(
         x_req=upd(q.x_req, k, NIL, active),
         active=q.active - (active & p.pd.contention).astype(jnp.int32),

@@ -619,5 +619,8 @@ def _own_instances(result: records.RunResult, count: int) -> records.RunResult:
     if tier is not None:  # its per-instance counters (per request: all of them)
         tier = tier._replace(**{f: getattr(tier, f)[:count] for f in tier._fields
                                 if f != "request_reloads"})
-    return dataclasses.replace(result, num_instances=count, kv_tier=tier,
+    pd = result.pd
+    if pd is not None:  # its instances' roles
+        pd = pd._replace(role=pd.role[:count])
+    return dataclasses.replace(result, num_instances=count, kv_tier=tier, pd=pd,
                                **{f: getattr(result, f)[:count] for f in _PER_INSTANCE})

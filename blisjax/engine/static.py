@@ -214,6 +214,13 @@ class EngineStatic:
         return self.batch_slots + self.pd_reserve_slots
 
     @property
+    def scaling_groups(self) -> int:
+        """Groups of instance slots the autoscaler scales on its own: with P/D pools and
+        instance lifecycles the prefill and the decode pool (``lifecycle.group_members``),
+        else one."""
+        return 2 if self.pd and self.lifecycle else 1
+
+    @property
     def tiered(self) -> bool:
         """A CPU tier is compiled in (``engine.kvtier``)."""
         return self.cpu_tier_blocks > 0
@@ -402,9 +409,10 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
     if cfg.cluster.gateway.enabled:
         _check_gateway_supported(cfg)
         decode_stretches = False
-    if cfg.cluster.pd.enabled and uses_lifecycle(cfg):
+    if cfg.cluster.pd.enabled and cfg.cluster.pd.has_overrides and uses_lifecycle(cfg):
         raise ConfigError("cluster.pd", "instance lifecycles (autoscaling, node pools, loading "
-                          "and warm-up) with P/D pools run in the reference engine only "
+                          "and warm-up) with P/D pools of their own settings "
+                          "(cluster.pd.prefill / decode) run in the reference engine only "
                           "(--engine reference)")
     workload = engine_workload(workload, int(resolved.max_model_len))
     n = workload.num_requests

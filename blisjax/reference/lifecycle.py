@@ -448,7 +448,8 @@ class Lifecycle:
     def released(self, slot: int, now_us: int) -> None:
         """Something bound for the slot's instance went elsewhere: a draining instance that
         now holds nothing terminates."""
-        if self.slots[slot].state == InstanceState.DRAINING and self._holds_nothing(slot):
+        if self.enabled and self.slots[slot].state == InstanceState.DRAINING \
+                and self._holds_nothing(slot):
             self._terminate(slot, now_us)
 
     def _terminate(self, slot: int, now_us: int) -> None:

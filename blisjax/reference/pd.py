@@ -250,6 +250,7 @@ class PDCluster:
         decode = sim.instances[parent.decode_instance]
         decode.enqueue_decode(parent.decode_sub, time_us)
         sim._settle_finished(decode)  # one whose deadline has passed leaves at once
+        sim.life.released(parent.decode_instance, time_us)
 
     def project(self, rows: dict[str, np.ndarray]) -> PDCounters:
         """Each disaggregated request's row from its sub-requests (§5.10, BLIS's projection):

@@ -127,6 +127,23 @@ def test_a_draining_decode_instance_waits_for_the_requests_bound_for_it():
                                 (500, 1, "draining"), (4849, 1, "terminated")]
 
 
+def test_a_draining_decode_instance_ends_when_its_request_fails_elsewhere():
+    """As above, but r0 (320 tokens in, deadline 2 ms) prefills in two 160-token chunks and
+    times out on the prefill instance at 2 ms, during its first chunk [0, 2600): nothing is
+    bound for instance 1 any more, which terminates then; the 2 ms tick still saw r0 bound
+    for it, the 3 ms tick finds the run idle and is the last."""
+    auto = AutoscalerConfig(policy="queue-depth", interval_us=1000, target_queue_depth=1.0,
+                            cooldown_us=0, actuation_delay=DelaySpec(0.0005))
+    sim, result, metrics, out = _run([dict(arrival=0, input=320, output=3, deadline=2000)],
+                                     autoscaler=auto, pd=dict(decode_instances=2),
+                                     max_tokens=160)
+    assert out[0]["status"] == "timed-out"
+    assert _changes(result) == [(0, 0, "active"), (0, 1, "active"), (0, 2, "active"),
+                                (500, 1, "draining"), (2000, 1, "terminated")]
+    assert metrics["autoscaling"]["end_s"] == 0.003
+    assert sim.pd.headed == [0, 0, 0]
+
+
 def test_no_routable_decode_instance_rejects_the_request():
     """Cold initial instances (loading 1 ms): a request at 0 finds no routable decode
     instance; one at 2 ms is served."""
