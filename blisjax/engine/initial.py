@@ -2,7 +2,7 @@
 
 Counterpart: the constructors of the reference engine's ``ClusterSimulator``, ``Instance`` and
 ``KVCache`` (every queue empty, every block free in id order, the token bucket full). Each
-module builds the part it owns (``cluster.init_cursors``, ``policies.init_router``,
+module builds the part it owns (``cluster_events.init_cursors``, ``policies.init_router``,
 ``kvblocks.init_kv``, ``kvtier.init_tier``, ``pd.init_pd``, ``lifecycle.init_lifecycle``, …);
 this module sits above them and ``engine.state``.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from blisjax.engine.batch import init_batch
-from blisjax.engine.cluster import init_cursors, init_window
+from blisjax.engine.cluster_events import init_cursors, init_window
 from blisjax.engine.gateway import init_gateway
 from blisjax.engine.kvblocks import init_kv
 from blisjax.engine.kvtier import init_tier

@@ -1,11 +1,11 @@
-"""Instance lifecycles and the autoscaler of one lane (docs/semantics.md Decision 16).
+"""Instance lifecycles of one lane (docs/semantics.md Decision 16).
 
 Counterpart: ``blisjax.reference.lifecycle`` (slots, node pools, delays, and ``Lifecycle``:
-``_place`` as ``place_instance``, ``start_loading``, ``ready`` as ``_ready``, ``tick``,
-``_terminate`` as ``terminate`` and ``after_instance_event``; its ``actuate`` and ``_drain``
-are ``engine.cluster``'s ``actuation`` and ``_drain``, which move requests between instances)
-and ``blisjax.reference.autoscaler`` (the tick's decisions). Read them for the rules; this module
-does the same with arrays.
+``_place`` as ``place_instance``, ``start_loading``, ``ready`` as ``_ready``,
+``_terminate`` as ``terminate``, ``released`` and ``after_instance_event``; its ``tick`` is
+``engine.autoscaler``'s; its ``actuate`` and ``_drain`` are ``engine.cluster_events``'
+``actuation`` and ``_drain``, which move requests between instances). Read them for the
+rules; this module does the same with arrays.
 
 Every instance slot has a state (``config.codes.InstanceState``); the program's instance count
 is the slot count (the largest lane's ``max_replicas``). The lane's pending lifecycle events
@@ -23,10 +23,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from blisjax.config.autoscale import max_replicas
-from blisjax.config.codes import AutoscalerPolicy, DrainPolicy, InstanceState, PDRole
+from blisjax.config.codes import AutoscalerPolicy, DrainPolicy, InstanceState
 from blisjax.config.hardware import hardware_code
-from blisjax.engine import sessions
-from blisjax.engine.exactfloat import exact_mul, ieee_divide
+from blisjax.engine.exactfloat import ieee_divide
 from blisjax.engine.lockstep import add, upd
 from blisjax.engine.pytree import pytree_dataclass
 from blisjax.engine.state import NIL, SimState
@@ -283,7 +282,7 @@ def set_state(life: LifecycleState, st, k, state, now, go) -> LifecycleState:
         tl_count=n + go.astype(I32))
 
 
-def _draw(table, cursor, random, go):
+def draw(table, cursor, random, go):
     """The stream's next delay (µs) and its cursor after the draw (a fixed delay draws
     nothing); ``overflow``: a random stream ran past its stored draws."""
     k = jnp.minimum(cursor, DELAY_DRAWS - 1)
@@ -296,11 +295,14 @@ def routable(life: LifecycleState):
     return (life.state == WARMING_UP) | (life.state == ACTIVE)
 
 
-def _live(life: LifecycleState):
+def live(life: LifecycleState):
+    """[I] the slots whose instance counts toward the replicas a scale-down leaves
+    (Scheduling, Loading, WarmingUp or Active)."""
     return (life.state >= SCHEDULING) & (life.state <= ACTIVE)
 
 
-def _holding(life: LifecycleState):
+def holding(life: LifecycleState):
+    """[I] the slots holding an instance (live or Draining)."""
     return (life.state >= SCHEDULING) & (life.state <= DRAINING)
 
 
@@ -387,7 +389,7 @@ def _place_on_node(life: LifecycleState, st, p, variant, now, go):
         pool = jnp.argmax(grow).astype(I32)
         new = go & ~found & jnp.any(grow)
         fresh = jnp.asarray(st.pool_first_node, I32)[pool] + life.pool_nodes[pool]
-        delay, cursor, ovf = _draw(p.lifecycle.prov_delay_us[pool], life.prov_draw,
+        delay, cursor, ovf = draw(p.lifecycle.prov_delay_us[pool], life.prov_draw,
                                    p.lifecycle.prov_random[pool], new)
         life = life.replace(
             node_ready_us=upd(life.node_ready_us, fresh, now + delay, new),
@@ -438,7 +440,7 @@ def _push_ready(life: LifecycleState, k, t, go) -> LifecycleState:
 def start_loading(life: LifecycleState, st, p, k, now, go) -> LifecycleState:
     """Slot k starts loading its model (``Lifecycle.start_loading``)."""
     life = set_state(life, st, k, LOADING, now, go)
-    delay, cursor, ovf = _draw(p.lifecycle.load_delay_us, life.load_draw,
+    delay, cursor, ovf = draw(p.lifecycle.load_delay_us, life.load_draw,
                                p.lifecycle.load_random, go)
     life = life.replace(load_draw=cursor, ovf_draws=life.ovf_draws + ovf.astype(I32))
     life = _ready(life, st, p, k, now, go & (delay == 0))
@@ -518,198 +520,6 @@ def slowed(d, factor):
     if factor is None:
         return d
     return jnp.where(factor != 1.0, jnp.maximum(1, (d.astype(F64) * factor).astype(I64)), d)
-
-
-# ---- the autoscaler's tick ----------------------------------------------------------------------
-
-
-def _sequential_sum(values, mask):
-    """Σ values where mask, added in index order (as the reference's loops add)."""
-    total = jnp.asarray(0.0, F64)
-    for k in range(values.shape[0]):
-        total = total + jnp.where(mask[k], values[k], 0.0)
-    return total
-
-
-def _ceil_int(x):
-    return jnp.ceil(jnp.clip(x, -1e15, 1e15)).astype(I64)
-
-
-def _floor_int(x):
-    return jnp.floor(jnp.clip(x, -1e15, 1e15)).astype(I64)
-
-
-def _template_delta(s: SimState, st, c, p, rt, n, live):
-    """The seed templates' raw decisions (``reference.autoscaler``): threshold,
-    target-utilization, queue-depth; [3] in that order."""
-    life = s.life
-    util = ieee_divide(life.snap_used.astype(F64), c.kv_blocks_f)
-    mean = jnp.where(n > 0, ieee_divide(_sequential_sum(util, rt), jnp.maximum(n, 1).astype(F64)),
-                     0.0)
-    threshold = jnp.where(mean > p.autoscaler.up_util, 1,
-                          jnp.where(mean < p.autoscaler.down_util, -1, 0))
-    within = jnp.abs(ieee_divide(mean, p.autoscaler.target_util) - 1.0) <= p.autoscaler.tolerance
-    desired = _ceil_int(ieee_divide(live.astype(F64) * mean, p.autoscaler.target_util))
-    target = jnp.where((n == 0) | within, 0, desired - live)
-    load = jnp.sum(jnp.where(rt, s.router.snap_qd + s.router.snap_bs, 0)).astype(I64)
-    queue = jnp.where(n == 0, 0,
-                      _ceil_int(ieee_divide(load.astype(F64), p.autoscaler.target_qd)) - live)
-    return threshold.astype(I64), target.astype(I64), queue.astype(I64)
-
-
-def _saturation(s: SimState, st, p, rt, n, member=None):
-    """blis-saturation's analyzer and unlimited engine (``reference.autoscaler.
-    saturation_decision``) over the routable slots ``rt`` of a scaling group (slots
-    ``member``; None: every slot): (delta, variant)."""
-    life = s.life
-    v_count = st.num_variants
-    bs = st.block_size
-    # a replica's supply (the same KV on all); products formed exactly (no FMA with the sums)
-    k1 = exact_mul(float(st.kv_blocks * bs), p.autoscaler.kv_threshold)
-    count = jnp.zeros(v_count, I64)
-    supply = jnp.zeros(v_count, F64)
-    demand = jnp.zeros(v_count, F64)
-    for k in range(st.num_instances):  # replica order
-        v, m = life.variant[k], rt[k]
-        d = (life.snap_used[k] * bs).astype(F64) + exact_mul(s.router.snap_qd[k].astype(F64),
-                                                             p.autoscaler.avg_input)
-        count = count.at[v].add(m.astype(I64))
-        supply = supply.at[v].set(jnp.where(m, supply[v] + k1, supply[v]))
-        demand = demand.at[v].set(jnp.where(m, demand[v] + d, demand[v]))
-    order = p.lifecycle.variant_order
-    total_supply = total_demand = jnp.asarray(0.0, F64)
-    for j in range(v_count):  # cost order
-        v = order[j]
-        total_supply = total_supply + jnp.where(count[v] > 0, supply[v], 0.0)
-        total_demand = total_demand + jnp.where(count[v] > 0, demand[v], 0.0)
-    coming = (life.state == SCHEDULING) | (life.state == LOADING)
-    if member is not None:
-        coming = coming & member
-    pending = float(st.kv_blocks * bs) * jnp.sum(coming).astype(F64)  # exact: integers
-    pending_supply = exact_mul(pending, p.autoscaler.kv_threshold)
-    required = ieee_divide(total_demand, p.autoscaler.sat_up) - (total_supply + pending_supply)
-    present = count[order] > 0
-    cheapest = order[jnp.argmax(present)]
-    per_cheap = ieee_divide(supply[cheapest], jnp.maximum(count[cheapest], 1).astype(F64))
-    up = jnp.where(per_cheap <= 0, 1,
-                   jnp.maximum(1, _ceil_int(ieee_divide(required, per_cheap))))
-    spare = total_supply - ieee_divide(total_demand, p.autoscaler.sat_down)
-    per = ieee_divide(supply, jnp.maximum(count, 1).astype(F64))
-    max_per = jnp.max(jnp.where(count > 0, per, -jnp.inf))
-    cost = p.lifecycle.variant_cost[order]
-    dear_rank = jnp.argmax(present & (cost == jnp.max(jnp.where(present, cost, -jnp.inf))))
-    dearest = order[dear_rank]
-    down = -jnp.minimum(jnp.maximum(_floor_int(ieee_divide(spare, per[dearest])), 1),
-                        count[dearest])
-    shrink = (n >= 2) & (spare > 0) & (total_supply - max_per
-                                       > ieee_divide(total_demand, p.autoscaler.sat_down))
-    delta = jnp.where(n == 0, 0, jnp.where(required > 0, up, jnp.where(shrink, down, 0)))
-    variant = jnp.where(required > 0, cheapest, dearest)
-    return delta.astype(I64), variant.astype(I32)
-
-
-def _stabilized(life: LifecycleState, p, delta, now, g: int):
-    """BLIS's stabilization windows of scaling group g (``Autoscaler._stabilized``): (life,
-    passes)."""
-    sign = jnp.sign(delta)
-    up_timer = jnp.where(sign > 0, life.window_up_us[g], NO_TIMER)
-    down_timer = jnp.where(sign < 0, life.window_down_us[g], NO_TIMER)
-    timer = jnp.where(sign > 0, up_timer, down_timer)
-    window = jnp.where(sign > 0, p.autoscaler.up_window_us, p.autoscaler.down_window_us)
-    unset = timer == NO_TIMER
-    passes = (sign != 0) & jnp.where(unset, window == 0, now - timer >= window)
-    new_timer = jnp.where(unset & (window > 0), now, jnp.where(passes, NO_TIMER, timer))
-    return life.replace(
-        window_up_us=life.window_up_us.at[g].set(jnp.where(sign > 0, new_timer, NO_TIMER)),
-        window_down_us=life.window_down_us.at[g].set(jnp.where(sign < 0, new_timer, NO_TIMER)),
-    ), passes
-
-
-def group_members(st, p):
-    """bool [G, I]: the slots of each scaling group (``reference.lifecycle.scaling_groups``):
-    with P/D pools and instance lifecycles the prefill pool's and the decode pool's (a lane
-    without pools has every slot in the first); otherwise one group of every slot."""
-    every = jnp.ones(st.num_instances, bool)
-    if st.scaling_groups == 1:
-        return every[None, :]
-    role = p.pd.role
-    pools = p.pd.pools
-    own = jnp.arange(st.num_instances) < p.autoscaler.max  # the lane's own slots
-    return jnp.stack([own & jnp.where(pools, role == PDRole.PREFILL, every),
-                      own & pools & (role == PDRole.DECODE)])
-
-
-def bounded(life: LifecycleState, st, p, delta, member=None):
-    """A decision within the replica bounds and step limits (``Lifecycle._bounded``): for the
-    scaling group of slots ``member`` (None: every slot, at most the lane's ``max_replicas``)
-    at most its slots' instances held."""
-    mine = (lambda x: x) if member is None else (lambda x: x & member)  # noqa: E731
-    live = jnp.sum(mine(_live(life))).astype(I64)
-    holding = jnp.sum(mine(_holding(life))).astype(I64)
-    most = (p.autoscaler.max if member is None else jnp.sum(member)).astype(I64)
-    up = delta if st.blis_quirks else jnp.minimum(delta, most - holding)
-    up = jnp.where(p.autoscaler.up_step > 0, jnp.minimum(up, p.autoscaler.up_step), up)
-    down = jnp.maximum(delta, p.autoscaler.min - live)
-    down = jnp.where(p.autoscaler.down_step > 0, jnp.maximum(down, -p.autoscaler.down_step), down)
-    return jnp.where(delta > 0, jnp.maximum(up, 0), jnp.where(delta < 0, jnp.minimum(down, 0), 0))
-
-
-def tick(s: SimState, st, c, p, now, go) -> SimState:
-    """The autoscaler's tick (``Lifecycle.tick``): each scaling group in order reads,
-    decides and schedules its actuation; the caller refreshed the snapshots at ``now``."""
-    members = group_members(st, p)
-    for g in range(st.scaling_groups):
-        s = _tick_group(s, st, c, p, now, go, g, None if st.scaling_groups == 1 else members[g])
-    life = s.life
-    # the next tick, unless an unbounded run has nothing left to do
-    awaiting = sessions.arrivals_known(s, st) - s.cursors.admit + life.unrouted
-    idle = (awaiting <= 0) & (jnp.sum(s.router.in_flight) == 0)
-    if st.scaling_groups > 1:  # requests on their way to a decode instance
-        idle = idle & (jnp.sum(s.pd.headed) == 0)
-    stop = (st.horizon_us == INT64_MAX) & idle
-    nxt = jnp.where(stop, INT64_MAX, now + p.autoscaler.interval_us)
-    return s.replace(life=life.replace(tick_us=jnp.where(go, nxt, life.tick_us)))
-
-
-def _tick_group(s: SimState, st, c, p, now, go, g: int, member) -> SimState:
-    """Scaling group g's part of a tick (slots ``member``; None: every slot)."""
-    life = s.life
-    mine = (lambda x: x) if member is None else (lambda x: x & member)  # noqa: E731
-    rt = mine(routable(life))
-    n = jnp.sum(rt).astype(I64)
-    live = jnp.sum(mine(_live(life))).astype(I64)
-    threshold, target, queue = _template_delta(s, st, c, p, rt, n, live)
-    sat_delta, sat_variant = _saturation(s, st, p, rt, n, member)
-    saturation = p.autoscaler.policy == AutoscalerPolicy.BLIS_SATURATION
-    stabilized_life, stable = _stabilized(life, p, sat_delta, now, g)
-    life = jax.tree_util.tree_map(lambda a, b: jnp.where(go & saturation, a, b),
-                                  stabilized_life, life)
-    raw = jnp.where(p.autoscaler.policy == AutoscalerPolicy.THRESHOLD, threshold,
-                    jnp.where(p.autoscaler.policy == AutoscalerPolicy.TARGET_UTILIZATION, target,
-                              jnp.where(p.autoscaler.policy == AutoscalerPolicy.QUEUE_DEPTH, queue,
-                                        jnp.where(stable, sat_delta, 0))))
-    delta = bounded(life, st, p, raw, member)
-    last = jnp.where(delta > 0, life.last_up_us[g], life.last_scale_us[g])
-    cooled = saturation | (now - last >= p.autoscaler.cooldown_us)
-    passed = go & (delta != 0) & cooled
-    life = life.replace(last_scale_us=upd(life.last_scale_us, g, now, passed),
-                        last_up_us=upd(life.last_up_us, g, now, passed & (delta > 0)))
-    # the actuation, after the HPA scrape delay
-    free = life.act_us == INT64_MAX
-    a = jnp.argmax(free)
-    room = jnp.any(free)
-    delay, cursor, ovf = _draw(p.autoscaler.act_delay_us, life.act_draw,
-                               p.autoscaler.act_random, passed)
-    push = passed & room
-    life = life.replace(
-        act_us=upd(life.act_us, a, now + delay, push),
-        act_delta=upd(life.act_delta, a, delta.astype(I32), push),
-        act_variant=upd(life.act_variant, a, jnp.where(saturation, sat_variant, -1), push),
-        act_group=upd(life.act_group, a, g, push),
-        act_seq=upd(life.act_seq, a, life.seq, push), seq=life.seq + push.astype(I64),
-        act_draw=cursor, ovf_draws=life.ovf_draws + ovf.astype(I32),
-        ovf_actuations=life.ovf_actuations + (passed & ~room).astype(I32))
-    return s.replace(life=life)
 
 
 def next_actuation(life: LifecycleState):

@@ -3,9 +3,9 @@ transfers and the decode side's reservation (docs/semantics.md §5.10, Decision 
 
 Counterpart: ``blisjax.reference.pd``, its ``PDCluster``'s ``route``
 (``route_request``), ``route_prefill`` (``route_pool`` and ``prefill_routed``, called by
-``cluster.prefill_routing``), ``prefills_completed`` (``push_transfer_starts``),
+``cluster_events.prefill_routing``), ``prefills_completed`` (``push_transfer_starts``),
 ``start_transfer`` and ``end_transfer`` (``transfer_started`` and ``transfer_ended``, called
-by ``cluster.transfer_event``). ``Instance.reserve_transferred_kv`` and ``enqueue_decode`` have
+by ``cluster_events.transfer_event``). ``Instance.reserve_transferred_kv`` and ``enqueue_decode`` have
 their counterparts of the same names in ``engine.instance``.
 
 Request rows: a disaggregated request r keeps row r for its decode sub-request (and for the

@@ -61,11 +61,11 @@ class SimState:
     itl_buf: jax.Array  # int32 µs [max(itl_capacity, 1)]: raw ITL entries, request r's from
     #                      itl_offset[r] on (only filled when itl_capacity > 0)
     # ---- the parts each module owns (one record each; their fields are documented there) ----
-    cursors: Any  # engine.cluster.Cursors: the event cursors and sequence numbers
+    cursors: Any  # engine.cluster_events.Cursors: the event cursors and sequence numbers
     router: Any  # engine.policies.RouterState: in-flight counts, snapshots, random stream,
     #              prefix index, no-hit-lru recency and the cache query's periodic copy
     admission: Any  # engine.policies.AdmissionState: buckets, tenants in flight, rejections
-    window: Any  # engine.cluster.WindowState: each instance's α-delay window
+    window: Any  # engine.cluster_events.WindowState: each instance's α-delay window
     batch: Any  # engine.batch.BatchState: each instance's running batch and step clock
     stretch: Any  # engine.stretch.StretchState: each instance's planned decode stretch
     queue: Any  # engine.queues.QueueState: each instance's wait queue

@@ -216,7 +216,7 @@ class EngineStatic:
     @property
     def scaling_groups(self) -> int:
         """Groups of instance slots the autoscaler scales on its own: with P/D pools and
-        instance lifecycles the prefill and the decode pool (``lifecycle.group_members``),
+        instance lifecycles the prefill and the decode pool (``autoscaler.group_members``),
         else one."""
         return 2 if self.pd and self.lifecycle else 1
 
