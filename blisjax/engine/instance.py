@@ -66,7 +66,9 @@ def inject_arrival(s: SimState, st, c, i, r, now, active) -> SimState:
             s = end_stretch(s, st, c, i, now, active)
         inputs = (s.batch.n_run[i], s.queue.length[i], kvblocks.capacity_of(st, i) - s.kv.kv_free[i],
                   c.input_tokens[r], kv.cached_blocks(s, st, c, i, r).count, s.batch.ema[i])
-        delay = (physics.queueing_delay(c.physics, *inputs) if st.latency is None
+        delay = (physics.queueing_delay(c.physics, *inputs,
+                                        cpu_blocks=s.tier.capacity if st.tiered else None)
+                 if st.latency is None
                  else hostlatency.queueing_delay(st.latency, active, *inputs))
     else:
         delay = queue_delay(st, c, r, i)

@@ -279,11 +279,17 @@ def plain_step_times(pc: PhysicsConsts, keep, pi, l_in, out, ema, steps: int):
 
 
 def queue_features(pc: PhysicsConsts, running_depth, waiting_depth, kv_used_blocks,
-                   prompt_tokens, prefix_cached_blocks, ema) -> tuple:
+                   prompt_tokens, prefix_cached_blocks, ema, cpu_blocks=None) -> tuple:
     """The 11 α features (§P.5 order) of a request an instance receives
     (``PhysicsQueueInputs.from_state``, then ``alpha_features``). Arrays of one shape: the
     running and waiting depths, used KV blocks, the prompt's tokens and cached prefix blocks,
-    the instance's EMA."""
+    the instance's EMA; ``cpu_blocks``: the lane's CPU tier size (feature 10; None: the
+    configuration's, ``PhysicsConsts.cpu_capacity_bytes``)."""
+    if cpu_blocks is None:
+        cpu_on, cpu_bytes = pc.cpu_indicator, pc.cpu_capacity_bytes
+    else:  # exact: integer-valued products far below 2^53
+        cpu_on = jnp.where(cpu_blocks > 0, 1.0, 0.0)
+        cpu_bytes = jnp.where(cpu_blocks > 0, _as_f64(cpu_blocks) * pc.block_bytes, 0.0)
     usage = ieee_divide(_as_f64(kv_used_blocks), pc.total_blocks)
     free_bytes = pc.capacity_bytes * jnp.maximum(pc.epsilon, 1.0 - usage)
     prompt = _as_f64(prompt_tokens)
@@ -305,14 +311,13 @@ def queue_features(pc: PhysicsConsts, running_depth, waiting_depth, kv_used_bloc
         _clamp(ieee_divide((g * prompt) * pc.kv_bytes_per_token,
                            jnp.maximum(pc.epsilon, free_bytes))),
         _clamp(g * ema),
-        _clamp(ieee_divide((g * pc.cpu_indicator) * pc.cpu_capacity_bytes,
-                           pc.gpu_capacity_den)),
+        _clamp(ieee_divide((g * cpu_on) * cpu_bytes, pc.gpu_capacity_den)),
         _clamp(g),
     )
 
 
-def queueing_delay(pc: PhysicsConsts, *inputs):
+def queueing_delay(pc: PhysicsConsts, *inputs, cpu_blocks=None):
     """α delay in µs, >= 0 (``queueing_delay_us``: max(0, trunc(α·F))). Arguments as
     :func:`queue_features`."""
-    features = queue_features(pc, *inputs)
+    features = queue_features(pc, *inputs, cpu_blocks=cpu_blocks)
     return jnp.maximum(0, float_to_ticks_array(dot_left_to_right(pc.alpha, features), jnp))

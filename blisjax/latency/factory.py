@@ -59,6 +59,10 @@ def _physics(resolved):
         coeffs = shipped_physics_coefficients()["illustrative-placeholder.yaml"]
     if lat.preemption_ema_gamma is not None:
         coeffs = dataclasses.replace(coeffs, gamma=lat.preemption_ema_gamma)
-    knobs = VLLMKnobs.from_engine(cfg.engine, resolved.total_kv_blocks)
+    # a CPU tier feeds α feature 10 (its capacity); β features 13 and 14 stay 0: the tier
+    # charges its reloads' transfer time to the step itself (docs/latency-models.md §P.2)
+    cpu_blocks = cfg.engine.kv_cpu_blocks
+    knobs = VLLMKnobs.from_engine(cfg.engine, resolved.total_kv_blocks,
+                                  cpu_offloading=cpu_blocks > 0, total_kv_blocks_cpu=cpu_blocks)
     return PhysicsLatency.build(resolved.model_config, resolved.hardware_config,
                                 cfg.engine.tensor_parallel_size, knobs, coeffs)

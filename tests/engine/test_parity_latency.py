@@ -101,3 +101,28 @@ def test_physics_population_parity(case, where):
         preempted += int(np.sum(want.preemption_count))
         assert first_divergence(want, lanes[k]) is None, (k, cfg.policy, cfg.engine)
     assert preempted > 0 or case != "physics"  # the sample's EMA moves
+
+
+def test_physics_alpha_reads_each_lanes_cpu_tier():
+    """α feature 10 is the lane's own CPU tier over its GPU KV cache (docs/latency-models.md
+    §P.2): the sample with α10's coefficient at 40,000 µs per unit and lanes of 300, 60 and 0
+    tier blocks (the program sized for 300), physics in the program; each lane equals its own
+    reference run, whose delays α10 changes."""
+    resolved, workload = _sample("physics", num_requests=60)
+    alpha = list(resolved.config.latency.alpha_coeffs)
+    alpha[9] = 40_000.0
+    base = dataclasses.replace(resolved.config, latency=dataclasses.replace(
+        resolved.config.latency, alpha_coeffs=tuple(alpha)))
+    configs = [dataclasses.replace(base, engine=dataclasses.replace(base.engine,
+                                                                    kv_cpu_blocks=blocks))
+               for blocks in (300, 60, 0)]
+    params = stack_params([params_from_config(c, workload.tenant_names) for c in configs])
+    st = build_static(resolve_config(configs[0]), workload, narrow_programs=False)
+    room_for_a_program()
+    lanes = simulate_population(resolve_config(configs[0]), workload, params, static=st)
+    for k, cfg in enumerate(configs):
+        want = reference(resolve_config(cfg), workload)
+        assert first_divergence(want, lanes[k]) is None, k
+    without = dataclasses.replace(configs[0], latency=resolved.config.latency)
+    assert not np.array_equal(reference(resolve_config(without), workload).ttft_us,
+                              reference(resolve_config(configs[0]), workload).ttft_us)
