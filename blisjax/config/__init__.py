@@ -36,6 +36,7 @@ from blisjax.config.model import (
     load_model_config,
     shipped_models,
 )
+from blisjax.config.pd import PDConfig, PoolOverrides
 from blisjax.config.policy import (
     AdmissionConfig,
     PolicyConfig,
@@ -52,8 +53,6 @@ from blisjax.config.sim import (
     GatewayConfig,
     LatencyConfig,
     MetricsConfig,
-    PDConfig,
-    PoolOverrides,
     SimConfig,
     SLOTarget,
 )

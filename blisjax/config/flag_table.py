@@ -20,8 +20,8 @@ from blisjax.config.fields import (
     SCHEDULER_POLICIES,
     TIE_BREAKS,
 )
+from blisjax.config.pd import PD_DECIDERS
 from blisjax.config.policy import ScorerWeight
-from blisjax.config.sim import PD_DECIDERS
 from blisjax.config.yaml_io import (
     BLIS_INVERTED_SLO,
 )

@@ -18,9 +18,9 @@ from blisjax.config.kv_capacity import (
     kv_bytes_per_token_per_gpu,
 )
 from blisjax.config.model import ModelConfig, UnknownModelError, load_model_config
+from blisjax.config.pd import POOL_ROLES
 from blisjax.config.policy import PolicyConfig
 from blisjax.config.sim import (
-    POOL_ROLES,
     ClusterConfig,
     EngineConfig,
     LatencyConfig,

@@ -12,7 +12,7 @@ import pytest
 
 from blisjax.config import AutoscalerConfig, DelaySpec, LifecycleConfig, resolve_config
 from blisjax.config.codes import InstanceState
-from blisjax.config.sim import PDConfig
+from blisjax.config.pd import PDConfig
 from blisjax.engine import params_from_config, simulate_population, stack_params
 from blisjax.engine.parity import first_divergence
 from blisjax.engine.static import build_static_shared

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from blisjax.config import ConfigError, PDConfig, RoutingConfig, ScorerWeight, resolve_config
-from blisjax.config.sim import EngineConfig, LatencyConfig, PoolOverrides
+from blisjax.config.pd import PoolOverrides
+from blisjax.config.sim import EngineConfig, LatencyConfig
 from blisjax.engine import params_from_config, simulate_population, stack_params
 from blisjax.engine.parity import first_divergence
 from blisjax.engine.static import build_static

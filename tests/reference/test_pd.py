@@ -16,7 +16,8 @@ import pytest
 
 from blisjax.config import ConfigError, resolve_config
 from blisjax.config.flags import apply_blis_flag_values
-from blisjax.config.sim import ClusterConfig, PDConfig, SimConfig
+from blisjax.config.pd import PDConfig
+from blisjax.config.sim import ClusterConfig, SimConfig
 from blisjax.metrics import aggregate_metrics, per_request_rows
 from blisjax.metrics.records import COMPLETED, DROPPED, TIMED_OUT
 from blisjax.reference import ClusterSimulator

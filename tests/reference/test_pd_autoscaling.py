@@ -21,7 +21,7 @@ from blisjax.config import (
     resolve_config,
 )
 from blisjax.config.codes import PDRole
-from blisjax.config.sim import PDConfig, PoolOverrides
+from blisjax.config.pd import PDConfig, PoolOverrides
 from blisjax.metrics import aggregate_metrics, per_request_rows, replica_timeline
 from blisjax.metrics.cost import cost_basis
 from blisjax.metrics.records import COMPLETED, REJECTED

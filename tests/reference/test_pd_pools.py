@@ -15,7 +15,8 @@ import pytest
 from blisjax.config import ConfigError, resolve_config
 from blisjax.config.codes import PDRole
 from blisjax.config.flags import apply_blis_flag_values
-from blisjax.config.sim import ClusterConfig, LatencyConfig, PDConfig, PoolOverrides, SimConfig
+from blisjax.config.pd import PDConfig, PoolOverrides
+from blisjax.config.sim import ClusterConfig, LatencyConfig, SimConfig
 from blisjax.metrics import aggregate_metrics
 from blisjax.metrics.cost import CostBasis, cost_basis, cost_metrics
 from blisjax.reference import ClusterSimulator
