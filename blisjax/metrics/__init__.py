@@ -10,11 +10,9 @@ from blisjax.metrics.aggregate import (
     config_metrics,
     kv_cache_rates,
     kv_cache_summary,
-    lifecycle_metrics,
-    replica_timeline,
-    timeline_csv,
 )
 from blisjax.metrics.cost import CostBasis, cost_basis, cost_metrics
+from blisjax.metrics.lifecycle import lifecycle_metrics, replica_timeline, timeline_csv
 from blisjax.metrics.per_request import per_request_rows, write_json_atomic
 from blisjax.metrics.percentile import mean, percentile_linear
 from blisjax.metrics.records import RunResult

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from blisjax.figures import new_figure, save_png
-from blisjax.metrics.aggregate import replica_timeline
+from blisjax.metrics.lifecycle import replica_timeline
 from blisjax.metrics.records import RunResult
 
 __all__ = ["plot_replicas"]

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from blisjax.metrics.aggregate import INVERSION_SCHEDULERS, existing_instances, inversion_inputs
+from blisjax.metrics.aggregate import INVERSION_SCHEDULERS, inversion_inputs
 from blisjax.metrics.formulas import (
     hol_blocking_flags,
     hol_blocking_means,
     priority_inversions_per_request,
 )
+from blisjax.metrics.lifecycle import existing_instances
 from blisjax.metrics.records import RunResult
 from blisjax.trace.records import AnomalyRecord
 from blisjax.workload import Workload
