@@ -71,13 +71,16 @@ def _saturation(s: SimState, st, p, rt, n, member=None):
     life = s.life
     v_count = st.num_variants
     bs = st.block_size
-    # a replica's supply (the same KV on all); products formed exactly (no FMA with the sums)
-    k1 = exact_mul(float(st.kv_blocks * bs), p.autoscaler.kv_threshold)
+    # each slot's KV capacity in tokens (P/D pools of their own size: per slot)
+    tokens = [(st.instance_kv_blocks[k] if st.instance_kv_blocks else st.kv_blocks) * bs
+              for k in range(st.num_instances)]
     count = jnp.zeros(v_count, I64)
     supply = jnp.zeros(v_count, F64)
     demand = jnp.zeros(v_count, F64)
     for k in range(st.num_instances):  # replica order
         v, m = life.variant[k], rt[k]
+        # a replica's supply; products formed exactly (no FMA with the sums)
+        k1 = exact_mul(float(tokens[k]), p.autoscaler.kv_threshold)
         d = (life.snap_used[k] * bs).astype(F64) + exact_mul(s.router.snap_qd[k].astype(F64),
                                                              p.autoscaler.avg_input)
         count = count.at[v].add(m.astype(I64))
@@ -92,7 +95,7 @@ def _saturation(s: SimState, st, p, rt, n, member=None):
     coming = (life.state == SCHEDULING) | (life.state == LOADING)
     if member is not None:
         coming = coming & member
-    pending = float(st.kv_blocks * bs) * jnp.sum(coming).astype(F64)  # exact: integers
+    pending = jnp.sum(jnp.where(coming, jnp.asarray(tokens, I64), 0)).astype(F64)  # exact
     pending_supply = exact_mul(pending, p.autoscaler.kv_threshold)
     required = ieee_divide(total_demand, p.autoscaler.sat_up) - (total_supply + pending_supply)
     present = count[order] > 0

@@ -409,11 +409,6 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
     if cfg.cluster.gateway.enabled:
         _check_gateway_supported(cfg)
         decode_stretches = False
-    if cfg.cluster.pd.enabled and cfg.cluster.pd.has_overrides and uses_lifecycle(cfg):
-        raise ConfigError("cluster.pd", "instance lifecycles (autoscaling, node pools, loading "
-                          "and warm-up) with P/D pools of their own settings "
-                          "(cluster.pd.prefill / decode) run in the reference engine only "
-                          "(--engine reference)")
     workload = engine_workload(workload, int(resolved.max_model_len))
     n = workload.num_requests
     inp = np.asarray(workload.input_tokens, dtype=np.int64)

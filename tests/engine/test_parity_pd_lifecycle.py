@@ -15,10 +15,12 @@ from blisjax.config.codes import InstanceState
 from blisjax.config.pd import PDConfig
 from blisjax.engine import params_from_config, simulate_population, stack_params
 from blisjax.engine.parity import first_divergence
-from blisjax.engine.static import build_static_shared
+from blisjax.engine.static import build_static, build_static_shared
 from blisjax.metrics.records import TIMED_OUT
 from blisjax.reference import simulate as reference
 from tests.engine.test_parity_gateway import bursty_rows
+from tests.engine.test_parity_pd_pools import _config as own_pools_config
+from tests.engine.test_parity_pd_pools import _workload as own_pools_workload
 from tests.reference.conftest import make_resolved, make_workload
 
 PD = PDConfig(prefill_instances=1, decode_instances=2, decider="always",
@@ -102,3 +104,31 @@ def test_a_draining_instance_ends_when_its_bound_request_fails(static):
     changes = list(zip(life.timeline_us.tolist(), life.timeline_slot.tolist(),
                        life.timeline_state.tolist(), strict=True))
     assert changes[3:5] == [(500, 1, InstanceState.DRAINING), (2000, 1, InstanceState.TERMINATED)]
+
+
+def test_pools_of_their_own_settings_with_lifecycles_match_reference():
+    """A TP-2 prefill pool (its own KV cache and speed) and an A100-80 decode pool, each of
+    one instance growing to two, roofline: blis-saturation reads each slot's own capacity,
+    the queue-depth lane scales on load; each lane equals its own reference run, slot by
+    slot."""
+    scalers = [dataclasses.replace(SCALER, max_replicas=2, policy="blis-saturation",
+                                   kv_cache_threshold=0.001, saturation_up_threshold=0.002,
+                                   saturation_down_boundary=0.001),
+               dataclasses.replace(SCALER, max_replicas=2, target_queue_depth=0.5)]
+    configs = []
+    for scaler in scalers:
+        cfg = own_pools_config(decode_instances=1, shared_instances=0)
+        configs.append(dataclasses.replace(
+            cfg, policy=dataclasses.replace(cfg.policy, autoscaler=scaler),
+            cluster=dataclasses.replace(cfg.cluster, lifecycle=LIFE, num_instances=2)))
+    w = own_pools_workload()
+    base = resolve_config(configs[0])
+    static = build_static(base, w)
+    assert static.instance_rows == (1, 2, 1, 2) and static.scaling_groups == 2
+    params = stack_params([params_from_config(c, w.tenant_names) for c in configs])
+    results = simulate_population(base, w, params, static=static)
+    for k, cfg in enumerate(configs):
+        want = reference(resolve_config(cfg), w)
+        assert first_divergence(want, results[k]) is None, k
+        assert want.lifecycle.scale_ups > 0, k
+    assert list(results[0].kv_total_blocks) == [22059, 508, 22059, 508]
