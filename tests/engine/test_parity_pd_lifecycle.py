@@ -98,7 +98,8 @@ def test_pd_pools_with_lifecycles_match_reference(static):
 
 
 def test_a_draining_instance_ends_when_its_bound_request_fails(static):
-    want, = _population([ABANDONED], WORKLOADS["abandoned"], static)
+    # the other lanes too: a population of the same size runs the same compiled program
+    want = _population([ABANDONED, *LANES[1:]], WORKLOADS["abandoned"], static)[0]
     assert want.status[0] == TIMED_OUT
     life = want.lifecycle
     changes = list(zip(life.timeline_us.tolist(), life.timeline_slot.tolist(),
