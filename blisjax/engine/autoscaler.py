@@ -64,7 +64,7 @@ def _template_delta(s: SimState, st, c, p, rt, n, live):
     return threshold.astype(I64), target.astype(I64), queue.astype(I64)
 
 
-def _saturation(s: SimState, st, p, rt, n, member=None):
+def _saturation(s: SimState, st, p, rt, n, *, member=None):
     """blis-saturation's analyzer and unlimited engine (``reference.autoscaler.
     saturation_decision``) over the routable slots ``rt`` of a scaling group (slots
     ``member``; None: every slot): (delta, variant)."""
@@ -118,7 +118,7 @@ def _saturation(s: SimState, st, p, rt, n, member=None):
     return delta.astype(I64), variant.astype(I32)
 
 
-def _stabilized(life: LifecycleState, p, delta, now, g: int):
+def _stabilized(life: LifecycleState, p, delta, now, *, g: int):
     """BLIS's stabilization windows of scaling group g (``Autoscaler._stabilized``): (life,
     passes)."""
     sign = jnp.sign(delta)
@@ -149,7 +149,7 @@ def group_members(st, p):
                       own & pools & (role == PDRole.DECODE)])
 
 
-def bounded(life: LifecycleState, st, p, delta, member=None):
+def bounded(life: LifecycleState, st, p, delta, *, member=None):
     """A decision within the replica bounds and step limits (``Lifecycle._bounded``): for the
     scaling group of slots ``member`` (None: every slot, at most the lane's ``max_replicas``)
     at most its slots' instances held."""
@@ -169,7 +169,8 @@ def tick(s: SimState, st, c, p, now, go) -> SimState:
     decides and schedules its actuation; the caller refreshed the snapshots at ``now``."""
     members = group_members(st, p)
     for g in range(st.scaling_groups):
-        s = _tick_group(s, st, c, p, now, go, g, None if st.scaling_groups == 1 else members[g])
+        s = _tick_group(s, st, c, p, now, go, g=g,
+                        member=None if st.scaling_groups == 1 else members[g])
     life = s.life
     # the next tick, unless an unbounded run has nothing left to do
     awaiting = sessions.arrivals_known(s, st) - s.cursors.admit + life.unrouted
@@ -181,7 +182,7 @@ def tick(s: SimState, st, c, p, now, go) -> SimState:
     return s.replace(life=life.replace(tick_us=jnp.where(go, nxt, life.tick_us)))
 
 
-def _tick_group(s: SimState, st, c, p, now, go, g: int, member) -> SimState:
+def _tick_group(s: SimState, st, c, p, now, go, *, g: int, member) -> SimState:
     """Scaling group g's part of a tick (slots ``member``; None: every slot)."""
     life = s.life
     mine = (lambda x: x) if member is None else (lambda x: x & member)  # noqa: E731
@@ -189,16 +190,16 @@ def _tick_group(s: SimState, st, c, p, now, go, g: int, member) -> SimState:
     n = jnp.sum(rt).astype(I64)
     live = jnp.sum(mine(lifecycle.live(life))).astype(I64)
     threshold, target, queue = _template_delta(s, st, c, p, rt, n, live)
-    sat_delta, sat_variant = _saturation(s, st, p, rt, n, member)
+    sat_delta, sat_variant = _saturation(s, st, p, rt, n, member=member)
     saturation = p.autoscaler.policy == AutoscalerPolicy.BLIS_SATURATION
-    stabilized_life, stable = _stabilized(life, p, sat_delta, now, g)
+    stabilized_life, stable = _stabilized(life, p, sat_delta, now, g=g)
     life = jax.tree_util.tree_map(lambda a, b: jnp.where(go & saturation, a, b),
                                   stabilized_life, life)
     raw = jnp.where(p.autoscaler.policy == AutoscalerPolicy.THRESHOLD, threshold,
                     jnp.where(p.autoscaler.policy == AutoscalerPolicy.TARGET_UTILIZATION, target,
                               jnp.where(p.autoscaler.policy == AutoscalerPolicy.QUEUE_DEPTH, queue,
                                         jnp.where(stable, sat_delta, 0))))
-    delta = bounded(life, st, p, raw, member)
+    delta = bounded(life, st, p, raw, member=member)
     last = jnp.where(delta > 0, life.last_up_us[g], life.last_scale_us[g])
     cooled = saturation | (now - last >= p.autoscaler.cooldown_us)
     passed = go & (delta != 0) & cooled

@@ -185,8 +185,9 @@ def routing(s: SimState, st, c, p, now, active) -> SimState:
     s = refresh_snapshots(s, st, c, now, go)
     if st.pd and st.lifecycle:  # the decode pool's routable instances; none: rejected
         members = lifecycle.routable(s.life)
-        none = go & ~jnp.any(pd.pool_members(p, POOL_DECODE, members))
-        s, target, whole = pd.route_request(s, st, c, p, r, now, go & ~none, members)
+        none = go & ~jnp.any(pd.pool_members(p, POOL_DECODE, routable=members))
+        s, target, whole = pd.route_request(s, st, c, p, r, now, go & ~none,
+                                            routable=members)
         s = instance.inject_arrival(s, st, c, target, r, now, whole)
         s = _reject_routing(s, st, c, r, none)
         s = s.replace(life=lifecycle.routed(s.life, st, p, r, target, go & ~none, none))
@@ -255,10 +256,10 @@ def prefill_routing(s: SimState, st, c, p, now, active) -> SimState:
     # with instance lifecycles among the routable instances; none: r is rejected and no
     # longer bound for its decode instance
     members = lifecycle.routable(s.life)
-    none = active & ~jnp.any(pd.pool_members(p, POOL_PREFILL, members))
+    none = active & ~jnp.any(pd.pool_members(p, POOL_PREFILL, routable=members))
     routed = active & ~none
     s = refresh_snapshots(s, st, c, now, routed)
-    s, target = pd.route_pool(s, st, c, p, r, now, POOL_PREFILL, routed, members)
+    s, target = pd.route_pool(s, st, c, p, r, now, POOL_PREFILL, routed, routable=members)
     s = instance.inject_arrival(s, st, c, target, pd.prefill_row(st, r), now, routed)
     decode = s.instance[r]
     s = pd.prefill_routed(s, st, r, target, active, rejected=none)
@@ -316,27 +317,28 @@ def actuation(s: SimState, st, c, p, now, active) -> SimState:
     _, a = lifecycle.next_actuation(life)
     g = life.act_group[a]
     member = None if st.scaling_groups == 1 else autoscaler.group_members(st, p)[g]
-    delta = autoscaler.bounded(life, st, p, life.act_delta[a].astype(jnp.int64), member)
+    delta = autoscaler.bounded(life, st, p, life.act_delta[a].astype(jnp.int64),
+                              member=member)
     variant = life.act_variant[a]
     s = s.replace(life=lifecycle.took_actuation(life, a, active))
     s, added = lane_once(active & (delta > 0),
                          lambda carry, go: _scale_up(carry[0], st, p, delta, variant, now, go,
-                                                     member), (s, jnp.asarray(0, jnp.int32)))
+                                                     member=member), (s, jnp.asarray(0, jnp.int32)))
     s, drained = lane_once(active & (delta < 0),
                            lambda carry, go: _scale_down(carry[0], st, c, p, -delta, variant,
-                                                         now, go, member),
+                                                         now, go, member=member),
                            (s, jnp.asarray(0, jnp.int32)))
-    return s.replace(life=lifecycle.actuated(s.life, p, delta, added + drained, now, active, g))
+    return s.replace(life=lifecycle.actuated(s.life, p, delta, added + drained, now, active, g=g))
 
 
-def _scale_up(s: SimState, st, p, count, variant, now, active, member=None):
+def _scale_up(s: SimState, st, p, count, variant, now, active, *, member=None):
     """Place ``count`` instances, each in a free slot of the scaling group's slots
     ``member`` (None: any; a reused one restarts empty). Returns (state, instances
     placed)."""
     def body(carry, go):
         s, j, done = carry
         life = s.life
-        k, has = lifecycle.free_slot(life, st, p, member)
+        k, has = lifecycle.free_slot(life, st, p, member=member)
         life, ok = lifecycle.place_instance(life, st, p, k, variant, now, False, go & has)
         life = lifecycle.placement_counted(life, no_slot=go & ~has, no_room=go & has & ~ok)
         s = lane_once(ok & (life.placements[k] > 1),
@@ -348,7 +350,7 @@ def _scale_up(s: SimState, st, p, count, variant, now, active, member=None):
     return s, done
 
 
-def _scale_down(s: SimState, st, c, p, count, variant, now, active, member=None):
+def _scale_down(s: SimState, st, c, p, count, variant, now, active, *, member=None):
     """Drain ``count`` Active instances (of ``variant``; of the scaling group's slots
     ``member``, None: any) in drain order; then route the requests a redirect drain took
     from them, victim by victim, as the reference's routing events pushed by the drains run
@@ -357,11 +359,11 @@ def _scale_down(s: SimState, st, c, p, count, variant, now, active, member=None)
 
     def more(carry):
         return active & (carry[1] < count) & lifecycle.drain_victim(carry[0].life, st,
-                                                                   variant, member)[1]
+                                                                   variant, member=member)[1]
 
     def body(carry, go):
         s, j, victims = carry
-        v, _ = lifecycle.drain_victim(s.life, st, variant, member)
+        v, _ = lifecycle.drain_victim(s.life, st, variant, member=member)
         s = _drain(s, st, c, p, v, now, go)
         return s, j + go.astype(jnp.int32), upd(victims, j, v, go)
 

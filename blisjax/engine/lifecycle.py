@@ -532,7 +532,7 @@ def next_actuation(life: LifecycleState):
 # ---- actuation ----------------------------------------------------------------------------------
 
 
-def free_slot(life: LifecycleState, st, p, member=None):
+def free_slot(life: LifecycleState, st, p, *, member=None):
     """(slot, found): the lowest slot (of the scaling group's slots ``member``; None: any) a
     new instance may take — not holding one (with --blis-quirks never used), within the
     lane's ``max_replicas``."""
@@ -545,7 +545,7 @@ def free_slot(life: LifecycleState, st, p, member=None):
     return jnp.argmax(free).astype(I32), jnp.any(free)
 
 
-def drain_victim(life: LifecycleState, st, variant, member=None):
+def drain_victim(life: LifecycleState, st, variant, *, member=None):
     """(slot, found): the Active instance (of ``variant``, -1: any; of the scaling group's
     slots ``member``, None: any) a scale-down drains first (``Lifecycle._drain_order``): the
     earliest placed, then the lowest slot; with --blis-quirks BLIS's smallest ID string
@@ -578,7 +578,7 @@ def terminate(life: LifecycleState, st, k, now, go) -> LifecycleState:
                       go & (node >= 0)))
 
 
-def actuated(life: LifecycleState, p, delta, done, now, go, g=0) -> LifecycleState:
+def actuated(life: LifecycleState, p, delta, done, now, go, *, g=0) -> LifecycleState:
     """An actuation's counts, and an oscillation when it scales against its scaling group
     g's previous one within the cooldown (``Lifecycle.actuate``)."""
     up, down = go & (delta > 0), go & (delta < 0)

@@ -199,7 +199,7 @@ def _exchange(s: SimState, st, pool: int, own) -> SimState:
     return s.replace(router=s.router.replace(**mine), pd=q.replace(**pools))
 
 
-def pool_members(p, pool: int, routable=None):
+def pool_members(p, pool: int, *, routable=None):
     """[I] the pool's instances a router may pick: those of its role, among ``routable``
     (with instance lifecycles; None: all)."""
     wanted = PDRole.DECODE if pool == POOL_DECODE else PDRole.PREFILL
@@ -207,7 +207,7 @@ def pool_members(p, pool: int, routable=None):
     return members if routable is None else members & routable
 
 
-def route_pool(s: SimState, st, c, p, r, now, pool: int, active, routable=None):
+def route_pool(s: SimState, st, c, p, r, now, pool: int, active, *, routable=None):
     """Route r among the pool's instances (``Router.route`` with the pool's candidates,
     ``pool_members``). A pool with its own scorers routes by weight with its own random
     stream; otherwise with the lane's routing and the "router" stream. Round-robin counts
@@ -219,19 +219,19 @@ def route_pool(s: SimState, st, c, p, r, now, pool: int, active, routable=None):
         scorer_weight=jnp.where(own, p.pd.pool_weight[pool], p.routing.scorer_weight),
         prefix_index_on=jnp.where(own, jnp.any(p.pd.pool_order[pool] == Scorer.PREFIX_AFFINITY),
                                   p.routing.prefix_index_on),
-        candidates=pool_members(p, pool, routable))
+        candidates=pool_members(p, pool, routable=routable))
     s = _exchange(s, st, pool, own)
     s, target = policies.route(s, st, c, p, r, now, active, spec)
     return _exchange(s, st, pool, own), target
 
 
-def route_request(s: SimState, st, c, p, r, now, active, routable=None):
+def route_request(s: SimState, st, c, p, r, now, active, *, routable=None):
     """Routing with pools (``PDCluster.route``): the decode instance first (among
     ``routable``, with instance lifecycles), then the decider, which reads that instance's
     cached prefix (the cache query). A disaggregated request awaits its prefill routing at
     this time, bound for its decode instance (``headed``); any other is served whole by the
     decode instance. Returns ``(state, decode instance, whole)``."""
-    s, decode = route_pool(s, st, c, p, r, now, POOL_DECODE, active, routable)
+    s, decode = route_pool(s, st, c, p, r, now, POOL_DECODE, active, routable=routable)
     cached = policies.cache_query(s, st, c, r)[decode]
     split = active & disaggregates(p, c, r, cached, st.block_size)
     q = s.pd
@@ -252,7 +252,7 @@ def prefill_routing_us(s: SimState, st, c):
     return jnp.where(r < n, due, INT64_MAX)
 
 
-def prefill_routed(s: SimState, st, r, target, active, rejected=False) -> SimState:
+def prefill_routed(s: SimState, st, r, target, active, *, rejected=False) -> SimState:
     """Request r's prefill sub-request went to ``target`` (or, ``rejected``, no prefill
     instance was routable: r is served by none, no longer disaggregated, no longer bound for
     its decode instance); the next request awaiting its prefill routing is the first one
