@@ -16,8 +16,10 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-from blisjax.config.autoscale import lifecycle_configured, max_replicas, pool_maximum
+from blisjax.config.autoscale import lifecycle_configured
 from blisjax.config.codes import PDRole
+from blisjax.config.pd import slot_roles
+from blisjax.limits import KV_UTIL_BUCKETS, US_PER_HOUR
 
 __all__ = ["NEVER_US", "US_PER_HOUR", "Variant", "cost_order", "delay_us", "held_cost",
            "instance_roles", "instance_variants", "KV_UTIL_BUCKETS", "kv_util_bucket",
@@ -25,10 +27,6 @@ __all__ = ["NEVER_US", "US_PER_HOUR", "Variant", "cost_order", "delay_us", "held
 
 #: "Never happened" for lifecycle times, µs (far below any simulated time).
 NEVER_US = -(1 << 62)
-#: µs per hour.
-US_PER_HOUR = 3.6e9
-#: KV utilization is recorded in whole percent: buckets 0 .. 100.
-KV_UTIL_BUCKETS = 100
 
 
 def kv_util_bucket(used_blocks, total_blocks):
@@ -114,12 +112,3 @@ def instance_roles(pd, num_instances: int, pool_maximum: tuple[int, int] = (0, 0
                    ) -> list[PDRole]:
     """Each instance slot's role (``PDConfig.roles``)."""
     return pd.roles(num_instances, pool_maximum)
-
-
-def slot_roles(cfg) -> list[PDRole]:
-    """``instance_roles`` of a ``SimConfig``'s instance slots (``max_replicas``)."""
-    pd, autoscaler = cfg.cluster.pd, cfg.policy.autoscaler
-    roles = instance_roles(pd, cfg.cluster.num_instances, pool_maximum(autoscaler, pd))
-    slots = max_replicas(autoscaler, cfg.cluster.num_instances, cfg.cluster.node_pools,
-                         cfg.engine.tensor_parallel_size, pd)
-    return roles + [PDRole.SHARED if not pd.enabled else PDRole.NONE] * (slots - len(roles))

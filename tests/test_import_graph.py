@@ -92,3 +92,15 @@ def test_the_engines_do_not_import_each_other():
 def test_shared_rules_import_neither_engine():
     for target in _imports(PACKAGE / "rules.py") | _imports(PACKAGE / "limits.py"):
         assert not target.startswith(("blisjax.engine", "blisjax.reference")), target
+
+
+def test_the_shared_rules_import_first():
+    """``blisjax.rules`` (what both engines import) can be a process's first import: the
+    configuration package it reads imports metrics, which must not need the rules back."""
+    import subprocess
+    import sys
+
+    for module in ("blisjax.rules", "blisjax.metrics", "blisjax.config.pd"):
+        done = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True,
+                              text=True, cwd=PACKAGE.parent)
+        assert done.returncode == 0, (module, done.stderr[-600:])

@@ -16,6 +16,7 @@ from blisjax.config._checks import (
     check_str,
     set_field,
 )
+from blisjax.config.autoscale import max_replicas, pool_maximum
 from blisjax.config.codes import PDDecider, PDRole
 from blisjax.config.fields import (
     LATENCY_MODELS,
@@ -25,7 +26,7 @@ from blisjax.config.fields import (
 )
 from blisjax.config.policy import ScorerWeight, as_scorer
 
-__all__ = ["PD_DECIDERS", "POOL_FIELDS", "POOL_ROLES", "PDConfig", "PoolOverrides"]
+__all__ = ["PD_DECIDERS", "POOL_FIELDS", "POOL_ROLES", "PDConfig", "PoolOverrides", "slot_roles"]
 
 #: P/D deciders (docs/semantics.md Decision 15): never | always | prefix-threshold.
 PD_DECIDERS = PDDecider.labels()
@@ -202,3 +203,13 @@ class PDConfig:
     def pooled_instances(self) -> int:
         """Instances in some pool (prefill, decode or shared); the others serve nothing."""
         return self.prefill_instances + self.decode_instances + self.shared_instances
+
+
+def slot_roles(cfg) -> list[PDRole]:
+    """Each instance slot's role of a ``SimConfig`` (``PDConfig.roles`` over its
+    ``max_replicas`` slots; slots past the roles serve nothing, or both without pools)."""
+    pd, autoscaler = cfg.cluster.pd, cfg.policy.autoscaler
+    roles = pd.roles(cfg.cluster.num_instances, pool_maximum(autoscaler, pd))
+    slots = max_replicas(autoscaler, cfg.cluster.num_instances, cfg.cluster.node_pools,
+                         cfg.engine.tensor_parallel_size, pd)
+    return roles + [PDRole.SHARED if not pd.enabled else PDRole.NONE] * (slots - len(roles))

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from blisjax.limits import KV_UTIL_BUCKETS
 from blisjax.metrics.cost import CostBasis, cost_basis, cost_metrics
 from blisjax.metrics.formulas import (
     cache_hit_rate,
@@ -45,7 +46,6 @@ from blisjax.metrics.percentile import mean, percentile_linear
 from blisjax.metrics.records import COMPLETED, DROPPED, REJECTED, TIMED_OUT, UNFINISHED, RunResult
 from blisjax.metrics.sessions import session_metrics
 from blisjax.metrics.slo import DEFAULT_CLASS_NAME, slo_attainment, tenant_slo_attainment
-from blisjax.rules import KV_UTIL_BUCKETS
 from blisjax.workload.sessions import realized
 from blisjax.workload.types import SLO_CLASSES, Workload
 

@@ -18,8 +18,9 @@ from typing import NamedTuple
 import numpy as np
 
 from blisjax.config.hardware import gpu_price_per_hour
+from blisjax.config.pd import slot_roles
+from blisjax.limits import US_PER_HOUR
 from blisjax.metrics.records import RunResult
-from blisjax.rules import US_PER_HOUR, slot_roles
 
 __all__ = ["CostBasis", "cost_basis", "cost_metrics"]
 
