@@ -17,12 +17,11 @@ import math
 from typing import NamedTuple
 
 from blisjax.config.autoscale import lifecycle_configured
-from blisjax.config.codes import PDRole
 from blisjax.config.pd import slot_roles
 from blisjax.limits import KV_UTIL_BUCKETS, US_PER_HOUR
 
 __all__ = ["NEVER_US", "US_PER_HOUR", "Variant", "cost_order", "delay_us", "held_cost",
-           "instance_roles", "instance_variants", "KV_UTIL_BUCKETS", "kv_util_bucket",
+           "instance_variants", "KV_UTIL_BUCKETS", "kv_util_bucket",
            "reload_cost_us", "slot_roles", "uses_lifecycle", "variant_of"]
 
 #: "Never happened" for lifecycle times, µs (far below any simulated time).
@@ -106,9 +105,3 @@ def uses_lifecycle(cfg) -> bool:
     """The configuration models instance lifecycles (else every instance is up throughout)."""
     return lifecycle_configured(cfg.policy.autoscaler, cfg.cluster.node_pools,
                                 cfg.cluster.lifecycle)
-
-
-def instance_roles(pd, num_instances: int, pool_maximum: tuple[int, int] = (0, 0)
-                   ) -> list[PDRole]:
-    """Each instance slot's role (``PDConfig.roles``)."""
-    return pd.roles(num_instances, pool_maximum)

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from blisjax.config._checks import ConfigError
-from blisjax.config.autoscale import pool_maximum
 from blisjax.config.codes import PDRole
 from blisjax.config.coefficients import select_blackbox_coefficients
 from blisjax.config.hardware import HardwareConfig, load_hardware
@@ -18,7 +17,7 @@ from blisjax.config.kv_capacity import (
     kv_bytes_per_token_per_gpu,
 )
 from blisjax.config.model import ModelConfig, UnknownModelError, load_model_config
-from blisjax.config.pd import POOL_ROLES
+from blisjax.config.pd import POOL_ROLES, slot_roles
 from blisjax.config.policy import PolicyConfig
 from blisjax.config.sim import (
     ClusterConfig,
@@ -73,9 +72,7 @@ class ResolvedConfig:
         pool's), this one otherwise."""
         if self.pools is None:
             return self
-        cluster = self.config.cluster
-        roles = cluster.pd.roles(cluster.num_instances,
-                                 pool_maximum(self.config.policy.autoscaler, cluster.pd))
+        roles = slot_roles(self.config)
         role = roles[instance] if instance < len(roles) else PDRole.NONE
         pool = (self.pools[0] if role == PDRole.PREFILL
                 else self.pools[1] if role != PDRole.NONE else None)

@@ -602,9 +602,18 @@ def released(s: SimState, st, d, now, go) -> SimState:
     if not (st.lifecycle and st.pd):
         return s
     d = jnp.maximum(d, 0)
-    idle = go & (s.life.state[d] == DRAINING) & (s.router.in_flight[d] == 0) \
-        & (s.pd.headed[d] == 0)
+    idle = go & (s.life.state[d] == DRAINING) & holds_nothing(s, st, d)
     return s.replace(life=terminate(s.life, st, d, now, idle))
+
+
+def holds_nothing(s: SimState, st, i):
+    """A draining instance i may terminate (``Lifecycle._holds_nothing``): by default nothing
+    in flight on it and (P/D) nothing bound for it; with --blis-quirks its queue and batch
+    are empty."""
+    if st.blis_quirks:
+        return (s.queue.length[i] == 0) & (s.batch.n_run[i] == 0)
+    empty = s.router.in_flight[i] == 0
+    return empty & (s.pd.headed[i] == 0) if st.pd else empty
 
 
 def after_instance_event(s: SimState, st, i, completions, now, go) -> SimState:
@@ -616,9 +625,6 @@ def after_instance_event(s: SimState, st, i, completions, now, go) -> SimState:
     left = life.warm_left[i] - jnp.minimum(jnp.asarray(completions, I32), life.warm_left[i])
     life = life.replace(warm_left=upd(life.warm_left, i, left, warming))
     life = set_state(life, st, i, ACTIVE, now, warming & (left == 0))
-    empty = (((s.queue.length[i] == 0) & (s.batch.n_run[i] == 0)) if st.blis_quirks
-             else (s.router.in_flight[i] == 0))
-    if st.pd:  # nothing bound for it either
-        empty = empty & (s.pd.headed[i] == 0)
-    life = terminate(life, st, i, now, go & (life.state[i] == DRAINING) & empty)
+    life = terminate(life, st, i, now,
+                     go & (life.state[i] == DRAINING) & holds_nothing(s, st, i))
     return s.replace(life=life)

@@ -22,7 +22,6 @@ from blisjax.metrics import aggregate_metrics, per_request_rows
 from blisjax.metrics.records import COMPLETED, DROPPED, TIMED_OUT
 from blisjax.reference import ClusterSimulator
 from blisjax.reference.pd import Role, disaggregates, transfer_duration_us
-from blisjax.rules import instance_roles
 from tests.reference.conftest import make_resolved, make_workload
 
 TRANSFER_US = 1149
@@ -60,9 +59,9 @@ def test_deciders():
 
 def test_roles_follow_the_index_ranges():
     pd = PDConfig(prefill_instances=2, decode_instances=1, shared_instances=1)
-    assert instance_roles(pd, 5) == [Role.PREFILL, Role.PREFILL, Role.DECODE, Role.SHARED,
+    assert pd.roles(5) == [Role.PREFILL, Role.PREFILL, Role.DECODE, Role.SHARED,
                                      Role.NONE]
-    assert instance_roles(PDConfig(), 2) == [Role.SHARED, Role.SHARED]
+    assert PDConfig().roles(2) == [Role.SHARED, Role.SHARED]
 
 
 @pytest.mark.parametrize("quirks", [False, True])
