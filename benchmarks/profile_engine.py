@@ -237,9 +237,10 @@ def compile_case(args) -> Case:
                       **tiers)
     consts = build_consts(resolved, workload, st)
     params = draw(resolved.config, workload.tenant_names, args.lanes)
-    devices, padded, _ = engine_run._placement(params, None, engine_run.LANE_BLOCK)
+    placed = engine_run._placement(params, None, None)
+    devices, padded = placed.devices, placed.params
     compiled = engine_run._run_sharded.lower(st, consts, padded, devices,
-                                              engine_run.LANE_BLOCK).compile()
+                                              placed.lane_block).compile()
     return Case(st, consts, padded, devices, compiled)
 
 

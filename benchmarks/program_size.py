@@ -105,8 +105,8 @@ def main() -> None:
     consts = build_consts(resolved, wl, st)
     params = population(resolved.config, wl.tenant_names, args.lanes)
     st = run.for_lanes(st, params)
-    placed = run._placement(run._fit_instances(st, params), None, run.LANE_BLOCK)
-    lowered = run._run_sharded.lower(st, consts, placed.params, placed.devices, run.LANE_BLOCK)
+    placed = run._placement(run._fit_instances(st, params), None, None)
+    lowered = run._run_sharded.lower(st, consts, placed.params, placed.devices, placed.lane_block)
     total, counts = count_by_function(lowered.as_text(debug_info=True))
     print(f"{total} operations")
     for name, n in counts.most_common(args.top):

@@ -1,4 +1,5 @@
-"""One XLA CPU device per usable core, requested before JAX starts.
+"""Which devices the JAX engine runs on: the platform (CPU or GPU) and one XLA CPU device per
+usable core, both requested before JAX starts.
 
 XLA gives a process a single CPU device unless told otherwise, and the JAX engine runs one
 lockstep event loop per device. On one device a multi-core CPU is poorly used: on a 2-core
@@ -14,6 +15,9 @@ import os
 import sys
 
 DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
+PLATFORMS = ("cpu", "gpu")
+GPU_INSTALL_HINT = ('install JAX\'s CUDA plugin with blisjax\'s extra: pip install -e ".[cuda13]" '
+                    '(or ".[cuda12]" for a CUDA 12 driver)')
 
 
 def usable_cores() -> int:
@@ -48,3 +52,35 @@ def use_cpu_cores(count: int | None = None) -> int | None:
         return None
     os.environ["XLA_FLAGS"] = flags
     return count
+
+
+def use_platform(name: str | None) -> str | None:
+    """Run the JAX engine on ``name`` ("cpu" or "gpu"; ``None``: whatever JAX finds, a GPU
+    first). "cpu" sets ``JAX_PLATFORMS=cpu`` before JAX starts, so no accelerator is even
+    initialised; "gpu" starts JAX and checks that its default backend is a GPU. Returns the
+    platform asked for.
+
+    Raises ``ValueError`` naming ``--device`` for another name, for "gpu" where JAX finds none
+    (with the install line for JAX's CUDA plugin), and for "cpu" once JAX has started on
+    another platform."""
+    if name is None:
+        return None
+    if name not in PLATFORMS:
+        raise ValueError(f"--device: one of {', '.join(PLATFORMS)}, got {name!r}")
+    if name == "cpu":
+        if "jax" in sys.modules:
+            import jax
+
+            if jax.default_backend() != "cpu":
+                raise ValueError("--device cpu: JAX has already started on "
+                                 f"{jax.default_backend()}; set it before JAX is imported")
+        else:
+            os.environ["JAX_PLATFORMS"] = "cpu"
+        return name
+    import jax
+
+    backend = jax.default_backend()
+    if backend != "gpu":
+        raise ValueError(f"--device gpu: JAX finds no GPU (its backend is {backend}); "
+                         f"{GPU_INSTALL_HINT}")
+    return name

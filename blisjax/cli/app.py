@@ -16,7 +16,7 @@ from blisjax.cli.parser import build_parser
 from blisjax.cli.run import cmd_parity, cmd_replay, cmd_run, cmd_trace
 from blisjax.cli.search_cmds import cmd_explain, cmd_plot, cmd_search, cmd_sweep
 from blisjax.config import ConfigError
-from blisjax.devices import use_cpu_cores
+from blisjax.devices import use_cpu_cores, use_platform
 
 COMMANDS = {"run": cmd_run, "replay": cmd_replay, "trace": cmd_trace, "parity": cmd_parity,
             "fit-latency": cmd_fit_latency, "sweep": cmd_sweep, "search": cmd_search,
@@ -40,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         use_cpu_cores(args.cpu_devices)  # before any command imports JAX
+        use_platform(getattr(args, "device", None))
         compile_cache._compile_cache = enable_compile_cache(args.no_compile_cache)
         code = COMMANDS[args.command](args)
         return _interrupted() if code == EXIT_INTERRUPTED else code

@@ -127,6 +127,9 @@ def add_global_options(p: argparse.ArgumentParser, top: bool) -> None:
                    help="split the CPU into N XLA devices for the JAX engine, which runs one "
                         "event loop per device (default: one per usable core; 1 keeps XLA's "
                         "single device; an XLA_FLAGS device count takes precedence)")
+    g.add_argument("--device", choices=("cpu", "gpu"), **default(None),
+                   help="where the JAX engine runs: cpu, or gpu (JAX's CUDA plugin: pip install "
+                        "-e '.[cuda13]'); default: what JAX finds, a GPU first")
     g.add_argument("--quiet", action="store_true", **default(False),
                    help="no progress line and no informational logs on stderr (warnings and "
                         "errors still print)")

@@ -50,9 +50,21 @@ from blisjax.engine.static import EngineStatic, build_static, for_lanes  # noqa:
 from blisjax.metrics import records  # noqa: E402
 from blisjax.rules import held_cost  # noqa: E402
 
-# Lanes per lockstep loop: 32–128 lanes per device cost about the same per lane-event, and far
-# larger loops miss the cache (docs/performance.md, What the engine does for speed; Ideas tried).
+# Lanes per lockstep loop on a CPU device: 32–128 lanes cost about the same per lane-event, and
+# far larger loops miss the cache (docs/performance.md, What the engine does for speed; Ideas
+# tried).
 LANE_BLOCK = 64
+# On an accelerator every lane of a device runs in one loop: a loop iteration costs the same
+# kernel launches at 64 lanes or thousands, so consecutive blocks would only multiply them.
+ACCELERATOR_LANE_BLOCK = 1 << 20
+
+
+def default_lane_block(devices=None) -> int:
+    """Lanes per lockstep loop where ``lane_block`` is not given: ``LANE_BLOCK`` when every
+    device is a CPU, else ``ACCELERATOR_LANE_BLOCK`` (all of a device's lanes in one loop).
+    ``devices``: default, JAX's local devices."""
+    devices = jax.local_devices() if devices is None else devices
+    return LANE_BLOCK if all(d.platform == "cpu" for d in devices) else ACCELERATOR_LANE_BLOCK
 
 
 def _lane_blocks(lanes: int, block: int) -> tuple[int, int]:
@@ -121,14 +133,17 @@ class Placement(NamedTuple):
     devices: tuple  # the devices used
     params: PolicyParams  # the population, padded to a whole number of lane blocks per device
     lanes: int  # the population's own lane count (its first lanes)
+    lane_block: int  # lanes per lockstep loop (at most a device's share)
 
 
-def _placement(params: PolicyParams, devices, lane_block: int) -> Placement:
-    """Lanes split evenly over the devices, each device's share a whole number of lane blocks;
-    a population is padded with copies of its last lane (their results are dropped)."""
+def _placement(params: PolicyParams, devices, lane_block: int | None) -> Placement:
+    """Lanes split evenly over the devices, each device's share a whole number of lane blocks
+    (``lane_block`` lanes at most; ``None``: ``default_lane_block``); a population is padded
+    with copies of its last lane (their results are dropped)."""
+    devices = tuple(jax.local_devices() if devices is None else devices)
+    lane_block = default_lane_block(devices) if lane_block is None else lane_block
     if lane_block < 1:
         raise ValueError(f"lane_block must be >= 1, got {lane_block}")
-    devices = tuple(jax.local_devices() if devices is None else devices)
     lanes = int(np.shape(params.admission.policy)[0])
     devices = devices[:max(min(lanes, len(devices)), 1)]
     count, size = _lane_blocks(-(-lanes // len(devices)), lane_block)
@@ -136,7 +151,7 @@ def _placement(params: PolicyParams, devices, lane_block: int) -> Placement:
     if pad:
         params = jax.tree_util.tree_map(
             lambda x: jnp.concatenate([x, jnp.repeat(x[-1:], pad, axis=0)]), params)
-    return Placement(devices, params, lanes)
+    return Placement(devices, params, lanes, min(lane_block, count * size))
 
 
 _MAPS = "/proc/self/maps"
@@ -177,7 +192,7 @@ def mapping_headroom_guard(fraction: float = 0.5) -> bool:
 
 
 def run_lanes(st: EngineStatic, consts, params: PolicyParams, devices=None,
-              lane_block: int = LANE_BLOCK):
+              lane_block: int | None = None):
     """Simulate a population (``params`` has a leading lane axis) on ``devices`` (default: all
     local devices), at most ``lane_block`` lanes per lockstep loop. Returns the final states,
     one per lane.
@@ -190,7 +205,8 @@ def run_lanes(st: EngineStatic, consts, params: PolicyParams, devices=None,
     return _drop_padding(final, lanes)
 
 
-def _run_padded(st: EngineStatic, consts, params: PolicyParams, devices, lane_block: int,
+def _run_padded(st: EngineStatic, consts, params: PolicyParams, devices,
+                lane_block: int | None,
                 phase: Callable[[str], None] | None = None):
     """(final states including any padding lanes, the population's own lane count): its first
     lanes are the population's. ``phase``, if given, is told "compiling …" and then
@@ -203,12 +219,12 @@ def _run_padded(st: EngineStatic, consts, params: PolicyParams, devices, lane_bl
     placed = _placement(params, devices, lane_block)
     lanes = placed.lanes
     if phase is None and not progcache.cacheable(st):  # jit's own in-process cache
-        return _run_sharded(st, consts, placed.params, placed.devices, lane_block), lanes
+        return _run_sharded(st, consts, placed.params, placed.devices, placed.lane_block), lanes
     if phase is not None:
         phase("compiling the JAX program (or loading it from the compile cache)")
 
     def lower():
-        return _run_sharded.lower(st, consts, placed.params, placed.devices, lane_block)
+        return _run_sharded.lower(st, consts, placed.params, placed.devices, placed.lane_block)
 
     def running():
         if phase is not None:
@@ -216,7 +232,7 @@ def _run_padded(st: EngineStatic, consts, params: PolicyParams, devices, lane_bl
                   "requests")
 
     final = progcache.run_program(st, lower, (consts, placed.params), placed.devices,
-                                  lane_block, running)
+                                  placed.lane_block, running)
     return final, lanes
 
 
@@ -240,7 +256,7 @@ def _drop_padding(final, lanes: int):
 
 
 def compile_lanes(st: EngineStatic, consts, params: PolicyParams, devices=None,
-                  lane_block: int = LANE_BLOCK):
+                  lane_block: int | None = None):
     """Compile once for these shapes (for timing compilation apart); returns ``run(consts,
     params)`` that behaves like ``run_lanes`` for populations of the same size."""
     mapping_headroom_guard()
@@ -248,9 +264,10 @@ def compile_lanes(st: EngineStatic, consts, params: PolicyParams, devices=None,
     check_gpus(st, consts, params)
     params = _fit_instances(st, params)
     placed = _placement(params, devices, lane_block)
+    block = placed.lane_block
     compiled = progcache.compiled_program(
-        st, lambda: _run_sharded.lower(st, consts, placed.params, placed.devices, lane_block),
-        (consts, placed.params), placed.devices, lane_block).compiled
+        st, lambda: _run_sharded.lower(st, consts, placed.params, placed.devices, block),
+        (consts, placed.params), placed.devices, block).compiled
 
     def run(consts, params):
         if for_lanes(st, params) != st:
@@ -258,7 +275,7 @@ def compile_lanes(st: EngineStatic, consts, params: PolicyParams, devices=None,
                              "(precise-prefix-cache or no-hit-lru), which the compiled program "
                              "does not evaluate: compile with params that list it")
         check_gpus(st, consts, params)
-        again = _placement(_fit_instances(st, params), placed.devices, lane_block)
+        again = _placement(_fit_instances(st, params), placed.devices, block)
         return _drop_padding(compiled(consts, again.params), again.lanes)
 
     return run
@@ -574,13 +591,13 @@ def simulate(resolved, workload, params: PolicyParams | None = None,
         params = params_from_config(resolved.config, workload.tenant_names)
     st = for_hardware(st, resolved, workload, params)
     consts = build_consts(resolved, workload, st)
-    final, lanes = _run_padded(st, consts, stack_params([params]), None, LANE_BLOCK, phase)
+    final, lanes = _run_padded(st, consts, stack_params([params]), None, None, phase)
     return _own_clusters(st, [lane_result(st, consts, _drop_padding(final, lanes), 0)],
                          params)[0]
 
 
 def simulate_population(resolved, workload, params: PolicyParams, static=None,
-                        lane_block: int = LANE_BLOCK,
+                        lane_block: int | None = None,
                         phase: Callable[[str], None] | None = None, **capacities):
     """Run a stacked population of params; returns one ``RunResult`` per lane. ``static``: a
     prebuilt ``EngineStatic`` (e.g. ``build_static_shared`` over several workloads, so they
@@ -589,7 +606,7 @@ def simulate_population(resolved, workload, params: PolicyParams, static=None,
     compiling (or loading from the program cache) and running start, e.g. ``print``."""
     st = static if static is not None else build_static(resolved, workload, **capacities)
     if workload.num_requests == 0:
-        if lane_block < 1:
+        if lane_block is not None and lane_block < 1:
             raise ValueError(f"lane_block must be >= 1, got {lane_block}")
         lanes = int(np.shape(params.admission.policy)[0])
         return [_empty_result(resolved, workload) for _ in range(lanes)]
