@@ -86,14 +86,57 @@ def _run_local(st: EngineStatic, lane_block: int, consts, params: PolicyParams):
     return jax.tree_util.tree_map(lambda x: x.reshape(lanes, *x.shape[2:]), out)
 
 
-def _run_block(st: EngineStatic, consts, params: PolicyParams):
-    """One block of lanes: one ``while_loop``; each iteration advances every lane through its
-    next step (``lane_advance``)."""
-    init = jax.vmap(lambda p: init_state(st, p.admission.tb_capacity, p.admission.rl_burst,
+def _initial_states(st: EngineStatic, params: PolicyParams):
+    """Each lane's state before its first event (``params`` stacked)."""
+    return jax.vmap(lambda p: init_state(st, p.admission.tb_capacity, p.admission.rl_burst,
                                          p.admission.policy,
                                          AdmissionPolicy.RATE_LIMIT, p.routing.router_rng,
                                          p.kv_cpu_blocks, p.kv_reload_us,
                                          p.pd.pool_rng, p.pd.role, p.pd.pools, p))(params)
+
+
+# Device memory of a population over its lanes' states, measured on an H200 (4,096 lanes of
+# 5.7 MB: peak 1.16× the states; docs/performance.md, GPU), with a margin.
+MEMORY_PER_STATE = 1.3
+
+
+def state_bytes_per_lane(st: EngineStatic, params: PolicyParams) -> int:
+    """Bytes of one lane's simulation state (shapes only: nothing is computed)."""
+    one = jax.tree_util.tree_map(lambda x: x[:1], params)
+    shapes = jax.eval_shape(lambda p: _initial_states(st, p), one)
+    return sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in jax.tree_util.tree_leaves(shapes))
+
+
+def check_memory(st: EngineStatic, placed: Placement, limit_bytes: int | None = None) -> None:
+    """Refuse a population whose states cannot fit in device memory, before compiling.
+
+    ``limit_bytes``: memory of one device (default: what the first device reports, as
+    accelerators do; a CPU reports none and is not checked). Each device holds its share of
+    the lanes, about ``MEMORY_PER_STATE`` times their states."""
+    if limit_bytes is None:
+        stats = placed.devices[0].memory_stats() or {}
+        limit_bytes = stats.get("bytes_limit")
+        if limit_bytes is None:
+            return
+    share = int(np.shape(placed.params.admission.policy)[0]) // len(placed.devices)
+    per_lane = state_bytes_per_lane(st, placed.params)
+    need = MEMORY_PER_STATE * per_lane * share
+    if need <= limit_bytes:
+        return
+    fit = int(limit_bytes // (MEMORY_PER_STATE * per_lane)) * len(placed.devices)
+    gib = 1 << 30
+    raise ValueError(
+        f"population: {placed.lanes} lanes need about {need / gib:.1f} GiB per device "
+        f"({per_lane / 1e6:.2f} MB of state per lane, {share} lanes per device), and a device "
+        f"holds {limit_bytes / gib:.1f} GiB: at most {fit} lanes fit in one call on "
+        f"{len(placed.devices)} device{'s' if len(placed.devices) > 1 else ''}; split the "
+        "population over several calls")
+
+
+def _run_block(st: EngineStatic, consts, params: PolicyParams):
+    """One block of lanes: one ``while_loop``; each iteration advances every lane through its
+    next step (``lane_advance``)."""
+    init = _initial_states(st, params)
     # With enough lanes, completions queue their releases and the queues of all lanes run
     # as one pass per iteration (``lanes.release_queued``); a few lanes release in place.
     defer = int(params.admission.policy.shape[0]) >= FLAT_MIN_LANES
@@ -217,6 +260,7 @@ def _run_padded(st: EngineStatic, consts, params: PolicyParams, devices,
     check_gpus(st, consts, params)
     params = _fit_instances(st, params)
     placed = _placement(params, devices, lane_block)
+    check_memory(st, placed)
     lanes = placed.lanes
     if phase is None and not progcache.cacheable(st):  # jit's own in-process cache
         return _run_sharded(st, consts, placed.params, placed.devices, placed.lane_block), lanes
@@ -264,6 +308,7 @@ def compile_lanes(st: EngineStatic, consts, params: PolicyParams, devices=None,
     check_gpus(st, consts, params)
     params = _fit_instances(st, params)
     placed = _placement(params, devices, lane_block)
+    check_memory(st, placed)
     block = placed.lane_block
     compiled = progcache.compiled_program(
         st, lambda: _run_sharded.lower(st, consts, placed.params, placed.devices, block),

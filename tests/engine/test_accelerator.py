@@ -1,0 +1,87 @@
+"""What the JAX engine does differently on an accelerator, checked on a CPU: lanes per lockstep
+loop by platform, the device-memory check of a population, and ``--device``."""
+
+from __future__ import annotations
+
+import types
+
+import jax
+import numpy as np
+import pytest
+
+from blisjax.cli import main as cli_main
+from blisjax.devices import use_platform
+from blisjax.engine import params_from_config, stack_params
+from blisjax.engine.run import (
+    ACCELERATOR_LANE_BLOCK,
+    LANE_BLOCK,
+    MEMORY_PER_STATE,
+    _initial_states,
+    _placement,
+    check_memory,
+    default_lane_block,
+    state_bytes_per_lane,
+)
+from blisjax.engine.static import build_static
+from tests.engine.test_parity import EDGE_ROWS
+from tests.reference.conftest import make_resolved, make_workload
+
+
+def _device(platform: str):
+    return types.SimpleNamespace(platform=platform)
+
+
+def test_cpu_devices_run_lanes_in_blocks_and_an_accelerator_runs_all_in_one_loop():
+    assert default_lane_block() == LANE_BLOCK == 64  # this machine's CPU devices
+    assert default_lane_block([_device("cpu"), _device("cpu")]) == 64
+    assert default_lane_block([_device("gpu")]) == ACCELERATOR_LANE_BLOCK
+    assert ACCELERATOR_LANE_BLOCK >= 65_536
+
+
+def test_a_placement_on_one_device_keeps_every_lane_in_one_block_when_asked():
+    base = make_resolved(instances=2)
+    w = make_workload(EDGE_ROWS, ("a", "b"), ("g",))
+    params = stack_params([params_from_config(base.config, w.tenant_names)] * 200)
+    placed = _placement(params, jax.local_devices()[:1], ACCELERATOR_LANE_BLOCK)
+    assert placed.lane_block == 200 and placed.lanes == 200
+    blocked = _placement(params, jax.local_devices()[:1], None)  # a CPU: blocks of 64
+    assert blocked.lane_block == 64
+    assert int(blocked.params.admission.policy.shape[0]) == 200  # 4 blocks of 50, no padding
+
+
+def _population(lanes: int):
+    base = make_resolved(instances=2, block_size=4, kv_blocks=40)
+    w = make_workload(EDGE_ROWS, ("a", "b"), ("g",))
+    params = stack_params([params_from_config(base.config, w.tenant_names)] * lanes)
+    return build_static(base, w), params
+
+
+def test_state_size_per_lane_counts_every_array_of_a_lanes_state():
+    st, params = _population(3)
+    states = jax.jit(lambda p: _initial_states(st, p))(params)
+    measured = sum(x.nbytes for x in jax.tree_util.tree_leaves(states)) // 3
+    assert state_bytes_per_lane(st, params) == measured > 0
+
+
+def test_a_population_that_cannot_fit_in_device_memory_is_refused_before_compiling():
+    st, params = _population(10)
+    placed = _placement(params, jax.local_devices()[:1], None)
+    per_lane = state_bytes_per_lane(st, params)
+    # room for exactly 10 lanes: accepted; one byte less: refused, naming what fits (9)
+    room = int(np.ceil(MEMORY_PER_STATE * per_lane * 10))
+    check_memory(st, placed, limit_bytes=room)
+    with pytest.raises(ValueError, match=r"population: 10 lanes need .* at most 9 lanes fit"):
+        check_memory(st, placed, limit_bytes=room - 1)
+    check_memory(st, placed)  # a CPU reports no device memory: nothing is checked
+
+
+def test_device_flag_names_the_platforms_and_the_gpu_install(capsys):
+    with pytest.raises(ValueError, match="--device: one of cpu, gpu, got 'tpu'"):
+        use_platform("tpu")
+    assert use_platform(None) is None
+    assert use_platform("cpu") == "cpu"  # JAX already runs on the CPU here
+    if jax.default_backend() == "cpu":
+        with pytest.raises(ValueError, match=r"--device gpu: JAX finds no GPU.*\[cuda13\]"):
+            use_platform("gpu")
+        assert cli_main(["--device", "gpu", "run"]) == 2
+        assert "--device gpu: JAX finds no GPU" in capsys.readouterr().err
