@@ -39,6 +39,8 @@ from blisjax.engine.state import (
     QUEUED,
     RUNNING,
     SimState,
+    parent_row,
+    prefill_row,
 )
 from blisjax.limits import INT64_MAX
 
@@ -78,7 +80,7 @@ def _deadline_window(s: SimState, st, c) -> DeadlineWindow:
     member = valid & (c.deadline_us[wr_safe] == t) & ~s.tdone[wr_safe]
     live = lambda row: (s.status[row] == QUEUED) | (s.status[row] == RUNNING)  # noqa: E731
     if st.pd:  # the deadline is its prefill sub-request's while that is on an instance
-        pre = pd.prefill_row(st, wr_safe)
+        pre = prefill_row(st, wr_safe)
         wr_safe = jnp.where(valid & live(pre), pre, wr_safe)
     on = member & live(wr_safe)
     overflow = member[w]  # more same-time deadlines than the window holds
@@ -297,7 +299,7 @@ def _dispatch_cheap(s: SimState, st, c, p, ev: NextEvent, go) -> SimState:
         s = sessions.stale_handled(s, st, c, ev.noop_req, noop)
     handled = jnp.where(kind_to, to_r, jnp.where(noop, ev.noop_req, n))
     if st.pd:  # the deadline is the request's, whichever of its rows it was for
-        handled = pd.parent_row(st, handled)
+        handled = parent_row(st, handled)
     s = s.replace(tdone=s.tdone.at[handled].set(True))
     return _advance_deadline_cursor(s, st, c)
 

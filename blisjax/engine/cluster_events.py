@@ -37,6 +37,7 @@ from blisjax.engine.state import (
     NIL,
     REJECTED,
     SimState,
+    prefill_row,
 )
 from blisjax.limits import INT64_MAX
 
@@ -251,7 +252,7 @@ def prefill_routing(s: SimState, st, c, p, now, active) -> SimState:
     if not st.lifecycle:
         s = refresh_snapshots(s, st, c, now, active)
         s, target = pd.route_pool(s, st, c, p, r, now, POOL_PREFILL, active)
-        s = instance.inject_arrival(s, st, c, target, pd.prefill_row(st, r), now, active)
+        s = instance.inject_arrival(s, st, c, target, prefill_row(st, r), now, active)
         return pd.prefill_routed(s, st, r, target, active)
     # with instance lifecycles among the routable instances; none: r is rejected and no
     # longer bound for its decode instance
@@ -260,7 +261,7 @@ def prefill_routing(s: SimState, st, c, p, now, active) -> SimState:
     routed = active & ~none
     s = refresh_snapshots(s, st, c, now, routed)
     s, target = pd.route_pool(s, st, c, p, r, now, POOL_PREFILL, routed, routable=members)
-    s = instance.inject_arrival(s, st, c, target, pd.prefill_row(st, r), now, routed)
+    s = instance.inject_arrival(s, st, c, target, prefill_row(st, r), now, routed)
     decode = s.instance[r]
     s = pd.prefill_routed(s, st, r, target, active, rejected=none)
     s = _reject_routing(s, st, c, r, none)

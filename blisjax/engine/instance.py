@@ -20,6 +20,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from blisjax.config.codes import PriorityPolicy, SchedulerPolicy
 from blisjax.engine import (
     batch,
     completion,
@@ -45,7 +46,16 @@ from blisjax.engine.queues import (
     q_remove_at,
     running_slots,
 )
-from blisjax.engine.state import DROPPED, NIL, QUEUED, ROUTED, RUNNING, TIMED_OUT, SimState
+from blisjax.engine.state import (
+    DROPPED,
+    NIL,
+    QUEUED,
+    ROUTED,
+    RUNNING,
+    TIMED_OUT,
+    SimState,
+    parent_row,
+)
 from blisjax.latency.base import float_to_ticks_array
 from blisjax.metrics import records
 from blisjax.rules import kv_util_bucket
@@ -117,7 +127,7 @@ def _prefill_failed(s: SimState, st, row, now, mask) -> SimState:
     terminate (``PDCluster.prefill_failed``; with instance lifecycles only)."""
     if not (st.pd and st.lifecycle):
         return s
-    decode = s.instance[pd.parent_row(st, row)]
+    decode = s.instance[parent_row(st, row)]
     s = pd.prefill_failed(s, st, row, mask)
     return lifecycle.released(s, st, decode, now, mask & (row > st.num_requests))
 
@@ -140,7 +150,7 @@ def enqueue(s: SimState, st, c, i, e, now, active) -> SimState:
     r = jnp.where(active, s.window.req[i, e], st.num_requests)
     s = s.replace(window=s.window.replace(req=upd(s.window.req, (i, e), NIL, active)))
     # the guards count a prefill sub-request's parent's output budget (P/D)
-    l_in, out = c.input_tokens[r], c.output_tokens[pd.parent_row(st, r) if st.pd else r]
+    l_in, out = c.input_tokens[r], c.output_tokens[parent_row(st, r) if st.pd else r]
     drop = active & records.unservable(l_in, out, st.max_model_len, kvblocks.capacity_of(st, i),
                                        st.block_size)
     admitted = active & ~drop
@@ -362,6 +372,8 @@ def enqueue_decode(s: SimState, st, c, i, r, now, active) -> SimState:
         enq_seq=s.enq_seq.at[r_or_sink].set(jnp.where(queued, s.cursors.enq_counter, s.enq_seq[r])),
         cursors=s.cursors.replace(enq_counter=s.cursors.enq_counter + queued.astype(jnp.int64)),
         stats=s.stats.replace(timed_out=add(s.stats.timed_out, i, 1, due)))
+    if st.stretches:  # its virtual steps before now held the reservation; the next ones not
+        s = end_stretch(s, st, c, i, now, due)
     s, _ = _release_slot_of(s, st, i, r, due)
     s = _finish_in_flight(s, c, i, r, due)
     s = q_push_back(s, st, i, r, queued)
@@ -458,13 +470,14 @@ class Finished(NamedTuple):
 
 
 def _finish_at(s: SimState, st, c, i, now, n_preempted, go, width: int,
-               defer: bool = False, factor=None, roofline_us=None) -> Finished:
-    """Execute and complete over running positions 0..width-1 (>= n_run); the next step."""
+               defer: bool = False, factor=None, roofline_us=None, *, stalled) -> Finished:
+    """Execute and complete over running positions 0..width-1 (>= n_run); the next step
+    (none when ``stalled``: the step admitted nothing with nothing running, Decision 22)."""
     s, d, running = execute(s, st, c, i, now, n_preempted, go, width, factor, roofline_us)
     if st.tiered:  # after execution, before completions leave the batch (§3.8)
         s = kv.mirror_batch(s, st, i, running.slots, running.valid, go)
     s, releases, todo = completion.complete(s, st, c, i, now, d, go, running, defer)
-    more = (s.batch.n_run[i] > 0) | (s.queue.length[i] > 0)
+    more = (s.batch.n_run[i] > 0) | ((s.queue.length[i] > 0) & ~stalled)
     s = s.replace(batch=s.batch.replace(
                       step_time=upd(s.batch.step_time, i, jnp.where(more, now + d, -1), go)))
     ended = records.output_finished(running.pi, running.l_in, running.out) \
@@ -518,6 +531,16 @@ def step_widths(st, per_octave: int = 1) -> tuple[int, ...]:
     return (*widths, st.batch_slots)
 
 
+def waits_when_stalled(st, p):
+    """Whether a step that admits nothing with nothing running leaves the instance without a
+    pending step (``Instance.waits_when_stalled``; Decision 22): its wait queue's order cannot
+    change with time alone (FCFS, or a constant priority), and not ``blis_quirks`` (BLIS steps
+    empty until the horizon)."""
+    if st.blis_quirks:
+        return jnp.asarray(False)
+    return (p.scheduler == SchedulerPolicy.FCFS) | (p.priority.policy == PriorityPolicy.CONSTANT)
+
+
 def step(s: SimState, st, c, p, i, now, active, defer: bool = False):
     """The instance's StepEvent at ``now``.
 
@@ -559,6 +582,7 @@ def step(s: SimState, st, c, p, i, now, active, defer: bool = False):
                 step_cached=s.batch.step_cached.at[i].set(
                     jnp.where(go, 0, s.batch.step_cached[i]))))
     s = batch.phase2(s, st, c, p, i, now, budget, pre, go)
+    stalled = (s.batch.n_run[i] == 0) & waits_when_stalled(st, p)
     n_preempted = s.stats.preempt_count[i] - preempted_before
     running = lane_max(jnp.where(go, s.batch.n_run[i], 0))
     init = Finished(s, completion.no_plan(s) if defer else None, completion.no_loop(st),
@@ -568,7 +592,8 @@ def step(s: SimState, st, c, p, i, now, active, defer: bool = False):
     completed_before = s.stats.completed[i]
     out = by_width(step_widths(st, FINISH_PER_OCTAVE), running, go,
                    lambda f, go, w: _finish_at(f.state, st, c, i, now, n_preempted, go, w,
-                                               defer, factor, roofline_us), init)
+                                               defer, factor, roofline_us, stalled=stalled),
+                   init)
     releases, todo = out.releases, out.loop
     if st.stretches:  # the outlook read the fills, lengths and block tables that the
         # completions write: its values feed them, so that XLA writes them in place

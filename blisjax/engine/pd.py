@@ -41,6 +41,7 @@ from blisjax.engine.state import (
     TRANSFER,
     WHOLE,
     SimState,
+    parent_row,
 )
 from blisjax.gorand import FEED_START, STATE_WORDS
 from blisjax.limits import INT64_MAX
@@ -118,15 +119,6 @@ def init_pd(st, pd_rng=None, pd_role=None, pd_pools=False) -> PDState:
         headed=jnp.zeros(inst, i32),
         ovf_transfers=jnp.asarray(0, i32), ovf_reserve=jnp.asarray(0, i32))
 
-
-def prefill_row(st, r):
-    """The row of request r's prefill sub-request."""
-    return r + st.num_requests + 1
-
-
-def parent_row(st, row):
-    """The request a row belongs to (a prefill sub-request's row is its parent's + N + 1)."""
-    return jnp.where(row > st.num_requests, row - st.num_requests - 1, row)
 
 
 def disaggregates(p, c, r, cached_on_decode, block_size: int):

@@ -32,7 +32,7 @@ from blisjax.engine.exactfloat import exact_mul, ieee_divide
 from blisjax.engine.lockstep import add, lane_once, upd
 from blisjax.engine.pytree import pytree_dataclass
 from blisjax.engine.queues import q_fold
-from blisjax.engine.state import SimState
+from blisjax.engine.state import SimState, parent_row
 from blisjax.engine.vec import leading_count
 from blisjax.gorand import FEED_START, STATE_WORDS
 from blisjax.program.observables import scorer_name
@@ -250,7 +250,7 @@ class _QueueBest(NamedTuple):
 
     key: jax.Array  # float64: -priority (priority-fcfs) or input length (sjf); smaller first
     arrival_us: jax.Array  # int64: its arrival (first tie-break)
-    request: jax.Array  # int32: its index (second tie-break)
+    request: jax.Array  # int32: its request index (second tie-break; a sub-request's parent)
     offset: jax.Array  # int32: its offset from the queue's head
 
 
@@ -269,22 +269,24 @@ def head_offset(s: SimState, st, c, p, i, now, active):
         key = jnp.where(by_priority, -priority_score(s, st, p, c, reqs, now),
                         c.input_tokens[reqs].astype(F64))
         arrival = sessions.arrival_us(s, st, c, reqs)
+        # the reference's index: a P/D sub-request carries its parent's
+        index = parent_row(st, reqs) if st.pd else reqs
         key_min = jnp.min(jnp.where(valid, key, inf))
         cand = valid & (key == key_min)
         arrival_min = jnp.min(jnp.where(cand, arrival, imax))
         cand = cand & (arrival == arrival_min)
-        j = jnp.argmin(jnp.where(cand, reqs, st.num_requests + 1))
+        j = jnp.argmin(jnp.where(cand, index, unseen))
         better = jnp.any(valid) & (
             (key[j] < best.key) | ((key[j] == best.key) & ((arrival[j] < best.arrival_us)
                                                            | ((arrival[j] == best.arrival_us)
-                                                              & (reqs[j] < best.request)))))
+                                                              & (index[j] < best.request)))))
         return _QueueBest(jnp.where(better, key[j], best.key),
                           jnp.where(better, arrival[j], best.arrival_us),
-                          jnp.where(better, reqs[j], best.request),
+                          jnp.where(better, index[j], best.request),
                           jnp.where(better, off[j], best.offset))
 
-    init = _QueueBest(inf, jnp.asarray(imax, jnp.int64),
-                      jnp.asarray(st.num_requests + 1, jnp.int32), jnp.asarray(0, jnp.int32))
+    unseen = jnp.asarray(jnp.iinfo(jnp.int32).max, jnp.int32)  # past every row
+    init = _QueueBest(inf, jnp.asarray(imax, jnp.int64), unseen, jnp.asarray(0, jnp.int32))
     return q_fold(s, st, i, active & (p.scheduler != SchedulerPolicy.FCFS), fold, init).offset
 
 

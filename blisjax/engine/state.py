@@ -140,3 +140,13 @@ def init_run() -> RunControl:
     return RunControl(done=jnp.asarray(False), iters=jnp.asarray(0, jnp.int64),
                       stretched=jnp.asarray(0, jnp.int64), ovf_queue=zero, ovf_pending=zero,
                       ovf_blocks=zero, ovf_deadline=zero)
+
+
+def prefill_row(st, r):
+    """The row of request r's prefill sub-request (P/D: rows N+1 .. 2N)."""
+    return r + st.num_requests + 1
+
+
+def parent_row(st, row):
+    """The request a row belongs to (a prefill sub-request's row is its parent's + N + 1)."""
+    return jnp.where(row > st.num_requests, row - st.num_requests - 1, row)

@@ -434,7 +434,8 @@ class ClusterSimulator:
         for x in self.instances:
             x.kv.check_conservation()
             assert len(x.running) <= x.max_running, "BC-12: batch exceeds max running requests"
-            assert not x.wait_queue or x.step_pending, "INV-8: queued work without a pending step"
+            assert not x.wait_queue or x.step_pending or x.stalled, \
+                "INV-8: queued work without a pending step"
             mine = [r for r in [*self.requests, *subs] if r.instance == x.index]
             live = sum(1 for r in mine if r.state in (Stage.PENDING, Stage.QUEUED, Stage.RUNNING))
             # completed requests may leave one lazily cancelled timeout behind

@@ -56,6 +56,12 @@ class Instance:
         # blocks count as cached in that step) and keeps its own cached blocks while it
         # reloads; BLIS (the quirk) does neither
         self.reload_before_sizing = self.tiered and not blis_quirks
+        # Decision 22: a step that admits nothing with nothing running waits for an event
+        # instead of stepping again (its wait queue cannot change order with time alone);
+        # BLIS (the quirk) steps empty until the horizon
+        self.waits_when_stalled = not blis_quirks and (
+            scheduler == SchedulerPolicy.FCFS or priority.is_constant)
+        self.stalled = False  # its last step admitted nothing and nothing ran: no step pending
         self.events: list = []
         self.seq = 0
         self.clock_us = 0  # time of the last executed event
@@ -129,6 +135,7 @@ class Instance:
         self.events = [e for e in self.events if e[1] == EV_TIMEOUT]
         heapq.heapify(self.events)
         self.step_pending = False
+        self.stalled = False
 
     def _held_requests(self) -> list:
         """Requests the instance holds that are not running: inside their queueing delay
@@ -303,6 +310,7 @@ class Instance:
             self.step_pending = False  # a timeout emptied the instance; nothing to do
             return
         self.step_count += 1
+        self.stalled = False
         if self.tiered:  # the tier's eviction and reload times (thrashing anomaly)
             self.kv.now_us = now_us
         if not self.priority.is_constant:
@@ -314,6 +322,7 @@ class Instance:
         if trace is not None:
             trace.before_batch(self)
         self._form_batch(now_us)
+        formed_empty = not self.running
         if trace is not None:
             trace.formed(self)
         if self.stateful_latency:  # one EMA step per step, before this step's features
@@ -326,7 +335,8 @@ class Instance:
         self._complete(now_us, d)
         if trace is not None:
             trace.stepped(self, now_us, d)
-        if self.running or self.wait_queue:
+        self.stalled = formed_empty and self.waits_when_stalled and bool(self.wait_queue)
+        if self.running or (self.wait_queue and not self.stalled):
             self.push(now_us + d, EV_STEP, None)
         else:
             self.step_pending = False

@@ -4,8 +4,8 @@ with the P/D counters (docs/semantics.md §5.10).
 All examples of a test share one compiled program (four instances, a small KV cache, chunked
 prefill; the capacities from an envelope workload, as in ``test_parity_hypothesis``). Each lane
 draws its own split of the instances into prefill, decode and shared pools (or none), its
-decider and threshold, the transfer's bandwidth, base latency and contention, its routing and
-each pool's own scorers (any of them: a pool with its own scorers is a router of its own, with
+decider and threshold, the transfer's bandwidth, base latency and contention, its routing, its
+wait-queue order and priorities, and each pool's own scorers (any of them: a pool with its own scorers is a router of its own, with
 its prefix index and no-hit-lru recency), so one population mixes disaggregated and co-located
 lanes. Workloads
 draw simultaneous arrivals, prefix groups and deadlines; the small cache makes decode-side
@@ -22,7 +22,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from blisjax.config import PDConfig, RoutingConfig, ScorerWeight, resolve_config
+from blisjax.config import (
+    PDConfig,
+    PriorityConfig,
+    RoutingConfig,
+    SchedulerConfig,
+    ScorerWeight,
+    resolve_config,
+)
 from blisjax.config.codes import Scorer
 from blisjax.engine import params_from_config, simulate_population, stack_params
 from blisjax.engine.parity import first_divergence
@@ -95,7 +102,14 @@ def lanes(draw, base):
             st.sampled_from(SCORERS), min_size=1, max_size=3, unique=True)))),
         tie_break=draw(st.sampled_from(["blis-random", "lowest-index"])))
     cluster = dataclasses.replace(base.cluster, pd=draw(pools()))
-    policy = dataclasses.replace(base.policy, routing=routing)
+    # wait-queue orders: a P/D sub-request ties on its parent's index (Decision 22: a lane
+    # whose order changes with time steps on where the others wait for an event)
+    policy = dataclasses.replace(
+        base.policy, routing=routing,
+        scheduler=SchedulerConfig(policy=draw(st.sampled_from(["fcfs", "priority-fcfs",
+                                                                 "sjf"]))),
+        priority=PriorityConfig(policy=draw(st.sampled_from(["constant", "slo-class",
+                                                               "slo-based"]))))
     return dataclasses.replace(base, cluster=cluster, policy=policy)
 
 
