@@ -6,19 +6,23 @@ instances, BLIS's default lengths, llama-3.1-8b-instruct / H100), its first ``--
 requests for the population sizes and the whole 10,000-request trace at the largest size where
 time allows. Lanes are distinct weighted-routing policies (random weights of four scorers).
 
-Stages, most important first; each is skipped when its estimated time (from the compiles and
-calls measured before it) would overrun ``--budget-s``:
+Stages, most important first. Their programs compile at once (threads: a GPU compile takes
+minutes and the host's cores share the work), then each stage runs as soon as its program is
+ready, unless a call estimated from the stages before it (by requests, and by lanes with the
+growth measured between sizes) would overrun ``--budget-s``:
 
-1. roofline, the largest population: compile, two calls; ``--parity-lanes`` random lanes
-   compared request by request with independent reference runs (computed meanwhile on the
-   host's cores in worker processes);
+1. roofline at the smallest population: two calls; ``--parity-lanes`` random lanes compared
+   request by request with independent reference runs (computed meanwhile on the host's cores
+   in worker processes);
 2. blackbox, the same;
-3. the first stage again in a child process under XLA flags that put while loops and
-   conditionals into CUDA graphs (GPU only): time, and each lane's results against stage 1;
-4. roofline at the other population sizes (one call each after the compile);
-5. roofline on the whole anchor trace at the largest population, a few lanes compared with
-   reference runs of the whole trace.
+3. roofline at the other population sizes (two calls; the lanes compared in stage 1 must
+   give the same results in a larger population);
+4. roofline on the whole anchor trace at the largest population, a few lanes compared with
+   reference runs of the whole trace;
+5. (GPU only) stage 1 again in a child process under XLA flags that put while loops and
+   conditionals into CUDA graphs: time, and each lane's results against stage 1.
 
+A line says how many programs were still compiling while its calls ran (they share the host).
 Prints one JSON line per stage and a Markdown table last; with ``--out DIR`` (default: $OUT
 when set) the lines go to DIR/gpu_check.jsonl as well, each written as soon as it is known.
 
@@ -33,6 +37,7 @@ import concurrent.futures as futures
 import dataclasses
 import hashlib
 import json
+import math
 import multiprocessing
 import os
 import platform
@@ -41,6 +46,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -127,17 +133,25 @@ def device_memory() -> dict:
                                                      ("limit_gib", "bytes_limit")) if s in stats}
 
 
-def run_case(case: Case, calls: int, lanes_checked: list[int],
-             seconds_left=lambda: float("inf")) -> tuple[dict, dict]:
-    """Compile and run ``case`` (a further call only while ``seconds_left()`` exceeds 1.5 calls);
-    returns (measurements, {lane: RunResult} of ``lanes_checked``)."""
-    import jax
-    import numpy as np
+@dataclasses.dataclass
+class Compiled:
+    """A case's compiled program and what its calls take."""
+
+    case: Case
+    run: Any  # run(consts, params) -> final states
+    st: Any
+    consts: Any
+    params: Any
+    compile_s: float
+
+
+def compile_case(case: Case) -> Compiled:
+    """Build and compile ``case``'s program (thread-safe: several compile at once)."""
     from bench_jax import population
 
     from blisjax.engine.consts import build_consts
     from blisjax.engine.latency_rows import for_hardware
-    from blisjax.engine.run import HostLanes, compile_lanes, lane_result
+    from blisjax.engine.run import compile_lanes
     from blisjax.engine.static import build_static
 
     resolved, workload = resolved_case(case)
@@ -146,14 +160,26 @@ def run_case(case: Case, calls: int, lanes_checked: list[int],
     consts = build_consts(resolved, workload, st)
     start = time.perf_counter()
     run = compile_lanes(st, consts, params)
-    compile_s = time.perf_counter() - start
+    return Compiled(case, run, st, consts, params, time.perf_counter() - start)
+
+
+def run_compiled(prog: Compiled, calls: int, lanes_checked: list[int],
+                 seconds_left=lambda: float("inf")) -> tuple[dict, dict]:
+    """Call ``prog`` up to ``calls`` times (a further call only while ``seconds_left()``
+    exceeds 1.5 calls); returns (measurements, {lane: RunResult} of ``lanes_checked``)."""
+    import jax
+    import numpy as np
+
+    from blisjax.engine.run import HostLanes, lane_result
+
+    case, st, consts = prog.case, prog.st, prog.consts
     times, final = [], None
     for _ in range(calls):
         if times and seconds_left() < 1.5 * times[-1]:
             break
         final = None  # two populations' states are never held at once
         start = time.perf_counter()
-        final = jax.block_until_ready(run(consts, params))
+        final = jax.block_until_ready(prog.run(consts, prog.params))
         times.append(time.perf_counter() - start)
     events = int(np.asarray(final.run.iters).sum())
     state = sum(x.nbytes for x in jax.tree_util.tree_leaves(final)) // case.lanes
@@ -162,7 +188,7 @@ def run_case(case: Case, calls: int, lanes_checked: list[int],
     host = HostLanes(picked)
     results = {k: lane_result(st, consts, host, j) for j, k in enumerate(lanes_checked)}
     best = min(times)
-    line = {**dataclasses.asdict(case), "compile_s": round(compile_s, 1),
+    line = {**dataclasses.asdict(case), "compile_s": round(prog.compile_s, 1),
             "calls_s": [round(t, 3) for t in times], "per_sim_ms": round(best / case.lanes * 1e3, 3),
             "us_per_lane_event": round(best / events * 1e6, 4), "lane_events": events,
             "state_mb_per_lane": round(state / 1e6, 2), **device_memory()}
@@ -186,7 +212,7 @@ def child_stage(spec: str) -> None:
     """Stage 3's child: run the case in ``spec`` and print its line with lane fingerprints."""
     job = json.loads(spec)
     case = Case(**job["case"])
-    line, results = run_case(case, job["calls"], job["lanes"])
+    line, results = run_compiled(compile_case(case), job["calls"], job["lanes"])
     line["fingerprints"] = {str(k): fingerprint(r) for k, r in results.items()}
     print("CHILD " + json.dumps(line), flush=True)
 
@@ -245,6 +271,9 @@ def main() -> None:  # noqa: C901 -- one script, stage after stage
     ap.add_argument("--out", default=os.environ.get("OUT"), help="folder for gpu_check.jsonl")
     ap.add_argument("--stages", default="roofline,blackbox,sizes,full-trace,cuda-graphs",
                     help="the stages to run, comma-separated")
+    ap.add_argument("--compile-workers", type=int, default=0,
+                    help="programs compiled at once (default: all of them on a GPU, one on a "
+                         "CPU)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -276,103 +305,108 @@ def main() -> None:  # noqa: C901 -- one script, stage after stage
     env = environment()
     report(env)
     gpu = env["backend"] == "gpu"
-    compiles: list[float] = []
-    per_call: dict[tuple, float] = {}
+    want = set(args.stages.split(","))
+    small_p, big_p = min(lanes), max(lanes)
+    plan: list[tuple[str, Case, int, list[int], dict]] = []
+    if "roofline" in want:
+        plan.append(("roofline", cases["roofline"], 2, checked, pending["roofline"]))
+    if "blackbox" in want:
+        plan.append(("blackbox", cases["blackbox"], 2, checked, pending["blackbox"]))
+    for p in sorted(set(lanes) - {small_p}) if "sizes" in want else []:
+        plan.append((f"roofline-{p}", Case("roofline", args.requests, p, instances), 2,
+                     [k for k in checked if k < p], {}))
+    if "full-trace" in want:
+        plan.append(("roofline-full-trace", dataclasses.replace(full, lanes=big_p), 1,
+                     full_checked, pending["full"]))
+    # Every program compiles at once (the host's cores work on them together; a GPU compile is
+    # minutes); the stages then run in order as their programs are ready.
+    compile_workers = args.compile_workers or (len(plan) if gpu else 1)
+    compiler = futures.ThreadPoolExecutor(max(1, compile_workers))
+    programs = [compiler.submit(compile_case, case) for _, case, *_ in plan]
+    measured: dict[tuple, float] = {}  # (model, requests, lanes) -> fastest call, s
 
     def left() -> float:
         return args.budget_s - (time.perf_counter() - t0)
 
-    def fits(name: str, estimate: float) -> bool:
-        if estimate <= left():
-            return True
-        report({"stage": name, "skipped": f"estimated {estimate:.0f} s, {left():.0f} s left"})
-        return False
+    def estimate(case: Case) -> float | None:
+        """A call of ``case`` from the measured calls of the same model: scaled by requests,
+        and by lanes with the growth seen between the two largest sizes measured (linear in
+        lanes from a single size)."""
+        same = sorted((p, t) for (m, r, p), t in measured.items()
+                      if m == case.model and r == args.requests)
+        if not same:
+            return None
+        (p1, t1) = same[-1]
+        growth, ratio = 1.0, case.lanes / p1
+        if ratio > 1 and len(same) >= 2:  # the power law through the two largest sizes
+            p0, t_p0 = same[-2]
+            growth = ratio ** (math.log(t1 / t_p0) / math.log(p1 / p0))
+        elif ratio > 1:
+            growth = ratio
+        return t1 * growth * case.requests / args.requests
 
-    def compile_estimate() -> float:
-        return 1.3 * max(compiles) if compiles else 0.0
-
-    def stage(name: str, case: Case, calls: int, lanes_checked, refs) -> dict | None:
+    first = None
+    for (name, case, calls, lanes_checked, refs), future in zip(plan, programs, strict=True):
         print(f"[{time.perf_counter() - t0:6.1f} s] {name}: {case}", file=sys.stderr, flush=True)
         try:
-            line, results = run_case(case, calls, lanes_checked, left)
+            prog = future.result(timeout=max(1.0, left()))
+        except futures.TimeoutError:
+            report({"stage": name, "skipped": "its program was still compiling at the budget"})
+            continue
         except Exception as exc:  # report and go on: later stages may still run
             report({"stage": name, "error": f"{type(exc).__name__}: {exc}",
                     "traceback": traceback.format_exc()[-2000:]})
-            return None
-        compiles.append(line["compile_s"])
-        per_call[(case.model, case.requests, case.lanes)] = min(line["calls_s"])
-        line["stage"] = name
+            continue
+        guess = estimate(case)
+        if guess is not None and 1.1 * guess > left():
+            report({"stage": name, "skipped": f"a call estimated at {guess:.0f} s, "
+                                              f"{left():.0f} s left"})
+            continue
+        compiling = sum(not f.done() for f in programs)
+        try:
+            line, results = run_compiled(prog, calls, lanes_checked, left)
+        except Exception as exc:
+            report({"stage": name, "error": f"{type(exc).__name__}: {exc}",
+                    "traceback": traceback.format_exc()[-2000:]})
+            continue
+        measured[(case.model, case.requests, case.lanes)] = min(line["calls_s"])
+        line.update(stage=name, compiles_in_flight=compiling)
         if refs:
             line.update(parity_line(results, refs))
         line["fingerprints"] = {str(k): fingerprint(r) for k, r in results.items()}
-        report(line)
-        return line
-
-    small_p = min(lanes)
-
-    def call_s(model: str, requests: int, p: int) -> float | None:
-        return per_call.get((model, requests, p))
-
-    want = set(args.stages.split(","))
-    first = (stage("roofline", cases["roofline"], 2, checked, pending["roofline"])
-             if "roofline" in want else None)
-    base = call_s("roofline", args.requests, small_p)
-    if "blackbox" in want and fits("blackbox", compile_estimate() + 2 * (base or 0.0)):
-        stage("blackbox", cases["blackbox"], 2, checked, pending["blackbox"])
-    # Larger populations: a call is estimated from the two sizes below it (the growth from
-    # one to the next repeated), or linearly in lanes from the first.
-    done = [small_p]
-    for p in sorted(set(lanes) - {small_p}) if "sizes" in want else []:
-        t = [call_s("roofline", args.requests, q) for q in done[-2:]]
-        if base is None or None in t:
-            break
-        growth = t[-1] / t[0] if len(t) == 2 else p / done[-1]
-        estimate = compile_estimate() + 1.1 * t[-1] * max(1.0, growth)
-        if not fits(f"roofline-{p}", estimate):
-            break
-        line = stage(f"roofline-{p}", Case("roofline", args.requests, p, instances), 2,
-                     [k for k in checked if k < p], {})
-        if line is None:
-            break
-        if first is not None:
-            same = sum(line["fingerprints"][k] == first["fingerprints"][k]
+        if first is not None and name.startswith("roofline-") and case.requests == args.requests:
+            same = sum(line["fingerprints"][k] == first["fingerprints"].get(k)
                        for k in line["fingerprints"])
-            report({"stage": f"roofline-{p}", "lanes_as_in_roofline_stage":
-                    f"{same}/{len(line['fingerprints'])}"})
-        done.append(p)
-    # The whole trace at the largest population measured whose call, scaled by the requests,
-    # fits in the time left.
-    scale = full.requests / args.requests
-    for p in reversed(done if "full-trace" in want else []):
-        t = call_s("roofline", args.requests, p)
-        if t is not None and compile_estimate() + 1.2 * t * scale <= left():
-            stage("roofline-full-trace", dataclasses.replace(full, lanes=p), 1, full_checked,
-                  pending["full"])
-            break
-    else:
-        if "full-trace" in want:
-            fits("roofline-full-trace", float("inf"))
-    if "cuda-graphs" in want and gpu and first is not None and fits("cuda-graphs", compile_estimate() + 2 * base + 20):
-        job = {"case": dataclasses.asdict(cases["roofline"]), "calls": 2, "lanes": checked}
-        env_child = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} "
-                                                f"{GRAPH_FLAGS}".strip()}
-        try:
-            proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(job)],
-                                  capture_output=True, text=True, env=env_child,
-                                  timeout=max(30.0, left()))
-            rows = [ln[6:] for ln in proc.stdout.splitlines() if ln.startswith("CHILD ")]
-            if rows:
-                line = json.loads(rows[-1])
-                same = sum(line["fingerprints"][str(k)] == first["fingerprints"][str(k)]
-                           for k in checked)
-                line.update(stage="cuda-graphs", xla_flags=GRAPH_FLAGS,
-                            lanes_as_in_roofline_stage=f"{same}/{len(checked)}")
-                del line["fingerprints"]
-                report(line)
-            else:
-                report({"stage": "cuda-graphs", "error": proc.stderr[-3000:]})
-        except subprocess.TimeoutExpired:
-            report({"stage": "cuda-graphs", "error": "timed out"})
+            line["lanes_as_in_roofline_stage"] = f"{same}/{len(line['fingerprints'])}"
+        if name == "roofline":
+            first = line
+        report(line)
+        del prog, results
+    base = measured.get(("roofline", args.requests, small_p))
+    if "cuda-graphs" in want and gpu and first is not None and base is not None:
+        if 200 + 2 * base > left():
+            report({"stage": "cuda-graphs", "skipped": f"{left():.0f} s left"})
+        else:
+            job = {"case": dataclasses.asdict(cases["roofline"]), "calls": 2, "lanes": checked}
+            env_child = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} "
+                                                    f"{GRAPH_FLAGS}".strip()}
+            try:
+                proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(job)],
+                                      capture_output=True, text=True, env=env_child,
+                                      timeout=max(30.0, left()))
+                rows = [ln[6:] for ln in proc.stdout.splitlines() if ln.startswith("CHILD ")]
+                if rows:
+                    line = json.loads(rows[-1])
+                    same = sum(line["fingerprints"][str(k)] == first["fingerprints"][str(k)]
+                               for k in checked)
+                    line.update(stage="cuda-graphs", xla_flags=GRAPH_FLAGS,
+                                lanes_as_in_roofline_stage=f"{same}/{len(checked)}")
+                    del line["fingerprints"]
+                    report(line)
+                else:
+                    report({"stage": "cuda-graphs", "error": proc.stderr[-3000:]})
+            except subprocess.TimeoutExpired:
+                report({"stage": "cuda-graphs", "error": "timed out"})
     workers = list((getattr(pool, "_processes", None) or {}).values())
     pool.shutdown(wait=False, cancel_futures=True)
     for worker in workers:
