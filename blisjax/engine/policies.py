@@ -431,7 +431,7 @@ def weighted_scores(scores, spec: RouteSpec, num_instances: int):
     total_w = 0.0
     for k in range(len(Scorer)):  # left to right, as the reference sums
         total_w = total_w + w[k]
-    norm = w / total_w
+    norm = ieee_divide(w, total_w)  # not w·(1/total): XLA's rewrite of a shared divisor
     total = jnp.zeros(num_instances, F64)
     for k in range(len(Scorer)):
         code = spec.scorer_order[k]
