@@ -419,7 +419,7 @@ def main() -> None:  # noqa: C901 -- one script, stage after stage
     for r in report.rows:
         if "calls_s" in r:
             ident = (f"{r['parity_identical']}/{r['parity_lanes']}" if "parity_lanes" in r
-                     else r.get("same_as_roofline_stage", "–"))
+                     else r.get("lanes_as_in_roofline_stage", "–"))
             print(f"| {r['stage']} | {r['model']} | {r['requests']} | {r['lanes']} | "
                   f"{r['compile_s']} | {r['calls_s']} | {r['per_sim_ms']} | {ident} | "
                   f"{r.get('peak_gib', '–')} |")
