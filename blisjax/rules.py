@@ -28,6 +28,15 @@ __all__ = ["NEVER_US", "US_PER_HOUR", "Variant", "cost_order", "delay_us", "held
 NEVER_US = -(1 << 62)
 
 
+def normalized_weights(weights: list[float]) -> list[float]:
+    """Scorer weights over their sum, the sum taken left to right (BLIS's order): the weighted
+    router's view, computed once on the host for both engines."""
+    total = 0.0
+    for w in weights:
+        total += w
+    return [w / total for w in weights]
+
+
 def kv_util_bucket(used_blocks, total_blocks):
     """The whole percent of an instance's KV blocks in use, rounded up: 0 for none, 100 for
     all; ceil(100 · used / total) in integer arithmetic (Python ints or integer arrays of

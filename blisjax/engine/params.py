@@ -26,7 +26,7 @@ from blisjax.engine.pytree import pytree_dataclass
 from blisjax.gorand import blis_subsystem_rand
 from blisjax.program import bytecode as program_code
 from blisjax.program.observables import scorer_name
-from blisjax.rules import reload_cost_us, slot_roles
+from blisjax.rules import normalized_weights, reload_cost_us, slot_roles
 
 #: Scorer slots per lane: every scorer at most once, in configuration order.
 MAX_SCORERS = len(Scorer)
@@ -78,7 +78,7 @@ class RoutingParams:
     """``policy.routing`` of one lane (docs/semantics.md §5.6).
 
     policy: ``RoutingPolicy`` code; scorer_order[S] ``Scorer`` codes in configuration order,
-    padded with -1 (S = ``MAX_SCORERS``); scorer_weight[S] raw weights in the same order;
+    padded with -1 (S = ``MAX_SCORERS``); scorer_weight[S] their weights over their sum;
     prefix_index_on: the prefix-affinity observer is active; tie_break: ``TieBreak`` code;
     router_rng[607]: int64 words of BLIS's "router" stream as seeded from the configuration's
     seed (``blisjax.gorand``), the state ties draw from. program: the routing program
@@ -241,11 +241,14 @@ POOL_DECODE, POOL_PREFILL = 0, 1
 
 
 def _scorer_arrays(scorers) -> tuple[np.ndarray, np.ndarray]:
-    """(codes, raw weights) of a scorer list in configuration order, padded with -1 / 0."""
+    """(codes, weights over their sum) of a scorer list in configuration order, padded with
+    -1 / 0. The weights are normalised here, on the host, as the reference does
+    (``rules.normalized_weights``): no division is left to XLA."""
     codes = [int(Scorer.of(w.name)) for w in scorers]
     padding = MAX_SCORERS - len(codes)
+    weights = normalized_weights([float(w.weight) for w in scorers]) if scorers else []
     return (np.asarray(codes + [-1] * padding, dtype=np.int32),
-            np.asarray([float(w.weight) for w in scorers] + [0.0] * padding, dtype=np.float64))
+            np.asarray(weights + [0.0] * padding, dtype=np.float64))
 
 
 def _pd_params(cfg) -> PDParams:

@@ -384,7 +384,7 @@ class RouteSpec(NamedTuple):
 
     policy: jax.Array  # int32 ``RoutingPolicy`` code
     scorer_order: jax.Array  # int32 [S]: ``Scorer`` codes in configuration order, -1 padded
-    scorer_weight: jax.Array  # float64 [S]: their raw weights
+    scorer_weight: jax.Array  # float64 [S]: their weights over their sum (host-normalised)
     prefix_index_on: jax.Array  # bool: the prefix index records the decision
     candidates: jax.Array | None  # bool [I]: the instances it decides among (None: all)
 
@@ -427,11 +427,7 @@ def scorer_values(s: SimState, st, c, r, view: RouterView, among):
 def weighted_scores(scores, spec: RouteSpec, num_instances: int):
     """Σ clamp(score)·weight in configuration order, products formed exactly (no FMA)
     (``Router.weighted_scores``); float64 [I]. ``scores``: ``scorer_values`` [S, I]."""
-    w = spec.scorer_weight
-    total_w = 0.0
-    for k in range(len(Scorer)):  # left to right, as the reference sums
-        total_w = total_w + w[k]
-    norm = ieee_divide(w, total_w)  # not w·(1/total): XLA's rewrite of a shared divisor
+    norm = spec.scorer_weight  # normalised on the host (``params._scorer_arrays``)
     total = jnp.zeros(num_instances, F64)
     for k in range(len(Scorer)):
         code = spec.scorer_order[k]

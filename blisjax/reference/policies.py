@@ -31,6 +31,7 @@ from blisjax.reference.code_policy import (
     checked_priority,
     checked_scores,
 )
+from blisjax.rules import normalized_weights
 
 # ---------------------------------------------------------------------------------------------
 # Admission
@@ -243,11 +244,6 @@ class PrefixIndex:
                     self.lru.popitem(last=False)
 
 
-def normalized_weights(weights: list[float]) -> list[float]:
-    total = 0.0
-    for w in weights:
-        total += w
-    return [w / total for w in weights]
 
 
 

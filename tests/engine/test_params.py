@@ -39,7 +39,8 @@ def test_scorers_keep_configuration_order_padded_with_minus_one():
     pad = len(Scorer) - 2  # one slot per scorer the engine knows
     assert list(np.asarray(p.routing.scorer_order)) == [
         Scorer.LOAD_BALANCE, Scorer.PREFIX_AFFINITY, *[-1] * pad]
-    assert list(np.asarray(p.routing.scorer_weight)) == [1.0, 2.0, *[0.0] * pad]
+    # the weights over their sum, divided on the host as Python divides (1/3, 2/3)
+    assert list(np.asarray(p.routing.scorer_weight)) == [1.0 / 3.0, 2.0 / 3.0, *[0.0] * pad]
     assert bool(p.routing.prefix_index_on)
 
 

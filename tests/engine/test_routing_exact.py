@@ -1,5 +1,6 @@
-"""The weighted router's scores in the JAX engine equal the reference's to the bit, with
-weights shared by every lane (a traced divisor XLA would turn into a reciprocal)."""
+"""The weighted router's scores in the JAX engine equal the reference's to the bit: the
+weights are divided by their sum on the host (a division left to XLA with a divisor shared
+by the lanes became a multiplication by its reciprocal: 3/5 gave 0.6000000000000001)."""
 
 from __future__ import annotations
 
@@ -7,32 +8,27 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from blisjax.config.codes import RoutingPolicy, Scorer
-from blisjax.engine.policies import RouteSpec, weighted_scores
-from blisjax.reference.policies import normalized_weights
+from blisjax.config import RoutingConfig, ScorerWeight
+from blisjax.config.codes import Scorer
+from blisjax.engine import params_from_config, stack_params
+from blisjax.engine.policies import lane_spec, weighted_scores
+from tests.reference.conftest import make_resolved
 
 MAX = len(Scorer)
 
 
-def _spec(weights):
-    order = np.full(MAX, -1, np.int32)
-    order[:2] = [Scorer.PREFIX_AFFINITY, Scorer.QUEUE_DEPTH]
-    w = np.zeros(MAX)
-    w[:2] = weights
-    return RouteSpec(jnp.asarray(RoutingPolicy.WEIGHTED, jnp.int32), jnp.asarray(order),
-                     jnp.asarray(w), jnp.asarray(True), None)
-
-
-def test_weights_shared_by_lanes_divide_as_python_does():
-    # 3/5 = 0.6 but 3·(1/5) = 0.6000000000000001: with the reciprocal, 2/3·0.6 (instance 0)
-    # would tie 1·0.4 (instance 1) instead of falling just below it
-    lanes = 64
-    scores = np.zeros((lanes, MAX, 2))
+def test_weights_divide_as_python_does_and_scores_keep_apart():
+    rt = RoutingConfig(policy="weighted", scorers=(ScorerWeight("prefix-affinity", 3.0),
+                                                   ScorerWeight("queue-depth", 2.0)))
+    params = stack_params([params_from_config(make_resolved(routing=rt).config, ("",))] * 64)
+    assert list(np.asarray(params.routing.scorer_weight[0, :2])) == [3.0 / 5.0, 2.0 / 5.0]
+    # instance 0: 2/3 of its prefix cached, the longest queue; instance 1: no prefix, empty.
+    # 2/3·0.6 = 0.39999999999999997 falls just below 1·0.4, where 2/3·(3·(1/5)) would tie it
+    scores = np.zeros((64, MAX, 2))
     scores[:, Scorer.PREFIX_AFFINITY] = [2 / 3, 0.0]
     scores[:, Scorer.QUEUE_DEPTH] = [0.0, 1.0]
-    run = jax.jit(jax.vmap(lambda sc, spec: weighted_scores(sc, spec, 2), in_axes=(0, None)))
-    got = np.asarray(run(jnp.asarray(scores), _spec((3.0, 2.0))))
-    w = normalized_weights([3.0, 2.0])
-    want = [2 / 3 * w[0] + 0.0 * w[1], 0.0 * w[0] + 1.0 * w[1]]
+    run = jax.jit(jax.vmap(lambda sc, p: weighted_scores(sc, lane_spec(p), 2)))
+    got = np.asarray(run(jnp.asarray(scores), params))
+    want = [2 / 3 * 0.6 + 0.0 * 0.4, 0.0 * 0.6 + 1.0 * 0.4]
     assert want[0] < want[1]
     assert (got == np.asarray(want)).all(), (got[0], want)
