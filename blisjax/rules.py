@@ -18,23 +18,15 @@ from typing import NamedTuple
 
 from blisjax.config.autoscale import lifecycle_configured
 from blisjax.config.pd import slot_roles
+from blisjax.config.policy import normalized_weights
 from blisjax.limits import KV_UTIL_BUCKETS, US_PER_HOUR
 
 __all__ = ["NEVER_US", "US_PER_HOUR", "Variant", "cost_order", "delay_us", "held_cost",
            "instance_variants", "KV_UTIL_BUCKETS", "kv_util_bucket",
-           "reload_cost_us", "slot_roles", "uses_lifecycle", "variant_of"]
+           "normalized_weights", "reload_cost_us", "slot_roles", "uses_lifecycle", "variant_of"]
 
 #: "Never happened" for lifecycle times, µs (far below any simulated time).
 NEVER_US = -(1 << 62)
-
-
-def normalized_weights(weights: list[float]) -> list[float]:
-    """Scorer weights over their sum, the sum taken left to right (BLIS's order): the weighted
-    router's view, computed once on the host for both engines."""
-    total = 0.0
-    for w in weights:
-        total += w
-    return [w / total for w in weights]
 
 
 def kv_util_bucket(used_blocks, total_blocks):

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -79,6 +78,16 @@ def _compiled(section: Any, site: str):
 
     return compile_program(site, program=section.program, params=dict(section.params),
                            path=f"policy.{site}")
+
+
+def normalized_weights(weights: list[float]) -> list[float]:
+    """Scorer weights over their sum, the sum taken left to right (BLIS's order): the weighted
+    router's view, the one formula both engines use (the JAX engine's weights are normalised
+    on the host with it)."""
+    total = 0.0
+    for w in weights:
+        total += w
+    return [w / total for w in weights]
 
 
 @dataclass(frozen=True)
@@ -338,8 +347,7 @@ class RoutingConfig:
 
     def normalized_weights(self) -> tuple[float, ...]:
         """Scorer weights divided by their sum (the router's view), in scorer order."""
-        total = math.fsum(s.weight for s in self.scorers)
-        return tuple(s.weight / total for s in self.scorers)
+        return tuple(normalized_weights([float(s.weight) for s in self.scorers]))
 
 
 @dataclass(frozen=True)
