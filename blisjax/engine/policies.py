@@ -68,12 +68,17 @@ class RouterState:
     lru_own_at: jax.Array  # int64 [I, G, Jg]: own entries inserted before that touch
     lru_clock: jax.Array  # int64 [I]: next touch position
     lru_own: jax.Array  # int64 [I]: own (not prefix-group) entries inserted so far
+    # the blocks closed-loop sessions share (``EngineStatic.session_prefix_index``; else one
+    # unused entry per instance): as ``lru_pos`` / ``lru_own_at`` per (session, block)
+    lru_spos: jax.Array  # int64 [I, S, Js]
+    lru_sown_at: jax.Array  # int64 [I, S, Js]
 
 
 def init_router(st, router_rng=None) -> RouterState:
     """Nothing in flight, empty snapshots and index; ``router_rng``: the seeded words of the
     "router" stream (``PolicyParams.routing.router_rng``; zeros if not given)."""
     i, g, jg = st.num_instances, st.num_groups, st.group_blocks_max
+    sessions = (st.num_sessions, st.session_blocks_max) if st.session_prefix_index else (1, 1)
     i32, i64 = jnp.int32, jnp.int64
     return RouterState(
         in_flight=jnp.zeros(i, i32), rr=jnp.asarray(0, i32), snap_qd=jnp.zeros(i, i32),
@@ -86,7 +91,8 @@ def init_router(st, router_rng=None) -> RouterState:
         cache_copy=jnp.zeros(st.group_slots + st.session_slots if st.cache_copy_on else 1, bool),
         cache_copy_last=jnp.asarray(0, i64),
         lru_pos=jnp.full((i, g, jg), -1, i64), lru_own_at=jnp.zeros((i, g, jg), i64),
-        lru_clock=jnp.zeros(i, i64), lru_own=jnp.zeros(i, i64))
+        lru_clock=jnp.zeros(i, i64), lru_own=jnp.zeros(i, i64),
+        lru_spos=jnp.full((i, *sessions), -1, i64), lru_sown_at=jnp.zeros((i, *sessions), i64))
 
 
 
@@ -97,6 +103,8 @@ def forget_instance(router: RouterState, i, active) -> RouterState:
                           lru_own_at=upd(router.lru_own_at, i, 0, active),
                           lru_clock=upd(router.lru_clock, i, 0, active),
                           lru_own=upd(router.lru_own, i, 0, active),
+                          lru_spos=upd(router.lru_spos, i, -1, active),
+                          lru_sown_at=upd(router.lru_sown_at, i, 0, active),
                           cold_stamp=upd(router.cold_stamp, i, -1, active))
 
 
@@ -297,37 +305,81 @@ def prefix_match(s: SimState, st, c, r):
     """Matched leading prompt blocks of r in each instance's router-side LRU index [I]
     (``PrefixIndex.match_length``).
 
-    Only prefix-group blocks can match (a request's own blocks are indexed after it is routed,
-    and it is routed once). An entry is present iff fewer than ``capacity`` distinct entries were
-    touched after it (LRU stack distance): own entries inserted since, plus group entries with
-    a later touch position.
+    A request's prompt blocks are, in order, its prefix group's (``j < group_blocks``), with
+    closed-loop sessions its session's (``j < session_blocks``: every round of the
+    conversation has them, ``EngineStatic.session_prefix_index``), and its own; only the
+    shared ones can match (a request's own blocks are indexed after it is routed, and it is
+    routed once). An entry is present iff fewer than ``capacity`` distinct entries were
+    touched after it (LRU stack distance): own entries inserted since, plus shared entries
+    with a later touch position.
     """
-    g = jnp.maximum(c.group[r], 0)
-    pos = s.router.lru_pos[:, g, :]  # [I, Jg]
-    own_at = s.router.lru_own_at[:, g, :]
+    pos, own_at, shared = _index_rows(s, st, c, r)  # [I, J], [J]
     everything = s.router.lru_pos.reshape(st.num_instances, -1)  # [I, G·Jg]
-    newer_group = jnp.sum(everything[:, None, :] > pos[:, :, None], axis=-1)
-    newer = (s.router.lru_own[:, None] - own_at) + newer_group
-    j = jnp.arange(st.group_blocks_max)
-    present = (pos >= 0) & (newer < st.prefix_index_capacity) & (j < c.group_blocks[r])
+    newer = (s.router.lru_own[:, None] - own_at) \
+        + jnp.sum(everything[:, None, :] > pos[:, :, None], axis=-1)
+    if st.session_prefix_index:
+        sessions = s.router.lru_spos.reshape(st.num_instances, -1)  # [I, S·Js]
+        newer = newer + jnp.sum(sessions[:, None, :] > pos[:, :, None], axis=-1)
+    present = shared & (pos >= 0) & (newer < st.prefix_index_capacity)
     return leading_count(present, axis=1)
+
+
+def _index_rows(s: SimState, st, c, r):
+    """r's shared prompt blocks in the prefix index, [I, J] over blocks j < J (the longer of
+    a group's and, with ``session_prefix_index``, a session's blocks): each block's touch
+    position (-1 where never touched, own or past the prompt), own entries at that touch, and
+    which blocks are shared (bool [J])."""
+    g = jnp.maximum(c.group[r], 0)
+    gb = c.group_blocks[r]
+    jg = st.group_blocks_max
+    pos, own_at = s.router.lru_pos[:, g, :], s.router.lru_own_at[:, g, :]  # [I, Jg]
+    if not st.session_prefix_index:
+        return pos, own_at, jnp.arange(jg) < gb
+    width = max(jg, st.session_blocks_max)
+    j = jnp.arange(width)
+    pad = ((0, 0), (0, width - jg))
+    pos, own_at = jnp.pad(pos, pad, constant_values=-1), jnp.pad(own_at, pad)
+    sid = jnp.maximum(c.session[r], 0)
+    spad = ((0, 0), (0, width - st.session_blocks_max))
+    spos = jnp.pad(s.router.lru_spos[:, sid, :], spad, constant_values=-1)
+    sown = jnp.pad(s.router.lru_sown_at[:, sid, :], spad)
+    in_session = (j >= gb) & (c.session[r] >= 0) & (j < c.session_blocks[r])
+    full = j < c.full_blocks[r]
+    pos = jnp.where(j < gb, pos, jnp.where(in_session & full, spos, -1))
+    own_at = jnp.where(j < gb, own_at, sown)
+    return pos, own_at, (j < gb) | in_session
 
 
 def prefix_touch(s: SimState, st, c, r, target, active) -> SimState:
     """The routed request's prompt blocks become the most recent entries of the target's index
-    (``PrefixIndex.touch``)."""
+    (``PrefixIndex.touch``): shared blocks at touch positions in prompt order, own blocks
+    counted."""
     g = jnp.maximum(c.group[r], 0)
     j = jnp.arange(st.group_blocks_max)
     mine = active & (j < c.group_blocks[r])
     row = jnp.where(mine, s.router.lru_clock[target] + j, s.router.lru_pos[target, g])
     row_own = jnp.where(mine, s.router.lru_own[target], s.router.lru_own_at[target, g])
     full = c.full_blocks[r].astype(jnp.int64)
-    own = (c.full_blocks[r] - c.group_blocks[r]).astype(jnp.int64)
-    return s.replace(router=s.router.replace(
-                         lru_pos=s.router.lru_pos.at[target, g].set(row),
-                         lru_own_at=s.router.lru_own_at.at[target, g].set(row_own),
-                         lru_clock=add(s.router.lru_clock, target, full, active),
-                         lru_own=add(s.router.lru_own, target, own, active)))
+    shared = jnp.minimum(c.group_blocks[r], c.full_blocks[r])
+    router = s.router
+    if st.session_prefix_index:
+        js = jnp.arange(st.session_blocks_max)
+        sid = jnp.maximum(c.session[r], 0)
+        ours = active & (c.session[r] >= 0) & (js >= c.group_blocks[r]) \
+            & (js < c.session_blocks[r]) & (js < c.full_blocks[r])
+        srow = jnp.where(ours, router.lru_clock[target] + js, router.lru_spos[target, sid])
+        srow_own = jnp.where(ours, router.lru_own[target], router.lru_sown_at[target, sid])
+        router = router.replace(lru_spos=router.lru_spos.at[target, sid].set(srow),
+                                lru_sown_at=router.lru_sown_at.at[target, sid].set(srow_own))
+        shared = jnp.where(c.session[r] >= 0,
+                           jnp.maximum(shared, jnp.minimum(c.session_blocks[r],
+                                                           c.full_blocks[r])), shared)
+    own = (c.full_blocks[r] - shared).astype(jnp.int64)
+    return s.replace(router=router.replace(
+                         lru_pos=router.lru_pos.at[target, g].set(row),
+                         lru_own_at=router.lru_own_at.at[target, g].set(row_own),
+                         lru_clock=add(router.lru_clock, target, full, active),
+                         lru_own=add(router.lru_own, target, own, active)))
 
 
 class RouterView(NamedTuple):

@@ -316,9 +316,10 @@ def compile_lanes(st: EngineStatic, consts, params: PolicyParams, devices=None,
 
     def run(consts, params):
         if for_lanes(st, params) != st:
-            raise ValueError("these params list a scorer that reads the instances' caches "
-                             "(precise-prefix-cache or no-hit-lru), which the compiled program "
-                             "does not evaluate: compile with params that list it")
+            raise ValueError("these params list a scorer the compiled program does not "
+                             "evaluate (precise-prefix-cache or no-hit-lru, which read the "
+                             "instances' caches, or with closed-loop sessions prefix-affinity): "
+                             "compile with params that list it")
         check_gpus(st, consts, params)
         again = _placement(_fit_instances(st, params), placed.devices, block)
         return _drop_padding(compiled(consts, again.params), again.lanes)

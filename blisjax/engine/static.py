@@ -158,6 +158,10 @@ class EngineStatic:
     # ``initial_requests`` .. N − 1; session-shared blocks have hash slots per (instance,
     # session, block), ``session_blocks_max`` per session.
     sessions: bool = False
+    # With ``sessions``: the router's prefix index (prefix-affinity) also holds the blocks a
+    # session shares (``RouterState.lru_spos``): some lane lists the prefix-affinity scorer
+    # (``build_static`` from the configuration, ``for_lanes`` from a population).
+    session_prefix_index: bool = False
     # Per-lane GPU types (the ``hardware`` knob): the GPUs whose latency the program holds,
     # each lane reading the rows of its own (``PolicyParams.gpu``, rows indexed by
     # ``blisjax.config.hardware.hardware_code``: the α delays, the blackbox step tables or the
@@ -466,6 +470,8 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
         or any(Scorer.of(w.name) in CACHE_SCORERS for w in cfg.policy.routing.scorers),
         program_sites=tuple(site for site in PROGRAM_SITES
                             if getattr(cfg.policy, site).policy == "program"),
+        session_prefix_index=sessions and any(Scorer.of(w.name) == Scorer.PREFIX_AFFINITY
+                                              for w in cfg.policy.routing.scorers),
         cache_signal_delay_us=cfg.cluster.cache_signal_delay_us,
         blis_quirks=cfg.compat.blis_quirks,
         cpu_tier_blocks=int(max(eng.kv_cpu_blocks, cpu_tier_blocks or 0)),
@@ -580,13 +586,13 @@ def for_lanes(st: EngineStatic, params) -> EngineStatic:
     if st.sessions and st.program_sites:
         raise ConfigError("policy", "closed-loop sessions with policy programs run in the "
                           "reference engine only (--engine reference)")
-    if st.sessions and bool(np.any(np.asarray(params.routing.prefix_index_on))):
-        raise ConfigError("policy.routing.scorers", "closed-loop sessions with the "
-                          "prefix-affinity scorer run in the reference engine only (--engine "
-                          "reference)")
+    order = np.asarray(params.routing.scorer_order)
+    if st.sessions and not st.session_prefix_index and (
+            bool(np.any(np.asarray(params.routing.prefix_index_on)))
+            or bool(np.isin(order, [int(Scorer.PREFIX_AFFINITY)]).any())):
+        st = dataclasses.replace(st, session_prefix_index=True)
     if st.cache_scorers:
         return st
-    order = np.asarray(params.routing.scorer_order)
     needed = bool(np.isin(order, [int(x) for x in CACHE_SCORERS]).any())
     return dataclasses.replace(st, cache_scorers=True) if needed else st
 
@@ -666,8 +672,6 @@ def _check_sessions_supported(cfg) -> None:
         (cfg.engine.kv_cpu_blocks > 0, "engine.kv_cpu_blocks", "a CPU tier"),
         (any(getattr(cfg.policy, site).policy == "program" for site in PROGRAM_SITES),
          "policy", "policy programs"),
-        (any(Scorer.of(w.name) == Scorer.PREFIX_AFFINITY for w in cfg.policy.routing.scorers),
-         "policy.routing.scorers", "the prefix-affinity scorer"),
     ]
     for on, field, what in refused:
         if on:

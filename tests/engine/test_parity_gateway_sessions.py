@@ -19,7 +19,7 @@ from blisjax.reference import simulate as reference
 from tests.engine.conftest import edge_engine, room_for_a_program
 from tests.engine.test_parity import _random_policy_configs
 from tests.engine.test_parity_gateway import random_gateways
-from tests.engine.test_parity_sessions import _no_prefix_affinity, random_session_workload
+from tests.engine.test_parity_sessions import random_session_workload
 
 
 def test_gateway_with_sessions_matches_reference():
@@ -27,9 +27,9 @@ def test_gateway_with_sessions_matches_reference():
     edge = edge_engine(instances=3).config
     edge = dataclasses.replace(edge, engine=dataclasses.replace(edge.engine, max_model_len=80))
     workloads = (random_session_workload(1), random_session_workload(2, accumulate=False))
-    policies = _random_policy_configs(_no_prefix_affinity(edge), workloads[0].tenant_names, 8,
+    policies = _random_policy_configs(edge, workloads[0].tenant_names, 8,
                                       seed=7)
-    configs = [dataclasses.replace(_no_prefix_affinity(cfg), cluster=dataclasses.replace(
+    configs = [dataclasses.replace(cfg, cluster=dataclasses.replace(
         cfg.cluster, gateway=gw)) for cfg, (gw, _) in zip(policies, random_gateways(8, seed=5),
                                                            strict=True)]
     base = resolve_config(configs[0])

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from blisjax.config import ScorerWeight, resolve_config
+from blisjax.config import RoutingConfig, ScorerWeight, resolve_config
 from blisjax.engine import params_from_config, simulate_population, stack_params
 from blisjax.engine.parity import first_divergence
 from blisjax.engine.static import build_static_shared
@@ -75,30 +75,29 @@ def random_session_workload(seed: int, *, sessions: int = 10, loose: int = 8,
         session_accumulate=accumulate)
 
 
-def _no_prefix_affinity(config):
-    """The JAX engine runs sessions without the prefix-affinity scorer (its router-side index
-    tracks prefix groups only): the precise-prefix-cache scorer in its place."""
-    scorers = tuple(ScorerWeight("precise-prefix-cache", w.weight)
-                    if w.name == "prefix-affinity" else w
-                    for w in config.policy.routing.scorers)
-    names = [w.name for w in scorers]
-    scorers = tuple(w for k, w in enumerate(scorers) if w.name not in names[:k])
-    routing = dataclasses.replace(config.policy.routing, scorers=scorers)
-    return dataclasses.replace(config, policy=dataclasses.replace(config.policy,
-                                                                  routing=routing))
+def _with_prefix_affinity(config):
+    """``config`` routing by weights with the prefix-affinity scorer first (weight 3)."""
+    routing = config.policy.routing
+    scorers = (ScorerWeight("prefix-affinity", 3.0),
+               *(w for w in routing.scorers if w.name != "prefix-affinity"))
+    return dataclasses.replace(config, policy=dataclasses.replace(
+        config.policy, routing=dataclasses.replace(routing, policy="weighted",
+                                                   scorers=scorers)))
 
 
 @pytest.fixture(scope="module")
 def session_population():
     room_for_a_program()
     edge = edge_engine(instances=3).config  # 40 blocks of 4 tokens per instance
-    # prompts that grow past 80 tokens are dropped, ending their sessions
-    base = resolve_config(_no_prefix_affinity(dataclasses.replace(
-        edge, engine=dataclasses.replace(edge.engine, max_model_len=80))))
+    # prompts that grow past 80 tokens are dropped, ending their sessions; the router's
+    # prefix index holds 24 blocks per instance, so conversations evict each other's blocks
+    base = resolve_config(dataclasses.replace(
+        edge, engine=dataclasses.replace(edge.engine, max_model_len=80),
+        cluster=dataclasses.replace(edge.cluster, prefix_index_capacity_blocks=24)))
     workloads = (random_session_workload(1), random_session_workload(2, accumulate=False),
                  random_session_workload(3))
-    configs = [_no_prefix_affinity(c) for c in
-               _random_policy_configs(base.config, workloads[0].tenant_names, 16, seed=7)]
+    configs = [_with_prefix_affinity(c) if k % 3 == 0 else c for k, c in enumerate(
+        _random_policy_configs(base.config, workloads[0].tenant_names, 16, seed=7))]
     params = stack_params([params_from_config(c, workloads[0].tenant_names) for c in configs])
     static = dataclasses.replace(build_static_shared(base, list(workloads)), cache_scorers=True)
     lanes = tuple(simulate_population(base, w, params, static=static, lane_block=8)
@@ -128,7 +127,6 @@ def test_follow_ups_share_their_conversation_blocks_in_both_engines():
     accumulation the same workload hits fewer blocks (hand-checkable case in
     tests/workload/test_sessions.py)."""
     resolved = make_resolved(instances=2, block_size=4)
-    resolved = dataclasses.replace(resolved, config=_no_prefix_affinity(resolved.config))
     with_context = random_session_workload(5)
     without = dataclasses.replace(with_context, session_accumulate=False)
     hits = []
@@ -153,8 +151,11 @@ def lifecycle_program():
     (two initial instances, four slots) over random conversation workloads of one shape."""
     from tests.engine.test_parity_lifecycle import _base
 
-    base = _base(False, False)
-    base = resolve_config(_no_prefix_affinity(base.config))
+    base = _base(False, False).config
+    # weighted routing with BLIS's default scorers (prefix-affinity among them): a reused
+    # slot's router-side index starts empty
+    base = resolve_config(dataclasses.replace(base, policy=dataclasses.replace(
+        base.policy, routing=RoutingConfig(policy="weighted"))))
     # think times long enough for instances to drain, terminate and be placed again between
     # a conversation's rounds
     workloads = [random_session_workload(seed, sessions=8, loose=6,
