@@ -89,6 +89,14 @@ def test_the_engines_do_not_import_each_other():
     assert crossing == ALLOWED, sorted(crossing - ALLOWED)
 
 
+def test_the_configuration_imports_no_metrics():
+    """Metrics read configurations (costs, fitness weights); the configuration only names
+    what it accepts (``config.codes``), so it never needs the metrics package back."""
+    for module, path in _modules("blisjax.config").items():
+        for target in _imports(path):
+            assert not target.startswith("blisjax.metrics"), (module, target)
+
+
 def test_shared_rules_import_neither_engine():
     for target in _imports(PACKAGE / "rules.py") | _imports(PACKAGE / "limits.py"):
         assert not target.startswith(("blisjax.engine", "blisjax.reference")), target

@@ -186,3 +186,17 @@ class TraceLevel(Code):
     NONE = 0  # no trace (no collector: an untraced run pays nothing)
     DECISIONS = 1  # every policy decision with its context, and the anomalies
     FULL = 2  # the decisions and every executed event
+
+
+#: Every fitness key BLIS accepts (``metrics.fitness_weights``; their formulas:
+#: ``blisjax.metrics.formulas.fitness_components``).
+FITNESS_KEYS: tuple[str, ...] = (
+    "throughput",
+    "tokens_per_sec",
+    "p99_ttft",
+    "p50_ttft",
+    "mean_ttft",
+    "p99_e2e",
+    "p50_e2e",
+    "mean_e2e",
+)

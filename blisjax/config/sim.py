@@ -34,6 +34,7 @@ from blisjax.config.autoscale import (
     check_cluster_autoscaling,
     lifecycle_configured,
 )
+from blisjax.config.codes import FITNESS_KEYS
 from blisjax.config.fields import (
     LATENCY_MODELS,
     PREEMPTION_POLICIES,
@@ -47,7 +48,6 @@ from blisjax.config.fields import (
 from blisjax.config.pd import PDConfig
 from blisjax.config.policy import PolicyConfig
 from blisjax.limits import INT64_MAX
-from blisjax.metrics.formulas import FITNESS_KEYS  # the fitness formulas define the keys
 
 # --------------------------------------------------------------------------- engine
 

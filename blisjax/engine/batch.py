@@ -21,7 +21,7 @@ import jax.numpy as jnp
 
 from blisjax.config.codes import PreemptionPolicy
 from blisjax.engine import kvcache as kv
-from blisjax.engine import kvtier, recent, sessions
+from blisjax.engine import kvtier, kvtiered, recent, sessions
 from blisjax.engine.lockstep import add, after_reads, by_width, lane_max, lane_while, upd
 from blisjax.engine.policies import head_offset, priority_score
 from blisjax.engine.pytree import pytree_dataclass
@@ -142,8 +142,8 @@ def preempt_for_tokens(s: SimState, st, c, p, i, sb, r, *, n, pos, budget, activ
     def body(carry, go):
         s, pos, budget, pre, failed, going = carry  # masked by `going` (== go) throughout
         pi = s.pi[r]
-        if st.tiered:  # each attempt reloads, then allocates if it can (kv.tiered_allocate)
-            s, tried = kv.tiered_allocate(s, st, c, i, sb, r, start=pi, end=pi + n,
+        if st.tiered:  # each attempt reloads, then allocates if it can (kvtiered.tiered_allocate)
+            s, tried = kvtiered.tiered_allocate(s, st, c, i, sb, r, start=pi, end=pi + n,
                                           cached=no_prefix, n_cached=0, active=going)
             ok = tried.ok
         else:
@@ -371,7 +371,7 @@ def _admit_tiered(s: SimState, st, c, p, i, sb, r, budget, go):
     Decision 12 (default): the reload runs before the chunk is sized, passing over the
     request's own cached-but-free blocks, so what it reloads counts as cached in this step;
     a failure without a reload is a CPU miss. With ``blis_quirks``: BLIS's order — the chunk
-    is sized from the GPU's cached prefix, then ``kv.tiered_allocate`` reloads and allocates."""
+    is sized from the GPU's cached prefix, then ``kvtiered.tiered_allocate`` reloads and allocates."""
     bs = st.block_size
     found = kv.cached_blocks(s, st, c, i, r)
     cached, n_cached = found.blocks, found.count
@@ -379,7 +379,7 @@ def _admit_tiered(s: SimState, st, c, p, i, sb, r, budget, go):
         start = n_cached * bs
         n = clamp_prefill(st, c.input_tokens[r] - start, start, budget)
         if not st.kv_hold_slots:  # a program built without holder slots
-            s, tried = kv.tiered_allocate(s, st, c, i, sb, r, start=start, end=start + n,
+            s, tried = kvtiered.tiered_allocate(s, st, c, i, sb, r, start=start, end=start + n,
                                           cached=cached, n_cached=n_cached, active=go)
             refused = go & ~tried.ok & (s.batch.blen[i, sb] > 0)
             s = s.replace(tier=kvtier.hold_overflowed(s.tier, refused))
@@ -388,12 +388,12 @@ def _admit_tiered(s: SimState, st, c, p, i, sb, r, budget, go):
         holding = s.batch.slot_req[i, st.hold_base:] == r
         held = go & jnp.any(holding)
         src = jnp.where(held, st.hold_base + jnp.argmax(holding), sb).astype(jnp.int32)
-        s, tried = kv.tiered_allocate(s, st, c, i, src, r, start=start, end=start + n,
+        s, tried = kvtiered.tiered_allocate(s, st, c, i, src, r, start=start, end=start + n,
                                       cached=cached, n_cached=n_cached, active=go)
         s = _settle_held_blocks(s, st, i, r, sb, src, held, tried.ok, go)
         return s, start, n, tried.ok, tried.ok
-    keep = kv.keep_mask(s, st, i, cached, n_cached, go)
-    s, count = kv.reload_prefix(s, st, c, i, r, n_cached, keep, go)
+    keep = kvtiered.keep_mask(s, st, i, cached, n_cached, go)
+    s, count = kvtiered.reload_prefix(s, st, c, i, r, n_cached, keep, go)
     found = kv.cached_blocks(s, st, c, i, r)
     cached, n_cached = found.blocks, found.count
     start = n_cached * bs
@@ -409,7 +409,7 @@ def _admit_tiered(s: SimState, st, c, p, i, sb, r, budget, go):
 def _settle_held_blocks(s: SimState, st, i, r, sb, src, held, ok, go) -> SimState:
     """After a tiered admission of r with ``blis_quirks`` (``_admit_tiered``): admitted, the
     blocks it held move from its holder slot ``src`` to its running slot sb; refused, blocks
-    it claimed before failing (``kvcache.tiered_allocate``) stay its own while it waits, in a
+    it claimed before failing (``kvtiered.tiered_allocate``) stay its own while it waits, in a
     holder slot (none free: flagged, ``KVTierState.hold_overflow``)."""
     s = _move_blocks(s, i, src, sb, held & ok)
     s = s.replace(batch=s.batch.replace(slot_req=upd(s.batch.slot_req, (i, src), NIL, held & ok)))
@@ -430,7 +430,7 @@ def _admit_decode(s: SimState, st, c, i, r, sb, active):
     l_in = c.input_tokens[r]
     src = jnp.argmax(s.batch.slot_req[i] == r).astype(jnp.int32)
     # with a CPU tier the tiered allocation (its prompt blocks are held: nothing to reload)
-    s, ok = kv.allocate_uncached(s, st, c, i, src, r, start=l_in, end=l_in + 1, active=active,
+    s, ok = kvtiered.allocate_uncached(s, st, c, i, src, r, start=l_in, end=l_in + 1, active=active,
                                  chunk=1)
     s = _move_blocks(s, i, src, sb, ok)
     return s.replace(batch=s.batch.replace(slot_req=upd(s.batch.slot_req, (i, src), NIL, ok))), ok

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from blisjax.engine import kvcache as kv
-from blisjax.engine import recent, sessions
+from blisjax.engine import kvtiered, recent, sessions
 from blisjax.engine.lockstep import add, lane_once, lane_while, upd
 from blisjax.engine.state import COMPLETED, NIL, SimState
 from blisjax.engine.vec import prefix_sum
@@ -158,7 +158,7 @@ def run_loop(s: SimState, st, c, i, todo: LoopCompletions, defer: bool = False) 
             s = lane_once(go & kv.must_flush(s, i, final),
                              lambda s, go: kv.flush_releases(s, st, go), s)
         # with a CPU tier the tiered allocation (it may reload, see batch.phase1_fast)
-        s, ok = kv.allocate_uncached(s, st, c, i, sb, r, start=p_r, end=p_r + 1, active=final,
+        s, ok = kvtiered.allocate_uncached(s, st, c, i, sb, r, start=p_r, end=p_r + 1, active=final,
                                      chunk=1)
         # a final token that finds no block is counted; the request completes all the same
         s = s.replace(stats=s.stats.replace(
@@ -235,7 +235,7 @@ def _plan_queued(s: SimState, st, c, i, fin, done, rank, count, running: Running
     fresh = jnp.where(final, kv.blocks_needed(st, blen, filled, 1), 0).astype(jnp.int32)
     room = (count <= depth - s.kv.rel_count) & ((s.kv.rel_count == 0) | (s.kv.rel_inst == i))
     fast = active & (count > 0) & room & (jnp.sum(fresh) <= s.kv.kv_free[i])
-    if st.tiered:  # a final token that may reload takes the loop (kv.tiered_allocate)
+    if st.tiered:  # a final token that may reload takes the loop (kvtiered.tiered_allocate)
         fast = fast & ~jnp.any(final & (blen < c.full_blocks[r]))
     # Most final tokens only top up their last block; fresh blocks (or a top-up that would
     # register a prompt block, which a decode token never completes) take ``grant_tokens``.

@@ -27,6 +27,7 @@ from blisjax.engine import (
     hostlatency,
     kvblocks,
     kvtier,
+    kvtiered,
     lifecycle,
     pd,
     physics,
@@ -347,7 +348,7 @@ def reserve_transferred_kv(s: SimState, st, c, i, r, now, active):
         s = s.replace(batch=s.batch.replace(clock=upd(s.batch.clock, i, now, active)))
     # the whole prompt's blocks in one pass (a prefill's chunk takes a few at a time): in a
     # lockstep block some lane reserves in almost every pass of the cheap events
-    s, ok = kv.allocate_uncached(s, st, c, i, sb, r, start=0, end=l_in, active=active & has_room,
+    s, ok = kvtiered.allocate_uncached(s, st, c, i, sb, r, start=0, end=l_in, active=active & has_room,
                                  chunk=max(1, st.max_blocks_per_request))
     # refused after claiming reloaded blocks, the dropped sub-request keeps them (as in the
     # reference and BLIS): its slot stays taken
@@ -475,7 +476,7 @@ def _finish_at(s: SimState, st, c, i, now, n_preempted, go, width: int,
     (none when ``stalled``: the step admitted nothing with nothing running, Decision 22)."""
     s, d, running = execute(s, st, c, i, now, n_preempted, go, width, factor, roofline_us)
     if st.tiered:  # after execution, before completions leave the batch (§3.8)
-        s = kv.mirror_batch(s, st, i, running.slots, running.valid, go)
+        s = kvtiered.mirror_batch(s, st, i, running.slots, running.valid, go)
     s, releases, todo = completion.complete(s, st, c, i, now, d, go, running, defer)
     more = (s.batch.n_run[i] > 0) | ((s.queue.length[i] > 0) & ~stalled)
     s = s.replace(batch=s.batch.replace(

@@ -133,7 +133,7 @@ class EngineStatic:
     offchain_generations: int = 8
     # Queued requests holding KV blocks per instance (batch slots past the P/D reservations):
     # with ``blis_quirks`` a tiered admission that claims reloaded blocks and then fails its
-    # pre-check leaves the request holding them while it waits (``kvcache.tiered_allocate``);
+    # pre-check leaves the request holding them while it waits (``kvtiered.tiered_allocate``);
     # a lane that needs more overflows ``kv_hold``.
     kv_hold_slots: int = 0
     kv_thrash_window_us: int = 0  # ``metrics.kv_thrash_window_us`` (the thrashing anomaly)

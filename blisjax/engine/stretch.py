@@ -54,7 +54,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from blisjax.engine import kvblocks, kvtier, physics, roofline
+from blisjax.engine import kvblocks, kvtier, kvtiered, physics, roofline
 from blisjax.engine import kvcache as kv
 from blisjax.engine.consts import otp, roofline_of
 from blisjax.engine.lockstep import (
@@ -316,7 +316,7 @@ def materialize(s: SimState, st, c, i, now, active, widths: tuple[int, ...],
         s = lane_while(lambda carry: go & (carry[1] > 0), body, (s, due))[0]
         if st.tiered:  # the last step's mirror pass (the plan keeps the tier from evicting)
             pos = jnp.arange(width, dtype=jnp.int32)
-            s = kv.mirror_batch(s, st, i, jnp.maximum(s.batch.order[i, :width], 0),
+            s = kvtiered.mirror_batch(s, st, i, jnp.maximum(s.batch.order[i, :width], 0),
                                 go & (pos < s.batch.n_run[i]), go)
         return s
 

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping
 
 import numpy as np
 
+from blisjax.config.codes import FITNESS_KEYS  # the configuration's names; formulas below
 from blisjax.metrics.percentile import mean, percentile_linear
 
 __all__ = [
@@ -41,17 +42,6 @@ REFERENCE_RPS = 100.0
 REFERENCE_TPS = 10000.0
 REFERENCE_LATENCY_US = 1000.0
 
-#: Every fitness key BLIS accepts.
-FITNESS_KEYS: tuple[str, ...] = (
-    "throughput",
-    "tokens_per_sec",
-    "p99_ttft",
-    "p50_ttft",
-    "mean_ttft",
-    "p99_e2e",
-    "p50_e2e",
-    "mean_e2e",
-)
 
 
 def request_tpot_us(

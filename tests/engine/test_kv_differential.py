@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from blisjax.engine import batch, kvblocks, kvcache
+from blisjax.engine import batch, kvblocks, kvcache, kvtiered
 from blisjax.engine.consts import build_consts
 from blisjax.engine.initial import init_state
 from blisjax.engine.lockstep import LANES
@@ -286,10 +286,10 @@ ADMIT, TIERED, FAST, RELEASE, MIRROR, TAKE = range(6)
 def _tier_kernel(st, consts):
     """One jitted operation on instance 0 of one lane, slot = request: an admission (phase 2's
     allocation: ``batch._admit_tiered``, then ``kvcache.allocate`` unless it granted the
-    blocks itself), a running request's tiered allocation (``kvcache.tiered_allocate``), its
+    blocks itself), a running request's tiered allocation (``kvtiered.tiered_allocate``), its
     plain allocation (``kvcache.allocate``: the engine's vectorized path for requests that hold
     their full prompt blocks), a release, a mirror pass of the batch ``order[:n_order]``
-    (``kvcache.mirror_batch``, which gathers the keys for ``kvtier.mirror``) or taking the
+    (``kvtiered.mirror_batch``, which gathers the keys for ``kvtier.mirror``) or taking the
     pending transfer time. ``budget``: an admission's token budget; ``now``: the instance
     clock the thrashing anomaly reads."""
     no_prefix = jnp.full(max(st.max_prompt_blocks, 1), -1, jnp.int32)
@@ -308,12 +308,12 @@ def _tier_kernel(st, consts):
         s = kvcache.allocate(s, st, consts, 0, r, r, start=jnp.where(admit, start, pi),
                              end=jnp.where(admit, start + n, end), cached=none, n_cached=0,
                              active=(admit & ok_admit & ~granted) | ((op == FAST) & fits))
-        s, tried = kvcache.tiered_allocate(s, st, consts, 0, r, r, start=pi, end=end,
+        s, tried = kvtiered.tiered_allocate(s, st, consts, 0, r, r, start=pi, end=end,
                                            cached=no_prefix, n_cached=0,
                                            active=op == TIERED)
         s = kvcache.release(s, st, 0, r, op == RELEASE)
         valid = jnp.arange(order.shape[0]) < n_order
-        s = kvcache.mirror_batch(s, st, 0, order, valid, op == MIRROR)
+        s = kvtiered.mirror_batch(s, st, 0, order, valid, op == MIRROR)
         t = s.tier
         s = s.replace(tier=t.replace(pending_us=t.pending_us.at[0].set(
             jnp.where(op == TAKE, 0, t.pending_us[0]))))
@@ -511,7 +511,7 @@ def test_tiered_kv_cache_matches_reference_op_by_op(quirks):
             s, (ok, start_eng, n_eng) = step(s, op, r, pi, end, budget, now,
                                              jnp.asarray(order), n_order)
             # a TieredKVCache.allocate that reloaded, claimed part of [start, end) and then
-            # failed (see kvcache.tiered_allocate): both sides hold the claimed blocks
+            # failed (see kvtiered.tiered_allocate): both sides hold the claimed blocks
             tiered_call = op == TIERED or (op == ADMIT and quirks)
             claimed_then_failed = (tiered_call and not ok_ref and ref.reloads > reloads
                                    and (pi if op == TIERED else start)
