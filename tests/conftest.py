@@ -9,9 +9,11 @@ and the caches are dropped only when the mappings pile up.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
+import time
 
 import pytest
 
@@ -37,3 +39,49 @@ def _restore_sigint():
     yield
     if signal.getsignal(signal.SIGINT) is not _SIGINT_AT_START:
         signal.signal(signal.SIGINT, _SIGINT_AT_START)
+
+
+#: ``BLISJAX_TEST_PROGRAM_LOG=path``: each engine program a test compiles is appended to
+#: ``path`` as one JSON line (test id, the program's key as the program cache computes it,
+#: seconds of the call that compiled it, the lane count), to find the programs tests could
+#: share (docs/performance.md, Test tiers).
+_PROGRAM_LOG = os.environ.get("BLISJAX_TEST_PROGRAM_LOG", "").strip()
+
+
+@pytest.fixture(autouse=True)
+def _log_compiled_programs(request):
+    if not _PROGRAM_LOG:
+        yield
+        return
+    from blisjax.engine import progcache, run
+
+    jitted = run._run_sharded
+
+    class Logged:
+        def __call__(self, st, consts, params, devices, lane_block):
+            before = jitted._cache_size()
+            start = time.perf_counter()
+            out = jitted(st, consts, params, devices, lane_block)
+            if jitted._cache_size() > before:
+                key = progcache.program_key(st, (consts, params), tuple(devices), lane_block)
+                lanes = int(jax_leaves(params)[0].shape[0]) if jax_leaves(params) else 0
+                with open(_PROGRAM_LOG, "a") as f:
+                    f.write(json.dumps({"test": request.node.nodeid, "key": key[:16],
+                                        "seconds": round(time.perf_counter() - start, 2),
+                                        "lanes": lanes}) + "\n")
+            return out
+
+        def __getattr__(self, name):
+            return getattr(jitted, name)
+
+    run._run_sharded = Logged()
+    try:
+        yield
+    finally:
+        run._run_sharded = jitted
+
+
+def jax_leaves(tree):
+    import jax
+
+    return jax.tree_util.tree_leaves(tree)

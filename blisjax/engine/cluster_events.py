@@ -248,7 +248,7 @@ def prefill_routing(s: SimState, st, c, p, now, active) -> SimState:
     """A disaggregated request's prefill routing (``reference.pd.PDCluster.route_prefill``): the
     prefill pool's router picks an instance and the prefill sub-request enters its α-delay
     window."""
-    r = jnp.where(active, s.pd.pf_next, st.num_requests)
+    r = jnp.where(active, pd.routed_row(s, st, s.pd.pf_next), st.num_requests)
     if not st.lifecycle:
         s = refresh_snapshots(s, st, c, now, active)
         s, target = pd.route_pool(s, st, c, p, r, now, POOL_PREFILL, active)

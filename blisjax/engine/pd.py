@@ -13,7 +13,8 @@ parent's facts) while its prefill sub-request is row N + 1 + r (``prefill_row``)
 constants are r's without output tokens (``consts.build_consts``). Transfer starts (cluster
 priority 5) and ends (priority 6) are entries of a fixed-capacity array ordered by (time,
 priority, sequence) as the reference's cluster heap; prefill routings (priority 4) follow the
-routings of their own time in request order (``PDState.pf_next``). A decode sub-request
+routings of their own time in routing order (``PDState.pf_next``: the routing cursor's order,
+which the gateway queue's dispatches set where it is compiled in). A decode sub-request
 waiting with its reserved KV holds a reservation slot (batch slots past ``batch_slots``) and
 moves into a running slot when admitted.
 """
@@ -56,7 +57,8 @@ class PDState:
     prefill_instance: jax.Array  # int32 [N + 1]: its prefill sub-request's instance, -1
     transfer_start_us: jax.Array  # int64 [N + 1]: -1 until its transfer starts
     transfer_end_us: jax.Array  # int64 [N + 1]: -1 until its KV arrives
-    pf_next: jax.Array  # int32: the first request awaiting prefill routing (N: none)
+    pf_next: jax.Array  # int32: the first routing (index in routing order) whose request
+    #                    awaits its prefill routing (N: none)
     x_req: jax.Array  # int32 [X]: the transfer's request, -1 = free
     x_time: jax.Array  # int64 µs [X]: time of its next event
     x_done: jax.Array  # bool [X]: False: its start is due (priority 5); True: its end (6)
@@ -231,38 +233,57 @@ def route_request(s: SimState, st, c, p, r, now, active, *, routable=None):
     s = s.replace(
         status=s.status.at[r_or_sink].set(ROUTED), instance=s.instance.at[r_or_sink].set(decode),
         pd=q.replace(phase=q.phase.at[r_or_sink].set(PREFILL_ROUTING),
-                     pf_next=jnp.where(split & (q.pf_next == st.num_requests), r, q.pf_next)))
+                     pf_next=jnp.where(split & (q.pf_next == st.num_requests), s.cursors.route,
+                                       q.pf_next)))
     s = s.replace(pd=_headed(s.pd, st, decode, 1, split))
     return s, decode, active & ~split
 
 
+def routed_row(s: SimState, st, k):
+    """The request of the k-th routing (k <= N): the k-th dispatched with the gateway queue,
+    the k-th admitted with closed-loop sessions, else row k."""
+    k = jnp.minimum(k, st.num_requests)
+    if st.gateway:
+        return s.gw.order[k]
+    if st.sessions:
+        return s.sess.order[k]
+    return k
+
+
+def routing_us(s: SimState, st, c, k):
+    """Time of the k-th routing (k < N, once admitted or dispatched)."""
+    if st.gateway:
+        return s.gw.route_us[jnp.minimum(k, st.num_requests)]
+    r = routed_row(s, st, k)
+    arrival = s.sess.arrival_us[r] if st.sessions else c.arrival_us[r]
+    return arrival + st.admission_latency_us + st.routing_latency_us
+
+
 def prefill_routing_us(s: SimState, st, c):
     """Time of the next prefill routing (INT64_MAX: none): its request's routing time."""
-    r = s.pd.pf_next
-    n = st.num_requests
-    due = c.arrival_us[jnp.minimum(r, n)] + st.admission_latency_us + st.routing_latency_us
-    return jnp.where(r < n, due, INT64_MAX)
+    k = s.pd.pf_next
+    return jnp.where(k < st.num_requests, routing_us(s, st, c, k), INT64_MAX)
 
 
 def prefill_routed(s: SimState, st, r, target, active, *, rejected=False) -> SimState:
-    """Request r's prefill sub-request went to ``target`` (or, ``rejected``, no prefill
-    instance was routable: r is served by none, no longer disaggregated, no longer bound for
-    its decode instance); the next request awaiting its prefill routing is the first one
-    after r (all of them were routed at this time)."""
+    """Request r (``routed_row`` of ``pf_next``)'s prefill sub-request went to ``target`` (or,
+    ``rejected``, no prefill instance was routable: r is served by none, no longer
+    disaggregated, no longer bound for its decode instance); the next routing awaiting its
+    prefill routing is the first one after r's in routing order (all of them were routed at
+    this time)."""
     q = s.pd
     r_or_sink = jnp.where(active & ~rejected, r, st.num_requests)
     r_rejected = jnp.where(rejected, r, st.num_requests)
     q = _headed(q.replace(phase=q.phase.at[r_rejected].set(WHOLE)), st, s.instance[r], -1,
                 rejected)
 
-    def cond(cur):
-        return (cur < s.cursors.route) & (q.phase[jnp.minimum(cur, st.num_requests)]
-                                         != PREFILL_ROUTING)
+    def cond(k):
+        return (k < s.cursors.route) & (q.phase[routed_row(s, st, k)] != PREFILL_ROUTING)
 
-    def body(cur, go):
-        return cur + go.astype(cur.dtype)
+    def body(k, go):
+        return k + go.astype(k.dtype)
 
-    after = lane_while(cond, body, jnp.where(active, r + 1, s.cursors.route))
+    after = lane_while(cond, body, jnp.where(active, q.pf_next + 1, s.cursors.route))
     return s.replace(pd=q.replace(
         phase=q.phase.at[r_or_sink].set(PREFILL),
         prefill_instance=q.prefill_instance.at[r_or_sink].set(target),

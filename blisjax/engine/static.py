@@ -19,6 +19,8 @@ from blisjax.config.autoscale import max_replicas
 from blisjax.config.codes import (
     CACHE_SCORERS,
     AdmissionPolicy,
+    PDDecider,
+    PDRole,
     PriorityPolicy,
     RoutingPolicy,
     Scorer,
@@ -411,7 +413,6 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
         _check_sessions_supported(cfg)
         decode_stretches = False
     if cfg.cluster.gateway.enabled:
-        _check_gateway_supported(cfg)
         decode_stretches = False
     workload = engine_workload(workload, int(resolved.max_model_len))
     n = workload.num_requests
@@ -572,6 +573,8 @@ def for_lanes(st: EngineStatic, params) -> EngineStatic:
             st = dataclasses.replace(st, sized_lanes=_check_sized(st))
     if bool(np.any(np.asarray(params.gateway.on))):
         st = with_gateway(st)
+    if st.pd:
+        _check_pd_prefix_index(params)
     if st.instance_rows:
         check_pool_rows(st, params)
     cpu = int(np.max(np.asarray(params.kv_cpu_blocks), initial=0))
@@ -646,23 +649,31 @@ def build_static_shared(resolved, workloads, **capacities) -> EngineStatic:
                                         for name in _SHAREABLE})
 
 
-def _check_gateway_supported(cfg) -> None:
-    """The gateway queue runs with P/D pools in the reference engine only."""
-    if cfg.cluster.pd.enabled:
-        raise ConfigError("cluster.pd", "the gateway queue (cluster.gateway) with P/D pools "
-                          "runs in the reference engine only (--engine reference)")
-
-
 def with_gateway(st: EngineStatic) -> EngineStatic:
     """``st`` with the gateway queue compiled in (holding every request at most)."""
     if st.gateway:
         return st
-    if st.pd:
-        raise ConfigError("cluster.gateway", "the gateway queue with P/D pools runs in the "
-                          "reference engine only (--engine reference)")
     # as ``build_static`` for a configuration with the gateway: no decode stretches
     return dataclasses.replace(st, gateway=True, decode_stretches=False,
                                gateway_slots=max(st.gateway_slots, st.num_requests, 1))
+
+
+def _check_pd_prefix_index(params) -> None:
+    """Refuse lanes whose requests a router's prefix index sees twice: P/D pools with shared
+    instances (serving both roles), both pools routing with the lane's router (no scorers of
+    their own) and its prefix-affinity scorer on. A disaggregated request's prefill routing
+    then matches, on its decode instance, the prompt blocks its decode routing indexed there;
+    the program's index never matches a request's own blocks."""
+    pd = params.pd
+    shared = np.any(np.asarray(pd.role) == int(PDRole.SHARED), axis=-1)
+    own = np.asarray(pd.pool_own)
+    twice = (np.asarray(pd.pools) & shared & (np.asarray(pd.decider) != int(PDDecider.NEVER))
+             & ~own[..., 0] & ~own[..., 1] & np.asarray(params.routing.prefix_index_on))
+    if bool(np.any(twice)):
+        raise ConfigError("cluster.pd.shared_instances", "P/D pools with shared instances "
+                          "whose pools route with the cluster's router and its prefix-affinity "
+                          "scorer (no prefill_scorers / decode_scorers of their own) run in the "
+                          "reference engine only (--engine reference)")
 
 
 def _check_sessions_supported(cfg) -> None:

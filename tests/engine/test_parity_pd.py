@@ -110,7 +110,22 @@ def lanes(draw, base):
                                                                  "sjf"]))),
         priority=PriorityConfig(policy=draw(st.sampled_from(["constant", "slo-class",
                                                                "slo-based"]))))
-    return dataclasses.replace(base, cluster=cluster, policy=policy)
+    return runs_in_jax(dataclasses.replace(base, cluster=cluster, policy=policy))
+
+
+def runs_in_jax(cfg):
+    """``cfg``, its prefill pool given the lane's scorers as its own where the JAX engine
+    refuses the lane (``static._check_pd_prefix_index``: shared instances, both pools routed by
+    the lane's router with prefix-affinity)."""
+    pd, routing = cfg.cluster.pd, cfg.policy.routing
+    twice = (pd.shared_instances > 0 and pd.prefill_instances + pd.decode_instances > 0
+             and pd.decider != "never" and not pd.prefill_scorers and not pd.decode_scorers
+             and routing.policy == "weighted"
+             and any(w.name == "prefix-affinity" for w in routing.scorers))
+    if not twice:
+        return cfg
+    return dataclasses.replace(cfg, cluster=dataclasses.replace(
+        cfg.cluster, pd=dataclasses.replace(pd, prefill_scorers=routing.scorers)))
 
 
 def _base(quirks: bool):
@@ -240,3 +255,20 @@ def test_pd_capacities_are_flagged_when_exceeded():
     slow, fast = simulate_population(resolved, w, params, static=static)
     assert set(slow.overflow) == {"pd_transfers"} and slow.overflow["pd_transfers"] == 2
     assert fast.overflow == {"pd_reserve": 1}
+
+
+def test_a_prefix_index_that_sees_a_request_twice_is_refused():
+    """Shared instances, both pools routed by the lane's router with prefix-affinity: the
+    reference's prefill routing matches the blocks the decode routing indexed on a shared
+    instance, which the program does not model; the JAX engine refuses the lane, naming the
+    field (and runs it once a pool routes with scorers of its own)."""
+    from blisjax.config import ConfigError
+
+    base = _base(False)
+    cfg = dataclasses.replace(base.config, policy=dataclasses.replace(
+        base.config.policy, routing=RoutingConfig(policy="weighted")),  # BLIS's scorers
+        cluster=dataclasses.replace(base.config.cluster, pd=BASE_PD))
+    w = make_workload([dict(arrival=0, input=40, output=2)])
+    with pytest.raises(ConfigError, match="cluster.pd.shared_instances"):
+        simulate_population(base, w, stack_params([params_from_config(cfg, ("",))]))
+    assert runs_in_jax(cfg).cluster.pd.prefill_scorers == cfg.policy.routing.scorers
