@@ -70,7 +70,8 @@ def complete(s: SimState, st, c, i, now, d, active, running: Running, defer: boo
     left = now + d
 
     if defer:
-        plan = _plan_queued(s, st, c, i, fin, done, rank, count, running, active)
+        plan = _plan_queued(s, st, c, i, fin=fin, done=done, rank=rank, count=count,
+                            running=running, active=active)
         fast = plan.fast
     else:
         plan, fast = None, jnp.asarray(False)
@@ -205,7 +206,7 @@ def no_plan(s: SimState) -> QueuedPlan:
                       false, false, zeros, zeros, zeros, zeros, jnp.asarray(False))
 
 
-def _plan_queued(s: SimState, st, c, i, fin, done, rank, count, running: Running,
+def _plan_queued(s: SimState, st, c, i, *, fin, done, rank, count, running: Running,
                  active) -> QueuedPlan:
     """Whether all of a step's completions can go in one pass, their releases queued
     (``kv.defer_release``), and what that pass needs; ``fast`` False where the lane must take

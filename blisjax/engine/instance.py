@@ -394,7 +394,7 @@ def step_duration(st, c, i, cm, dc):
     return jnp.maximum(1, float_to_ticks_array(prefill[cm] + decode[dc], jnp))
 
 
-def execute(s: SimState, st, c, i, now, n_preempted, active, width: int, factor=None,
+def execute(s: SimState, st, c, i, now, *, n_preempted, active, width: int, factor=None,
             roofline_us=None):
     """Step time from the scheduled requests; then progress, ITL and TTFT
     (``Instance._execute``; docs/semantics.md §2.6). ``factor``: a warming-up instance's
@@ -470,11 +470,12 @@ class Finished(NamedTuple):
     outlook: stretch.BatchOutlook | None  # with decode stretches: the batch left running
 
 
-def _finish_at(s: SimState, st, c, i, now, n_preempted, go, width: int,
-               defer: bool = False, factor=None, roofline_us=None, *, stalled) -> Finished:
+def _finish_at(s: SimState, st, c, i, now, *, n_preempted, go, width: int,
+               defer: bool = False, factor=None, roofline_us=None, stalled) -> Finished:
     """Execute and complete over running positions 0..width-1 (>= n_run); the next step
     (none when ``stalled``: the step admitted nothing with nothing running, Decision 22)."""
-    s, d, running = execute(s, st, c, i, now, n_preempted, go, width, factor, roofline_us)
+    s, d, running = execute(s, st, c, i, now, n_preempted=n_preempted, active=go, width=width,
+                            factor=factor, roofline_us=roofline_us)
     if st.tiered:  # after execution, before completions leave the batch (§3.8)
         s = kvtiered.mirror_batch(s, st, i, running.slots, running.valid, go)
     s, releases, todo = completion.complete(s, st, c, i, now, d, go, running, defer)
@@ -592,8 +593,9 @@ def step(s: SimState, st, c, p, i, now, active, defer: bool = False):
     roofline_us = roofline_step_us(s, st, c, i) if _roofline_in_program(st) else None
     completed_before = s.stats.completed[i]
     out = by_width(step_widths(st, FINISH_PER_OCTAVE), running, go,
-                   lambda f, go, w: _finish_at(f.state, st, c, i, now, n_preempted, go, w,
-                                               defer, factor, roofline_us, stalled=stalled),
+                   lambda f, go, w: _finish_at(f.state, st, c, i, now, n_preempted=n_preempted,
+                                               go=go, width=w, defer=defer, factor=factor,
+                                               roofline_us=roofline_us, stalled=stalled),
                    init)
     releases, todo = out.releases, out.loop
     if st.stretches:  # the outlook read the fills, lengths and block tables that the

@@ -244,7 +244,8 @@ def grant_tokens(s: SimState, st, c, i, sb, r, *, n, first_pos, prefill, mask,
     def chunks(s, top_ups: bool):
         def body(carry, go):
             s, k = carry
-            s = _grant_chunk(s, st, c, i, plan, k, total, go, chunk, top_ups)
+            s = _grant_chunk(s, st, c, i, plan, k=k, total=total, go=go, chunk=chunk,
+                             top_ups=top_ups)
             return s, k + go.astype(k.dtype)
 
         init = (s, jnp.asarray(0, jnp.int32))
@@ -265,7 +266,7 @@ def grant_tokens(s: SimState, st, c, i, sb, r, *, n, first_pos, prefill, mask,
         stats=s.stats.replace(misses=s.stats.misses.at[i].add(total.astype(jnp.int64))))
 
 
-def _grant_chunk(s: SimState, st, c, i, plan: _GrantChunks, k, total, go, chunk: int,
+def _grant_chunk(s: SimState, st, c, i, plan: _GrantChunks, *, k, total, go, chunk: int,
                  top_ups: bool = True) -> SimState:
     """Chunk k of ``grant_tokens``: fresh blocks g in [k·C, k·C + C). ``top_ups=False``: no
     request registers a topped-up block (its hash-slot ops would all be masked)."""

@@ -397,7 +397,8 @@ def _apply(s: SimState, st, c, i, kc, go, width: int) -> SimState:
         run=s.run.replace(
             ovf_blocks=s.run.ovf_blocks + jnp.sum(fresh & (fill.blen >= mb), dtype=jnp.int32)))
     if st.tiered:  # before the hash-slot writes, which read no CPU key
-        s = _cpu_keys(s, st, c, i, reqs, fill, spare, fresh, top_up, b, kc, times)
+        s = _cpu_keys(s, st, c, i, reqs, fill=fill, spare=spare, fresh=fresh, top_up=top_up,
+                      b=b, kc=kc, times=times)
     if st.prefix_caching:
         s = _hash_slot_ops(s, st, i, fresh, b, width)
     grown = jnp.where(valid, kc, 0)  # the sink row (invalid positions) gets nothing
@@ -466,7 +467,7 @@ def _hash_slot_ops(s: SimState, st, i, fresh, b, width: int) -> SimState:
                                                                 old_slot + 1), mode="drop")))
 
 
-def _cpu_keys(s: SimState, st, c, i, reqs, fill, spare, fresh, top_up, b, kc,
+def _cpu_keys(s: SimState, st, c, i, reqs, *, fill, spare, fresh, top_up, b, kc,
               times: PassTimes) -> SimState:
     """The CPU keys of a ``_apply`` pass (``kvcache.grant_tokens``): a block taken for decode
     growth forgets its content's key, noted as a GPU eviction at the start of its step
