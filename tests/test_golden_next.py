@@ -369,6 +369,26 @@ def test_closed_loop_sessions_reproduce_blis_in_the_jax_engine(tmp_path, capsys)
     _check_sessions(case, *_replay_sessions(case, tmp_path, capsys, "jax"))
 
 
+@pytest.mark.slow
+def test_closed_loop_sessions_route_by_prefix_affinity_alike_in_both_engines(tmp_path, capsys):
+    """``sessions_closed_loop`` routed by BLIS's default scorers (prefix-affinity:3,
+    queue-depth:2, kv-utilization:2): the router's index holds each conversation's blocks, so
+    follow-ups find the instance that served the conversation. Both engines print the same
+    metrics and write the same per-request rows."""
+    case = _case(GOLDEN_NEXT_SESSIONS)
+    case["command"] = case["command"].replace(
+        "--routing-scorers precise-prefix-cache:2,queue-depth:1",
+        "--routing-scorers prefix-affinity:3,queue-depth:2,kv-utilization:2")
+    assert "prefix-affinity:3" in case["command"]
+    out = {}
+    for engine in ("reference", "jax"):
+        (tmp_path / engine).mkdir()
+        metrics, rows, _ = _replay_sessions(case, tmp_path / engine, capsys, engine)
+        out[engine] = (metrics, rows)
+    assert out["jax"] == out["reference"]
+    assert out["reference"][0]["completed_requests"] == 432
+
+
 def test_closed_loop_sessions_without_accumulate_send_only_the_message(tmp_path, capsys):
     """Without the header's ``session_context_growth: accumulate`` a follow-up's prompt is its
     own message: 265,468 input tokens in all (the CSV's column sum) instead of 571,700."""
