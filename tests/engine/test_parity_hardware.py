@@ -89,7 +89,8 @@ def test_mixed_gpu_population_matches_reference_runs(model):
 def test_population_reports_cost_at_each_lanes_gpu_price():
     """``evaluate_population`` with the knob: the lanes' metrics price their GPU-hours at their
     own GPU's price (H100 3.0, A100-80 2.0 per GPU-hour by default). The hand-checked
-    blackbox case below, on its program."""
+    blackbox case below, on its program (kept in memory between them)."""
+    room_for_a_program()
     cfg = _base(LatencyConfig(model="blackbox", vllm_version=V084), tp=2)
     resolved = resolve_config(cfg)
     workload = _one_request(100, 2)
@@ -121,16 +122,6 @@ def _one_request_on_gpus(cfg, input_tokens: int, output_tokens: int, gpus=("H100
     return simulate_population(resolve_config(cfg), workload, params, narrow_programs=False)
 
 
-def test_roofline_step_times_per_gpu_by_hand():
-    """docs/roofline.md §5, example 1 (llama-3.1-8b, TP 1, one prefill of 512 tokens from
-    s = 0): 5292069486592 FLOPs over peak·mfuPrefill — H100 989.5e12·0.45 → 11884 µs, A100-80
-    312e12·0.38 = 1.1856e14 → 0.0446361... s → 44636 µs (compute-bound on both; α = 0). A
-    single-token output completes with its first token: TTFT = E2E = the step."""
-    got = _one_request_on_gpus(_base(LatencyConfig(model="roofline")), 512, 1)
-    assert [int(r.ttft_us[0]) for r in got] == [11884, 44636]
-    assert [int(r.e2e_us[0]) for r in got] == [11884, 44636]
-
-
 def test_blackbox_step_times_per_gpu_by_hand():
     """BLIS's llama-3.1-8b coefficients at TP 2 (vLLM v0.8.4), one request of 100 input and 2
     output tokens: TTFT = α delay + prefill step + α2, the ITL = decode step + α2.
@@ -147,6 +138,16 @@ def test_blackbox_step_times_per_gpu_by_hand():
     assert [int(r.ttft_us[0]) for r in got] == [12434, 28024]
     assert [int(r.itl_sum_us[0]) for r in got] == [8718, 22245]
     assert [int(r.e2e_us[0]) for r in got] == [21152, 50269]
+
+
+def test_roofline_step_times_per_gpu_by_hand():
+    """docs/roofline.md §5, example 1 (llama-3.1-8b, TP 1, one prefill of 512 tokens from
+    s = 0): 5292069486592 FLOPs over peak·mfuPrefill — H100 989.5e12·0.45 → 11884 µs, A100-80
+    312e12·0.38 = 1.1856e14 → 0.0446361... s → 44636 µs (compute-bound on both; α = 0). A
+    single-token output completes with its first token: TTFT = E2E = the step."""
+    got = _one_request_on_gpus(_base(LatencyConfig(model="roofline")), 512, 1)
+    assert [int(r.ttft_us[0]) for r in got] == [11884, 44636]
+    assert [int(r.e2e_us[0]) for r in got] == [11884, 44636]
 
 
 # ---- what compiles, and the errors (no program is compiled below) ------------------------------
