@@ -214,7 +214,7 @@ def _admission_program(s: SimState, st, c, p, r, now, members):
     """The admission program's verdict (False where the site is not compiled in)."""
     if "admission" not in st.program_sites:
         return jnp.asarray(False)
-    values = {**program.request_values(s, c, r, now),
+    values = {**program.request_values(s, st, c, r, now),
               **program.cluster_values(s, st, c, members, now)}
     return program.run(p.admission.program, program.rows(1, values))[0] > 0.0
 
@@ -249,7 +249,7 @@ def _priority_program(s: SimState, st, p, c, r, now, like):
         return jnp.zeros_like(like)
     r = jnp.atleast_1d(r)
     values = program.run(p.priority.program, program.rows(r.shape[0], program.request_values(
-        s, c, r, now)))
+        s, st, c, r, now)))
     return values.reshape(like.shape)
 
 
@@ -551,7 +551,7 @@ def program_scores(s: SimState, st, c, p, r, now, view: RouterView, among, raw):
               "in_flight": s.router.in_flight.astype(F64), "kv_utilization": s.router.snap_kv,
               "cached_blocks": view.cached.astype(F64),
               **{scorer_name(x): jnp.clip(raw[x], 0.0, 1.0) for x in Scorer},
-              **program.request_values(s, c, r, now),
+              **program.request_values(s, st, c, r, now),
               **program.cluster_values(s, st, c, members, now), **recent.values(s.recent, now)}
     return program.run(p.routing.program, program.rows(st.num_instances, values))
 

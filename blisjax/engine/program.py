@@ -18,7 +18,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
-from blisjax.engine import recent
+from blisjax.engine import recent, sessions
 from blisjax.engine.exactfloat import exact_mul, ieee_divide
 from blisjax.engine.lockstep import lane_while
 from blisjax.program import MAX_PROGRAM_LENGTH, OBSERVABLES, Bytecode
@@ -112,10 +112,10 @@ def rows(n: int, values: dict):
     return jnp.stack(filled)
 
 
-def request_values(s, c, r, now) -> dict:
+def request_values(s, st, c, r, now) -> dict:
     """The request observables of request(s) r at ``now`` (``request_observables``)."""
     rank = jnp.asarray(SLO_CLASS_RANK, F64)
-    age = (now - c.arrival_us[r]).astype(F64)
+    age = (now - sessions.arrival_us(s, st, c, r)).astype(F64)
     return {"input_tokens": c.input_tokens[r].astype(F64),
             "prefix_tokens": c.prefix_tokens[r].astype(F64),
             "slo_class_rank": rank[c.slo_class[r]],
@@ -142,5 +142,5 @@ def cluster_values(s, st, c, members, now) -> dict:
     return {"cluster_queue_depth": queued.astype(F64),
             "cluster_in_flight": jnp.sum(jnp.where(members, s.router.in_flight, 0)).astype(F64),
             "cluster_kv_utilization": mean, "instances": count.astype(F64),
-            "arrival_rate": ieee_divide(recent.arrivals(c, st, now).astype(F64),
+            "arrival_rate": ieee_divide(recent.arrivals(s, st, c, now).astype(F64),
                                         jnp.asarray(RECENT_WINDOW_US / 1e6, F64))}

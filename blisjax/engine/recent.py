@@ -85,8 +85,15 @@ def values(t: RecentState, now) -> dict:
     return {name: mean[:, j] for j, name in enumerate(RECENT_SIGNALS)}
 
 
-def arrivals(c, st, now):
-    """Requests that arrived in (now − RECENT_WINDOW_US, now] (``recent_arrivals``)."""
+def arrivals(s, st, c, now):
+    """Requests that arrived in (now − RECENT_WINDOW_US, now] (``recent_arrivals``): the
+    workload's rows (in arrival order; closed-loop follow-ups after them, at their
+    never-reached placeholder arrival) and the follow-ups created so far, at their arrival."""
     arrival = c.arrival_us[:st.num_requests]
-    return (jnp.searchsorted(arrival, now, side="right")
-            - jnp.searchsorted(arrival, now - RECENT_WINDOW_US, side="right"))
+    count = (jnp.searchsorted(arrival, now, side="right")
+             - jnp.searchsorted(arrival, now - RECENT_WINDOW_US, side="right"))
+    if st.sessions:
+        follow = s.sess.arrival_us[:st.num_requests]
+        count = count + jnp.sum(c.follow_up[:st.num_requests] & (follow <= now)
+                                & (follow > now - RECENT_WINDOW_US)).astype(count.dtype)
+    return count

@@ -586,9 +586,6 @@ def for_lanes(st: EngineStatic, params) -> EngineStatic:
     st = with_program_sites(st, tuple(
         site for site in PROGRAM_SITES
         if bool(np.any(np.asarray(codes[site][0]) == int(codes[site][1])))))
-    if st.sessions and st.program_sites:
-        raise ConfigError("policy", "closed-loop sessions with policy programs run in the "
-                          "reference engine only (--engine reference)")
     order = np.asarray(params.routing.scorer_order)
     if st.sessions and not st.session_prefix_index and (
             bool(np.any(np.asarray(params.routing.prefix_index_on)))
@@ -681,8 +678,6 @@ def _check_sessions_supported(cfg) -> None:
     refused = [
         (cfg.cluster.pd.enabled, "cluster.pd", "P/D pools"),
         (cfg.engine.kv_cpu_blocks > 0, "engine.kv_cpu_blocks", "a CPU tier"),
-        (any(getattr(cfg.policy, site).policy == "program" for site in PROGRAM_SITES),
-         "policy", "policy programs"),
     ]
     for on, field, what in refused:
         if on:

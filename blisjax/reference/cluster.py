@@ -11,6 +11,7 @@ among instances the lowest index first. Events past the horizon are never execut
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import heapq
 
@@ -118,7 +119,8 @@ class ClusterSimulator:
         self.refresh_interval_us = cfg.cluster.snapshot_refresh_interval_us
         self.in_flight = [0] * n_inst
         self.tenant_in_flight = [0] * len(workload.tenant_names)
-        self._arrival_us = [int(x) for x in workload.arrival_us]  # sorted (arrival_rate)
+        # sorted (arrival_rate); follow-ups join at their arrival when created (_follow_up)
+        self._arrival_us = [int(x) for x in workload.arrival_us]
         priority.tenant_in_flight = self.tenant_in_flight  # a priority program reads it
         self.rejected_admission = 0
         #: the gateway queue (BLIS's flow control; None when off)
@@ -478,6 +480,7 @@ class ClusterSimulator:
         if arrival > self.horizon_us:
             return
         req.arrival_us = arrival
+        bisect.insort(self._arrival_us, arrival)  # an arrival of the programs' arrival_rate
         timeout = int(w.deadline_us[req.index])  # a follow-up's is relative to its arrival
         req.deadline_us = arrival + timeout if timeout > 0 else 0
         self.awaiting_routing += 1

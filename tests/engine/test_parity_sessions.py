@@ -202,3 +202,75 @@ def _check_autoscaled_conversations(lifecycle_program, data) -> None:
         want = reference(resolve_config(cfg), w)
         assert first_divergence(want, results[k], w.request_id) is None, (
             k, cfg.policy.autoscaler, cfg.cluster.lifecycle)
+
+
+# ---- conversations with policy programs ---------------------------------------------------------
+
+
+def _two_round_session(think_us: int) -> Workload:
+    """One conversation of two rounds: round 0 at 0 µs (8 prompt tokens, 1 output), its
+    follow-up ``think_us`` after round 0's step ends."""
+    return Workload(
+        request_id=np.arange(2), arrival_us=np.array([0, FOLLOW_UP_ARRIVAL_US]),
+        input_tokens=np.array([8, 4]), output_tokens=np.array([1, 1]),
+        prefix_group=np.array([-1, -1]), prefix_length=np.zeros(2, np.int64),
+        tenant=np.zeros(2, np.int64), client=np.zeros(2), slo_class=np.zeros(2),
+        deadline_us=np.zeros(2, np.int64), tenant_names=("a",), prefix_group_names=(),
+        session=np.array([0, 0]), round_index=np.array([0, 1]),
+        think_time_us=np.array([0, think_us]), session_names=("s0",), session_accumulate=True)
+
+
+def test_a_follow_up_counts_in_the_programs_arrival_rate():
+    """An admission program admitting while fewer than 1.5 requests arrived in the last second
+    (``arrival_rate``, per second over a 1 s window): round 0 sees itself (1.0) and is
+    admitted; its follow-up, arriving 1 ms after round 0's step, sees both (2.0) and is
+    rejected. A second later than the window, the follow-up sees itself only and is admitted.
+    Both engines."""
+    from blisjax.config import AdmissionConfig
+
+    base = make_resolved(instances=1, admission=AdmissionConfig(
+        policy="program", program="arrival_rate < 1.5"))
+    for think_us, follow_up in ((1_000, records.REJECTED), (1_500_000, records.COMPLETED)):
+        w = _two_round_session(think_us)
+        want = reference(base, w)
+        assert np.asarray(want.status).tolist() == [records.COMPLETED, follow_up], think_us
+        got = simulate_population(base, w, stack_params(
+            [params_from_config(base.config, w.tenant_names)]))[0]
+        assert first_divergence(want, got, w.request_id) is None, think_us
+
+
+def test_policy_programs_on_conversations_match_reference():
+    """Random routing, admission and priority programs (test_parity_program's) over session
+    workloads, accumulating and not: a follow-up's age counts from its own arrival and the
+    arrival rate counts the follow-ups created; each lane equals its reference run."""
+    from tests.engine.test_parity_program import _program_configs
+
+    room_for_a_program()
+    edge = edge_engine(instances=3).config
+    base = resolve_config(dataclasses.replace(
+        edge, engine=dataclasses.replace(edge.engine, max_model_len=80)))
+    workloads = (random_session_workload(1), random_session_workload(2, accumulate=False))
+    configs = _program_configs(base.config, 8, seed=21)
+    params = stack_params([params_from_config(c, workloads[0].tenant_names) for c in configs])
+    static = build_static_shared(base, list(workloads))
+    for w in workloads:
+        lanes = simulate_population(base, w, params, static=static)
+        for k, (cfg, got) in enumerate(zip(configs, lanes, strict=True)):
+            want = reference(dataclasses.replace(base, config=cfg), w)
+            assert first_divergence(want, got, w.request_id) is None, (k, w.session_accumulate)
+
+
+def test_a_follow_ups_age_counts_from_its_own_arrival():
+    """An admission program admitting requests of age ≥ 0 ms: admission comes at arrival, so
+    both rounds are admitted and complete (a follow-up's age read from its row's placeholder
+    arrival would be negative). Both engines."""
+    from blisjax.config import AdmissionConfig
+
+    base = make_resolved(instances=1, admission=AdmissionConfig(
+        policy="program", program="age_ms >= 0"))
+    w = _two_round_session(1_000)
+    want = reference(base, w)
+    assert np.asarray(want.status).tolist() == [records.COMPLETED, records.COMPLETED]
+    got = simulate_population(base, w, stack_params(
+        [params_from_config(base.config, w.tenant_names)]))[0]
+    assert first_divergence(want, got, w.request_id) is None
