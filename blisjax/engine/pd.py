@@ -241,22 +241,17 @@ def route_request(s: SimState, st, c, p, r, now, active, *, routable=None):
 
 def routed_row(s: SimState, st, k):
     """The request of the k-th routing (k <= N): the k-th dispatched with the gateway queue,
-    the k-th admitted with closed-loop sessions, else row k."""
+    else row k (closed-loop sessions, whose routings follow their admissions, are refused with
+    pools)."""
     k = jnp.minimum(k, st.num_requests)
-    if st.gateway:
-        return s.gw.order[k]
-    if st.sessions:
-        return s.sess.order[k]
-    return k
+    return s.gw.order[k] if st.gateway else k
 
 
 def routing_us(s: SimState, st, c, k):
     """Time of the k-th routing (k < N, once admitted or dispatched)."""
     if st.gateway:
         return s.gw.route_us[jnp.minimum(k, st.num_requests)]
-    r = routed_row(s, st, k)
-    arrival = s.sess.arrival_us[r] if st.sessions else c.arrival_us[r]
-    return arrival + st.admission_latency_us + st.routing_latency_us
+    return c.arrival_us[routed_row(s, st, k)] + st.admission_latency_us + st.routing_latency_us
 
 
 def prefill_routing_us(s: SimState, st, c):

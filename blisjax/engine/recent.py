@@ -13,6 +13,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from blisjax.engine import sessions
 from blisjax.engine.exactfloat import ieee_divide
 from blisjax.engine.pytree import pytree_dataclass
 from blisjax.program.observables import RECENT_SIGNALS, RECENT_WINDOW_US
@@ -87,13 +88,11 @@ def values(t: RecentState, now) -> dict:
 
 def arrivals(s, st, c, now):
     """Requests that arrived in (now − RECENT_WINDOW_US, now] (``recent_arrivals``): the
-    workload's rows (in arrival order; closed-loop follow-ups after them, at their
-    never-reached placeholder arrival) and the follow-ups created so far, at their arrival."""
-    arrival = c.arrival_us[:st.num_requests]
-    count = (jnp.searchsorted(arrival, now, side="right")
-             - jnp.searchsorted(arrival, now - RECENT_WINDOW_US, side="right"))
+    workload's rows (in arrival order), and with closed-loop sessions the follow-ups created
+    so far at their arrival (``sessions.arrived_by``)."""
     if st.sessions:
-        follow = s.sess.arrival_us[:st.num_requests]
-        count = count + jnp.sum(c.follow_up[:st.num_requests] & (follow <= now)
-                                & (follow > now - RECENT_WINDOW_US)).astype(count.dtype)
-    return count
+        return (sessions.arrived_by(s, st, c, now)
+                - sessions.arrived_by(s, st, c, now - RECENT_WINDOW_US))
+    arrival = c.arrival_us[:st.num_requests]
+    return (jnp.searchsorted(arrival, now, side="right")
+            - jnp.searchsorted(arrival, now - RECENT_WINDOW_US, side="right"))

@@ -105,6 +105,29 @@ def next_arrival(s, st, c) -> NextArrival:
     return NextArrival(t, row.astype(jnp.int32), initial, k)
 
 
+def arrived_by(s, st, c, t):
+    """Arrivals at or before ``t`` (the workload's rows and the follow-ups created so far;
+    ``t`` no later than the event being handled), in O(log N + S): the admitted ones by a
+    binary search of their arrivals (admissions take arrivals in order, ``order``; the one
+    being admitted included), plus those not admitted yet — initial rows from the cursor on
+    and pending follow-ups."""
+    q = s.sess
+    n = st.num_requests
+    # positions before the cursor, and at it the admission being handled (``admit_next``
+    # wrote its row; else the row is N)
+    lo = jnp.asarray(0, jnp.int32)
+    hi = jnp.minimum(s.cursors.admit + 1, n).astype(jnp.int32)
+    for _ in range(n.bit_length() + 1):  # the first admitted arrival later than t
+        mid = (lo + hi) // 2
+        row = q.order[jnp.minimum(mid, n)]
+        later = (row >= n) | (q.arrival_us[jnp.minimum(row, n)] > t)
+        searching = lo < hi
+        lo, hi = jnp.where(searching & ~later, mid + 1, lo), jnp.where(searching & later, mid, hi)
+    waiting = jnp.searchsorted(c.arrival_us[:n], t, side="right") - q.init_cursor
+    pending = jnp.sum((q.pending_us <= t).astype(jnp.int32))
+    return lo + jnp.maximum(waiting, 0).astype(jnp.int32) + pending
+
+
 def admit_next(s, st, c, active):
     """The admission at the cursor takes the next arrival: returns (state, its row)."""
     q = s.sess
