@@ -282,10 +282,15 @@ def hash_slot(st, c, i, r, j):
     if st.own_per_instance:
         own = own + i * st.own_slots
     if st.sessions:  # a session's blocks: per (instance, session, block)
-        shared = st.group_slots + (i * st.num_sessions + jnp.maximum(c.session[r], 0)) \
-            * st.session_blocks_max + j
-        own = jnp.where(j < c.session_blocks[r], shared, own)
+        own = jnp.where(j < c.session_blocks[r], session_slot(st, c, i, r, j), own)
     return jnp.where(in_group, group_slot, own)
+
+
+def session_slot(st, c, i, r, j):
+    """Slot j of request r's session on instance i (``EngineStatic.sessions``): the hash slot
+    of the session's block j; every j < ``session_blocks_max`` has one."""
+    return st.group_slots + (i * st.num_sessions + jnp.maximum(c.session[r], 0)) \
+        * st.session_blocks_max + j
 
 
 def apply_slot_ops(s: SimState, st, slots, values, seq, mask) -> SimState:

@@ -27,6 +27,7 @@ from blisjax.engine.kvblocks import (
     apply_slot_ops,
     hash_slot,
     pop_blocks,
+    session_slot,
 )
 from blisjax.engine.lockstep import (
     add,
@@ -448,9 +449,22 @@ def flush_releases(s: SimState, st, active) -> SimState:
 
 def cpu_key(st, c, i, r, j):
     """CPU key of block j of request r on instance i on its true hash chain: its hash slot
-    for a full prompt block, else an extension key (``engine.kvtier``)."""
+    for a full prompt block (with closed-loop sessions, for every block its session shares:
+    an output block of one round is a prompt block of the next), else an extension key
+    (``engine.kvtier``)."""
     ext = c.ext_base[r] + j + (i * st.cpu_ext_slots if st.own_per_instance else 0)
-    return jnp.where(j < c.full_blocks[r], hash_slot(st, c, i, r, j), ext)
+    slotted = c.reg_blocks[r] if st.sessions else c.full_blocks[r]
+    return jnp.where(j < slotted, hash_slot(st, c, i, r, j), ext)
+
+
+def conversation_tokens(st, c, r):
+    """The leading tokens of request r that are its session's conversation
+    (``workload.sessions.content_tokens``; 0 outside an accumulating session or without
+    sessions compiled in): the same tokens at the same positions in every round."""
+    if not st.sessions:
+        return jnp.zeros_like(c.session[r])
+    made = jnp.maximum(c.output_tokens[r], 1) - 1
+    return jnp.where(c.session_blocks[r] > 0, c.input_tokens[r] + made, 0).astype(jnp.int32)
 
 
 class ContentKey(NamedTuple):
@@ -474,13 +488,21 @@ def content_key(st, c, i, r, first_token, origin) -> ContentKey:
     the prefix, which puts the block its first token lies in inside the group's blocks: it is
     keyed by that block's key with its shift; tokens of the request's own are keyed by the
     block after it, which is then the request's own too (a group block would put them inside
-    the prefix). Either way (key, shift) names the tokens."""
+    the prefix). With closed-loop sessions, tokens that all lie in the conversation
+    (``conversation_tokens``) and not all in the prefix are the session's at those positions
+    in every round: they are keyed by the session's slot of the block their first token lies
+    in (a slot no aligned block of a group's uses when that block is the group's); tokens
+    past it are the request's own, and the block after them is then no session block. Either
+    way (key, shift) names the tokens."""
     bs = st.block_size
     q = first_token // bs
     shift = first_token % bs
     aligned = shift == 0
     shared = (c.group[r] >= 0) & (first_token + bs <= c.prefix_tokens[r])
     true_key = cpu_key(st, c, i, r, jnp.where(aligned | shared, q, q + 1))
+    if st.sessions:
+        talk = ~aligned & ~shared & (first_token + bs <= conversation_tokens(st, c, r))
+        true_key = jnp.where(talk, session_slot(st, c, i, r, q), true_key)
     after = cpu_key(st, c, i, r, jnp.maximum(q - 1, 0))
     on_chain = aligned & jnp.where(q == 0, origin < 0, origin == after)
     return ContentKey(on_chain, true_key, shift)

@@ -7,7 +7,8 @@ blocks, lives with the other allocation operations in ``kvcache.py``.
 
 * **Keys.** The reference keys the tier by a block's chained hash. Here a hash is a *CPU key*,
   a dense index of a block's content: a full prompt block's key is its hash slot
-  (``kvblocks.hash_slot``: per instance for prefix-group blocks, per request otherwise); a block
+  (``kvblocks.hash_slot``: per instance for prefix-group blocks, per instance and session for
+  a conversation's blocks, output blocks included, per request otherwise); any other block
   holding output tokens gets one of its request's *extension* keys (``WorkloadConsts.ext_base``
   + its position past the full prompt blocks). These *true keys* name a block's content and
   its place on the true chain, as the hash does. A block can get its hash chained from a held

@@ -677,7 +677,6 @@ def _check_sessions_supported(cfg) -> None:
     """Closed-loop sessions run with the features below in the reference engine only."""
     refused = [
         (cfg.cluster.pd.enabled, "cluster.pd", "P/D pools"),
-        (cfg.engine.kv_cpu_blocks > 0, "engine.kv_cpu_blocks", "a CPU tier"),
     ]
     for on, field, what in refused:
         if on:
