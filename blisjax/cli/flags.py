@@ -58,7 +58,14 @@ NOT_CAPACITIES = {
                       "policy.autoscaler.max_replicas",
     "lifecycle_draws": "a random lifecycle delay stream needed more than its 64 stored draws "
                        "{times} time(s); run it with --engine reference",
+    "session_rounds": "a concurrency user would have sent more requests than the workload "
+                      "holds for it ({times} time(s)); raise its client's rounds_per_user in "
+                      "the workload spec",
 }
+#: The setting each of ``NOT_CAPACITIES`` is about, for the error a reference run gives.
+NOT_CAPACITY_FIELDS = {"instance_slots": "policy.autoscaler.max_replicas",
+                       "lifecycle_draws": "engine",
+                       "session_rounds": "workload.clients[].rounds_per_user"}
 
 
 class DistributionFlag(NamedTuple):

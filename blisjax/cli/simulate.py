@@ -15,7 +15,7 @@ from blisjax.atomicio import write_text_atomic
 from blisjax.cli.common import log_line, warn
 from blisjax.cli.compile_cache import announce_compile_cache
 from blisjax.cli.config_args import WorkloadChoice, capacities_from_args, check_latency_model
-from blisjax.cli.flags import CAPACITIES, NOT_CAPACITIES
+from blisjax.cli.flags import CAPACITIES, NOT_CAPACITIES, NOT_CAPACITY_FIELDS
 from blisjax.config import ConfigError, SimConfig, resolve_config
 from blisjax.metrics import (
     config_metrics,
@@ -116,8 +116,9 @@ def simulate_and_report(args: Any, cfg: SimConfig, choice: WorkloadChoice, base:
                                                 args.counterfactual_k)
             else:
                 result = engine_named(args.engine)(resolved, workload)
-            if result.overflow:  # the instance slots under --blis-quirks
-                raise ConfigError("policy.autoscaler.max_replicas", "; ".join(
+            if result.overflow:  # instance slots under --blis-quirks, a user out of rows
+                name = next(iter(result.overflow))
+                raise ConfigError(NOT_CAPACITY_FIELDS[name], "; ".join(
                     NOT_CAPACITIES[name].format(times=times)
                     for name, times in result.overflow.items()))
         wall_s = time.perf_counter() - start

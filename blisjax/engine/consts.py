@@ -55,6 +55,9 @@ class WorkloadConsts:
     think_us: jax.Array  # µs between a follow-up's predecessor completing and its arrival
     follow_up: jax.Array  # bool: a follow-up round (its arrival is the simulation's)
     follow_start: jax.Array  # int32 [S]: each session's first follow-up row (N: none)
+    open_row: jax.Array  # bool: a row of a session whose rows are a capacity (a concurrency
+    #                      user's, ``Workload.session_unbounded``)
+    follow_up_budget: jax.Array  # int32: most follow-ups a run creates (-1: no cap)
     own_base: jax.Array  # hash slot of own block j is group_slots + own_base + j
     ext_base: jax.Array  # CPU key of block j >= full_blocks is ext_base + j (engine.kvtier)
     queue_delay_us: jax.Array
@@ -92,6 +95,14 @@ def _follow_starts(workload, st: EngineStatic) -> np.ndarray:
     for row in follow[::-1].tolist():  # last to first: the first row of each session stays
         out[int(workload.session[row])] = row
     return out
+
+
+def _open_rows(workload) -> np.ndarray:
+    """bool [N]: the rows of sessions whose rows are a capacity (``session_unbounded``)."""
+    session = np.asarray(workload.session)
+    if not any(workload.session_unbounded):
+        return np.zeros(session.shape, bool)
+    return np.asarray(workload.session_unbounded, bool)[np.maximum(session, 0)] & (session >= 0)
 
 
 class LatencyRows(NamedTuple):
@@ -273,6 +284,8 @@ def build_consts(resolved, workload, st: EngineStatic) -> WorkloadConsts:
         think_us=pad(original.think_time_us, 0, i64),
         follow_up=pad(original.follow_up, False, bool),
         follow_start=jax.device_put(_follow_starts(original, st)),
+        open_row=pad(_open_rows(original), False, bool),
+        follow_up_budget=jax.device_put(np.int32(original.follow_up_budget)),
         ext_base=pad(st.hash_slots + ext_start - full, 0, i32),
         queue_delay_us=jax.device_put(by_gpu([np.asarray(pad(q, 0, i64)) for q in rows.qdelay])),
         itl_offset=pad(itl_off, 0, i64),

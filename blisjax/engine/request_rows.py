@@ -82,7 +82,8 @@ def max_pending(resolved, workload, others=()) -> int:
                 if isinstance(getattr(workload, f.name), np.ndarray)}
         rows.update(session=None, round_index=None, think_time_us=None)
         plain = dataclasses.replace(workload, **rows, session_names=(),
-                                    session_accumulate=False)
+                                    session_accumulate=False, session_unbounded=(),
+                                    follow_up_budget=-1)
         return max_pending(resolved, plain, others) + len(workload.session_names)
     cl = resolved.config.cluster
     start = np.asarray(workload.arrival_us, np.int64) + cl.admission_latency_us \

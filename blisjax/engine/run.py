@@ -446,6 +446,8 @@ def lane_result(st: EngineStatic, consts, final, k: int) -> records.RunResult:
             overflow["timeline"] = int(g.life.tl_count) - st.timeline_slots
     if st.gateway and int(g.gw.overflow):
         overflow["gateway"] = int(g.gw.overflow)
+    if st.sessions and int(g.sess.rounds_overflow):
+        overflow["session_rounds"] = int(g.sess.rounds_overflow)
     ended = int(np.max(np.minimum(clock, st.horizon_us))) if st.num_instances else 0
     rows = dict(
         status=status, instance=g.instance[:n].astype(np.int32),

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 
 from blisjax.engine.pytree import pytree_dataclass
 from blisjax.engine.state import COMPLETED, QUEUED, RUNNING
+from blisjax.engine.vec import prefix_sum
 from blisjax.limits import INT64_MAX
 from blisjax.workload.types import FOLLOW_UP_ARRIVAL_US
 
@@ -47,6 +48,8 @@ class SessionState:
     created: jax.Array  # int32: follow-ups created so far
     stale_next: jax.Array  # int32 [S]: the session's completed follow-ups whose pending
     #                        timeout was handled (``stale_timeout``)
+    rounds_overflow: jax.Array  # int32: follow-ups a session out of rows would have sent
+    #                             (``Workload.session_unbounded``; flagged)
 
 
 def init_sessions(st) -> SessionState:
@@ -56,7 +59,8 @@ def init_sessions(st) -> SessionState:
                             init_cursor=jnp.asarray(0, jnp.int32), pending_us=one(jnp.int64),
                             pending_row=one(jnp.int32), pending_gen=one(jnp.int64),
                             gen_clock=jnp.asarray(0, jnp.int64),
-                            created=jnp.asarray(0, jnp.int32), stale_next=one(jnp.int32))
+                            created=jnp.asarray(0, jnp.int32), stale_next=one(jnp.int32),
+                            rounds_overflow=jnp.asarray(0, jnp.int32))
     rows, ns = st.num_requests + 1, st.num_sessions
     return SessionState(
         arrival_us=jnp.full(rows, FOLLOW_UP_ARRIVAL_US, jnp.int64),
@@ -65,7 +69,8 @@ def init_sessions(st) -> SessionState:
         pending_us=jnp.full(ns, INT64_MAX, jnp.int64),
         pending_row=jnp.full(ns, st.num_requests, jnp.int32),
         pending_gen=jnp.zeros(ns, jnp.int64), gen_clock=jnp.asarray(0, jnp.int64),
-        created=jnp.asarray(0, jnp.int32), stale_next=jnp.zeros(ns, jnp.int32))
+        created=jnp.asarray(0, jnp.int32), stale_next=jnp.zeros(ns, jnp.int32),
+        rounds_overflow=jnp.asarray(0, jnp.int32))
 
 
 def arrival_us(s, st, c, r):
@@ -146,15 +151,29 @@ def admit_next(s, st, c, active):
 
 def create_follow_ups(s, st, c, reqs, fin, rank, left_us):
     """The requests ``reqs`` where ``fin`` completed (normally or at the length cap) in one
-    step ending at ``left_us``, ``rank`` their batch order: each one's next round, if any,
-    arrives a think time later unless that is past the horizon
-    (``ClusterSimulator._follow_up``)."""
+    step ending at ``left_us``, ``rank`` their batch order (positions in that order): each
+    one's next round, if any, arrives a think time later unless the follow-up budget is
+    spent (``WorkloadConsts.follow_up_budget``, counted in batch order) or that is past the
+    horizon (``ClusterSimulator._follow_up``). A session out of rows whose rows are a
+    capacity (a concurrency user's) that would send one more is counted in
+    ``rounds_overflow`` instead."""
     q = s.sess
     n = st.num_requests
     nxt = c.next_row[reqs]
     row = jnp.maximum(nxt, 0)
-    t = left_us + c.think_us[row]
-    make = fin & (nxt >= 0) & (t <= st.horizon_us)
+    if st.open_sessions:
+        out_of_rows = (nxt < 0) & c.open_row[reqs]  # think: the user's own, on every row
+        t = left_us + jnp.where(out_of_rows, c.think_us[reqs], c.think_us[row])
+        due = fin & ((nxt >= 0) | out_of_rows) & (t <= st.horizon_us)
+        before = prefix_sum(due.astype(jnp.int32)) - due  # earlier in batch order
+        room = c.follow_up_budget - q.created
+        due = due & ((c.follow_up_budget < 0) | (before < room))
+        make = due & (nxt >= 0)
+        q = q.replace(rounds_overflow=q.rounds_overflow
+                      + jnp.sum(due & out_of_rows).astype(jnp.int32))
+    else:
+        t = left_us + c.think_us[row]
+        make = fin & (nxt >= 0) & (t <= st.horizon_us)
     sess = jnp.where(make, c.session[reqs], st.num_sessions)
     stamp = q.gen_clock + rank.astype(jnp.int64)
     q = q.replace(

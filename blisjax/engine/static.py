@@ -164,6 +164,10 @@ class EngineStatic:
     # session shares (``RouterState.lru_spos``): some lane lists the prefix-affinity scorer
     # (``build_static`` from the configuration, ``for_lanes`` from a population).
     session_prefix_index: bool = False
+    # With ``sessions``: a follow-up budget or sessions whose rows are a capacity (concurrency
+    # users, ``Workload.session_unbounded``): follow-up creation counts against the budget
+    # and flags a user out of rows (``sessions.create_follow_ups``).
+    open_sessions: bool = False
     # Per-lane GPU types (the ``hardware`` knob): the GPUs whose latency the program holds,
     # each lane reading the rows of its own (``PolicyParams.gpu``, rows indexed by
     # ``blisjax.config.hardware.hardware_code``: the α delays, the blackbox step tables or the
@@ -623,7 +627,7 @@ _SHAREABLE = ("queue_slots", "pending_slots", "max_blocks_per_request", "max_pro
               "num_groups", "group_blocks_max", "own_slots", "num_deadlines", "itl_capacity",
               "cpu_ext_slots", "offchain_generations", "kv_hold_slots", "pd_reserve_slots",
               "pd_transfer_slots", "actuation_slots", "timeline_slots", "session_blocks_max",
-              "gateway_slots")
+              "gateway_slots", "open_sessions")
 
 
 def build_static_shared(resolved, workloads, **capacities) -> EngineStatic:
@@ -689,5 +693,6 @@ def _session_shape(workload, bs: int) -> dict:
     if not workload.has_sessions:
         return {}
     return dict(sessions=True, initial_requests=int(np.count_nonzero(~workload.follow_up)),
+                open_sessions=any(workload.session_unbounded) or workload.follow_up_budget >= 0,
                 num_sessions=max(len(workload.session_names), 1),
                 session_blocks_max=max(int(session_blocks(workload, bs).max()), 1))

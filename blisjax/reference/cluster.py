@@ -141,6 +141,9 @@ class ClusterSimulator:
         self._cache_copy: list[frozenset[int]] = [frozenset() for _ in range(n_inst)]
         #: closed-loop sessions: each request's next round (-1: none); prompts as assembled
         self.next_round = sessions.next_round(workload)
+        self.follow_ups_created = 0  # against the workload's follow-up budget
+        self.rounds_overflow = 0  # follow-ups a session out of rows would have sent
+        self._unbounded = tuple(workload.session_unbounded)
         self.prompts = sessions.prompt_tokens(workload, resolved.max_model_len)
         self.requests = self._make_requests(workload, self.prompts)
         self.request_ids = [int(x) for x in np.asarray(workload.request_id).tolist()]
@@ -456,21 +459,37 @@ class ClusterSimulator:
         for r in inst.finished:
             self.in_flight[inst.index] = max(0, self.in_flight[inst.index] - 1)
             self.tenant_in_flight[r.tenant] = max(0, self.tenant_in_flight[r.tenant] - 1)
-            if r.state == Stage.COMPLETED and self.next_round[r.index] >= 0:
+            if r.state == Stage.COMPLETED and (self.next_round[r.index] >= 0
+                                                or self._out_of_rows(r)):
                 self._follow_up(r)
             elif self.pd is not None and r.pd_part == PD_PREFILL \
                     and r.state != Stage.COMPLETED:
                 self.pd.prefill_failed(r)
         inst.finished.clear()
 
+    def _out_of_rows(self, done: SimRequest) -> bool:
+        """``done`` is the last row of a session whose rows are a capacity (a concurrency
+        user's, ``Workload.session_unbounded``)."""
+        return done.session >= 0 and bool(self._unbounded) and self._unbounded[done.session]
+
     def _follow_up(self, done: SimRequest) -> None:
         """Create the session's next round when ``done`` (its predecessor) completed
         (``blisjax.workload.sessions``; BLIS ``SessionManager.OnComplete``): it arrives a think
-        time after the end of the step that completed ``done``, unless that is past the
-        horizon. A round that timed out, was dropped or was rejected ends its session: it
-        never gets here."""
+        time after the end of the step that completed ``done``, unless the follow-up budget
+        is spent (``Workload.follow_up_budget``) or that is past the horizon. A round that
+        timed out, was dropped or was rejected ends its session: it never gets here. A
+        concurrency user out of rows that would send one more is counted in
+        ``rounds_overflow`` (the run's ``overflow["session_rounds"]``)."""
         w = self.workload
-        req = self.requests[int(self.next_round[done.index])]
+        budget = w.follow_up_budget
+        if 0 <= budget <= self.follow_ups_created:  # the budget is spent: the session ends
+            return
+        nxt = int(self.next_round[done.index])
+        if nxt < 0:  # a concurrency user out of rows: it would send one more (flagged)
+            if done.left_us + int(w.think_time_us[done.index]) <= self.horizon_us:
+                self.rounds_overflow += 1
+            return
+        req = self.requests[nxt]
         if w.session_accumulate:  # the conversation so far, then the round's message
             expected = done.progress_index + int(w.input_tokens[req.index])
             if req.input_tokens != expected:
@@ -480,6 +499,7 @@ class ClusterSimulator:
         if arrival > self.horizon_us:
             return
         req.arrival_us = arrival
+        self.follow_ups_created += 1
         bisect.insort(self._arrival_us, arrival)  # an arrival of the programs' arrival_rate
         timeout = int(w.deadline_us[req.index])  # a follow-up's is relative to its arrival
         req.deadline_us = arrival + timeout if timeout > 0 else 0
@@ -549,8 +569,9 @@ class ClusterSimulator:
             pd=pd,
             rejected_routing=self.rejected_routing,
             # with --blis-quirks a scale-up past the instance slots (BLIS has no such limit)
-            overflow=({"instance_slots": self.life.refused_no_slot}
-                      if self.life.refused_no_slot else {}),
+            overflow={name: count for name, count in (
+                ("instance_slots", self.life.refused_no_slot),
+                ("session_rounds", self.rounds_overflow)) if count},
             lifecycle=self.life.counters(rows) if self.life.enabled else None,
             gateway=(GatewayCounters(self.gateway.rejected, len(self.gateway),
                                      self.gateway.dispatched, self.gateway.wait_sum_us)

@@ -223,12 +223,13 @@ ADVERSARIAL_CLASSES = (SynchronizedBurst, LongPromptFlood, TenantSurge)
 def pattern_targets(
     pattern: SynchronizedBurst | TenantSurge, clients: tuple[ClientSpec, ...]
 ) -> list[int]:
-    """Indices of the clients a burst or surge targets (every client when it names none)."""
+    """Indices of the rate-based clients a burst or surge targets (every one when it names
+    none; a concurrency client's users send at their own pace)."""
     if not pattern.clients and not pattern.tenants:
-        return list(range(len(clients)))
+        return [i for i, c in enumerate(clients) if not c.concurrency]
     return [
         i for i, c in enumerate(clients)
-        if c.id in pattern.clients or c.tenant_id in pattern.tenants
+        if (c.id in pattern.clients or c.tenant_id in pattern.tenants) and not c.concurrency
     ]  # fmt: skip
 
 

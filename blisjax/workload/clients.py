@@ -370,6 +370,17 @@ class ClientSpec:
       lifecycle: activity windows (None = always active); see ``LifecycleSpec``.
       multi_turn: each request the client sends starts a closed-loop conversation
         (``MultiTurnSpec``; BLIS ``reasoning.multi_turn``); None = single requests.
+      concurrency: > 0: a closed-loop client of this many users instead of a rate (BLIS
+        ``concurrency``; ``rate_fraction`` must then be 0 and ``arrival`` is unused): each user
+        sends a request, waits for it to complete, thinks ``think_time_us`` and sends the
+        next, until the workload's request count or the horizon ends it
+        (``generate._with_users``).
+      think_time_us: a concurrency user's µs between a completion and its next request, >= 0;
+        user u's first request is sent at u · think_time_us / concurrency.
+      rounds_per_user: most requests one concurrency user sends, >= 2 (its rows in the
+        workload; a capacity, not a behaviour: a run in which a user would send more is
+        refused, naming it). None: 2 · ⌈(num_requests − first requests) / users⌉ + 2; a
+        workload without ``num_requests`` must set it.
     """
 
     id: str = ""
@@ -385,9 +396,18 @@ class ClientSpec:
     slo_target_us: int | None = None
     lifecycle: LifecycleSpec | None = None
     multi_turn: MultiTurnSpec | None = None
+    concurrency: int = 0
+    think_time_us: int = 0
+    rounds_per_user: int | None = None
 
     def check(self, path: str) -> None:
         """Raise ValueError naming the first invalid field under ``path``."""
+        check_number(f"{path}.concurrency", self.concurrency, ge=0, integral=True)
+        check_number(f"{path}.think_time_us", self.think_time_us, ge=0, integral=True)
+        if self.rounds_per_user is not None:
+            check_number(f"{path}.rounds_per_user", self.rounds_per_user, ge=2, integral=True)
+        if self.concurrency:
+            self._check_users(path)
         if self.multi_turn is not None:
             if not isinstance(self.multi_turn, MultiTurnSpec):
                 raise ValueError(f"{path}.reasoning.multi_turn: must be a MultiTurnSpec")
@@ -395,7 +415,8 @@ class ClientSpec:
         for name in ("id", "tenant_id", "prefix_group"):
             check_str(f"{path}.{name}", getattr(self, name))
         check_choice(f"{path}.slo_class", self.slo_class, SLO_CLASSES)
-        check_number(f"{path}.rate_fraction", self.rate_fraction, gt=0)
+        if not self.concurrency:
+            check_number(f"{path}.rate_fraction", self.rate_fraction, gt=0)
         if not isinstance(self.arrival, ArrivalSpec):
             raise ValueError(f"{path}.arrival: must be an ArrivalSpec")
         self.arrival.check(f"{path}.arrival")
@@ -416,3 +437,17 @@ class ClientSpec:
             if not isinstance(self.lifecycle, LifecycleSpec):
                 raise ValueError(f"{path}.lifecycle: must be a LifecycleSpec")
             self.lifecycle.check(f"{path}.lifecycle")
+
+    def _check_users(self, path: str) -> None:
+        """A concurrency client sends at its users' pace: no rate share, no conversations,
+        no activity windows (BLIS: concurrency and rate_fraction are mutually exclusive)."""
+        if self.rate_fraction != 0:
+            raise ValueError(f"{path}.rate_fraction: must be 0 (or absent) with concurrency "
+                             f"{self.concurrency}: a concurrency client sends at its users' "
+                             f"pace, got {self.rate_fraction!r}")
+        if self.multi_turn is not None:
+            raise ValueError(f"{path}.reasoning.multi_turn: a concurrency client's users send "
+                             "single requests; give conversations to a rate-based client")
+        if self.lifecycle is not None:
+            raise ValueError(f"{path}.lifecycle: activity windows apply to rate-based "
+                             "clients, not to a concurrency client's users")

@@ -316,6 +316,9 @@ def client_rates_per_us(spec: WorkloadSpec) -> np.ndarray:
     """
     rates = []
     for c in spec.clients:
+        if c.concurrency:  # its users send at their own pace (``_with_users``)
+            rates.append(0.0)
+            continue
         total = sum(
             o.rate_fraction for o in spec.clients if lifecycles_overlap(c.lifecycle, o.lifecycle)
         )
@@ -474,11 +477,13 @@ def generate_workload(spec: WorkloadSpec, seed: int | None = None) -> Workload:
     ``seed`` overrides ``spec.seed`` (like BLIS ``--seed``); with neither, 42 (BLIS default).
     Returns a ``Workload`` of N rows sorted by arrival; ``input_tokens`` includes the shared
     prefix; ``deadline_us`` = arrival + timeout for clients with a positive timeout, else 0.
+    Conversations' later rounds and concurrency users' later requests follow as follow-up rows
+    (``_with_conversations``, ``_with_users``).
     """
     if (
         spec.horizon_us is None
         and spec.num_requests is None
-        and any(c.lifecycle is None for c in spec.clients)
+        and any(c.lifecycle is None and not c.concurrency for c in spec.clients)
     ):
         raise ValueError(
             "horizon/num_requests: at least one must be set to bound generation "
@@ -490,6 +495,8 @@ def generate_workload(spec: WorkloadSpec, seed: int | None = None) -> Workload:
     rates = client_rates_per_us(spec)
     arrivals, inputs, outputs, owners = [], [], [], []
     for i, client in enumerate(spec.clients):
+        if client.concurrency:
+            continue
         arrival_rng = rng.stream("workload", i, "arrival")
         times = client_arrivals(
             client.arrival, float(rates[i]), arrival_rng, spec.horizon_us, cap, client.lifecycle
@@ -508,21 +515,31 @@ def generate_workload(spec: WorkloadSpec, seed: int | None = None) -> Workload:
         inputs.append(sample_lengths(client.input_distribution, rng.stream(*names, "input"), n))
         outputs.append(sample_lengths(client.output_distribution, rng.stream(*names, "output"), n))
         owners.append(np.full(n, owner, dtype=np.int64))
-    arrival_us = np.concatenate(arrivals)
+    n_other = sum(a.size for a in arrivals)
+    arrival_us = np.concatenate(arrivals) if arrivals else np.zeros(0, np.int64)
     order = np.argsort(arrival_us, kind="stable")  # ties stay in client, then pattern, order
     if spec.num_requests is not None:
         order = order[: spec.num_requests]
-    owner = np.concatenate(owners)[order]
+    users = _Users.of(spec, order.size, rng)
+    if users.count:  # their first requests join, after the others at equal times (BLIS)
+        arrival_us = np.concatenate([arrival_us, users.first_us])
+        inputs.append(np.array([x[0] for x in users.inputs], dtype=np.int64))
+        outputs.append(np.array([x[0] for x in users.outputs], dtype=np.int64))
+        owners.append(users.client)
+        kept = np.concatenate([order, n_other + np.arange(users.count)])
+        order = kept[np.argsort(arrival_us[kept], kind="stable")]
+    owner = np.concatenate(owners)[order] if owners else np.zeros(0, np.int64)
     floods = tuple(p.as_client() for p in spec.adversarial if isinstance(p, LongPromptFlood))
     labels = _client_labels(spec.clients + floods)
     prefix_length = labels.prefix_length[owner]
     timeout = labels.timeout_us[owner]
     arrival_sorted = arrival_us[order]
+    concat = lambda parts: np.concatenate(parts) if parts else np.zeros(0, np.int64)  # noqa: E731
     workload = Workload(
         request_id=np.arange(order.size, dtype=np.int64),
         arrival_us=arrival_sorted,
-        input_tokens=prefix_length + np.concatenate(inputs)[order],
-        output_tokens=np.concatenate(outputs)[order],
+        input_tokens=prefix_length + concat(inputs)[order],
+        output_tokens=concat(outputs)[order],
         prefix_group=labels.prefix_group[owner],
         prefix_length=prefix_length,
         tenant=labels.tenant[owner],
@@ -538,12 +555,14 @@ def generate_workload(spec: WorkloadSpec, seed: int | None = None) -> Workload:
             "slo_target_us": {
                 c.id: c.slo_target_us for c in spec.clients if c.slo_target_us is not None
             },
-            **({"adversarial_requests": int(np.count_nonzero(order >= base_rows))}
+            **({"adversarial_requests": int(np.count_nonzero((order >= base_rows)
+                                                              & (order < n_other)))}
                if spec.adversarial else {}),
         },
     )
     own = np.where(order < base_rows, owner, -1)  # a pattern's requests start no conversation
-    return _with_conversations(workload, spec, own, rng)
+    workload = _with_conversations(workload, spec, own, rng)
+    return _with_users(workload, users, order - n_other, spec)
 
 
 def _with_conversations(workload: Workload, spec: WorkloadSpec, owner: np.ndarray,
@@ -604,3 +623,106 @@ def _with_conversations(workload: Workload, spec: WorkloadSpec, owner: np.ndarra
         session_names=tuple(f"{w.client_names[int(w.client[i])]}/{s}"
                             for s, i in enumerate(starts)),
         session_accumulate=growth == "accumulate")
+
+
+@dataclass(frozen=True)
+class _Users:
+    """The concurrency clients' users (``ClientSpec.concurrency``; BLIS ``GenerateWorkload``),
+    in client order then user order: user j of client ``client[j]`` sends its first request
+    at ``first_us[j]`` and at most ``len(inputs[j])`` requests, the k-th with ``inputs[j][k]``
+    tokens past its prefix and ``outputs[j][k]`` output tokens, drawn in order from its own
+    streams ``("workload", client, "user", u, "input" | "output")``."""
+
+    client: np.ndarray  # int64 [U]
+    user: np.ndarray  # int64 [U]: the user's index within its client
+    first_us: np.ndarray  # int64 [U]
+    inputs: tuple[np.ndarray, ...]
+    outputs: tuple[np.ndarray, ...]
+    budget: int  # follow-ups a run may create, -1 = no cap
+
+    @property
+    def count(self) -> int:
+        return int(self.client.size)
+
+    @staticmethod
+    def of(spec: WorkloadSpec, n_first: int, rng: PartitionedRNG) -> _Users:
+        """The users of ``spec`` when ``n_first`` other requests start the workload: users are
+        seeded while the request count leaves room (BLIS never generates more first requests
+        than ``num_requests``); the follow-up budget is the count left after them."""
+        limit = spec.num_requests
+        picked: list[tuple[int, int]] = []
+        for k, client in enumerate(spec.clients):
+            for u in range(client.concurrency):
+                if limit is not None and n_first + len(picked) >= limit:
+                    break
+                picked.append((k, u))
+        budget = -1 if limit is None or not picked else max(limit - n_first - len(picked), 0)
+        first, inputs, outputs = [], [], []
+        for k, u in picked:
+            client = spec.clients[k]
+            think, users = client.think_time_us, client.concurrency
+            first.append(u * think // users if think > 0 and users > 1 else 0)
+            rounds = client.rounds_per_user
+            if rounds is None:  # limit is set (WorkloadSpec.check)
+                rounds = 2 * -(-budget // len(picked)) + 2
+            if budget >= 0:
+                rounds = min(rounds, budget + 1)
+            inputs.append(sample_lengths(client.input_distribution,
+                                         rng.stream("workload", k, "user", u, "input"), rounds))
+            outputs.append(sample_lengths(client.output_distribution,
+                                          rng.stream("workload", k, "user", u, "output"), rounds))
+        return _Users(client=np.array([k for k, _ in picked], dtype=np.int64),
+                      user=np.array([u for _, u in picked], dtype=np.int64),
+                      first_us=np.array(first, dtype=np.int64), inputs=tuple(inputs),
+                      outputs=tuple(outputs), budget=budget)
+
+
+def _with_users(workload: Workload, users: _Users, seed_of_row: np.ndarray,
+                spec: WorkloadSpec) -> Workload:
+    """``workload`` with each concurrency user a session (``Workload.session_unbounded``):
+    its first request (the row whose ``seed_of_row`` is the user's index; others < 0) is round
+    0, its later requests rounds 1, 2, … as follow-up rows after all others, user by user,
+    each sent ``think_time_us`` after the one before completes; the workload's follow-up
+    budget is the users'. No conversation: a later request's prompt is the client's prefix
+    and its own message."""
+    if not users.count:
+        return workload
+    w = workload
+    n = w.num_requests
+    row_of = np.empty(users.count, dtype=np.int64)
+    mine = np.flatnonzero(seed_of_row >= 0)
+    row_of[seed_of_row[mine]] = mine
+    base = len(w.session_names)
+    src = np.concatenate([np.full(len(x) - 1, j, np.int64) for j, x in enumerate(users.inputs)])
+    rounds = np.concatenate([np.arange(1, len(x), dtype=np.int64) for x in users.inputs])
+    rows = row_of[src]
+    think = np.array([spec.clients[int(k)].think_time_us for k in users.client], np.int64)
+    timeout = np.array([spec.clients[int(k)].timeout_us or 0 for k in users.client], np.int64)
+    session = np.asarray(w.session, np.int64).copy()
+    session[row_of] = base + np.arange(users.count)
+    first_think = np.asarray(w.think_time_us, np.int64).copy()
+    first_think[row_of] = think
+
+    def extend(arr, tail):
+        return np.concatenate([np.asarray(arr), np.asarray(tail, dtype=np.asarray(arr).dtype)])
+
+    client_names = w.client_names
+    return dataclasses.replace(
+        w, request_id=np.arange(n + src.size, dtype=np.int64),
+        arrival_us=extend(w.arrival_us, np.full(src.size, FOLLOW_UP_ARRIVAL_US)),
+        input_tokens=extend(w.input_tokens, np.concatenate([x[1:] for x in users.inputs])),
+        output_tokens=extend(w.output_tokens, np.concatenate([x[1:] for x in users.outputs])),
+        prefix_group=extend(w.prefix_group, w.prefix_group[rows]),
+        prefix_length=extend(w.prefix_length, w.prefix_length[rows]),
+        tenant=extend(w.tenant, w.tenant[rows]), client=extend(w.client, w.client[rows]),
+        slo_class=extend(w.slo_class, w.slo_class[rows]),
+        deadline_us=extend(w.deadline_us, timeout[src]),
+        session=extend(session, base + src),
+        round_index=extend(w.round_index, rounds),
+        think_time_us=extend(first_think, think[src]),
+        session_names=w.session_names + tuple(
+            f"concurrency_{client_names[int(w.client[r])]}_user_{int(u)}"
+            for r, u in zip(row_of.tolist(), users.user.tolist(), strict=True)),
+        session_unbounded=(tuple(w.session_unbounded) or (False,) * base)
+        + (True,) * users.count,
+        follow_up_budget=users.budget)

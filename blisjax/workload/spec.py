@@ -13,8 +13,9 @@ Supported subset: rate-based clients (``blisjax.workload.clients``), optionally 
 inside lifecycle windows (``lifecycle.windows``) and optionally sending multi-turn
 conversations (``reasoning.multi_turn``: closed-loop follow-up rounds), and blisjax's
 ``adversarial`` patterns (``blisjax.workload.adversarial``) added on top of the clients'
-traffic. BLIS features that change request generation otherwise (cohorts, concurrency clients,
-``closed_loop``, per-window overrides of a lifecycle window, multimodal, network,
+traffic, and closed-loop concurrency clients (``concurrency``: users that each wait for
+their answer, think and send again). BLIS features that change request generation otherwise
+(cohorts, ``closed_loop``, per-window overrides of a lifecycle window, multimodal, network,
 ServeGen/inference-perf sources) are rejected with a clear error rather than silently ignored.
 """
 from __future__ import annotations
@@ -119,6 +120,26 @@ class WorkloadSpec:
             i = next(i for i, c in enumerate(self.clients) if c.multi_turn is not None)
             raise ValueError(f"clients[{i}].reasoning.multi_turn.context_growth: every "
                              "multi-turn client of a workload must use the same one")
+        self._check_users()
+
+    def _check_users(self) -> None:
+        """Concurrency clients: their users' rounds are bounded by ``num_requests`` or their
+        own ``rounds_per_user``; a user's requests carry no conversation, so they share a
+        workload with non-accumulating conversations only (one context growth per
+        workload)."""
+        users = [i for i, c in enumerate(self.clients) if c.concurrency]
+        if not users:
+            return
+        for i in users:
+            if self.num_requests is None and self.clients[i].rounds_per_user is None:
+                raise ValueError(f"clients[{i}].rounds_per_user: a concurrency client of a "
+                                 "workload without num_requests needs it (the most requests "
+                                 "one user sends)")
+        if any(c.multi_turn is not None and c.multi_turn.max_rounds > 1
+               and c.multi_turn.context_growth == "accumulate" for c in self.clients):
+            raise ValueError(f"clients[{users[0]}].concurrency: concurrency users' requests do "
+                             "not accumulate a conversation; they cannot share a workload with "
+                             "accumulating conversations (context_growth: accumulate)")
 
     def _check_pattern(self, path: str, pattern: Any) -> None:
         if not isinstance(pattern, ADVERSARIAL_CLASSES):
@@ -182,7 +203,7 @@ _CLIENT_KEYS = frozenset(
     {"id", "tenant_id", "slo_class", "rate_fraction", "arrival", "input_distribution",
      "output_distribution", "prefix_group", "prefix_length", "timeout", "slo_target_us",
      "model", "streaming", "concurrency", "think_time_us", "closed_loop", "lifecycle",
-     "multimodal", "reasoning", "network"}
+     "multimodal", "reasoning", "network", "rounds_per_user"}
 )  # fmt: skip
 #: BLIS client features that change what is generated; blisjax rejects them when set
 #: (``reasoning`` only for its ``multi_turn`` part, ``_parse_reasoning``).
@@ -311,13 +332,8 @@ def _reject_unsupported_client(path: str, data: Mapping[str, Any]) -> None:
     for key in _UNSUPPORTED_CLIENT_KEYS:
         if data.get(key):
             raise ValueError(f"{path}.{key}: not supported by blisjax")
-    if data.get("concurrency"):
-        raise ValueError(f"{path}.concurrency: closed-loop concurrency clients are not supported")
     if data.get("closed_loop"):
         raise ValueError(f"{path}.closed_loop: closed-loop sessions are not supported")
-    think = data.get("think_time_us")
-    if think is not None:
-        check_number(f"{path}.think_time_us", think, ge=0, integral=True)
     if data.get("model") is not None:
         check_str(f"{path}.model", data["model"])
     if data.get("streaming") is not None and not isinstance(data["streaming"], bool):
@@ -338,14 +354,16 @@ def _parse_client(path: str, data: Any, v1: bool) -> ClientSpec:
     prefix_length = _opt_int(f"{path}.prefix_length", data.get("prefix_length"))
     if not prefix_length and prefix_group:
         prefix_length = DEFAULT_PREFIX_LENGTH  # BLIS: absent or 0 means the default
-    if "arrival" not in data:
+    users = _opt_int(f"{path}.concurrency", data.get("concurrency")) or 0
+    if "arrival" not in data and not users:
         raise ValueError(f"{path}.arrival: required")
     return ClientSpec(
         id=_opt_str(f"{path}.id", data.get("id")),
         tenant_id=_opt_str(f"{path}.tenant_id", data.get("tenant_id")),
         slo_class=slo_class,
-        rate_fraction=data.get("rate_fraction", 1.0),
-        arrival=_parse_arrival(f"{path}.arrival", data["arrival"]),
+        rate_fraction=data.get("rate_fraction", 0.0 if users else 1.0),
+        arrival=(_parse_arrival(f"{path}.arrival", data["arrival"]) if "arrival" in data
+                 else ArrivalSpec()),
         input_distribution=_parse_dist(
             f"{path}.input_distribution", data.get("input_distribution")
         ),
@@ -358,6 +376,9 @@ def _parse_client(path: str, data: Any, v1: bool) -> ClientSpec:
         slo_target_us=_opt_int(f"{path}.slo_target_us", data.get("slo_target_us")),
         lifecycle=_parse_lifecycle(f"{path}.lifecycle", data.get("lifecycle")),
         multi_turn=_parse_reasoning(f"{path}.reasoning", data.get("reasoning")),
+        concurrency=users,
+        think_time_us=_opt_int(f"{path}.think_time_us", data.get("think_time_us")) or 0,
+        rounds_per_user=_opt_int(f"{path}.rounds_per_user", data.get("rounds_per_user")),
     )
 
 

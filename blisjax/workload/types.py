@@ -59,6 +59,12 @@ class Workload:
       tenant_names, client_names, prefix_group_names, session_names: names for the codes.
       session_accumulate: a follow-up's prompt is the conversation so far plus its message
         (BLIS ``context_growth: accumulate``); otherwise the shared prefix plus its message.
+      session_unbounded: per session, whether its rows are a capacity rather than its end (a
+        concurrency user's: it sends until the follow-up budget or the horizon stops it; a
+        run in which it would need a row more is refused, ``workload.rounds_per_user``); ()
+        = none is.
+      follow_up_budget: most follow-ups a run creates, in creation order (BLIS's follow-up
+        budget: the request count left after the first requests); -1 = no cap.
     """
 
     request_id: np.ndarray
@@ -80,6 +86,8 @@ class Workload:
     think_time_us: np.ndarray | None = None
     session_names: tuple[str, ...] = ()
     session_accumulate: bool = False
+    session_unbounded: tuple[bool, ...] = ()
+    follow_up_budget: int = -1
 
     _INT_FIELDS = {
         "request_id": np.int64,
@@ -149,6 +157,9 @@ class Workload:
             code = np.full(len(self.session_names) + 1, NO_SESSION, dtype=np.int64)
             code[heads] = np.arange(heads.size)
             fields = dict(session_names=tuple(self.session_names[k] for k in heads.tolist()))
+            if self.session_unbounded:
+                fields["session_unbounded"] = tuple(self.session_unbounded[k]
+                                                    for k in heads.tolist())
         arrays = {f.name: getattr(self, f.name)[keep] for f in dataclasses.fields(self)
                   if isinstance(getattr(self, f.name), np.ndarray)}
         if self.has_sessions:
@@ -201,6 +212,13 @@ class Workload:
             raise ValueError("workload.round_index: must be 0 for requests outside a session")
         if n and np.any(self.think_time_us < 0):
             raise ValueError("workload.think_time_us: must be >= 0")
+        if self.session_unbounded and len(self.session_unbounded) != ns:
+            raise ValueError(f"workload.session_unbounded: one entry per session ({ns}), got "
+                             f"{len(self.session_unbounded)}")
+        budget = self.follow_up_budget
+        if isinstance(budget, bool) or not isinstance(budget, int | np.integer) or budget < -1:
+            raise ValueError(f"workload.follow_up_budget: must be an integer >= -1 (-1: no "
+                             f"cap), got {budget!r}")
         follow = self.follow_up
         if not np.any(follow):
             return
@@ -232,7 +250,7 @@ class Workload:
         return same_arrays and all(
             getattr(self, name) == getattr(other, name)
             for name in ("tenant_names", "client_names", "prefix_group_names", "session_names",
-                         "session_accumulate")
+                         "session_accumulate", "session_unbounded", "follow_up_budget")
         )
 
     def canonical(self) -> Workload:
@@ -261,4 +279,6 @@ class Workload:
             metadata=dict(self.metadata),
             session_names=self.session_names,
             session_accumulate=self.session_accumulate,
+            session_unbounded=self.session_unbounded,
+            follow_up_budget=self.follow_up_budget,
         )

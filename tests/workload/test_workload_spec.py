@@ -198,7 +198,6 @@ def test_invalid_values_name_the_field(data, message):
     ("data", "key"),
     [
         (spec_dict(client(), cohorts=[{"id": "x"}]), "cohorts"),
-        (spec_dict(client(concurrency=4)), r"clients\[0\]\.concurrency"),
         (spec_dict(client(closed_loop=True)), r"clients\[0\]\.closed_loop"),
         (spec_dict(client(lifecycle=None), client(reasoning={"reason_ratio_distribution": {
             "type": "constant", "params": {"value": 0.5}}})),
