@@ -50,6 +50,11 @@ CAPACITIES = {
     "timeline": Capacity("--timeline-slots", "timeline_slots",
                          "instance state changes recorded (instance lifecycles)",
                          "64 per instance slot + 64"),
+    "events": Capacity("--max-events", "max_events",
+                       "events one simulation handles (a run that would never end, e.g. an "
+                       "instance stepping empty without a horizon, stops there)",
+                       "64 per prompt and output token and per request, plus the horizon "
+                       "in µs"),
 }
 #: Overflows that are not capacities of the program: what to do instead.
 NOT_CAPACITIES = {

@@ -87,11 +87,21 @@ def run_jax(resolved: Any, workload: Any, capacities: dict[str, int],
             parts.append(NOT_CAPACITIES[name].format(times=times))
             continue
         cap = CAPACITIES[name]
-        size = getattr(static, cap.field)
+        size = getattr(static, cap.field) or _derived_capacity(name, static, workload)
         parts.append(f"{cap.holds}: {size} exceeded {times} time(s); raise it with {cap.flag} "
                      f"(> {size})")
     raise ConfigError("JAX engine capacity exceeded, so this run's numbers are not valid and "
                       "none are reported: " + "; ".join(parts))
+
+
+def _derived_capacity(name: str, static, workload) -> int:
+    """A capacity the run derives from its workload rather than the program (``max_events``)."""
+    if name != "events":
+        return 0
+    from blisjax.engine.consts import events_bound
+    from blisjax.engine.request_rows import engine_workload
+
+    return events_bound(engine_workload(workload, static.max_model_len), static)
 
 
 def simulate_and_report(args: Any, cfg: SimConfig, choice: WorkloadChoice, base: str) -> int:

@@ -152,6 +152,8 @@ class NextEvent(NamedTuple):
     noop_req: jax.Array  # the request of a deadline no-op
     deadline_overflow: jax.Array
     transfer_slot: jax.Array  # the transfer slot of a transfer event (P/D pools)
+    capped: jax.Array  # an event within the horizon, not handled: the lane has handled
+    #                    ``WorkloadConsts.max_events`` events (it stops, flagged)
 
 
 def next_event(s: SimState, st, c) -> NextEvent:
@@ -206,6 +208,8 @@ def next_event(s: SimState, st, c) -> NextEvent:
     use_cluster = cl_t <= best_t
     t_evt = jnp.minimum(cl_t, best_t)
     live = ~s.run.done & (t_evt <= st.horizon_us) & (t_evt < INT64_MAX)
+    capped = live & (s.run.iters >= c.max_events)  # every loop is bounded: a lane stops here
+    live = live & ~capped
     if st.tiered:  # a lane whose queued request found no holder slot for its blocks stops:
         # its result is refused (``run.lane_result``), and going on could only take time
         live = live & (s.tier.hold_overflow == 0)
@@ -220,7 +224,7 @@ def next_event(s: SimState, st, c) -> NextEvent:
         instance=i_star, kind_arrival=kind_arr, kind_enqueue=kind_enq, kind_step=kind_step,
         kind_timeout=ins & ~kind_enq & ~kind_step, pending_entry=e_star[i_star],
         timeout_req=deadlines.timeout_req[i_star], noop_req=deadlines.noop_req,
-        deadline_overflow=deadlines.overflow, transfer_slot=transfer.slot)
+        deadline_overflow=deadlines.overflow, transfer_slot=transfer.slot, capped=capped)
 
 
 def _begin(s: SimState, st, ev: NextEvent, go):
@@ -231,6 +235,7 @@ def _begin(s: SimState, st, ev: NextEvent, go):
         run=s.run.replace(
             done=s.run.done | (go & ~ev.live),
             iters=s.run.iters + live.astype(jnp.int64),
+            ovf_events=s.run.ovf_events | (go & ev.capped).astype(jnp.int32),
             ovf_deadline=s.run.ovf_deadline + (live & ev.deadline_overflow).astype(jnp.int32)))
     if st.lifecycle:  # held instances cost until the run's last event
         # a deadline no-op is a reference event only as a completed request's lazily

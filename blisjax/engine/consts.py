@@ -58,6 +58,7 @@ class WorkloadConsts:
     open_row: jax.Array  # bool: a row of a session whose rows are a capacity (a concurrency
     #                      user's, ``Workload.session_unbounded``)
     follow_up_budget: jax.Array  # int32: most follow-ups a run creates (-1: no cap)
+    max_events: jax.Array  # int64: events a lane handles at most (``events_bound``)
     own_base: jax.Array  # hash slot of own block j is group_slots + own_base + j
     ext_base: jax.Array  # CPU key of block j >= full_blocks is ext_base + j (engine.kvtier)
     queue_delay_us: jax.Array
@@ -95,6 +96,19 @@ def _follow_starts(workload, st: EngineStatic) -> np.ndarray:
     for row in follow[::-1].tolist():  # last to first: the first row of each session stays
         out[int(workload.session[row])] = row
     return out
+
+
+def events_bound(workload, st: EngineStatic) -> int:
+    """Events one lane handles at most, unless ``EngineStatic.max_events`` sets it: 64 per
+    prompt and output token and per request (a step processes at least one token of some
+    request; a request's own events are a few), plus one per µs of a finite horizon
+    (periodic ticks). A lane that reaches it with events left stops, flagged
+    (``overflow["events"]``): an instance stepping empty without a horizon, or ticks that
+    never end, cannot hang a run."""
+    tokens = int(np.sum(np.asarray(workload.input_tokens, np.int64))
+                 + np.sum(np.asarray(workload.output_tokens, np.int64)))
+    horizon = st.horizon_us if st.horizon_us < 1 << 50 else 0
+    return 64 * (tokens + 8 * workload.num_requests + 64) + int(horizon)
 
 
 def _open_rows(workload) -> np.ndarray:
@@ -286,6 +300,7 @@ def build_consts(resolved, workload, st: EngineStatic) -> WorkloadConsts:
         follow_start=jax.device_put(_follow_starts(original, st)),
         open_row=pad(_open_rows(original), False, bool),
         follow_up_budget=jax.device_put(np.int32(original.follow_up_budget)),
+        max_events=jax.device_put(np.int64(st.max_events or events_bound(workload, st))),
         ext_base=pad(st.hash_slots + ext_start - full, 0, i32),
         queue_delay_us=jax.device_put(by_gpu([np.asarray(pad(q, 0, i64)) for q in rows.qdelay])),
         itl_offset=pad(itl_off, 0, i64),

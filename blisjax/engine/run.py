@@ -426,7 +426,8 @@ def lane_result(st: EngineStatic, consts, final, k: int) -> records.RunResult:
         itl_entries = itl_rows = np.zeros(0, np.int64)
     clock = np.maximum(g.batch.clock, g.batch.last_left)
     overflow = {name: int(getattr(g.run, f"ovf_{name}")) for name in
-                ("queue", "pending", "blocks", "deadline") if int(getattr(g.run, f"ovf_{name}"))}
+                ("queue", "pending", "blocks", "deadline", "events")
+                if int(getattr(g.run, f"ovf_{name}"))}
     if st.tiered and int(g.tier.offchain_overflow):
         overflow["offchain"] = int(g.tier.offchain_overflow)
     if st.tiered and int(g.tier.hold_overflow):

@@ -132,6 +132,8 @@ class RunControl:
     ovf_pending: jax.Array  # int32: routings refused by a full α-delay window
     ovf_blocks: jax.Array  # int32: blocks past a block table's width (max_blocks_per_request)
     ovf_deadline: jax.Array  # int32: events with more same-time deadlines than the window
+    ovf_events: jax.Array  # int32: 1 when the lane stopped at ``WorkloadConsts.max_events``
+    #                        with events left (a run that would not end: flagged)
 
 
 def init_run() -> RunControl:
@@ -139,7 +141,7 @@ def init_run() -> RunControl:
     zero = jnp.asarray(0, jnp.int32)
     return RunControl(done=jnp.asarray(False), iters=jnp.asarray(0, jnp.int64),
                       stretched=jnp.asarray(0, jnp.int64), ovf_queue=zero, ovf_pending=zero,
-                      ovf_blocks=zero, ovf_deadline=zero)
+                      ovf_blocks=zero, ovf_deadline=zero, ovf_events=zero)
 
 
 def prefill_row(st, r):

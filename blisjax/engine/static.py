@@ -204,6 +204,9 @@ class EngineStatic:
     initial_name_rank: tuple = ()
     actuation_slots: int = 0
     timeline_slots: int = 0
+    # Events one lane handles at most (0: ``consts.events_bound`` of each workload, a value
+    # of the run, not of the program); a lane reaching it with events left stops, flagged.
+    max_events: int = 0
 
     @property
     def request_rows(self) -> int:
@@ -356,6 +359,7 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
                  pd_transfer_slots: int | None = None,
                  actuation_slots: int | None = None,
                  timeline_slots: int | None = None,
+                 max_events: int | None = None,
                  sized_lanes: bool = False, gpus=None) -> EngineStatic:
     """Capacities derived from the configuration and the workload (docs/jax-engine.md, Capacities and overflow).
 
@@ -375,7 +379,9 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
     (transfers pending or in flight; default: one per request). With instance lifecycles,
     ``actuation_slots`` (scale actuations pending at once per lane; default 8) and
     ``timeline_slots`` (lifecycle state changes recorded per lane; default 64 per instance
-    slot + 64). ``sized_lanes``: lanes may have fewer instances than the configuration
+    slot + 64). ``max_events``: events one lane handles at most (default: 64 per token and
+    request plus the horizon in µs, ``consts.events_bound``; a lane reaching it with events
+    left stops, flagged ``events``: no run can loop forever). ``sized_lanes``: lanes may have fewer instances than the configuration
     (the ``cluster.num_instances`` knob; set by itself when a population has such lanes, set
     it to share one program between populations with and without them). ``gpus``: GPU types
     the lanes may run (the ``hardware`` knob; set by itself from a population whose lanes
@@ -390,7 +396,8 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
                         ("pd_reserve_slots", pd_reserve_slots),
                         ("pd_transfer_slots", pd_transfer_slots),
                         ("actuation_slots", actuation_slots),
-                        ("timeline_slots", timeline_slots)):
+                        ("timeline_slots", timeline_slots),
+                        ("max_events", max_events)):
         if value is not None and (isinstance(value, bool)
                                   or not isinstance(value, int | np.integer) or value < 1):
             raise ValueError(f"{name} must be an integer >= 1 (or left to its default), "
@@ -489,6 +496,7 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
         pd_reserve_slots=(int(pd_reserve_slots or max(min(n, kv_blocks), 1)) if pd else 0),
         pd_transfer_slots=int(pd_transfer_slots or max(n, 1)) if pd else 0,
         **_lifecycle_shape(cfg, actuation_slots, timeline_slots),
+        max_events=int(max_events or 0),
         **_session_shape(workload, bs),
         **pools,
     )
@@ -627,7 +635,7 @@ _SHAREABLE = ("queue_slots", "pending_slots", "max_blocks_per_request", "max_pro
               "num_groups", "group_blocks_max", "own_slots", "num_deadlines", "itl_capacity",
               "cpu_ext_slots", "offchain_generations", "kv_hold_slots", "pd_reserve_slots",
               "pd_transfer_slots", "actuation_slots", "timeline_slots", "session_blocks_max",
-              "gateway_slots", "open_sessions")
+              "gateway_slots", "open_sessions", "max_events")
 
 
 def build_static_shared(resolved, workloads, **capacities) -> EngineStatic:

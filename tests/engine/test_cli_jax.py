@@ -33,7 +33,8 @@ def test_parity_command_reports_identical(capsys):
 # ---- capacities -------------------------------------------------------------------------------
 
 FLAGS = ("--queue-slots", "--pending-slots", "--deadline-window", "--max-blocks-per-request",
-         "--offchain-generations", "--kv-hold-slots", "--pd-transfer-slots", "--pd-reserve-slots")
+         "--offchain-generations", "--kv-hold-slots", "--pd-transfer-slots", "--pd-reserve-slots",
+         "--max-events")
 
 
 @pytest.mark.parametrize("flag", FLAGS)
@@ -60,6 +61,7 @@ def test_capacity_flags_belong_to_the_jax_engine(flag, capsys):
     ("deadline", "--deadline-window", "requests sharing one deadline microsecond", [], 8),
     ("blocks", "--max-blocks-per-request", "KV blocks one request can hold",
      ["--max-blocks-per-request", "3"], 3),
+    ("events", "--max-events", "events one simulation handles", ["--max-events", "50"], 50),
 ])
 def test_an_overflowed_run_prints_no_numbers_and_names_the_flag(
         capacity, flag, holds, args, size, monkeypatch, tmp_path, capsys):
@@ -113,3 +115,16 @@ def test_deadline_window_overflow_is_refused_until_the_flag_raises_it(tmp_path, 
     assert capsys.readouterr().out == want
     assert main(["parity", *trace, "--deadline-window", "9"]) == 0
     assert json.loads(capsys.readouterr().out)["result"] == "identical"
+
+
+def test_the_event_bound_reported_is_the_runs_own():
+    # no --max-events: the bound is the workload's, 64 × (tokens + 8 × requests + 64) plus
+    # the horizon in µs (here none): 64 × (2 × (10 + 3) + 16 + 64) = 6,784
+    from blisjax.cli.simulate import _derived_capacity
+    from blisjax.engine.static import build_static
+    from tests.reference.conftest import make_resolved
+
+    w = make_workload([dict(arrival=0, input=10, output=3), dict(arrival=5, input=10, output=3)])
+    static = build_static(make_resolved(), w)
+    assert static.max_events == 0 and _derived_capacity("events", static, w) == 6_784
+    assert _derived_capacity("queue", static, w) == 0

@@ -41,3 +41,24 @@ def test_stalled_decode_instances_match_the_reference():
             steps.append(int(results[k].step_count[1]))
         if not w.deadline_us.any():  # the stall case: one empty step, or empty steps to the end
             assert steps[:2] == [1, 1] and steps[2] > 10
+
+
+def test_a_lane_that_would_step_empty_forever_stops_at_its_event_bound():
+    """Without a horizon the ageing lane would step empty forever (the reference engine and
+    BLIS never end): it stops at its event bound, flagged, while the lanes that wait for an
+    event end as their reference runs. The bound (``consts.events_bound``): 64 × (tokens +
+    8 × requests + 64) = 64 × (42 + 16 + 64) = 7,808 events."""
+    base = make_resolved(instances=2, kv_blocks=2)
+    base = resolve_config(dataclasses.replace(
+        base.config, cluster=dataclasses.replace(base.config.cluster, pd=PD)))
+    cfg = base.config
+    lanes = [cfg, dataclasses.replace(cfg, policy=dataclasses.replace(
+        cfg.policy, scheduler=SchedulerConfig(policy="priority-fcfs"),
+        priority=PriorityConfig(policy="slo-based")))]
+    w = make_workload(_rows())
+    results = simulate_population(base, w, stack_params([params_from_config(c, ("",))
+                                                         for c in lanes]))
+    assert not results[0].overflow
+    assert first_divergence(reference(resolve_config(cfg), w), results[0]) is None
+    assert results[1].overflow == {"events": 1}
+    assert int(results[1].step_count.sum()) > 7_000  # nearly every event an empty step
