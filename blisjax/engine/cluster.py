@@ -26,10 +26,10 @@ import jax.numpy as jnp
 
 from blisjax.engine import (
     cluster_events,
-    gateway,
     instance,
     lifecycle,
     pd,
+    routings,
     sessions,
     stretch,
 )
@@ -160,18 +160,13 @@ def next_event(s: SimState, st, c) -> NextEvent:
     """Cluster events precede instance events at equal times (in ``CL_*`` order); among
     instances the lowest index; within one, enqueue, step, timeout."""
     n = st.num_requests
-    la, lr = st.admission_latency_us, st.routing_latency_us
-    ac, rc = s.cursors.admit, s.cursors.route
+    la, ac = st.admission_latency_us, s.cursors.admit
     if st.sessions:  # arrivals merge the workload's rows and the follow-ups (engine.sessions)
         nxt = sessions.next_arrival(s, st, c).t_us
         adm_t = jnp.where(nxt < INT64_MAX, nxt + la, INT64_MAX)
-        routed = s.sess.order[jnp.minimum(rc, n)]
-        rt_t = jnp.where(rc < ac, s.sess.arrival_us[routed] + la + lr, INT64_MAX)
     else:
         adm_t = jnp.where(ac < n, c.arrival_us[jnp.minimum(ac, n)] + la, INT64_MAX)
-        rt_t = jnp.where(rc < ac, c.arrival_us[jnp.minimum(rc, n)] + la + lr, INT64_MAX)
-    if st.gateway:  # routings follow the dispatches
-        rt_t = gateway.next_routing(s.gw, rc, n)[0]
+    rt_t = routings.next_routing_us(s, st, c)  # after admissions (dispatches, with the gateway)
     deadlines = _deadline_events(s, st, c)
     noop_t, timeout_t = deadlines.noop_t_us, deadlines.timeout_t_us
     none = jnp.asarray(INT64_MAX, jnp.int64)

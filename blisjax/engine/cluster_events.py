@@ -25,6 +25,7 @@ from blisjax.engine import (
     lifecycle,
     pd,
     policies,
+    routings,
     sessions,
     stretch,
 )
@@ -177,11 +178,7 @@ def routing(s: SimState, st, c, p, now, active) -> SimState:
     picks an instance (``policies.route``; with P/D pools ``pd.route_request``, which may
     disaggregate it) and the request enters that instance's α-delay window
     (``instance.inject_arrival``)."""
-    if st.gateway:  # in dispatch order
-        cursor = gateway.next_routing(s.gw, s.cursors.route, st.num_requests)[1]
-    else:
-        cursor = s.sess.order[s.cursors.route] if st.sessions else s.cursors.route
-    r = jnp.where(active, cursor, st.num_requests)
+    r = jnp.where(active, routings.routed_row(s, st, s.cursors.route), st.num_requests)
     go = active & (s.status[r] == ADMITTED)
     s = refresh_snapshots(s, st, c, now, go)
     if st.pd and st.lifecycle:  # the decode pool's routable instances; none: rejected
@@ -248,7 +245,7 @@ def prefill_routing(s: SimState, st, c, p, now, active) -> SimState:
     """A disaggregated request's prefill routing (``reference.pd.PDCluster.route_prefill``): the
     prefill pool's router picks an instance and the prefill sub-request enters its α-delay
     window."""
-    r = jnp.where(active, pd.routed_row(s, st, s.pd.pf_next), st.num_requests)
+    r = jnp.where(active, routings.routed_row(s, st, s.pd.pf_next), st.num_requests)
     if not st.lifecycle:
         s = refresh_snapshots(s, st, c, now, active)
         s, target = pd.route_pool(s, st, c, p, r, now, POOL_PREFILL, active)

@@ -67,12 +67,6 @@ def init_gateway(st, params=None) -> GatewayState:
         else jnp.asarray(params.gateway.on))
 
 
-def next_routing(g: GatewayState, cursor, n):
-    """(routing time of the ``cursor``-th dispatched request, INT64_MAX when none; its row)."""
-    k = jnp.minimum(cursor, n)
-    return jnp.where(cursor < g.dispatched, g.route_us[k], INT64_MAX), g.order[k]
-
-
 def to_routing(g: GatewayState, st, r, now, go) -> GatewayState:
     """Request r goes to routing now (its routing event at now + routing latency)."""
     k = jnp.where(go, g.dispatched, st.num_requests)

@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from blisjax.config.codes import PDDecider, PDRole, RoutingPolicy, Scorer
-from blisjax.engine import policies
+from blisjax.engine import policies, routings
 from blisjax.engine.exactfloat import ieee_divide
 from blisjax.engine.lockstep import add, lane_while, upd
 from blisjax.engine.params import POOL_DECODE
@@ -239,25 +239,10 @@ def route_request(s: SimState, st, c, p, r, now, active, *, routable=None):
     return s, decode, active & ~split
 
 
-def routed_row(s: SimState, st, k):
-    """The request of the k-th routing (k <= N): the k-th dispatched with the gateway queue,
-    else row k (closed-loop sessions, whose routings follow their admissions, are refused with
-    pools)."""
-    k = jnp.minimum(k, st.num_requests)
-    return s.gw.order[k] if st.gateway else k
-
-
-def routing_us(s: SimState, st, c, k):
-    """Time of the k-th routing (k < N, once admitted or dispatched)."""
-    if st.gateway:
-        return s.gw.route_us[jnp.minimum(k, st.num_requests)]
-    return c.arrival_us[routed_row(s, st, k)] + st.admission_latency_us + st.routing_latency_us
-
-
 def prefill_routing_us(s: SimState, st, c):
     """Time of the next prefill routing (INT64_MAX: none): its request's routing time."""
     k = s.pd.pf_next
-    return jnp.where(k < st.num_requests, routing_us(s, st, c, k), INT64_MAX)
+    return jnp.where(k < st.num_requests, routings.routing_us(s, st, c, k), INT64_MAX)
 
 
 def prefill_routed(s: SimState, st, r, target, active, *, rejected=False) -> SimState:
@@ -273,7 +258,7 @@ def prefill_routed(s: SimState, st, r, target, active, *, rejected=False) -> Sim
                 rejected)
 
     def cond(k):
-        return (k < s.cursors.route) & (q.phase[routed_row(s, st, k)] != PREFILL_ROUTING)
+        return (k < s.cursors.route) & (q.phase[routings.routed_row(s, st, k)] != PREFILL_ROUTING)
 
     def body(k, go):
         return k + go.astype(k.dtype)
