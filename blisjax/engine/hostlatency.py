@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from blisjax.engine.physics import StepInputs
 from blisjax.latency.base import StepBatch
 
 _STEP_OUT = (jax.ShapeDtypeStruct((), jnp.int64), jax.ShapeDtypeStruct((), jnp.float64))
@@ -34,15 +35,9 @@ def _lanes(*arrays):
             for a in arrays]
 
 
-def step_time(model, active, new_tokens, progress, input_tokens, output_tokens, cached_tokens,
-              ema, num_preempted, running_depth):
-    """(duration µs >= 1, updated preemption EMA) of one step, per lane.
-
-    Arguments per lane: ``active``; batch arrays [B] in running order where
-    ``new_tokens > 0`` marks the scheduled requests (``progress`` at the step start,
-    ``cached_tokens`` = prefix tokens of requests admitted this step); ``ema`` (physics); the
-    step's preemption count and running depth after batch formation.
-    """
+def step_time(model, active, x: StepInputs):
+    """(duration µs >= 1, updated preemption EMA) of one step of the lanes where ``active``
+    (``x``: the step, ``physics.StepInputs``; its EMA is read by physics models only)."""
     stateful = hasattr(model, "step_inputs")
 
     def host(active, nn, pi, l_in, out, cached, ema, n_pre, depth):
@@ -69,9 +64,7 @@ def step_time(model, active, new_tokens, progress, input_tokens, output_tokens, 
                 d[k] = max(1, model.step_time_us(batch))
         return d, new_ema
 
-    return jax.pure_callback(host, _STEP_OUT, active, new_tokens, progress, input_tokens,
-                             output_tokens, cached_tokens, ema, num_preempted, running_depth,
-                             vmap_method="broadcast_all")
+    return jax.pure_callback(host, _STEP_OUT, active, *x, vmap_method="broadcast_all")
 
 
 def queueing_delay(model, active, running_depth, waiting_depth, kv_used_blocks, prompt_tokens,

@@ -29,7 +29,7 @@ from blisjax.engine.stretch import init_stretch
 __all__ = ["init_state"]
 
 
-def init_state(st: EngineStatic, tb_capacity, rl_burst, admission_code, rate_limit_code,
+def init_state(st: EngineStatic, tb_capacity, rl_burst, admission_code, rate_limit_code, *,
                router_rng=None, kv_cpu_blocks=0, kv_reload_us=0, pd_rng=None,
                pd_role=None, pd_pools=False, params=None):
     """Initial state of one lane. The bucket starts full (token-bucket or rate-limit size);

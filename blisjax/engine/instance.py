@@ -407,9 +407,10 @@ def execute(s: SimState, st, c, i, now, *, n_preempted, active, width: int, fact
     if st.stateful_latency or st.latency is not None:
         # physics in the program, or a model through the reference's own code on the host
         cached = jnp.where(valid, s.batch.step_cached[i, slots], 0)
-        inputs = (nn, pi, l_in, out, cached, s.batch.ema[i], n_preempted, s.batch.n_run[i])
-        d, ema = (physics.step_time(c.physics, *inputs) if st.latency is None
-                  else hostlatency.step_time(st.latency, active, *inputs))
+        inputs = physics.StepInputs(nn, pi, l_in, out, cached, s.batch.ema[i], n_preempted,
+                                    s.batch.n_run[i])
+        d, ema = (physics.step_time(c.physics, inputs) if st.latency is None
+                  else hostlatency.step_time(st.latency, active, inputs))
         s = s.replace(batch=s.batch.replace(ema=upd(s.batch.ema, i, ema, active)))
     elif _roofline_in_program(st):  # computed once per step by ``step``
         d = roofline_us

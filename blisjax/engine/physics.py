@@ -247,13 +247,31 @@ def _step_us(pc: PhysicsConsts, features):
     return jnp.maximum(1, float_to_ticks_array(dot_left_to_right(pc.beta, features), jnp))
 
 
-def step_time(pc: PhysicsConsts, nn, pi, l_in, out, cached, ema, num_preempted,
-              running_depth):
+class StepInputs(NamedTuple):
+    """What a stateful or host-evaluated step time reads of one step, per lane: batch arrays
+    [B] in running order, where ``new_tokens`` > 0 marks the scheduled requests
+    (``progress`` at the step start, ``cached_tokens`` the prefix tokens of requests admitted
+    this step); the preemption EMA before the step; the step's preemption count and running
+    depth after batch formation."""
+
+    new_tokens: jax.Array
+    progress: jax.Array
+    input_tokens: jax.Array
+    output_tokens: jax.Array
+    cached_tokens: jax.Array
+    ema: jax.Array
+    num_preempted: jax.Array
+    running_depth: jax.Array
+
+
+def step_time(pc: PhysicsConsts, x: StepInputs):
     """(duration µs >= 1, updated EMA) of one step: the reference ``_step``'s EMA update from
-    ``ema`` (before the step) with the step's preemption count and running depth after batch
-    formation, then its features (:func:`step_features`) and time."""
-    ema = update_ema(pc, ema, num_preempted, running_depth)
-    return _step_us(pc, step_features(pc, nn, pi, l_in, out, cached, ema)), ema
+    ``x.ema`` (before the step) with the step's preemption count and running depth after
+    batch formation, then its features (:func:`step_features`) and time."""
+    ema = update_ema(pc, x.ema, x.num_preempted, x.running_depth)
+    features = step_features(pc, x.new_tokens, x.progress, x.input_tokens, x.output_tokens,
+                             x.cached_tokens, ema)
+    return _step_us(pc, features), ema
 
 
 def plain_step_times(pc: PhysicsConsts, keep, pi, l_in, out, ema, steps: int):

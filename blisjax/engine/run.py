@@ -88,11 +88,11 @@ def _run_local(st: EngineStatic, lane_block: int, consts, params: PolicyParams):
 
 def _initial_states(st: EngineStatic, params: PolicyParams):
     """Each lane's state before its first event (``params`` stacked)."""
-    return jax.vmap(lambda p: init_state(st, p.admission.tb_capacity, p.admission.rl_burst,
-                                         p.admission.policy,
-                                         AdmissionPolicy.RATE_LIMIT, p.routing.router_rng,
-                                         p.kv_cpu_blocks, p.kv_reload_us,
-                                         p.pd.pool_rng, p.pd.role, p.pd.pools, p))(params)
+    return jax.vmap(lambda p: init_state(
+        st, p.admission.tb_capacity, p.admission.rl_burst, p.admission.policy,
+        AdmissionPolicy.RATE_LIMIT, router_rng=p.routing.router_rng,
+        kv_cpu_blocks=p.kv_cpu_blocks, kv_reload_us=p.kv_reload_us, pd_rng=p.pd.pool_rng,
+        pd_role=p.pd.role, pd_pools=p.pd.pools, params=p))(params)
 
 
 # Device memory of a population over its lanes' states, measured on an H200 (4,096 lanes of

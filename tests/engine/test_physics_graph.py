@@ -145,7 +145,8 @@ def _arrivals(seed: int, blocks: int) -> Arrivals:
 def _step_all(pc, nn, pi, l_in, out, cached, ema, preempted, depth):
     """The engine's step time and updated EMA, and the features and dot product (whose float
     bits the truncation to µs would mostly hide) they come from."""
-    us, after = physics.step_time(pc, nn, pi, l_in, out, cached, ema, preempted, depth)
+    us, after = physics.step_time(pc, physics.StepInputs(nn, pi, l_in, out, cached, ema,
+                                                         preempted, depth))
     features = physics.step_features(pc, nn, pi, l_in, out, cached, after)
     return features, after, physics.dot_left_to_right(pc.beta, features), us
 
