@@ -65,7 +65,7 @@ NOT_CAPACITIES = {
                        "{times} time(s); run it with --engine reference",
     "session_rounds": "a concurrency user would have sent more requests than the workload "
                       "holds for it ({times} time(s)); raise its client's rounds_per_user in "
-                      "the workload spec",
+                      "the workload spec, or bound the run (num_requests, a horizon)",
 }
 #: The setting each of ``NOT_CAPACITIES`` is about, for the error a reference run gives.
 NOT_CAPACITY_FIELDS = {"instance_slots": "policy.autoscaler.max_replicas",
