@@ -26,6 +26,11 @@ streams are untouched, so a spec with patterns generates every request of the sp
 them, plus the patterns' requests (before the ``num_requests`` truncation). Ties in arrival
 keep the clients' requests first, then the patterns' in list order.
 
+Concurrency clients (``ClientSpec.concurrency``, ``_Users``, ``_with_users``) have no rate:
+their users' first requests join after the truncation to ``num_requests`` while it leaves
+room, and each user's later requests are follow-up rows of a session of its own, drawn in order
+from ``stream("workload", c, "user", u, "input" | "output")``.
+
 Statistical parity with BLIS only (numpy streams, not Go's ``math/rand``; docs/semantics.md Decision 10).
 """
 
