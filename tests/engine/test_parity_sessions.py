@@ -228,6 +228,7 @@ def test_a_follow_up_counts_in_the_programs_arrival_rate():
     Both engines."""
     from blisjax.config import AdmissionConfig
 
+    room_for_a_program()  # the next test runs the same program
     base = make_resolved(instances=1, admission=AdmissionConfig(
         policy="program", program="arrival_rate < 1.5"))
     for think_us, follow_up in ((1_000, records.REJECTED), (1_500_000, records.COMPLETED)):
@@ -237,6 +238,22 @@ def test_a_follow_up_counts_in_the_programs_arrival_rate():
         got = simulate_population(base, w, stack_params(
             [params_from_config(base.config, w.tenant_names)]))[0]
         assert first_divergence(want, got, w.request_id) is None, think_us
+
+
+def test_a_follow_ups_age_counts_from_its_own_arrival():
+    """An admission program admitting requests of age ≥ 0 ms: admission comes at arrival, so
+    both rounds are admitted and complete (a follow-up's age read from its row's placeholder
+    arrival would be negative). Both engines."""
+    from blisjax.config import AdmissionConfig
+
+    base = make_resolved(instances=1, admission=AdmissionConfig(
+        policy="program", program="age_ms >= 0"))
+    w = _two_round_session(1_000)
+    want = reference(base, w)
+    assert np.asarray(want.status).tolist() == [records.COMPLETED, records.COMPLETED]
+    got = simulate_population(base, w, stack_params(
+        [params_from_config(base.config, w.tenant_names)]))[0]
+    assert first_divergence(want, got, w.request_id) is None
 
 
 def test_policy_programs_on_conversations_match_reference():
@@ -258,19 +275,3 @@ def test_policy_programs_on_conversations_match_reference():
         for k, (cfg, got) in enumerate(zip(configs, lanes, strict=True)):
             want = reference(dataclasses.replace(base, config=cfg), w)
             assert first_divergence(want, got, w.request_id) is None, (k, w.session_accumulate)
-
-
-def test_a_follow_ups_age_counts_from_its_own_arrival():
-    """An admission program admitting requests of age ≥ 0 ms: admission comes at arrival, so
-    both rounds are admitted and complete (a follow-up's age read from its row's placeholder
-    arrival would be negative). Both engines."""
-    from blisjax.config import AdmissionConfig
-
-    base = make_resolved(instances=1, admission=AdmissionConfig(
-        policy="program", program="age_ms >= 0"))
-    w = _two_round_session(1_000)
-    want = reference(base, w)
-    assert np.asarray(want.status).tolist() == [records.COMPLETED, records.COMPLETED]
-    got = simulate_population(base, w, stack_params(
-        [params_from_config(base.config, w.tenant_names)]))[0]
-    assert first_divergence(want, got, w.request_id) is None

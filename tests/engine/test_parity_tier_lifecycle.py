@@ -25,6 +25,7 @@ from blisjax.engine import params_from_config, simulate_population, stack_params
 from blisjax.engine.parity import first_divergence
 from blisjax.engine.static import build_static, build_static_shared
 from blisjax.reference import simulate as reference
+from tests.engine.conftest import room_for_a_program
 from tests.engine.test_parity_lifecycle import BASE_AUTOSCALER, MAX_OUTPUT, autoscalers, lifecycles
 from tests.reference.conftest import make_resolved, make_workload
 
@@ -99,6 +100,7 @@ def test_a_reused_slot_starts_with_an_empty_tier():
     """Three bursts of the same prefixes; the threshold autoscaler drains an instance after
     the first (its tier holds seven blocks then) and places a new one in its slot for the
     next, which reloads from its own tier only."""
+    room_for_a_program()  # the drawn autoscalers below run the same program
     rows = [dict(arrival=burst * 400_000 + k * 300, input=PREFIX + 10 + 3 * k, output=20 + k,
                  group=(k + burst) % 3, prefix=PREFIX) for burst in range(3) for k in range(8)]
     workload = make_workload(rows, groups=GROUPS)
