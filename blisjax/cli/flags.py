@@ -67,9 +67,8 @@ NOT_CAPACITIES = {
                       "holds for it ({times} time(s)); raise its client's rounds_per_user in "
                       "the workload spec, or bound the run (num_requests, a horizon)",
 }
-#: The setting each of ``NOT_CAPACITIES`` is about, for the error a reference run gives.
+#: The setting each overflow a reference run can flag is about, for its error.
 NOT_CAPACITY_FIELDS = {"instance_slots": "policy.autoscaler.max_replicas",
-                       "lifecycle_draws": "engine",
                        "session_rounds": "workload.clients[].rounds_per_user"}
 
 

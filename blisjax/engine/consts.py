@@ -26,7 +26,7 @@ from blisjax.engine.request_rows import (
     itl_counts,
     own_counts,
     queue_delays,
-    session_blocks,
+    session_tokens,
 )
 from blisjax.engine.roofline import RooflineConsts, roofline_consts
 from blisjax.engine.static import EngineStatic
@@ -50,6 +50,7 @@ class WorkloadConsts:
     full_blocks: jax.Array  # full prompt blocks = input_tokens // block_size
     session: jax.Array  # closed-loop session (-1: none)
     session_blocks: jax.Array  # leading blocks shared with the session (engine.sessions)
+    session_tokens: jax.Array  # leading tokens shared with the session (its conversation)
     reg_blocks: jax.Array  # blocks registered when they fill: prompt or session blocks
     next_row: jax.Array  # the session's next round (-1: none)
     think_us: jax.Array  # µs between a follow-up's predecessor completing and its arrival
@@ -235,8 +236,9 @@ def build_consts(resolved, workload, st: EngineStatic) -> WorkloadConsts:
         if st.num_requests else np.zeros(0, np.int64)  # noqa: E731
     ext_start = starts(ext_counts(inp, out, bs))
     rows = _latency_rows(resolved, workload, st)
-    shared = session_blocks(workload, bs) if st.sessions \
+    talk = session_tokens(workload) if st.sessions \
         else np.zeros(workload.num_requests, np.int64)
+    shared = talk // bs
     dl = np.asarray(workload.deadline_us, dtype=np.int64)
     # a follow-up's deadline is relative to its arrival (engine.sessions), not in the order
     has = np.nonzero((dl > 0) & (dl <= st.horizon_us) & ~workload.follow_up)[0]
@@ -293,6 +295,7 @@ def build_consts(resolved, workload, st: EngineStatic) -> WorkloadConsts:
         full_blocks=pad(full, 0, i32),
         own_base=pad(own_start - np.maximum(gb, shared), 0, i32),
         session=pad(original.session, -1, i32), session_blocks=pad(shared, 0, i32),
+        session_tokens=pad(talk, 0, i32),
         reg_blocks=pad(np.maximum(full, shared), 0, i32),
         next_row=pad(next_round(original), -1, i32),
         think_us=pad(original.think_time_us, 0, i64),

@@ -457,16 +457,6 @@ def cpu_key(st, c, i, r, j):
     return jnp.where(j < slotted, hash_slot(st, c, i, r, j), ext)
 
 
-def conversation_tokens(st, c, r):
-    """The leading tokens of request r that are its session's conversation
-    (``workload.sessions.content_tokens``; 0 outside an accumulating session or without
-    sessions compiled in): the same tokens at the same positions in every round."""
-    if not st.sessions:
-        return jnp.zeros_like(c.session[r])
-    made = jnp.maximum(c.output_tokens[r], 1) - 1
-    return jnp.where(c.session_blocks[r] > 0, c.input_tokens[r] + made, 0).astype(jnp.int32)
-
-
 class ContentKey(NamedTuple):
     """The CPU key of a full block by what it holds (``content_key``); shapes of its inputs."""
 
@@ -489,7 +479,7 @@ def content_key(st, c, i, r, first_token, origin) -> ContentKey:
     keyed by that block's key with its shift; tokens of the request's own are keyed by the
     block after it, which is then the request's own too (a group block would put them inside
     the prefix). With closed-loop sessions, tokens that all lie in the conversation
-    (``conversation_tokens``) and not all in the prefix are the session's at those positions
+    (``WorkloadConsts.session_tokens``) and not all in the prefix are the session's at those positions
     in every round: they are keyed by the session's slot of the block their first token lies
     in (a slot no aligned block of a group's uses when that block is the group's); tokens
     past it are the request's own, and the block after them is then no session block. Either
@@ -501,7 +491,7 @@ def content_key(st, c, i, r, first_token, origin) -> ContentKey:
     shared = (c.group[r] >= 0) & (first_token + bs <= c.prefix_tokens[r])
     true_key = cpu_key(st, c, i, r, jnp.where(aligned | shared, q, q + 1))
     if st.sessions:
-        talk = ~aligned & ~shared & (first_token + bs <= conversation_tokens(st, c, r))
+        talk = ~aligned & ~shared & (first_token + bs <= c.session_tokens[r])
         true_key = jnp.where(talk, session_slot(st, c, i, r, q), true_key)
     after = cpu_key(st, c, i, r, jnp.maximum(q - 1, 0))
     on_chain = aligned & jnp.where(q == 0, origin < 0, origin == after)

@@ -49,10 +49,15 @@ def own_counts(workload, bs: int) -> np.ndarray:
     return own
 
 
+def session_tokens(workload) -> np.ndarray:
+    """Leading tokens of each request that its session shares (``sessions.content_tokens``
+    of the assembled prompts, ``engine_workload``)."""
+    return content_tokens(workload, np.asarray(workload.input_tokens, dtype=np.int64))
+
+
 def session_blocks(workload, bs: int) -> np.ndarray:
-    """Leading blocks of each request that its session shares (``sessions.content_tokens``)."""
-    inp = np.asarray(workload.input_tokens, dtype=np.int64)
-    return content_tokens(workload, inp) // bs
+    """Leading blocks of each request that its session shares."""
+    return session_tokens(workload) // bs
 
 
 def queue_delays(resolved, workload) -> np.ndarray:

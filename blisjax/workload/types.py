@@ -55,7 +55,8 @@ class Workload:
         (round ≥ 1) has ``arrival_us = FOLLOW_UP_ARRIVAL_US`` and ``input_tokens`` = the length of
         its new message; the engines assemble its prompt (``sessions.prompt_tokens``).
       think_time_us: int64 µs between a follow-up's predecessor completing and its arrival (0
-        for other rows).
+        for other rows, but a concurrency user's first request carries its user's, read when
+        the user runs out of rows).
       tenant_names, client_names, prefix_group_names, session_names: names for the codes.
       session_accumulate: a follow-up's prompt is the conversation so far plus its message
         (BLIS ``context_growth: accumulate``); otherwise the shared prefix plus its message.
