@@ -389,6 +389,28 @@ def test_closed_loop_sessions_route_by_prefix_affinity_alike_in_both_engines(tmp
     assert out["reference"][0]["completed_requests"] == 432
 
 
+@pytest.mark.slow
+def test_closed_loop_sessions_with_pd_pools_alike_in_both_engines(tmp_path, capsys):
+    """``sessions_closed_loop`` on one prefill and two decode instances, every round
+    disaggregated: all 432 rounds run (each follow-up created when its predecessor's decode
+    sub-request completes), and both engines print the same metrics and write the same
+    per-request rows."""
+    case = _case(GOLDEN_NEXT_SESSIONS)
+    case["command"] = case["command"].replace(
+        "--num-instances 2 --routing-policy weighted --routing-scorers "
+        "precise-prefix-cache:2,queue-depth:1",
+        "--num-instances 3 --prefill-instances 1 --decode-instances 2 --pd-decider always "
+        "--routing-policy weighted --routing-scorers prefix-affinity:3,queue-depth:1")
+    assert "--pd-decider always" in case["command"]
+    out = {}
+    for engine in ("reference", "jax"):
+        (tmp_path / engine).mkdir()
+        out[engine] = _replay_sessions(case, tmp_path / engine, capsys, engine)[:2]
+    assert out["jax"] == out["reference"]
+    metrics = out["reference"][0]
+    assert metrics["completed_requests"] == 432 == metrics["pd_disaggregated_requests"]
+
+
 def test_closed_loop_sessions_without_accumulate_send_only_the_message(tmp_path, capsys):
     """Without the header's ``session_context_growth: accumulate`` a follow-up's prompt is its
     own message: 265,468 input tokens in all (the CSV's column sum) instead of 571,700."""

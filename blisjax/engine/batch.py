@@ -33,6 +33,7 @@ from blisjax.engine.queues import (
     running_slots,
 )
 from blisjax.engine.state import DECODE, NIL, QUEUED, RUNNING, SimState
+from blisjax.engine.static import caps_length, max_model_len_of
 from blisjax.engine.vec import prefix_sum
 
 
@@ -68,14 +69,17 @@ def init_batch(st) -> BatchState:
         last_left=jnp.zeros(i, i64))
 
 
-def clamp_prefill(st, n, start, budget):
-    """Chunk size: long-prefill threshold, then token budget, then max-model-len cap."""
+def clamp_prefill(st, i, n, start, budget):
+    """Chunk size on instance i: long-prefill threshold, then token budget, then its
+    max-model-len cap."""
     thr = st.long_prefill_threshold
     if thr > 0:
         n = jnp.where(n > thr, thr, n)
     n = jnp.minimum(n, budget)
-    if st.max_model_len > 0:
-        n = jnp.minimum(n, jnp.maximum(st.max_model_len - 1 - start, 0))
+    if caps_length(st):
+        mml = max_model_len_of(st, i)
+        capped = jnp.minimum(n, jnp.maximum(mml - 1 - start, 0))
+        n = capped if not st.instance_max_model_len else jnp.where(mml > 0, capped, n)
     return n.astype(jnp.int32)
 
 
@@ -175,16 +179,17 @@ class Wants(NamedTuple):
     prefill: jax.Array  # bool: it is in prefill
 
 
-def _continue_wants(s: SimState, st, c, r) -> Wants:
+def _continue_wants(s: SimState, st, c, i, r) -> Wants:
     """Tokens each running request r[k] asks for in phase 1, before the token budget: its
     prefill chunk (long-prefill threshold, max-model-len cap) or one decode token; 0 for a
     request that gets nothing (length-capped decode, or no output tokens)."""
     l_in, pi = c.input_tokens[r], s.pi[r]
     prefill = pi < l_in
     decode = ~prefill & (c.output_tokens[r] > 0)
-    if st.max_model_len > 0:
-        decode = decode & ~(pi + 1 > st.max_model_len - 1)
-    chunk = clamp_prefill(st, l_in - pi, pi, jnp.asarray(st.token_budget, jnp.int32))
+    if caps_length(st):
+        mml = max_model_len_of(st, i)
+        decode = decode & ~((mml > 0) & (pi + 1 > mml - 1))
+    chunk = clamp_prefill(st, i, l_in - pi, pi, jnp.asarray(st.token_budget, jnp.int32))
     return Wants(prefill | decode, jnp.where(prefill, chunk, 1), prefill)
 
 
@@ -207,7 +212,7 @@ def phase1_fast(s: SimState, st, c, i, active, width: int, start=0, budget=None,
     valid, slots, reqs = run_slots.valid, run_slots.slots, run_slots.reqs
     valid = valid & (jnp.arange(width) >= start)
     r = jnp.where(valid & active, reqs, st.num_requests)
-    wants = _continue_wants(s, st, c, r)
+    wants = _continue_wants(s, st, c, i, r)
     needs, want, prefill = wants.needs, wants.tokens, wants.prefill
     needs = needs & valid & active
     want = jnp.where(needs, want, 0)
@@ -262,7 +267,7 @@ def phase1(s: SimState, st, c, p, i, active, width: int):
         s, pos, budget, pre, halt = carry
         sb = s.batch.order[i, jnp.minimum(pos, st.batch_slots - 1)]
         r = jnp.where(go, s.batch.slot_req[i, jnp.maximum(sb, 0)], st.num_requests)
-        wants = _continue_wants(s, st, c, r)
+        wants = _continue_wants(s, st, c, i, r)
         needs, want = wants.needs, wants.tokens
         need = go & needs
         n = jnp.minimum(want, budget).astype(jnp.int32)
@@ -314,7 +319,7 @@ def phase2(s: SimState, st, c, p, i, now, budget, preempted, active):
             prefix_found = kv.cached_blocks(s, st, c, i, r, w)
             cached, n_cached = prefix_found.blocks, prefix_found.count
             start_w = n_cached * st.block_size
-            n_w = clamp_prefill(st, c.input_tokens[r] - start_w, start_w, budget)
+            n_w = clamp_prefill(st, i, c.input_tokens[r] - start_w, start_w, budget)
             ok_w = go & kv.can_allocate(s, st, c, i, sb, r, start=start_w, end=start_w + n_w,
                                         cached=cached, n_cached=n_cached)
             claim = ok_w & (n_w > 0) & (s.batch.blen[i, sb] == 0) & (n_cached > 0)
@@ -377,7 +382,7 @@ def _admit_tiered(s: SimState, st, c, p, i, sb, r, budget, go):
     cached, n_cached = found.blocks, found.count
     if st.blis_quirks:
         start = n_cached * bs
-        n = clamp_prefill(st, c.input_tokens[r] - start, start, budget)
+        n = clamp_prefill(st, i, c.input_tokens[r] - start, start, budget)
         if not st.kv_hold_slots:  # a program built without holder slots
             s, tried = kvtiered.tiered_allocate(s, st, c, i, sb, r, start=start, end=start + n,
                                           cached=cached, n_cached=n_cached, active=go)
@@ -397,7 +402,7 @@ def _admit_tiered(s: SimState, st, c, p, i, sb, r, budget, go):
     found = kv.cached_blocks(s, st, c, i, r)
     cached, n_cached = found.blocks, found.count
     start = n_cached * bs
-    n = clamp_prefill(st, c.input_tokens[r] - start, start, budget)
+    n = clamp_prefill(st, i, c.input_tokens[r] - start, start, budget)
     ok = go & kv.can_allocate(s, st, c, i, sb, r, start=start, end=start + n, cached=cached,
                               n_cached=n_cached)
     claim = ok & (n > 0) & (s.batch.blen[i, sb] == 0) & (n_cached > 0)

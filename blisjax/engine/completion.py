@@ -20,6 +20,7 @@ from blisjax.engine import kvcache as kv
 from blisjax.engine import kvtiered, recent, sessions
 from blisjax.engine.lockstep import add, lane_once, lane_while, upd
 from blisjax.engine.state import COMPLETED, NIL, SimState
+from blisjax.engine.static import max_model_len_of
 from blisjax.engine.vec import prefix_sum
 from blisjax.metrics import records
 
@@ -59,7 +60,7 @@ def complete(s: SimState, st, c, i, now, d, active, running: Running, defer: boo
     pi, l_in, out = running.pi, running.l_in, running.out
     width = valid.shape[0]
     done = records.output_finished(pi, l_in, out)
-    capped = ~done & records.at_length_cap(pi, st.max_model_len)
+    capped = ~done & records.at_length_cap(pi, max_model_len_of(st, i))
     fin = valid & active & (done | capped)
     count = jnp.sum(fin.astype(jnp.int32)).astype(jnp.int32)
     if st.recent_signals:  # the completed requests' ITL entries (routing programs)
@@ -86,7 +87,8 @@ def complete(s: SimState, st, c, i, now, d, active, running: Running, defer: boo
 
     todo = lane_once(count_loop > 0, listing, no_loop(st))  # listed only if a lane needs it
     if st.sessions:  # each completed round's next round, in batch order
-        s = sessions.create_follow_ups(s, st, c, reqs, fin, rank, left)
+        s = sessions.create_follow_ups(s, st, c, reqs, fin, rank, start_us=now,
+                                           left_us=left)
     keep = valid & ~fin
     # valid positions are 0 .. n_run - 1, so the kept ones up to position k number
     # k + 1 - fin_through[k]

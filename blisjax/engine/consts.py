@@ -147,7 +147,8 @@ def _latency_rows(resolved, workload, st: EngineStatic) -> LatencyRows:
         per_row, codes = [resolved], [base]
     out = LatencyRows(codes, per_row, [], [], [], [])
     for r in per_row:
-        beta = tuple(r.beta) if st.latency_model == "blackbox" else (0.0, 0.0, 0.0)  # unused
+        beta = tuple(r.beta) if r.config.latency.model == "blackbox" \
+            else (0.0, 0.0, 0.0)  # unused
         out.qdelay.append(queue_delays(r, workload))
         out.step_prefill.append(np.array([(0.0 + beta[0]) + beta[1] * float(c)
                                           for c in range(st.token_budget + 1)], np.float64))
@@ -269,14 +270,18 @@ def build_consts(resolved, workload, st: EngineStatic) -> WorkloadConsts:
     else:
         pd_rank = jax.device_put(np.zeros(1, i32))
         pd_kv_bytes = jax.device_put(np.zeros(1, np.float64))
-    model = make_latency_model(resolved) if st.latency_model != "blackbox" else None
+    model = make_latency_model(resolved) if resolved.config.latency.model != "blackbox" \
+        else None
     by_gpu = (lambda xs: np.stack(xs)) if st.gpus or st.instance_rows \
         else (lambda xs: xs[0])  # noqa: E731
-    roofline = roofline_consts(model if st.latency_model == "roofline" else None,
+    roofline = roofline_consts(model if resolved.config.latency.model == "roofline" else None,
                                st.max_step_tokens)
     if st.instance_rows:  # each pool's constants whole
-        tables = [roofline_consts(make_latency_model(r) if st.latency_model == "roofline"
-                                  else None, st.max_step_tokens) for r in rows.resolved]
+        # a blackbox row among roofline ones holds a roofline row's constants (unread)
+        runs = [r for r in rows.resolved if r.config.latency.model == "roofline"]
+        tables = [roofline_consts(make_latency_model(r if any(r is x for x in runs) else runs[0])
+                                  if st.latency_model == "roofline" else None,
+                                  st.max_step_tokens) for r in rows.resolved]
         roofline = jax.tree.map(lambda *xs: jax.device_put(np.stack([np.asarray(x)
                                                                       for x in xs])), *tables)
     elif st.gpus and st.latency_model == "roofline":  # the GPU's rates per row

@@ -57,6 +57,7 @@ from blisjax.engine.state import (
     SimState,
     parent_row,
 )
+from blisjax.engine.static import max_model_len_of
 from blisjax.latency.base import float_to_ticks_array
 from blisjax.metrics import records
 from blisjax.rules import kv_util_bucket
@@ -152,7 +153,7 @@ def enqueue(s: SimState, st, c, i, e, now, active) -> SimState:
     s = s.replace(window=s.window.replace(req=upd(s.window.req, (i, e), NIL, active)))
     # the guards count a prefill sub-request's parent's output budget (P/D)
     l_in, out = c.input_tokens[r], c.output_tokens[parent_row(st, r) if st.pd else r]
-    drop = active & records.unservable(l_in, out, st.max_model_len, kvblocks.capacity_of(st, i),
+    drop = active & records.unservable(l_in, out, max_model_len_of(st, i), kvblocks.capacity_of(st, i),
                                        st.block_size)
     admitted = active & ~drop
     due_us = sessions.deadline_us(s, st, c, r)
@@ -364,7 +365,8 @@ def enqueue_decode(s: SimState, st, c, i, r, now, active) -> SimState:
     """Request r's KV has arrived on instance i (``Instance.enqueue_decode``): its decode
     sub-request joins the wait queue now (no α delay, its prompt not counted again), or
     times out at once, releasing its reservation, when its deadline has passed."""
-    due = active & (c.deadline_us[r] > 0) & (c.deadline_us[r] <= now)
+    deadline = sessions.deadline_us(s, st, c, r)
+    due = active & (deadline > 0) & (deadline <= now)
     queued = active & ~due
     r_or_sink = jnp.where(active, r, st.num_requests)
     s = s.replace(
@@ -412,12 +414,14 @@ def execute(s: SimState, st, c, i, now, *, n_preempted, active, width: int, fact
         d, ema = (physics.step_time(c.physics, inputs) if st.latency is None
                   else hostlatency.step_time(st.latency, active, inputs))
         s = s.replace(batch=s.batch.replace(ema=upd(s.batch.ema, i, ema, active)))
-    elif _roofline_in_program(st):  # computed once per step by ``step``
+    elif _roofline_in_program(st) and not st.row_roofline:  # computed once per step by ``step``
         d = roofline_us
     else:
         cm = jnp.sum(jnp.where((nn > 0) & (pi < l_in), nn, 0))
         dc = jnp.sum(jnp.where((nn > 0) & (pi >= l_in) & (out > 0), nn, 0))
         d = step_duration(st, c, i, cm, dc)
+        if st.row_roofline:  # pools of both models: instance i's row's
+            d = jnp.where(jnp.asarray(st.row_roofline)[c.instance_row[i]], roofline_us, d)
     if st.tiered:  # reloads of this step's batch formation add their transfer time (§3.8)
         d = jnp.maximum(1, d + s.tier.pending_us[i])
         s = s.replace(tier=kvtier.reload_time_taken(s.tier, i, active))
@@ -484,7 +488,7 @@ def _finish_at(s: SimState, st, c, i, now, *, n_preempted, go, width: int,
     s = s.replace(batch=s.batch.replace(
                       step_time=upd(s.batch.step_time, i, jnp.where(more, now + d, -1), go)))
     ended = records.output_finished(running.pi, running.l_in, running.out) \
-        | records.at_length_cap(running.pi, st.max_model_len)
+        | records.at_length_cap(running.pi, max_model_len_of(st, i))
     if st.pd:  # completed prefill sub-requests start their KV transfers
         s = pd.push_transfer_starts(s, st, c, running.reqs, running.valid & go & ended, now,
                                     now + d)

@@ -58,33 +58,34 @@ def pool_configs(resolved) -> tuple:
 
 def pool_shape(resolved) -> dict:
     """``EngineStatic``'s per-instance fields for P/D pools of their own (``instance_rows``,
-    ``instance_kv_blocks``; none without). The JAX engine runs pools that differ in TP, GPU
-    and KV size; pools of another latency model, another max-model-len or physics latency it
-    refuses, naming the pool's setting."""
+    ``instance_kv_blocks``, ``instance_max_model_len``, ``row_roofline``; none without). The
+    JAX engine runs pools that differ in TP, GPU, KV size, max-model-len and latency model
+    (blackbox or roofline); pools with physics latency it refuses, naming the setting."""
     if not pool_configs(resolved):
         return {}
     cfg = resolved.config
     for role, own in zip(("prefill", "decode"), resolved.pools, strict=True):
         if own is None:
             continue
-        for field, ours, base in (
-                ("latency_model", own.config.latency.model, cfg.latency.model),
-                ("max_model_len", own.max_model_len, resolved.max_model_len)):
-            if ours != base:
-                raise ConfigError(f"cluster.pd.{role}.{field}", f"a pool's own {field} "
-                                  f"({ours!r}, the configuration's {base!r}) runs in the "
-                                  "reference engine only (--engine reference)")
-        if cfg.latency.model == "physics":
-            raise ConfigError(f"cluster.pd.{role}", "P/D pools of their own with physics "
-                              "latency run in the reference engine only (--engine reference)")
+        if "physics" in (cfg.latency.model, own.config.latency.model):
+            field = f"cluster.pd.{role}" + (".latency_model" if cfg.latency.model != "physics"
+                                            else "")
+            raise ConfigError(field, "P/D pools of their own with physics latency run in the "
+                              "reference engine only (--engine reference)")
     n = max_replicas(cfg.policy.autoscaler, cfg.cluster.num_instances, cfg.cluster.node_pools,
                      cfg.engine.tensor_parallel_size, cfg.cluster.pd)
     roles = slot_roles(cfg)
     rows = tuple(0 if resolved.for_instance(i) is resolved
                  else 1 if roles[i] == PDRole.PREFILL else 2 for i in range(n))
     blocks = tuple(int(resolved.for_instance(i).total_kv_blocks) for i in range(n))
+    lengths = tuple(int(resolved.for_instance(i).max_model_len) for i in range(n))
+    models = [x.config.latency.model for x in pool_row_configs(resolved)]
     return dict(instance_rows=rows,
-                instance_kv_blocks=blocks if len(set(blocks)) > 1 else ())
+                row_roofline=tuple(m == "roofline" for m in models) if len(set(models)) > 1
+                else (),
+                instance_kv_blocks=blocks if len(set(blocks)) > 1 else (),
+                instance_max_model_len=lengths if set(lengths) != {int(resolved.max_model_len)}
+                else ())
 
 
 def pool_row_configs(resolved) -> list:

@@ -82,6 +82,8 @@ class PDState:
     lru_own: jax.Array  # int64 [2, I]
     cold_stamp: jax.Array  # int64 [2, I]
     cold_clock: jax.Array  # int64 [2]
+    lru_spos: jax.Array  # int64 [2, I, S, Js] (``EngineStatic.session_prefix_index``; else
+    lru_sown_at: jax.Array  # int64 [2, 1, 1, 1]): the conversations' blocks in the index
     pools: jax.Array  # bool: the lane has pools (``PDParams.pools``; for its results)
     role: jax.Array  # int8 [I]: the lane's ``PDRole`` of each instance (for its results)
     headed: jax.Array  # int32 [I]: disaggregated requests bound for the instance whose decode
@@ -100,6 +102,8 @@ def init_pd(st, pd_rng=None, pd_role=None, pd_pools=False) -> PDState:
     i32, i64 = jnp.int32, jnp.int64
     inst = st.num_instances if on else 1
     groups = (inst, st.num_groups, st.group_blocks_max) if on else (1, 1, 1)
+    sessions = (inst, st.num_sessions, st.session_blocks_max) \
+        if on and st.session_prefix_index else (1, 1, 1)
     words = jnp.zeros((2, STATE_WORDS), i64) if pd_rng is None else jnp.asarray(pd_rng, i64)
     return PDState(
         phase=jnp.zeros(n, jnp.int8), prefill_instance=jnp.full(n, NIL, i32),
@@ -115,6 +119,7 @@ def init_pd(st, pd_rng=None, pd_role=None, pd_pools=False) -> PDState:
         lru_pos=jnp.full((2, *groups), -1, i64), lru_own_at=jnp.zeros((2, *groups), i64),
         lru_clock=jnp.zeros((2, inst), i64), lru_own=jnp.zeros((2, inst), i64),
         cold_stamp=jnp.full((2, inst), -1, i64), cold_clock=jnp.zeros(2, i64),
+        lru_spos=jnp.full((2, *sessions), -1, i64), lru_sown_at=jnp.zeros((2, *sessions), i64),
         pools=jnp.asarray(pd_pools, bool),
         role=(jnp.full(st.num_instances, PDRole.SHARED, jnp.int8) if pd_role is None
               else jnp.asarray(pd_role).astype(jnp.int8)),
@@ -172,6 +177,7 @@ def prefill_failed(s: SimState, st, row, mask) -> SimState:
 # no-hit-lru recency.
 _ROUTER_FIELDS = ("rng_words", "rng_tap", "rng_feed", "lru_pos", "lru_own_at", "lru_clock",
                   "lru_own", "cold_stamp", "cold_clock")
+_SESSION_FIELDS = ("lru_spos", "lru_sown_at")  # with the conversations' blocks in the index
 
 
 def _exchange(s: SimState, st, pool: int, own) -> SimState:
@@ -187,7 +193,7 @@ def _exchange(s: SimState, st, pool: int, own) -> SimState:
         mine[name] = jnp.where(on, kept[pool], lane)
         pools[counter or name] = kept.at[pool].set(jnp.where(on, lane, kept[pool]))
 
-    for name in _ROUTER_FIELDS:
+    for name in _ROUTER_FIELDS + (_SESSION_FIELDS if st.session_prefix_index else ()):
         swap(name, own)
     swap("rr", not st.blis_quirks)
     return s.replace(router=s.router.replace(**mine), pd=q.replace(**pools))

@@ -301,6 +301,15 @@ def head_offset(s: SimState, st, c, p, i, now, active):
 # ---- routing -----------------------------------------------------------------------------------
 
 
+def prefix_fraction(matched, full_blocks):
+    """The prefix-affinity score: matched / full blocks (0 without a full block), float64 [I]
+    from ``matched`` [I] and the request's ``full_blocks``. The divisor is one scalar for
+    every instance, so IEEE division (``ieee_divide``), not XLA's product by its rounded
+    reciprocal (5/12 would come out one bit low, breaking ties)."""
+    return jnp.where(full_blocks > 0, ieee_divide(matched.astype(F64),
+                                                  jnp.maximum(full_blocks, 1).astype(F64)), 0.0)
+
+
 def prefix_match(s: SimState, st, c, r):
     """Matched leading prompt blocks of r in each instance's router-side LRU index [I]
     (``PrefixIndex.match_length``).
@@ -453,8 +462,7 @@ def scorer_values(s: SimState, st, c, r, view: RouterView, among):
     ``among`` (bool [I]; None: all)."""
     qd, bs, in_flight = s.router.snap_qd, s.router.snap_bs, s.router.in_flight
     full = c.full_blocks[r]
-    prefix = jnp.where(full > 0, prefix_match(s, st, c, r).astype(F64)
-                       / jnp.maximum(full, 1).astype(F64), 0.0)
+    prefix = prefix_fraction(prefix_match(s, st, c, r), full)
     lo, hi = _min(view.cached, among), _max(view.cached, among)
     precise = jnp.where(hi == lo, 1.0, ieee_divide((view.cached - lo).astype(F64),
                                                    jnp.maximum(hi - lo, 1).astype(F64)))

@@ -389,8 +389,10 @@ def _completion_fields(st: EngineStatic, consts, g, done) -> CompletionFields:
     e2e = records.e2e_us(g.ttft[:n].astype(np.int64), g.itl_sum[:n].astype(np.int64), out,
                          st.post_decode_us)
     out_done = records.output_tokens_done(pi, l_in, out)
-    capped = done & ~records.output_finished(pi, l_in, out) \
-        & records.at_length_cap(pi, st.max_model_len)
+    # the cap of the instance it completed on (P/D pools of their own max-model-len)
+    mml = (np.asarray(st.instance_max_model_len, np.int64)[np.maximum(g.instance[:n], 0)]
+           if st.instance_max_model_len else st.max_model_len)
+    capped = done & ~records.output_finished(pi, l_in, out) & records.at_length_cap(pi, mml)
     return CompletionFields(np.where(done, e2e, records.NOT_RECORDED).astype(np.int64),
                             np.where(done, out_done, 0).astype(np.int64), capped,
                             np.where(done, np.maximum(pi - l_in, 0), 0).astype(np.int64))
@@ -547,6 +549,11 @@ def _project_pd(st: EngineStatic, consts, g, rows: dict) -> records.PDCounters:
     c = lambda x: np.asarray(x)[:n].astype(np.int64)  # noqa: E731
     l_in, out, arrival, deadline = (c(consts.input_tokens), c(consts.output_tokens),
                                     c(consts.arrival_us), c(consts.deadline_us))
+    if st.sessions:  # a follow-up's arrival is its creation's; its timeout counts from there
+        follow = np.asarray(consts.follow_up)[:n]
+        arrival = np.where(follow, g.sess.arrival_us[:n].astype(np.int64), arrival)
+        deadline = np.where(follow & (deadline > 0), arrival + deadline,
+                            np.where(follow, 0, deadline))
     phase = q.phase[:n]
     pre = np.arange(n) + n + 1
     pre_stage = g.status[pre]

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from blisjax.engine.pytree import pytree_dataclass
-from blisjax.engine.state import COMPLETED, QUEUED, RUNNING
+from blisjax.engine.state import COMPLETED, DECODE, QUEUED, RUNNING, parent_row, prefill_row
 from blisjax.engine.vec import prefix_sum
 from blisjax.limits import INT64_MAX
 from blisjax.workload.types import FOLLOW_UP_ARRIVAL_US
@@ -74,8 +74,11 @@ def init_sessions(st) -> SessionState:
 
 
 def arrival_us(s, st, c, r):
-    """Request r's arrival (its row's constant without sessions)."""
-    return s.sess.arrival_us[r] if st.sessions else c.arrival_us[r]
+    """Request r's arrival (its row's constant without sessions; a P/D prefill sub-request's
+    row: its parent's)."""
+    if not st.sessions:
+        return c.arrival_us[r]
+    return s.sess.arrival_us[parent_row(st, r) if st.pd else r]
 
 
 def deadline_us(s, st, c, r):
@@ -83,7 +86,7 @@ def deadline_us(s, st, c, r):
     if not st.sessions:
         return c.deadline_us[r]
     timeout = c.deadline_us[r]
-    return jnp.where(c.follow_up[r], jnp.where(timeout > 0, s.sess.arrival_us[r] + timeout, 0),
+    return jnp.where(c.follow_up[r], jnp.where(timeout > 0, arrival_us(s, st, c, r) + timeout, 0),
                      timeout)
 
 
@@ -149,16 +152,23 @@ def admit_next(s, st, c, active):
     return s.replace(sess=q), r
 
 
-def create_follow_ups(s, st, c, reqs, fin, rank, left_us):
+def create_follow_ups(s, st, c, reqs, fin, rank, *, start_us, left_us):
     """The requests ``reqs`` where ``fin`` completed (normally or at the length cap) in one
-    step ending at ``left_us``, ``rank`` their batch order (positions in that order): each
-    one's next round, if any, arrives a think time later unless the follow-up budget is
-    spent (``WorkloadConsts.follow_up_budget``, counted in batch order) or that is past the
-    horizon (``ClusterSimulator._follow_up``). A session out of rows whose rows are a
-    capacity (a concurrency user's) that would send one more is counted in
-    ``rounds_overflow`` instead."""
+    step from ``start_us`` to ``left_us``, ``rank`` their batch order (positions in that
+    order): each one's next round, if any, arrives a think time after ``left_us`` unless the
+    follow-up budget is spent (``WorkloadConsts.follow_up_budget``, counted in batch order)
+    or that is past the horizon (``ClusterSimulator._follow_up``). A session out of rows
+    whose rows are a capacity (a concurrency user's) that would send one more is counted in
+    ``rounds_overflow`` instead. With P/D pools a prefill sub-request's completion creates
+    nothing, and with ``blis_quirks`` a decode sub-request's round completes at
+    ``start_us`` plus the post-decode overhead (BLIS's ``detectDecodeCompletions``)."""
     q = s.sess
     n = st.num_requests
+    if st.pd:
+        fin = fin & (reqs < n)
+        if st.blis_quirks:
+            left_us = jnp.where(s.pd.phase[jnp.minimum(reqs, n)] == DECODE,
+                                start_us + st.post_decode_us, left_us)
     nxt = c.next_row[reqs]
     row = jnp.maximum(nxt, 0)
     if st.open_sessions:
@@ -237,9 +247,14 @@ def timeouts(s, st, c) -> SessionTimeouts:
     earliest, ties to the one enqueued first (the reference's instance event order)."""
     q = s.sess
     rows = q.pending_row
-    live = (rows < st.num_requests) & ((s.status[rows] == QUEUED) | (s.status[rows] == RUNNING))
+    held = lambda row: (s.status[row] == QUEUED) | (s.status[row] == RUNNING)  # noqa: E731
+    live = (rows < st.num_requests) & held(rows)
+    if st.pd:  # the deadline is its prefill sub-request's while that is on an instance
+        pre = prefill_row(st, rows)  # the sink's shadow (2N + 1) for none
+        first = (rows < st.num_requests) & held(pre)
+        rows, live = jnp.where(first, pre, rows), live | first
     timeout = c.deadline_us[rows]
-    dl = q.arrival_us[rows] + timeout
+    dl = arrival_us(s, st, c, rows) + timeout
     due = live & (timeout > 0) & (dl <= st.horizon_us)
     on = due[None, :] & (s.instance[rows][None, :] == jnp.arange(st.num_instances)[:, None])
     t = jnp.where(on, dl[None, :], INT64_MAX)  # [I, S]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+import jax.numpy as jnp
 import numpy as np
 
 from blisjax.config._checks import ConfigError
@@ -182,6 +183,14 @@ class EngineStatic:
     # configuration for every instance, nothing per instance compiled in.
     instance_rows: tuple[int, ...] = ()
     instance_kv_blocks: tuple[int, ...] = ()
+    # ... and where the pools' max-model-len differ, each instance's (0: none;
+    # ``max_model_len_of``); (): ``max_model_len`` for every instance.
+    instance_max_model_len: tuple[int, ...] = ()
+    # ... and where the pools' latency models differ (blackbox and roofline), whether each
+    # latency row runs the roofline model (the program's ``latency_model`` is then
+    # "roofline": both step times are computed, each instance taking its row's; no decode
+    # stretches). (): every row runs ``latency_model``.
+    row_roofline: tuple[bool, ...] = ()
     # Instance variants of their own speed (node pools of a GPU the hardware table knows,
     # ``rules.speed_gpu``): each instance reads the ``gpus`` rows of its variant's GPU
     # (``LifecycleState.gpu``, ``lifecycle.instance_consts``) instead of its lane's.
@@ -284,7 +293,7 @@ class EngineStatic:
         # With a CPU tier a stretch's mirror passes are one pass at its end
         # (``stretch._by_tier``); a batch with off-chain hashes or blocks off their positions
         # is not planned (``stretch.outlook``).
-        return self.decode_stretches and self.latency is None
+        return self.decode_stretches and self.latency is None and not self.row_roofline
 
     @property
     def stretch_times_vary(self) -> bool:
@@ -345,6 +354,20 @@ class EngineStatic:
 
 def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
+
+
+
+def caps_length(st) -> bool:
+    """Some instance caps request lengths (max-model-len): the cap's rules are compiled in."""
+    return st.max_model_len > 0 or any(x > 0 for x in st.instance_max_model_len)
+
+
+def max_model_len_of(st, i):
+    """Instance i's max-model-len, 0 = none: the configuration's (a Python int), or with P/D
+    pools of their own max-model-len its pool's (an int32 array of i's shape)."""
+    if not st.instance_max_model_len:
+        return st.max_model_len
+    return jnp.asarray(st.instance_max_model_len, jnp.int32)[i]
 
 
 def build_static(resolved, workload, *, queue_slots: int | None = None,
@@ -482,8 +505,10 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
         or any(Scorer.of(w.name) in CACHE_SCORERS for w in cfg.policy.routing.scorers),
         program_sites=tuple(site for site in PROGRAM_SITES
                             if getattr(cfg.policy, site).policy == "program"),
-        session_prefix_index=sessions and any(Scorer.of(w.name) == Scorer.PREFIX_AFFINITY
-                                              for w in cfg.policy.routing.scorers),
+        session_prefix_index=sessions and any(
+            Scorer.of(w.name) == Scorer.PREFIX_AFFINITY for w in (
+                *cfg.policy.routing.scorers, *cfg.cluster.pd.prefill_scorers,
+                *cfg.cluster.pd.decode_scorers)),
         cache_signal_delay_us=cfg.cluster.cache_signal_delay_us,
         blis_quirks=cfg.compat.blis_quirks,
         cpu_tier_blocks=int(max(eng.kv_cpu_blocks, cpu_tier_blocks or 0)),
@@ -506,11 +531,14 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
         st = dataclasses.replace(st, sized_lanes=_check_sized(st))
     # Evaluated on the host through a callback: a roofline configuration the program cannot
     # evaluate exactly.
-    on_host = (st.latency_model == "roofline"
+    if st.row_roofline:  # a pool runs the roofline model, another blackbox
+        st = dataclasses.replace(st, latency_model="roofline")
+    on_host = (cfg.latency.model == "roofline"
                and not roofline_fits_the_program(model, st.max_step_tokens, int(total.max())))
     if pools and st.latency_model == "roofline" and any(
             not roofline_fits_the_program(make_latency_model(x), st.max_step_tokens,
-                                          int(total.max())) for x in pool_configs(resolved)):
+                                          int(total.max())) for x in pool_configs(resolved)
+            if x.config.latency.model == "roofline"):
         raise ConfigError("cluster.pd", "P/D pools of their own with a roofline model the "
                           "program evaluates on the host (contexts of 2^25 tokens or more) run "
                           "in the reference engine only (--engine reference)")
@@ -599,9 +627,11 @@ def for_lanes(st: EngineStatic, params) -> EngineStatic:
         site for site in PROGRAM_SITES
         if bool(np.any(np.asarray(codes[site][0]) == int(codes[site][1])))))
     order = np.asarray(params.routing.scorer_order)
+    pool_order = np.asarray(params.pd.pool_order) if st.pd else order
     if st.sessions and not st.session_prefix_index and (
             bool(np.any(np.asarray(params.routing.prefix_index_on)))
-            or bool(np.isin(order, [int(Scorer.PREFIX_AFFINITY)]).any())):
+            or bool(np.isin(order, [int(Scorer.PREFIX_AFFINITY)]).any())
+            or bool(np.isin(pool_order, [int(Scorer.PREFIX_AFFINITY)]).any())):
         st = dataclasses.replace(st, session_prefix_index=True)
     if st.cache_scorers:
         return st
@@ -688,7 +718,8 @@ def _check_pd_prefix_index(params) -> None:
 def _check_sessions_supported(cfg) -> None:
     """Closed-loop sessions run with the features below in the reference engine only."""
     refused = [
-        (cfg.cluster.pd.enabled, "cluster.pd", "P/D pools"),
+        (cfg.cluster.pd.enabled and uses_lifecycle(cfg), "cluster.pd",
+         "P/D pools and instance lifecycles together"),
     ]
     for on, field, what in refused:
         if on:

@@ -68,7 +68,7 @@ from blisjax.engine.lockstep import (
 )
 from blisjax.engine.pytree import pytree_dataclass
 from blisjax.engine.state import NIL, SimState
-from blisjax.engine.static import VARYING_PLAN
+from blisjax.engine.static import VARYING_PLAN, caps_length, max_model_len_of
 from blisjax.rules import kv_util_bucket
 
 CHUNK_STEPS = 16  # plain steps applied per pass of ``materialize`` (at most the block size)
@@ -158,8 +158,10 @@ def outlook(s: SimState, st, c, i, keep, slots, pi, l_in, out) -> BatchOutlook:
         whole = whole & (~keep | kv.holds_true_key(s, st, c, i, reqs, m, block))
         decoding = decoding & ((s.tier.capacity == 0) | jnp.all(whole))
     left = l_in + out - 2 - pi
-    if st.max_model_len > 0:
-        left = jnp.minimum(left, st.max_model_len - 2 - pi)
+    if caps_length(st):
+        mml = max_model_len_of(st, i)
+        capped = jnp.minimum(left, mml - 2 - pi)
+        left = capped if not st.instance_max_model_len else jnp.where(mml > 0, capped, left)
     big = jnp.iinfo(jnp.int32).max
     plain = jnp.min(jnp.where(keep, left, big)).astype(jnp.int32)
     fill = kv.last_block_fill(s, st, i, slots)

@@ -88,14 +88,19 @@ def unservable(input_tokens, output_tokens, max_model_len: int, kv_blocks: int,
     is unservable (no output budget means "up to the cap"). Without one, prompt plus output must
     still fit in the KV cache: BLIS always derives a cap no larger than the cache, so such a
     request is dropped there too, and admitted it would preempt itself and restart forever.
-    A prompt that needs more blocks than the cache has is unservable in any case."""
-    if max_model_len > 0:
-        budget = output_tokens + (output_tokens == 0) * (input_tokens < max_model_len) * (
-            max_model_len - input_tokens)
-        too_long = (input_tokens >= max_model_len) | (
-            (budget > 0) & (input_tokens + budget > max_model_len))
+    A prompt that needs more blocks than the cache has is unservable in any case.
+    ``max_model_len`` and ``kv_blocks`` may also be integer arrays (an instance's own, P/D
+    pools of their own settings), each element 0 or a cap as above."""
+    budget = output_tokens + (output_tokens == 0) * (input_tokens < max_model_len) * (
+        max_model_len - input_tokens)
+    capped = (input_tokens >= max_model_len) | (
+        (budget > 0) & (input_tokens + budget > max_model_len))
+    uncapped = input_tokens + output_tokens > kv_blocks * block_size
+    if isinstance(max_model_len, (int, np.integer)):
+        too_long = capped if max_model_len > 0 else uncapped
     else:
-        too_long = input_tokens + output_tokens > kv_blocks * block_size
+        has_cap = max_model_len > 0
+        too_long = (has_cap & capped) | (~has_cap & uncapped)
     return too_long | ((input_tokens + block_size - 1) // block_size > kv_blocks)
 
 

@@ -52,7 +52,7 @@ from blisjax.reference.lifecycle import Lifecycle
 from blisjax.reference.pd import PDCluster
 from blisjax.reference.policies import Admission, Priority, Router, Snapshot, leading_present
 from blisjax.reference.program import cluster_observables, recent_arrivals
-from blisjax.reference.request import PD_PREFILL, SimRequest
+from blisjax.reference.request import PD_DECODE, PD_PREFILL, SimRequest
 from blisjax.rules import KV_UTIL_BUCKETS
 from blisjax.trace.records import InstanceView
 from blisjax.workload import sessions
@@ -163,8 +163,6 @@ class ClusterSimulator:
         self.route_count = 0  # routings so far (the order a redirect drain routes again in)
         #: the instance slots, their lifecycles and the autoscaler
         self.life = Lifecycle(self)
-        if workload.has_sessions and self.pd is not None:
-            raise ValueError("workload: closed-loop sessions do not run with P/D pools")
         self._handlers = {EV_ADMISSION: self._admit, EV_ROUTING: self._route,
                           EV_PROVISIONED: self.life.start_loading, EV_LOADED: self.life.ready,
                           EV_SCALE_ACTUATION: self.life.actuate}
@@ -453,15 +451,19 @@ class ClusterSimulator:
 
     def _settle_finished(self, inst: Instance) -> None:
         """In-flight accounting: requests that completed, dropped or timed out leave (§5.8);
-        a completed round of a session creates its next round."""
+        a completed round of a session creates its next round (a disaggregated round when its
+        decode sub-request completes: at the end of that step, or with ``--blis-quirks`` at
+        its start plus the post-decode overhead, as BLIS's ``detectDecodeCompletions``)."""
         if not inst.finished:
             return
         for r in inst.finished:
             self.in_flight[inst.index] = max(0, self.in_flight[inst.index] - 1)
             self.tenant_in_flight[r.tenant] = max(0, self.tenant_in_flight[r.tenant] - 1)
-            if r.state == Stage.COMPLETED and (self.next_round[r.index] >= 0
-                                                or self._out_of_rows(r)):
-                self._follow_up(r)
+            if r.state == Stage.COMPLETED and r.pd_part != PD_PREFILL and (
+                    self.next_round[r.index] >= 0 or self._out_of_rows(r)):
+                at_start = self.blis_quirks and r.pd_part == PD_DECODE
+                self._follow_up(r, inst.clock_us + inst.post_decode_us if at_start
+                                else r.left_us)
             elif self.pd is not None and r.pd_part == PD_PREFILL \
                     and r.state != Stage.COMPLETED:
                 self.pd.prefill_failed(r)
@@ -472,10 +474,10 @@ class ClusterSimulator:
         user's, ``Workload.session_unbounded``)."""
         return done.session >= 0 and bool(self._unbounded) and self._unbounded[done.session]
 
-    def _follow_up(self, done: SimRequest) -> None:
-        """Create the session's next round when ``done`` (its predecessor) completed
-        (``blisjax.workload.sessions``; BLIS ``SessionManager.OnComplete``): it arrives a think
-        time after the end of the step that completed ``done``, unless the follow-up budget
+    def _follow_up(self, done: SimRequest, done_us: int) -> None:
+        """Create the session's next round when ``done`` (its predecessor) completed at
+        ``done_us`` (``blisjax.workload.sessions``; BLIS ``SessionManager.OnComplete``): it
+        arrives a think time after that, unless the follow-up budget
         is spent (``Workload.follow_up_budget``) or that is past the horizon. A round that
         timed out, was dropped or was rejected ends its session: it never gets here. A
         concurrency user out of rows that would send one more is counted in
@@ -486,16 +488,20 @@ class ClusterSimulator:
             return
         nxt = int(self.next_round[done.index])
         if nxt < 0:  # a concurrency user out of rows: it would send one more (flagged)
-            if done.left_us + int(w.think_time_us[done.index]) <= self.horizon_us:
+            if done_us + int(w.think_time_us[done.index]) <= self.horizon_us:
                 self.rounds_overflow += 1
             return
         req = self.requests[nxt]
         if w.session_accumulate:  # the conversation so far, then the round's message
-            expected = done.progress_index + int(w.input_tokens[req.index])
+            progress = done.progress_index
+            if done.pd_part == PD_DECODE:  # a one-token round's decode sub-request runs one
+                # step past its prompt: the conversation holds what co-located serving made
+                progress = min(progress, done.input_tokens + max(done.output_tokens, 1) - 1)
+            expected = progress + int(w.input_tokens[req.index])
             if req.input_tokens != expected:
                 raise RuntimeError(f"session round {req.index}: assembled prompt "
                                    f"{req.input_tokens} != {expected} tokens")
-        arrival = done.left_us + int(w.think_time_us[req.index])
+        arrival = done_us + int(w.think_time_us[req.index])
         if arrival > self.horizon_us:
             return
         req.arrival_us = arrival

@@ -55,7 +55,7 @@ class SimRequest:
 
     def sub_request(self, part: int) -> SimRequest:
         """A P/D sub-request of this request (docs/semantics.md §5.10): the same index, arrival,
-        prompt, prefix, tenant, class and deadline; the prefill part has no output tokens (its
+        prompt, prefix, tenant, class, deadline and conversation; the prefill part has no output tokens (its
         enqueue guards still count the whole output budget), the decode part all of them."""
         sub = SimRequest(self.index, self.arrival_us, self.input_tokens,
                          0 if part == PD_PREFILL else self.output_tokens, self.prefix_group,
@@ -63,4 +63,5 @@ class SimRequest:
         sub.max_output_len = self.output_tokens
         sub.pd_part = part
         sub.block_hashes = self.block_hashes
+        sub.session, sub.session_tokens = self.session, self.session_tokens  # its KV's names
         return sub

@@ -22,6 +22,7 @@ from blisjax.config.sim import EngineConfig, LatencyConfig
 from blisjax.engine import params_from_config, simulate_population, stack_params
 from blisjax.engine.parity import first_divergence
 from blisjax.engine.static import build_static
+from blisjax.metrics import records
 from blisjax.reference import simulate as reference
 from tests.reference.conftest import make_resolved, make_workload
 
@@ -81,9 +82,96 @@ def test_pools_of_their_own_match_reference_with_quirks():
     _check(True)
 
 
+def _lengths_config(quirks: bool, **pd):
+    """Blackbox, 4 instances of 200 blocks of 16 tokens, no max-model-len of its own; the
+    prefill pool's is 300 tokens, the decode pool's (and the shared instance's) 150."""
+    cfg = make_resolved(instances=4, quirks=quirks, block_size=16, kv_blocks=200,
+                        max_running=4, max_tokens=128, threshold=64,
+                        horizon_us=HORIZON_US).config
+    pools = PDConfig(prefill_instances=1, decode_instances=2, shared_instances=1,
+                     decider="always", transfer_bandwidth_gbps=5.0,
+                     prefill=PoolOverrides(max_model_len=300),
+                     decode=PoolOverrides(max_model_len=150))
+    return dataclasses.replace(cfg, cluster=dataclasses.replace(
+        cfg.cluster, pd=dataclasses.replace(pools, **pd)))
+
+
+def _lengths_workload():
+    """Prompts of 40–290 tokens and outputs of 0–90: some pass the prefill pool's cap (dropped
+    there), some the decode pool's once decoding (length-capped there), some neither."""
+    rows = [dict(arrival=400 * k, input=40 + (53 * k) % 251, output=(37 * k) % 91,
+                 group=0 if k % 4 == 0 else -1, prefix=32 if k % 4 == 0 else 0)
+            for k in range(18)]
+    for r in rows:
+        r["input"] = max(r["input"], r["prefix"] + 1)
+    return make_workload(rows, groups=("g0",))
+
+
+@pytest.mark.parametrize("quirks", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_pools_of_their_own_max_model_len_match_reference(quirks):
+    """Each instance caps lengths with its pool's max-model-len: a prefill sub-request is
+    dropped at its prefill instance when its prompt and output budget pass that instance's
+    cap, a decode sub-request completes length-capped at 150 on its decode instance; requests
+    served whole (prefix-threshold) take the decode instance's cap."""
+    base = resolve_config(_lengths_config(quirks))
+    w = _lengths_workload()
+    lanes = [_lengths_config(quirks),
+             _lengths_config(quirks, decider="prefix-threshold", prefix_threshold_tokens=100,
+                             transfer_contention=True)]
+    lanes[1] = dataclasses.replace(lanes[1], policy=dataclasses.replace(
+        lanes[1].policy, routing=RoutingConfig(policy="least-loaded")))
+    params = stack_params([params_from_config(c, ("",)) for c in lanes])
+    static = build_static(base, w)
+    assert static.instance_max_model_len == (300, 150, 150, 150)
+    results = simulate_population(base, w, params, static=static)
+    outcomes = []
+    for k, cfg in enumerate(lanes):
+        want = reference(resolve_config(cfg), w)
+        assert first_divergence(want, results[k]) is None, k
+        outcomes.append(want)
+    # the caps act, by hand: a request prefilled on instance 0 (the prefill pool's cap, 300)
+    # or 3 (shared: the decode pool's, 150) is dropped iff L_in + N_out passes that cap
+    # (N_out = 0 asks up to it), and completes capped iff it was not and
+    # L_in + N_out - 1 > 150 - 1 (its decode instance's cap)
+    want = outcomes[0]
+    l_in, out = np.asarray(w.input_tokens), np.asarray(w.output_tokens)
+    assert set(want.pd.prefill_instance.tolist()) == {0, 3}
+    cap = np.where(want.pd.prefill_instance == 0, 300, 150)
+    dropped = l_in + np.where(out == 0, cap - l_in, out) > cap
+    assert np.array_equal(np.asarray(want.status) == records.DROPPED, dropped)
+    capped = ~dropped & (l_in + np.maximum(out, 1) - 1 > 149)
+    assert np.array_equal(np.asarray(want.length_capped), capped)
+    assert dropped.any() and capped.any() and (~dropped & ~capped).any()
+
+
+@pytest.mark.parametrize("quirks", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_pools_of_their_own_latency_model_match_reference(quirks):
+    """A roofline cluster whose decode pool (and shared instance) runs the blackbox model
+    (llama-3.1-8b's H100 coefficients), and a blackbox cluster whose prefill pool runs the
+    roofline: each instance steps with its pool's model, bit for bit with the reference."""
+    w = _workload()
+    roofline_base = _config(quirks, decode=PoolOverrides(latency_model="blackbox"))
+    blackbox_base = dataclasses.replace(
+        _config(quirks, prefill=PoolOverrides(latency_model="roofline"),
+                decode=PoolOverrides()),
+        latency=LatencyConfig(model="blackbox"))
+    for cfg, rows in ((roofline_base, (True, True, False)),
+                      (blackbox_base, (False, True, False))):
+        base = resolve_config(cfg)
+        static = build_static(base, w)
+        assert static.row_roofline == rows and not static.stretches
+        lanes = [cfg, dataclasses.replace(cfg, policy=dataclasses.replace(
+            cfg.policy, routing=RoutingConfig(policy="least-loaded")))]
+        params = stack_params([params_from_config(c, ("",)) for c in lanes])
+        results = simulate_population(base, w, params, static=static)
+        for k, lane in enumerate(lanes):
+            want = reference(resolve_config(lane), w)
+            assert first_divergence(want, results[k]) is None, (k, rows)
+            assert int(np.sum(want.pd.prefill_instance >= 0)) == 14
+
+
 @pytest.mark.parametrize("pd, field", [
-    (dict(decode=PoolOverrides(latency_model="blackbox")), "cluster.pd.decode.latency_model"),
-    (dict(prefill=PoolOverrides(max_model_len=512)), "cluster.pd.prefill.max_model_len"),
+    (dict(decode=PoolOverrides(latency_model="physics")), "cluster.pd.decode.latency_model"),
 ])
 def test_what_the_jax_engine_refuses_is_named(pd, field):
     r = resolve_config(dataclasses.replace(_config(), engine=EngineConfig(

@@ -11,7 +11,7 @@ import numpy as np
 from blisjax.config import RoutingConfig, ScorerWeight
 from blisjax.config.codes import Scorer
 from blisjax.engine import params_from_config, stack_params
-from blisjax.engine.policies import lane_spec, weighted_scores
+from blisjax.engine.policies import lane_spec, prefix_fraction, weighted_scores
 from tests.reference.conftest import make_resolved
 
 MAX = len(Scorer)
@@ -32,3 +32,17 @@ def test_weights_divide_as_python_does_and_scores_keep_apart():
     want = [2 / 3 * 0.6 + 0.0 * 0.4, 0.0 * 0.6 + 1.0 * 0.4]
     assert want[0] < want[1]
     assert (got == np.asarray(want)).all(), (got[0], want)
+
+
+def test_prefix_affinity_fractions_divide_as_python_does():
+    """matched / full blocks for every instance of every lane, the divisor one scalar per lane
+    (what XLA turns into a product by the reciprocal: 5 · (1/12) is one bit below 5/12)."""
+    full = np.arange(1, 41)
+    matched = np.minimum(np.arange(16)[None, :], full[:, None])  # [lanes, instances]
+    run = jax.jit(jax.vmap(prefix_fraction))
+    got = np.asarray(run(jnp.asarray(matched, jnp.int32), jnp.asarray(full, jnp.int32)))
+    want = np.array([[float(m) / float(f) for m in row] for row, f in zip(matched, full,
+                                                                          strict=True)])
+    assert (got == want).all()
+    assert 5 * (1 / 12) != 5 / 12  # what the test guards against
+    assert (np.asarray(run(jnp.zeros((1, 3), jnp.int32), jnp.zeros(1, jnp.int32))) == 0).all()
