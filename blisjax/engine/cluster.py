@@ -233,10 +233,14 @@ def _begin(s: SimState, st, ev: NextEvent, go):
             ovf_events=s.run.ovf_events | (go & ev.capped).astype(jnp.int32),
             ovf_deadline=s.run.ovf_deadline + (live & ev.deadline_overflow).astype(jnp.int32)))
     if st.lifecycle:  # held instances cost until the run's last event
-        # a deadline no-op is a reference event only as a completed request's lazily
-        # cancelled timeout (a dropped or redirected request's was removed, a request not yet
-        # enqueued had none)
-        phantom = (ev.cluster_kind == CL_NOOP) & (s.status[ev.noop_req] != COMPLETED)
+        # a deadline no-op is a reference event only as a completed request's (or completed
+        # prefill sub-request's) lazily cancelled timeout (a dropped or redirected request's
+        # was removed, a request not yet enqueued had none)
+        pending = s.status[ev.noop_req] == COMPLETED
+        if st.pd:  # a completed prefill sub-request's timeout is pending on its instance
+            pending = pending | (s.status[prefill_row(st, parent_row(st, ev.noop_req))]
+                                 == COMPLETED)
+        phantom = (ev.cluster_kind == CL_NOOP) & ~pending
         s = s.replace(life=lifecycle.saw_event(s.life, ev.t_us, live & ~phantom))
     ins = live & (ev.cluster_kind < 0)
     clock = upd(s.batch.clock, ev.instance, ev.t_us, ins)

@@ -215,14 +215,19 @@ def stale_timeout(s, st, c) -> StaleTimeout:
     within the horizon not yet handled, ties to the lowest row. Compiled in only with
     lifecycles, whose last event it can be. A session's rounds complete in order and share one
     timeout (``Workload.validate``), so their pending timeouts come up in round order: each
-    session's next one is its follow-up ``stale_next`` (one entry per session)."""
+    session's next one is its follow-up ``stale_next`` (one entry per session); with P/D
+    pools a completed prefill sub-request leaves its timeout pending as well."""
     sessions = jnp.arange(st.num_sessions)
     rows = jnp.minimum(c.follow_start + s.sess.stale_next, st.num_requests)
     timeout = c.deadline_us[rows]
     dl = s.sess.arrival_us[rows] + timeout
-    stale = c.follow_up[rows] & (c.session[rows] == sessions) \
-        & (s.status[rows] == COMPLETED) & (timeout > 0) & (dl <= st.horizon_us) \
-        & ~s.tdone[rows]
+    done = s.status[rows] == COMPLETED
+    if st.pd:  # a completed prefill sub-request's timeout is pending while its request is
+        # off every instance (in transfer, or dropped at the decode side's reservation)
+        off = (s.status[rows] != QUEUED) & (s.status[rows] != RUNNING)
+        done = done | (off & (s.status[prefill_row(st, rows)] == COMPLETED))
+    stale = c.follow_up[rows] & (c.session[rows] == sessions) & done & (timeout > 0) \
+        & (dl <= st.horizon_us) & ~s.tdone[rows]
     t = jnp.where(stale, dl, INT64_MAX)
     k = jnp.argmin(t)  # ties: the lowest session, whose rows come first
     return StaleTimeout(t[k], rows[k].astype(jnp.int32))

@@ -717,10 +717,7 @@ def _check_pd_prefix_index(params) -> None:
 
 def _check_sessions_supported(cfg) -> None:
     """Closed-loop sessions run with the features below in the reference engine only."""
-    refused = [
-        (cfg.cluster.pd.enabled and uses_lifecycle(cfg), "cluster.pd",
-         "P/D pools and instance lifecycles together"),
-    ]
+    refused: list = []
     for on, field, what in refused:
         if on:
             raise ConfigError(field, f"closed-loop sessions with {what} run in the reference "

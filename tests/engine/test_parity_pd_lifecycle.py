@@ -16,7 +16,7 @@ from blisjax.config.pd import PDConfig
 from blisjax.engine import params_from_config, simulate_population, stack_params
 from blisjax.engine.parity import first_divergence
 from blisjax.engine.static import build_static, build_static_shared
-from blisjax.metrics.records import TIMED_OUT
+from blisjax.metrics.records import COMPLETED, DROPPED, TIMED_OUT
 from blisjax.reference import simulate as reference
 from tests.engine.test_parity_gateway import bursty_rows
 from tests.engine.test_parity_pd_pools import _config as own_pools_config
@@ -133,3 +133,27 @@ def test_pools_of_their_own_settings_with_lifecycles_match_reference():
         assert first_divergence(want, results[k]) is None, k
         assert want.lifecycle.scale_ups > 0, k
     assert list(results[0].kv_total_blocks) == [22059, 508, 22059, 508]
+
+
+def test_a_completed_prefills_pending_timeout_is_the_last_event():
+    """Hand case: 1 prefill and 1 decode instance of 10 blocks of 16 tokens, priced (a
+    lifecycle without an autoscaler). Request 0 (100 tokens in, 40 out) decodes on the decode
+    instance, holding 7 of its blocks; request 1 (60 tokens, deadline 1 s) completes its
+    prefill at 4.6 ms, and its transfer finds 3 free blocks for the 4 its prompt needs: it is
+    dropped at the decode side. Its prefill sub-request's timeout stays pending on the prefill
+    instance (lazily cancelled) and comes up at 1 s, the run's last event: both instances are
+    held 1 s, not until request 0 completes (45.5 ms)."""
+    cfg = make_resolved(instances=2, kv_blocks=10, max_running=4, max_tokens=256).config
+    cfg = dataclasses.replace(cfg, cluster=dataclasses.replace(
+        cfg.cluster, pd=PDConfig(prefill_instances=1, decode_instances=1, decider="always"),
+        lifecycle=LifecycleConfig(cost_per_hour=2.0)))
+    resolved = resolve_config(cfg)
+    w = make_workload([dict(arrival=0, input=100, output=40),
+                       dict(arrival=3000, input=60, output=3, deadline=1_000_000)])
+    want = reference(resolved, w)
+    assert list(want.status) == [COMPLETED, DROPPED] and want.pd.dropped_at_decode_kv == 1
+    assert want.sim_ended_us < 50_000
+    assert list(want.lifecycle.replica_us) == [1_000_000, 1_000_000]
+    got = simulate_population(resolved, w, stack_params([params_from_config(cfg, ("",))]),
+                              static=build_static(resolved, w))[0]
+    assert first_divergence(want, got) is None

@@ -13,7 +13,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from blisjax.config import ConfigError, PDConfig, ScorerWeight, resolve_config
+from blisjax.config import PDConfig, ScorerWeight, resolve_config
 from blisjax.engine import params_from_config, simulate_population, stack_params
 from blisjax.engine.parity import first_divergence
 from blisjax.engine.static import build_static, build_static_shared
@@ -25,6 +25,7 @@ from blisjax.workload.types import FOLLOW_UP_ARRIVAL_US, Workload
 from tests.engine.conftest import edge_engine, room_for_a_program
 from tests.engine.test_parity import _random_policy_configs
 from tests.engine.test_parity_pd import runs_in_jax
+from tests.engine.test_parity_pd_lifecycle import LANES as PD_LIFECYCLE_LANES
 from tests.engine.test_parity_sessions import random_session_workload
 from tests.reference.conftest import make_resolved
 from tests.workload.test_concurrency import _mixed_spec
@@ -181,14 +182,27 @@ def test_concurrency_users_with_pools_match_reference():
     assert disaggregated > 0
 
 
-def test_sessions_with_pools_and_lifecycles_are_refused_in_the_jax_engine():
-    """The reference engine runs them; the JAX engine names the setting."""
-    base = _base(False)
-    cfg = dataclasses.replace(base.config, cluster=dataclasses.replace(
-        base.config.cluster, lifecycle=dataclasses.replace(base.config.cluster.lifecycle,
-                                                           cost_per_hour=2.0)))
-    resolved = resolve_config(cfg)
-    w = random_session_workload(1)
-    with pytest.raises(ConfigError, match="cluster.pd.*lifecycles"):
-        build_static(resolved, w)
-    assert reference(resolved, w).status.size == w.num_requests
+def _autoscaled(quirks: bool = False):
+    """The P/D autoscaling lanes of ``test_parity_pd_lifecycle`` (each pool scaled on its
+    own; cold instances; a prefill pool draining its only routable instance), on sessions."""
+    return [dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, max_model_len=80))
+            for cfg in PD_LIFECYCLE_LANES]
+
+
+@pytest.mark.parametrize("seeds", [(1, 2), pytest.param((3, 4, 5), marks=pytest.mark.slow)])
+def test_sessions_with_pools_under_autoscaling_match_reference(seeds):
+    """Conversations (follow-up timeouts, a completed round's timeouts pending on both of its
+    instances) on autoscaled P/D pools: each lane equal to its own reference run, lifecycle
+    counters and timeline included."""
+    room_for_a_program()
+    lanes = _autoscaled()
+    base = resolve_config(lanes[0])
+    workloads = [random_session_workload(s, accumulate=s % 2 == 1) for s in seeds]
+    static = build_static_shared(base, workloads)
+    assert static.pd and static.lifecycle and static.sessions
+    params = stack_params([params_from_config(c, workloads[0].tenant_names) for c in lanes])
+    for w in workloads:
+        got = simulate_population(base, w, params, static=static)
+        for k, cfg in enumerate(lanes):
+            want = reference(resolve_config(cfg), w)
+            assert first_divergence(want, got[k], w.request_id) is None, (k, w.session_accumulate)
