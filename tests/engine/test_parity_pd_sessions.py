@@ -107,7 +107,7 @@ def _two_rounds(think_us: int) -> Workload:
         session_names=("s0",), session_accumulate=True)
 
 
-@pytest.mark.parametrize("quirks", [False, True])
+@pytest.mark.parametrize("quirks", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_a_disaggregated_rounds_follow_up_arrives_after_its_decode(quirks):
     """Hand case (blackbox β = (1000, 10, 100), no α, no cluster latencies, 1 prefill and
     2 decode instances, every request disaggregated): round 0 (20 prompt tokens, 5 outputs)
