@@ -444,7 +444,6 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
     bs = eng.block_size_tokens
     sessions = workload.has_sessions
     if sessions:  # decode stretches plan steps past a follow-up's arrival: off
-        _check_sessions_supported(cfg)
         decode_stretches = False
     if cfg.cluster.gateway.enabled:
         decode_stretches = False
@@ -713,15 +712,6 @@ def _check_pd_prefix_index(params) -> None:
                           "whose pools route with the cluster's router and its prefix-affinity "
                           "scorer (no prefill_scorers / decode_scorers of their own) run in the "
                           "reference engine only (--engine reference)")
-
-
-def _check_sessions_supported(cfg) -> None:
-    """Closed-loop sessions run with the features below in the reference engine only."""
-    refused: list = []
-    for on, field, what in refused:
-        if on:
-            raise ConfigError(field, f"closed-loop sessions with {what} run in the reference "
-                              "engine only (--engine reference)")
 
 
 def _session_shape(workload, bs: int) -> dict:
