@@ -223,15 +223,16 @@ def pd_population(cfg: SimConfig, tenants, lanes: int, seed: int = 0):
 
 def run_jax(resolved, workload, lanes: int, warm_calls: int = 2,
             decode_stretches: bool | None = None, narrow_programs: bool = True,
-            draw=None, **capacities) -> dict:
+            draw=None, lane_block: int | None = None, **capacities) -> dict:
     """``draw(config, tenants, lanes)``: the population (default: scenario S's routing weights,
-    ``population``); ``capacities``: ``build_static``'s."""
+    ``population``); ``lane_block``: lanes per lockstep loop (None: the engine's default; 1:
+    solo lanes); ``capacities``: ``build_static``'s."""
     st = build_static(resolved, workload, decode_stretches=decode_stretches,
                       narrow_programs=narrow_programs, **capacities)
     consts = build_consts(resolved, workload, st)
     params = (draw or population)(resolved.config, workload.tenant_names, lanes)
     start = time.perf_counter()
-    compiled = compile_lanes(st, consts, params)
+    compiled = compile_lanes(st, consts, params, lane_block=lane_block)
     compile_s = time.perf_counter() - start
     start = time.perf_counter()
     final = compiled(consts, params)
@@ -341,6 +342,9 @@ def main() -> None:
                          "(narrow_programs=False: smaller program, faster compile)")
     ap.add_argument("--warm-calls", type=int, default=2,
                     help="timed calls after the first (same compiled program, warm memory)")
+    ap.add_argument("--lane-block", type=int, default=None,
+                    help="lanes per lockstep loop with --cpu-tier (default: the engine's; 1: "
+                         "solo lanes, each running only the handlers and trips it needs)")
     ap.add_argument("--cpu-tier", action="store_true",
                     help="the CPU-tier example (configs/search/cpu-tier.yaml, --requests "
                          "requests): one reference run, then populations of distinct tier "
@@ -380,7 +384,8 @@ def main() -> None:
         print(json.dumps({"workload": "cpu-tier", **ref}), flush=True)
         for p in args.lanes.split(","):
             row = run_jax(resolved, workload, int(p), args.warm_calls, draw=tier_population,
-                          cpu_tier_blocks=TIER_MAX_BLOCKS)
+                          lane_block=args.lane_block, cpu_tier_blocks=TIER_MAX_BLOCKS)
+            row["lane_block"] = args.lane_block
             row["speedup_vs_reference"] = round(ref["run_s"] / row["s_per_sim"], 2)
             print(json.dumps({"workload": "cpu-tier", **row}), flush=True)
         return

@@ -237,7 +237,7 @@ def compile_case(args) -> Case:
                       **tiers)
     consts = build_consts(resolved, workload, st)
     params = draw(resolved.config, workload.tenant_names, args.lanes)
-    placed = engine_run._placement(params, None, None)
+    placed = engine_run._placement(st, params, None, None)
     devices, padded = placed.devices, placed.params
     compiled = engine_run._run_sharded.lower(st, consts, padded, devices,
                                               placed.lane_block).compile()

@@ -105,7 +105,7 @@ def main() -> None:
     consts = build_consts(resolved, wl, st)
     params = population(resolved.config, wl.tenant_names, args.lanes)
     st = run.for_lanes(st, params)
-    placed = run._placement(run._fit_instances(st, params), None, None)
+    placed = run._placement(st, run._fit_instances(st, params), None, None)
     lowered = run._run_sharded.lower(st, consts, placed.params, placed.devices, placed.lane_block)
     total, counts = count_by_function(lowered.as_text(debug_info=True))
     print(f"{total} operations")

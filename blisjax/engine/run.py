@@ -4,7 +4,8 @@ The compiled program is one ``lax.while_loop`` whose body advances every lane th
 cheap events up to and including its next step (``vmap`` of ``lane_advance``); finished lanes
 idle until the slowest lane is done. A device with more than ``LANE_BLOCK`` lanes runs them as
 consecutive blocks (``lax.map``), each its own loop: a block's state stays cache-sized and its
-lanes idle only until the block's slowest is done.
+lanes idle only until the block's slowest is done. With a CPU tier the blocks are smaller and
+hold lanes of similar tier sizes (``TIERED_LANE_BLOCK``).
 
 Counterpart: ``blisjax.reference.cluster.simulate`` (``simulate`` here) and
 ``ClusterSimulator._result`` (``lane_result``: the same ``RunResult`` fields).
@@ -57,14 +58,36 @@ LANE_BLOCK = 64
 # On an accelerator every lane of a device runs in one loop: a loop iteration costs the same
 # kernel launches at 64 lanes or thousands, so consecutive blocks would only multiply them.
 ACCELERATOR_LANE_BLOCK = 1 << 20
+# Lanes per loop on a CPU device for a population with CPU tiers smaller than a GPU cache. A
+# lane whose tier is smaller than a mirror pass's distinct blocks takes the pass's exact
+# stack-distance path (``kvtier._pass_stores``, work per lane) at nearly every step, and a
+# block runs it whenever one of its lanes needs it; so such populations run in small blocks
+# whose lanes are ordered by tier size (``_lane_order``): thrashing tiers share their blocks
+# (docs/performance.md, A population of CPU tiers).
+TIERED_LANE_BLOCK = 4
 
 
-def default_lane_block(devices=None) -> int:
-    """Lanes per lockstep loop where ``lane_block`` is not given: ``LANE_BLOCK`` when every
-    device is a CPU, else ``ACCELERATOR_LANE_BLOCK`` (all of a device's lanes in one loop).
-    ``devices``: default, JAX's local devices."""
+def default_lane_block(devices=None, st: EngineStatic | None = None,
+                       params: PolicyParams | None = None) -> int:
+    """Lanes per lockstep loop where ``lane_block`` is not given: ``ACCELERATOR_LANE_BLOCK``
+    (all of a device's lanes in one loop) unless every device is a CPU; there
+    ``TIERED_LANE_BLOCK`` for a program ``st`` with a CPU tier where some lane of ``params``
+    (None: any) has a tier smaller than the GPU's KV cache (``small_tiers``), else
+    ``LANE_BLOCK``. ``devices``: default, JAX's local devices."""
     devices = jax.local_devices() if devices is None else devices
-    return LANE_BLOCK if all(d.platform == "cpu" for d in devices) else ACCELERATOR_LANE_BLOCK
+    if not all(d.platform == "cpu" for d in devices):
+        return ACCELERATOR_LANE_BLOCK
+    if st is not None and st.tiered and (params is None or small_tiers(st, params)):
+        return TIERED_LANE_BLOCK
+    return LANE_BLOCK
+
+
+def small_tiers(st: EngineStatic, params: PolicyParams) -> bool:
+    """Whether some lane has a CPU tier smaller than an instance's GPU blocks: a mirror pass
+    can then hold more distinct blocks than the tier (it thrashes); a bigger tier never
+    evicts a pass's own blocks before they recur."""
+    tiers = np.asarray(params.kv_cpu_blocks)
+    return bool(np.any((tiers > 0) & (tiers < st.kv_blocks)))
 
 
 def _lane_blocks(lanes: int, block: int) -> tuple[int, int]:
@@ -81,9 +104,26 @@ def _run_local(st: EngineStatic, lane_block: int, consts, params: PolicyParams):
     count, size = _lane_blocks(lanes, lane_block)
     if count == 1:
         return _run_block(st, consts, params)
+    order = _lane_order(st, params)
+    if order is not None:
+        params = jax.tree_util.tree_map(lambda x: x[order], params)
     blocks = jax.tree_util.tree_map(lambda x: x.reshape(count, size, *x.shape[1:]), params)
     out = jax.lax.map(lambda p: _run_block(st, consts, p), blocks)
-    return jax.tree_util.tree_map(lambda x: x.reshape(lanes, *x.shape[2:]), out)
+    out = jax.tree_util.tree_map(lambda x: x.reshape(lanes, *x.shape[2:]), out)
+    if order is None:
+        return out
+    back = jnp.zeros_like(order).at[order].set(jnp.arange(lanes, dtype=order.dtype))
+    return jax.tree_util.tree_map(lambda x: x[back], out)
+
+
+def _lane_order(st: EngineStatic, params: PolicyParams):
+    """The order in which a device's lanes are cut into blocks, or None (as given): with a
+    CPU tier, by tier size (stable), so that lanes whose small tiers take the mirror pass's
+    exact path at every step share their blocks. Lanes are independent: the order changes no
+    lane's results, only which lanes wait for which."""
+    if not st.tiered:
+        return None
+    return jnp.argsort(params.kv_cpu_blocks, stable=True)
 
 
 def _initial_states(st: EngineStatic, params: PolicyParams):
@@ -179,12 +219,14 @@ class Placement(NamedTuple):
     lane_block: int  # lanes per lockstep loop (at most a device's share)
 
 
-def _placement(params: PolicyParams, devices, lane_block: int | None) -> Placement:
+def _placement(st: EngineStatic, params: PolicyParams, devices,
+               lane_block: int | None) -> Placement:
     """Lanes split evenly over the devices, each device's share a whole number of lane blocks
-    (``lane_block`` lanes at most; ``None``: ``default_lane_block``); a population is padded
-    with copies of its last lane (their results are dropped)."""
+    (``lane_block`` lanes at most; ``None``: ``default_lane_block`` for ``st``); a population
+    is padded with copies of its last lane (their results are dropped)."""
     devices = tuple(jax.local_devices() if devices is None else devices)
-    lane_block = default_lane_block(devices) if lane_block is None else lane_block
+    if lane_block is None:
+        lane_block = default_lane_block(devices, st, params)
     if lane_block < 1:
         raise ValueError(f"lane_block must be >= 1, got {lane_block}")
     lanes = int(np.shape(params.admission.policy)[0])
@@ -259,7 +301,7 @@ def _run_padded(st: EngineStatic, consts, params: PolicyParams, devices,
     st = for_lanes(st, params)
     check_gpus(st, consts, params)
     params = _fit_instances(st, params)
-    placed = _placement(params, devices, lane_block)
+    placed = _placement(st, params, devices, lane_block)
     check_memory(st, placed)
     lanes = placed.lanes
     if phase is None and not progcache.cacheable(st):  # jit's own in-process cache
@@ -307,7 +349,7 @@ def compile_lanes(st: EngineStatic, consts, params: PolicyParams, devices=None,
     st = for_lanes(st, params)
     check_gpus(st, consts, params)
     params = _fit_instances(st, params)
-    placed = _placement(params, devices, lane_block)
+    placed = _placement(st, params, devices, lane_block)
     check_memory(st, placed)
     block = placed.lane_block
     compiled = progcache.compiled_program(
@@ -321,7 +363,7 @@ def compile_lanes(st: EngineStatic, consts, params: PolicyParams, devices=None,
                              "instances' caches, or with closed-loop sessions prefix-affinity): "
                              "compile with params that list it")
         check_gpus(st, consts, params)
-        again = _placement(_fit_instances(st, params), placed.devices, block)
+        again = _placement(st, _fit_instances(st, params), placed.devices, block)
         return _drop_padding(compiled(consts, again.params), again.lanes)
 
     return run

@@ -16,7 +16,9 @@ from blisjax.engine.run import (
     ACCELERATOR_LANE_BLOCK,
     LANE_BLOCK,
     MEMORY_PER_STATE,
+    TIERED_LANE_BLOCK,
     _initial_states,
+    _lane_order,
     _placement,
     check_memory,
     default_lane_block,
@@ -36,15 +38,32 @@ def test_cpu_devices_run_lanes_in_blocks_and_an_accelerator_runs_all_in_one_loop
     assert default_lane_block([_device("cpu"), _device("cpu")]) == 64
     assert default_lane_block([_device("gpu")]) == ACCELERATOR_LANE_BLOCK
     assert ACCELERATOR_LANE_BLOCK >= 65_536
+    # a program with a CPU tier, 100 GPU blocks per instance: lanes whose tiers can thrash run
+    # in small blocks on CPUs; lanes of no tier or tiers of the GPU cache's size at least not
+    tiered = types.SimpleNamespace(tiered=True, kv_blocks=100)
+    for tiers, block in (((0, 99), TIERED_LANE_BLOCK), ((0, 100, 300), LANE_BLOCK),
+                         ((1,), TIERED_LANE_BLOCK)):
+        lanes = types.SimpleNamespace(kv_cpu_blocks=np.array(tiers))
+        assert default_lane_block([_device("cpu")], tiered, lanes) == block, tiers
+        assert default_lane_block([_device("gpu")], tiered, lanes) == ACCELERATOR_LANE_BLOCK
+    assert default_lane_block([_device("cpu")], tiered) == TIERED_LANE_BLOCK < LANE_BLOCK
+
+
+def test_lanes_with_cpu_tiers_are_cut_into_blocks_in_the_order_of_their_tier_sizes():
+    lanes = types.SimpleNamespace(kv_cpu_blocks=np.array([300, 0, 24, 0, 1200], np.int32))
+    order = _lane_order(types.SimpleNamespace(tiered=True), lanes)
+    assert np.asarray(order).tolist() == [1, 3, 2, 0, 4]  # equal sizes keep their order
+    assert _lane_order(types.SimpleNamespace(tiered=False), lanes) is None
 
 
 def test_a_placement_on_one_device_keeps_every_lane_in_one_block_when_asked():
     base = make_resolved(instances=2)
     w = make_workload(EDGE_ROWS, ("a", "b"), ("g",))
     params = stack_params([params_from_config(base.config, w.tenant_names)] * 200)
-    placed = _placement(params, jax.local_devices()[:1], ACCELERATOR_LANE_BLOCK)
+    st = build_static(base, w)
+    placed = _placement(st, params, jax.local_devices()[:1], ACCELERATOR_LANE_BLOCK)
     assert placed.lane_block == 200 and placed.lanes == 200
-    blocked = _placement(params, jax.local_devices()[:1], None)  # a CPU: blocks of 64
+    blocked = _placement(st, params, jax.local_devices()[:1], None)  # a CPU: blocks of 64
     assert blocked.lane_block == 64
     assert int(blocked.params.admission.policy.shape[0]) == 200  # 4 blocks of 50, no padding
 
@@ -65,7 +84,7 @@ def test_state_size_per_lane_counts_every_array_of_a_lanes_state():
 
 def test_a_population_that_cannot_fit_in_device_memory_is_refused_before_compiling():
     st, params = _population(10)
-    placed = _placement(params, jax.local_devices()[:1], None)
+    placed = _placement(st, params, jax.local_devices()[:1], None)
     per_lane = state_bytes_per_lane(st, params)
     # room for exactly 10 lanes: accepted; one byte less: refused, naming what fits (9)
     room = int(np.ceil(MEMORY_PER_STATE * per_lane * 10))

@@ -81,24 +81,28 @@ def test_lanes_with_distinct_tiers_match_the_reference(stretches, latency):
     assert all(int(np.sum(ref.preemption_count)) > 0 for ref in refs[:3])
     reloads = [int(t.reloads.sum()) for t in tiers]
     assert reloads == sorted(reloads), reloads  # a bigger tier holds more prefixes
-    params = stack_params([params_from_config(c, workload.tenant_names) for c in configs])
+    # each lane twice, the second time in reverse: two blocks of four lanes
+    # (``TIERED_LANE_BLOCK``), each lane run in another block than its place in the population
+    order = [*range(len(LANES)), *reversed(range(len(LANES)))]
+    params = stack_params([params_from_config(configs[k], workload.tenant_names)
+                           for k in order])
     st = build_static(base, workload, decode_stretches=stretches)
     assert st.stretches == stretches
     consts = build_consts(base, workload, st)
     final = run_lanes(st, consts, params)
-    lanes = [lane_result(st, consts, final, k) for k in range(len(LANES))]
     if stretches:  # a 24-block tier never holds a batch's blocks: it never stretches
         stretched = np.asarray(final.run.stretched)
-        assert stretched[1] == 0 and np.all(stretched[[0, 2, 3]] > 0), stretched
-    for k, ref in enumerate(refs):
-        assert first_divergence(ref, lanes[k]) is None, (k, first_divergence(ref, lanes[k]))
-        assert lanes[k].overflow == {}
+        assert np.all((stretched == 0) == (np.array(order) == 1)), stretched
+    for j, k in enumerate(order):
+        got, ref = lane_result(st, consts, final, j), refs[k]
+        assert first_divergence(ref, got) is None, (k, first_divergence(ref, got))
+        assert got.overflow == {}
         if ref.kv_tier is None:
-            assert lanes[k].kv_tier is None
+            assert got.kv_tier is None
             continue
         for field in ref.kv_tier._fields:
             assert np.array_equal(getattr(ref.kv_tier, field),
-                                  getattr(lanes[k].kv_tier, field)), (k, field)
+                                  getattr(got.kv_tier, field)), (k, field)
 
 
 #: BLIS's own tiered-KV configuration, lanes of other sizes and transfer times.
