@@ -101,7 +101,8 @@ def _derived_capacity(name: str, static, workload) -> int:
     from blisjax.engine.consts import events_bound
     from blisjax.engine.request_rows import engine_workload
 
-    return events_bound(engine_workload(workload, static.max_model_len), static)
+    return events_bound(engine_workload(workload, static.conversation_max_model_len,
+                                         pd=static.pd), static)
 
 
 def simulate_and_report(args: Any, cfg: SimConfig, choice: WorkloadChoice, base: str) -> int:

@@ -79,6 +79,16 @@ class ResolvedConfig:
         return self if pool is None else pool
 
     @property
+    def conversation_max_model_len(self) -> int:
+        """The length cap under which accumulating conversations are assembled
+        (``workload.sessions.prompt_tokens``): that of the instances where requests complete.
+        With P/D pools of their own settings the decode pool's (decode and shared instances run
+        it, and requests not disaggregated go to the decode pool), else ``max_model_len``."""
+        if self.pools is None or self.pools[1] is None:
+            return self.max_model_len
+        return self.pools[1].max_model_len
+
+    @property
     def engine(self) -> EngineConfig:
         return self.config.engine
 

@@ -226,7 +226,7 @@ def build_consts(resolved, workload, st: EngineStatic) -> WorkloadConsts:
     """Host-side preparation of per-request constants and exact float tables."""
     bs = st.block_size
     original = workload
-    workload = engine_workload(workload, st.max_model_len)
+    workload = engine_workload(workload, st.conversation_max_model_len, pd=st.pd)
     inp = np.asarray(workload.input_tokens, dtype=np.int64)
     out = np.asarray(workload.output_tokens, dtype=np.int64)
     gb = group_blocks(workload, bs)

@@ -141,7 +141,7 @@ def with_gpus(st, resolved, workload, names):
         raise ConfigError("hardware", "per-lane GPU types with a roofline model the program "
                           "evaluates on the host (contexts of 2^25 tokens or more) run in the "
                           "reference engine only (--engine reference)")
-    workload = engine_workload(workload, st.max_model_len)
+    workload = engine_workload(workload, st.conversation_max_model_len, pd=st.pd)
     pending = max(max_pending(gpu_resolved(resolved, x), workload) for x in wanted)
     return dataclasses.replace(st, gpus=tuple(wanted),
                                pending_slots=max(st.pending_slots, pending))

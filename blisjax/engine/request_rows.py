@@ -31,12 +31,14 @@ def ext_counts(inp, out, bs: int) -> np.ndarray:
     return -(-np.asarray(out, np.int64) // bs) + 1
 
 
-def engine_workload(workload, max_model_len: int):
+def engine_workload(workload, max_model_len: int, *, pd: bool):
     """The workload as the engine reads it: every prompt at its assembled length
-    (``workload.sessions.prompt_tokens``; the workload itself without sessions)."""
+    (``workload.sessions.prompt_tokens`` under the cap ``max_model_len`` of the instances where
+    rounds complete, ``pd``: with P/D pools; the workload itself without sessions)."""
     if not workload.has_sessions:
         return workload
-    return dataclasses.replace(workload, input_tokens=prompt_tokens(workload, max_model_len))
+    return dataclasses.replace(workload, input_tokens=prompt_tokens(
+        workload, max_model_len, disaggregated=pd))
 
 
 def own_counts(workload, bs: int) -> np.ndarray:

@@ -243,6 +243,16 @@ class EngineStatic:
         return 2 if self.pd and self.lifecycle else 1
 
     @property
+    def conversation_max_model_len(self) -> int:
+        """The length cap under which accumulating conversations are assembled
+        (``ResolvedConfig.conversation_max_model_len``): the decode pool's where P/D pools have
+        caps of their own (row 2 of ``instance_rows``: decode and shared instances, where
+        requests complete), else ``max_model_len``."""
+        if self.instance_max_model_len and 2 in self.instance_rows:
+            return self.instance_max_model_len[self.instance_rows.index(2)]
+        return self.max_model_len
+
+    @property
     def tiered(self) -> bool:
         """A CPU tier is compiled in (``engine.kvtier``)."""
         return self.cpu_tier_blocks > 0
@@ -447,7 +457,8 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
         decode_stretches = False
     if cfg.cluster.gateway.enabled:
         decode_stretches = False
-    workload = engine_workload(workload, int(resolved.max_model_len))
+    workload = engine_workload(workload, int(resolved.conversation_max_model_len),
+                               pd=cfg.cluster.pd.enabled)
     n = workload.num_requests
     inp = np.asarray(workload.input_tokens, dtype=np.int64)
     out = np.asarray(workload.output_tokens, dtype=np.int64)

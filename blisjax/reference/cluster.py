@@ -144,7 +144,8 @@ class ClusterSimulator:
         self.follow_ups_created = 0  # against the workload's follow-up budget
         self.rounds_overflow = 0  # follow-ups a session out of rows would have sent
         self._unbounded = tuple(workload.session_unbounded)
-        self.prompts = sessions.prompt_tokens(workload, resolved.max_model_len)
+        self.prompts = sessions.prompt_tokens(workload, resolved.conversation_max_model_len,
+                                              disaggregated=cfg.cluster.pd.enabled)
         self.requests = self._make_requests(workload, self.prompts)
         self.request_ids = [int(x) for x in np.asarray(workload.request_id).tolist()]
         #: the P/D pools (None without them)

@@ -55,20 +55,29 @@ def next_round(workload: Workload) -> np.ndarray:
     return out
 
 
-def produced_tokens(prompt: int, output_tokens: int, max_model_len: int) -> int:
+def produced_tokens(prompt: int, output_tokens: int, max_model_len: int, *,
+                    disaggregated: bool = False) -> int:
     """Tokens a completed request produced that enter the conversation (``PI − L`` at its
-    completion): all but the last, or up to the length cap when it was capped."""
+    completion): all but the last, or up to the length cap when it was capped.
+
+    ``disaggregated``: rounds may complete as P/D decode sub-requests, which pass no length
+    guard on their decode instance and whose first step decodes a token whatever the cap: a
+    round of two or more output tokens whose prompt reaches the cap (it would be unservable
+    co-located, and is dropped there) then produces one."""
     made = max(output_tokens, 1) - 1
     if max_model_len > 0 and prompt + made > max_model_len - 1:
-        made = max(max_model_len - 1 - prompt, 0)
+        made = max(max_model_len - 1 - prompt, min(made, 1) if disaggregated else 0)
     return made
 
 
-def prompt_tokens(workload: Workload, max_model_len: int) -> np.ndarray:
+def prompt_tokens(workload: Workload, max_model_len: int, *,
+                  disaggregated: bool = False) -> np.ndarray:
     """int64 [N]: each request's prompt length as the engines see it (``Workload.input_tokens``
     for every row but a follow-up, whose prompt is assembled from its session). A follow-up
     whose predecessor cannot complete normally (an unservable prompt) keeps a well-defined
-    length; it is never created."""
+    length; it is never created. ``max_model_len``: the cap of the instances where rounds
+    complete (``ResolvedConfig.conversation_max_model_len``); ``disaggregated``: with P/D
+    pools (``produced_tokens``)."""
     w = workload
     prompt = np.asarray(w.input_tokens, dtype=np.int64).copy()
     if not w.has_sessions:
@@ -77,7 +86,8 @@ def prompt_tokens(workload: Workload, max_model_len: int) -> np.ndarray:
     for i in np.flatnonzero(nxt >= 0).tolist():  # rounds come in order: row i before nxt[i]
         k = int(nxt[i])
         if w.session_accumulate:
-            made = produced_tokens(int(prompt[i]), int(w.output_tokens[i]), max_model_len)
+            made = produced_tokens(int(prompt[i]), int(w.output_tokens[i]), max_model_len,
+                                   disaggregated=disaggregated)
             prompt[k] = prompt[i] + made + w.input_tokens[k]
         else:
             prompt[k] = w.prefix_length[k] + w.input_tokens[k]

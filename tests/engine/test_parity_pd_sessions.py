@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from blisjax.config import PDConfig, ScorerWeight, resolve_config
+from blisjax.config.pd import PoolOverrides
 from blisjax.engine import params_from_config, simulate_population, stack_params
 from blisjax.engine.parity import first_divergence
 from blisjax.engine.static import build_static, build_static_shared
@@ -132,6 +133,47 @@ def test_a_disaggregated_rounds_follow_up_arrives_after_its_decode(quirks):
                               static=build_static(resolved, w))[0]
     assert first_divergence(want, got, w.request_id) is None
     assert np.array_equal(got.sessions.arrival_us, want.sessions.arrival_us)
+
+
+def _capped_conversations() -> Workload:
+    """Two conversations of two rounds: s0 opens with 20 prompt tokens and 30 outputs, s1 with
+    45 and 5; each then sends a 6-token message answered by 5 outputs."""
+    col = lambda *xs: np.array(xs, dtype=np.int64)  # noqa: E731
+    return Workload(
+        request_id=col(0, 1, 2, 3),
+        arrival_us=col(1000, 2000, FOLLOW_UP_ARRIVAL_US, FOLLOW_UP_ARRIVAL_US),
+        input_tokens=col(20, 45, 6, 6), output_tokens=col(30, 5, 5, 5),
+        prefix_group=col(-1, -1, -1, -1), prefix_length=col(0, 0, 0, 0),
+        tenant=col(0, 0, 0, 0), client=col(0, 0, 0, 0), slo_class=col(0, 0, 0, 0),
+        deadline_us=col(0, 0, 0, 0), tenant_names=("a",), prefix_group_names=(),
+        session=col(0, 1, 0, 1), round_index=col(0, 0, 1, 1), think_time_us=col(0, 0, 500, 500),
+        session_names=("s0", "s1"), session_accumulate=True)
+
+
+def test_conversations_on_a_decode_pool_of_a_smaller_max_model_len():
+    """Hand case: a max-model-len of 80, the decode pool's own 40, every round disaggregated.
+    Rounds complete on the decode pool, so its cap assembles the conversations: s0's first
+    round decodes up to 39 tokens in all (19 of its 30 outputs enter the conversation), and
+    s1's 45-token prompt passes the prefill instance's guard (45 + 5 <= 80) while its decode
+    sub-request, which no guard stops, decodes one token. The follow-ups' prompts are
+    20 + 19 + 6 = 45 and 45 + 1 + 6 = 52 tokens, in both engines."""
+    resolved = make_resolved(instances=3, max_model_len=80)
+    cfg = dataclasses.replace(resolved.config, cluster=dataclasses.replace(
+        resolved.config.cluster, pd=PDConfig(prefill_instances=1, decode_instances=2,
+                                             decider="always",
+                                             decode=PoolOverrides(max_model_len=40))))
+    resolved = resolve_config(cfg)
+    w = _capped_conversations()
+    want = reference(resolved, w)
+    assert list(want.status) == [records.COMPLETED] * 4
+    assert np.asarray(want.sessions.prompt_tokens).tolist() == [20, 45, 45, 52]
+    assert np.asarray(want.length_capped).tolist() == [True, True, True, True]
+    static = build_static(resolved, w)
+    assert static.conversation_max_model_len == 40
+    got = simulate_population(resolved, w, stack_params([params_from_config(cfg, ("a",))]),
+                              static=static)[0]
+    assert first_divergence(want, got, w.request_id) is None
+    assert np.array_equal(got.sessions.prompt_tokens, want.sessions.prompt_tokens)
 
 
 def test_a_pools_prefix_affinity_scorer_indexes_the_conversations():
