@@ -40,7 +40,7 @@ import numpy as np  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 # per-request state compared between the two engines (the last row is a write sink); E2E,
-# output tokens done and ITL counts are derived from these (run._completion_fields)
+# output tokens done and ITL counts are derived from these (results._completion_fields)
 OUTPUT_FIELDS = ("status", "ttft", "sched", "itl_sum", "preempt", "pi")
 
 

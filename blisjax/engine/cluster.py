@@ -206,7 +206,7 @@ def next_event(s: SimState, st, c) -> NextEvent:
     capped = live & (s.run.iters >= c.max_events)  # every loop is bounded: a lane stops here
     live = live & ~capped
     if st.tiered:  # a lane whose queued request found no holder slot for its blocks stops:
-        # its result is refused (``run.lane_result``), and going on could only take time
+        # its result is refused (``results.lane_result``), and going on could only take time
         live = live & (s.tier.hold_overflow == 0)
     ins = live & ~use_cluster
     kind_arr = ins & (amin[i_star] == best_t) if st.lifecycle and st.blis_quirks \

@@ -169,7 +169,7 @@ def run_loop(s: SimState, st, c, i, todo: LoopCompletions, defer: bool = False) 
         s = kv.defer_release(s, st, i, sb, go) if defer else kv.release(s, st, i, sb, go)
         t = c.tenant[r]
         # E2E, output tokens done and the length-cap flag are functions of progress, TTFT
-        # and ITL sum, which no longer change: ``run.lane_result`` derives them.
+        # and ITL sum, which no longer change: ``results.lane_result`` derives them.
         s = s.replace(status=s.status.at[r].set(COMPLETED),
                       admission=s.admission.replace(
                           tenant_in_flight=upd(s.admission.tenant_in_flight, t,

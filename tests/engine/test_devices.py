@@ -2,7 +2,7 @@
 
 JAX fixes the device count when it starts, so the check runs in a fresh interpreter. Three
 lanes on two devices also exercise padding to a multiple of the device count; four lanes are
-read back from each device's own share (``run.HostLanes``).
+read back from each device's own share (``results.HostLanes``).
 """
 
 from __future__ import annotations
