@@ -7,8 +7,8 @@ consecutive blocks (``lax.map``), each its own loop: a block's state stays cache
 lanes idle only until the block's slowest is done. With a CPU tier the blocks are smaller and
 hold lanes of similar tier sizes (``TIERED_LANE_BLOCK``).
 
-Counterpart: ``blisjax.reference.cluster.simulate`` (``simulate`` here) and
-``ClusterSimulator._result`` (``lane_result``: the same ``RunResult`` fields).
+Counterpart: ``blisjax.reference.cluster.simulate`` (``simulate`` here); each lane's
+``RunResult`` is read from its final state by ``results.py``.
 """
 
 from __future__ import annotations
