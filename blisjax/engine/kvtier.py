@@ -36,9 +36,11 @@ blocks, lives with the other allocation operations in ``kvcache.py``.
   tier's entries before the pass taken as earlier accesses in ring order, that gives every
   access's outcome without replaying the pass key by key: usually no key of the pass can be
   evicted before its access, and the stores are its new keys; otherwise two dominance counts
-  over the pass (a merge sort, O(W log² W)) give each access's distance (``mirror``). The tier after the pass is the old
-  ring with the pass's keys appended in order of their last access, trimmed to C from the
-  oldest end.
+  over the pass (a merge sort, O(W log² W)) give each access's distance (``mirror``). The
+  tier after the pass is the old ring with the pass's keys appended in order of their last
+  access, trimmed to C from the oldest end; keys that already are the newest entries in that
+  order stay where they are (``_kept_tail``), so a batch that repeats its pass grows the ring
+  only by its new keys.
 """
 
 from __future__ import annotations
@@ -366,7 +368,8 @@ def mirror(t: KVTierState, i, keys, valid, active) -> KVTierState:
                        lambda stores, go: jnp.where(go, _pass_stores(
                            t, i, keys, valid, first, where, live_through), stores), new_keys)
     # the pass's reads of the ring and ``where`` (``held``, ``older``) all feed ``stores``
-    t = append(t, i, jnp.where(is_last, keys, 0), after_reads(is_last, stores))
+    moved = is_last & (_kept_tail(is_last, where, older, size0) <= prefix_sum(is_last) - 1)
+    t = append(t, i, jnp.where(moved, keys, 0), after_reads(moved, stores))
     size = jnp.minimum(grown, capacity)
     t = evict_oldest(t, i, grown - size, active)
     return t.replace(
@@ -374,6 +377,19 @@ def mirror(t: KVTierState, i, keys, valid, active) -> KVTierState:
         pass_keys=upd(t.pass_keys, i, jnp.sum(first, dtype=jnp.int32), active),
         mirror_stores=add(t.mirror_stores, i, stores, active),
         evictions=add(t.evictions, i, stores - (size - size0), active))
+
+
+def _kept_tail(is_last, where, older, size0):
+    """How many of a pass's keys, in order of their last access, already are the tier's newest
+    entries in that order (the m first keys are the m newest, oldest first): appending them
+    again would leave the recency order as it is, so only the others move to the newest end
+    (and the ring grows by them alone). ``older``: live entries older than each access's key."""
+    rank = prefix_sum(is_last) - 1  # each key's place by last access (at its last access)
+    held = is_last & (where >= 0)
+    m = 1 + jnp.max(jnp.where(held & (older == size0 - 1), rank, -1))
+    in_tail = is_last & (rank < m)
+    kept = jnp.all(~in_tail | (held & (older - rank == size0 - m)))
+    return jnp.where(kept, m, 0)
 
 
 def _pass_stores(t: KVTierState, i, keys, valid, first, where, live_through):
