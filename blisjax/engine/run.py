@@ -56,7 +56,7 @@ ACCELERATOR_LANE_BLOCK = 1 << 20
 # block runs it whenever one of its lanes needs it; so such populations run in small blocks
 # whose lanes are ordered by tier size (``_lane_order``): thrashing tiers share their blocks
 # (docs/performance.md, A population of CPU tiers).
-TIERED_LANE_BLOCK = 4
+TIERED_LANE_BLOCK = 2
 
 
 def default_lane_block(devices=None, st: EngineStatic | None = None,

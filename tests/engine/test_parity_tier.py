@@ -81,8 +81,8 @@ def test_lanes_with_distinct_tiers_match_the_reference(stretches, latency):
     assert all(int(np.sum(ref.preemption_count)) > 0 for ref in refs[:3])
     reloads = [int(t.reloads.sum()) for t in tiers]
     assert reloads == sorted(reloads), reloads  # a bigger tier holds more prefixes
-    # each lane twice, the second time in reverse: two blocks of four lanes
-    # (``TIERED_LANE_BLOCK``), each lane run in another block than its place in the population
+    # each lane twice, the second time in reverse: blocks of ``TIERED_LANE_BLOCK`` lanes
+    # ordered by tier size, each lane run in another block than its place in the population
     order = [*range(len(LANES)), *reversed(range(len(LANES)))]
     params = stack_params([params_from_config(configs[k], workload.tenant_names)
                            for k in order])
