@@ -39,7 +39,7 @@ blocks, lives with the other allocation operations in ``kvcache.py``.
   over the pass (a merge sort, O(W log² W)) give each access's distance (``mirror``). The
   tier after the pass is the old ring with the pass's keys appended in order of their last
   access, trimmed to C from the oldest end; keys that already are the newest entries in that
-  order stay where they are (``_kept_tail``), so a batch that repeats its pass grows the ring
+  order stay where they are (``_moved_keys``), so a batch that repeats its pass grows the ring
   only by its new keys.
 """
 
@@ -368,7 +368,7 @@ def mirror(t: KVTierState, i, keys, valid, active) -> KVTierState:
                        lambda stores, go: jnp.where(go, _pass_stores(
                            t, i, keys, valid, first, where, live_through), stores), new_keys)
     # the pass's reads of the ring and ``where`` (``held``, ``older``) all feed ``stores``
-    moved = is_last & (_kept_tail(is_last, where, older, size0) <= prefix_sum(is_last) - 1)
+    moved = _moved_keys(is_last, where, older, size0)
     t = append(t, i, jnp.where(moved, keys, 0), after_reads(moved, stores))
     size = jnp.minimum(grown, capacity)
     t = evict_oldest(t, i, grown - size, active)
@@ -379,17 +379,18 @@ def mirror(t: KVTierState, i, keys, valid, active) -> KVTierState:
         evictions=add(t.evictions, i, stores - (size - size0), active))
 
 
-def _kept_tail(is_last, where, older, size0):
-    """How many of a pass's keys, in order of their last access, already are the tier's newest
-    entries in that order (the m first keys are the m newest, oldest first): appending them
-    again would leave the recency order as it is, so only the others move to the newest end
-    (and the ring grows by them alone). ``older``: live entries older than each access's key."""
+def _moved_keys(is_last, where, older, size0):
+    """The last accesses of the pass's keys that must be appended (bool, like ``is_last``):
+    all but the first m keys in order of last access when those m already are the tier's
+    newest entries in that order (oldest first) — appending them again would leave the
+    recency order as it is, so the ring grows by the others alone. ``older``: live entries
+    older than each access's key."""
     rank = prefix_sum(is_last) - 1  # each key's place by last access (at its last access)
     held = is_last & (where >= 0)
     m = 1 + jnp.max(jnp.where(held & (older == size0 - 1), rank, -1))
     in_tail = is_last & (rank < m)
     kept = jnp.all(~in_tail | (held & (older - rank == size0 - m)))
-    return jnp.where(kept, m, 0)
+    return is_last & (rank >= jnp.where(kept, m, 0))
 
 
 def _pass_stores(t: KVTierState, i, keys, valid, first, where, live_through):
