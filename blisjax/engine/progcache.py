@@ -207,13 +207,14 @@ def compiled_program(static: Any, lower: Callable[[], Any], args: tuple, devices
 
 
 def run_program(static: Any, lower: Callable[[], Any], args: tuple, devices: tuple,
-                lane_block: int, loaded: Callable[[], None] | None = None):
+                lane_block: int, loaded: Callable[[Any], None] | None = None):
     """Run the program for ``args`` (``compiled_program``) and wait for its outputs.
-    ``loaded``, if given, is called between obtaining the program and running it. A program
+    ``loaded``, if given, is called with the compiled program between obtaining it and
+    running it. A program
     loaded from disk that fails to run is dropped from the cache, reported, and rebuilt."""
     program = compiled_program(static, lower, args, devices, lane_block)
     if loaded is not None:
-        loaded()
+        loaded(program.compiled)
     try:
         return jax.block_until_ready(program.compiled(*args))
     except Exception as exc:  # noqa: BLE001

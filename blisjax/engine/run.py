@@ -127,11 +127,6 @@ def _initial_states(st: EngineStatic, params: PolicyParams):
         pd_role=p.pd.role, pd_pools=p.pd.pools, params=p))(params)
 
 
-# Device memory of a population over its lanes' states, measured on an H200 (4,096 lanes of
-# 5.7 MB: peak 1.16× the states; docs/performance.md, GPU), with a margin.
-MEMORY_PER_STATE = 1.3
-
-
 def state_bytes_per_lane(st: EngineStatic, params: PolicyParams) -> int:
     """Bytes of one lane's simulation state (shapes only: nothing is computed)."""
     one = jax.tree_util.tree_map(lambda x: x[:1], params)
@@ -139,30 +134,79 @@ def state_bytes_per_lane(st: EngineStatic, params: PolicyParams) -> int:
     return sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in jax.tree_util.tree_leaves(shapes))
 
 
-def check_memory(st: EngineStatic, placed: Placement, limit_bytes: int | None = None) -> None:
-    """Refuse a population whose states cannot fit in device memory, before compiling.
+# Device memory of a population over its lanes' states when XLA reports no footprint for the
+# compiled program: the peak measured on an H200 (4,096 lanes of 5.7 MB: 1.16× the states;
+# docs/performance.md, On a GPU), with a margin.
+MEMORY_PER_STATE = 1.3
+_ALLOCATOR_NOTE = ("JAX's allocator takes 75 % of a GPU's memory unless "
+                   "XLA_PYTHON_CLIENT_MEM_FRACTION says otherwise")
 
-    ``limit_bytes``: memory of one device (default: what the first device reports, as
-    accelerators do; a CPU reports none and is not checked). Each device holds its share of
-    the lanes, about ``MEMORY_PER_STATE`` times their states."""
-    if limit_bytes is None:
-        stats = placed.devices[0].memory_stats() or {}
-        limit_bytes = stats.get("bytes_limit")
-        if limit_bytes is None:
-            return
-    share = int(np.shape(placed.params.admission.policy)[0]) // len(placed.devices)
-    per_lane = state_bytes_per_lane(st, placed.params)
-    need = MEMORY_PER_STATE * per_lane * share
-    if need <= limit_bytes:
-        return
-    fit = int(limit_bytes // (MEMORY_PER_STATE * per_lane)) * len(placed.devices)
+
+def _device_limit(placed: Placement, limit_bytes: int | None) -> int | None:
+    """Memory of one device in bytes: ``limit_bytes``, else what the first device reports
+    (accelerators do; a CPU reports none)."""
+    if limit_bytes is not None:
+        return limit_bytes
+    return (placed.devices[0].memory_stats() or {}).get("bytes_limit")
+
+
+def _refuse(placed: Placement, need: float, limit_bytes: int, what: str) -> None:
+    """Raise the population's memory refusal: ``need`` bytes per device, ``what`` they are."""
+    share = -(-placed.lanes // len(placed.devices))
+    fit = int(limit_bytes * share // need) * len(placed.devices)
     gib = 1 << 30
     raise ValueError(
         f"population: {placed.lanes} lanes need about {need / gib:.1f} GiB per device "
-        f"({per_lane / 1e6:.2f} MB of state per lane, {share} lanes per device), and a device "
-        f"holds {limit_bytes / gib:.1f} GiB: at most {fit} lanes fit in one call on "
-        f"{len(placed.devices)} device{'s' if len(placed.devices) > 1 else ''}; split the "
-        "population over several calls")
+        f"({what}, {share} lanes per device), and a device holds {limit_bytes / gib:.1f} GiB: "
+        f"at most {fit} lanes fit in one call on {len(placed.devices)} "
+        f"device{'s' if len(placed.devices) > 1 else ''}; split the population over several "
+        f"calls ({_ALLOCATOR_NOTE})")
+
+
+def check_memory(st: EngineStatic, placed: Placement, limit_bytes: int | None = None) -> None:
+    """Refuse, before compiling, a population whose lane states alone cannot fit in one
+    device's memory (``limit_bytes``, default what the device reports; a CPU reports none and
+    is not checked). The compiled program's whole footprint is checked before it runs
+    (``check_program_memory``)."""
+    limit_bytes = _device_limit(placed, limit_bytes)
+    if limit_bytes is None:
+        return
+    share = int(np.shape(placed.params.admission.policy)[0]) // len(placed.devices)
+    per_lane = state_bytes_per_lane(st, placed.params)
+    if per_lane * share > limit_bytes:
+        _refuse(placed, per_lane * share, limit_bytes, f"{per_lane / 1e6:.2f} MB of state per "
+                "lane")
+
+
+def program_bytes(compiled) -> int | None:
+    """Device memory one device needs to run ``compiled`` (a ``jax.stages.Compiled``): its
+    arguments, outputs and temporaries as XLA's buffer assignment sizes them, less what
+    outputs share with arguments; ``None`` when XLA reports no analysis."""
+    try:
+        m = compiled.memory_analysis()
+    except Exception:  # noqa: BLE001 -- a backend or a deserialized program without one
+        return None
+    if m is None:
+        return None
+    return int(m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
+               - m.alias_size_in_bytes)
+
+
+def check_program_memory(compiled, st: EngineStatic, placed: Placement,
+                         limit_bytes: int | None = None) -> None:
+    """Refuse to run a compiled population program that cannot fit in one device's memory:
+    its footprint from XLA (``program_bytes``), else ``MEMORY_PER_STATE`` times the states."""
+    limit_bytes = _device_limit(placed, limit_bytes)
+    if limit_bytes is None:
+        return
+    need = program_bytes(compiled)
+    what = "the compiled program's states and temporaries"
+    if need is None:
+        share = int(np.shape(placed.params.admission.policy)[0]) // len(placed.devices)
+        need = int(np.ceil(MEMORY_PER_STATE * state_bytes_per_lane(st, placed.params) * share))
+        what = f"{MEMORY_PER_STATE}× the lanes' states"
+    if need > limit_bytes:
+        _refuse(placed, need, limit_bytes, what)
 
 
 def _run_block(st: EngineStatic, consts, params: PolicyParams):
@@ -304,7 +348,8 @@ def _run_padded(st: EngineStatic, consts, params: PolicyParams, devices,
     def lower():
         return _run_sharded.lower(st, consts, placed.params, placed.devices, placed.lane_block)
 
-    def running():
+    def running(compiled):
+        check_program_memory(compiled, st, placed)
         if phase is not None:
             phase(f"running {lanes} lane{'s' if lanes != 1 else ''} of {st.num_requests} "
                   "requests")
@@ -347,6 +392,7 @@ def compile_lanes(st: EngineStatic, consts, params: PolicyParams, devices=None,
     compiled = progcache.compiled_program(
         st, lambda: _run_sharded.lower(st, consts, placed.params, placed.devices, block),
         (consts, placed.params), placed.devices, block).compiled
+    check_program_memory(compiled, st, placed)
 
     def run(consts, params):
         if for_lanes(st, params) != st:

@@ -12,6 +12,7 @@ import pytest
 from blisjax.cli import main as cli_main
 from blisjax.devices import use_platform
 from blisjax.engine import params_from_config, stack_params
+from blisjax.engine.consts import build_consts
 from blisjax.engine.run import (
     ACCELERATOR_LANE_BLOCK,
     LANE_BLOCK,
@@ -20,8 +21,11 @@ from blisjax.engine.run import (
     _initial_states,
     _lane_order,
     _placement,
+    _run_sharded,
     check_memory,
+    check_program_memory,
     default_lane_block,
+    program_bytes,
     state_bytes_per_lane,
 )
 from blisjax.engine.static import build_static
@@ -82,16 +86,53 @@ def test_state_size_per_lane_counts_every_array_of_a_lanes_state():
     assert state_bytes_per_lane(st, params) == measured > 0
 
 
-def test_a_population_that_cannot_fit_in_device_memory_is_refused_before_compiling():
+def test_a_population_whose_states_cannot_fit_in_device_memory_is_refused_before_compiling():
     st, params = _population(10)
     placed = _placement(st, params, jax.local_devices()[:1], None)
     per_lane = state_bytes_per_lane(st, params)
-    # room for exactly 10 lanes: accepted; one byte less: refused, naming what fits (9)
-    room = int(np.ceil(MEMORY_PER_STATE * per_lane * 10))
-    check_memory(st, placed, limit_bytes=room)
-    with pytest.raises(ValueError, match=r"population: 10 lanes need .* at most 9 lanes fit"):
-        check_memory(st, placed, limit_bytes=room - 1)
+    # room for exactly 10 lanes' states: accepted; one byte less: refused, naming what fits (9)
+    check_memory(st, placed, limit_bytes=10 * per_lane)
+    with pytest.raises(ValueError, match=r"population: 10 lanes need .* at most 9 lanes fit"
+                                         r".*XLA_PYTHON_CLIENT_MEM_FRACTION"):
+        check_memory(st, placed, limit_bytes=10 * per_lane - 1)
     check_memory(st, placed)  # a CPU reports no device memory: nothing is checked
+
+
+def _analysis(**sizes):
+    stats = types.SimpleNamespace(**sizes)
+    return types.SimpleNamespace(memory_analysis=lambda: stats)
+
+
+def test_a_compiled_program_that_cannot_fit_in_device_memory_is_refused_before_it_runs():
+    st, params = _population(10)
+    placed = _placement(st, params, jax.local_devices()[:1], None)
+    # arguments 100 + outputs 1,000 + temporaries 50 - 30 bytes the outputs share with the
+    # arguments = 1,120 bytes
+    program = _analysis(argument_size_in_bytes=100, output_size_in_bytes=1_000,
+                        temp_size_in_bytes=50, alias_size_in_bytes=30)
+    assert program_bytes(program) == 1_120
+    check_program_memory(program, st, placed, limit_bytes=1_120)
+    with pytest.raises(ValueError, match=r"10 lanes need .* states and temporaries.* at most 9 "
+                                         r"lanes fit"):
+        check_program_memory(program, st, placed, limit_bytes=1_119)
+    # no analysis from XLA: MEMORY_PER_STATE times the states
+    room = int(np.ceil(MEMORY_PER_STATE * state_bytes_per_lane(st, params) * 10))
+    silent = types.SimpleNamespace(memory_analysis=lambda: None)
+    assert program_bytes(silent) is None
+    check_program_memory(silent, st, placed, limit_bytes=room)
+    with pytest.raises(ValueError, match="at most 9 lanes fit"):
+        check_program_memory(silent, st, placed, limit_bytes=room - 1)
+
+
+def test_a_compiled_programs_footprint_holds_at_least_its_lanes_final_states():
+    st, params = _population(3)
+    placed = _placement(st, params, jax.local_devices()[:1], None)
+    consts = build_consts(make_resolved(instances=2, block_size=4, kv_blocks=40),
+                          make_workload(EDGE_ROWS, ("a", "b"), ("g",)), st)
+    compiled = _run_sharded.lower(st, consts, placed.params, placed.devices,
+                                  placed.lane_block).compile()
+    need = program_bytes(compiled)
+    assert need is not None and need >= 3 * state_bytes_per_lane(st, params)
 
 
 def test_device_flag_names_the_platforms_and_the_gpu_install(capsys):
