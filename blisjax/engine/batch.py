@@ -346,9 +346,12 @@ def phase2(s: SimState, st, c, p, i, now, budget, preempted, active):
         s = kv.allocate(s, st, c, i, sb, r, start=start, end=start + n,
                         cached=jnp.zeros(1, jnp.int32), n_cached=0, active=ok & ~allocated)
         r_or_sink = jnp.where(ok, r, st.num_requests)
+        # a decode sub-request's transferred KV is no prefix-cache hit: physics credits it no
+        # cached tokens and the recent signals record no hit for it (``Instance._schedule``)
+        credited = jnp.where(held, 0, start) if st.pd else start
         if st.stateful_latency:  # physics reads the prefix tokens of this step's admissions
             s = s.replace(batch=s.batch.replace(
-                              step_cached=upd(s.batch.step_cached, (i, sb), start, ok)))
+                              step_cached=upd(s.batch.step_cached, (i, sb), credited, ok)))
         s = s.replace(status=s.status.at[r_or_sink].set(RUNNING),
                       num_new=s.num_new.at[r_or_sink].set(n),
                       computed=s.computed.at[r_or_sink].set(n + start),
@@ -361,7 +364,8 @@ def phase2(s: SimState, st, c, p, i, now, budget, preempted, active):
         if st.recent_signals:  # the admission's wait and cache hits (routing programs)
             s = recent.record(s, i, now, recent.WAIT, now - sessions.arrival_us(s, st, c, r),
                               1, ok)
-            s = recent.record(s, i, now, recent.HIT, start, c.input_tokens[r], ok)
+            s = recent.record(s, i, now, recent.HIT, start, c.input_tokens[r],
+                              ok & ~held if st.pd else ok)
         return s, jnp.where(ok, budget - n, budget).astype(jnp.int32), stop | (go & ~ok)
 
     s, _, _ = lane_while(cond, body, (s, budget, jnp.asarray(False)))

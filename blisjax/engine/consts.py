@@ -201,6 +201,14 @@ def roofline_of(st: EngineStatic, c: WorkloadConsts, i) -> RooflineConsts:
                        decode_flops=rc.decode_flops[c.gpu], bandwidth=rc.bandwidth[c.gpu])
 
 
+def physics_of(st: EngineStatic, c: WorkloadConsts, i) -> PhysicsConsts:
+    """The physics constants of instance i (with pools of their own, its pool's whole)."""
+    if st.instance_rows and st.latency_model == "physics":
+        row = c.instance_row[i]
+        return jax.tree.map(lambda x: x[row], c.physics)
+    return c.physics
+
+
 def otp(st: EngineStatic, c: WorkloadConsts, i):
     """µs the output-token time adds to each step's ITL and TTFT on instance i (α2)."""
     row = _row(st, c, i)
@@ -289,6 +297,13 @@ def build_consts(resolved, workload, st: EngineStatic) -> WorkloadConsts:
         roofline = roofline._replace(**{name: jax.device_put(np.array(
             [float(getattr(x, name)) for x in rates], np.float64))
             for name in ("prefill_flops", "decode_flops", "bandwidth")})
+    physics = physics_consts(model if st.latency_model == "physics" else None,
+                             st.max_step_tokens, st.queue_slots)
+    if st.instance_rows and st.latency_model == "physics":  # each pool's model whole
+        tables = [physics_consts(make_latency_model(r), st.max_step_tokens, st.queue_slots)
+                  for r in rows.resolved]
+        physics = jax.tree.map(lambda *xs: jax.device_put(np.stack([np.asarray(x)
+                                                                     for x in xs])), *tables)
     return WorkloadConsts(
         arrival_us=pad(workload.arrival_us, 0, i64),
         input_tokens=pad(inp, 1, i32), output_tokens=pad(out, 0, i32, np.zeros_like(out)),
@@ -325,6 +340,5 @@ def build_consts(resolved, workload, st: EngineStatic) -> WorkloadConsts:
         kv_blocks_f=jax.device_put(np.array(st.instance_kv_blocks, np.float64)
                                    if st.instance_kv_blocks else np.float64(st.kv_blocks)),
         roofline=roofline,
-        physics=physics_consts(model if st.latency_model == "physics" else None,
-                               st.max_step_tokens, st.queue_slots),
+        physics=physics,
     )

@@ -38,7 +38,7 @@ from blisjax.engine import (
     stretch,
 )
 from blisjax.engine import kvcache as kv
-from blisjax.engine.consts import otp, queue_delay, roofline_of, step_tables
+from blisjax.engine.consts import otp, physics_of, queue_delay, roofline_of, step_tables
 from blisjax.engine.lockstep import add, after_reads, by_width, lane_max, upd
 from blisjax.engine.queues import (
     order_remove_at,
@@ -78,7 +78,7 @@ def inject_arrival(s: SimState, st, c, i, r, now, active) -> SimState:
             s = end_stretch(s, st, c, i, now, active)
         inputs = (s.batch.n_run[i], s.queue.length[i], kvblocks.capacity_of(st, i) - s.kv.kv_free[i],
                   c.input_tokens[r], kv.cached_blocks(s, st, c, i, r).count, s.batch.ema[i])
-        delay = (physics.queueing_delay(c.physics, *inputs,
+        delay = (physics.queueing_delay(physics_of(st, c, i), *inputs,
                                         cpu_blocks=s.tier.capacity if st.tiered else None)
                  if st.latency is None
                  else hostlatency.queueing_delay(st.latency, active, *inputs))
@@ -411,7 +411,7 @@ def execute(s: SimState, st, c, i, now, *, n_preempted, active, width: int, fact
         cached = jnp.where(valid, s.batch.step_cached[i, slots], 0)
         inputs = physics.StepInputs(nn, pi, l_in, out, cached, s.batch.ema[i], n_preempted,
                                     s.batch.n_run[i])
-        d, ema = (physics.step_time(c.physics, inputs) if st.latency is None
+        d, ema = (physics.step_time(physics_of(st, c, i), inputs) if st.latency is None
                   else hostlatency.step_time(st.latency, active, inputs))
         s = s.replace(batch=s.batch.replace(ema=upd(s.batch.ema, i, ema, active)))
     elif _roofline_in_program(st) and not st.row_roofline:  # computed once per step by ``step``

@@ -60,18 +60,19 @@ def pool_shape(resolved) -> dict:
     """``EngineStatic``'s per-instance fields for P/D pools of their own (``instance_rows``,
     ``instance_kv_blocks``, ``instance_max_model_len``, ``row_roofline``; none without). The
     JAX engine runs pools that differ in TP, GPU, KV size, max-model-len and latency model
-    (blackbox or roofline); pools with physics latency it refuses, naming the setting."""
+    (blackbox or roofline; physics in every pool or in none); physics mixed with another
+    model it refuses, naming the setting."""
     if not pool_configs(resolved):
         return {}
     cfg = resolved.config
     for role, own in zip(("prefill", "decode"), resolved.pools, strict=True):
         if own is None:
             continue
-        if "physics" in (cfg.latency.model, own.config.latency.model):
-            field = f"cluster.pd.{role}" + (".latency_model" if cfg.latency.model != "physics"
-                                            else "")
-            raise ConfigError(field, "P/D pools of their own with physics latency run in the "
-                              "reference engine only (--engine reference)")
+        models = {cfg.latency.model, own.config.latency.model}
+        if "physics" in models and len(models) > 1:
+            raise ConfigError(f"cluster.pd.{role}.latency_model", "P/D pools whose latency "
+                              "models mix physics with another run in the reference engine "
+                              "only (--engine reference)")
     n = max_replicas(cfg.policy.autoscaler, cfg.cluster.num_instances, cfg.cluster.node_pools,
                      cfg.engine.tensor_parallel_size, cfg.cluster.pd)
     roles = slot_roles(cfg)

@@ -56,7 +56,7 @@ import jax.numpy as jnp
 
 from blisjax.engine import kvblocks, kvtier, kvtiered, physics, roofline
 from blisjax.engine import kvcache as kv
-from blisjax.engine.consts import otp, roofline_of
+from blisjax.engine.consts import otp, physics_of, roofline_of
 from blisjax.engine.lockstep import (
     add,
     after_reads,
@@ -182,7 +182,8 @@ def plain_step_times(st, c, i, keep, pi, l_in, out, ema):
     run; [width] like ``outlook``'s), each decoding one token at progress pi + k; with
     physics, the EMA after each of them (``ema``: after the step just run)."""
     if st.stateful_latency:
-        return physics.plain_step_times(c.physics, keep, pi, l_in, out, ema, VARYING_PLAN)
+        return physics.plain_step_times(physics_of(st, c, i), keep, pi, l_in, out, ema,
+                                        VARYING_PLAN)
     k = jnp.arange(VARYING_PLAN, dtype=pi.dtype)[:, None]
     nn = jnp.broadcast_to(keep.astype(jnp.int32), (VARYING_PLAN, keep.shape[0]))
     return (roofline.step_time_us(roofline_of(st, c, i), nn, pi[None, :] + k, l_in[None, :],

@@ -170,10 +170,45 @@ def test_pools_of_their_own_latency_model_match_reference(quirks):
             assert int(np.sum(want.pd.prefill_instance >= 0)) == 14
 
 
+# The latency-fitting sample's physics coefficients (configs/latency/sample-config.yaml), with
+# a base queueing delay of 30 ms, as tests/engine/test_stretches.py
+PHYSICS = LatencyConfig(
+    model="physics", preemption_ema_gamma=0.3,
+    alpha_coeffs=(300.0, 200.0, 500000.0, 30000.0, 20000.0, 1000.0, 100.0, 40.0, 3000.0, 0.0,
+                  400.0),
+    beta_coeffs=(1600000.0, 2000000.0, 1100000.0, 3000000.0, 1500000.0, 400.0, 150.0, 0.0, 0.0,
+                 200.0, 300.0, 2000.0, 0.0, 0.0, 250.0, 800.0))
+
+
+def test_physics_pools_of_their_own_match_reference():
+    """Physics in every pool: the prefill pool at TP 2 on the H100, the decode pool (and the
+    shared instance) on the A100-80. Each instance steps, and delays its arrivals, with its
+    pool's physics constants, bit for bit with the reference; the pools' settings change the
+    run (the same cluster without them diverges)."""
+    cfg = dataclasses.replace(_config(), latency=PHYSICS)
+    base = resolve_config(cfg)
+    w = _workload()
+    static = build_static(base, w)
+    assert static.instance_rows == (1, 2, 2, 2) and static.latency_model == "physics"
+    lanes = [cfg, dataclasses.replace(cfg, policy=dataclasses.replace(
+        cfg.policy, routing=RoutingConfig(policy="least-loaded")))]
+    params = stack_params([params_from_config(c, ("",)) for c in lanes])
+    results = simulate_population(base, w, params, static=static)
+    for k, lane in enumerate(lanes):
+        want = reference(resolve_config(lane), w)
+        assert first_divergence(want, results[k]) is None, k
+        assert int(np.sum(want.pd.prefill_instance >= 0)) == 14
+    plain = dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster, pd=dataclasses.replace(
+        cfg.cluster.pd, prefill=PoolOverrides(), decode=PoolOverrides())))
+    assert first_divergence(reference(resolve_config(plain), w), results[0]) is not None
+
+
 @pytest.mark.parametrize("pd, field", [
     (dict(decode=PoolOverrides(latency_model="physics")), "cluster.pd.decode.latency_model"),
 ])
 def test_what_the_jax_engine_refuses_is_named(pd, field):
+    """Physics in one pool and another model elsewhere (a physics base cannot give a pool
+    another model: the base's coefficients are physics's)."""
     r = resolve_config(dataclasses.replace(_config(), engine=EngineConfig(
         total_kv_blocks=500, gpu_memory_utilization=0.27), latency=LatencyConfig(
         model="roofline"), cluster=dataclasses.replace(_config().cluster, pd=dataclasses.replace(
