@@ -202,11 +202,10 @@ def roofline_of(st: EngineStatic, c: WorkloadConsts, i) -> RooflineConsts:
 
 
 def physics_of(st: EngineStatic, c: WorkloadConsts, i) -> PhysicsConsts:
-    """The physics constants of instance i (with pools of their own, its pool's whole)."""
-    if st.instance_rows and st.latency_model == "physics":
-        row = c.instance_row[i]
-        return jax.tree.map(lambda x: x[row], c.physics)
-    return c.physics
+    """The physics constants of instance i (with pools of their own its pool's, with per-lane
+    GPU types the lane's GPU's: the row's constants whole)."""
+    row = _row(st, c, i) if st.latency_model == "physics" else None
+    return c.physics if row is None else jax.tree.map(lambda x: x[row], c.physics)
 
 
 def otp(st: EngineStatic, c: WorkloadConsts, i):
@@ -299,9 +298,14 @@ def build_consts(resolved, workload, st: EngineStatic) -> WorkloadConsts:
             for name in ("prefill_flops", "decode_flops", "bandwidth")})
     physics = physics_consts(model if st.latency_model == "physics" else None,
                              st.max_step_tokens, st.queue_slots)
-    if st.instance_rows and st.latency_model == "physics":  # each pool's model whole
-        tables = [physics_consts(make_latency_model(r), st.max_step_tokens, st.queue_slots)
-                  for r in rows.resolved]
+    if (st.instance_rows or st.gpus) and st.latency_model == "physics":
+        # each row's model whole (a pool's, a GPU's); rows of one configuration share a table
+        built = {}
+        for r in rows.resolved:
+            if id(r) not in built:
+                built[id(r)] = physics_consts(make_latency_model(r), st.max_step_tokens,
+                                              st.queue_slots)
+        tables = [built[id(r)] for r in rows.resolved]
         physics = jax.tree.map(lambda *xs: jax.device_put(np.stack([np.asarray(x)
                                                                      for x in xs])), *tables)
     return WorkloadConsts(

@@ -39,11 +39,10 @@ def with_variant_speed(st, resolved, workload, names):
     (``variant_speed``); ``st`` itself without names."""
     if not names:
         return st
-    if st.latency_model == "physics" or st.latency is not None:
-        what = "physics latency" if st.latency_model == "physics" \
-            else "a roofline model the program evaluates on the host"
-        raise ConfigError("cluster.node_pools", f"instances of another GPU's speed with {what} "
-                          "run in the reference engine only (--engine reference)")
+    if st.latency is not None:
+        raise ConfigError("cluster.node_pools", "instances of another GPU's speed with a "
+                          "roofline model the program evaluates on the host run in the "
+                          "reference engine only (--engine reference)")
     try:
         st = with_gpus(st, resolved, workload, names)
     except ConfigError as err:
@@ -135,9 +134,6 @@ def with_gpus(st, resolved, workload, names):
     if len({hardware_code(x) for x in wanted}) != len(wanted):
         raise ConfigError("hardware", f"GPU types {wanted} include two outside the shipped "
                           "table: a lane's GPU type must be a shipped one")
-    if st.latency_model == "physics":
-        raise ConfigError("hardware", "per-lane GPU types with latency.model physics run in "
-                          "the reference engine only (--engine reference)")
     if st.latency is not None:
         raise ConfigError("hardware", "per-lane GPU types with a roofline model the program "
                           "evaluates on the host (contexts of 2^25 tokens or more) run in the "

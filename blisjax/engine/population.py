@@ -15,10 +15,9 @@ A *knob* is a dotted name of a per-lane policy setting:
   policy); ``cluster.lifecycle.<field>`` — any field of ``LifecycleConfig``;
 * ``hardware`` — the GPU type of the lane's instances (a name of the shipped
   ``hardware_config.json``): its latency (the blackbox coefficients BLIS's table has for the
-  model on that GPU, or the roofline's FLOP rates and bandwidth) and its price
+  model on that GPU, or the roofline's and physics's FLOP rates and bandwidth) and its price
   (``metrics.gpu_price_per_hour`` unset); it must give the base's KV blocks per instance
-  (set ``engine.total_kv_blocks`` for GPUs of other memory sizes). Not with the physics
-  latency model in the JAX engine;
+  (set ``engine.total_kv_blocks`` for GPUs of other memory sizes);
 * ``cluster.num_instances`` — the cluster's size, 1 up to the base configuration's count (the
   program's); a lane of k instances routes among the first k and its results are those of a
   k-instance cluster (not with lifecycles or P/D pools, which decide their instances

@@ -19,7 +19,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from blisjax.config import resolve_config
+from blisjax.config import LatencyConfig, resolve_config
 from blisjax.engine import (
     evaluate_population,
     grid,
@@ -33,6 +33,18 @@ from tests.engine.test_parity import EDGE_ROWS, _random_policy_configs
 from tests.reference.conftest import make_resolved, make_workload
 
 POPULATION_LANES, POPULATION_LANE_BLOCK = 16, 8
+
+
+# The latency-fitting sample's physics coefficients (configs/latency/sample-config.yaml), but
+# a base queueing delay of 30 ms (150 µs there): longer than the gaps between the tests'
+# arrivals (test_stretches: routing decisions then read KV use while an earlier arrival's
+# instance is mid-stretch with its steps up to that arrival applied)
+PHYSICS = LatencyConfig(
+    model="physics", preemption_ema_gamma=0.3,
+    alpha_coeffs=(300.0, 200.0, 500000.0, 30000.0, 20000.0, 1000.0, 100.0, 40.0, 3000.0, 0.0,
+                  400.0),
+    beta_coeffs=(1600000.0, 2000000.0, 1100000.0, 3000000.0, 1500000.0, 400.0, 150.0, 0.0, 0.0,
+                 200.0, 300.0, 2000.0, 0.0, 0.0, 250.0, 800.0))
 
 
 def room_for_a_program() -> None:

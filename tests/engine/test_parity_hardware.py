@@ -58,7 +58,7 @@ def _mixed_population(cfg, gpus, workload, seed: int):
     return [apply_knobs(c, {"hardware": g}) for c, g in zip(configs, gpus, strict=True)]
 
 
-@pytest.mark.parametrize("model", ["blackbox", "roofline"])
+@pytest.mark.parametrize("model", ["blackbox", "roofline", "physics"])
 def test_mixed_gpu_population_matches_reference_runs(model):
     """Every lane equals the reference run of its own configuration resolved with its GPU;
     decode stretches compiled in (their steps read the lane's step times and output-token
@@ -68,9 +68,13 @@ def test_mixed_gpu_population_matches_reference_runs(model):
     if model == "blackbox":
         cfg = _base(LatencyConfig(model="blackbox", vllm_version=V084), tp=2)
         gpus = ["H100", "A100-80", "A100-80", "H100", "H100", "A100-80"]
-    else:
+    elif model == "roofline":
         cfg = _base(LatencyConfig(model="roofline"))
         gpus = ["L40S", "H100", "A100-80", "A100-SXM", "H100", "L40S"]
+    else:  # the sample's fitted physics coefficients; each GPU's FLOP rate and bandwidth
+        cfg = load_config(SAMPLE)
+        assert cfg.latency.model == "physics"
+        gpus = ["A100-80", "H100", "A100-SXM", "A100-SXM", "H100", "A100-80"]
     resolved = resolve_config(cfg)
     workload = _workload(cfg)
     configs = _mixed_population(cfg, gpus, workload, seed=11)
@@ -212,11 +216,6 @@ def test_gpus_without_coefficients_or_of_another_kv_size_are_refused():
     resolved, st, params = _static_and_params(cfg, ["L40S", "H100"], workload)
     with pytest.raises(ConfigError, match="^hardware: GPU 'L40S' gives .* KV blocks.*"
                                           "engine.total_kv_blocks"):
-        for_hardware(st, resolved, workload, params)
-    # physics in the JAX engine
-    sample = load_config(SAMPLE)
-    resolved, st, params = _static_and_params(sample, ["A100-80"], workload)
-    with pytest.raises(ConfigError, match="^hardware: .*physics.*reference"):
         for_hardware(st, resolved, workload, params)
 
 

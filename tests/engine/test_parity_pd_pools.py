@@ -24,6 +24,7 @@ from blisjax.engine.parity import first_divergence
 from blisjax.engine.static import build_static
 from blisjax.metrics import records
 from blisjax.reference import simulate as reference
+from tests.engine.conftest import PHYSICS
 from tests.reference.conftest import make_resolved, make_workload
 
 HORIZON_US = 3_000_000  # decode instances full of reservations step empty: bound every run
@@ -168,16 +169,6 @@ def test_pools_of_their_own_latency_model_match_reference(quirks):
             want = reference(resolve_config(lane), w)
             assert first_divergence(want, results[k]) is None, (k, rows)
             assert int(np.sum(want.pd.prefill_instance >= 0)) == 14
-
-
-# The latency-fitting sample's physics coefficients (configs/latency/sample-config.yaml), with
-# a base queueing delay of 30 ms, as tests/engine/test_stretches.py
-PHYSICS = LatencyConfig(
-    model="physics", preemption_ema_gamma=0.3,
-    alpha_coeffs=(300.0, 200.0, 500000.0, 30000.0, 20000.0, 1000.0, 100.0, 40.0, 3000.0, 0.0,
-                  400.0),
-    beta_coeffs=(1600000.0, 2000000.0, 1100000.0, 3000000.0, 1500000.0, 400.0, 150.0, 0.0, 0.0,
-                 200.0, 300.0, 2000.0, 0.0, 0.0, 250.0, 800.0))
 
 
 def test_physics_pools_of_their_own_match_reference():

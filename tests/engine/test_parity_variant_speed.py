@@ -15,7 +15,6 @@ import pytest
 
 from blisjax.config import (
     AutoscalerConfig,
-    ConfigError,
     DelaySpec,
     LatencyConfig,
     NodePool,
@@ -26,6 +25,7 @@ from blisjax.engine.parity import first_divergence
 from blisjax.engine.static import build_static
 from blisjax.reference import ClusterSimulator
 from blisjax.reference import simulate as reference
+from tests.engine.conftest import PHYSICS
 from tests.reference.conftest import make_resolved, make_workload
 
 H100 = NodePool(name="h", gpu_type="H100", gpus_per_node=1, initial_nodes=1, max_nodes=2,
@@ -85,7 +85,24 @@ def test_scaled_up_a100_instances_match_reference():
     assert not np.array_equal(other.e2e_us, results[0].e2e_us)
 
 
-def test_physics_with_variants_of_another_speed_is_refused():
-    cfg = dataclasses.replace(_config((H100, A100)), latency=LatencyConfig(model="physics"))
-    with pytest.raises(ConfigError, match="cluster.node_pools: .*physics"):
-        build_static(resolve_config(cfg), _bursts())
+def test_physics_variants_of_another_speed_match_reference():
+    """Physics latency (fitted coefficients): the A100 instances step and delay arrivals with
+    the A100-80's physics constants, in both engines alike; the H100's alone give other
+    times."""
+    scaler = AutoscalerConfig(policy="threshold", interval_us=5_000, max_replicas=0,
+                              scale_up_utilization=0.05, scale_down_utilization=0.0,
+                              cooldown_us=0)
+    cfg = dataclasses.replace(_config((H100, A100), autoscaler=scaler), latency=PHYSICS)
+    base = resolve_config(cfg)
+    w = _bursts()
+    static = build_static(base, w)
+    assert static.variant_speed and static.gpus == ("H100", "A100-80")
+    results = simulate_population(base, w, stack_params([params_from_config(cfg, ("",))]),
+                                  static=static)
+    want = reference(base, w)
+    assert first_divergence(want, results[0]) is None
+    assert int(np.sum(np.asarray(results[0].lifecycle.placements)[1:])) > 0
+    label = dataclasses.replace(A100, gpu_type="A100")
+    other = reference(resolve_config(dataclasses.replace(cfg, cluster=dataclasses.replace(
+        cfg.cluster, node_pools=(H100, label)))), w)
+    assert not np.array_equal(other.e2e_us, want.e2e_us)

@@ -33,6 +33,7 @@ from blisjax.engine.run import lane_result, run_lanes
 from blisjax.engine.static import VARYING_PLAN, build_static
 from blisjax.metrics import records
 from blisjax.reference import simulate as reference
+from tests.engine.conftest import PHYSICS
 from tests.reference.conftest import make_resolved, make_workload
 
 # ---- the growth formulas, by brute force ------------------------------------------------------
@@ -133,18 +134,6 @@ HORIZON_US = 150_000  # requests are still decoding when it falls
 # and, with the latency-fitting sample's coefficients, ~6 ms, against the blackbox test
 # model's ~1.8 ms), so that they keep every kind of stretch end
 SCALE = {"blackbox": 1.0, "roofline": 2.0, "physics": 3.5}
-# The latency-fitting sample's physics coefficients (configs/latency/sample-config.yaml), but
-# a base queueing delay of 30 ms (150 µs there): longer than the gaps between arrivals, so
-# routing decisions read KV use while an earlier arrival's instance is mid-stretch with its
-# steps up to that arrival applied
-PHYSICS = LatencyConfig(
-    model="physics", preemption_ema_gamma=0.3,
-    alpha_coeffs=(300.0, 200.0, 500000.0, 30000.0, 20000.0, 1000.0, 100.0, 40.0, 3000.0, 0.0,
-                  400.0),
-    beta_coeffs=(1600000.0, 2000000.0, 1100000.0, 3000000.0, 1500000.0, 400.0, 150.0, 0.0, 0.0,
-                 200.0, 300.0, 2000.0, 0.0, 0.0, 250.0, 800.0))
-
-
 def _policies(base):
     """Routing that reads KV use (kv-utilization, snapshots refreshed at every decision) or
     only counts, each with both preemption orders: 8 lanes, so the block also queues its
