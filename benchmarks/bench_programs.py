@@ -41,7 +41,8 @@ from blisjax.config import (  # noqa: E402
 from blisjax.engine.consts import build_consts  # noqa: E402
 from blisjax.engine.params import params_from_config, stack_params  # noqa: E402
 from blisjax.engine.run import compile_lanes  # noqa: E402
-from blisjax.engine.static import build_static, for_lanes  # noqa: E402
+from blisjax.engine.static import build_static  # noqa: E402
+from blisjax.engine.static_lanes import for_lanes  # noqa: E402
 from blisjax.program import Node, to_text  # noqa: E402
 from blisjax.program.bytecode import MAX_PROGRAM_LENGTH, assemble  # noqa: E402
 from blisjax.workload import workload_from_section  # noqa: E402

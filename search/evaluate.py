@@ -21,7 +21,8 @@ from typing import Any
 
 from blisjax.config import ConfigError, SimConfig
 from blisjax.engine.population import apply_knobs
-from blisjax.engine.static import build_static_shared, with_program_sites
+from blisjax.engine.static import build_static_shared
+from blisjax.engine.static_lanes import with_program_sites
 from blisjax.workload import Workload, section_traces, workload_from_section
 from search.backends import LocalBackend, PopulationJob, Unit
 from search.expr import flatten_metrics

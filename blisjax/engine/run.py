@@ -40,7 +40,8 @@ from blisjax.engine.params import (  # noqa: E402
     stack_params,
 )
 from blisjax.engine.results import HostLanes, lane_result, own_clusters  # noqa: E402
-from blisjax.engine.static import EngineStatic, build_static, for_lanes  # noqa: E402
+from blisjax.engine.static import EngineStatic, build_static  # noqa: E402
+from blisjax.engine.static_lanes import for_lanes  # noqa: E402
 from blisjax.metrics import records  # noqa: E402
 
 # Lanes per lockstep loop on a CPU device: 32–128 lanes cost about the same per lane-event, and

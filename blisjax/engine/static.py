@@ -19,15 +19,9 @@ from blisjax.config._checks import ConfigError
 from blisjax.config.autoscale import max_replicas
 from blisjax.config.codes import (
     CACHE_SCORERS,
-    AdmissionPolicy,
-    PDDecider,
-    PDRole,
-    PriorityPolicy,
-    RoutingPolicy,
     Scorer,
 )
 from blisjax.engine.latency_rows import (
-    check_pool_rows,
     pool_configs,
     pool_shape,
     variant_gpus,
@@ -590,65 +584,6 @@ def _check_sized(st: EngineStatic) -> bool:
     return True
 
 
-def with_program_sites(st: EngineStatic, sites) -> EngineStatic:
-    """``st`` with the program interpreters of ``sites`` (and those it has) compiled in, and a
-    routing program's cache query; a search over programs builds its program so, once, for
-    its configured policy and its programs alike."""
-    sites = tuple(x for x in PROGRAM_SITES if x in st.program_sites or x in sites)
-    if sites == st.program_sites:
-        return st
-    return dataclasses.replace(st, program_sites=sites,
-                               cache_scorers=st.cache_scorers or "routing" in sites)
-
-
-def for_lanes(st: EngineStatic, params) -> EngineStatic:
-    """``st``, with the cache query compiled in if a lane of ``params`` (stacked
-    ``PolicyParams``, host or device arrays) lists a scorer that needs it — a population may
-    add scorers its base configuration does not use. Whether the lane routes with weights is
-    not consulted: a search's lanes keep their scorer lists from one generation to the next
-    while a ``routing.policy`` knob changes, and one program must serve them all."""
-    most = int(np.max(np.asarray(params.autoscaler.max), initial=0))
-    if st.lifecycle and most > st.num_instances:
-        raise ConfigError("policy.autoscaler.max_replicas", "a lane's max_replicas exceeds "
-                          f"the program's {st.num_instances} instance slots (the base "
-                          "configuration's max_replicas): raise the base's")
-    if not (st.lifecycle or st.pd):
-        active = np.asarray(params.active_instances)
-        if int(np.max(active, initial=0)) > st.num_instances:
-            raise ConfigError("cluster.num_instances", f"a lane has "
-                              f"{int(np.max(active))} instances, more than the program's "
-                              f"{st.num_instances} (the base configuration's): raise the base's")
-        if int(np.min(active, initial=st.num_instances)) < st.num_instances \
-                and not st.sized_lanes:
-            st = dataclasses.replace(st, sized_lanes=_check_sized(st))
-    if bool(np.any(np.asarray(params.gateway.on))):
-        st = with_gateway(st)
-    if st.pd:
-        _check_pd_prefix_index(params)
-    if st.instance_rows:
-        check_pool_rows(st, params)
-    cpu = int(np.max(np.asarray(params.kv_cpu_blocks), initial=0))
-    if cpu > st.cpu_tier_blocks:  # a lane sizes a CPU tier larger than the base's
-        st = dataclasses.replace(st, cpu_tier_blocks=cpu)
-    codes = {"routing": (params.routing.policy, RoutingPolicy.PROGRAM),
-             "admission": (params.admission.policy, AdmissionPolicy.PROGRAM),
-             "priority": (params.priority.policy, PriorityPolicy.PROGRAM)}
-    st = with_program_sites(st, tuple(
-        site for site in PROGRAM_SITES
-        if bool(np.any(np.asarray(codes[site][0]) == int(codes[site][1])))))
-    order = np.asarray(params.routing.scorer_order)
-    pool_order = np.asarray(params.pd.pool_order) if st.pd else order
-    if st.sessions and not st.session_prefix_index and (
-            bool(np.any(np.asarray(params.routing.prefix_index_on)))
-            or bool(np.isin(order, [int(Scorer.PREFIX_AFFINITY)]).any())
-            or bool(np.isin(pool_order, [int(Scorer.PREFIX_AFFINITY)]).any())):
-        st = dataclasses.replace(st, session_prefix_index=True)
-    if st.cache_scorers:
-        return st
-    needed = bool(np.isin(order, [int(x) for x in CACHE_SCORERS]).any())
-    return dataclasses.replace(st, cache_scorers=True) if needed else st
-
-
 # Mean output tokens per request from which decode stretches are compiled in by default. Each
 # step then also plans its stretch and may apply one: with short outputs most steps admit or
 # complete a request and the planning is pure overhead: scenario S (64 ± 16 output tokens) is
@@ -705,24 +640,6 @@ def with_gateway(st: EngineStatic) -> EngineStatic:
     # as ``build_static`` for a configuration with the gateway: no decode stretches
     return dataclasses.replace(st, gateway=True, decode_stretches=False,
                                gateway_slots=max(st.gateway_slots, st.num_requests, 1))
-
-
-def _check_pd_prefix_index(params) -> None:
-    """Refuse lanes whose requests a router's prefix index sees twice: P/D pools with shared
-    instances (serving both roles), both pools routing with the lane's router (no scorers of
-    their own) and its prefix-affinity scorer on. A disaggregated request's prefill routing
-    then matches, on its decode instance, the prompt blocks its decode routing indexed there;
-    the program's index never matches a request's own blocks."""
-    pd = params.pd
-    shared = np.any(np.asarray(pd.role) == int(PDRole.SHARED), axis=-1)
-    own = np.asarray(pd.pool_own)
-    twice = (np.asarray(pd.pools) & shared & (np.asarray(pd.decider) != int(PDDecider.NEVER))
-             & ~own[..., 0] & ~own[..., 1] & np.asarray(params.routing.prefix_index_on))
-    if bool(np.any(twice)):
-        raise ConfigError("cluster.pd.shared_instances", "P/D pools with shared instances "
-                          "whose pools route with the cluster's router and its prefix-affinity "
-                          "scorer (no prefill_scorers / decode_scorers of their own) run in the "
-                          "reference engine only (--engine reference)")
 
 
 def _session_shape(workload, bs: int) -> dict:

@@ -102,7 +102,7 @@ def edge_population():
                                      seed=4)
     params = stack_params([params_from_config(c, workloads[0].tenant_names) for c in configs])
     # The random policies list the cache scorers, so their program has the cache query
-    # (``static.for_lanes``); the grid's do not: compiled in for all, one program serves both.
+    # (``static_lanes.for_lanes``); the grid's do not: compiled in for all, one program serves both.
     static = dataclasses.replace(
         build_static_shared(base, list(workloads), decode_stretches=True), cache_scorers=True)
     lanes = tuple(simulate_population(base, w, params, static=static,

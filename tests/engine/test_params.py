@@ -62,7 +62,8 @@ def test_cache_query_is_compiled_in_when_any_lane_lists_a_cache_scorer():
     """``for_lanes``: a lane listing precise-prefix-cache or no-hit-lru (whatever its routing
     policy: a search may switch it per generation) needs the cache query in the program."""
     from blisjax.engine.params import stack_params
-    from blisjax.engine.static import build_static, for_lanes
+    from blisjax.engine.static import build_static
+    from blisjax.engine.static_lanes import for_lanes
     from tests.reference.conftest import make_workload
 
     plain = make_resolved(routing=RoutingConfig(policy="least-loaded"))

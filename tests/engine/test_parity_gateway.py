@@ -13,7 +13,8 @@ import pytest
 from blisjax.config import GatewayConfig, resolve_config
 from blisjax.engine import params_from_config, simulate_population, stack_params
 from blisjax.engine.parity import first_divergence
-from blisjax.engine.static import build_static, for_lanes
+from blisjax.engine.static import build_static
+from blisjax.engine.static_lanes import for_lanes
 from blisjax.metrics import records
 from blisjax.reference import simulate as reference
 from blisjax.workload.types import SLO_CLASSES

@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from blisjax.config import resolve_config
 from blisjax.engine import params_from_config, simulate_population, stack_params
 from blisjax.engine.parity import first_divergence
-from blisjax.engine.static import build_static, for_lanes
+from blisjax.engine.static import build_static
+from blisjax.engine.static_lanes import for_lanes
 from blisjax.reference import simulate as reference
 from tests.engine.test_parity_gateway import random_gateways
 from tests.engine.test_parity_pd import _base, _envelope, lanes, workloads

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from blisjax.workload import DistSpec
-from blisjax.workload.generate import round_half_away, sample_lengths
+from blisjax.workload.lengths import round_half_away, sample_lengths
 
 N = 200_000
 
