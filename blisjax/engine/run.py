@@ -164,19 +164,22 @@ def _refuse(placed: Placement, need: float, limit_bytes: int, what: str) -> None
         f"calls ({_ALLOCATOR_NOTE})")
 
 
-def check_memory(st: EngineStatic, placed: Placement, limit_bytes: int | None = None) -> None:
-    """Refuse, before compiling, a population whose lane states alone cannot fit in one
-    device's memory (``limit_bytes``, default what the device reports; a CPU reports none and
-    is not checked). The compiled program's whole footprint is checked before it runs
-    (``check_program_memory``)."""
+def check_memory(st: EngineStatic, placed: Placement, limit_bytes: int | None = None, *,
+                 factor: float = 1.0) -> None:
+    """Refuse, before compiling, a population whose lane states times ``factor`` cannot fit in
+    one device's memory (``limit_bytes``, default what the device reports; a CPU reports none
+    and is not checked). Where the compiled program is at hand its whole footprint is checked
+    before it runs (``check_program_memory``) and ``factor`` is 1: the states alone; where jit
+    compiles and runs at once, ``MEMORY_PER_STATE``."""
     limit_bytes = _device_limit(placed, limit_bytes)
     if limit_bytes is None:
         return
     share = int(np.shape(placed.params.admission.policy)[0]) // len(placed.devices)
     per_lane = state_bytes_per_lane(st, placed.params)
-    if per_lane * share > limit_bytes:
-        _refuse(placed, per_lane * share, limit_bytes, f"{per_lane / 1e6:.2f} MB of state per "
-                "lane")
+    need = int(np.ceil(factor * per_lane * share))
+    if need > limit_bytes:
+        what = f"{per_lane / 1e6:.2f} MB of state per lane"
+        _refuse(placed, need, limit_bytes, what if factor == 1.0 else f"{factor}× {what}")
 
 
 def program_bytes(compiled) -> int | None:
@@ -339,9 +342,11 @@ def _run_padded(st: EngineStatic, consts, params: PolicyParams, devices,
     check_gpus(st, consts, params)
     params = _fit_instances(st, params)
     placed = _placement(st, params, devices, lane_block)
-    check_memory(st, placed)
+    jit_only = phase is None and not progcache.cacheable(st)  # jit's own in-process cache
+    # jit compiles and runs at once, leaving no program to ask: a margin over the states
+    check_memory(st, placed, factor=MEMORY_PER_STATE if jit_only else 1.0)
     lanes = placed.lanes
-    if phase is None and not progcache.cacheable(st):  # jit's own in-process cache
+    if jit_only:
         return _run_sharded(st, consts, placed.params, placed.devices, placed.lane_block), lanes
     if phase is not None:
         phase("compiling the JAX program (or loading it from the compile cache)")

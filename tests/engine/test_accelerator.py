@@ -96,6 +96,11 @@ def test_a_population_whose_states_cannot_fit_in_device_memory_is_refused_before
                                          r".*XLA_PYTHON_CLIENT_MEM_FRACTION"):
         check_memory(st, placed, limit_bytes=10 * per_lane - 1)
     check_memory(st, placed)  # a CPU reports no device memory: nothing is checked
+    # where jit compiles and runs at once: MEMORY_PER_STATE times the states
+    room = int(np.ceil(MEMORY_PER_STATE * per_lane * 10))
+    check_memory(st, placed, limit_bytes=room, factor=MEMORY_PER_STATE)
+    with pytest.raises(ValueError, match=rf"{MEMORY_PER_STATE}× .* at most 9 lanes fit"):
+        check_memory(st, placed, limit_bytes=room - 1, factor=MEMORY_PER_STATE)
 
 
 def _analysis(**sizes):
