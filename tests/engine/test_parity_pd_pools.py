@@ -161,14 +161,21 @@ def test_pools_of_their_own_latency_model_match_reference(quirks):
         base = resolve_config(cfg)
         static = build_static(base, w)
         assert static.row_roofline == rows and not static.stretches
-        lanes = [cfg, dataclasses.replace(cfg, policy=dataclasses.replace(
-            cfg.policy, routing=RoutingConfig(policy="least-loaded")))]
-        params = stack_params([params_from_config(c, ("",)) for c in lanes])
-        results = simulate_population(base, w, params, static=static)
-        for k, lane in enumerate(lanes):
-            want = reference(resolve_config(lane), w)
-            assert first_divergence(want, results[k]) is None, (k, rows)
-            assert int(np.sum(want.pd.prefill_instance >= 0)) == 14
+        _both_routings_match_reference(cfg, static, w)
+
+
+def _both_routings_match_reference(cfg, static, w):
+    """``cfg`` and its least-loaded twin as one population on ``static``: each lane equals its
+    reference run, every request disaggregated; returns the population's results."""
+    lanes = [cfg, dataclasses.replace(cfg, policy=dataclasses.replace(
+        cfg.policy, routing=RoutingConfig(policy="least-loaded")))]
+    params = stack_params([params_from_config(c, ("",)) for c in lanes])
+    results = simulate_population(resolve_config(cfg), w, params, static=static)
+    for k, lane in enumerate(lanes):
+        want = reference(resolve_config(lane), w)
+        assert first_divergence(want, results[k]) is None, k
+        assert int(np.sum(want.pd.prefill_instance >= 0)) == 14
+    return results
 
 
 def test_physics_pools_of_their_own_match_reference():
@@ -181,14 +188,7 @@ def test_physics_pools_of_their_own_match_reference():
     w = _workload()
     static = build_static(base, w)
     assert static.instance_rows == (1, 2, 2, 2) and static.latency_model == "physics"
-    lanes = [cfg, dataclasses.replace(cfg, policy=dataclasses.replace(
-        cfg.policy, routing=RoutingConfig(policy="least-loaded")))]
-    params = stack_params([params_from_config(c, ("",)) for c in lanes])
-    results = simulate_population(base, w, params, static=static)
-    for k, lane in enumerate(lanes):
-        want = reference(resolve_config(lane), w)
-        assert first_divergence(want, results[k]) is None, k
-        assert int(np.sum(want.pd.prefill_instance >= 0)) == 14
+    results = _both_routings_match_reference(cfg, static, w)
     plain = dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster, pd=dataclasses.replace(
         cfg.cluster.pd, prefill=PoolOverrides(), decode=PoolOverrides())))
     assert first_divergence(reference(resolve_config(plain), w), results[0]) is not None
