@@ -16,7 +16,7 @@ import numpy as np
 
 from blisjax.config._checks import ConfigError
 from blisjax.config.hardware import hardware_code, hardware_code_count, shipped_hardware
-from blisjax.engine.latency_rows import gpu_resolved, pool_row_configs
+from blisjax.engine.latency_rows import POOL_ROWS, gpu_resolved, pool_row_configs
 from blisjax.engine.physics import PhysicsConsts, physics_consts
 from blisjax.engine.pytree import pytree_dataclass
 from blisjax.engine.request_rows import (
@@ -76,9 +76,10 @@ class WorkloadConsts:
     otp_us: jax.Array
     gpu_rows: jax.Array
     # P/D pools of their own (``EngineStatic.instance_rows``): the same tables with a leading
-    # axis of three rows (the configuration's, the prefill pool's, the decode pool's), the
-    # roofline constants stacked whole (TP changes them all); instance_row (int32 [I]) is each
-    # instance's row ([1] otherwise).
+    # axis of three rows (the configuration's, the prefill pool's, the decode pool's; with
+    # per-lane GPU types three per GPU code, row = code × POOL_ROWS + pool row), the roofline
+    # and physics constants stacked whole (TP changes them all); instance_row (int32 [I]) is
+    # each instance's pool row ([1] otherwise).
     instance_row: jax.Array
     pd_rank: jax.Array  # P/D: rank of the prefill sub-request's id text ("request_<id>_prefill"),
     #                     BLIS's order of same-event transfer starts ([1] without pools)
@@ -136,7 +137,12 @@ def _latency_rows(resolved, workload, st: EngineStatic) -> LatencyRows:
     configuration's alone, or one row per ``hardware_code`` with ``st.gpus`` (rows of codes
     no lane runs repeat the configuration's)."""
     base = hardware_code(resolved.config.hardware)
-    if st.instance_rows:
+    if st.instance_rows and st.gpus:  # row = GPU code × POOL_ROWS + pool row
+        named = {hardware_code(x): gpu_resolved(resolved, x) for x in st.gpus}
+        per_row = [r for k in range(hardware_code_count())
+                   for r in pool_row_configs(named.get(k, resolved))]
+        codes = sorted(named)
+    elif st.instance_rows:
         per_row = pool_row_configs(resolved)
         codes = [base]
     elif st.gpus:
@@ -167,8 +173,10 @@ def lane_consts(st: EngineStatic, consts: WorkloadConsts, params) -> WorkloadCon
 
 
 def _row(st: EngineStatic, c: WorkloadConsts, i):
-    """The latency row instance i reads: the lane's GPU's, or the instance's pool's; None
-    with one row."""
+    """The latency row instance i reads: the lane's GPU's, the instance's pool's, or with
+    both the pool's on the lane's GPU; None with one row."""
+    if st.instance_rows and st.gpus:
+        return c.gpu * POOL_ROWS + c.instance_row[i]
     if st.instance_rows:
         return c.instance_row[i]
     return c.gpu if st.gpus else None
@@ -193,7 +201,7 @@ def roofline_of(st: EngineStatic, c: WorkloadConsts, i) -> RooflineConsts:
     of their own, its pool's constants whole)."""
     rc = c.roofline
     if st.instance_rows:
-        row = c.instance_row[i]
+        row = _row(st, c, i)
         return jax.tree.map(lambda x: x[row], rc)
     if not st.gpus:
         return rc
@@ -286,9 +294,13 @@ def build_consts(resolved, workload, st: EngineStatic) -> WorkloadConsts:
     if st.instance_rows:  # each pool's constants whole
         # a blackbox row among roofline ones holds a roofline row's constants (unread)
         runs = [r for r in rows.resolved if r.config.latency.model == "roofline"]
-        tables = [roofline_consts(make_latency_model(r if any(r is x for x in runs) else runs[0])
-                                  if st.latency_model == "roofline" else None,
-                                  st.max_step_tokens) for r in rows.resolved]
+        built = {}  # rows of one configuration share a table
+        for r in rows.resolved:
+            if id(r) not in built:
+                built[id(r)] = roofline_consts(
+                    make_latency_model(r if any(r is x for x in runs) else runs[0])
+                    if st.latency_model == "roofline" else None, st.max_step_tokens)
+        tables = [built[id(r)] for r in rows.resolved]
         roofline = jax.tree.map(lambda *xs: jax.device_put(np.stack([np.asarray(x)
                                                                       for x in xs])), *tables)
     elif st.gpus and st.latency_model == "roofline":  # the GPU's rates per row

@@ -43,6 +43,10 @@ def with_variant_speed(st, resolved, workload, names):
         raise ConfigError("cluster.node_pools", "instances of another GPU's speed with a "
                           "roofline model the program evaluates on the host run in the "
                           "reference engine only (--engine reference)")
+    if st.instance_rows:
+        raise ConfigError("cluster.node_pools", "instances of another GPU's speed with P/D "
+                          "pools of their own settings (cluster.pd.prefill / decode) run in "
+                          "the reference engine only (--engine reference)")
     try:
         st = with_gpus(st, resolved, workload, names)
     except ConfigError as err:
@@ -88,6 +92,11 @@ def pool_shape(resolved) -> dict:
                 else ())
 
 
+# Latency rows per GPU with P/D pools of their own: the configuration's, the prefill pool's,
+# the decode pool's (``EngineStatic.instance_rows`` values 0, 1, 2).
+POOL_ROWS = 3
+
+
 def pool_row_configs(resolved) -> list:
     """The resolved configuration of each latency row of ``EngineStatic.instance_rows``:
     the configuration's, the prefill pool's, the decode pool's (the configuration's where a
@@ -127,10 +136,6 @@ def with_gpus(st, resolved, workload, names):
     wanted = sorted(set(st.gpus) | set(names) | {base}, key=hardware_code)
     if tuple(wanted) == st.gpus or (not st.gpus and wanted == [base]):
         return st
-    if st.instance_rows:
-        raise ConfigError("hardware", "per-lane GPU types with P/D pools of their own "
-                          "(cluster.pd.prefill / decode) run in the reference engine only "
-                          "(--engine reference)")
     if len({hardware_code(x) for x in wanted}) != len(wanted):
         raise ConfigError("hardware", f"GPU types {wanted} include two outside the shipped "
                           "table: a lane's GPU type must be a shipped one")
@@ -139,7 +144,16 @@ def with_gpus(st, resolved, workload, names):
                           "evaluates on the host (contexts of 2^25 tokens or more) run in the "
                           "reference engine only (--engine reference)")
     workload = engine_workload(workload, st.conversation_max_model_len, pd=st.pd)
-    pending = max(max_pending(gpu_resolved(resolved, x), workload) for x in wanted)
+    by_gpu = [gpu_resolved(resolved, x) for x in wanted]
+    if st.instance_rows:  # the pools' shapes are the program's on every GPU
+        shape = pool_shape(resolved)
+        for name, other in zip(wanted, by_gpu, strict=True):
+            if pool_shape(other) != shape:
+                raise ConfigError("hardware", f"GPU {name!r} gives the P/D pools other KV "
+                                  "blocks or max-model-len than the configuration's "
+                                  f"{resolved.config.hardware!r}: lanes of one program need "
+                                  "one shape per pool (set the pools' KV size or hardware)")
+    pending = max(max_pending(x, workload, pool_configs(x)) for x in by_gpu)
     return dataclasses.replace(st, gpus=tuple(wanted),
                                pending_slots=max(st.pending_slots, pending))
 

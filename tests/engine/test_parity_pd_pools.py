@@ -21,6 +21,7 @@ from blisjax.config.pd import PoolOverrides
 from blisjax.config.sim import EngineConfig, LatencyConfig
 from blisjax.engine import params_from_config, simulate_population, stack_params
 from blisjax.engine.parity import first_divergence
+from blisjax.engine.population import apply_knobs
 from blisjax.engine.static import build_static
 from blisjax.metrics import records
 from blisjax.reference import simulate as reference
@@ -216,6 +217,22 @@ def test_lanes_keep_the_base_split():
         simulate_population(base, _workload(), params)
 
 
-def test_per_lane_gpu_types_with_pools_are_refused():
-    with pytest.raises(ConfigError, match="hardware: per-lane GPU types with P/D pools"):
-        build_static(resolve_config(_config()), _workload(), gpus=("A100-80",))
+def test_per_lane_gpu_types_with_pools_of_their_own_match_reference():
+    """Lanes on the H100 and on the A100-SXM (80 GiB each, so every pool keeps its KV size):
+    the prefill pool (TP 2, no GPU of its own) runs at the lane's GPU's rates, the decode pool
+    and the shared instance at the A100-80's whatever the lane's. Each lane equals its
+    reference run, and the two GPUs give other runs."""
+    cfg = _config()
+    base = resolve_config(cfg)
+    w = _workload()
+    lanes = [cfg, apply_knobs(cfg, {"hardware": "A100-SXM"})]
+    params = stack_params([params_from_config(c, ("",)) for c in lanes])
+    results = simulate_population(base, w, params)
+    wants = [reference(resolve_config(c), w) for c in lanes]
+    for k, want in enumerate(wants):
+        assert first_divergence(want, results[k]) is None, k
+        assert list(results[k].kv_total_blocks) == [22059, 508, 508, 508]
+    assert first_divergence(wants[0], wants[1]) is not None
+    # a GPU of other memory gives the pools other KV sizes: refused, naming the knob
+    with pytest.raises(ConfigError, match="^hardware: GPU 'L40S'"):
+        build_static(base, w, gpus=("L40S",))
