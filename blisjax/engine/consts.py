@@ -237,6 +237,17 @@ def check_gpus(st: EngineStatic, consts: WorkloadConsts, params) -> None:
                           "and its constants after")
 
 
+def _stacked_rows(configs, tables):
+    """``tables(config)`` (a pytree of arrays) for each latency row's resolved configuration,
+    stacked along a leading row axis on the device; rows of one configuration share a table."""
+    built = {}
+    for r in configs:
+        if id(r) not in built:
+            built[id(r)] = tables(r)
+    return jax.tree.map(lambda *xs: jax.device_put(np.stack([np.asarray(x) for x in xs])),
+                        *(built[id(r)] for r in configs))
+
+
 def build_consts(resolved, workload, st: EngineStatic) -> WorkloadConsts:
     """Host-side preparation of per-request constants and exact float tables."""
     bs = st.block_size
@@ -294,15 +305,9 @@ def build_consts(resolved, workload, st: EngineStatic) -> WorkloadConsts:
     if st.instance_rows:  # each pool's constants whole
         # a blackbox row among roofline ones holds a roofline row's constants (unread)
         runs = [r for r in rows.resolved if r.config.latency.model == "roofline"]
-        built = {}  # rows of one configuration share a table
-        for r in rows.resolved:
-            if id(r) not in built:
-                built[id(r)] = roofline_consts(
-                    make_latency_model(r if any(r is x for x in runs) else runs[0])
-                    if st.latency_model == "roofline" else None, st.max_step_tokens)
-        tables = [built[id(r)] for r in rows.resolved]
-        roofline = jax.tree.map(lambda *xs: jax.device_put(np.stack([np.asarray(x)
-                                                                      for x in xs])), *tables)
+        roofline = _stacked_rows(rows.resolved, lambda r: roofline_consts(
+            make_latency_model(r if any(r is x for x in runs) else runs[0])
+            if st.latency_model == "roofline" else None, st.max_step_tokens))
     elif st.gpus and st.latency_model == "roofline":  # the GPU's rates per row
         rates = [make_latency_model(r).rates for r in rows.resolved]
         roofline = roofline._replace(**{name: jax.device_put(np.array(
@@ -311,15 +316,9 @@ def build_consts(resolved, workload, st: EngineStatic) -> WorkloadConsts:
     physics = physics_consts(model if st.latency_model == "physics" else None,
                              st.max_step_tokens, st.queue_slots)
     if (st.instance_rows or st.gpus) and st.latency_model == "physics":
-        # each row's model whole (a pool's, a GPU's); rows of one configuration share a table
-        built = {}
-        for r in rows.resolved:
-            if id(r) not in built:
-                built[id(r)] = physics_consts(make_latency_model(r), st.max_step_tokens,
-                                              st.queue_slots)
-        tables = [built[id(r)] for r in rows.resolved]
-        physics = jax.tree.map(lambda *xs: jax.device_put(np.stack([np.asarray(x)
-                                                                     for x in xs])), *tables)
+        # each row's model whole (a pool's, a GPU's)
+        physics = _stacked_rows(rows.resolved, lambda r: physics_consts(
+            make_latency_model(r), st.max_step_tokens, st.queue_slots))
     return WorkloadConsts(
         arrival_us=pad(workload.arrival_us, 0, i64),
         input_tokens=pad(inp, 1, i32), output_tokens=pad(out, 0, i32, np.zeros_like(out)),

@@ -135,9 +135,8 @@ def state_bytes_per_lane(st: EngineStatic, params: PolicyParams) -> int:
     return sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in jax.tree_util.tree_leaves(shapes))
 
 
-# Device memory of a population over its lanes' states when XLA reports no footprint for the
-# compiled program: the peak measured on an H200 (4,096 lanes of 5.7 MB: 1.16× the states;
-# docs/performance.md, On a GPU), with a margin.
+# Device memory of a population over its lanes' states when no compiled program's footprint
+# is at hand: a margin over the peak measured on a GPU (docs/performance.md, On a GPU).
 MEMORY_PER_STATE = 1.3
 _ALLOCATOR_NOTE = ("JAX's allocator takes 75 % of a GPU's memory unless "
                    "XLA_PYTHON_CLIENT_MEM_FRACTION says otherwise")
@@ -151,9 +150,14 @@ def _device_limit(placed: Placement, limit_bytes: int | None) -> int | None:
     return (placed.devices[0].memory_stats() or {}).get("bytes_limit")
 
 
+def _lanes_per_device(placed: Placement) -> int:
+    """Lanes one device holds, padding included."""
+    return int(np.shape(placed.params.admission.policy)[0]) // len(placed.devices)
+
+
 def _refuse(placed: Placement, need: float, limit_bytes: int, what: str) -> None:
     """Raise the population's memory refusal: ``need`` bytes per device, ``what`` they are."""
-    share = -(-placed.lanes // len(placed.devices))
+    share = _lanes_per_device(placed)
     fit = int(limit_bytes * share // need) * len(placed.devices)
     gib = 1 << 30
     raise ValueError(
@@ -174,9 +178,8 @@ def check_memory(st: EngineStatic, placed: Placement, limit_bytes: int | None = 
     limit_bytes = _device_limit(placed, limit_bytes)
     if limit_bytes is None:
         return
-    share = int(np.shape(placed.params.admission.policy)[0]) // len(placed.devices)
     per_lane = state_bytes_per_lane(st, placed.params)
-    need = int(np.ceil(factor * per_lane * share))
+    need = int(np.ceil(factor * per_lane * _lanes_per_device(placed)))
     if need > limit_bytes:
         what = f"{per_lane / 1e6:.2f} MB of state per lane"
         _refuse(placed, need, limit_bytes, what if factor == 1.0 else f"{factor}× {what}")
@@ -206,8 +209,8 @@ def check_program_memory(compiled, st: EngineStatic, placed: Placement,
     need = program_bytes(compiled)
     what = "the compiled program's states and temporaries"
     if need is None:
-        share = int(np.shape(placed.params.admission.policy)[0]) // len(placed.devices)
-        need = int(np.ceil(MEMORY_PER_STATE * state_bytes_per_lane(st, placed.params) * share))
+        need = int(np.ceil(MEMORY_PER_STATE * state_bytes_per_lane(st, placed.params)
+                           * _lanes_per_device(placed)))
         what = f"{MEMORY_PER_STATE}× the lanes' states"
     if need > limit_bytes:
         _refuse(placed, need, limit_bytes, what)
