@@ -35,8 +35,12 @@ blocks, lives with the other allocation operations in ``kvcache.py``.
   number of distinct keys accessed since the key's previous access must be below C. With the
   tier's entries before the pass taken as earlier accesses in ring order, that gives every
   access's outcome without replaying the pass key by key: usually no key of the pass can be
-  evicted before its access, and the stores are its new keys; otherwise two dominance counts
-  over the pass (a merge sort, O(W log² W)) give each access's distance (``mirror``). The
+  evicted before its access, and the stores are its new keys. Otherwise every access of a
+  *run* (repeats of a stretch of earlier accesses in order, or first accesses of consecutive
+  tier entries) has the same distance, and a pass of few runs — a batch's shared prompt
+  chains make few, however many requests share them — is resolved pairwise over its runs
+  (``_stores_by_runs``); a pass of more runs takes two dominance counts over its accesses (a
+  merge sort, O(W log² W), ``_pass_stores``). The
   tier after the pass is the old ring with the pass's keys appended in order of their last
   access, trimmed to C from the oldest end; keys that already are the newest entries in that
   order stay where they are (``_moved_keys``), so a batch that repeats its pass grows the ring
@@ -55,6 +59,7 @@ from blisjax.engine.vec import earlier_smaller, prefix_sum
 
 KEY_LIMIT = 1 << 30  # ring positions are renumbered from 0 before they could overflow int32
 EVICT_WINDOW = 32  # ring entries read per trip of an eviction
+RUN_WIDTH = 64  # runs of accesses a mirror pass resolves pairwise (``_stores_by_runs``)
 OFF_UNUSED = -1  # an off-chain generation not yet used (a recorded tag is >= 0, ``_tag``)
 
 
@@ -364,9 +369,18 @@ def mirror(t: KVTierState, i, keys, valid, active) -> KVTierState:
     grown = size0 + new_keys
     untouched = jnp.min(jnp.where(held, older, size0))  # entries older than any held key
     simple = jnp.maximum(grown - capacity, 0) <= untouched
-    stores = lane_once(active & ~simple & jnp.any(valid),
-                       lambda stores, go: jnp.where(go, _pass_stores(
-                           t, i, keys, valid, first, where, live_through), stores), new_keys)
+    exact = active & ~simple & jnp.any(valid)
+    if width > RUN_WIDTH:
+        def by_runs(carry, go):
+            got, fits = _stores_by_runs(t, i, keys, valid, first, where, older)
+            return jnp.where(go & fits, got, carry[0]), go & fits
+
+        stores, done = lane_once(exact, by_runs, (new_keys, jnp.asarray(False)))
+        exact = exact & ~done
+    else:
+        stores = new_keys
+    stores = lane_once(exact, lambda stores, go: jnp.where(go, _pass_stores(
+        t, i, keys, valid, first, where, live_through), stores), stores)
     # the pass's reads of the ring and ``where`` (``held``, ``older``) all feed ``stores``
     moved = _moved_keys(is_last, where, older, size0)
     t = append(t, i, jnp.where(moved, keys, 0), after_reads(moved, stores))
@@ -391,6 +405,103 @@ def _moved_keys(is_last, where, older, size0):
     in_tail = is_last & (rank < m)
     kept = jnp.all(~in_tail | (held & (older - rank == size0 - m)))
     return is_last & (rank >= jnp.where(kept, m, 0))
+
+
+def _stores_by_runs(t: KVTierState, i, keys, valid, first, where, older):
+    """Stores of a mirror pass whose accesses form at most ``RUN_WIDTH`` runs, and whether
+    they do (int32, bool). Same outcomes as ``_pass_stores``, resolved per run of accesses
+    rather than per access (docs/semantics.md §3.8 states the LRU; the derivation follows).
+
+    Take the valid accesses in order, positions 0..n-1, and ``prev[t]`` the previous access
+    of t's key (-1: its first). A *run* is a maximal stretch of accesses of one kind:
+    repeats each of whose previous access is one past the previous one's
+    (``prev[t] = prev[t-1] + 1``), first accesses of keys the tier lacks, or first accesses
+    of held keys each one entry newer in the tier than the one before (``older``: live
+    entries older than the key). Every access of a run has the same outcome:
+
+    * repeats: the distinct keys accessed strictly between ``prev[t]`` and t lose
+      ``key[prev[t] + 1]`` and gain ``key[prev[t]]`` as both ends move on by one, so the
+      stack distance stays;
+    * held first accesses: the keys newer than the next one in the tier drop by one, the
+      pass's distinct keys before it grow by one, and no earlier access touched an entry
+      between the two;
+    * first accesses of absent keys are stores.
+
+    For a repeat run r starting at t with p = prev[t] (p + 1 < t), let b be the run holding
+    position p + 1. A run u strictly between b and r has all its previous accesses on one
+    side of p (one equal to p would be key[p]'s next access before t), so it counts whole
+    or not at all; runs up to b all lie at or before p except b's tail, whose accesses count
+    where their previous access precedes p. Hence ``distinct = sum over u < r of L_u·[q_u <
+    p] - end(b) + b's counted tail`` (L_u: run length, q_u: previous access of its first
+    access, -1 for first accesses). A held first run's keys newer than it that the pass
+    touched before are counted from the held runs before it, whose tier positions are
+    consecutive. With at most ``RUN_WIDTH`` runs both sums are pairwise over runs. A pass
+    whose keys are prompt chains shared by the batch's requests has few runs (a few per
+    request), however many accesses."""
+    width = keys.shape[0]
+    capacity = t.capacity
+    n = jnp.sum(valid, dtype=jnp.int32)
+    dest = jnp.where(valid, prefix_sum(valid) - 1, width)
+
+    def compact(x, fill):  # valid accesses first, in order
+        return jnp.full(width, fill, x.dtype).at[dest].set(x, mode="drop")
+
+    key = compact(keys, -1)
+    is_first = compact(first, False)
+    held = compact(first & (where >= 0), False)
+    rank = compact(older.astype(jnp.int32), 0)
+    c = jnp.arange(width, dtype=jnp.int32)
+    on = c < n
+    # previous access of the same key: neighbours in (key, position) order
+    sink = jnp.int64(t.where.shape[0])
+    order = jnp.argsort(jnp.where(on, key, sink).astype(jnp.int64) * width + c).astype(jnp.int32)
+    k_sorted = key[order]
+    prev_sorted = jnp.where((c > 0) & (k_sorted >= 0) & (k_sorted == jnp.roll(k_sorted, 1)),
+                            jnp.roll(order, 1), -1)
+    prev = jnp.zeros(width, jnp.int32).at[order].set(prev_sorted)
+
+    def after(x):  # x of the access before (False / 0 at position 0)
+        return jnp.concatenate([jnp.zeros(1, x.dtype), x[:-1]])
+
+    repeat = on & ~is_first
+    fresh = is_first & ~held
+    goes_on = ((repeat & after(repeat) & (prev == after(prev) + 1))
+               | (fresh & after(fresh))
+               | (held & after(held) & (rank == after(rank) + 1)))
+    start = on & ~goes_on
+    run_of = prefix_sum(start) - 1
+    fits = jnp.sum(start, dtype=jnp.int32) <= RUN_WIDTH
+    # per run (unused runs start at n and are empty)
+    r = jnp.arange(RUN_WIDTH, dtype=jnp.int32)
+    begin = jnp.full(RUN_WIDTH, n, jnp.int32).at[jnp.where(start, run_of, RUN_WIDTH)].set(
+        c, mode="drop")
+    end = jnp.concatenate([begin[1:], n[None]])
+    length = end - begin
+    at = jnp.minimum(begin, width - 1)
+    q = jnp.where(length > 0, prev[at], -1)
+    is_repeat = q >= 0
+    is_held = held[at] & (length > 0)
+    r_rank = rank[at]
+    earlier = r[None, :] < r[:, None]  # [run, earlier run]
+    # repeat runs: distinct keys since the previous access
+    counted = jnp.sum(jnp.where(earlier & (q[None, :] < q[:, None]), length[None, :], 0),
+                      axis=1)
+    b = jnp.clip(run_of[jnp.clip(q + 1, 0, width - 1)], 0, RUN_WIDTH - 1)
+    tail = jnp.where(is_repeat[b],
+                     jnp.maximum(jnp.minimum(length[b], q - q[b]) - (q + 1 - begin[b]), 0),
+                     end[b] - (q + 1))
+    distinct = jnp.where(b < r, counted - end[b] + tail, 0)
+    found_repeat = is_repeat & (distinct < capacity)
+    # held first runs: held keys newer than the run's that the pass touched before it
+    newer_touched = jnp.sum(jnp.where(
+        earlier & is_held[None, :],
+        length[None, :] - jnp.clip(r_rank[:, None] - r_rank[None, :] + 1, 0, length[None, :]),
+        0), axis=1)
+    newer = t.size[i] - 1 - r_rank
+    firsts_before = (prefix_sum(is_first) - is_first)[at]
+    found_first = is_held & (newer - newer_touched + firsts_before < capacity)
+    stores = jnp.sum(jnp.where(found_repeat | found_first, 0, length), dtype=jnp.int32)
+    return stores, fits
 
 
 def _pass_stores(t: KVTierState, i, keys, valid, first, where, live_through):
