@@ -246,9 +246,11 @@ def prefill_routing(s: SimState, st, c, p, now, active) -> SimState:
     prefill pool's router picks an instance and the prefill sub-request enters its α-delay
     window."""
     r = jnp.where(active, routings.routed_row(s, st, s.pd.pf_next), st.num_requests)
+    own = pd.own_entries(s, r) if st.pd_own_index else None
     if not st.lifecycle:
         s = refresh_snapshots(s, st, c, now, active)
-        s, target = pd.route_pool(s, st, c, p, r, now, POOL_PREFILL, active)
+        s, target = pd.route_pool(s, st, c, p, r, now, POOL_PREFILL, active,
+                                  own_entries=own)
         s = instance.inject_arrival(s, st, c, target, prefill_row(st, r), now, active)
         return pd.prefill_routed(s, st, r, target, active)
     # with instance lifecycles among the routable instances; none: r is rejected and no
@@ -257,7 +259,8 @@ def prefill_routing(s: SimState, st, c, p, now, active) -> SimState:
     none = active & ~jnp.any(pd.pool_members(p, POOL_PREFILL, routable=members))
     routed = active & ~none
     s = refresh_snapshots(s, st, c, now, routed)
-    s, target = pd.route_pool(s, st, c, p, r, now, POOL_PREFILL, routed, routable=members)
+    s, target = pd.route_pool(s, st, c, p, r, now, POOL_PREFILL, routed, routable=members,
+                              own_entries=own)
     s = instance.inject_arrival(s, st, c, target, prefill_row(st, r), now, routed)
     decode = s.instance[r]
     s = pd.prefill_routed(s, st, r, target, active, rejected=none)

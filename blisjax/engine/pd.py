@@ -30,7 +30,7 @@ from blisjax.config.codes import PDDecider, PDRole, RoutingPolicy, Scorer
 from blisjax.engine import policies, routings
 from blisjax.engine.exactfloat import ieee_divide
 from blisjax.engine.lockstep import add, lane_while, upd
-from blisjax.engine.params import POOL_DECODE
+from blisjax.engine.params import POOL_DECODE, POOL_PREFILL
 from blisjax.engine.pytree import pytree_dataclass
 from blisjax.engine.state import (
     DECODE,
@@ -84,6 +84,11 @@ class PDState:
     cold_clock: jax.Array  # int64 [2]
     lru_spos: jax.Array  # int64 [2, I, S, Js] (``EngineStatic.session_prefix_index``; else
     lru_sown_at: jax.Array  # int64 [2, 1, 1, 1]): the conversations' blocks in the index
+    # with ``EngineStatic.pd_own_index`` (else one entry): where a disaggregated request's
+    # decode routing put its own prompt blocks in the lane router's index on its decode
+    # instance (``policies.OwnEntries``), -1 = not indexed
+    own_clock: jax.Array  # int64 [N + 1]: that instance's ``lru_clock`` before the routing
+    own_base: jax.Array  # int64 [N + 1]: its ``lru_own`` before the routing
     pools: jax.Array  # bool: the lane has pools (``PDParams.pools``; for its results)
     role: jax.Array  # int8 [I]: the lane's ``PDRole`` of each instance (for its results)
     headed: jax.Array  # int32 [I]: disaggregated requests bound for the instance whose decode
@@ -120,6 +125,8 @@ def init_pd(st, pd_rng=None, pd_role=None, pd_pools=False) -> PDState:
         lru_clock=jnp.zeros((2, inst), i64), lru_own=jnp.zeros((2, inst), i64),
         cold_stamp=jnp.full((2, inst), -1, i64), cold_clock=jnp.zeros(2, i64),
         lru_spos=jnp.full((2, *sessions), -1, i64), lru_sown_at=jnp.zeros((2, *sessions), i64),
+        own_clock=jnp.full(n if st.pd_own_index else 1, -1, i64),
+        own_base=jnp.full(n if st.pd_own_index else 1, -1, i64),
         pools=jnp.asarray(pd_pools, bool),
         role=(jnp.full(st.num_instances, PDRole.SHARED, jnp.int8) if pd_role is None
               else jnp.asarray(pd_role).astype(jnp.int8)),
@@ -207,11 +214,13 @@ def pool_members(p, pool: int, *, routable=None):
     return members if routable is None else members & routable
 
 
-def route_pool(s: SimState, st, c, p, r, now, pool: int, active, *, routable=None):
+def route_pool(s: SimState, st, c, p, r, now, pool: int, active, *, routable=None,
+               own_entries=None):
     """Route r among the pool's instances (``Router.route`` with the pool's candidates,
     ``pool_members``). A pool with its own scorers routes by weight with its own random
     stream; otherwise with the lane's routing and the "router" stream. Round-robin counts
-    per pool, or on one counter with ``blis_quirks``. Returns ``(state, target)``."""
+    per pool, or on one counter with ``blis_quirks``. ``own_entries``: r's own prompt blocks
+    an earlier routing of r indexed (``policies.OwnEntries``). Returns ``(state, target)``."""
     own = p.pd.pool_own[pool]
     spec = policies.RouteSpec(
         policy=jnp.where(own, RoutingPolicy.WEIGHTED, p.routing.policy),
@@ -219,10 +228,31 @@ def route_pool(s: SimState, st, c, p, r, now, pool: int, active, *, routable=Non
         scorer_weight=jnp.where(own, p.pd.pool_weight[pool], p.routing.scorer_weight),
         prefix_index_on=jnp.where(own, jnp.any(p.pd.pool_order[pool] == Scorer.PREFIX_AFFINITY),
                                   p.routing.prefix_index_on),
-        candidates=pool_members(p, pool, routable=routable))
+        candidates=pool_members(p, pool, routable=routable), own_entries=own_entries)
     s = _exchange(s, st, pool, own)
     s, target = policies.route(s, st, c, p, r, now, active, spec)
     return _exchange(s, st, pool, own), target
+
+
+def _own_indexed(s: SimState, st, p, r, decode, before, active) -> SimState:
+    """Record where r's decode routing put its own prompt blocks in the lane router's index
+    (``before``: the instances' ``lru_clock`` and ``lru_own`` before it), when both pools route
+    with the lane's router and that routing indexed r (its clock moved)."""
+    clock, own = before
+    same_router = ~p.pd.pool_own[POOL_DECODE] & ~p.pd.pool_own[POOL_PREFILL]
+    indexed = active & same_router & (s.router.lru_clock[decode] != clock[decode])
+    q = s.pd
+    row = jnp.where(indexed, r, st.num_requests)
+    return s.replace(pd=q.replace(own_clock=q.own_clock.at[row].set(clock[decode]),
+                                  own_base=q.own_base.at[row].set(own[decode])))
+
+
+def own_entries(s: SimState, r):
+    """r's own prompt blocks as its decode routing indexed them (``_own_indexed``), for its
+    prefill routing (``EngineStatic.pd_own_index``)."""
+    q = s.pd
+    return policies.OwnEntries(instance=s.instance[r], clock=q.own_clock[r],
+                               base=q.own_base[r], on=q.own_base[r] >= 0)
 
 
 def route_request(s: SimState, st, c, p, r, now, active, *, routable=None):
@@ -231,7 +261,10 @@ def route_request(s: SimState, st, c, p, r, now, active, *, routable=None):
     cached prefix (the cache query). A disaggregated request awaits its prefill routing at
     this time, bound for its decode instance (``headed``); any other is served whole by the
     decode instance. Returns ``(state, decode instance, whole)``."""
+    before = (s.router.lru_clock, s.router.lru_own)
     s, decode = route_pool(s, st, c, p, r, now, POOL_DECODE, active, routable=routable)
+    if st.pd_own_index:
+        s = _own_indexed(s, st, p, r, decode, before, active)
     cached = policies.cache_query(s, st, c, r)[decode]
     split = active & disaggregates(p, c, r, cached, st.block_size)
     q = s.pd

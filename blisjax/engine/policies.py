@@ -310,27 +310,57 @@ def prefix_fraction(matched, full_blocks):
                                                   jnp.maximum(full_blocks, 1).astype(F64)), 0.0)
 
 
-def prefix_match(s: SimState, st, c, r):
+def prefix_match(s: SimState, st, c, r, *, own: OwnEntries | None = None):
     """Matched leading prompt blocks of r in each instance's router-side LRU index [I]
     (``PrefixIndex.match_length``).
 
     A request's prompt blocks are, in order, its prefix group's (``j < group_blocks``), with
     closed-loop sessions its session's (``j < session_blocks``: every round of the
-    conversation has them, ``EngineStatic.session_prefix_index``), and its own; only the
-    shared ones can match (a request's own blocks are indexed after it is routed, and it is
-    routed once). An entry is present iff fewer than ``capacity`` distinct entries were
-    touched after it (LRU stack distance): own entries inserted since, plus shared entries
-    with a later touch position.
+    conversation has them, ``EngineStatic.session_prefix_index``), and its own. The shared
+    ones can match; its own ones only where an earlier routing of r indexed them (``own``:
+    P/D's prefill routing after its decode routing), as they are indexed after r is routed.
+    An entry is present iff fewer than ``capacity`` distinct entries were touched after it
+    (LRU stack distance): own entries inserted since, plus shared entries with a later touch
+    position. r's own entries were inserted in order after its shared ones, so all of them
+    are present iff the oldest is (the newest entries of an LRU are evicted last).
     """
     pos, own_at, shared = _index_rows(s, st, c, r)  # [I, J], [J]
+    newer = (s.router.lru_own[:, None] - own_at) + _touched_after(s, st, pos)
+    present = shared & (pos >= 0) & (newer < st.prefix_index_capacity)
+    matched = leading_count(present, axis=1)
+    if own is None:
+        return matched
+    d = own.instance
+    n_shared = _shared_blocks(st, c, r)
+    n_own = c.full_blocks[r] - n_shared
+    oldest = own.clock + n_shared  # the touch position of r's first own block
+    newer_own = (s.router.lru_own[d] - own.base - 1) \
+        + _touched_after(s, st, jnp.broadcast_to(oldest, (st.num_instances, 1)))[d, 0]
+    kept = own.on & (n_own > 0) & (matched[d] >= n_shared) \
+        & (newer_own < st.prefix_index_capacity)
+    return matched.at[d].add(jnp.where(kept, n_own, 0).astype(matched.dtype))
+
+
+def _touched_after(s: SimState, st, pos):
+    """Shared entries of each instance touched after the positions ``pos`` [I, J] there,
+    [I, J] (with ``session_prefix_index``, conversations' entries too)."""
     everything = s.router.lru_pos.reshape(st.num_instances, -1)  # [I, G·Jg]
-    newer = (s.router.lru_own[:, None] - own_at) \
-        + jnp.sum(everything[:, None, :] > pos[:, :, None], axis=-1)
+    count = jnp.sum(everything[:, None, :] > pos[:, :, None], axis=-1)
     if st.session_prefix_index:
         sessions = s.router.lru_spos.reshape(st.num_instances, -1)  # [I, S·Js]
-        newer = newer + jnp.sum(sessions[:, None, :] > pos[:, :, None], axis=-1)
-    present = shared & (pos >= 0) & (newer < st.prefix_index_capacity)
-    return leading_count(present, axis=1)
+        count = count + jnp.sum(sessions[:, None, :] > pos[:, :, None], axis=-1)
+    return count
+
+
+def _shared_blocks(st, c, r):
+    """r's leading prompt blocks the index keeps per prefix group (and, with
+    ``session_prefix_index``, per conversation); the rest of its full blocks are its own."""
+    shared = jnp.minimum(c.group_blocks[r], c.full_blocks[r])
+    if st.session_prefix_index:
+        shared = jnp.where(c.session[r] >= 0,
+                           jnp.maximum(shared, jnp.minimum(c.session_blocks[r],
+                                                           c.full_blocks[r])), shared)
+    return shared
 
 
 def _index_rows(s: SimState, st, c, r):
@@ -359,18 +389,31 @@ def _index_rows(s: SimState, st, c, r):
     return pos, own_at, (j < gb) | in_session
 
 
-def prefix_touch(s: SimState, st, c, r, target, active) -> SimState:
+def prefix_touch(s: SimState, st, c, r, target, active, *,
+                 own: OwnEntries | None = None) -> SimState:
     """The routed request's prompt blocks become the most recent entries of the target's index
     (``PrefixIndex.touch``): shared blocks at touch positions in prompt order, own blocks
-    counted."""
+    counted. ``own``: r's own blocks an earlier routing indexed; touched again on that
+    instance they move to the newest end rather than adding entries, so every entry touched
+    before that routing stops counting them twice (its ``own_at`` grows by their number)."""
+    router = s.router
+    if own is not None:
+        again = active & own.on & (target == own.instance)
+        n_own = (c.full_blocks[r] - _shared_blocks(st, c, r)).astype(jnp.int64)
+
+        def moved(own_at):  # [I, ...]: entries touched before r's first routing
+            at = own_at[target]
+            return own_at.at[target].set(jnp.where(again & (at <= own.base), at + n_own, at))
+
+        router = router.replace(lru_own_at=moved(router.lru_own_at))
+        if st.session_prefix_index:
+            router = router.replace(lru_sown_at=moved(router.lru_sown_at))
     g = jnp.maximum(c.group[r], 0)
     j = jnp.arange(st.group_blocks_max)
     mine = active & (j < c.group_blocks[r])
-    row = jnp.where(mine, s.router.lru_clock[target] + j, s.router.lru_pos[target, g])
-    row_own = jnp.where(mine, s.router.lru_own[target], s.router.lru_own_at[target, g])
+    row = jnp.where(mine, router.lru_clock[target] + j, router.lru_pos[target, g])
+    row_own = jnp.where(mine, router.lru_own[target], router.lru_own_at[target, g])
     full = c.full_blocks[r].astype(jnp.int64)
-    shared = jnp.minimum(c.group_blocks[r], c.full_blocks[r])
-    router = s.router
     if st.session_prefix_index:
         js = jnp.arange(st.session_blocks_max)
         sid = jnp.maximum(c.session[r], 0)
@@ -380,15 +423,12 @@ def prefix_touch(s: SimState, st, c, r, target, active) -> SimState:
         srow_own = jnp.where(ours, router.lru_own[target], router.lru_sown_at[target, sid])
         router = router.replace(lru_spos=router.lru_spos.at[target, sid].set(srow),
                                 lru_sown_at=router.lru_sown_at.at[target, sid].set(srow_own))
-        shared = jnp.where(c.session[r] >= 0,
-                           jnp.maximum(shared, jnp.minimum(c.session_blocks[r],
-                                                           c.full_blocks[r])), shared)
-    own = (c.full_blocks[r] - shared).astype(jnp.int64)
+    inserted = (c.full_blocks[r] - _shared_blocks(st, c, r)).astype(jnp.int64)
     return s.replace(router=router.replace(
                          lru_pos=router.lru_pos.at[target, g].set(row),
                          lru_own_at=router.lru_own_at.at[target, g].set(row_own),
                          lru_clock=add(router.lru_clock, target, full, active),
-                         lru_own=add(router.lru_own, target, own, active)))
+                         lru_own=add(router.lru_own, target, inserted, active)))
 
 
 class RouterView(NamedTuple):
@@ -439,6 +479,19 @@ def _cold_ramp(s: SimState, st, among=None):
     return jnp.where(n == 1, 1.0, 1.0 - ieee_divide(rank.astype(F64), denominator))
 
 
+class OwnEntries(NamedTuple):
+    """A request's own prompt blocks that an earlier routing of it put in the router's index
+    (P/D: its decode routing, when both pools route with the lane's router,
+    ``EngineStatic.pd_own_index``): on ``instance``, as the newest entries after that
+    routing's shared blocks. Its prefill routing can match them there, and touching them
+    again there moves them rather than adding entries (``prefix_match``, ``prefix_touch``)."""
+
+    instance: jax.Array  # int32: where they were indexed
+    clock: jax.Array  # int64: the instance's ``lru_clock`` before that routing
+    base: jax.Array  # int64: its ``lru_own`` (own entries inserted) before that routing
+    on: jax.Array  # bool: they were indexed
+
+
 class RouteSpec(NamedTuple):
     """One routing decision's router (``reference.policies.Router`` and the candidates its
     ``route`` gets): the lane's own routing, or a P/D pool's (``engine.pd``)."""
@@ -448,6 +501,7 @@ class RouteSpec(NamedTuple):
     scorer_weight: jax.Array  # float64 [S]: their weights over their sum (host-normalised)
     prefix_index_on: jax.Array  # bool: the prefix index records the decision
     candidates: jax.Array | None  # bool [I]: the instances it decides among (None: all)
+    own_entries: OwnEntries | None = None  # the request's own blocks already indexed
 
 
 def lane_spec(p) -> RouteSpec:
@@ -456,13 +510,14 @@ def lane_spec(p) -> RouteSpec:
     return RouteSpec(rt.policy, rt.scorer_order, rt.scorer_weight, rt.prefix_index_on, None)
 
 
-def scorer_values(s: SimState, st, c, r, view: RouterView, among):
+def scorer_values(s: SimState, st, c, r, view: RouterView, among, *, own=None):
     """Every scorer's value for each instance, before clamping (``Router.scorer``), float64
     [S, I] in ``Scorer`` code order; scores that normalise over instances do so over
-    ``among`` (bool [I]; None: all)."""
+    ``among`` (bool [I]; None: all). ``own``: r's own blocks already indexed
+    (``OwnEntries``)."""
     qd, bs, in_flight = s.router.snap_qd, s.router.snap_bs, s.router.in_flight
     full = c.full_blocks[r]
-    prefix = prefix_fraction(prefix_match(s, st, c, r), full)
+    prefix = prefix_fraction(prefix_match(s, st, c, r, own=own), full)
     lo, hi = _min(view.cached, among), _max(view.cached, among)
     precise = jnp.where(hi == lo, 1.0, ieee_divide((view.cached - lo).astype(F64),
                                                    jnp.maximum(hi - lo, 1).astype(F64)))
@@ -580,7 +635,7 @@ def route(s: SimState, st, c, p, r, now, active, spec: RouteSpec | None = None):
     load = view.load
     weighted_lane = spec.policy == RoutingPolicy.WEIGHTED
     program_lane = spec.policy == RoutingPolicy.PROGRAM
-    raw = scorer_values(s, st, c, r, view, among)
+    raw = scorer_values(s, st, c, r, view, among, own=spec.own_entries)
     scores = weighted_scores(raw, spec, st.num_instances)
     if "routing" in st.program_sites:
         scores = jnp.where(program_lane, program_scores(s, st, c, p, r, now, view, among, raw),
@@ -603,7 +658,8 @@ def route(s: SimState, st, c, p, r, now, active, spec: RouteSpec | None = None):
         RoutingPolicy.LEAST_LOADED: best,
         RoutingPolicy.ALWAYS_BUSIEST: busiest.astype(jnp.int32),
         RoutingPolicy.WEIGHTED: best, RoutingPolicy.PROGRAM: best})[spec.policy]
-    s = prefix_touch(s, st, c, r, target, active & spec.prefix_index_on & scoring)
+    s = prefix_touch(s, st, c, r, target, active & spec.prefix_index_on & scoring,
+                     own=spec.own_entries)
     if st.cache_scorers:
         uses_lru = jnp.any(spec.scorer_order == Scorer.NO_HIT_LRU)
         mark = active & ((weighted_lane & uses_lru) | (program_lane & p.routing.program_lru)) \

@@ -159,6 +159,11 @@ class EngineStatic:
     # session shares (``RouterState.lru_spos``): some lane lists the prefix-affinity scorer
     # (``build_static`` from the configuration, ``for_lanes`` from a population).
     session_prefix_index: bool = False
+    # P/D pools with shared instances whose pools both route with the lane's router and its
+    # prefix index (some lane, ``static_lanes.for_lanes``): a disaggregated request's decode
+    # routing indexes its own prompt blocks, which its prefill routing can then match on a
+    # shared instance (``PDState.own_clock``, ``policies.OwnEntries``).
+    pd_own_index: bool = False
     # With ``sessions``: a follow-up budget or sessions whose rows are a capacity (concurrency
     # users, ``Workload.session_unbounded``): follow-up creation counts against the budget
     # and flags a user out of rows (``sessions.create_follow_ups``).

@@ -61,8 +61,8 @@ def for_lanes(st: EngineStatic, params) -> EngineStatic:
             st = dataclasses.replace(st, sized_lanes=_check_sized(st))
     if bool(np.any(np.asarray(params.gateway.on))):
         st = with_gateway(st)
-    if st.pd:
-        _check_pd_prefix_index(params)
+    if st.pd and not st.pd_own_index and _pd_prefix_index_twice(params):
+        st = dataclasses.replace(st, pd_own_index=True)
     if st.instance_rows:
         check_pool_rows(st, params)
     cpu = int(np.max(np.asarray(params.kv_cpu_blocks), initial=0))
@@ -87,19 +87,14 @@ def for_lanes(st: EngineStatic, params) -> EngineStatic:
     return dataclasses.replace(st, cache_scorers=True) if needed else st
 
 
-def _check_pd_prefix_index(params) -> None:
-    """Refuse lanes whose requests a router's prefix index sees twice: P/D pools with shared
-    instances (serving both roles), both pools routing with the lane's router (no scorers of
-    their own) and its prefix-affinity scorer on. A disaggregated request's prefill routing
-    then matches, on its decode instance, the prompt blocks its decode routing indexed there;
-    the program's index never matches a request's own blocks."""
+def _pd_prefix_index_twice(params) -> bool:
+    """Whether some lane's router prefix index sees a disaggregated request twice: P/D pools
+    with shared instances (serving both roles), both pools routed with the lane's router (no
+    scorers of their own) and its prefix index on. The request's prefill routing then can
+    match, on a shared instance, the own prompt blocks its decode routing indexed there."""
     pd = params.pd
     shared = np.any(np.asarray(pd.role) == int(PDRole.SHARED), axis=-1)
     own = np.asarray(pd.pool_own)
     twice = (np.asarray(pd.pools) & shared & (np.asarray(pd.decider) != int(PDDecider.NEVER))
              & ~own[..., 0] & ~own[..., 1] & np.asarray(params.routing.prefix_index_on))
-    if bool(np.any(twice)):
-        raise ConfigError("cluster.pd.shared_instances", "P/D pools with shared instances "
-                          "whose pools route with the cluster's router and its prefix-affinity "
-                          "scorer (no prefill_scorers / decode_scorers of their own) run in the "
-                          "reference engine only (--engine reference)")
+    return bool(np.any(twice))

@@ -110,22 +110,7 @@ def lanes(draw, base):
                                                                  "sjf"]))),
         priority=PriorityConfig(policy=draw(st.sampled_from(["constant", "slo-class",
                                                                "slo-based"]))))
-    return runs_in_jax(dataclasses.replace(base, cluster=cluster, policy=policy))
-
-
-def runs_in_jax(cfg):
-    """``cfg``, its prefill pool given the lane's scorers as its own where the JAX engine
-    refuses the lane (``static._check_pd_prefix_index``: shared instances, both pools routed by
-    the lane's router with prefix-affinity)."""
-    pd, routing = cfg.cluster.pd, cfg.policy.routing
-    twice = (pd.shared_instances > 0 and pd.prefill_instances + pd.decode_instances > 0
-             and pd.decider != "never" and not pd.prefill_scorers and not pd.decode_scorers
-             and routing.policy == "weighted"
-             and any(w.name == "prefix-affinity" for w in routing.scorers))
-    if not twice:
-        return cfg
-    return dataclasses.replace(cfg, cluster=dataclasses.replace(
-        cfg.cluster, pd=dataclasses.replace(pd, prefill_scorers=routing.scorers)))
+    return dataclasses.replace(base, cluster=cluster, policy=policy)
 
 
 def _base(quirks: bool):
@@ -257,18 +242,56 @@ def test_pd_capacities_are_flagged_when_exceeded():
     assert fast.overflow == {"pd_reserve": 1}
 
 
-def test_a_prefix_index_that_sees_a_request_twice_is_refused():
-    """Shared instances, both pools routed by the lane's router with prefix-affinity: the
-    reference's prefill routing matches the blocks the decode routing indexed on a shared
-    instance, which the program does not model; the JAX engine refuses the lane, naming the
-    field (and runs it once a pool routes with scorers of its own)."""
-    from blisjax.config import ConfigError
+TWICE_PD = PDConfig(prefill_instances=1, decode_instances=1, shared_instances=1,
+                    decider="always")
+TWICE_ROUTERS = [  # prefix-affinity routers shared by both pools (no scorers of their own)
+    RoutingConfig(policy="weighted", scorers=(ScorerWeight("prefix-affinity", 2.0),
+                                              ScorerWeight("queue-depth", 1.0)),
+                  tie_break="lowest-index"),
+    RoutingConfig(policy="weighted", scorers=(ScorerWeight("prefix-affinity", 1.0),
+                                              ScorerWeight("load-balance", 1.0)),
+                  tie_break="lowest-index"),
+    RoutingConfig(policy="weighted", scorers=(ScorerWeight("prefix-affinity", 1.0),),
+                  tie_break="blis-random"),
+    RoutingConfig(policy="weighted"),  # BLIS's default scorers
+]
 
-    base = _base(False)
-    cfg = dataclasses.replace(base.config, policy=dataclasses.replace(
-        base.config.policy, routing=RoutingConfig(policy="weighted")),  # BLIS's scorers
-        cluster=dataclasses.replace(base.config.cluster, pd=BASE_PD))
-    w = make_workload([dict(arrival=0, input=40, output=2)])
-    with pytest.raises(ConfigError, match="cluster.pd.shared_instances"):
-        simulate_population(base, w, stack_params([params_from_config(cfg, ("",))]))
-    assert runs_in_jax(cfg).cluster.pd.prefill_scorers == cfg.policy.routing.scorers
+
+# requests of their own prompts only but for a few of the groups' (arrivals in µs)
+OWN_PROMPTS = [dict(arrival=400 * k, input=48 + 8 * (k % 6), output=2 + k % 4,
+                    group=(k // 2) % 2 if k % 2 else -1, prefix=MAX_PREFIX if k % 2 else 0)
+               for k in range(REQUESTS)]
+# the groups' blocks, touched on the shared instance before a request indexed there twice,
+# are matched again later (simultaneous arrivals; drawn, then kept)
+RETOUCHED = [dict(arrival=a, input=i, output=o, group=g, prefix=MAX_PREFIX if g >= 0 else 0)
+             for a, i, o, g in [(0, 94, 5, -1), (300, 49, 6, 0), (350, 81, 7, 0), (400, 64, 1, 1),
+                                (700, 72, 10, 1), (700, 87, 5, 1), (1000, 59, 1, 1),
+                                (1300, 47, 7, 1), (1600, 85, 4, -1), (1600, 79, 2, 0),
+                                (1600, 44, 5, 0), (2600, 103, 5, 1)]]
+
+
+@pytest.mark.parametrize(("capacity", "rows"), [(10_000, OWN_PROMPTS), (6, RETOUCHED)],
+                         ids=["own-prompts", "small-index"])
+def test_prefill_routing_matches_the_blocks_its_decode_routing_indexed(capacity, rows):
+    """Shared instances, both pools routed by the lane's router with prefix-affinity: a
+    disaggregated request's decode routing indexes its whole prompt on its decode instance,
+    so its prefill routing finds all of it there when that instance is shared (BLIS's
+    ``PrefixIndex`` sees the request twice), and touching it there again moves its own
+    entries rather than adding them. Requests of their own prompts make the first matter
+    (without it every prefill instance scores alike); a 6-block index makes the second
+    matter (counted twice, older entries leave the index early: lane 2 diverges)."""
+    resolved = make_resolved(**{**ENGINE, "instances": 3})
+    cfg = dataclasses.replace(resolved.config, cluster=dataclasses.replace(
+        resolved.config.cluster, pd=TWICE_PD, prefix_index_capacity_blocks=capacity))
+    base = resolve_config(cfg)
+    w = make_workload(rows, groups=GROUPS)
+    configs = [dataclasses.replace(cfg, policy=dataclasses.replace(cfg.policy, routing=rt))
+               for rt in TWICE_ROUTERS]
+    params = stack_params([params_from_config(c, ("",)) for c in configs])
+    results = simulate_population(base, w, params)
+    shared_prefills = 0
+    for k, lane in enumerate(configs):
+        want = reference(resolve_config(lane), w)
+        assert first_divergence(want, results[k]) is None, (k, lane.policy.routing)
+        shared_prefills += int(np.sum(results[k].pd.prefill_instance == 2))
+    assert shared_prefills > 0  # prefill sub-requests went to the shared instance

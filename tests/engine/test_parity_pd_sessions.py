@@ -25,7 +25,6 @@ from blisjax.workload.spec import parse_workload_spec
 from blisjax.workload.types import FOLLOW_UP_ARRIVAL_US, Workload
 from tests.engine.conftest import edge_engine, room_for_a_program
 from tests.engine.test_parity import _random_policy_configs
-from tests.engine.test_parity_pd import runs_in_jax
 from tests.engine.test_parity_pd_lifecycle import LANES as PD_LIFECYCLE_LANES
 from tests.engine.test_parity_sessions import random_session_workload
 from tests.reference.conftest import make_resolved
@@ -55,8 +54,8 @@ def _base(quirks: bool):
 
 def _lanes(base, tenants, count: int, seed: int) -> list:
     policies = _random_policy_configs(base.config, tenants, count, seed=seed)
-    return [runs_in_jax(dataclasses.replace(cfg, cluster=dataclasses.replace(
-        cfg.cluster, pd=SPLITS[k % len(SPLITS)]))) for k, cfg in enumerate(policies)]
+    return [dataclasses.replace(cfg, cluster=dataclasses.replace(
+        cfg.cluster, pd=SPLITS[k % len(SPLITS)])) for k, cfg in enumerate(policies)]
 
 
 def _check(quirks: bool, seeds: tuple[int, ...], count: int) -> list:
