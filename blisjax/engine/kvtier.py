@@ -407,6 +407,19 @@ def _moved_keys(is_last, where, older, size0):
     return is_last & (rank >= jnp.where(kept, m, 0))
 
 
+def _previous_access(keys, valid, sink: int):
+    """Position of the previous access of each access's key (int32, -1: its first; invalid
+    accesses -1): neighbours in (key, position) order. ``sink``: above every key."""
+    width = keys.shape[0]
+    c = jnp.arange(width, dtype=jnp.int32)
+    order = jnp.argsort(jnp.where(valid, keys, sink).astype(jnp.int64) * width + c)
+    order = order.astype(jnp.int32)
+    k_sorted = jnp.where(valid, keys, -1)[order]
+    prev_sorted = jnp.where((c > 0) & (k_sorted >= 0) & (k_sorted == jnp.roll(k_sorted, 1)),
+                            jnp.roll(order, 1), -1)
+    return jnp.zeros(width, jnp.int32).at[order].set(prev_sorted)
+
+
 def _stores_by_runs(t: KVTierState, i, keys, valid, first, where, older):
     """Stores of a mirror pass whose accesses form at most ``RUN_WIDTH`` runs, and whether
     they do (int32, bool). Same outcomes as ``_pass_stores``, resolved per run of accesses
@@ -452,13 +465,7 @@ def _stores_by_runs(t: KVTierState, i, keys, valid, first, where, older):
     rank = compact(older.astype(jnp.int32), 0)
     c = jnp.arange(width, dtype=jnp.int32)
     on = c < n
-    # previous access of the same key: neighbours in (key, position) order
-    sink = jnp.int64(t.where.shape[0])
-    order = jnp.argsort(jnp.where(on, key, sink).astype(jnp.int64) * width + c).astype(jnp.int32)
-    k_sorted = key[order]
-    prev_sorted = jnp.where((c > 0) & (k_sorted >= 0) & (k_sorted == jnp.roll(k_sorted, 1)),
-                            jnp.roll(order, 1), -1)
-    prev = jnp.zeros(width, jnp.int32).at[order].set(prev_sorted)
+    prev = _previous_access(key, on, t.where.shape[0])
 
     def after(x):  # x of the access before (False / 0 at position 0)
         return jnp.concatenate([jnp.zeros(1, x.dtype), x[:-1]])
@@ -518,13 +525,7 @@ def _pass_stores(t: KVTierState, i, keys, valid, first, where, live_through):
     width = keys.shape[0]
     capacity = t.capacity
     idx = jnp.arange(width, dtype=jnp.int64)
-    # previous access of the same key: neighbours in (key, position) order
-    sink = jnp.int64(t.where.shape[0])
-    order = jnp.argsort(jnp.where(valid, keys, sink).astype(jnp.int64) * width + idx)
-    k_sorted = jnp.where(valid, keys, -1)[order]
-    prev_sorted = jnp.where((jnp.arange(width) > 0) & (k_sorted >= 0)
-                            & (k_sorted == jnp.roll(k_sorted, 1)), jnp.roll(order, 1), -1)
-    prev = jnp.zeros(width, jnp.int64).at[order].set(prev_sorted)
+    prev = _previous_access(keys, valid, t.where.shape[0]).astype(jnp.int64)
     held = first & (where >= 0)
     # distinct values: the key term, then the position; excluded accesses above all others
     top = jnp.int64(1) << 60  # above (KEY_LIMIT + 1) · width

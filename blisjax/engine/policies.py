@@ -325,7 +325,7 @@ def prefix_match(s: SimState, st, c, r, *, own: OwnEntries | None = None):
     are present iff the oldest is (the newest entries of an LRU are evicted last).
     """
     pos, own_at, shared = _index_rows(s, st, c, r)  # [I, J], [J]
-    newer = (s.router.lru_own[:, None] - own_at) + _touched_after(s, st, pos)
+    newer = (s.router.lru_own[:, None] - own_at) + _touched_after(s.router, st, pos)
     present = shared & (pos >= 0) & (newer < st.prefix_index_capacity)
     matched = leading_count(present, axis=1)
     if own is None:
@@ -335,20 +335,23 @@ def prefix_match(s: SimState, st, c, r, *, own: OwnEntries | None = None):
     n_own = c.full_blocks[r] - n_shared
     oldest = own.clock + n_shared  # the touch position of r's first own block
     newer_own = (s.router.lru_own[d] - own.base - 1) \
-        + _touched_after(s, st, jnp.broadcast_to(oldest, (st.num_instances, 1)))[d, 0]
+        + _touched_after(s.router, st, jnp.reshape(oldest, (1, 1)), d)[0, 0]
     kept = own.on & (n_own > 0) & (matched[d] >= n_shared) \
         & (newer_own < st.prefix_index_capacity)
     return matched.at[d].add(jnp.where(kept, n_own, 0).astype(matched.dtype))
 
 
-def _touched_after(s: SimState, st, pos):
-    """Shared entries of each instance touched after the positions ``pos`` [I, J] there,
-    [I, J] (with ``session_prefix_index``, conversations' entries too)."""
-    everything = s.router.lru_pos.reshape(st.num_instances, -1)  # [I, G·Jg]
-    count = jnp.sum(everything[:, None, :] > pos[:, :, None], axis=-1)
+def _touched_after(router, st, pos, instance=None):
+    """Shared entries touched after the positions ``pos`` [I, J] on each instance, [I, J]
+    (with ``session_prefix_index``, conversations' entries too); with ``instance``, ``pos``
+    [1, J] on that instance alone."""
+    def rows(x):  # [I or 1, entries]
+        return x.reshape(st.num_instances, -1) if instance is None \
+            else x[instance].reshape(1, -1)
+
+    count = jnp.sum(rows(router.lru_pos)[:, None, :] > pos[:, :, None], axis=-1)
     if st.session_prefix_index:
-        sessions = s.router.lru_spos.reshape(st.num_instances, -1)  # [I, S·Js]
-        count = count + jnp.sum(sessions[:, None, :] > pos[:, :, None], axis=-1)
+        count = count + jnp.sum(rows(router.lru_spos)[:, None, :] > pos[:, :, None], axis=-1)
     return count
 
 
@@ -397,13 +400,14 @@ def prefix_touch(s: SimState, st, c, r, target, active, *,
     instance they move to the newest end rather than adding entries, so every entry touched
     before that routing stops counting them twice (its ``own_at`` grows by their number)."""
     router = s.router
+    inserted = (c.full_blocks[r] - _shared_blocks(st, c, r)).astype(jnp.int64)  # own blocks
     if own is not None:
         again = active & own.on & (target == own.instance)
-        n_own = (c.full_blocks[r] - _shared_blocks(st, c, r)).astype(jnp.int64)
 
         def moved(own_at):  # [I, ...]: entries touched before r's first routing
             at = own_at[target]
-            return own_at.at[target].set(jnp.where(again & (at <= own.base), at + n_own, at))
+            return own_at.at[target].set(jnp.where(again & (at <= own.base), at + inserted,
+                                                   at))
 
         router = router.replace(lru_own_at=moved(router.lru_own_at))
         if st.session_prefix_index:
@@ -423,7 +427,6 @@ def prefix_touch(s: SimState, st, c, r, target, active, *,
         srow_own = jnp.where(ours, router.lru_own[target], router.lru_sown_at[target, sid])
         router = router.replace(lru_spos=router.lru_spos.at[target, sid].set(srow),
                                 lru_sown_at=router.lru_sown_at.at[target, sid].set(srow_own))
-    inserted = (c.full_blocks[r] - _shared_blocks(st, c, r)).astype(jnp.int64)
     return s.replace(router=router.replace(
                          lru_pos=router.lru_pos.at[target, g].set(row),
                          lru_own_at=router.lru_own_at.at[target, g].set(row_own),
