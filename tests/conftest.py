@@ -81,6 +81,57 @@ def _log_compiled_programs(request):
         run._run_sharded = jitted
 
 
+#: ``BLISJAX_TEST_PROGRAM_SURVEY=path``: each engine program a test would compile is appended to
+#: ``path`` as one JSON line (test id, the program's key, the ``EngineStatic``'s fields, lanes
+#: and lane block) and the test stops there with ``ProgramSurveyed`` instead of compiling it:
+#: the tier then runs in a fraction of its time, its engine tests failing, and
+#: ``benchmarks/tier_programs.py path`` lists the distinct programs per test file and what
+#: tells them apart (docs/performance.md, Test tiers). A test's programs after its first are
+#: not reached.
+_PROGRAM_SURVEY = os.environ.get("BLISJAX_TEST_PROGRAM_SURVEY", "").strip()
+
+
+class ProgramSurveyed(Exception):
+    """Raised instead of compiling an engine program in a survey run."""
+
+
+@pytest.fixture(autouse=True)
+def _survey_programs(request):
+    if not _PROGRAM_SURVEY:
+        yield
+        return
+    import dataclasses
+
+    from blisjax.engine import progcache, run
+
+    jitted = run._run_sharded
+
+    def record(st, consts, params, devices, lane_block):
+        key = progcache.program_key(st, (consts, params), tuple(devices), lane_block)
+        with open(_PROGRAM_SURVEY, "a") as f:
+            f.write(json.dumps({
+                "test": request.node.nodeid, "key": key[:16],
+                "static": {k.name: repr(getattr(st, k.name)) for k in dataclasses.fields(st)},
+                "lanes": int(jax_leaves(params)[0].shape[0]), "lane_block": lane_block}) + "\n")
+        raise ProgramSurveyed(request.node.nodeid)
+
+    class Surveyed:
+        def __call__(self, st, consts, params, devices, lane_block):
+            record(st, consts, params, devices, lane_block)
+
+        def lower(self, st, consts, params, devices, lane_block):
+            record(st, consts, params, devices, lane_block)
+
+        def __getattr__(self, name):
+            return getattr(jitted, name)
+
+    run._run_sharded = Surveyed()
+    try:
+        yield
+    finally:
+        run._run_sharded = jitted
+
+
 def jax_leaves(tree):
     import jax
 

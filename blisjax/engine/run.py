@@ -237,12 +237,7 @@ def _run_block(st: EngineStatic, consts, params: PolicyParams):
     return jax.lax.while_loop(cond, body, (init, first))[0]
 
 
-# Not used: XLA's ``xla_cpu_copy_insertion_use_region_analysis`` removes most full-array copies
-# in inner loops but produced wrong results on parity edge cases (preemption-storm, horizon-cut)
-# with jax 0.10.2 — an unsafe in-place update. Parity first; ``lockstep.after_reads`` avoids
-# the copies.
-@functools.partial(jax.jit, static_argnums=(0, 3, 4))
-def _run_sharded(st: EngineStatic, consts, params: PolicyParams, devices: tuple,
+def _run_devices(st: EngineStatic, consts, params: PolicyParams, devices: tuple,
                  lane_block: int):
     if len(devices) == 1:
         return _run_local(st, lane_block, consts, params)
@@ -251,6 +246,59 @@ def _run_sharded(st: EngineStatic, consts, params: PolicyParams, devices: tuple,
     return jax.shard_map(functools.partial(_run_local, st, lane_block), mesh=mesh,
                          in_specs=(PartitionSpec(), PartitionSpec("devices")),
                          out_specs=PartitionSpec("devices"), check_vma=False)(consts, params)
+
+
+#: Short runs on CPUs are compiled without XLA's loop-invariant code motion and while-loop
+#: simplifier, which XLA:CPU runs to a fixed point over every nested loop of the program:
+#: ~40 % less XLA compile time for a small tiered program with lifecycles, ~15 % for scenario
+#: S, at ~3–4 % more run time (docs/performance.md, Compile time). A run is short when its
+#: lanes × requests are at most ``SHORT_RUN_REQUEST_LANES`` (a single run of BLIS's anchor
+#: trace is; a population of 64 lanes over 2,000 requests is not). The passes only optimise:
+#: both programs compute the same values.
+#: Not used: ``xla_cpu_copy_insertion_use_region_analysis`` removes most full-array copies in
+#: inner loops but produced wrong results on parity edge cases (preemption-storm, horizon-cut)
+#: with jax 0.10.2 — an unsafe in-place update. Parity first; ``lockstep.after_reads`` avoids
+#: the copies.
+SHORT_RUN_COMPILER_OPTIONS = {
+    "xla_disable_hlo_passes": "while-loop-invariant-code-motion,simplify-while-loops"}
+SHORT_RUN_REQUEST_LANES = 20_000
+
+
+def short_run(st: EngineStatic, lanes: int, devices: tuple) -> bool:
+    """Whether a run of ``lanes`` lanes of ``st`` on ``devices`` is compiled as a short run
+    (``SHORT_RUN_COMPILER_OPTIONS``): every device a CPU, lanes × requests at most
+    ``SHORT_RUN_REQUEST_LANES``."""
+    return (all(d.platform == "cpu" for d in devices)
+            and lanes * st.num_requests <= SHORT_RUN_REQUEST_LANES)
+
+
+class _Program:
+    """The engine's jitted program (``_run_devices``; static: the ``EngineStatic``, the
+    devices and the lane block): short runs (``short_run``) compiled with
+    ``SHORT_RUN_COMPILER_OPTIONS``, the others with XLA's defaults."""
+
+    def __init__(self, fn: Callable):
+        self._short = jax.jit(fn, static_argnums=(0, 3, 4),
+                              compiler_options=SHORT_RUN_COMPILER_OPTIONS)
+        self._long = jax.jit(fn, static_argnums=(0, 3, 4))
+
+    def _for(self, st: EngineStatic, params: PolicyParams, devices: tuple):
+        lanes = int(params.admission.policy.shape[0])
+        return self._short if short_run(st, lanes, devices) else self._long
+
+    def __call__(self, st: EngineStatic, consts, params: PolicyParams, devices: tuple,
+                 lane_block: int):
+        return self._for(st, params, devices)(st, consts, params, devices, lane_block)
+
+    def lower(self, st: EngineStatic, consts, params: PolicyParams, devices: tuple,
+              lane_block: int):
+        return self._for(st, params, devices).lower(st, consts, params, devices, lane_block)
+
+    def _cache_size(self) -> int:
+        return self._short._cache_size() + self._long._cache_size()
+
+
+_run_sharded = _Program(_run_devices)
 
 
 class Placement(NamedTuple):

@@ -87,7 +87,8 @@ def test_prefill_routings_follow_the_dispatch_order():
                                   queue_depth_threshold=0.5, kv_cache_util_threshold=0.2,
                                   max_concurrency=2, dispatch_order="fifo",
                                   dispatch_tick_interval_us=250)))
-    params = stack_params([params_from_config(cfg, ("",))])
+    # the lane LANES times: the drawn populations' program, shapes and lane block
+    params = stack_params([params_from_config(cfg, ("",))] * LANES)
     static = for_lanes(build_static(base, _envelope(), decode_stretches=True), params)
     got = simulate_population(base, w, params, static=static)[0]
     want = reference(resolve_config(cfg), w)

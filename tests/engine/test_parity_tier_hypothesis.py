@@ -41,6 +41,7 @@ from hypothesis import strategies as st
 from blisjax.config import AdmissionConfig, resolve_config
 from blisjax.engine import params_from_config, simulate_population, stack_params
 from blisjax.engine.parity import first_divergence
+from blisjax.engine.run import TIERED_LANE_BLOCK
 from blisjax.engine.static import build_static, build_static_shared
 from blisjax.metrics.records import RunResult
 from blisjax.reference import simulate as reference
@@ -168,7 +169,9 @@ def _check(engine: dict, stretches: bool, data, tally: Counter) -> None:
                                cache_scorers=True) == static
     configs = [data.draw(tiered_lanes(base.config), label=f"lane {k}") for k in range(LANES)]
     params = stack_params([params_from_config(c, TENANTS) for c in configs])
-    lanes = simulate_population(base, w, params, static=static)
+    # lanes in blocks of two whatever the drawn tiers (``run.default_lane_block`` picks four
+    # when no lane's tier is smaller than the GPU cache): one program for every example
+    lanes = simulate_population(base, w, params, static=static, lane_block=TIERED_LANE_BLOCK)
     for k, cfg in enumerate(configs):
         want, events = _reference_run(cfg, w)
         got = lanes[k]

@@ -21,8 +21,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from blisjax.config import AutoscalerConfig, resolve_config
-from blisjax.engine import params_from_config, simulate_population, stack_params
+from blisjax.engine import params_from_config, run, simulate_population, stack_params
 from blisjax.engine.parity import first_divergence
+from blisjax.engine.run import TIERED_LANE_BLOCK
 from blisjax.engine.static import build_static, build_static_shared
 from blisjax.reference import simulate as reference
 from tests.engine.conftest import room_for_a_program
@@ -83,7 +84,9 @@ def _compare(quirks: bool, workload, configs):
     assert static.lifecycle and static.tiered
     assert build_static_shared(base, [_envelope(), workload], decode_stretches=True) == static
     params = stack_params([params_from_config(c, ("",)) for c in configs])
-    results = simulate_population(base, workload, params, static=static)
+    # blocks of two lanes whatever the lanes' tiers: one program for every test of the module
+    results = simulate_population(base, workload, params, static=static,
+                                  lane_block=TIERED_LANE_BLOCK)
     refs = []
     for k, cfg in enumerate(configs):
         want = reference(resolve_config(cfg), workload)
@@ -96,11 +99,10 @@ def _compare(quirks: bool, workload, configs):
     return refs
 
 
-def test_a_reused_slot_starts_with_an_empty_tier():
+def _reused_slot_case():
     """Three bursts of the same prefixes; the threshold autoscaler drains an instance after
     the first (its tier holds seven blocks then) and places a new one in its slot for the
-    next, which reloads from its own tier only."""
-    room_for_a_program()  # the drawn autoscalers below run the same program
+    next. Lanes: tiers of 200 and 24 blocks, draining by waiting or redirecting, no tier."""
     rows = [dict(arrival=burst * 400_000 + k * 300, input=PREFIX + 10 + 3 * k, output=20 + k,
                  group=(k + burst) % 3, prefix=PREFIX) for burst in range(3) for k in range(8)]
     workload = make_workload(rows, groups=GROUPS)
@@ -114,11 +116,28 @@ def test_a_reused_slot_starts_with_an_empty_tier():
 
     configs = [_lane(base, 200, scaler("wait")), _lane(base, 24, scaler("wait")),
                _lane(base, 200, scaler("redirect")), _lane(base, 0, scaler("wait"))]
-    refs = _compare(False, workload, configs)
+    return workload, configs
+
+
+def test_a_reused_slot_starts_with_an_empty_tier():
+    """The new instance in the drained one's slot reloads from its own tier only."""
+    room_for_a_program()  # the drawn autoscalers below run the same program
+    refs = _compare(False, *_reused_slot_case())
     reused = refs[0].lifecycle.placements[0]
     assert reused == 2 and refs[0].kv_tier.reloads[0] > 0, (reused, refs[0].kv_tier)
     assert refs[3].kv_tier is None
     assert int(np.sum(refs[1].kv_tier.reloads)) > 0
+
+
+def test_the_long_run_program_matches_the_reference_too(monkeypatch):
+    """Runs this small are compiled as short runs (``run.short_run``: without XLA's
+    loop-invariant code motion and loop simplifier); the same case compiled as a long run,
+    with XLA's default passes, gives every lane its reference run as well."""
+    room_for_a_program()
+    monkeypatch.setattr(run, "SHORT_RUN_REQUEST_LANES", 0)
+    before = run._run_sharded._long._cache_size()
+    _compare(False, *_reused_slot_case())
+    assert run._run_sharded._long._cache_size() == before + 1
 
 
 _SETTINGS = dict(deadline=None, derandomize=True, database=None,
