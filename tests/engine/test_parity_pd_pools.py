@@ -12,6 +12,7 @@ adds ``--blis-quirks`` (the decode pool keeps the H100's rates).
 from __future__ import annotations
 
 import dataclasses
+from functools import cache
 
 import numpy as np
 import pytest
@@ -52,22 +53,31 @@ def _workload():
     return make_workload(rows, groups=("g0",))
 
 
-def _check(quirks: bool) -> None:
+@cache
+def _population(quirks: bool):
+    """The pools' lanes — the base split; a prefix-threshold decider with transfer contention,
+    decode scorers of their own and least-loaded routing; the base split on the A100-SXM —
+    run in one program (with per-lane GPU types), and each lane's reference run."""
     base = resolve_config(_config(quirks))
     w = _workload()
     lanes = [_config(quirks),
              _config(quirks, decider="prefix-threshold", prefix_threshold_tokens=120,
                      transfer_contention=True,
                      decode_scorers=(ScorerWeight("kv-utilization", 1.0),
-                                     ScorerWeight("queue-depth", 1.0)))]
+                                     ScorerWeight("queue-depth", 1.0))),
+             apply_knobs(_config(quirks), {"hardware": "A100-SXM"})]
     lanes[1] = dataclasses.replace(lanes[1], policy=dataclasses.replace(
         lanes[1].policy, routing=RoutingConfig(policy="least-loaded")))
     params = stack_params([params_from_config(c, ("",)) for c in lanes])
-    static = build_static(base, w)
+    static = build_static(base, w, gpus=("H100", "A100-SXM"))
     assert static.instance_rows == (1, 2, 2, 2)
     results = simulate_population(base, w, params, static=static)
-    for k, cfg in enumerate(lanes):
-        want = reference(resolve_config(cfg), w)
+    return lanes, results, [reference(resolve_config(c), w) for c in lanes]
+
+
+def _check(quirks: bool) -> None:
+    lanes, results, wants = _population(quirks)
+    for k, want in enumerate(wants[:2]):
         assert first_divergence(want, results[k]) is None, k
         assert list(results[k].kv_total_blocks) == list(want.kv_total_blocks)
     blocks = list(results[0].kv_total_blocks)
@@ -222,17 +232,12 @@ def test_per_lane_gpu_types_with_pools_of_their_own_match_reference():
     the prefill pool (TP 2, no GPU of its own) runs at the lane's GPU's rates, the decode pool
     and the shared instance at the A100-80's whatever the lane's. Each lane equals its
     reference run, and the two GPUs give other runs."""
-    cfg = _config()
-    base = resolve_config(cfg)
-    w = _workload()
-    lanes = [cfg, apply_knobs(cfg, {"hardware": "A100-SXM"})]
-    params = stack_params([params_from_config(c, ("",)) for c in lanes])
-    results = simulate_population(base, w, params)
-    wants = [reference(resolve_config(c), w) for c in lanes]
-    for k, want in enumerate(wants):
-        assert first_divergence(want, results[k]) is None, k
+    _, results, wants = _population(False)
+    for k in (0, 2):
+        assert first_divergence(wants[k], results[k]) is None, k
         assert list(results[k].kv_total_blocks) == [22059, 508, 508, 508]
-    assert first_divergence(wants[0], wants[1]) is not None
+    assert first_divergence(wants[0], wants[2]) is not None
+    base, w = resolve_config(_config()), _workload()
     # a GPU of other memory gives the pools other KV sizes: refused, naming the knob
     with pytest.raises(ConfigError, match="^hardware: GPU 'L40S'"):
         build_static(base, w, gpus=("L40S",))
