@@ -48,37 +48,60 @@ def _restore_sigint():
 _PROGRAM_LOG = os.environ.get("BLISJAX_TEST_PROGRAM_LOG", "").strip()
 
 
+class _WrappedProgram:
+    """``run._run_sharded`` with its calls and lowerings passed through ``wrap(jitted,
+    method, args)``; its other attributes are the program's."""
+
+    def __init__(self, jitted, wrap):
+        self._jitted, self._wrap = jitted, wrap
+
+    def __call__(self, *args):
+        return self._wrap(self._jitted, self._jitted, args)
+
+    def lower(self, *args):
+        return self._wrap(self._jitted, self._jitted.lower, args)
+
+    def __getattr__(self, name):
+        return getattr(self._jitted, name)
+
+
+def _wrapping_the_program(wrap):
+    """Install ``_WrappedProgram(run._run_sharded, wrap)`` for one test (a generator for a
+    fixture's body)."""
+    from blisjax.engine import run
+
+    jitted = run._run_sharded
+    run._run_sharded = _WrappedProgram(jitted, wrap)
+    try:
+        yield
+    finally:
+        run._run_sharded = jitted
+
+
 @pytest.fixture(autouse=True)
 def _log_compiled_programs(request):
     if not _PROGRAM_LOG:
         yield
         return
-    from blisjax.engine import progcache, run
+    from blisjax.engine import progcache
 
-    jitted = run._run_sharded
+    def logged(jitted, method, args):
+        if method is not jitted:  # a lowering compiles nothing by itself
+            return method(*args)
+        st, consts, params, devices, lane_block = args
+        before = jitted._cache_size()
+        start = time.perf_counter()
+        out = method(*args)
+        if jitted._cache_size() > before:
+            key = progcache.program_key(st, (consts, params), tuple(devices), lane_block)
+            lanes = int(jax_leaves(params)[0].shape[0]) if jax_leaves(params) else 0
+            with open(_PROGRAM_LOG, "a") as f:
+                f.write(json.dumps({"test": request.node.nodeid, "key": key[:16],
+                                    "seconds": round(time.perf_counter() - start, 2),
+                                    "lanes": lanes}) + "\n")
+        return out
 
-    class Logged:
-        def __call__(self, st, consts, params, devices, lane_block):
-            before = jitted._cache_size()
-            start = time.perf_counter()
-            out = jitted(st, consts, params, devices, lane_block)
-            if jitted._cache_size() > before:
-                key = progcache.program_key(st, (consts, params), tuple(devices), lane_block)
-                lanes = int(jax_leaves(params)[0].shape[0]) if jax_leaves(params) else 0
-                with open(_PROGRAM_LOG, "a") as f:
-                    f.write(json.dumps({"test": request.node.nodeid, "key": key[:16],
-                                        "seconds": round(time.perf_counter() - start, 2),
-                                        "lanes": lanes}) + "\n")
-            return out
-
-        def __getattr__(self, name):
-            return getattr(jitted, name)
-
-    run._run_sharded = Logged()
-    try:
-        yield
-    finally:
-        run._run_sharded = jitted
+    yield from _wrapping_the_program(logged)
 
 
 #: ``BLISJAX_TEST_PROGRAM_SURVEY=path``: each engine program a test would compile is appended to
@@ -102,11 +125,10 @@ def _survey_programs(request):
         return
     import dataclasses
 
-    from blisjax.engine import progcache, run
+    from blisjax.engine import progcache
 
-    jitted = run._run_sharded
-
-    def record(st, consts, params, devices, lane_block):
+    def surveyed(jitted, method, args):
+        st, consts, params, devices, lane_block = args
         key = progcache.program_key(st, (consts, params), tuple(devices), lane_block)
         with open(_PROGRAM_SURVEY, "a") as f:
             f.write(json.dumps({
@@ -115,21 +137,7 @@ def _survey_programs(request):
                 "lanes": int(jax_leaves(params)[0].shape[0]), "lane_block": lane_block}) + "\n")
         raise ProgramSurveyed(request.node.nodeid)
 
-    class Surveyed:
-        def __call__(self, st, consts, params, devices, lane_block):
-            record(st, consts, params, devices, lane_block)
-
-        def lower(self, st, consts, params, devices, lane_block):
-            record(st, consts, params, devices, lane_block)
-
-        def __getattr__(self, name):
-            return getattr(jitted, name)
-
-    run._run_sharded = Surveyed()
-    try:
-        yield
-    finally:
-        run._run_sharded = jitted
+    yield from _wrapping_the_program(surveyed)
 
 
 def jax_leaves(tree):
