@@ -251,7 +251,7 @@ def _run_devices(st: EngineStatic, consts, params: PolicyParams, devices: tuple,
 #: Short runs on CPUs are compiled without XLA's loop-invariant code motion and while-loop
 #: simplifier, which XLA:CPU runs to a fixed point over every nested loop of the program:
 #: ~40 % less XLA compile time for a small tiered program with lifecycles, ~15 % for scenario
-#: S, at ~3–4 % more run time (docs/performance.md, Compile time). A run is short when its
+#: S, at ~3–4 % more run time (docs/performance.md, "Short runs"). A run is short when its
 #: lanes × requests are at most ``SHORT_RUN_REQUEST_LANES`` (a single run of BLIS's anchor
 #: trace is; a population of 64 lanes over 2,000 requests is not). The passes only optimise:
 #: both programs compute the same values.
