@@ -68,11 +68,15 @@ def default_lane_block(devices=None, st: EngineStatic | None = None,
     (None: any) has a tier smaller than the GPU's KV cache (``small_tiers``), else
     ``LANE_BLOCK``. ``devices``: default, JAX's local devices."""
     devices = jax.local_devices() if devices is None else devices
-    if not all(d.platform == "cpu" for d in devices):
+    if not _all_cpus(devices):
         return ACCELERATOR_LANE_BLOCK
     if st is not None and st.tiered and (params is None or small_tiers(st, params)):
         return TIERED_LANE_BLOCK
     return LANE_BLOCK
+
+
+def _all_cpus(devices) -> bool:
+    return all(d.platform == "cpu" for d in devices)
 
 
 def small_tiers(st: EngineStatic, params: PolicyParams) -> bool:
@@ -268,8 +272,7 @@ def short_run(st: EngineStatic, lanes: int, devices: tuple) -> bool:
     """Whether a run of ``lanes`` lanes of ``st`` on ``devices`` is compiled as a short run
     (``SHORT_RUN_COMPILER_OPTIONS``): every device a CPU, lanes × requests at most
     ``SHORT_RUN_REQUEST_LANES``."""
-    return (all(d.platform == "cpu" for d in devices)
-            and lanes * st.num_requests <= SHORT_RUN_REQUEST_LANES)
+    return _all_cpus(devices) and lanes * st.num_requests <= SHORT_RUN_REQUEST_LANES
 
 
 class _Program:
