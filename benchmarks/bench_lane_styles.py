@@ -52,7 +52,8 @@ def run(requests: int, lanes: int, style: str, calls: int) -> tuple[dict, np.nda
     row = {"style": style, "lanes": lanes, "requests": requests, "compile_s": round(compile_s, 1),
            "run_s": [round(t, 2) for t in times], "per_simulation_s": round(best / lanes, 4),
            "lane_events": events, "us_per_lane_event": round(best / events * 1e6, 2)}
-    return row, np.asarray(final.ttft)[:, :st.num_requests]  # row N is the masked writes' sink
+    # row N is the masked writes' sink
+    return row, np.asarray(final.ttft)[:, :st.shapes.num_requests]
 
 
 def main() -> None:

@@ -5,7 +5,7 @@ The default experiment (``configs/default.yaml``: llama-3.1-8b-instruct / H100, 
 output decides, and off), then with the roofline model (``latency.model: roofline``) computed in
 the compiled program, with decode stretches and without, and (``--host-roofline``) with the same
 roofline model evaluated on the host by the reference's Python code through a callback per step
-(``EngineStatic.latency`` set). Then the physics model with the latency-fitting sample's
+(``EngineStatic.features.latency`` set). Then the physics model with the latency-fitting sample's
 coefficients (``configs/latency/sample-config.yaml``, fitted for the same model and GPU) in the
 compiled program, with decode stretches and without, and (``--host-physics``) through the host
 callback. Each lane is a weighted-routing policy with its own random scorer weights.
@@ -82,14 +82,14 @@ def variants(host_roofline: bool, host_physics: bool):
            ("roofline-no-stretches", roofline, workload,
             build_static(roofline, workload, decode_stretches=False))]
     if host_roofline:
-        st = dataclasses.replace(out[3][3], latency=make_latency_model(roofline))
+        st = out[3][3].replace(latency=make_latency_model(roofline))
         out.append(("roofline-host", roofline, workload, st))
     physics = resolve_config(dataclasses.replace(cfg, latency=load_config(PHYSICS_SAMPLE).latency))
     out.append(("physics", physics, workload, build_static(physics, workload)))
     no_stretches = build_static(physics, workload, decode_stretches=False)
     out.append(("physics-no-stretches", physics, workload, no_stretches))
     if host_physics:
-        st = dataclasses.replace(no_stretches, latency=make_latency_model(physics))
+        st = no_stretches.replace(latency=make_latency_model(physics))
         out.append(("physics-host", physics, workload, st))
     return out
 
@@ -121,7 +121,7 @@ def main() -> None:
             compiled = compile_lanes(st, consts, params)
             runs.append({"name": name, "compiled": compiled, "consts": consts,
                          "params": params, "compile_s": time.perf_counter() - start,
-                         "times": [], "requests": st.num_requests})
+                         "times": [], "requests": st.shapes.num_requests})
         first = {}
         for _ in range(max(args.rounds, 1)):  # alternate: drift hits every variant alike
             for r in runs:

@@ -123,7 +123,6 @@ def _survey_programs(request):
     if not _PROGRAM_SURVEY:
         yield
         return
-    import dataclasses
 
     from blisjax.engine import progcache
 
@@ -133,7 +132,7 @@ def _survey_programs(request):
         with open(_PROGRAM_SURVEY, "a") as f:
             f.write(json.dumps({
                 "test": request.node.nodeid, "key": key[:16],
-                "static": {k.name: repr(getattr(st, k.name)) for k in dataclasses.fields(st)},
+                "static": {name: repr(value) for name, value in st.fields().items()},
                 "lanes": int(jax_leaves(params)[0].shape[0]), "lane_block": lane_block}) + "\n")
         raise ProgramSurveyed(request.node.nodeid)
 

@@ -90,4 +90,4 @@ def test_blis_quirks_switch_reaches_both_engines(tmp_path):
     resolved = resolve_config(cfg)
     w = make_workload([dict(arrival=0, input=40, output=4)])
     assert ClusterSimulator(resolved, w).blis_quirks
-    assert build_static(resolved, w).blis_quirks
+    assert build_static(resolved, w).settings.blis_quirks

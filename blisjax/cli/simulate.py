@@ -87,7 +87,7 @@ def run_jax(resolved: Any, workload: Any, capacities: dict[str, int],
             parts.append(NOT_CAPACITIES[name].format(times=times))
             continue
         cap = CAPACITIES[name]
-        size = getattr(static, cap.field) or _derived_capacity(name, static, workload)
+        size = static.field(cap.field) or _derived_capacity(name, static, workload)
         parts.append(f"{cap.holds}: {size} exceeded {times} time(s); raise it with {cap.flag} "
                      f"(> {size})")
     raise ConfigError("JAX engine capacity exceeded, so this run's numbers are not valid and "
@@ -102,7 +102,7 @@ def _derived_capacity(name: str, static, workload) -> int:
     from blisjax.engine.request_rows import engine_workload
 
     return events_bound(engine_workload(workload, static.conversation_max_model_len,
-                                         pd=static.pd), static)
+                                         pd=static.features.pd), static)
 
 
 def simulate_and_report(args: Any, cfg: SimConfig, choice: WorkloadChoice, base: str) -> int:

@@ -15,9 +15,9 @@ Glossary of the short names used throughout (arguments and locals):
 * ``kv``: the ``kvcache`` module, imported under the name of the reference's ``Instance.kv``.
 * ``i``: an instance index; ``i_star`` the instance of the next instance event.
 * ``r``: a request index (row of the per-request arrays); ``reqs``: several. ``N``
-  (``st.num_requests``) is the sink row masked writes go to; ``r_or_sink`` = r where the write
-  applies, N elsewhere.
-* ``sb``: a batch slot of an instance (``0 .. st.batch_slots - 1``); a slot holds one running
+  (``st.shapes.num_requests``) is the sink row masked writes go to; ``r_or_sink`` = r where the
+  write applies, N elsewhere.
+* ``sb``: a batch slot of an instance (``0 .. st.shapes.batch_slots - 1``); a slot holds one running
   request (``s.batch.slot_req``) and its block table (``s.batch.bt``, ``blen``). ``slots``:
   several.
 * ``pos``: a running position, an index into ``s.batch.order[i, :n_run]`` (batch order);

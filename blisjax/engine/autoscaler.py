@@ -69,15 +69,16 @@ def _saturation(s: SimState, st, p, rt, n, *, member=None):
     saturation_decision``) over the routable slots ``rt`` of a scaling group (slots
     ``member``; None: every slot): (delta, variant)."""
     life = s.life
-    v_count = st.num_variants
-    bs = st.block_size
+    v_count = st.shapes.num_variants
+    bs = st.settings.block_size
     # each slot's KV capacity in tokens (P/D pools of their own size: per slot)
-    tokens = [(st.instance_kv_blocks[k] if st.instance_kv_blocks else st.kv_blocks) * bs
-              for k in range(st.num_instances)]
+    tokens = [(st.settings.instance_kv_blocks[k] if st.settings.instance_kv_blocks
+               else st.shapes.kv_blocks) * bs
+              for k in range(st.shapes.num_instances)]
     count = jnp.zeros(v_count, I64)
     supply = jnp.zeros(v_count, F64)
     demand = jnp.zeros(v_count, F64)
-    for k in range(st.num_instances):  # replica order
+    for k in range(st.shapes.num_instances):  # replica order
         v, m = life.variant[k], rt[k]
         # a replica's supply; products formed exactly (no FMA with the sums)
         k1 = exact_mul(float(tokens[k]), p.autoscaler.kv_threshold)
@@ -139,12 +140,12 @@ def group_members(st, p):
     """bool [G, I]: the slots of each scaling group (``reference.lifecycle.scaling_groups``):
     with P/D pools and instance lifecycles the prefill pool's and the decode pool's (a lane
     without pools has every slot in the first); otherwise one group of every slot."""
-    every = jnp.ones(st.num_instances, bool)
+    every = jnp.ones(st.shapes.num_instances, bool)
     if st.scaling_groups == 1:
         return every[None, :]
     role = p.pd.role
     pools = p.pd.pools
-    own = jnp.arange(st.num_instances) < p.autoscaler.max  # the lane's own slots
+    own = jnp.arange(st.shapes.num_instances) < p.autoscaler.max  # the lane's own slots
     return jnp.stack([own & jnp.where(pools, role == PDRole.PREFILL, every),
                       own & pools & (role == PDRole.DECODE)])
 
@@ -157,7 +158,7 @@ def bounded(life: LifecycleState, st, p, delta, *, member=None):
     live = jnp.sum(mine(lifecycle.live(life))).astype(I64)
     holding = jnp.sum(mine(lifecycle.holding(life))).astype(I64)
     most = (p.autoscaler.max if member is None else jnp.sum(member)).astype(I64)
-    up = delta if st.blis_quirks else jnp.minimum(delta, most - holding)
+    up = delta if st.settings.blis_quirks else jnp.minimum(delta, most - holding)
     up = jnp.where(p.autoscaler.up_step > 0, jnp.minimum(up, p.autoscaler.up_step), up)
     down = jnp.maximum(delta, p.autoscaler.min - live)
     down = jnp.where(p.autoscaler.down_step > 0, jnp.maximum(down, -p.autoscaler.down_step), down)
@@ -177,7 +178,7 @@ def tick(s: SimState, st, c, p, now, go) -> SimState:
     idle = (awaiting <= 0) & (jnp.sum(s.router.in_flight) == 0)
     if st.scaling_groups > 1:  # requests on their way to a decode instance
         idle = idle & (jnp.sum(s.pd.headed) == 0)
-    stop = (st.horizon_us == INT64_MAX) & idle
+    stop = (st.settings.horizon_us == INT64_MAX) & idle
     nxt = jnp.where(stop, INT64_MAX, now + p.autoscaler.interval_us)
     return s.replace(life=life.replace(tick_us=jnp.where(go, nxt, life.tick_us)))
 

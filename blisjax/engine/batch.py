@@ -58,12 +58,12 @@ class BatchState:
 
 def init_batch(st) -> BatchState:
     """Every batch empty, no step pending."""
-    i, slots = st.num_instances, st.slot_count
+    i, slots = st.shapes.num_instances, st.slot_count
     i32, i64 = jnp.int32, jnp.int64
     return BatchState(
-        order=jnp.full((i, st.batch_slots), NIL, i32), n_run=jnp.zeros(i, i32),
+        order=jnp.full((i, st.shapes.batch_slots), NIL, i32), n_run=jnp.zeros(i, i32),
         slot_req=jnp.full((i, slots), NIL, i32),
-        bt=jnp.full((i, slots, st.max_blocks_per_request), NIL, i32),
+        bt=jnp.full((i, slots, st.shapes.max_blocks_per_request), NIL, i32),
         blen=jnp.zeros((i, slots), i32), step_cached=jnp.zeros((i, slots), i32),
         ema=jnp.zeros(i, jnp.float64), step_time=jnp.full(i, -1, i64), clock=jnp.zeros(i, i64),
         last_left=jnp.zeros(i, i64))
@@ -72,14 +72,14 @@ def init_batch(st) -> BatchState:
 def clamp_prefill(st, i, n, start, budget):
     """Chunk size on instance i: long-prefill threshold, then token budget, then its
     max-model-len cap."""
-    thr = st.long_prefill_threshold
+    thr = st.settings.long_prefill_threshold
     if thr > 0:
         n = jnp.where(n > thr, thr, n)
     n = jnp.minimum(n, budget)
     if caps_length(st):
         mml = max_model_len_of(st, i)
         capped = jnp.minimum(n, jnp.maximum(mml - 1 - start, 0))
-        n = capped if not st.instance_max_model_len else jnp.where(mml > 0, capped, n)
+        n = capped if not st.settings.instance_max_model_len else jnp.where(mml > 0, capped, n)
     return n.astype(jnp.int32)
 
 
@@ -89,7 +89,7 @@ def victim_position(s: SimState, st, c, p, i, width: int):
     pos = jnp.arange(width)
     valid = pos < n
     r = jnp.where(valid, s.batch.slot_req[i, jnp.maximum(s.batch.order[i, :width], 0)],
-                  st.num_requests)
+                  st.shapes.num_requests)
     neg = -s.prio[r]
     m1 = jnp.max(jnp.where(valid, neg, -jnp.inf))
     cand = valid & (neg == m1)
@@ -104,7 +104,7 @@ def evict(s: SimState, st, c, p, i, vpos, budget, active):
     """Preempt the request at running position vpos: progress lost, KV freed, queue front."""
     sb = s.batch.order[i, jnp.maximum(vpos, 0)]
     sb0 = jnp.maximum(sb, 0)
-    r = jnp.where(active, s.batch.slot_req[i, sb0], st.num_requests)
+    r = jnp.where(active, s.batch.slot_req[i, sb0], st.shapes.num_requests)
     budget = (budget + jnp.where(active & (s.num_new[r] > 0), s.num_new[r], 0)).astype(jnp.int32)
     s = kv.release(s, st, i, sb0, active)
     # Each write below is tied (``after_reads``) to results of what read its array's old value
@@ -141,7 +141,7 @@ def preempt_for_tokens(s: SimState, st, c, p, i, sb, r, *, n, pos, budget, activ
     (``Instance._preempt_for_tokens``; docs/semantics.md §2.5). Returns
     ``(state, PreemptOutcome)``."""
     empty = jnp.zeros(1, jnp.int32)
-    no_prefix = jnp.full(max(st.max_prompt_blocks, 1), NIL, jnp.int32)
+    no_prefix = jnp.full(max(st.shapes.max_prompt_blocks, 1), NIL, jnp.int32)
 
     def body(carry, go):
         s, pos, budget, pre, failed, going = carry  # masked by `going` (== go) throughout
@@ -189,7 +189,7 @@ def _continue_wants(s: SimState, st, c, i, r) -> Wants:
     if caps_length(st):
         mml = max_model_len_of(st, i)
         decode = decode & ~((mml > 0) & (pi + 1 > mml - 1))
-    chunk = clamp_prefill(st, i, l_in - pi, pi, jnp.asarray(st.token_budget, jnp.int32))
+    chunk = clamp_prefill(st, i, l_in - pi, pi, jnp.asarray(st.settings.token_budget, jnp.int32))
     return Wants(prefill | decode, jnp.where(prefill, chunk, 1), prefill)
 
 
@@ -207,11 +207,11 @@ def phase1_fast(s: SimState, st, c, i, active, width: int, start=0, budget=None,
     sequential loop (with preemption) takes over. Returns (state, that position, budget left).
     """
     if budget is None:
-        budget = jnp.asarray(st.token_budget, jnp.int32)
+        budget = jnp.asarray(st.settings.token_budget, jnp.int32)
     run_slots = running_slots(s, st, i, width)
     valid, slots, reqs = run_slots.valid, run_slots.slots, run_slots.reqs
     valid = valid & (jnp.arange(width) >= start)
-    r = jnp.where(valid & active, reqs, st.num_requests)
+    r = jnp.where(valid & active, reqs, st.shapes.num_requests)
     wants = _continue_wants(s, st, c, i, r)
     needs, want, prefill = wants.needs, wants.tokens, wants.prefill
     needs = needs & valid & active
@@ -237,7 +237,7 @@ def phase1_fast(s: SimState, st, c, i, active, width: int, start=0, budget=None,
                           jnp.where(before_stop, fresh_through, through_stop))
     s = kv.grant_tokens(s, st, c, i, slots, r, n=n, first_pos=s.pi[r], prefill=prefill, mask=ok,
                         known=known)
-    r_or_sink = jnp.where(ok, r, st.num_requests)
+    r_or_sink = jnp.where(ok, r, st.shapes.num_requests)
     if reset:
         granted = s.num_new.at[r].set(jnp.where(ok, n, 0))
     else:
@@ -265,8 +265,8 @@ def phase1(s: SimState, st, c, p, i, active, width: int):
 
     def body(carry, go):
         s, pos, budget, pre, halt = carry
-        sb = s.batch.order[i, jnp.minimum(pos, st.batch_slots - 1)]
-        r = jnp.where(go, s.batch.slot_req[i, jnp.maximum(sb, 0)], st.num_requests)
+        sb = s.batch.order[i, jnp.minimum(pos, st.shapes.batch_slots - 1)]
+        r = jnp.where(go, s.batch.slot_req[i, jnp.maximum(sb, 0)], st.shapes.num_requests)
         wants = _continue_wants(s, st, c, i, r)
         needs, want = wants.needs, wants.tokens
         need = go & needs
@@ -275,7 +275,7 @@ def phase1(s: SimState, st, c, p, i, active, width: int):
                                         budget=budget, active=need, width=width)
         ok, pos, budget, pre_now = outcome.success, outcome.pos, outcome.budget, outcome.preempted
         granted = need & ok
-        r_or_sink = jnp.where(granted, r, st.num_requests)
+        r_or_sink = jnp.where(granted, r, st.shapes.num_requests)
         s = s.replace(num_new=s.num_new.at[r_or_sink].set(n),
                       computed=s.computed.at[r_or_sink].add(n))
         budget = jnp.where(granted, budget - n, budget).astype(jnp.int32)
@@ -296,17 +296,18 @@ def phase2(s: SimState, st, c, p, i, now, budget, preempted, active):
 
     def cond(carry):
         s, budget, stop = carry
-        return (active & ~stop & ~preempted & (s.batch.n_run[i] < st.batch_slots)
+        return (active & ~stop & ~preempted & (s.batch.n_run[i] < st.shapes.batch_slots)
                 & (s.queue.length[i] > 0) & (budget > 0))
 
     def body(carry, go):
         s, budget, stop = carry
         k = head_offset(s, st, c, p, i, now, go)
         r = q_at(s, st, i, k)
-        sb = jnp.argmax(s.batch.slot_req[i, :st.batch_slots] == NIL).astype(jnp.int32)
-        if st.pd:  # a decode sub-request holding its transferred KV: its first decode token
-            held = (s.pd.phase[jnp.minimum(r, st.num_requests)] == DECODE) \
-                & (r <= st.num_requests) & (s.pi[r] >= c.input_tokens[r])
+        sb = jnp.argmax(s.batch.slot_req[i, :st.shapes.batch_slots] == NIL).astype(jnp.int32)
+        # a decode sub-request holding its transferred KV: its first decode token
+        if st.features.pd:
+            held = (s.pd.phase[jnp.minimum(r, st.shapes.num_requests)] == DECODE) \
+                & (r <= st.shapes.num_requests) & (s.pi[r] >= c.input_tokens[r])
             s, decode_ok = _admit_decode(s, st, c, i, r, sb, go & held)
             go_prefill = go & ~held
         else:
@@ -318,7 +319,7 @@ def phase2(s: SimState, st, c, p, i, now, budget, preempted, active):
             s, start, n, ok = carry
             prefix_found = kv.cached_blocks(s, st, c, i, r, w)
             cached, n_cached = prefix_found.blocks, prefix_found.count
-            start_w = n_cached * st.block_size
+            start_w = n_cached * st.settings.block_size
             n_w = clamp_prefill(st, i, c.input_tokens[r] - start_w, start_w, budget)
             ok_w = go & kv.can_allocate(s, st, c, i, sb, r, start=start_w, end=start_w + n_w,
                                         cached=cached, n_cached=n_cached)
@@ -337,7 +338,7 @@ def phase2(s: SimState, st, c, p, i, now, budget, preempted, active):
             s, start, n, ok = by_width(widths, need, go_prefill, prefix,
                                        (s, zero, zero, jnp.zeros_like(go)))
             allocated = jnp.zeros_like(ok)
-        if st.pd:
+        if st.features.pd:
             start = jnp.where(held, c.input_tokens[r], start)
             n = jnp.where(held, 1, n).astype(jnp.int32)
             ok = jnp.where(held, decode_ok, ok)
@@ -345,10 +346,10 @@ def phase2(s: SimState, st, c, p, i, now, budget, preempted, active):
         s, r = q_remove_at(s, st, i, k, ok, through=r)  # r read before the queue moves
         s = kv.allocate(s, st, c, i, sb, r, start=start, end=start + n,
                         cached=jnp.zeros(1, jnp.int32), n_cached=0, active=ok & ~allocated)
-        r_or_sink = jnp.where(ok, r, st.num_requests)
+        r_or_sink = jnp.where(ok, r, st.shapes.num_requests)
         # a decode sub-request's transferred KV is no prefix-cache hit: physics credits it no
         # cached tokens and the recent signals record no hit for it (``Instance._schedule``)
-        credited = jnp.where(held, 0, start) if st.pd else start
+        credited = jnp.where(held, 0, start) if st.features.pd else start
         if st.stateful_latency:  # physics reads the prefix tokens of this step's admissions
             s = s.replace(batch=s.batch.replace(
                               step_cached=upd(s.batch.step_cached, (i, sb), credited, ok)))
@@ -365,7 +366,7 @@ def phase2(s: SimState, st, c, p, i, now, budget, preempted, active):
             s = recent.record(s, i, now, recent.WAIT, now - sessions.arrival_us(s, st, c, r),
                               1, ok)
             s = recent.record(s, i, now, recent.HIT, start, c.input_tokens[r],
-                              ok & ~held if st.pd else ok)
+                              ok & ~held if st.features.pd else ok)
         return s, jnp.where(ok, budget - n, budget).astype(jnp.int32), stop | (go & ~ok)
 
     s, _, _ = lane_while(cond, body, (s, budget, jnp.asarray(False)))
@@ -381,13 +382,13 @@ def _admit_tiered(s: SimState, st, c, p, i, sb, r, budget, go):
     request's own cached-but-free blocks, so what it reloads counts as cached in this step;
     a failure without a reload is a CPU miss. With ``blis_quirks``: BLIS's order — the chunk
     is sized from the GPU's cached prefix, then ``kvtiered.tiered_allocate`` reloads and allocates."""
-    bs = st.block_size
+    bs = st.settings.block_size
     found = kv.cached_blocks(s, st, c, i, r)
     cached, n_cached = found.blocks, found.count
-    if st.blis_quirks:
+    if st.settings.blis_quirks:
         start = n_cached * bs
         n = clamp_prefill(st, i, c.input_tokens[r] - start, start, budget)
-        if not st.kv_hold_slots:  # a program built without holder slots
+        if not st.shapes.kv_hold_slots:  # a program built without holder slots
             s, tried = kvtiered.tiered_allocate(s, st, c, i, sb, r, start=start, end=start + n,
                                           cached=cached, n_cached=n_cached, active=go)
             refused = go & ~tried.ok & (s.batch.blen[i, sb] > 0)

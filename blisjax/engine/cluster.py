@@ -68,18 +68,18 @@ class DeadlineWindow(NamedTuple):
 
 def _deadline_window(s: SimState, st, c) -> DeadlineWindow:
     """The requests at the deadline cursor's time."""
-    w = st.deadline_window
+    w = st.shapes.deadline_window
     idx = s.cursors.deadline + jnp.arange(w + 1)
-    wr = c.deadline_order[jnp.minimum(idx, st.num_deadlines)]
-    valid = (idx < st.num_deadlines) & (wr >= 0)
-    wr_safe = jnp.where(valid, wr, st.num_requests)
-    first = c.deadline_order[jnp.minimum(s.cursors.deadline, st.num_deadlines)]
+    wr = c.deadline_order[jnp.minimum(idx, st.shapes.num_deadlines)]
+    valid = (idx < st.shapes.num_deadlines) & (wr >= 0)
+    wr_safe = jnp.where(valid, wr, st.shapes.num_requests)
+    first = c.deadline_order[jnp.minimum(s.cursors.deadline, st.shapes.num_deadlines)]
     # entries past the workload's own deadlines are -1 padding (shapes shared across workloads)
-    t = jnp.where((s.cursors.deadline < st.num_deadlines) & (first >= 0),
+    t = jnp.where((s.cursors.deadline < st.shapes.num_deadlines) & (first >= 0),
                   c.deadline_us[jnp.maximum(first, 0)], INT64_MAX)
     member = valid & (c.deadline_us[wr_safe] == t) & ~s.tdone[wr_safe]
     live = lambda row: (s.status[row] == QUEUED) | (s.status[row] == RUNNING)  # noqa: E731
-    if st.pd:  # the deadline is its prefill sub-request's while that is on an instance
+    if st.features.pd:  # the deadline is its prefill sub-request's while that is on an instance
         pre = prefill_row(st, wr_safe)
         wr_safe = jnp.where(valid & live(pre), pre, wr_safe)
     on = member & live(wr_safe)
@@ -102,12 +102,12 @@ def _deadline_events(s: SimState, st, c) -> DeadlineEvents:
     the instance; a deadline whose request is no longer queued or running is a no-op. When no
     workload of the program has a deadline there are statically none (constants, nothing
     compiled in)."""
-    n_inst, none = st.num_instances, jnp.asarray(INT64_MAX, jnp.int64)
-    if st.num_deadlines == 0:
-        sink = jnp.asarray(st.num_requests, jnp.int32)
+    n_inst, none = st.shapes.num_instances, jnp.asarray(INT64_MAX, jnp.int64)
+    if st.shapes.num_deadlines == 0:
+        sink = jnp.asarray(st.shapes.num_requests, jnp.int32)
         events = DeadlineEvents(none, jnp.full(n_inst, INT64_MAX, jnp.int64),
                                 jnp.full(n_inst, sink), sink, jnp.asarray(False))
-        return _with_follow_up_timeouts(s, st, c, events) if st.sessions else events
+        return _with_follow_up_timeouts(s, st, c, events) if st.features.sessions else events
     window = _deadline_window(s, st, c)
     member, on, wr, dl_t = window.member, window.on_instance, window.requests, window.time_us
     noop = member & ~on
@@ -117,7 +117,7 @@ def _deadline_events(s: SimState, st, c) -> DeadlineEvents:
     events = DeadlineEvents(jnp.where(jnp.any(noop), dl_t, none), timeout_t,
                             wr[jnp.argmin(to_seq, axis=1)], wr[jnp.argmax(noop)],
                             window.overflow)
-    return _with_follow_up_timeouts(s, st, c, events) if st.sessions else events
+    return _with_follow_up_timeouts(s, st, c, events) if st.features.sessions else events
 
 
 def _with_follow_up_timeouts(s: SimState, st, c, events: DeadlineEvents) -> DeadlineEvents:
@@ -128,7 +128,7 @@ def _with_follow_up_timeouts(s: SimState, st, c, events: DeadlineEvents) -> Dead
     take = (f.t_us < events.timeout_t_us) | ((f.t_us == events.timeout_t_us) & (f.seq < seq))
     events = events._replace(timeout_t_us=jnp.where(take, f.t_us, events.timeout_t_us),
                              timeout_req=jnp.where(take, f.req, events.timeout_req))
-    if not st.lifecycle:  # a deadline no-op only moves the lifecycles' last event
+    if not st.features.lifecycle:  # a deadline no-op only moves the lifecycles' last event
         return events
     # a completed follow-up's timeout stays pending in the reference (lazily cancelled)
     noop = sessions.stale_timeout(s, st, c)
@@ -159,9 +159,10 @@ class NextEvent(NamedTuple):
 def next_event(s: SimState, st, c) -> NextEvent:
     """Cluster events precede instance events at equal times (in ``CL_*`` order); among
     instances the lowest index; within one, enqueue, step, timeout."""
-    n = st.num_requests
-    la, ac = st.admission_latency_us, s.cursors.admit
-    if st.sessions:  # arrivals merge the workload's rows and the follow-ups (engine.sessions)
+    n = st.shapes.num_requests
+    la, ac = st.settings.admission_latency_us, s.cursors.admit
+    # arrivals merge the workload's rows and the follow-ups (engine.sessions)
+    if st.features.sessions:
         nxt = sessions.next_arrival(s, st, c).t_us
         adm_t = jnp.where(nxt < INT64_MAX, nxt + la, INT64_MAX)
     else:
@@ -170,14 +171,15 @@ def next_event(s: SimState, st, c) -> NextEvent:
     deadlines = _deadline_events(s, st, c)
     noop_t, timeout_t = deadlines.noop_t_us, deadlines.timeout_t_us
     none = jnp.asarray(INT64_MAX, jnp.int64)
-    transfer = pd.next_transfer(s) if st.pd else pd.NextTransfer(none, jnp.asarray(0, jnp.int32))
-    pf_t = pd.prefill_routing_us(s, st, c) if st.pd else none
+    transfer = (pd.next_transfer(s) if st.features.pd
+                else pd.NextTransfer(none, jnp.asarray(0, jnp.int32)))
+    pf_t = pd.prefill_routing_us(s, st, c) if st.features.pd else none
     kinds = [(CL_ADMISSION, adm_t), (CL_ROUTING, rt_t), (CL_PREFILL_ROUTING, pf_t),
              (CL_TRANSFER, transfer.t_us)]
-    if st.gateway:  # compiled in only with flow control
+    if st.features.gateway:  # compiled in only with flow control
         kinds.append((CL_GATEWAY, s.gw.tick_us))
     kinds.append((CL_NOOP, noop_t))
-    if st.lifecycle:  # compiled in only with lifecycles
+    if st.features.lifecycle:  # compiled in only with lifecycles
         life = s.life
         kinds += [(CL_LIFECYCLE, lifecycle.next_ready(life)[0]), (CL_TICK, life.tick_us),
                   (CL_ACTUATION, lifecycle.next_actuation(life)[0])]
@@ -195,21 +197,21 @@ def next_event(s: SimState, st, c) -> NextEvent:
     step_at = stretch.next_step_us(s, st) if st.stretches else s.batch.step_time
     ts = jnp.where(step_at >= 0, step_at, INT64_MAX)
     inst_t = jnp.minimum(jnp.minimum(pmin, ts), timeout_t)
-    if st.lifecycle and st.blis_quirks:  # arrival events (priority 0) come first
+    if st.features.lifecycle and st.settings.blis_quirks:  # arrival events (priority 0) come first
         amin = jnp.min(s.life.arrive_us, axis=1)
         inst_t = jnp.minimum(inst_t, amin)
     i_star = jnp.argmin(inst_t).astype(jnp.int32)
     best_t = inst_t[i_star]
     use_cluster = cl_t <= best_t
     t_evt = jnp.minimum(cl_t, best_t)
-    live = ~s.run.done & (t_evt <= st.horizon_us) & (t_evt < INT64_MAX)
+    live = ~s.run.done & (t_evt <= st.settings.horizon_us) & (t_evt < INT64_MAX)
     capped = live & (s.run.iters >= c.max_events)  # every loop is bounded: a lane stops here
     live = live & ~capped
     if st.tiered:  # a lane whose queued request found no holder slot for its blocks stops:
         # its result is refused (``results.lane_result``), and going on could only take time
         live = live & (s.tier.hold_overflow == 0)
     ins = live & ~use_cluster
-    kind_arr = ins & (amin[i_star] == best_t) if st.lifecycle and st.blis_quirks \
+    kind_arr = ins & (amin[i_star] == best_t) if st.features.lifecycle and st.settings.blis_quirks \
         else jnp.asarray(False)
     ins = ins & ~kind_arr
     kind_enq = ins & (pmin[i_star] == best_t)
@@ -232,12 +234,12 @@ def _begin(s: SimState, st, ev: NextEvent, go):
             iters=s.run.iters + live.astype(jnp.int64),
             ovf_events=s.run.ovf_events | (go & ev.capped).astype(jnp.int32),
             ovf_deadline=s.run.ovf_deadline + (live & ev.deadline_overflow).astype(jnp.int32)))
-    if st.lifecycle:  # held instances cost until the run's last event
+    if st.features.lifecycle:  # held instances cost until the run's last event
         # a deadline no-op is a reference event only as a completed request's (or completed
         # prefill sub-request's) lazily cancelled timeout (a dropped or redirected request's
         # was removed, a request not yet enqueued had none)
         pending = s.status[ev.noop_req] == COMPLETED
-        if st.pd:  # a completed prefill sub-request's timeout is pending on its instance
+        if st.features.pd:  # a completed prefill sub-request's timeout is pending on its instance
             pending = pending | (s.status[prefill_row(st, parent_row(st, ev.noop_req))]
                                  == COMPLETED)
         phantom = (ev.cluster_kind == CL_NOOP) & ~pending
@@ -251,47 +253,48 @@ def _dispatch_cheap(s: SimState, st, c, p, ev: NextEvent, go) -> SimState:
     """Run ``ev`` where ``go``, for every kind but a step (the caller guarantees no lane's
     event is one), and after an admission the same request's routing when that is the lane's
     next event (``_routing_follows``). Each handler is skipped outright when no lane needs it."""
-    n = st.num_requests
+    n = st.shapes.num_requests
     s, live = _begin(s, st, ev, go)
     cl = live & (ev.cluster_kind >= 0)
     i_star, t_evt = ev.instance, ev.t_us
     admit = cl & (ev.cluster_kind == CL_ADMISSION)
     s = lane_once(admit, lambda s, go: cluster_events.admission(s, st, c, p, t_evt, go), s)
     route = cl & (ev.cluster_kind == CL_ROUTING)
-    if st.routing_latency_us == 0 and not st.gateway:
+    if st.settings.routing_latency_us == 0 and not st.features.gateway:
         fused = _routing_follows(s, st, c, admit)
         # an event of its own
         s = s.replace(run=s.run.replace(iters=s.run.iters + fused.astype(jnp.int64)))
         route = route | fused
     s = lane_once(route, lambda s, go: cluster_events.routing(s, st, c, p, t_evt, go), s)
-    if st.gateway:
+    if st.features.gateway:
         s = lane_once(cl & (ev.cluster_kind == CL_GATEWAY),
                       lambda s, go: cluster_events.gateway_tick(s, st, c, p, t_evt, go), s)
-    if st.pd:
+    if st.features.pd:
         s = lane_once(cl & (ev.cluster_kind == CL_PREFILL_ROUTING),
                       lambda s, go: cluster_events.prefill_routing(s, st, c, p, t_evt, go), s)
         s = lane_once(cl & (ev.cluster_kind == CL_TRANSFER),
                       lambda s, go: cluster_events.transfer_event(s, st, c, p, ev.transfer_slot, t_evt, go), s)
-    if st.lifecycle:
+    if st.features.lifecycle:
         for kind, handler in ((CL_LIFECYCLE, cluster_events.lifecycle_event),
                               (CL_TICK, cluster_events.scaling_tick),
                               (CL_ACTUATION, cluster_events.actuation)):
             s = lane_once(cl & (ev.cluster_kind == kind),
                           lambda s, go, handler=handler: handler(s, st, c, p, t_evt, go), s)
-    if st.lifecycle and st.blis_quirks:
+    if st.features.lifecycle and st.settings.blis_quirks:
         arrive = live & ev.kind_arrival
         s = lane_once(arrive, lambda s, go: instance.arrival(s, st, i_star, t_evt, go), s)
         s = _after_instance_event(s, st, i_star, 0, t_evt, arrive)
     s = lane_once(live & ev.kind_enqueue,
              lambda s, go: instance.enqueue(s, st, c, i_star, ev.pending_entry, t_evt, go), s)
     s = _after_instance_event(s, st, i_star, 0, t_evt, live & ev.kind_enqueue)
-    if st.num_deadlines == 0 and not st.sessions:  # no timeouts or deadline no-ops exist
+    # no timeouts or deadline no-ops exist
+    if st.shapes.num_deadlines == 0 and not st.features.sessions:
         return s
     to_r = ev.timeout_req
     kind_to = live & ev.kind_timeout
     s = lane_once(kind_to, lambda s, go: instance.timeout(s, st, c, i_star, to_r, t_evt, go), s)
     s = _after_instance_event(s, st, i_star, 0, t_evt, kind_to)
-    if st.lifecycle and st.blis_quirks:
+    if st.features.lifecycle and st.settings.blis_quirks:
         # a completed request's timeout is still pending in BLIS (lazily cancelled), an event
         # of its instance after which a draining instance with nothing left terminates
         stale = cl & (ev.cluster_kind == CL_NOOP) & (s.status[ev.noop_req] == COMPLETED)
@@ -299,10 +302,11 @@ def _dispatch_cheap(s: SimState, st, c, p, ev: NextEvent, go) -> SimState:
                                   stale)
     # a handled deadline (timeout or no-op) is marked done; the cursor skips handled entries
     noop = cl & (ev.cluster_kind == CL_NOOP)
-    if st.sessions and st.lifecycle:  # a completed follow-up's pending timeout came up
+    # a completed follow-up's pending timeout came up
+    if st.features.sessions and st.features.lifecycle:
         s = sessions.stale_handled(s, st, c, ev.noop_req, noop)
     handled = jnp.where(kind_to, to_r, jnp.where(noop, ev.noop_req, n))
-    if st.pd:  # the deadline is the request's, whichever of its rows it was for
+    if st.features.pd:  # the deadline is the request's, whichever of its rows it was for
         handled = parent_row(st, handled)
     s = s.replace(tdone=s.tdone.at[handled].set(True))
     return _advance_deadline_cursor(s, st, c)
@@ -315,9 +319,9 @@ def _routing_follows(s: SimState, st, c, admitted):
     request or another admission at the same time (admissions precede routings) comes first.
     Handling both in one pass of the cheap-event loop saves an iteration — an arrival's
     admission and routing in one iteration, its enqueue in another."""
-    n = st.num_requests
+    n = st.shapes.num_requests
     r = s.cursors.admit - 1
-    if st.sessions:
+    if st.features.sessions:
         this = s.sess.arrival_us[s.sess.order[jnp.maximum(r, 0)]]
         alone = sessions.next_arrival(s, st, c).t_us > this
         return admitted & (s.cursors.route == r) & alone
@@ -341,7 +345,7 @@ def _dispatch_step(s: SimState, st, c, p, ev: NextEvent, defer: bool = False) ->
 def _after_instance_event(s: SimState, st, i, completions, now, go) -> SimState:
     """Lifecycle consequences of instance i's event where ``go`` (``lifecycle.
     after_instance_event``); nothing without lifecycles."""
-    if not st.lifecycle:
+    if not st.features.lifecycle:
         return s
     return lane_once(go, lambda s, go: lifecycle.after_instance_event(s, st, i, completions,
                                                                       now, go), s)
@@ -390,8 +394,8 @@ def lane_advance(s: SimState, ev: NextEvent, st, c, p,
 
 def _advance_deadline_cursor(s: SimState, st, c) -> SimState:
     def cond(cur):
-        r = c.deadline_order[jnp.minimum(cur, st.num_deadlines)]
-        return (cur < st.num_deadlines) & s.tdone[jnp.maximum(r, 0)]
+        r = c.deadline_order[jnp.minimum(cur, st.shapes.num_deadlines)]
+        return (cur < st.shapes.num_deadlines) & s.tdone[jnp.maximum(r, 0)]
 
     def body(cur, go):
         return cur + go.astype(cur.dtype)

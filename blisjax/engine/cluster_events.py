@@ -76,7 +76,7 @@ class WindowState:
 
 def init_window(st) -> WindowState:
     """Every entry free."""
-    shape = (st.num_instances, st.pending_slots)
+    shape = (st.shapes.num_instances, st.shapes.pending_slots)
     return WindowState(req=jnp.full(shape, NIL, jnp.int32), time=jnp.zeros(shape, jnp.int64),
                        seq=jnp.zeros(shape, jnp.int64))
 
@@ -86,8 +86,8 @@ def refresh_snapshots(s: SimState, st, c, now, active) -> SimState:
     decision (interval 0) or when the refresh interval has passed, and the cache query's
     periodic copy of the hash slots when the cache signal delay has passed (docs/semantics.md
     §5.4; ``ClusterSimulator._snapshots``)."""
-    due = active & ((st.refresh_interval_us == 0)
-                    | (now - s.router.snap_last >= st.refresh_interval_us))
+    due = active & ((st.settings.refresh_interval_us == 0)
+                    | (now - s.router.snap_last >= st.settings.refresh_interval_us))
     # virtual decode steps before `now` have taken blocks (``stretch.kv_used_at``)
     used = stretch.kv_used_at(s, st, now) if st.stretches \
         else kvblocks.capacity(st) - s.kv.kv_free
@@ -96,11 +96,11 @@ def refresh_snapshots(s: SimState, st, c, now, active) -> SimState:
                                           snap_bs=jnp.where(due, s.batch.n_run, s.router.snap_bs),
                                           snap_kv=jnp.where(due, kv_util, s.router.snap_kv),
                                           snap_last=jnp.where(due, now, s.router.snap_last)))
-    if st.lifecycle:  # the autoscaler reads the blocks in use
+    if st.features.lifecycle:  # the autoscaler reads the blocks in use
         s = s.replace(life=lifecycle.snapshot_used(s.life, used, due))
     if not st.cache_copy_on:
         return s
-    copy_due = active & (now - s.router.cache_copy_last >= st.cache_signal_delay_us)
+    copy_due = active & (now - s.router.cache_copy_last >= st.settings.cache_signal_delay_us)
 
     def copy(s, go):  # run only when some lane's copy is due
         # prefix-group slots only: a request's own blocks are never registered before it is
@@ -118,14 +118,14 @@ def admission(s: SimState, st, c, p, now, active) -> SimState:
     """Admission event of the request at the admission cursor
     (``ClusterSimulator._execute_cluster_event``): refresh stale snapshots, then admit or
     reject it (docs/semantics.md §5.3)."""
-    if st.sessions:  # the earliest arrival not yet admitted, a follow-up's or not
+    if st.features.sessions:  # the earliest arrival not yet admitted, a follow-up's or not
         s, r = sessions.admit_next(s, st, c, active)
     else:
-        r = jnp.where(active, s.cursors.admit, st.num_requests)
+        r = jnp.where(active, s.cursors.admit, st.shapes.num_requests)
     s = refresh_snapshots(s, st, c, now, active)
     decision = policies.admit(s, st, c, p, r, now, active, router_members(s, st, p))
     admitted = decision.admitted
-    if st.gateway:  # admitted requests wait at the gateway (flow-control lanes)
+    if st.features.gateway:  # admitted requests wait at the gateway (flow-control lanes)
         g = s.gw
         refused = active & admitted & p.gateway.on & gateway.full(g, p)
         waits = active & admitted & p.gateway.on & ~refused
@@ -143,9 +143,9 @@ def admission(s: SimState, st, c, p, now, active) -> SimState:
             tenant_bucket_last=decision.tenant_bucket_last,
             rejected=s.admission.rejected + (active & ~decision.admitted).astype(jnp.int32),
             tenant_in_flight=add(s.admission.tenant_in_flight, c.tenant[r], 1, active & admitted)))
-    if st.lifecycle:
+    if st.features.lifecycle:
         s = s.replace(life=lifecycle.admitted(s.life, active & admitted))
-    if st.gateway:
+    if st.features.gateway:
         s = lane_once(waits, lambda s, go: gateway_dispatch(s, st, c, p, now, go), s)
     return s
 
@@ -178,10 +178,11 @@ def routing(s: SimState, st, c, p, now, active) -> SimState:
     picks an instance (``policies.route``; with P/D pools ``pd.route_request``, which may
     disaggregate it) and the request enters that instance's α-delay window
     (``instance.inject_arrival``)."""
-    r = jnp.where(active, routings.routed_row(s, st, s.cursors.route), st.num_requests)
+    r = jnp.where(active, routings.routed_row(s, st, s.cursors.route), st.shapes.num_requests)
     go = active & (s.status[r] == ADMITTED)
     s = refresh_snapshots(s, st, c, now, go)
-    if st.pd and st.lifecycle:  # the decode pool's routable instances; none: rejected
+    # the decode pool's routable instances; none: rejected
+    if st.features.pd and st.features.lifecycle:
         members = lifecycle.routable(s.life)
         none = go & ~jnp.any(pd.pool_members(p, POOL_DECODE, routable=members))
         s, target, whole = pd.route_request(s, st, c, p, r, now, go & ~none,
@@ -189,7 +190,7 @@ def routing(s: SimState, st, c, p, now, active) -> SimState:
         s = instance.inject_arrival(s, st, c, target, r, now, whole)
         s = _reject_routing(s, st, c, r, none)
         s = s.replace(life=lifecycle.routed(s.life, st, p, r, target, go & ~none, none))
-    elif st.pd:
+    elif st.features.pd:
         s, target, whole = pd.route_request(s, st, c, p, r, now, go)
         s = instance.inject_arrival(s, st, c, target, r, now, whole)
     else:
@@ -200,22 +201,22 @@ def routing(s: SimState, st, c, p, now, active) -> SimState:
 def router_members(s: SimState, st, p):
     """The instances a router could pick now, bool [I] (``Lifecycle.routable``): with
     lifecycles the routable ones, with sized lanes the lane's own, else every instance."""
-    if st.lifecycle:
+    if st.features.lifecycle:
         return lifecycle.routable(s.life)
-    if st.sized_lanes:
-        return jnp.arange(st.num_instances) < p.active_instances
-    return jnp.ones(st.num_instances, bool)
+    if st.features.sized_lanes:
+        return jnp.arange(st.shapes.num_instances) < p.active_instances
+    return jnp.ones(st.shapes.num_instances, bool)
 
 
 def route_to_instance(s: SimState, st, c, p, r, now, go) -> SimState:
     """The router's decision for request r and its arrival at the chosen instance; with
     lifecycles among the routable instances, and rejected when there is none
     (``ClusterSimulator._route``)."""
-    if not st.lifecycle:
+    if not st.features.lifecycle:
         # with sized lanes, the lane's own instances are the program's first ones
         spec = policies.lane_spec(p)._replace(
-            candidates=jnp.arange(st.num_instances) < p.active_instances) \
-            if st.sized_lanes else None
+            candidates=jnp.arange(st.shapes.num_instances) < p.active_instances) \
+            if st.features.sized_lanes else None
         s, target = policies.route(s, st, c, p, r, now, go, spec)
         return instance.inject_arrival(s, st, c, target, r, now, go)
     life = s.life
@@ -234,8 +235,8 @@ def _reject_routing(s: SimState, st, c, r, none) -> SimState:
     (``ClusterSimulator._reject_routing``; the lifecycle counts it, ``lifecycle.routed``)."""
     t = c.tenant[r]
     return s.replace(
-        status=s.status.at[jnp.where(none, r, st.num_requests)].set(REJECTED),
-        instance=s.instance.at[jnp.where(none, r, st.num_requests)].set(NIL),  # redirected
+        status=s.status.at[jnp.where(none, r, st.shapes.num_requests)].set(REJECTED),
+        instance=s.instance.at[jnp.where(none, r, st.shapes.num_requests)].set(NIL),  # redirected
         admission=s.admission.replace(tenant_in_flight=upd(
             s.admission.tenant_in_flight, t, jnp.maximum(s.admission.tenant_in_flight[t] - 1, 0),
             none)))
@@ -245,9 +246,9 @@ def prefill_routing(s: SimState, st, c, p, now, active) -> SimState:
     """A disaggregated request's prefill routing (``reference.pd.PDCluster.route_prefill``): the
     prefill pool's router picks an instance and the prefill sub-request enters its α-delay
     window."""
-    r = jnp.where(active, routings.routed_row(s, st, s.pd.pf_next), st.num_requests)
-    own = pd.own_entries(s, r) if st.pd_own_index else None
-    if not st.lifecycle:
+    r = jnp.where(active, routings.routed_row(s, st, s.pd.pf_next), st.shapes.num_requests)
+    own = pd.own_entries(s, r) if st.features.pd_own_index else None
+    if not st.features.lifecycle:
         s = refresh_snapshots(s, st, c, now, active)
         s, target = pd.route_pool(s, st, c, p, r, now, POOL_PREFILL, active,
                                   own_entries=own)
@@ -368,7 +369,7 @@ def _scale_down(s: SimState, st, c, p, count, variant, now, active, *, member=No
         s = _drain(s, st, c, p, v, now, go)
         return s, j + go.astype(jnp.int32), upd(victims, j, v, go)
 
-    victims = jnp.zeros(st.num_instances, jnp.int32)
+    victims = jnp.zeros(st.shapes.num_instances, jnp.int32)
     s, drained, victims = lane_while(more, body, (s, zero, victims))
     redirect = active & (p.autoscaler.drain == DrainPolicy.REDIRECT)
 
@@ -380,7 +381,7 @@ def _scale_down(s: SimState, st, c, p, count, variant, now, active, *, member=No
 
         def route_one(carry, go):
             s, k = carry
-            r = jnp.where(go, held.reqs[k], st.num_requests)
+            r = jnp.where(go, held.reqs[k], st.shapes.num_requests)
             s = refresh_snapshots(s, st, c, now, go)
             return route_to_instance(s, st, c, p, r, now, go), k + go.astype(jnp.int32)
 
@@ -403,7 +404,7 @@ def _drain(s: SimState, st, c, p, v, now, go) -> SimState:
     life = lifecycle.dropped_at_drain(s.life, v, dropped, immediate)
     taken = jnp.where(p.autoscaler.drain == DrainPolicy.REDIRECT,
                       instance.held_requests(s, st, v).count, 0)
-    idle = (s.router.in_flight[v] - taken == 0) & (not st.blis_quirks)
-    if st.pd and st.lifecycle:  # nothing bound for it either
+    idle = (s.router.in_flight[v] - taken == 0) & (not st.settings.blis_quirks)
+    if st.features.pd and st.features.lifecycle:  # nothing bound for it either
         idle = idle & (s.pd.headed[v] == 0)
     return s.replace(life=lifecycle.terminate(life, st, v, now, immediate | (go & idle)))

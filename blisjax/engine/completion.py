@@ -81,12 +81,12 @@ def complete(s: SimState, st, c, i, now, d, active, running: Running, defer: boo
     def listing(todo, go):
         """What the one-at-a-time loop (``run_loop``, after the width programs) reads of the
         running positions: the k-th finishing position's, at the batch slots' width."""
-        kth = finishing_positions(fin, rank, st.batch_slots)
+        kth = finishing_positions(fin, rank, st.shapes.batch_slots)
         return LoopCompletions(count_loop, slots[kth], reqs[kth], pi[kth], l_in[kth],
                                out[kth], done[kth])
 
     todo = lane_once(count_loop > 0, listing, no_loop(st))  # listed only if a lane needs it
-    if st.sessions:  # each completed round's next round, in batch order
+    if st.features.sessions:  # each completed round's next round, in batch order
         s = sessions.create_follow_ups(s, st, c, reqs, fin, rank, start_us=now,
                                            left_us=left)
     keep = valid & ~fin
@@ -102,7 +102,7 @@ def complete(s: SimState, st, c, i, now, d, active, running: Running, defer: boo
             order=s.batch.order.at[i, :width].set(jnp.where(active, row, s.batch.order[i, :width])),
             n_run=add(s.batch.n_run, i, -count, active),
             last_left=upd(s.batch.last_left, i, jnp.maximum(s.batch.last_left[i], left),
-                          active & (count > 0) & (left <= st.horizon_us))),
+                          active & (count > 0) & (left <= st.settings.horizon_us))),
         stats=s.stats.replace(
             completed=add(s.stats.completed, i, count.astype(jnp.int64), active),  # capped too
             capped_count=add(s.stats.capped_count, i, jnp.sum((fin & capped).astype(jnp.int64)),
@@ -135,9 +135,9 @@ class LoopCompletions(NamedTuple):
 
 def no_loop(st) -> LoopCompletions:
     """No completions (the carry's start value before the width programs)."""
-    zeros = jnp.zeros(st.batch_slots, jnp.int32)
+    zeros = jnp.zeros(st.shapes.batch_slots, jnp.int32)
     return LoopCompletions(jnp.asarray(0, jnp.int32), zeros, zeros, zeros, zeros, zeros,
-                           jnp.zeros(st.batch_slots, bool))
+                           jnp.zeros(st.shapes.batch_slots, bool))
 
 
 def run_loop(s: SimState, st, c, i, todo: LoopCompletions, defer: bool = False) -> SimState:
@@ -152,7 +152,7 @@ def run_loop(s: SimState, st, c, i, todo: LoopCompletions, defer: bool = False) 
 
     def body(carry, go):
         s, k = carry
-        sb, r = todo.sb[k], jnp.where(go, todo.r[k], st.num_requests)
+        sb, r = todo.sb[k], jnp.where(go, todo.r[k], st.shapes.num_requests)
         p_r, l_r, o_r = todo.pi[k], todo.l_in[k], todo.out[k]  # as execute left them
         final = go & todo.done[k] & (o_r > 0) & (p_r < l_r + o_r)
         if defer:
@@ -230,7 +230,7 @@ def _plan_queued(s: SimState, st, c, i, *, fin, done, rank, count, running: Runn
     k = jnp.arange(depth, dtype=jnp.int32)
     pos = finishing_positions(fin, rank, depth)  # count <= depth where it is used
     on = k < count
-    sb, r = slots[pos], jnp.where(on, reqs[pos], st.num_requests)
+    sb, r = slots[pos], jnp.where(on, reqs[pos], st.shapes.num_requests)
     p_r, l_r, o_r = pi[pos], l_in[pos], out[pos]
     final = on & done[pos] & (o_r > 0) & (p_r < l_r + o_r)
     fill = kv.last_block_fill(s, st, i, sb)
@@ -242,7 +242,7 @@ def _plan_queued(s: SimState, st, c, i, *, fin, done, rank, count, running: Runn
         fast = fast & ~jnp.any(final & (blen < c.full_blocks[r]))
     # Most final tokens only top up their last block; fresh blocks (or a top-up that would
     # register a prompt block, which a decode token never completes) take ``grant_tokens``.
-    top_reg = (filled + 1 == st.block_size) & (blen - 1 < c.full_blocks[r])
+    top_reg = (filled + 1 == st.settings.block_size) & (blen - 1 < c.full_blocks[r])
     general = jnp.any(final & ((fresh > 0) | top_reg))
     return QueuedPlan(fast, count, sb, r, p_r, p_r < l_r, final, blen, last, filled, fresh,
                       general)
@@ -268,16 +268,17 @@ def complete_planned(s: SimState, st, c, i, plan: QueuedPlan) -> SimState:
         s = lane_once(go & general, grant, s)
         top = final & go & ~general  # every final token of the lane tops up
         s = s.replace(kv=s.kv.replace(
-                          kv_tok=s.kv.kv_tok.at[i, jnp.where(top, plan.last, st.kv_blocks)].add(
+                          kv_tok=s.kv.kv_tok.at[i, jnp.where(top, plan.last,
+                                                             st.shapes.kv_blocks)].add(
             1, mode="drop")))
         if st.tiered:  # a block the final token fills gets its hash (kv.grant_tokens)
-            filled = top & (plan.filled + 1 == st.block_size)
+            filled = top & (plan.filled + 1 == st.settings.block_size)
             s, _ = kv.register_keys(s, st, c, i, r, plan.blen - 1,
                                     prev_block=s.batch.bt[i, sb, jnp.maximum(plan.blen - 2, 0)],
                                     block=plan.last, mask=filled,
                                     first_token=plan.pos - plan.filled)
         return s.replace(
-            status=s.status.at[jnp.where(m, r, st.num_requests)].set(COMPLETED, mode="drop"),
+            status=s.status.at[jnp.where(m, r, st.shapes.num_requests)].set(COMPLETED, mode="drop"),
             admission=s.admission.replace(tenant_in_flight=tenants_left(s, c, r, m)),
             batch=s.batch.replace(
                 slot_req=s.batch.slot_req.at[i, jnp.where(m, sb, st.slot_count)].set(

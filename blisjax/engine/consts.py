@@ -67,16 +67,16 @@ class WorkloadConsts:
     deadline_order: jax.Array  # requests with 0 < deadline <= horizon, by (deadline, index)
     step_prefill: jax.Array  # float64[budget+1]: (0 + β0) + β1·prefill_tokens
     step_decode: jax.Array  # float64[batch+1]: β2·decode_tokens
-    # Per-lane GPU types (``EngineStatic.gpus``): queue_delay_us, step_prefill, step_decode and
-    # the roofline's prefill_flops, decode_flops and bandwidth gain a leading axis of one row
-    # per ``hardware_code``; otp_us holds each row's output-token time (µs); gpu is the lane's
-    # code (set per lane in the run, ``lane_consts``). gpu_rows: the codes whose rows hold
-    # their own GPU's latency (the base's alone without per-lane GPUs; a host-side check).
+    # Per-lane GPU types (``EngineStatic.settings.gpus``): queue_delay_us, step_prefill,
+    # step_decode and the roofline's prefill_flops, decode_flops and bandwidth gain a leading
+    # axis of one row per ``hardware_code``; otp_us holds each row's output-token time (µs);
+    # gpu is the lane's code (set per lane in the run, ``lane_consts``). gpu_rows: the codes
+    # whose rows hold their own GPU's latency (the base's alone without per-lane GPUs; a host-side check).
     gpu: jax.Array
     otp_us: jax.Array
     gpu_rows: jax.Array
-    # P/D pools of their own (``EngineStatic.instance_rows``): the same tables with a leading
-    # axis of three rows (the configuration's, the prefill pool's, the decode pool's; with
+    # P/D pools of their own (``EngineStatic.settings.instance_rows``): the same tables with a
+    # leading axis of three rows (the configuration's, the prefill pool's, the decode pool's; with
     # per-lane GPU types three per GPU code, row = code × POOL_ROWS + pool row), the roofline
     # and physics constants stacked whole (TP changes them all); instance_row (int32 [I]) is
     # each instance's pool row ([1] otherwise).
@@ -93,7 +93,7 @@ class WorkloadConsts:
 
 def _follow_starts(workload, st: EngineStatic) -> np.ndarray:
     """int32 [S]: each session's first follow-up row (the sink row N for none)."""
-    out = np.full(max(st.num_sessions, 1), st.num_requests, np.int32)
+    out = np.full(max(st.shapes.num_sessions, 1), st.shapes.num_requests, np.int32)
     follow = np.flatnonzero(workload.follow_up)
     for row in follow[::-1].tolist():  # last to first: the first row of each session stays
         out[int(workload.session[row])] = row
@@ -101,7 +101,7 @@ def _follow_starts(workload, st: EngineStatic) -> np.ndarray:
 
 
 def events_bound(workload, st: EngineStatic) -> int:
-    """Events one lane handles at most, unless ``EngineStatic.max_events`` sets it: 64 per
+    """Events one lane handles at most, unless ``EngineStatic.shapes.max_events`` sets it: 64 per
     prompt and output token and per request (a step processes at least one token of some
     request; a request's own events are a few), plus one per µs of a finite horizon
     (periodic ticks). A lane that reaches it with events left stops, flagged
@@ -109,7 +109,7 @@ def events_bound(workload, st: EngineStatic) -> int:
     never end, cannot hang a run."""
     tokens = int(np.sum(np.asarray(workload.input_tokens, np.int64))
                  + np.sum(np.asarray(workload.output_tokens, np.int64)))
-    horizon = st.horizon_us if st.horizon_us < 1 << 50 else 0
+    horizon = st.settings.horizon_us if st.settings.horizon_us < 1 << 50 else 0
     return 64 * (tokens + 8 * workload.num_requests + 64) + int(horizon)
 
 
@@ -134,19 +134,19 @@ class LatencyRows(NamedTuple):
 
 def _latency_rows(resolved, workload, st: EngineStatic) -> LatencyRows:
     """The GPU-dependent tables with the reference's own float formulas, on the host: the
-    configuration's alone, or one row per ``hardware_code`` with ``st.gpus`` (rows of codes
+    configuration's alone, or one row per ``hardware_code`` with ``st.settings.gpus`` (rows of codes
     no lane runs repeat the configuration's)."""
     base = hardware_code(resolved.config.hardware)
-    if st.instance_rows and st.gpus:  # row = GPU code × POOL_ROWS + pool row
-        named = {hardware_code(x): gpu_resolved(resolved, x) for x in st.gpus}
+    if st.settings.instance_rows and st.settings.gpus:  # row = GPU code × POOL_ROWS + pool row
+        named = {hardware_code(x): gpu_resolved(resolved, x) for x in st.settings.gpus}
         per_row = [r for k in range(hardware_code_count())
                    for r in pool_row_configs(named.get(k, resolved))]
         codes = sorted(named)
-    elif st.instance_rows:
+    elif st.settings.instance_rows:
         per_row = pool_row_configs(resolved)
         codes = [base]
-    elif st.gpus:
-        named = {hardware_code(x): gpu_resolved(resolved, x) for x in st.gpus}
+    elif st.settings.gpus:
+        named = {hardware_code(x): gpu_resolved(resolved, x) for x in st.settings.gpus}
         per_row = [named.get(k, resolved) for k in range(hardware_code_count())]
         codes = sorted(named)
     else:
@@ -156,12 +156,13 @@ def _latency_rows(resolved, workload, st: EngineStatic) -> LatencyRows:
         beta = tuple(r.beta) if r.config.latency.model == "blackbox" \
             else (0.0, 0.0, 0.0)  # unused
         out.qdelay.append(queue_delays(r, workload))
+        budget, slots = st.settings.token_budget, st.shapes.batch_slots
         out.step_prefill.append(np.array([(0.0 + beta[0]) + beta[1] * float(c)
-                                          for c in range(st.token_budget + 1)], np.float64))
-        out.step_decode.append(np.array([beta[2] * float(c) for c in range(st.batch_slots + 1)],
+                                          for c in range(budget + 1)], np.float64))
+        out.step_decode.append(np.array([beta[2] * float(c) for c in range(slots + 1)],
                                         np.float64))
         out.otp_us.append(int(make_latency_model(r).output_token_processing_us)
-                          if r is not resolved else st.otp_us)
+                          if r is not resolved else st.settings.otp_us)
     return out
 
 
@@ -169,17 +170,17 @@ def lane_consts(st: EngineStatic, consts: WorkloadConsts, params) -> WorkloadCon
     """The constants one lane reads: with per-lane GPU types its GPU code set (``gpu``), so the
     GPU-dependent reads (``queue_delay``, ``step_tables``, ``roofline_of``, ``otp``) take its
     rows; ``consts`` itself otherwise. Inside the lanes' ``vmap``."""
-    return consts.replace(gpu=params.gpu) if st.gpus else consts
+    return consts.replace(gpu=params.gpu) if st.settings.gpus else consts
 
 
 def _row(st: EngineStatic, c: WorkloadConsts, i):
     """The latency row instance i reads: the lane's GPU's, the instance's pool's, or with
     both the pool's on the lane's GPU; None with one row."""
-    if st.instance_rows and st.gpus:
+    if st.settings.instance_rows and st.settings.gpus:
         return c.gpu * POOL_ROWS + c.instance_row[i]
-    if st.instance_rows:
+    if st.settings.instance_rows:
         return c.instance_row[i]
-    return c.gpu if st.gpus else None
+    return c.gpu if st.settings.gpus else None
 
 
 def queue_delay(st: EngineStatic, c: WorkloadConsts, r, i):
@@ -200,10 +201,10 @@ def roofline_of(st: EngineStatic, c: WorkloadConsts, i) -> RooflineConsts:
     """The roofline constants of instance i (its GPU's FLOP rates and bandwidth; with pools
     of their own, its pool's constants whole)."""
     rc = c.roofline
-    if st.instance_rows:
+    if st.settings.instance_rows:
         row = _row(st, c, i)
         return jax.tree.map(lambda x: x[row], rc)
-    if not st.gpus:
+    if not st.settings.gpus:
         return rc
     return rc._replace(prefill_flops=rc.prefill_flops[c.gpu],
                        decode_flops=rc.decode_flops[c.gpu], bandwidth=rc.bandwidth[c.gpu])
@@ -212,21 +213,21 @@ def roofline_of(st: EngineStatic, c: WorkloadConsts, i) -> RooflineConsts:
 def physics_of(st: EngineStatic, c: WorkloadConsts, i) -> PhysicsConsts:
     """The physics constants of instance i (with pools of their own its pool's, with per-lane
     GPU types the lane's GPU's: the row's constants whole)."""
-    row = _row(st, c, i) if st.latency_model == "physics" else None
+    row = _row(st, c, i) if st.settings.latency_model == "physics" else None
     return c.physics if row is None else jax.tree.map(lambda x: x[row], c.physics)
 
 
 def otp(st: EngineStatic, c: WorkloadConsts, i):
     """µs the output-token time adds to each step's ITL and TTFT on instance i (α2)."""
     row = _row(st, c, i)
-    return st.otp_us if row is None else c.otp_us[row]
+    return st.settings.otp_us if row is None else c.otp_us[row]
 
 
 def check_gpus(st: EngineStatic, consts: WorkloadConsts, params) -> None:
     """ConfigError unless every lane's GPU type has its rows in ``consts`` (host-side)."""
     have = {int(x) for x in np.asarray(consts.gpu_rows)}
     lanes = {int(x) for x in np.unique(np.asarray(params.gpu))}
-    if st.variant_speed:  # the instances' variants' GPUs
+    if st.features.variant_speed:  # the instances' variants' GPUs
         lanes |= {int(x) for x in np.unique(np.asarray(params.lifecycle.variant_gpu))}
     missing = sorted(lanes - have)
     if missing:
@@ -250,28 +251,29 @@ def _stacked_rows(configs, tables):
 
 def build_consts(resolved, workload, st: EngineStatic) -> WorkloadConsts:
     """Host-side preparation of per-request constants and exact float tables."""
-    bs = st.block_size
+    bs = st.settings.block_size
     original = workload
-    workload = engine_workload(workload, st.conversation_max_model_len, pd=st.pd)
+    workload = engine_workload(workload, st.conversation_max_model_len, pd=st.features.pd)
     inp = np.asarray(workload.input_tokens, dtype=np.int64)
     out = np.asarray(workload.output_tokens, dtype=np.int64)
     gb = group_blocks(workload, bs)
     full = inp // bs
     own_count = own_counts(workload, bs)
-    own_start = np.concatenate([[0], np.cumsum(own_count)[:-1]]) if st.num_requests else own_count
+    own_start = np.concatenate([[0],
+                                np.cumsum(own_count)[:-1]]) if st.shapes.num_requests else own_count
     starts = lambda counts: np.concatenate([[0], np.cumsum(counts)[:-1]]) \
-        if st.num_requests else np.zeros(0, np.int64)  # noqa: E731
+        if st.shapes.num_requests else np.zeros(0, np.int64)  # noqa: E731
     ext_start = starts(ext_counts(inp, out, bs))
     rows = _latency_rows(resolved, workload, st)
-    talk = session_tokens(workload) if st.sessions \
+    talk = session_tokens(workload) if st.features.sessions \
         else np.zeros(workload.num_requests, np.int64)
     shared = talk // bs
     dl = np.asarray(workload.deadline_us, dtype=np.int64)
     # a follow-up's deadline is relative to its arrival (engine.sessions), not in the order
-    has = np.nonzero((dl > 0) & (dl <= st.horizon_us) & ~workload.follow_up)[0]
+    has = np.nonzero((dl > 0) & (dl <= st.settings.horizon_us) & ~workload.follow_up)[0]
     order = has[np.lexsort((has, dl[has]))] if has.size else np.zeros(0, np.int64)
-    itl_off = np.concatenate([[0], np.cumsum(itl_counts(out, st.pd))[:-1]]) \
-        if st.num_requests else np.zeros(0, np.int64)
+    itl_off = np.concatenate([[0], np.cumsum(itl_counts(out, st.features.pd))[:-1]]) \
+        if st.shapes.num_requests else np.zeros(0, np.int64)
     # Every per-request array gets one extra "sink" row (index N): masked scatters write there.
     # With P/D pools the prefill sub-requests' rows follow, each its request's constants
     # (``shadow``: what differs; it has no output tokens). Built on the host and put on the
@@ -280,12 +282,12 @@ def build_consts(resolved, workload, st: EngineStatic) -> WorkloadConsts:
     def pad(x, value, dtype, shadow=None):
         x = np.asarray(x)
         rows = [x, [value]]
-        if st.pd:
+        if st.features.pd:
             rows.append(x if shadow is None else shadow)
         return jax.device_put(np.concatenate(rows).astype(dtype))
 
     i32, i64 = np.int32, np.int64
-    if st.pd:
+    if st.features.pd:
         ids = [f"request_{int(x)}_prefill" for x in np.asarray(workload.request_id).tolist()]
         rank = np.empty(len(ids), np.int64)
         rank[sorted(range(len(ids)), key=ids.__getitem__)] = np.arange(len(ids))
@@ -298,27 +300,27 @@ def build_consts(resolved, workload, st: EngineStatic) -> WorkloadConsts:
         pd_kv_bytes = jax.device_put(np.zeros(1, np.float64))
     model = make_latency_model(resolved) if resolved.config.latency.model != "blackbox" \
         else None
-    by_gpu = (lambda xs: np.stack(xs)) if st.gpus or st.instance_rows \
+    by_gpu = (lambda xs: np.stack(xs)) if st.settings.gpus or st.settings.instance_rows \
         else (lambda xs: xs[0])  # noqa: E731
     roofline = roofline_consts(model if resolved.config.latency.model == "roofline" else None,
                                st.max_step_tokens)
-    if st.instance_rows:  # each pool's constants whole
+    if st.settings.instance_rows:  # each pool's constants whole
         # a blackbox row among roofline ones holds a roofline row's constants (unread)
         runs = [r for r in rows.resolved if r.config.latency.model == "roofline"]
         roofline = _stacked_rows(rows.resolved, lambda r: roofline_consts(
             make_latency_model(r if any(r is x for x in runs) else runs[0])
-            if st.latency_model == "roofline" else None, st.max_step_tokens))
-    elif st.gpus and st.latency_model == "roofline":  # the GPU's rates per row
+            if st.settings.latency_model == "roofline" else None, st.max_step_tokens))
+    elif st.settings.gpus and st.settings.latency_model == "roofline":  # the GPU's rates per row
         rates = [make_latency_model(r).rates for r in rows.resolved]
         roofline = roofline._replace(**{name: jax.device_put(np.array(
             [float(getattr(x, name)) for x in rates], np.float64))
             for name in ("prefill_flops", "decode_flops", "bandwidth")})
-    physics = physics_consts(model if st.latency_model == "physics" else None,
-                             st.max_step_tokens, st.queue_slots)
-    if (st.instance_rows or st.gpus) and st.latency_model == "physics":
+    physics = physics_consts(model if st.settings.latency_model == "physics" else None,
+                             st.max_step_tokens, st.shapes.queue_slots)
+    if (st.settings.instance_rows or st.settings.gpus) and st.settings.latency_model == "physics":
         # each row's model whole (a pool's, a GPU's)
         physics = _stacked_rows(rows.resolved, lambda r: physics_consts(
-            make_latency_model(r), st.max_step_tokens, st.queue_slots))
+            make_latency_model(r), st.max_step_tokens, st.shapes.queue_slots))
     return WorkloadConsts(
         arrival_us=pad(workload.arrival_us, 0, i64),
         input_tokens=pad(inp, 1, i32), output_tokens=pad(out, 0, i32, np.zeros_like(out)),
@@ -338,22 +340,23 @@ def build_consts(resolved, workload, st: EngineStatic) -> WorkloadConsts:
         follow_start=jax.device_put(_follow_starts(original, st)),
         open_row=pad(_open_rows(original), False, bool),
         follow_up_budget=jax.device_put(np.int32(original.follow_up_budget)),
-        max_events=jax.device_put(np.int64(st.max_events or events_bound(workload, st))),
+        max_events=jax.device_put(np.int64(st.shapes.max_events or events_bound(workload, st))),
         ext_base=pad(st.hash_slots + ext_start - full, 0, i32),
         queue_delay_us=jax.device_put(by_gpu([np.asarray(pad(q, 0, i64)) for q in rows.qdelay])),
         itl_offset=pad(itl_off, 0, i64),
         deadline_order=jax.device_put(np.concatenate(
-            [order, np.full(st.num_deadlines + 1 - order.size, -1)]).astype(i32)),
+            [order, np.full(st.shapes.num_deadlines + 1 - order.size, -1)]).astype(i32)),
         step_prefill=jax.device_put(by_gpu(rows.step_prefill)),
         step_decode=jax.device_put(by_gpu(rows.step_decode)),
         gpu=jax.device_put(np.int32(hardware_code(resolved.config.hardware))),
         otp_us=jax.device_put(np.array(rows.otp_us, np.int64)),
         gpu_rows=jax.device_put(np.array(rows.codes, np.int32)),
-        instance_row=jax.device_put(np.array(st.instance_rows or (0,), np.int32)),
+        instance_row=jax.device_put(np.array(st.settings.instance_rows or (0,), np.int32)),
         pd_rank=pd_rank, pd_kv_bytes=pd_kv_bytes,
         one_e6=jax.device_put(np.float64(1e6)), one_e_6=jax.device_put(np.float64(1e-6)),
-        kv_blocks_f=jax.device_put(np.array(st.instance_kv_blocks, np.float64)
-                                   if st.instance_kv_blocks else np.float64(st.kv_blocks)),
+        kv_blocks_f=jax.device_put(
+            np.array(st.settings.instance_kv_blocks, np.float64)
+            if st.settings.instance_kv_blocks else np.float64(st.shapes.kv_blocks)),
         roofline=roofline,
         physics=physics,
     )

@@ -2,9 +2,9 @@
 Decision 21).
 
 Counterpart: ``blisjax.reference.gateway`` and ``ClusterSimulator._try_dispatch`` /
-``_gateway_tick``. Compiled in only when some lane has flow control (``EngineStatic.gateway``);
-otherwise ``GatewayState`` is a set of one-entry placeholders and nothing here runs, so
-programs without it are the ones compiled before.
+``_gateway_tick``. Compiled in only when some lane has flow control
+(``EngineStatic.features.gateway``); otherwise ``GatewayState`` is a set of one-entry
+placeholders and nothing here runs, so programs without it are the ones compiled before.
 
 * The queue is ``gateway_slots`` entries (request, enqueue stamp, band, enqueue time); a
   request past them is counted in ``overflow`` and the lane's result refused (never a
@@ -33,8 +33,8 @@ F64 = jnp.float64
 
 @pytree_dataclass
 class GatewayState:
-    """Shapes: W queue entries (``EngineStatic.gateway_slots``), N + 1 request rows; one-entry
-    placeholders without flow control."""
+    """Shapes: W queue entries (``EngineStatic.shapes.gateway_slots``), N + 1 request rows;
+    one-entry placeholders without flow control."""
 
     req: jax.Array  # int32 [W]: the waiting request, N = free entry
     stamp: jax.Array  # int64 [W]: its enqueue stamp (INT64_MAX: free)
@@ -55,23 +55,23 @@ class GatewayState:
 def init_gateway(st, params=None) -> GatewayState:
     i32, i64 = jnp.int32, jnp.int64
     zero = lambda dtype: jnp.asarray(0, dtype)  # noqa: E731
-    w = st.gateway_slots if st.gateway else 1
-    rows = st.num_requests + 1 if st.gateway else 1
+    w = st.shapes.gateway_slots if st.features.gateway else 1
+    rows = st.shapes.num_requests + 1 if st.features.gateway else 1
     return GatewayState(
-        req=jnp.full(w, st.num_requests, i32), stamp=jnp.full(w, INT64_MAX, i64),
+        req=jnp.full(w, st.shapes.num_requests, i32), stamp=jnp.full(w, INT64_MAX, i64),
         band=jnp.zeros(w, F64), since=jnp.zeros(w, i64), count=zero(i32), clock=zero(i64),
-        order=jnp.full(rows, st.num_requests, i32), route_us=jnp.full(rows, INT64_MAX, i64),
+        order=jnp.full(rows, st.shapes.num_requests, i32), route_us=jnp.full(rows, INT64_MAX, i64),
         dispatched=zero(i32), tick_us=jnp.asarray(INT64_MAX, i64), rejected=zero(i32),
         wait_sum=zero(i64), overflow=zero(i32),
-        on=jnp.asarray(False) if params is None or not st.gateway
+        on=jnp.asarray(False) if params is None or not st.features.gateway
         else jnp.asarray(params.gateway.on))
 
 
 def to_routing(g: GatewayState, st, r, now, go) -> GatewayState:
     """Request r goes to routing now (its routing event at now + routing latency)."""
-    k = jnp.where(go, g.dispatched, st.num_requests)
+    k = jnp.where(go, g.dispatched, st.shapes.num_requests)
     return g.replace(order=g.order.at[k].set(r),
-                     route_us=g.route_us.at[k].set(now + st.routing_latency_us),
+                     route_us=g.route_us.at[k].set(now + st.settings.routing_latency_us),
                      dispatched=g.dispatched + go.astype(jnp.int32))
 
 
@@ -92,7 +92,7 @@ def full(g: GatewayState, p):
 
 def enqueue(g: GatewayState, st, c, p, r, now, go) -> GatewayState:
     """Hold request r (the caller checked ``full``); past the entries, overflow."""
-    free = g.req == st.num_requests
+    free = g.req == st.shapes.num_requests
     has = jnp.any(free)
     k = jnp.argmax(free)
     put = go & has
@@ -109,7 +109,7 @@ def saturation(s, st, p, members):
     instance order as the reference (``reference.gateway.saturation``)."""
     n = jnp.sum(members.astype(jnp.int32))
     util = jnp.asarray(0.0, F64)
-    for i in range(st.num_instances):  # sequential: the reference's order of additions
+    for i in range(st.shapes.num_instances):  # sequential: the reference's order of additions
         q = ieee_divide(s.router.snap_qd[i].astype(F64), p.gateway.qd_threshold)
         kv = ieee_divide(s.router.snap_kv[i], p.gateway.kv_threshold)
         util = jnp.where(members[i], util + jnp.maximum(q, kv), util)
@@ -123,12 +123,13 @@ def saturation(s, st, p, members):
 
 def pop(g: GatewayState, st, p, now, go):
     """Take the next request to dispatch where ``go``: (state, its row)."""
-    used = g.req < st.num_requests
+    used = g.req < st.shapes.num_requests
     top = jnp.max(jnp.where(used, g.band, -jnp.inf))
     eligible = used & (~p.gateway.by_band | (g.band == top))
     k = jnp.argmin(jnp.where(eligible, g.stamp, INT64_MAX))
     r = g.req[k]
-    g = g.replace(req=upd(g.req, k, st.num_requests, go), stamp=upd(g.stamp, k, INT64_MAX, go),
+    g = g.replace(req=upd(g.req, k, st.shapes.num_requests, go),
+                  stamp=upd(g.stamp, k, INT64_MAX, go),
                   count=g.count - go.astype(jnp.int32),
                   wait_sum=g.wait_sum + jnp.where(go, now - g.since[k], 0))
     return g, r

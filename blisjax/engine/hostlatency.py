@@ -4,7 +4,7 @@ Blackbox, roofline and physics step times (and physics queueing delays) are comp
 compiled program (``instance.step_duration``, ``blisjax.engine.roofline``,
 ``blisjax.engine.physics``). This module is the fallback for a configuration the program
 cannot evaluate exactly (a roofline model that ``roofline.fits_the_program`` rejects), and for
-comparisons: any roofline or physics model set as ``EngineStatic.latency`` runs here
+comparisons: any roofline or physics model set as ``EngineStatic.features.latency`` runs here
 (``benchmarks/bench_latency_models.py --host-roofline --host-physics``). The kernel hands its
 inputs to the *same Python code* the reference engine calls (``jax.pure_callback``), once per
 step for all lanes of a device, and gets integer microseconds back. Results are exact by

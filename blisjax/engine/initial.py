@@ -47,7 +47,7 @@ def init_state(st: EngineStatic, tb_capacity, rl_burst, admission_code, rate_lim
         computed=jnp.zeros(n, i32), num_new=jnp.zeros(n, i32), prio=jnp.zeros(n, jnp.float64),
         ttft=jnp.full(n, -1, i64), itl_sum=jnp.zeros(n, i64), sched=jnp.full(n, -1, i64),
         preempt=jnp.zeros(n, i32), enq_seq=jnp.zeros(n, i64), tdone=jnp.zeros(n, bool),
-        itl_buf=jnp.zeros(max(st.itl_capacity, 1), i32),
+        itl_buf=jnp.zeros(max(st.shapes.itl_capacity, 1), i32),
         cursors=init_cursors(), router=init_router(st, router_rng),
         # each tenant's bucket starts full
         admission=init_admission(st, bucket, None if params is None

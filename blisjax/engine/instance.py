@@ -80,15 +80,16 @@ def inject_arrival(s: SimState, st, c, i, r, now, active) -> SimState:
                   c.input_tokens[r], kv.cached_blocks(s, st, c, i, r).count, s.batch.ema[i])
         delay = (physics.queueing_delay(physics_of(st, c, i), *inputs,
                                         cpu_blocks=s.tier.capacity if st.tiered else None)
-                 if st.latency is None
-                 else hostlatency.queueing_delay(st.latency, active, *inputs))
+                 if st.features.latency is None
+                 else hostlatency.queueing_delay(st.features.latency, active, *inputs))
     else:
         delay = queue_delay(st, c, r, i)
-    r_or_sink = jnp.where(active, r, st.num_requests)
-    arrival_event = st.lifecycle and st.blis_quirks
+    r_or_sink = jnp.where(active, r, st.shapes.num_requests)
+    arrival_event = st.features.lifecycle and st.settings.blis_quirks
     if arrival_event:  # the arrival is an event of its own (``arrival``)
         s = s.replace(life=lifecycle.arrival_due(s.life, i, e, now, ok))
-    elif st.lifecycle:  # a drain at this time may cancel the arrival (``_arrivals_cancelled``)
+    # a drain at this time may cancel the arrival (``_arrivals_cancelled``)
+    elif st.features.lifecycle:
         first = active & (s.batch.clock[i] < now)
         s = s.replace(life=lifecycle.clock_before_arrivals(s.life, i, s.batch.clock[i], first))
     return s.replace(
@@ -127,11 +128,11 @@ def _prefill_failed(s: SimState, st, row, now, mask) -> SimState:
     """Where ``mask``: ``row`` left its instance without completing; a P/D prefill
     sub-request's parent is then no longer bound for its decode instance, which may now
     terminate (``PDCluster.prefill_failed``; with instance lifecycles only)."""
-    if not (st.pd and st.lifecycle):
+    if not (st.features.pd and st.features.lifecycle):
         return s
     decode = s.instance[parent_row(st, row)]
     s = pd.prefill_failed(s, st, row, mask)
-    return lifecycle.released(s, st, decode, now, mask & (row > st.num_requests))
+    return lifecycle.released(s, st, decode, now, mask & (row > st.shapes.num_requests))
 
 
 def _finish_in_flight(s: SimState, c, i, r, active) -> SimState:
@@ -149,12 +150,12 @@ def _finish_in_flight(s: SimState, c, i, r, active) -> SimState:
 def enqueue(s: SimState, st, c, i, e, now, active) -> SimState:
     """End of the α delay (``Instance._enqueue``): BLIS EnqueueRequest guards, then the wait
     queue (docs/semantics.md §2.1)."""
-    r = jnp.where(active, s.window.req[i, e], st.num_requests)
+    r = jnp.where(active, s.window.req[i, e], st.shapes.num_requests)
     s = s.replace(window=s.window.replace(req=upd(s.window.req, (i, e), NIL, active)))
     # the guards count a prefill sub-request's parent's output budget (P/D)
-    l_in, out = c.input_tokens[r], c.output_tokens[parent_row(st, r) if st.pd else r]
+    l_in, out = c.input_tokens[r], c.output_tokens[parent_row(st, r) if st.features.pd else r]
     drop = active & records.unservable(l_in, out, max_model_len_of(st, i), kvblocks.capacity_of(st, i),
-                                       st.block_size)
+                                       st.settings.block_size)
     admitted = active & ~drop
     due_us = sessions.deadline_us(s, st, c, r)
     due = admitted & (due_us > 0) & (due_us <= now)
@@ -182,13 +183,15 @@ def timeout(s: SimState, st, c, i, r, now, active) -> SimState:
     docs/semantics.md §2.9)."""
     if st.stretches:  # steps at its time come first (event priority); later ones are cut
         s = end_stretch(s, st, c, i, now, active, inclusive=True)
-    r = jnp.where(active, r, st.num_requests)
+    r = jnp.where(active, r, st.shapes.num_requests)
     running = active & (s.status[r] == RUNNING)
     queued = active & ~running
     # a queued decode sub-request (P/D) holds its reserved KV in a reservation slot, a queued
     # request whose tiered admission failed (``blis_quirks``) the blocks it claimed
-    s, sb = _release_slot_of(s, st, i, r, active if st.pd or st.kv_hold_slots else running)
-    pos = jnp.argmax((s.batch.order[i] == sb) & (jnp.arange(st.batch_slots) < s.batch.n_run[i]))
+    s, sb = _release_slot_of(s, st, i, r,
+                             active if st.features.pd or st.shapes.kv_hold_slots else running)
+    pos = jnp.argmax((s.batch.order[i] == sb)
+                     & (jnp.arange(st.shapes.batch_slots) < s.batch.n_run[i]))
     s = order_remove_at(s, st, i, pos, running)
     s = q_remove_at(s, st, i, q_offset_of(s, st, i, r, queued), queued)
     s = s.replace(status=s.status.at[r].set(jnp.where(active, TIMED_OUT, s.status[r])
@@ -233,17 +236,17 @@ class HeldRequests(NamedTuple):
 
 
 def held_requests(s: SimState, st, i) -> HeldRequests:
-    e, q = st.pending_slots, st.queue_slots
+    e, q = st.shapes.pending_slots, st.shapes.queue_slots
     waiting = s.window.req[i] >= 0
     order = jnp.argsort(jnp.where(waiting, s.window.seq[i], jnp.iinfo(jnp.int64).max))
-    arriving = jnp.where(waiting[order], s.window.req[i, order], st.num_requests)
+    arriving = jnp.where(waiting[order], s.window.req[i, order], st.shapes.num_requests)
     n_arriving = jnp.sum(waiting).astype(jnp.int32)
     k = jnp.arange(q)
     queued = jnp.where(k < s.queue.length[i], s.queue.buf[i, (s.queue.head[i] + k) % q],
-                       st.num_requests)
+                       st.shapes.num_requests)
     # arrivals first, then the queue, packed
     pos = jnp.concatenate([jnp.arange(e), n_arriving + k])
-    reqs = jnp.full(e + q + 1, st.num_requests, jnp.int32).at[
+    reqs = jnp.full(e + q + 1, st.shapes.num_requests, jnp.int32).at[
         jnp.where(jnp.concatenate([jnp.arange(e) < n_arriving, k < s.queue.length[i]]), pos, e + q)
     ].set(jnp.concatenate([arriving, queued]).astype(jnp.int32))[:e + q]
     return HeldRequests(reqs, n_arriving + s.queue.length[i])
@@ -256,10 +259,10 @@ def take_not_running(s: SimState, st, c, i, now, active) -> tuple[SimState, Held
     reference keeps them in this instance's own cache, where nothing ever looks them up)."""
     held = held_requests(s, st, i)
     on = active & (jnp.arange(held.reqs.shape[0]) < held.count)
-    r = jnp.where(on, held.reqs, st.num_requests)
-    j = jnp.arange(max(st.max_prompt_blocks, 1))[None, :]
+    r = jnp.where(on, held.reqs, st.shapes.num_requests)
+    j = jnp.arange(max(st.shapes.max_prompt_blocks, 1))[None, :]
     own = on[:, None] & (j >= c.group_blocks[r][:, None]) & (j < c.full_blocks[r][:, None])
-    if st.sessions:  # a session's blocks stay cached here for its later rounds
+    if st.features.sessions:  # a session's blocks stay cached here for its later rounds
         own = own & (j >= c.session_blocks[r][:, None])
     slots = jnp.where(own, kvblocks.hash_slot(st, c, i, r[:, None], j), st.hash_slots)
     block = s.kv.slot_block[slots]
@@ -272,7 +275,8 @@ def take_not_running(s: SimState, st, c, i, now, active) -> tuple[SimState, Held
             req=s.window.req.at[i].set(jnp.where(active, NIL, s.window.req[i]))),
         queue=s.queue.replace(length=upd(s.queue.length, i, 0, active)),
         kv=s.kv.replace(
-            kv_slot=s.kv.kv_slot.at[i, jnp.where(mine, block, st.kv_blocks)].set(NIL, mode="drop"),
+            kv_slot=s.kv.kv_slot.at[i, jnp.where(mine, block, st.shapes.kv_blocks)].set(
+                NIL, mode="drop"),
             slot_block=s.kv.slot_block.at[jnp.where(mine, slots, st.hash_slots)].set(NIL)))
     return _arrivals_cancelled(s, st, i, now, active), held
 
@@ -282,7 +286,7 @@ def _arrivals_cancelled(s: SimState, st, i, now, active) -> SimState:
     arrivals routed to it at this very time never happen (the reference removes their
     arrival events, which would run after the cluster's events), so its clock is what it was
     before them; with --blis-quirks, where arrivals are events of their own, they go."""
-    if st.blis_quirks:
+    if st.settings.blis_quirks:
         return s.replace(life=lifecycle.arrivals_cancelled(s.life, i, active))
     back = active & (s.batch.clock[i] == now)
     return s.replace(
@@ -306,13 +310,14 @@ def drop_everything(s: SimState, st, c, i, now, active) -> tuple[SimState, jax.A
     if st.stretches:
         s = end_stretch(s, st, c, i, now, active)
     held = held_requests(s, st, i)
-    b = st.batch_slots
+    b = st.shapes.batch_slots
     running = jnp.where(active & (jnp.arange(b) < s.batch.n_run[i]),
-                        s.batch.slot_req[i, jnp.maximum(s.batch.order[i], 0)], st.num_requests)
+                        s.batch.slot_req[i, jnp.maximum(s.batch.order[i], 0)],
+                        st.shapes.num_requests)
     reqs = jnp.concatenate([jnp.where(active & (jnp.arange(held.reqs.shape[0]) < held.count),
-                                      held.reqs, st.num_requests), running])
+                                      held.reqs, st.shapes.num_requests), running])
     count = jnp.where(active, held.count + s.batch.n_run[i], 0)
-    on = reqs < st.num_requests
+    on = reqs < st.shapes.num_requests
     s = s.replace(
         status=s.status.at[reqs].set(jnp.where(on, DROPPED, s.status[reqs]).astype(s.status.dtype)),
         router=s.router.replace(
@@ -341,8 +346,8 @@ def reserve_transferred_kv(s: SimState, st, c, i, r, now, active):
     reservation slot is free: flagged)."""
     if st.stretches:  # its virtual steps before now happened; the next ones see the blocks
         s = end_stretch(s, st, c, i, now, active)
-    free = s.batch.slot_req[i, st.batch_slots:st.hold_base] == NIL
-    sb = (st.batch_slots + jnp.argmax(free)).astype(jnp.int32)
+    free = s.batch.slot_req[i, st.shapes.batch_slots:st.hold_base] == NIL
+    sb = (st.shapes.batch_slots + jnp.argmax(free)).astype(jnp.int32)
     has_room = jnp.any(free)
     l_in = c.input_tokens[r]
     if st.tiered:  # the tiered allocation, which may reload (its evictions happen now)
@@ -350,12 +355,12 @@ def reserve_transferred_kv(s: SimState, st, c, i, r, now, active):
     # the whole prompt's blocks in one pass (a prefill's chunk takes a few at a time): in a
     # lockstep block some lane reserves in almost every pass of the cheap events
     s, ok = kvtiered.allocate_uncached(s, st, c, i, sb, r, start=0, end=l_in, active=active & has_room,
-                                 chunk=max(1, st.max_blocks_per_request))
+                                 chunk=max(1, st.shapes.max_blocks_per_request))
     # refused after claiming reloaded blocks, the dropped sub-request keeps them (as in the
     # reference and BLIS): its slot stays taken
     held = ok | (s.batch.blen[i, sb] > 0) if st.tiered else ok
     return s.replace(
-        pi=s.pi.at[jnp.where(ok, r, st.num_requests)].set(l_in),
+        pi=s.pi.at[jnp.where(ok, r, st.shapes.num_requests)].set(l_in),
         pd=pd.reserve_overflowed(s.pd, active & ~has_room),
         batch=s.batch.replace(
             slot_req=upd(s.batch.slot_req, (i, sb), r, active & has_room & held))), ok
@@ -368,7 +373,7 @@ def enqueue_decode(s: SimState, st, c, i, r, now, active) -> SimState:
     deadline = sessions.deadline_us(s, st, c, r)
     due = active & (deadline > 0) & (deadline <= now)
     queued = active & ~due
-    r_or_sink = jnp.where(active, r, st.num_requests)
+    r_or_sink = jnp.where(active, r, st.shapes.num_requests)
     s = s.replace(
         status=s.status.at[r_or_sink].set(jnp.where(due, TIMED_OUT, QUEUED)
                                           .astype(s.status.dtype)),
@@ -406,22 +411,23 @@ def execute(s: SimState, st, c, i, now, *, n_preempted, active, width: int, fact
     valid, slots, reqs = run_slots.valid, run_slots.slots, run_slots.reqs
     nn = jnp.where(valid, s.num_new[reqs], 0)
     pi, l_in, out = s.pi[reqs], c.input_tokens[reqs], c.output_tokens[reqs]
-    if st.stateful_latency or st.latency is not None:
+    if st.stateful_latency or st.features.latency is not None:
         # physics in the program, or a model through the reference's own code on the host
         cached = jnp.where(valid, s.batch.step_cached[i, slots], 0)
         inputs = physics.StepInputs(nn, pi, l_in, out, cached, s.batch.ema[i], n_preempted,
                                     s.batch.n_run[i])
-        d, ema = (physics.step_time(physics_of(st, c, i), inputs) if st.latency is None
-                  else hostlatency.step_time(st.latency, active, inputs))
+        d, ema = (physics.step_time(physics_of(st, c, i), inputs) if st.features.latency is None
+                  else hostlatency.step_time(st.features.latency, active, inputs))
         s = s.replace(batch=s.batch.replace(ema=upd(s.batch.ema, i, ema, active)))
-    elif _roofline_in_program(st) and not st.row_roofline:  # computed once per step by ``step``
+    # computed once per step by ``step``
+    elif _roofline_in_program(st) and not st.settings.row_roofline:
         d = roofline_us
     else:
         cm = jnp.sum(jnp.where((nn > 0) & (pi < l_in), nn, 0))
         dc = jnp.sum(jnp.where((nn > 0) & (pi >= l_in) & (out > 0), nn, 0))
         d = step_duration(st, c, i, cm, dc)
-        if st.row_roofline:  # pools of both models: instance i's row's
-            d = jnp.where(jnp.asarray(st.row_roofline)[c.instance_row[i]], roofline_us, d)
+        if st.settings.row_roofline:  # pools of both models: instance i's row's
+            d = jnp.where(jnp.asarray(st.settings.row_roofline)[c.instance_row[i]], roofline_us, d)
     if st.tiered:  # reloads of this step's batch formation add their transfer time (§3.8)
         d = jnp.maximum(1, d + s.tier.pending_us[i])
         s = s.replace(tier=kvtier.reload_time_taken(s.tier, i, active))
@@ -435,7 +441,7 @@ def execute(s: SimState, st, c, i, now, *, n_preempted, active, width: int, fact
     # "TTFT recorded" is pi >= l_in and the ITL count is pi - l_in (both reset on eviction
     # with pi; input lengths are >= 1). No per-request flag or count to gather and scatter.
     first = on & (pi < l_in) & (new_pi == l_in)
-    sink = st.num_requests
+    sink = st.shapes.num_requests
     r_or_sink = jnp.where(on, reqs, sink)
     ttft = now + d + otp(st, c, i) - sessions.arrival_us(s, st, c, reqs)
     s = s.replace(
@@ -445,9 +451,9 @@ def execute(s: SimState, st, c, i, now, *, n_preempted, active, width: int, fact
     if st.recent_signals:  # this step's first tokens (routing programs)
         s = recent.record(s, i, now, recent.TTFT, jnp.sum(jnp.where(first, ttft, 0)),
                           jnp.sum(first.astype(jnp.int64)), active)
-    if st.itl_capacity > 0:
+    if st.shapes.itl_capacity > 0:
         slot = c.itl_offset[reqs] + new_pi - l_in - 1  # this entry's index among r's ITLs
-        s = s.replace(itl_buf=s.itl_buf.at[jnp.where(dec, slot, st.itl_capacity)].set(
+        s = s.replace(itl_buf=s.itl_buf.at[jnp.where(dec, slot, st.shapes.itl_capacity)].set(
             itl.astype(jnp.int32), mode="drop"))
     total = kvblocks.capacity_of(st, i)
     used = (total - s.kv.kv_free[i]).astype(jnp.int64)
@@ -489,7 +495,7 @@ def _finish_at(s: SimState, st, c, i, now, *, n_preempted, go, width: int,
                       step_time=upd(s.batch.step_time, i, jnp.where(more, now + d, -1), go)))
     ended = records.output_finished(running.pi, running.l_in, running.out) \
         | records.at_length_cap(running.pi, max_model_len_of(st, i))
-    if st.pd:  # completed prefill sub-requests start their KV transfers
+    if st.features.pd:  # completed prefill sub-requests start their KV transfers
         s = pd.push_transfer_starts(s, st, c, running.reqs, running.valid & go & ended, now,
                                     now + d)
     seen = None
@@ -502,8 +508,8 @@ def _finish_at(s: SimState, st, c, i, now, *, n_preempted, go, width: int,
 def _roofline_in_program(st) -> bool:
     """The roofline model's step time is computed in the program (not physics, not a host
     model)."""
-    return (st.latency_model == "roofline" and not st.stateful_latency
-            and st.latency is None)
+    return (st.settings.latency_model == "roofline" and not st.stateful_latency
+            and st.features.latency is None)
 
 
 def roofline_step_us(s: SimState, st, c, i):
@@ -511,7 +517,7 @@ def roofline_step_us(s: SimState, st, c, i):
     batch slot: positions past the running batch add nothing (``roofline.step_seconds``), so
     it equals the time over any width that holds the batch. Computed once per step instead
     of in each width program (a fifth of the roofline program's size)."""
-    run_slots = running_slots(s, st, i, st.batch_slots)
+    run_slots = running_slots(s, st, i, st.shapes.batch_slots)
     reqs = run_slots.reqs
     nn = jnp.where(run_slots.valid, s.num_new[reqs], 0)
     return roofline.step_time_us(roofline_of(st, c, i), nn, s.pi[reqs], c.input_tokens[reqs],
@@ -526,16 +532,16 @@ def step_widths(st, per_octave: int = 1) -> tuple[int, ...]:
     """Vector widths of the step's programs: from ``running_width`` up to the batch slots,
     ``per_octave`` widths per doubling (1: 64, 128, 256; 2: 64, 96, 128, 192, 256); only the
     batch slots without ``narrow_programs``."""
-    if not st.narrow_programs:
-        return (st.batch_slots,)
-    widths, w = [], max(1, st.running_width)
-    while w < st.batch_slots:
+    if not st.tuning.narrow_programs:
+        return (st.shapes.batch_slots,)
+    widths, w = [], max(1, st.tuning.running_width)
+    while w < st.shapes.batch_slots:
         for j in range(per_octave):
             x = w * (per_octave + j) // per_octave
-            if x < st.batch_slots and (not widths or x > widths[-1]):
+            if x < st.shapes.batch_slots and (not widths or x > widths[-1]):
                 widths.append(x)
         w *= 2
-    return (*widths, st.batch_slots)
+    return (*widths, st.shapes.batch_slots)
 
 
 def waits_when_stalled(st, p):
@@ -543,7 +549,7 @@ def waits_when_stalled(st, p):
     pending step (``Instance.waits_when_stalled``; Decision 22): its wait queue's order cannot
     change with time alone (FCFS, or a constant priority), and not ``blis_quirks`` (BLIS steps
     empty until the horizon)."""
-    if st.blis_quirks:
+    if st.settings.blis_quirks:
         return jnp.asarray(False)
     return (p.scheduler == SchedulerPolicy.FCFS) | (p.priority.policy == PriorityPolicy.CONSTANT)
 
@@ -579,7 +585,7 @@ def step(s: SimState, st, c, p, i, now, active, defer: bool = False):
         s, budget_w, pre_w = batch.phase1(s, st, c, p, i, go, w)
         return s, jnp.where(go, budget_w, budget), pre | (go & pre_w)
 
-    init = (s, jnp.asarray(st.token_budget, jnp.int32), jnp.asarray(False))
+    init = (s, jnp.asarray(st.settings.token_budget, jnp.int32), jnp.asarray(False))
     running = lane_max(jnp.where(go, s.batch.n_run[i], 0))
     s, budget, pre = by_width(step_widths(st, PHASE1_PER_OCTAVE), running, go,
                                  phase1_program, init)

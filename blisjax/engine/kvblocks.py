@@ -49,7 +49,7 @@ KEY_LIMIT = 1 << 30  # ring keys are renumbered from 0 before they could overflo
 
 
 def ring_size(st) -> int:
-    return max(2 * st.kv_blocks, 1)
+    return max(2 * st.shapes.kv_blocks, 1)
 
 
 class FreeList(NamedTuple):
@@ -64,22 +64,22 @@ class FreeList(NamedTuple):
 
 def capacity(st):
     """KV blocks of each instance: int32 [I] where P/D pools' caches differ in size
-    (``EngineStatic.instance_kv_blocks``), the int ``kv_blocks`` otherwise."""
-    if st.instance_kv_blocks:
-        return jnp.asarray(st.instance_kv_blocks, jnp.int32)
-    return st.kv_blocks
+    (``EngineStatic.settings.instance_kv_blocks``), the int ``kv_blocks`` otherwise."""
+    if st.settings.instance_kv_blocks:
+        return jnp.asarray(st.settings.instance_kv_blocks, jnp.int32)
+    return st.shapes.kv_blocks
 
 
 def capacity_of(st, i):
     """KV blocks of instance i (``capacity``)."""
-    return capacity(st)[i] if st.instance_kv_blocks else st.kv_blocks
+    return capacity(st)[i] if st.settings.instance_kv_blocks else st.shapes.kv_blocks
 
 
 def empty_free_list(st, blocks=None) -> FreeList:
     """An instance's free list with every block free, in id order: blocks 0 .. n-1 under keys
     0 .. n-1 (the initial state, and a new instance in a reused slot); n = ``blocks``, the
     instance's capacity (default K; the blocks past it are never free)."""
-    k, ring = st.kv_blocks, ring_size(st)
+    k, ring = st.shapes.kv_blocks, ring_size(st)
     n = k if blocks is None else blocks
     return FreeList(fifo=jnp.where(jnp.arange(ring) < n, jnp.arange(ring), NIL).astype(jnp.int32),
                     fkey=jnp.where(jnp.arange(k) < n, jnp.arange(k), NIL).astype(jnp.int32),
@@ -112,8 +112,8 @@ class KVState:
 
 def init_kv(st) -> KVState:
     """Every block free in id order (``empty_free_list``), no hash slot registered."""
-    i, k = st.num_instances, st.kv_blocks
-    if st.instance_kv_blocks:  # each instance's own capacity
+    i, k = st.shapes.num_instances, st.shapes.kv_blocks
+    if st.settings.instance_kv_blocks:  # each instance's own capacity
         free = jax.vmap(lambda n: empty_free_list(st, n))(capacity(st))
     else:
         free = jax.tree.map(lambda x: jnp.broadcast_to(x, (i, *x.shape)), empty_free_list(st))
@@ -131,12 +131,12 @@ def init_kv(st) -> KVState:
 def reset_instance(kv: KVState, st, i, active) -> KVState:
     """Instance i's blocks as a new instance's where ``active``: every block free in id order,
     none registered, and its prefix groups' and sessions' hash slots cleared."""
-    free = empty_free_list(st, capacity_of(st, i) if st.instance_kv_blocks else None)
-    g = st.num_groups * st.group_blocks_max
+    free = empty_free_list(st, capacity_of(st, i) if st.settings.instance_kv_blocks else None)
+    g = st.shapes.num_groups * st.shapes.group_blocks_max
     mine = jnp.arange(st.group_slots) // max(g, 1) == i  # the instance's group hash slots
     shared = st.group_slots + st.session_slots  # and its sessions' (engine.sessions)
-    if st.sessions:
-        per = st.num_sessions * st.session_blocks_max
+    if st.features.sessions:
+        per = st.shapes.num_sessions * st.shapes.session_blocks_max
         mine = jnp.concatenate([mine, jnp.arange(st.session_slots) // per == i])
     return kv.replace(
         kv_ref=upd(kv.kv_ref, i, 0, active), kv_tok=upd(kv.kv_tok, i, 0, active),
@@ -175,7 +175,7 @@ class FreeRun(NamedTuple):
 def free_run(s: SimState, st, i, m, max_count: int, keep=None) -> FreeRun:
     """The ``m`` (<= ``max_count``) least recently freed blocks of instance i outside ``keep``
     (bool [K]; None: every block), reading windows of the ring from its head."""
-    r_size, k_blocks = ring_size(st), st.kv_blocks
+    r_size, k_blocks = ring_size(st), st.shapes.kv_blocks
     scan = max(max_count, 16)
     tail = s.kv.ftail[i]
     big = jnp.iinfo(jnp.int32).max
@@ -226,7 +226,7 @@ def take_run(s: SimState, i, run: FreeRun, m, active) -> SimState:
 
 def _compact(s: SimState, st, i, go) -> SimState:
     """Rewrite instance i's ring with only live entries, keys renumbered 0, 1, … (order kept)."""
-    r_size, k_blocks = ring_size(st), st.kv_blocks
+    r_size, k_blocks = ring_size(st), st.shapes.kv_blocks
     pos = s.kv.fhead[i] + jnp.arange(r_size, dtype=jnp.int32)
     blk = s.kv.fifo[i, pos % r_size]
     live = go & (pos < s.kv.ftail[i]) & (blk >= 0) \
@@ -242,7 +242,7 @@ def _compact(s: SimState, st, i, go) -> SimState:
 
 def append_blocks(s: SimState, st, i, blocks, mask) -> SimState:
     """Append ``blocks[k]`` where ``mask[k]``, in order, to instance i's free-list tail."""
-    r_size, k_blocks = ring_size(st), st.kv_blocks
+    r_size, k_blocks = ring_size(st), st.shapes.kv_blocks
     count = jnp.sum(mask, dtype=jnp.int32)
     full = (s.kv.ftail[i] - s.kv.fhead[i] + count > r_size) | (s.kv.ftail[i] + count > KEY_LIMIT)
     s = lane_once(full, lambda s, go: _compact(s, st, i, go), s)
@@ -265,7 +265,7 @@ def free_list(s: SimState, st, i):
     out = []
     for pos in range(head, tail):
         b = int(fifo[pos % r_size])
-        if 0 <= b < st.kv_blocks and int(fkey[b]) == pos:
+        if 0 <= b < st.shapes.kv_blocks and int(fkey[b]) == pos:
             out.append(b)
     return out
 
@@ -277,20 +277,21 @@ def hash_slot(st, c, i, r, j):
     """Dense slot of block j of request r on instance i (valid for full prompt blocks, and
     with closed-loop sessions for the blocks its session shares)."""
     in_group = j < c.group_blocks[r]
-    group_slot = (i * st.num_groups + jnp.maximum(c.group[r], 0)) * st.group_blocks_max + j
+    group_slot = ((i * st.shapes.num_groups + jnp.maximum(c.group[r], 0))
+                  * st.shapes.group_blocks_max + j)
     own = st.group_slots + st.session_slots + c.own_base[r] + j
     if st.own_per_instance:
-        own = own + i * st.own_slots
-    if st.sessions:  # a session's blocks: per (instance, session, block)
+        own = own + i * st.shapes.own_slots
+    if st.features.sessions:  # a session's blocks: per (instance, session, block)
         own = jnp.where(j < c.session_blocks[r], session_slot(st, c, i, r, j), own)
     return jnp.where(in_group, group_slot, own)
 
 
 def session_slot(st, c, i, r, j):
-    """Slot j of request r's session on instance i (``EngineStatic.sessions``): the hash slot
-    of the session's block j; every j < ``session_blocks_max`` has one."""
-    return st.group_slots + (i * st.num_sessions + jnp.maximum(c.session[r], 0)) \
-        * st.session_blocks_max + j
+    """Slot j of request r's session on instance i (``EngineStatic.features.sessions``): the hash
+    slot of the session's block j; every j < ``session_blocks_max`` has one."""
+    return st.group_slots + (i * st.shapes.num_sessions + jnp.maximum(c.session[r], 0)) \
+        * st.shapes.session_blocks_max + j
 
 
 def apply_slot_ops(s: SimState, st, slots, values, seq, mask) -> SimState:

@@ -56,13 +56,13 @@ def cached_blocks(s: SimState, st, c, i, r, width: int | None = None) -> CachedP
     """The longest chain of registered prompt blocks of r on instance i. ``width`` (default:
     the longest prompt's block count) may be smaller when the chain cannot be longer (see
     ``prefix_widths``)."""
-    mpb = max(st.max_prompt_blocks, 1) if width is None else width
+    mpb = max(st.shapes.max_prompt_blocks, 1) if width is None else width
     j = jnp.arange(mpb, dtype=jnp.int32)
     valid = j < c.full_blocks[r]
     blocks = s.kv.slot_block[jnp.where(valid, hash_slot(st, c, i, r, j), st.hash_slots)]
     hit = valid & (blocks >= 0)
     count = leading_count(hit)
-    if not st.prefix_caching:
+    if not st.settings.prefix_caching:
         count = jnp.zeros_like(count)
     return CachedPrefix(blocks, count)
 
@@ -73,10 +73,10 @@ def prefix_widths(st) -> tuple[int, ...]:
     r's), so before r has ever run — it was never preempted — its chain is made of prefix-group
     blocks and is at most ``group_blocks_max`` long; a preempted request's chain may cover its
     whole prompt."""
-    mpb = max(st.max_prompt_blocks, 1)
-    if st.sessions:  # a follow-up finds its conversation's blocks before it first runs
+    mpb = max(st.shapes.max_prompt_blocks, 1)
+    if st.features.sessions:  # a follow-up finds its conversation's blocks before it first runs
         return (mpb,)
-    narrow = min(st.group_blocks_max, mpb)
+    narrow = min(st.shapes.group_blocks_max, mpb)
     return (narrow, mpb) if narrow < mpb else (mpb,)
 
 
@@ -102,18 +102,18 @@ def last_block_fill(s: SimState, st, i, sb) -> BlockFill:
 def spare_positions(st, blen, filled):
     """Token positions left in a slot's last block: none when it holds no block (a request
     whose whole prompt was a cached prefix holds none of its own) or the block is full."""
-    return jnp.where((blen > 0) & (filled >= 1), st.block_size - filled, 0)
+    return jnp.where((blen > 0) & (filled >= 1), st.settings.block_size - filled, 0)
 
 
 def blocks_needed(st, blen, filled, n):
     """Fresh blocks for n more tokens after the spare room of the last block (BLIS)."""
-    bs = st.block_size
+    bs = st.settings.block_size
     return (jnp.maximum(0, n - spare_positions(st, blen, filled)) + bs - 1) // bs
 
 
 def can_allocate(s: SimState, st, c, i, sb, r, *, start, end, cached, n_cached):
     """BLIS's check-then-act pre-check (prefill vs decode by the request's PI)."""
-    bs = st.block_size
+    bs = st.settings.block_size
     fill = last_block_fill(s, st, i, sb)
     blen, filled = fill.blen, fill.filled
     need = blocks_needed(st, blen, filled, end - start)
@@ -129,7 +129,7 @@ def claim_cached(s: SimState, st, i, sb, cached, n_claim, active, first=0) -> Si
     a hit). ``first`` 0 (a request's first allocation): ``cached[:n_claim]`` become the first
     entries of its block table. Otherwise (a CPU-tier allocation of a request that may hold
     blocks): ``cached[first : first + n_claim]`` are appended to the ones it holds."""
-    k_blocks, mb = st.kv_blocks, st.max_blocks_per_request
+    k_blocks, mb = st.shapes.kv_blocks, st.shapes.max_blocks_per_request
     k = jnp.arange(cached.shape[0])
     appending = not (isinstance(first, int) and first == 0)
     on = active & (k >= first) & (k < first + n_claim) if appending else active & (k < n_claim)
@@ -205,7 +205,7 @@ def grant_tokens(s: SimState, st, c, i, sb, r, *, n, first_pos, prefill, mask,
 
     ``known``: the block fill and fresh-block prefix sum the caller already computed.
     """
-    bs = st.block_size
+    bs = st.settings.block_size
     fill_now = last_block_fill(s, st, i, sb) if known is None else known
     blen, last, filled = fill_now.blen, fill_now.last, fill_now.filled
     partial = mask & (n > 0) & (blen > 0) & (filled >= 1) & (filled < bs)
@@ -215,13 +215,14 @@ def grant_tokens(s: SimState, st, c, i, sb, r, *, n, first_pos, prefill, mask,
     cum = prefix_sum(fresh.astype(jnp.int32)) if known is None else known.cum
     before = cum - fresh
     total = cum[-1]
-    s = s.replace(kv=s.kv.replace(kv_tok=s.kv.kv_tok.at[i, jnp.where(partial, last, st.kv_blocks)]
+    s = s.replace(kv=s.kv.replace(kv_tok=s.kv.kv_tok.at[i, jnp.where(partial, last,
+                                                                     st.shapes.kv_blocks)]
                   .add(fill, mode="drop")))
     top_first = first_pos - filled  # the top-up block's first token
     top_index = top_first // bs
     reg_partial = partial & (filled + fill == bs) & (top_first % bs == 0) \
-        & (top_index < (c.reg_blocks[r] if st.sessions else c.full_blocks[r]))
-    if not st.prefix_caching:
+        & (top_index < (c.reg_blocks[r] if st.features.sessions else c.full_blocks[r]))
+    if not st.settings.prefix_caching:
         reg_partial = jnp.zeros_like(reg_partial)
     fresh_pos = first_pos + fill
     on_chain = jnp.ones_like(partial)
@@ -233,7 +234,7 @@ def grant_tokens(s: SimState, st, c, i, sb, r, *, n, first_pos, prefill, mask,
                                   prev_block=s.batch.bt[i, sb, jnp.maximum(blen - 2, 0)],
                                   block=last, mask=top_full,
                                   first_token=top_first)
-        held = s.tier.key_of_block[i, jnp.clip(last, 0, st.kv_blocks - 1)]
+        held = s.tier.key_of_block[i, jnp.clip(last, 0, st.shapes.kv_blocks - 1)]
         on_chain = content_key(st, c, i, r, fresh_pos,
                                jnp.where(blen > 0, held, NIL)).on_chain
         reg_partial = reg_partial & top_on
@@ -252,7 +253,7 @@ def grant_tokens(s: SimState, st, c, i, sb, r, *, n, first_pos, prefill, mask,
         init = (s, jnp.asarray(0, jnp.int32))
         return lane_while(lambda carry: carry[1] < n_chunks, body, init)[0]
 
-    if sb.shape[0] == 1 or not st.prefix_caching:  # one request, or no hash slots at all
+    if sb.shape[0] == 1 or not st.settings.prefix_caching:  # one request, or no hash slots at all
         s = chunks(s, True)
     else:
         # Top-up registrations add a hash-slot op per request (a vector as wide as the
@@ -274,7 +275,7 @@ def _grant_chunk(s: SimState, st, c, i, plan: _GrantChunks, *, k, total, go, chu
     sb, r, prefill, blen, last = plan.sb, plan.r, plan.prefill, plan.blen, plan.last
     rest, cum, before = plan.rest, plan.cum, plan.before
     reg_partial, chunk_of = plan.reg_partial, plan.chunk_of
-    bs, mb, k_blocks = st.block_size, st.max_blocks_per_request, st.kv_blocks
+    bs, mb, k_blocks = st.settings.block_size, st.shapes.max_blocks_per_request, st.shapes.kv_blocks
     g0 = k * chunk
     s, blocks, taken = pop_blocks(s, st, i, jnp.clip(total - g0, 0, chunk), go, chunk)
     g = g0 + jnp.arange(chunk, dtype=jnp.int32)
@@ -292,7 +293,7 @@ def _grant_chunk(s: SimState, st, c, i, plan: _GrantChunks, *, k, total, go, chu
                         kv_ref=s.kv.kv_ref.at[i, b_safe].set(1, mode="drop")),
         run=s.run.replace(
             ovf_blocks=s.run.ovf_blocks + jnp.sum(taken & (j >= mb), dtype=jnp.int32)))
-    if not st.prefix_caching:
+    if not st.settings.prefix_caching:
         return s
     # a fresh block filled during a prefill gets a hash; a prompt block's goes in its slot
     hashed = taken & (tok == bs) & prefill[owner]
@@ -347,7 +348,7 @@ def allocate(s: SimState, st, c, i, sb, r, *, start, end, cached, n_cached, acti
     admission, more iterations only the long prompts; docs/performance.md, Ideas tried and
     not kept)."""
     if chunk is None:
-        chunk = max(1, min(POP_CHUNK, -(-st.token_budget // st.block_size)))
+        chunk = max(1, min(POP_CHUNK, -(-st.settings.token_budget // st.settings.block_size)))
     n = jnp.where(active, end - start, 0).astype(jnp.int32)
     if not (isinstance(n_cached, int) and n_cached == 0):  # statically no cached prefix
         claim = active & (n > 0) & (s.batch.blen[i, sb] == 0) & (n_cached > 0)
@@ -366,11 +367,12 @@ def release_widths(st) -> tuple[int, ...]:
     """Vector widths of the release programs: ``RELEASE_NARROWEST`` doubled while below the
     block-table width ``max_blocks_per_request``, then that width (e.g. 32, 64, 85); only
     the table width without ``narrow_programs``."""
-    widths, w = [], RELEASE_NARROWEST if st.narrow_programs else st.max_blocks_per_request
-    while w < st.max_blocks_per_request:
+    widths = []
+    w = RELEASE_NARROWEST if st.tuning.narrow_programs else st.shapes.max_blocks_per_request
+    while w < st.shapes.max_blocks_per_request:
         widths.append(w)
         w *= 2
-    return (*widths, max(st.max_blocks_per_request, 1))
+    return (*widths, max(st.shapes.max_blocks_per_request, 1))
 
 
 def release(s: SimState, st, i, sb, active) -> SimState:
@@ -387,7 +389,7 @@ def release(s: SimState, st, i, sb, active) -> SimState:
 
 def _release(s: SimState, st, i, sb, active, width: int) -> SimState:
     """``release`` with blocks 0 .. width - 1 of the slot (width >= its block count)."""
-    mb, k_blocks = st.max_blocks_per_request, st.kv_blocks
+    mb, k_blocks = st.shapes.max_blocks_per_request, st.shapes.kv_blocks
     n = jnp.where(active, s.batch.blen[i, sb], 0)
     k = jnp.arange(width)
     on = k < n
@@ -452,8 +454,8 @@ def cpu_key(st, c, i, r, j):
     for a full prompt block (with closed-loop sessions, for every block its session shares:
     an output block of one round is a prompt block of the next), else an extension key
     (``engine.kvtier``)."""
-    ext = c.ext_base[r] + j + (i * st.cpu_ext_slots if st.own_per_instance else 0)
-    slotted = c.reg_blocks[r] if st.sessions else c.full_blocks[r]
+    ext = c.ext_base[r] + j + (i * st.shapes.cpu_ext_slots if st.own_per_instance else 0)
+    slotted = c.reg_blocks[r] if st.features.sessions else c.full_blocks[r]
     return jnp.where(j < slotted, hash_slot(st, c, i, r, j), ext)
 
 
@@ -484,13 +486,13 @@ def content_key(st, c, i, r, first_token, origin) -> ContentKey:
     in (a slot no aligned block of a group's uses when that block is the group's); tokens
     past it are the request's own, and the block after them is then no session block. Either
     way (key, shift) names the tokens."""
-    bs = st.block_size
+    bs = st.settings.block_size
     q = first_token // bs
     shift = first_token % bs
     aligned = shift == 0
     shared = (c.group[r] >= 0) & (first_token + bs <= c.prefix_tokens[r])
     true_key = cpu_key(st, c, i, r, jnp.where(aligned | shared, q, q + 1))
-    if st.sessions:
+    if st.features.sessions:
         talk = ~aligned & ~shared & (first_token + bs <= c.session_tokens[r])
         true_key = jnp.where(talk, session_slot(st, c, i, r, q), true_key)
     after = cpu_key(st, c, i, r, jnp.maximum(q - 1, 0))
@@ -502,7 +504,7 @@ def holds_true_key(s: SimState, st, c, i, r, m, block):
     """Whether GPU block ``block``, held by request r at position m, has r's true key there
     (m < 0: no block, the true chain's start). A block chaining from one that does not has an
     off-chain hash (``blis_quirks``: a reload replaced the held block's content)."""
-    held = s.tier.key_of_block[i, jnp.clip(block, 0, st.kv_blocks - 1)]
+    held = s.tier.key_of_block[i, jnp.clip(block, 0, st.shapes.kv_blocks - 1)]
     return (m < 0) | (held == cpu_key(st, c, i, r, jnp.maximum(m, 0)))
 
 
@@ -513,7 +515,7 @@ def register_keys(s: SimState, st, c, i, r, j, *, prev_block, block, mask, first
     positions, or chained from a block of other content, gets an off-chain key
     (``content_key``) and no hash slot. Vectors: one entry per request."""
     t = s.tier
-    k_blocks = st.kv_blocks
+    k_blocks = st.shapes.kv_blocks
     prev = jnp.where(j > 0, prev_block, NIL)
     origin = jnp.where(prev >= 0, t.key_of_block[i, jnp.clip(prev, 0, k_blocks - 1)], NIL)
     key = content_key(st, c, i, r, first_token, origin)

@@ -86,7 +86,7 @@ class KVTierState:
     evicted_at: jax.Array  # int64 µs [KEYS + 1]: when a GPU block holding the key was last
     #                        taken for other content, -1 = never (the thrashing anomaly)
     thrash_reloads: jax.Array  # int64 [I]: reloads of a key evicted from the GPU less than
-    #                            ``EngineStatic.kv_thrash_window_us`` before
+    #                            ``EngineStatic.settings.kv_thrash_window_us`` before
     capacity: jax.Array  # int32: this lane's tier size (``PolicyParams.kv_cpu_blocks``)
     pass_mark: jax.Array  # int64 [KEYS + 1]: scratch of ``mirror`` (first and last accesses)
     pass_stamp: jax.Array  # int64: the last mark ``mirror`` used
@@ -96,23 +96,23 @@ class KVTierState:
     off_origin: jax.Array  # int32 [G·T + 1]: the origin key and shift of each off-chain
     #                        generation (``_tag``; ``OFF_UNUSED``: not yet used)
     offchain_overflow: jax.Array  # int32: off-chain keys a lane needed beyond
-    #                               ``EngineStatic.offchain_generations`` (flagged)
+    #                               ``EngineStatic.shapes.offchain_generations`` (flagged)
     hold_overflow: jax.Array  # int32: queued requests left holding blocks with no free
-    #                           ``EngineStatic.kv_hold_slots`` slot (flagged)
+    #                           ``EngineStatic.shapes.kv_hold_slots`` slot (flagged)
 
 
 def init_tier(st, capacity=0, reload_us=0) -> KVTierState:
     """Empty tiers of ``capacity`` blocks whose reloads cost ``reload_us`` each (or one-entry
     placeholders when ``st`` has no CPU tier)."""
     on = st.tiered
-    n_inst = st.num_instances if on else 1
+    n_inst = st.shapes.num_instances if on else 1
     keys = st.cpu_keys if on else 0
     ring = st.cpu_ring if on else 1
     i32, i64 = jnp.int32, jnp.int64
     return KVTierState(
         where=jnp.full(keys + 1, NIL, i32), ring=jnp.full((n_inst, ring), NIL, i32),
         head=jnp.zeros(n_inst, i32), tail=jnp.zeros(n_inst, i32), size=jnp.zeros(n_inst, i32),
-        key_of_block=jnp.full((n_inst, st.kv_blocks if on else 1), NIL, i32),
+        key_of_block=jnp.full((n_inst, st.shapes.kv_blocks if on else 1), NIL, i32),
         pending_us=jnp.zeros(n_inst, i64), reloads=jnp.zeros(n_inst, i64),
         cpu_misses=jnp.zeros(n_inst, i64), mirror_stores=jnp.zeros(n_inst, i64),
         evictions=jnp.zeros(n_inst, i64),
@@ -135,11 +135,12 @@ def key_instance(st, key):
     t = jnp.where(key < true, key, (key - true) % true)
     groups, sessions = st.group_slots, st.session_slots
     own, ext = groups + sessions, st.hash_slots
-    per_group = max(st.num_groups * st.group_blocks_max, 1)
-    per_session = max(st.num_sessions * st.session_blocks_max, 1)
+    per_group = max(st.shapes.num_groups * st.shapes.group_blocks_max, 1)
+    per_session = max(st.shapes.num_sessions * st.shapes.session_blocks_max, 1)
     return jnp.select([t < groups, t < own, t < ext],
-                      [t // per_group, (t - groups) // per_session, (t - own) // st.own_slots],
-                      (t - ext) // st.cpu_ext_slots)
+                      [t // per_group, (t - groups) // per_session,
+                       (t - own) // st.shapes.own_slots],
+                      (t - ext) // st.shapes.cpu_ext_slots)
 
 
 def reset_instance(t: KVTierState, st, i, active) -> KVTierState:
@@ -263,7 +264,7 @@ def holds(t: KVTierState, key):
 def _tag(st, origin, shift):
     """What an off-chain generation records: its origin key (-1: a held block without a hash)
     and its content's shift (0 for a block at a multiple of the block size), as one int32."""
-    return (origin + 1) * st.block_size + shift
+    return (origin + 1) * st.settings.block_size + shift
 
 
 def offchain_key(t: KVTierState, st, origin, true_key, go, shift=0):
@@ -275,7 +276,7 @@ def offchain_key(t: KVTierState, st, origin, true_key, go, shift=0):
     every generation holds another the lane is flagged (``offchain_overflow``) and the last
     generation's key stands in."""
     n_true = st.cpu_true_keys
-    gens = jnp.arange(st.offchain_generations, dtype=jnp.int32)
+    gens = jnp.arange(st.shapes.offchain_generations, dtype=jnp.int32)
     row = t.off_origin[gens * n_true + true_key]
     origin = _tag(st, origin, shift)
     seen, unused = row == origin, row == OFF_UNUSED

@@ -64,8 +64,8 @@ def _reload(s: SimState, st, c, i, r, start_block, keep, go):
     passed over depends only on how many earlier blocks were not: the least solution of that
     recurrence, found by iterating from "only the blocks missing at the start" (each round
     settles at least the first unsettled block; one or two rounds in practice), is the walk."""
-    bs, k_blocks = st.block_size, st.kv_blocks
-    mpb = max(st.max_prompt_blocks, 1)
+    bs, k_blocks = st.settings.block_size, st.shapes.kv_blocks
+    mpb = max(st.shapes.max_prompt_blocks, 1)
     j = jnp.arange(mpb, dtype=jnp.int32)
     slots = hash_slot(st, c, i, r, j)
     in_range = go & (j >= start_block) & (j < c.full_blocks[r])
@@ -96,7 +96,7 @@ def _reload(s: SimState, st, c, i, r, start_block, keep, go):
     reload = x & (j < jnp.min(jnp.where(stops, j, mpb)))
     count = jnp.sum(reload, dtype=jnp.int32)
     now = s.batch.clock[i]
-    window = st.kv_thrash_window_us
+    window = st.settings.kv_thrash_window_us
     evicted_us = s.tier.evicted_at[jnp.where(reload, slots, s.tier.evicted_at.shape[0] - 1)]
     thrash = reload & (((evicted_us >= 0) & (now - evicted_us < window))
                        | ((key_taken_at <= before) & (window > 0)))
@@ -129,7 +129,7 @@ def _reload(s: SimState, st, c, i, r, start_block, keep, go):
 def mirror_widths(st) -> tuple[int, ...]:
     """Vector widths of the mirror pass (``mirror_batch``): 64, then x4 up to every block of
     a full batch."""
-    most = max(st.batch_slots * st.max_blocks_per_request, 1)
+    most = max(st.shapes.batch_slots * st.shapes.max_blocks_per_request, 1)
     widths, w = [], 64
     while w < most:
         widths.append(w)
@@ -146,7 +146,7 @@ def mirror_batch(s: SimState, st, i, slots, valid, active) -> SimState:
     batch order): its request is the one whose run of blocks covers p, so the pass gathers
     only the blocks held, not the batch's whole block tables; blocks without a hash or not
     full are left out of the pass by its mask."""
-    mb, rows = st.max_blocks_per_request, slots.shape[0]
+    mb, rows = st.shapes.max_blocks_per_request, slots.shape[0]
     held = jnp.where(valid, s.batch.blen[i, slots], 0)
     ends = prefix_sum(held)  # blocks of the requests up to each
     total = jnp.where(active, ends[-1], 0)
@@ -157,9 +157,9 @@ def mirror_batch(s: SimState, st, i, slots, valid, active) -> SimState:
                           rows - 1)
         col = p - (ends[row] - held[row])
         blocks = s.batch.bt[i, slots[row], jnp.clip(col, 0, mb - 1)]
-        safe = jnp.clip(blocks, 0, st.kv_blocks - 1)
+        safe = jnp.clip(blocks, 0, st.shapes.kv_blocks - 1)
         keys = s.tier.key_of_block[i, safe]
-        on = (p < total) & (keys >= 0) & (s.kv.kv_tok[i, safe] == st.block_size)
+        on = (p < total) & (keys >= 0) & (s.kv.kv_tok[i, safe] == st.settings.block_size)
         return s.replace(tier=kvtier.mirror(s.tier, i, keys, on, go))
 
     return by_width(mirror_widths(st), lane_max(total), active, program, s)
@@ -169,7 +169,7 @@ def keep_mask(s: SimState, st, i, cached, n_cached, active):
     """bool [K]: the blocks ``cached[:n_cached]`` (where ``active``)."""
     k = jnp.arange(cached.shape[0])
     on = active & (k < n_cached)
-    return jnp.zeros(st.kv_blocks, bool).at[jnp.where(on, cached, st.kv_blocks)].set(
+    return jnp.zeros(st.shapes.kv_blocks, bool).at[jnp.where(on, cached, st.shapes.kv_blocks)].set(
         True, mode="drop")
 
 
@@ -186,7 +186,7 @@ def allocate_uncached(s: SimState, st, c, i, sb, r, *, start, end, active,
     tiered allocation with a CPU tier (it may reload), else the plain one where its pre-check
     passes. Returns ``(state, ok)``."""
     if st.tiered:
-        no_prefix = jnp.full(max(st.max_prompt_blocks, 1), NIL, jnp.int32)
+        no_prefix = jnp.full(max(st.shapes.max_prompt_blocks, 1), NIL, jnp.int32)
         s, got = tiered_allocate(s, st, c, i, sb, r, start=start, end=end, cached=no_prefix,
                                  n_cached=0, active=active,
                                  chunk=chunk)
@@ -209,7 +209,7 @@ def tiered_allocate(s: SimState, st, c, i, sb, r, *, start, end, cached, n_cache
     An allocation that claims reloaded blocks and then fails its pre-check leaves the request
     holding them (BLIS's behaviour): an admission's caller keeps them for the waiting request
     (``batch._settle_held_blocks``)."""
-    bs = st.block_size
+    bs = st.settings.block_size
     n_cached = jnp.asarray(n_cached, jnp.int32)
     blen = s.batch.blen[i, sb]
     owned = blen > 0

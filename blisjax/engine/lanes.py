@@ -61,7 +61,7 @@ def release_queued(s: SimState, st) -> SimState:
     ring_ok = jnp.all((tail - head + per_lane <= kvblocks.ring_size(st))
                       & (tail + per_lane <= kvblocks.KEY_LIMIT))
     total = jnp.sum(per_lane)
-    widths = flat_widths(lanes, queue, st.max_blocks_per_request)
+    widths = flat_widths(lanes, queue, st.shapes.max_blocks_per_request)
     flat = ring_ok & (total > 0) & (total <= widths[-1])  # nothing queued: no pass at all
     for k, w in enumerate(widths):
         fits = flat & (total > (widths[k - 1] if k else -1)) & (total <= w)
@@ -85,8 +85,9 @@ def _flat_release(s: SimState, st, slots, held, width: int) -> SimState:
     held by the queued slots). Same result as running ``kv.release`` for each queued slot in
     queue order, lane by lane."""
     lanes, queue = slots.shape
-    insts, b_slots = st.num_instances, st.slot_count
-    k_blocks, mb, r_size = st.kv_blocks, st.max_blocks_per_request, kvblocks.ring_size(st)
+    insts, b_slots = st.shapes.num_instances, st.slot_count
+    k_blocks, mb = st.shapes.kv_blocks, st.shapes.max_blocks_per_request
+    r_size = kvblocks.ring_size(st)
     n = held.reshape(-1)  # [L·D] blocks of each queued release, lane-major, queue order
     end = prefix_sum(n)
     start = end - n

@@ -1,6 +1,6 @@
 """Latency rows of a program: the GPU types its lanes run (the ``hardware`` knob), the P/D
 pools of their own TP and GPU, and instance variants of their own speed — which rows
-``WorkloadConsts`` holds (``EngineStatic.gpus``, ``instance_rows``, ``instance_kv_blocks``,
+``WorkloadConsts`` holds (``EngineStatic.settings.gpus``, ``instance_rows``, ``instance_kv_blocks``,
 ``variant_speed``) and the checks that a population's lanes read rows the program has.
 
 Counterpart: the reference engine resolves each instance's configuration itself
@@ -39,11 +39,11 @@ def with_variant_speed(st, resolved, workload, names):
     (``variant_speed``); ``st`` itself without names."""
     if not names:
         return st
-    if st.latency is not None:
+    if st.features.latency is not None:
         raise ConfigError("cluster.node_pools", "instances of another GPU's speed with a "
                           "roofline model the program evaluates on the host run in the "
                           "reference engine only (--engine reference)")
-    if st.instance_rows:
+    if st.settings.instance_rows:
         raise ConfigError("cluster.node_pools", "instances of another GPU's speed with P/D "
                           "pools of their own settings (cluster.pd.prefill / decode) run in "
                           "the reference engine only (--engine reference)")
@@ -51,7 +51,7 @@ def with_variant_speed(st, resolved, workload, names):
         st = with_gpus(st, resolved, workload, names)
     except ConfigError as err:
         raise ConfigError("cluster.node_pools", f"{err.path}: {err.problem}") from None
-    return st if st.variant_speed else dataclasses.replace(st, variant_speed=True)
+    return st if st.features.variant_speed else st.replace(variant_speed=True)
 
 
 def pool_configs(resolved) -> tuple:
@@ -93,12 +93,12 @@ def pool_shape(resolved) -> dict:
 
 
 # Latency rows per GPU with P/D pools of their own: the configuration's, the prefill pool's,
-# the decode pool's (``EngineStatic.instance_rows`` values 0, 1, 2).
+# the decode pool's (``EngineStatic.settings.instance_rows`` values 0, 1, 2).
 POOL_ROWS = 3
 
 
 def pool_row_configs(resolved) -> list:
-    """The resolved configuration of each latency row of ``EngineStatic.instance_rows``:
+    """The resolved configuration of each latency row of ``EngineStatic.settings.instance_rows``:
     the configuration's, the prefill pool's, the decode pool's (the configuration's where a
     pool has no settings of its own)."""
     pools = resolved.pools or (None, None)
@@ -127,25 +127,25 @@ def gpu_resolved(resolved, name: str):
 
 def with_gpus(st, resolved, workload, names):
     """``st`` with the latency of GPU types ``names`` per lane (and those it has, and the
-    configuration's): ``EngineStatic.gpus``, and pending slots for every GPU's α delays. ``st``
-    itself when every name is the configuration's GPU and it has no others."""
+    configuration's): ``EngineStatic.settings.gpus``, and pending slots for every GPU's α delays.
+    ``st`` itself when every name is the configuration's GPU and it has no others."""
     base = resolved.config.hardware
     for name in names:
         if name != base:
             load_hardware(name)  # ConfigError naming ``hardware`` for an unknown GPU
-    wanted = sorted(set(st.gpus) | set(names) | {base}, key=hardware_code)
-    if tuple(wanted) == st.gpus or (not st.gpus and wanted == [base]):
+    wanted = sorted(set(st.settings.gpus) | set(names) | {base}, key=hardware_code)
+    if tuple(wanted) == st.settings.gpus or (not st.settings.gpus and wanted == [base]):
         return st
     if len({hardware_code(x) for x in wanted}) != len(wanted):
         raise ConfigError("hardware", f"GPU types {wanted} include two outside the shipped "
                           "table: a lane's GPU type must be a shipped one")
-    if st.latency is not None:
+    if st.features.latency is not None:
         raise ConfigError("hardware", "per-lane GPU types with a roofline model the program "
                           "evaluates on the host (contexts of 2^25 tokens or more) run in the "
                           "reference engine only (--engine reference)")
-    workload = engine_workload(workload, st.conversation_max_model_len, pd=st.pd)
+    workload = engine_workload(workload, st.conversation_max_model_len, pd=st.features.pd)
     by_gpu = [gpu_resolved(resolved, x) for x in wanted]
-    if st.instance_rows:  # the pools' shapes are the program's on every GPU
+    if st.settings.instance_rows:  # the pools' shapes are the program's on every GPU
         shape = pool_shape(resolved)
         for name, other in zip(wanted, by_gpu, strict=True):
             if pool_shape(other) != shape:
@@ -154,8 +154,8 @@ def with_gpus(st, resolved, workload, names):
                                   f"{resolved.config.hardware!r}: lanes of one program need "
                                   "one shape per pool (set the pools' KV size or hardware)")
     pending = max(max_pending(x, workload, pool_configs(x)) for x in by_gpu)
-    return dataclasses.replace(st, gpus=tuple(wanted),
-                               pending_slots=max(st.pending_slots, pending))
+    return st.replace(gpus=tuple(wanted),
+                               pending_slots=max(st.shapes.pending_slots, pending))
 
 
 def for_hardware(st, resolved, workload, params):
@@ -165,7 +165,7 @@ def for_hardware(st, resolved, workload, params):
     codes = {int(x) for x in np.unique(np.asarray(params.gpu))}
     lanes = [names[k] if k < len(names) else resolved.config.hardware for k in sorted(codes)]
     st = with_gpus(st, resolved, workload, lanes)
-    if not st.lifecycle:
+    if not st.features.lifecycle:
         return st
     # instance variants of their own speed (``rules.speed_gpu``) in some lane
     gpu = np.asarray(params.gpu).reshape(-1, 1)
@@ -179,10 +179,10 @@ def check_pool_rows(st, params) -> None:
     """ConfigError unless every lane's split puts each instance in a pool of the settings the
     program holds for it (``instance_rows``: pools of their own are the base
     configuration's)."""
-    rows = np.asarray(st.instance_rows)
+    rows = np.asarray(st.settings.instance_rows)
     role = np.atleast_2d(np.asarray(params.pd.role))[:, :rows.size]
-    prefill = 1 if 1 in st.instance_rows else 0
-    decode = 2 if 2 in st.instance_rows else 0
+    prefill = 1 if 1 in st.settings.instance_rows else 0
+    decode = 2 if 2 in st.settings.instance_rows else 0
     lane_rows = np.where(role == int(PDRole.PREFILL), prefill,
                          np.where(role >= int(PDRole.DECODE), decode, 0))
     if not (np.all(np.asarray(params.pd.pools)) and np.all(lane_rows == rows[None, :])):

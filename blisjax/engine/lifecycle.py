@@ -11,9 +11,9 @@ Every instance slot has a state (``config.codes.InstanceState``); the program's 
 is the slot count (the largest lane's ``max_replicas``). The lane's pending lifecycle events
 are a time per slot (its node provisioned, priority −2, while Scheduling; its model loaded,
 priority −1, while Loading), the next tick (priority 8) and a few actuation slots
-(priority 9, ``EngineStatic.actuation_slots``). Random delays are drawn on the host in
+(priority 9, ``EngineStatic.shapes.actuation_slots``). Random delays are drawn on the host in
 stream order (``LifecycleParams.*_delay_us``): the k-th draw of a stream is the k-th
-entry. Compiled out of programs whose lanes have no lifecycle (``EngineStatic.lifecycle``).
+entry. Compiled out of programs whose lanes have no lifecycle (``EngineStatic.features.lifecycle``).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ class LifecycleState:
 
     Per slot [I]: ``state`` (int8), ``placed_us``, ``node`` (-1 without pools),
     ``cost_per_hour``, ``variant``, ``gpu`` (the ``hardware_code`` of the GPU whose latency
-    its instance runs: its variant's, ``EngineStatic.variant_speed``), ``warm_left``
+    its instance runs: its variant's, ``EngineStatic.features.variant_speed``), ``warm_left``
     (completions left to warm up),
     ``replica_us`` and ``cost`` (held time and its cost, settled at termination),
     ``placements``, ``dropped_at_drain``, ``ready_us``/``ready_seq`` (its pending provisioned
@@ -213,21 +213,21 @@ def lifecycle_params(cfg) -> tuple[dict, dict]:
 def init_lifecycle(st, p) -> LifecycleState:
     """The lane's lifecycle state at time 0: the initial instances placed in the first slots
     (``Lifecycle.__init__``); placeholders without lifecycles."""
-    on = st.lifecycle
-    i = st.num_instances if on else 1
-    nodes = st.num_nodes if on else 1
-    a = st.actuation_slots if on else 1
-    tl = st.timeline_slots if on else 1
+    on = st.features.lifecycle
+    i = st.shapes.num_instances if on else 1
+    nodes = st.shapes.num_nodes if on else 1
+    a = st.shapes.actuation_slots if on else 1
+    tl = st.shapes.timeline_slots if on else 1
     g = st.scaling_groups
     z = lambda n, dt=I64: jnp.zeros(n, dt)  # noqa: E731
     zero = lambda dt=I32: jnp.asarray(0, dt)  # noqa: E731
     node_ready = jnp.full(nodes, -1, I64)
     node_free = z(nodes, I32)
-    pool_nodes = z(max(st.num_pools, 1), I32)
-    if on and st.num_pools:  # the initial nodes are ready at 0
-        first = st.pool_first_node
-        for k in range(st.num_pools):
-            n0 = st.pool_initial_nodes[k]
+    pool_nodes = z(max(st.shapes.num_pools, 1), I32)
+    if on and st.shapes.num_pools:  # the initial nodes are ready at 0
+        first = st.settings.pool_first_node
+        for k in range(st.shapes.num_pools):
+            n0 = st.settings.pool_initial_nodes[k]
             node_ready = node_ready.at[first[k]:first[k] + n0].set(0)
             node_free = node_free.at[first[k]:first[k] + n0].set(p.lifecycle.pool_gpus[k])
             pool_nodes = pool_nodes.at[k].set(n0)
@@ -246,14 +246,16 @@ def init_lifecycle(st, p) -> LifecycleState:
         window_up_us=jnp.full(g, NO_TIMER, I64), window_down_us=jnp.full(g, NO_TIMER, I64),
         last_direction=z(g, I32), last_actuation_us=z(g),
         unrouted=zero(), last_event_us=zero(I64),
-        warm_routed=jnp.zeros(st.num_requests + 1 if on and st.blis_quirks else 1, bool),
+        warm_routed=jnp.zeros(
+            st.shapes.num_requests + 1 if on and st.settings.blis_quirks else 1, bool),
         warm_count=z(i, I32),
         warm_factor=jnp.asarray(p.lifecycle.warm_factor if on else 1.0, F64),
         clock_before=z(i),
-        arrive_us=jnp.full((i, st.pending_slots) if on and st.blis_quirks else (1, 1),
-                           INT64_MAX, I64),
+        arrive_us=jnp.full(
+            (i, st.shapes.pending_slots) if on and st.settings.blis_quirks else (1, 1),
+            INT64_MAX, I64),
         lane_on=jnp.asarray(p.lifecycle.on if on else False),
-        lane_slots=jnp.asarray(p.autoscaler.max if on else st.num_instances, I32),
+        lane_slots=jnp.asarray(p.autoscaler.max if on else st.shapes.num_instances, I32),
         scale_ups=zero(), scale_downs=zero(), added=zero(), drained=zero(),
         oscillations=zero(), refused_no_room=zero(), redirected=zero(),
         rejected_routing=zero(), load_draw=zero(), act_draw=zero(), prov_draw=zero(),
@@ -262,7 +264,7 @@ def init_lifecycle(st, p) -> LifecycleState:
     if not on:
         return life
     go = jnp.asarray(True)
-    for k in range(st.initial_instances):  # in slot order, at time 0
+    for k in range(st.settings.initial_instances):  # in slot order, at time 0
         life, _ = place_instance(life, st, p, k, -1, 0, True, go)
     return life
 
@@ -273,7 +275,7 @@ def init_lifecycle(st, p) -> LifecycleState:
 def set_state(life: LifecycleState, st, k, state, now, go) -> LifecycleState:
     """Slot k enters ``state`` at ``now`` where ``go``; the timeline records it."""
     n = life.tl_count
-    at = jnp.where(go & (n < st.timeline_slots), n, st.timeline_slots)
+    at = jnp.where(go & (n < st.shapes.timeline_slots), n, st.shapes.timeline_slots)
     return life.replace(
         state=upd(life.state, k, jnp.asarray(state, jnp.int8), go),
         tl_us=life.tl_us.at[at].set(now, mode="drop"),
@@ -377,18 +379,18 @@ def _place_on_node(life: LifecycleState, st, p, variant, now, go):
     """A node for one instance, its GPUs taken (``reference.lifecycle.Placement.place``):
     first fit over provisioned nodes in (pool, index) order, else (not with --blis-quirks)
     a new node of the first pool with room to grow. Returns (life, node, ok)."""
-    tp = st.gpus_per_instance
-    pool_of = jnp.asarray(st.node_pool, I32)
+    tp = st.settings.gpus_per_instance
+    pool_of = jnp.asarray(st.settings.node_pool, I32)
     wanted = (variant < 0) | (p.lifecycle.pool_variant == variant)  # [P]
     fits = (life.node_ready_us >= 0) & wanted[pool_of] & (life.node_free >= tp)
     node = jnp.argmax(fits).astype(I32)
     found = jnp.any(fits)
-    if not st.blis_quirks:
+    if not st.settings.blis_quirks:
         grow = wanted & (life.pool_nodes < p.lifecycle.pool_max_nodes) \
             & (p.lifecycle.pool_gpus >= tp)
         pool = jnp.argmax(grow).astype(I32)
         new = go & ~found & jnp.any(grow)
-        fresh = jnp.asarray(st.pool_first_node, I32)[pool] + life.pool_nodes[pool]
+        fresh = jnp.asarray(st.settings.pool_first_node, I32)[pool] + life.pool_nodes[pool]
         delay, cursor, ovf = draw(p.lifecycle.prov_delay_us[pool], life.prov_draw,
                                    p.lifecycle.prov_random[pool], new)
         life = life.replace(
@@ -406,14 +408,14 @@ def place_instance(life: LifecycleState, st, p, k, variant, now, initial: bool, 
     """Place an instance in slot k (``Lifecycle._place``): ready at once (a warm
     initial instance), Scheduling until its node is ready, or Loading. Returns (life, ok).
     The caller resets the slot's instance state when it is reused (``reset_instance``)."""
-    if st.num_pools:
+    if st.shapes.num_pools:
         life, node, ok = _place_on_node(life, st, p, variant, now, go)
-        pool = jnp.asarray(st.node_pool, I32)[node]
+        pool = jnp.asarray(st.settings.node_pool, I32)[node]
         cost = p.lifecycle.pool_cost[pool]
         var = p.lifecycle.pool_variant[pool]
         node_ready = life.node_ready_us[node]
     else:  # BLIS (--blis-quirks) places no scale-up without node pools
-        ok = go if initial or not st.blis_quirks else jnp.asarray(False)
+        ok = go if initial or not st.settings.blis_quirks else jnp.asarray(False)
         node, cost, var, node_ready = NIL, p.lifecycle.cost_per_hour, 0, now
     life = life.replace(placed_us=upd(life.placed_us, k, now, ok),
                         node=upd(life.node, k, node, ok),
@@ -422,7 +424,7 @@ def place_instance(life: LifecycleState, st, p, k, variant, now, initial: bool, 
                         variant=upd(life.variant, k, var, ok),
                         gpu=upd(life.gpu, k, p.lifecycle.variant_gpu[var], ok))
     # BLIS starts initial instances ready without node pools, whatever its lifecycle says
-    warm_start = p.lifecycle.warm_start | (st.blis_quirks and not st.num_pools)
+    warm_start = p.lifecycle.warm_start | (st.settings.blis_quirks and not st.shapes.num_pools)
     warm = ok & warm_start if initial else jnp.asarray(False)
     waits = ok & ~warm & (node_ready > now)
     life = _ready(life, st, p, k, now, warm)
@@ -462,11 +464,11 @@ def routed(life: LifecycleState, st, p, r, target, went, rejected) -> LifecycleS
     routed to each instance are recorded (BLIS multiplies their TTFT after the run)."""
     life = life.replace(unrouted=life.unrouted - (went | rejected).astype(I32),
                         rejected_routing=life.rejected_routing + rejected.astype(I32))
-    if not st.blis_quirks:
+    if not st.settings.blis_quirks:
         return life
     record = went & (life.warm_count[target] < p.lifecycle.warm_requests)
     return life.replace(
-        warm_routed=life.warm_routed.at[jnp.where(record, r, st.num_requests)].set(True),
+        warm_routed=life.warm_routed.at[jnp.where(record, r, st.shapes.num_requests)].set(True),
         warm_count=add(life.warm_count, target, 1, record))
 
 
@@ -499,16 +501,16 @@ def ready_event(life: LifecycleState, st, p, now, go) -> LifecycleState:
 
 def instance_consts(s: SimState, st, c, i):
     """The constants instance i reads: with variants of their own speed
-    (``EngineStatic.variant_speed``) the latency rows of its GPU (``LifecycleState.gpu``,
+    (``EngineStatic.features.variant_speed``) the latency rows of its GPU (``LifecycleState.gpu``,
     ``consts.queue_delay`` & co. read ``c.gpu``); ``c`` itself otherwise."""
-    return c.replace(gpu=s.life.gpu[i]) if st.variant_speed else c
+    return c.replace(gpu=s.life.gpu[i]) if st.features.variant_speed else c
 
 
 def warm_factor(s: SimState, st, p, i, completions=0):
     """The factor instance i's steps take longer by: ``warm_up_factor`` while it warms up
     (still warming after ``completions`` more), else 1 (``Instance.step_factor``); BLIS's
     warm-up (--blis-quirks) changes no step. None where the program has no lifecycles."""
-    if not st.lifecycle or st.blis_quirks:
+    if not st.features.lifecycle or st.settings.blis_quirks:
         return None
     life = s.life
     left = life.warm_left[i] - jnp.minimum(completions, life.warm_left[i])
@@ -537,9 +539,9 @@ def free_slot(life: LifecycleState, st, p, *, member=None):
     new instance may take — not holding one (with --blis-quirks never used), within the
     lane's ``max_replicas``."""
     free = life.state == UNUSED
-    if not st.blis_quirks:
+    if not st.settings.blis_quirks:
         free = free | (life.state == TERMINATED)
-    free = free & (jnp.arange(st.num_instances) < p.autoscaler.max)
+    free = free & (jnp.arange(st.shapes.num_instances) < p.autoscaler.max)
     if member is not None:
         free = free & member
     return jnp.argmax(free).astype(I32), jnp.any(free)
@@ -554,11 +556,12 @@ def drain_victim(life: LifecycleState, st, variant, *, member=None):
     cand = (life.state == ACTIVE) & ((variant < 0) | (life.variant == variant))
     if member is not None:
         cand = cand & member
-    slot = jnp.arange(st.num_instances)
-    if st.blis_quirks:
-        initial = jnp.asarray(st.initial_name_rank + (0,) * (st.num_instances
-                                                             - st.initial_instances), I64)
-        key = jnp.where(slot >= st.initial_instances, slot, st.num_instances + initial)
+    slot = jnp.arange(st.shapes.num_instances)
+    if st.settings.blis_quirks:
+        initial = jnp.asarray(st.settings.initial_name_rank + (0,) * (st.shapes.num_instances
+                                                             - st.settings.initial_instances), I64)
+        key = jnp.where(slot >= st.settings.initial_instances, slot,
+                        st.shapes.num_instances + initial)
         return jnp.argmin(jnp.where(cand, key, INT64_MAX)).astype(I32), jnp.any(cand)
     first = jnp.min(jnp.where(cand, life.placed_us, INT64_MAX))
     return jnp.argmax(cand & (life.placed_us == first)).astype(I32), jnp.any(cand)
@@ -574,7 +577,7 @@ def terminate(life: LifecycleState, st, k, now, go) -> LifecycleState:
     return life.replace(
         replica_us=add(life.replica_us, k, held, go),
         cost=add(life.cost, k, cost, go),
-        node_free=add(life.node_free, jnp.maximum(node, 0), st.gpus_per_instance,
+        node_free=add(life.node_free, jnp.maximum(node, 0), st.settings.gpus_per_instance,
                       go & (node >= 0)))
 
 
@@ -599,7 +602,7 @@ def released(s: SimState, st, d, now, go) -> SimState:
     """Where ``go``: a request bound for instance d went elsewhere (P/D: its prefill failed
     or was rejected, its KV reservation failed); a draining instance that now holds nothing
     terminates (``Lifecycle.released``)."""
-    if not (st.lifecycle and st.pd):
+    if not (st.features.lifecycle and st.features.pd):
         return s
     d = jnp.maximum(d, 0)
     idle = go & (s.life.state[d] == DRAINING) & holds_nothing(s, st, d)
@@ -610,10 +613,10 @@ def holds_nothing(s: SimState, st, i):
     """A draining instance i may terminate (``Lifecycle._holds_nothing``): by default nothing
     in flight on it and (P/D) nothing bound for it; with --blis-quirks its queue and batch
     are empty."""
-    if st.blis_quirks:
+    if st.settings.blis_quirks:
         return (s.queue.length[i] == 0) & (s.batch.n_run[i] == 0)
     empty = s.router.in_flight[i] == 0
-    return empty & (s.pd.headed[i] == 0) if st.pd else empty
+    return empty & (s.pd.headed[i] == 0) if st.features.pd else empty
 
 
 def after_instance_event(s: SimState, st, i, completions, now, go) -> SimState:

@@ -83,7 +83,7 @@ class RoutingParams:
     router_rng[607]: int64 words of BLIS's "router" stream as seeded from the configuration's
     seed (``blisjax.gorand``), the state ties draw from. program: the routing program
     (``policy.routing.policy: program``; each site's program is read only by programs that
-    compile the site's interpreter in, ``EngineStatic.program_sites``): a
+    compile the site's interpreter in, ``EngineStatic.features.program_sites``): a
     ``blisjax.program.Bytecode`` of ``MAX_PROGRAM_LENGTH`` instructions, its parameters bound
     (a site without a program holds one unused instruction); program_lru: the routing program
     reads no-hit-lru's scorer, so its cold requests' targets are recorded
@@ -103,8 +103,8 @@ class RoutingParams:
 @pytree_dataclass
 class AutoscalerParams:
     """``policy.autoscaler`` of one lane (read only by programs with lifecycles,
-    ``EngineStatic.lifecycle``; docs/autoscaling.md): policy (``AutoscalerPolicy`` code), the
-    tick interval, replica bounds and steps, cooldown, drain (``DrainPolicy`` code), the
+    ``EngineStatic.features.lifecycle``; docs/autoscaling.md): policy (``AutoscalerPolicy`` code),
+    the tick interval, replica bounds and steps, cooldown, drain (``DrainPolicy`` code), the
     utilization, queue-depth, KV and saturation thresholds, the windows in µs, and the
     actuation delays drawn in stream order (``DELAY_DRAWS`` of them) —
     ``engine.lifecycle.lifecycle_params``."""
@@ -160,7 +160,7 @@ class LifecycleParams:
 
 @pytree_dataclass
 class PDParams:
-    """``cluster.pd`` of one lane (read only by programs with pools, ``EngineStatic.pd``).
+    """``cluster.pd`` of one lane (read only by programs with pools, ``EngineStatic.features.pd``).
 
     pools: the lane has pools (else it serves co-located: every instance shared, decider
     never, and its results have no P/D counters, as the reference's); role[I] ``PDRole`` code
@@ -188,10 +188,11 @@ class PDParams:
 @pytree_dataclass
 class GatewayParams:
     """``cluster.gateway`` of one lane (read only by programs with flow control,
-    ``EngineStatic.gateway``): on — the lane has flow control; detector ``SaturationDetector``
-    code, its thresholds qd_threshold, kv_threshold (float64) and max_conc; by_band dispatches
-    by SLO-class band (``priority`` order, or fifo under ``compat.blis_quirks``: BLIS's gated
-    dispatch); max_depth (0: unlimited); tick_us the dispatch tick period."""
+    ``EngineStatic.features.gateway``): on — the lane has flow control; detector
+    ``SaturationDetector`` code, its thresholds qd_threshold, kv_threshold (float64) and
+    max_conc; by_band dispatches by SLO-class band (``priority`` order, or fifo under
+    ``compat.blis_quirks``: BLIS's gated dispatch); max_depth (0: unlimited); tick_us the
+    dispatch tick period."""
 
     on: jax.Array
     detector: jax.Array
@@ -212,12 +213,13 @@ class PolicyParams:
     scheduler: ``SchedulerPolicy`` code; preemption: ``PreemptionPolicy`` code.
     active_instances: the instances the lane's cluster has (``cluster.num_instances``), the
       program's first ones; the router never picks the others. Read only by programs built
-      with ``sized_lanes`` (``EngineStatic.sized_lanes``), which need no lifecycle or pools.
+      with ``sized_lanes`` (``EngineStatic.features.sized_lanes``), which need no lifecycle or
+      pools.
     gpu: the lane's GPU type (``hardware``), ``blisjax.config.hardware.hardware_code``: the row
       of the latency tables it reads (only programs with per-lane GPU types,
-      ``EngineStatic.gpus``, read it).
+      ``EngineStatic.settings.gpus``, read it).
     kv_cpu_blocks: the CPU tier's size in blocks per instance (0: none; at most the
-      program's ``EngineStatic.cpu_tier_blocks``); kv_reload_us: int64 µs one reloaded block
+      program's ``EngineStatic.shapes.cpu_tier_blocks``); kv_reload_us: int64 µs one reloaded block
       adds to its step (``blisjax.rules.reload_cost_us``).
     """
 

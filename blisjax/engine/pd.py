@@ -51,7 +51,7 @@ from blisjax.limits import INT64_MAX
 @pytree_dataclass
 class PDState:
     """One lane's P/D state (``SimState.pd``; one-entry placeholders without pools). Shapes:
-    N requests (+1, the sink), X transfer slots (``EngineStatic.pd_transfer_slots``)."""
+    N requests (+1, the sink), X transfer slots (``EngineStatic.shapes.pd_transfer_slots``)."""
 
     phase: jax.Array  # int8 [N + 1]: the request's progress (``state.WHOLE`` .. ``DROPPED_AT_DECODE``)
     prefill_instance: jax.Array  # int32 [N + 1]: its prefill sub-request's instance, -1
@@ -82,9 +82,9 @@ class PDState:
     lru_own: jax.Array  # int64 [2, I]
     cold_stamp: jax.Array  # int64 [2, I]
     cold_clock: jax.Array  # int64 [2]
-    lru_spos: jax.Array  # int64 [2, I, S, Js] (``EngineStatic.session_prefix_index``; else
+    lru_spos: jax.Array  # int64 [2, I, S, Js] (``EngineStatic.features.session_prefix_index``; else
     lru_sown_at: jax.Array  # int64 [2, 1, 1, 1]): the conversations' blocks in the index
-    # with ``EngineStatic.pd_own_index`` (else one entry): where a disaggregated request's
+    # with ``EngineStatic.features.pd_own_index`` (else one entry): where a disaggregated request's
     # decode routing put its own prompt blocks in the lane router's index on its decode
     # instance (``policies.OwnEntries``), -1 = not indexed
     own_clock: jax.Array  # int64 [N + 1]: that instance's ``lru_clock`` before the routing
@@ -101,19 +101,19 @@ def init_pd(st, pd_rng=None, pd_role=None, pd_pools=False) -> PDState:
     """No transfer, nothing disaggregated; ``pd_rng``: the pools' seeded streams [2, 607];
     ``pd_role``, ``pd_pools``: the instances' roles [I] and whether the lane has pools
     (``PolicyParams``)."""
-    on = st.pd
-    n = st.num_requests + 1 if on else 1
-    x = st.pd_transfer_slots if on else 1
+    on = st.features.pd
+    n = st.shapes.num_requests + 1 if on else 1
+    x = st.shapes.pd_transfer_slots if on else 1
     i32, i64 = jnp.int32, jnp.int64
-    inst = st.num_instances if on else 1
-    groups = (inst, st.num_groups, st.group_blocks_max) if on else (1, 1, 1)
-    sessions = (inst, st.num_sessions, st.session_blocks_max) \
-        if on and st.session_prefix_index else (1, 1, 1)
+    inst = st.shapes.num_instances if on else 1
+    groups = (inst, st.shapes.num_groups, st.shapes.group_blocks_max) if on else (1, 1, 1)
+    sessions = (inst, st.shapes.num_sessions, st.shapes.session_blocks_max) \
+        if on and st.features.session_prefix_index else (1, 1, 1)
     words = jnp.zeros((2, STATE_WORDS), i64) if pd_rng is None else jnp.asarray(pd_rng, i64)
     return PDState(
         phase=jnp.zeros(n, jnp.int8), prefill_instance=jnp.full(n, NIL, i32),
         transfer_start_us=jnp.full(n, -1, i64), transfer_end_us=jnp.full(n, -1, i64),
-        pf_next=jnp.asarray(st.num_requests, i32),
+        pf_next=jnp.asarray(st.shapes.num_requests, i32),
         x_req=jnp.full(x, NIL, i32), x_time=jnp.zeros(x, i64), x_done=jnp.zeros(x, bool),
         x_seq=jnp.zeros(x, i64), x_clock=jnp.asarray(0, i64),
         active=jnp.asarray(0, i32), peak=jnp.asarray(0, i32), depth_sum=jnp.asarray(0, i64),
@@ -125,10 +125,10 @@ def init_pd(st, pd_rng=None, pd_role=None, pd_pools=False) -> PDState:
         lru_clock=jnp.zeros((2, inst), i64), lru_own=jnp.zeros((2, inst), i64),
         cold_stamp=jnp.full((2, inst), -1, i64), cold_clock=jnp.zeros(2, i64),
         lru_spos=jnp.full((2, *sessions), -1, i64), lru_sown_at=jnp.zeros((2, *sessions), i64),
-        own_clock=jnp.full(n if st.pd_own_index else 1, -1, i64),
-        own_base=jnp.full(n if st.pd_own_index else 1, -1, i64),
+        own_clock=jnp.full(n if st.features.pd_own_index else 1, -1, i64),
+        own_base=jnp.full(n if st.features.pd_own_index else 1, -1, i64),
         pools=jnp.asarray(pd_pools, bool),
-        role=(jnp.full(st.num_instances, PDRole.SHARED, jnp.int8) if pd_role is None
+        role=(jnp.full(st.shapes.num_instances, PDRole.SHARED, jnp.int8) if pd_role is None
               else jnp.asarray(pd_role).astype(jnp.int8)),
         headed=jnp.zeros(inst, i32),
         ovf_transfers=jnp.asarray(0, i32), ovf_reserve=jnp.asarray(0, i32))
@@ -162,7 +162,7 @@ def reserve_overflowed(q: PDState, mask) -> PDState:
 def _headed(q: PDState, st, decode, change, mask) -> PDState:
     """``headed`` of instance ``decode`` changed by ``change`` where ``mask`` (kept only with
     instance lifecycles, where a draining instance waits for the requests bound for it)."""
-    if not st.lifecycle:
+    if not st.features.lifecycle:
         return q
     return q.replace(headed=add(q.headed, jnp.maximum(decode, 0), change, mask))
 
@@ -170,9 +170,9 @@ def _headed(q: PDState, st, decode, change, mask) -> PDState:
 def prefill_failed(s: SimState, st, row, mask) -> SimState:
     """Where ``mask``: ``row`` left its instance without completing (timed out, dropped); a
     prefill sub-request's parent is then no longer bound for its decode instance."""
-    if not (st.pd and st.lifecycle):
+    if not (st.features.pd and st.features.lifecycle):
         return s
-    pre = mask & (row > st.num_requests)
+    pre = mask & (row > st.shapes.num_requests)
     return s.replace(pd=_headed(s.pd, st, s.instance[parent_row(st, row)], -1, pre))
 
 
@@ -200,9 +200,9 @@ def _exchange(s: SimState, st, pool: int, own) -> SimState:
         mine[name] = jnp.where(on, kept[pool], lane)
         pools[counter or name] = kept.at[pool].set(jnp.where(on, lane, kept[pool]))
 
-    for name in _ROUTER_FIELDS + (_SESSION_FIELDS if st.session_prefix_index else ()):
+    for name in _ROUTER_FIELDS + (_SESSION_FIELDS if st.features.session_prefix_index else ()):
         swap(name, own)
-    swap("rr", not st.blis_quirks)
+    swap("rr", not st.settings.blis_quirks)
     return s.replace(router=s.router.replace(**mine), pd=q.replace(**pools))
 
 
@@ -242,14 +242,14 @@ def _own_indexed(s: SimState, st, p, r, decode, before, active) -> SimState:
     same_router = ~p.pd.pool_own[POOL_DECODE] & ~p.pd.pool_own[POOL_PREFILL]
     indexed = active & same_router & (s.router.lru_clock[decode] != clock[decode])
     q = s.pd
-    row = jnp.where(indexed, r, st.num_requests)
+    row = jnp.where(indexed, r, st.shapes.num_requests)
     return s.replace(pd=q.replace(own_clock=q.own_clock.at[row].set(clock[decode]),
                                   own_base=q.own_base.at[row].set(own[decode])))
 
 
 def own_entries(s: SimState, r):
     """r's own prompt blocks as its decode routing indexed them (``_own_indexed``), for its
-    prefill routing (``EngineStatic.pd_own_index``)."""
+    prefill routing (``EngineStatic.features.pd_own_index``)."""
     q = s.pd
     return policies.OwnEntries(instance=s.instance[r], clock=q.own_clock[r],
                                base=q.own_base[r], on=q.own_base[r] >= 0)
@@ -263,16 +263,17 @@ def route_request(s: SimState, st, c, p, r, now, active, *, routable=None):
     decode instance. Returns ``(state, decode instance, whole)``."""
     before = (s.router.lru_clock, s.router.lru_own)
     s, decode = route_pool(s, st, c, p, r, now, POOL_DECODE, active, routable=routable)
-    if st.pd_own_index:
+    if st.features.pd_own_index:
         s = _own_indexed(s, st, p, r, decode, before, active)
     cached = policies.cache_query(s, st, c, r)[decode]
-    split = active & disaggregates(p, c, r, cached, st.block_size)
+    split = active & disaggregates(p, c, r, cached, st.settings.block_size)
     q = s.pd
-    r_or_sink = jnp.where(split, r, st.num_requests)
+    r_or_sink = jnp.where(split, r, st.shapes.num_requests)
     s = s.replace(
         status=s.status.at[r_or_sink].set(ROUTED), instance=s.instance.at[r_or_sink].set(decode),
         pd=q.replace(phase=q.phase.at[r_or_sink].set(PREFILL_ROUTING),
-                     pf_next=jnp.where(split & (q.pf_next == st.num_requests), s.cursors.route,
+                     pf_next=jnp.where(split & (q.pf_next == st.shapes.num_requests),
+                                       s.cursors.route,
                                        q.pf_next)))
     s = s.replace(pd=_headed(s.pd, st, decode, 1, split))
     return s, decode, active & ~split
@@ -281,7 +282,7 @@ def route_request(s: SimState, st, c, p, r, now, active, *, routable=None):
 def prefill_routing_us(s: SimState, st, c):
     """Time of the next prefill routing (INT64_MAX: none): its request's routing time."""
     k = s.pd.pf_next
-    return jnp.where(k < st.num_requests, routings.routing_us(s, st, c, k), INT64_MAX)
+    return jnp.where(k < st.shapes.num_requests, routings.routing_us(s, st, c, k), INT64_MAX)
 
 
 def prefill_routed(s: SimState, st, r, target, active, *, rejected=False) -> SimState:
@@ -291,8 +292,8 @@ def prefill_routed(s: SimState, st, r, target, active, *, rejected=False) -> Sim
     prefill routing is the first one after r's in routing order (all of them were routed at
     this time)."""
     q = s.pd
-    r_or_sink = jnp.where(active & ~rejected, r, st.num_requests)
-    r_rejected = jnp.where(rejected, r, st.num_requests)
+    r_or_sink = jnp.where(active & ~rejected, r, st.shapes.num_requests)
+    r_rejected = jnp.where(rejected, r, st.shapes.num_requests)
     q = _headed(q.replace(phase=q.phase.at[r_rejected].set(WHOLE)), st, s.instance[r], -1,
                 rejected)
 
@@ -306,7 +307,7 @@ def prefill_routed(s: SimState, st, r, target, active, *, rejected=False) -> Sim
     return s.replace(pd=q.replace(
         phase=q.phase.at[r_or_sink].set(PREFILL),
         prefill_instance=q.prefill_instance.at[r_or_sink].set(target),
-        pf_next=jnp.where(active, jnp.where(after < s.cursors.route, after, st.num_requests),
+        pf_next=jnp.where(active, jnp.where(after < s.cursors.route, after, st.shapes.num_requests),
                           q.pf_next)))
 
 
@@ -337,7 +338,7 @@ def push_transfer_starts(s: SimState, st, c, reqs, finished, now, left) -> SimSt
     or with ``blis_quirks`` at ``now`` (Decision 12), pushed in the order of their id text
     (``WorkloadConsts.pd_rank``)."""
     q = s.pd
-    n = st.num_requests
+    n = st.shapes.num_requests
     done = finished & (reqs > n)
     r = parent_row(st, reqs)
     count = jnp.sum(done, dtype=jnp.int32)
@@ -349,7 +350,7 @@ def push_transfer_starts(s: SimState, st, c, reqs, finished, now, left) -> SimSt
     k = jnp.cumsum(done) - 1
     fits = done & (k < jnp.sum(free))
     slot = jnp.where(fits, slot_of[jnp.clip(k, 0, x - 1)], x)
-    start = now if st.blis_quirks else left
+    start = now if st.settings.blis_quirks else left
     seq = q.x_clock * (n + 1) + c.pd_rank[jnp.where(done, r, n)].astype(jnp.int64)
     r_or_sink = jnp.where(done, r, n)
     return s.replace(pd=q.replace(
@@ -368,7 +369,7 @@ def transfer_started(s: SimState, st, c, p, k, r, now, reserved, active) -> SimS
     start time; a failed reservation drops the request, a successful one schedules the
     transfer's end (its bandwidth shared by the transfers in flight under contention)."""
     q = s.pd
-    n = st.num_requests
+    n = st.shapes.num_requests
     go = active & reserved
     failed = active & ~reserved
     contention = go & p.pd.contention
@@ -391,7 +392,7 @@ def transfer_started(s: SimState, st, c, p, k, r, now, reserved, active) -> SimS
 def transfer_ended(s: SimState, st, p, k, r, now, active) -> SimState:
     """The bookkeeping of a transfer's end in slot k (``_end_transfer``)."""
     q = s.pd
-    r_or_sink = jnp.where(active, r, st.num_requests)
+    r_or_sink = jnp.where(active, r, st.shapes.num_requests)
     q = _headed(q, st, s.instance[jnp.maximum(r, 0)], -1, active)
     return s.replace(pd=q.replace(
         x_req=upd(q.x_req, k, NIL, active),

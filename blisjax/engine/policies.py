@@ -68,8 +68,8 @@ class RouterState:
     lru_own_at: jax.Array  # int64 [I, G, Jg]: own entries inserted before that touch
     lru_clock: jax.Array  # int64 [I]: next touch position
     lru_own: jax.Array  # int64 [I]: own (not prefix-group) entries inserted so far
-    # the blocks closed-loop sessions share (``EngineStatic.session_prefix_index``; else one
-    # unused entry per instance): as ``lru_pos`` / ``lru_own_at`` per (session, block)
+    # the blocks closed-loop sessions share (``EngineStatic.features.session_prefix_index``; else
+    # one unused entry per instance): as ``lru_pos`` / ``lru_own_at`` per (session, block)
     lru_spos: jax.Array  # int64 [I, S, Js]
     lru_sown_at: jax.Array  # int64 [I, S, Js]
 
@@ -77,8 +77,9 @@ class RouterState:
 def init_router(st, router_rng=None) -> RouterState:
     """Nothing in flight, empty snapshots and index; ``router_rng``: the seeded words of the
     "router" stream (``PolicyParams.routing.router_rng``; zeros if not given)."""
-    i, g, jg = st.num_instances, st.num_groups, st.group_blocks_max
-    sessions = (st.num_sessions, st.session_blocks_max) if st.session_prefix_index else (1, 1)
+    i, g, jg = st.shapes.num_instances, st.shapes.num_groups, st.shapes.group_blocks_max
+    sessions = (st.shapes.num_sessions,
+                st.shapes.session_blocks_max) if st.features.session_prefix_index else (1, 1)
     i32, i64 = jnp.int32, jnp.int64
     return RouterState(
         in_flight=jnp.zeros(i, i32), rr=jnp.asarray(0, i32), snap_qd=jnp.zeros(i, i32),
@@ -124,7 +125,7 @@ class AdmissionState:
 def init_admission(st, bucket, tenant_capacity=None) -> AdmissionState:
     """The bucket at ``bucket`` (full), each tenant's at ``tenant_capacity`` [T] (full;
     zeros if not given)."""
-    t = st.num_tenants
+    t = st.shapes.num_tenants
     return AdmissionState(
         bucket=jnp.asarray(bucket, jnp.float64), bucket_last=jnp.asarray(0, jnp.int64),
         tenant_bucket=(jnp.zeros(t, jnp.float64) if tenant_capacity is None
@@ -212,7 +213,7 @@ def _below_load_limits(s: SimState, p, members):
 
 def _admission_program(s: SimState, st, c, p, r, now, members):
     """The admission program's verdict (False where the site is not compiled in)."""
-    if "admission" not in st.program_sites:
+    if "admission" not in st.features.program_sites:
         return jnp.asarray(False)
     values = {**program.request_values(s, st, c, r, now),
               **program.cluster_values(s, st, c, members, now)}
@@ -245,7 +246,7 @@ def priority_score(s: SimState, st, p, c, r, now):
 def _priority_program(s: SimState, st, p, c, r, now, like):
     """The priority program's value for request(s) r (zeros where the site is not compiled
     in); ``like``: an array of r's shape."""
-    if "priority" not in st.program_sites:
+    if "priority" not in st.features.program_sites:
         return jnp.zeros_like(like)
     r = jnp.atleast_1d(r)
     values = program.run(p.priority.program, program.rows(r.shape[0], program.request_values(
@@ -278,7 +279,7 @@ def head_offset(s: SimState, st, c, p, i, now, active):
                         c.input_tokens[reqs].astype(F64))
         arrival = sessions.arrival_us(s, st, c, reqs)
         # the reference's index: a P/D sub-request carries its parent's
-        index = parent_row(st, reqs) if st.pd else reqs
+        index = parent_row(st, reqs) if st.features.pd else reqs
         key_min = jnp.min(jnp.where(valid, key, inf))
         cand = valid & (key == key_min)
         arrival_min = jnp.min(jnp.where(cand, arrival, imax))
@@ -316,7 +317,7 @@ def prefix_match(s: SimState, st, c, r, *, own: OwnEntries | None = None):
 
     A request's prompt blocks are, in order, its prefix group's (``j < group_blocks``), with
     closed-loop sessions its session's (``j < session_blocks``: every round of the
-    conversation has them, ``EngineStatic.session_prefix_index``), and its own. The shared
+    conversation has them, ``EngineStatic.features.session_prefix_index``), and its own. The shared
     ones can match; its own ones only where an earlier routing of r indexed them (``own``:
     P/D's prefill routing after its decode routing), as they are indexed after r is routed.
     An entry is present iff fewer than ``capacity`` distinct entries were touched after it
@@ -326,7 +327,7 @@ def prefix_match(s: SimState, st, c, r, *, own: OwnEntries | None = None):
     """
     pos, own_at, shared = _index_rows(s, st, c, r)  # [I, J], [J]
     newer = (s.router.lru_own[:, None] - own_at) + _touched_after(s.router, st, pos)
-    present = shared & (pos >= 0) & (newer < st.prefix_index_capacity)
+    present = shared & (pos >= 0) & (newer < st.shapes.prefix_index_capacity)
     matched = leading_count(present, axis=1)
     if own is None:
         return matched
@@ -337,7 +338,7 @@ def prefix_match(s: SimState, st, c, r, *, own: OwnEntries | None = None):
     newer_own = (s.router.lru_own[d] - own.base - 1) \
         + _touched_after(s.router, st, jnp.reshape(oldest, (1, 1)), d)[0, 0]
     kept = own.on & (n_own > 0) & (matched[d] >= n_shared) \
-        & (newer_own < st.prefix_index_capacity)
+        & (newer_own < st.shapes.prefix_index_capacity)
     return matched.at[d].add(jnp.where(kept, n_own, 0).astype(matched.dtype))
 
 
@@ -346,11 +347,11 @@ def _touched_after(router, st, pos, instance=None):
     (with ``session_prefix_index``, conversations' entries too); with ``instance``, ``pos``
     [1, J] on that instance alone."""
     def rows(x):  # [I or 1, entries]
-        return x.reshape(st.num_instances, -1) if instance is None \
+        return x.reshape(st.shapes.num_instances, -1) if instance is None \
             else x[instance].reshape(1, -1)
 
     count = jnp.sum(rows(router.lru_pos)[:, None, :] > pos[:, :, None], axis=-1)
-    if st.session_prefix_index:
+    if st.features.session_prefix_index:
         count = count + jnp.sum(rows(router.lru_spos)[:, None, :] > pos[:, :, None], axis=-1)
     return count
 
@@ -359,7 +360,7 @@ def _shared_blocks(st, c, r):
     """r's leading prompt blocks the index keeps per prefix group (and, with
     ``session_prefix_index``, per conversation); the rest of its full blocks are its own."""
     shared = jnp.minimum(c.group_blocks[r], c.full_blocks[r])
-    if st.session_prefix_index:
+    if st.features.session_prefix_index:
         shared = jnp.where(c.session[r] >= 0,
                            jnp.maximum(shared, jnp.minimum(c.session_blocks[r],
                                                            c.full_blocks[r])), shared)
@@ -373,16 +374,16 @@ def _index_rows(s: SimState, st, c, r):
     which blocks are shared (bool [J])."""
     g = jnp.maximum(c.group[r], 0)
     gb = c.group_blocks[r]
-    jg = st.group_blocks_max
+    jg = st.shapes.group_blocks_max
     pos, own_at = s.router.lru_pos[:, g, :], s.router.lru_own_at[:, g, :]  # [I, Jg]
-    if not st.session_prefix_index:
+    if not st.features.session_prefix_index:
         return pos, own_at, jnp.arange(jg) < gb
-    width = max(jg, st.session_blocks_max)
+    width = max(jg, st.shapes.session_blocks_max)
     j = jnp.arange(width)
     pad = ((0, 0), (0, width - jg))
     pos, own_at = jnp.pad(pos, pad, constant_values=-1), jnp.pad(own_at, pad)
     sid = jnp.maximum(c.session[r], 0)
-    spad = ((0, 0), (0, width - st.session_blocks_max))
+    spad = ((0, 0), (0, width - st.shapes.session_blocks_max))
     spos = jnp.pad(s.router.lru_spos[:, sid, :], spad, constant_values=-1)
     sown = jnp.pad(s.router.lru_sown_at[:, sid, :], spad)
     in_session = (j >= gb) & (c.session[r] >= 0) & (j < c.session_blocks[r])
@@ -410,16 +411,16 @@ def prefix_touch(s: SimState, st, c, r, target, active, *,
                                                    at))
 
         router = router.replace(lru_own_at=moved(router.lru_own_at))
-        if st.session_prefix_index:
+        if st.features.session_prefix_index:
             router = router.replace(lru_sown_at=moved(router.lru_sown_at))
     g = jnp.maximum(c.group[r], 0)
-    j = jnp.arange(st.group_blocks_max)
+    j = jnp.arange(st.shapes.group_blocks_max)
     mine = active & (j < c.group_blocks[r])
     row = jnp.where(mine, router.lru_clock[target] + j, router.lru_pos[target, g])
     row_own = jnp.where(mine, router.lru_own[target], router.lru_own_at[target, g])
     full = c.full_blocks[r].astype(jnp.int64)
-    if st.session_prefix_index:
-        js = jnp.arange(st.session_blocks_max)
+    if st.features.session_prefix_index:
+        js = jnp.arange(st.shapes.session_blocks_max)
         sid = jnp.maximum(c.session[r], 0)
         ours = active & (c.session[r] >= 0) & (js >= c.group_blocks[r]) \
             & (js < c.session_blocks[r]) & (js < c.full_blocks[r])
@@ -439,7 +440,7 @@ class RouterView(NamedTuple):
 
     load: jax.Array  # int32: queue depth + batch size + in flight (snapshots; in flight live)
     cached: jax.Array  # int32: cached leading prompt blocks of the request (cache query; zeros
-    #                    when no lane's scorers read it, ``EngineStatic.cache_scorers``)
+    #                    when no lane's scorers read it, ``EngineStatic.features.cache_scorers``)
     cold: jax.Array  # bool (scalar): no instance caches any of the request's prompt
 
 
@@ -468,13 +469,13 @@ def _cold_ramp(s: SimState, st, among=None):
     """no-hit-lru's scores for a cold request (``Router.scorer``): among the candidates
     (``among``; None: every instance), those that never took a cold request first (instance
     order), then the least recently given one; rank k of n scores 1 − k/(n − 1)."""
-    if st.num_instances == 1:
+    if st.shapes.num_instances == 1:
         return jnp.ones(1, F64)
-    idx = jnp.arange(st.num_instances)
+    idx = jnp.arange(st.shapes.num_instances)
     stamp = s.router.cold_stamp
     never = stamp < 0
-    cand = jnp.ones(st.num_instances, bool) if among is None else among
-    n = st.num_instances if among is None else jnp.sum(among)
+    cand = jnp.ones(st.shapes.num_instances, bool) if among is None else among
+    n = st.shapes.num_instances if among is None else jnp.sum(among)
     never_before = jnp.sum((cand & never)[None, :] & (idx[None, :] < idx[:, None]), axis=1)
     used_before = jnp.sum((cand & ~never)[None, :] & (stamp[None, :] < stamp[:, None]), axis=1)
     rank = jnp.where(never, never_before, jnp.sum(cand & never) + used_before)
@@ -485,7 +486,7 @@ def _cold_ramp(s: SimState, st, among=None):
 class OwnEntries(NamedTuple):
     """A request's own prompt blocks that an earlier routing of it put in the router's index
     (P/D: its decode routing, when both pools route with the lane's router,
-    ``EngineStatic.pd_own_index``): on ``instance``, as the newest entries after that
+    ``EngineStatic.features.pd_own_index``): on ``instance``, as the newest entries after that
     routing's shared blocks. Its prefill routing can match them there, and touching them
     again there moves them rather than adding entries (``prefix_match``, ``prefix_touch``)."""
 
@@ -529,8 +530,8 @@ def scorer_values(s: SimState, st, c, r, view: RouterView, among, *, own=None):
     most = _max(in_flight, among)
     active_requests = jnp.where((in_flight == 0) | (most == 0), 1.0, ieee_divide(
         (most - in_flight).astype(F64), jnp.maximum(most, 1).astype(F64)))
-    no_hit = jnp.where(view.cold, _cold_ramp(s, st, among), 0.5) if st.cache_scorers \
-        else jnp.full(st.num_instances, 0.5, F64)
+    no_hit = jnp.where(view.cold, _cold_ramp(s, st, among), 0.5) if st.features.cache_scorers \
+        else jnp.full(st.shapes.num_instances, 0.5, F64)
     scores = by_code(Scorer, {
         Scorer.PREFIX_AFFINITY: prefix, Scorer.QUEUE_DEPTH: _inverted_min_max(qd, among),
         Scorer.KV_UTILIZATION: 1.0 - s.router.snap_kv,
@@ -559,8 +560,8 @@ def cache_query(s: SimState, st, c, r):
     _cached_blocks``): in the live hash slots, or in their periodic copy. Only prefix-group
     blocks can be registered before r is first routed, so the narrow lookup width is exact
     (``kv.prefix_widths``)."""
-    if not st.prefix_caching:
-        return jnp.zeros(st.num_instances, jnp.int32)
+    if not st.settings.prefix_caching:
+        return jnp.zeros(st.shapes.num_instances, jnp.int32)
     width = kv.prefix_widths(st)[0]
     j = jnp.arange(width, dtype=jnp.int32)
     valid = j < c.full_blocks[r]
@@ -574,14 +575,14 @@ def cache_query(s: SimState, st, c, r):
             present = s.kv.slot_block[slots] >= 0
         return leading_count(valid & present)
 
-    return jax.vmap(count)(jnp.arange(st.num_instances))
+    return jax.vmap(count)(jnp.arange(st.shapes.num_instances))
 
 
 def router_view(s: SimState, st, c, r) -> RouterView:
     """Loads, and the cache query where compiled in."""
     load = s.router.snap_qd + s.router.snap_bs + s.router.in_flight
-    if not st.cache_scorers:
-        zeros = jnp.zeros(st.num_instances, jnp.int32)
+    if not st.features.cache_scorers:
+        zeros = jnp.zeros(st.shapes.num_instances, jnp.int32)
         return RouterView(load, zeros, jnp.asarray(True))
     cached = cache_query(s, st, c, r)
     return RouterView(load, cached, ~jnp.any(cached > 0))
@@ -611,7 +612,7 @@ def program_scores(s: SimState, st, c, p, r, now, view: RouterView, among, raw):
     (``Router.program_scores``): instance observables from the router's view and ``raw``
     (``scorer_values`` [S, I]), request and cluster ones over ``among`` (bool [I]; None: all
     instances)."""
-    members = jnp.ones(st.num_instances, bool) if among is None else among
+    members = jnp.ones(st.shapes.num_instances, bool) if among is None else among
     values = {"queue_depth": s.router.snap_qd.astype(F64),
               "batch_size": s.router.snap_bs.astype(F64),
               "in_flight": s.router.in_flight.astype(F64), "kv_utilization": s.router.snap_kv,
@@ -619,7 +620,7 @@ def program_scores(s: SimState, st, c, p, r, now, view: RouterView, among, raw):
               **{scorer_name(x): jnp.clip(raw[x], 0.0, 1.0) for x in Scorer},
               **program.request_values(s, st, c, r, now),
               **program.cluster_values(s, st, c, members, now), **recent.values(s.recent, now)}
-    return program.run(p.routing.program, program.rows(st.num_instances, values))
+    return program.run(p.routing.program, program.rows(st.shapes.num_instances, values))
 
 
 def route(s: SimState, st, c, p, r, now, active, spec: RouteSpec | None = None):
@@ -639,8 +640,8 @@ def route(s: SimState, st, c, p, r, now, active, spec: RouteSpec | None = None):
     weighted_lane = spec.policy == RoutingPolicy.WEIGHTED
     program_lane = spec.policy == RoutingPolicy.PROGRAM
     raw = scorer_values(s, st, c, r, view, among, own=spec.own_entries)
-    scores = weighted_scores(raw, spec, st.num_instances)
-    if "routing" in st.program_sites:
+    scores = weighted_scores(raw, spec, st.shapes.num_instances)
+    if "routing" in st.features.program_sites:
         scores = jnp.where(program_lane, program_scores(s, st, c, p, r, now, view, among, raw),
                            scores)
     scoring = weighted_lane | program_lane  # the highest score wins
@@ -650,7 +651,7 @@ def route(s: SimState, st, c, p, r, now, active, spec: RouteSpec | None = None):
     ties_matter = active & (scoring | (spec.policy == RoutingPolicy.LEAST_LOADED))
     s, best = _break_tie(s, p, tied, ties_matter)
     if among is None:
-        rr_target = s.router.rr % st.num_instances
+        rr_target = s.router.rr % st.shapes.num_instances
         busiest = jnp.argmax(load)
     else:  # the (counter mod candidates)-th candidate; the first busiest candidate
         nth = s.router.rr % jnp.maximum(jnp.sum(among), 1)
@@ -663,7 +664,7 @@ def route(s: SimState, st, c, p, r, now, active, spec: RouteSpec | None = None):
         RoutingPolicy.WEIGHTED: best, RoutingPolicy.PROGRAM: best})[spec.policy]
     s = prefix_touch(s, st, c, r, target, active & spec.prefix_index_on & scoring,
                      own=spec.own_entries)
-    if st.cache_scorers:
+    if st.features.cache_scorers:
         uses_lru = jnp.any(spec.scorer_order == Scorer.NO_HIT_LRU)
         mark = active & ((weighted_lane & uses_lru) | (program_lane & p.routing.program_lru)) \
             & view.cold

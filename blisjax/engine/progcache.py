@@ -15,8 +15,8 @@ Entries are safe to delete; an unreadable entry is reported in one line and rebu
 
 Not cached: programs with host callbacks (a roofline configuration
 ``engine.roofline.fits_the_program`` rejects, or a model put on the host by hand through
-``EngineStatic.latency``: a callback is a pointer into this process), which compile the usual
-way.
+``EngineStatic.features.latency``: a callback is a pointer into this process), which compile the
+usual way.
 """
 
 from __future__ import annotations
@@ -173,7 +173,7 @@ class Program(NamedTuple):
 def cacheable(static: Any) -> bool:
     """Whether programs for ``static`` go through the program cache: it is on, and the
     program has no host callbacks."""
-    return program_cache_dir() is not None and getattr(static, "latency", None) is None
+    return program_cache_dir() is not None and static.features.latency is None
 
 
 def compiled_program(static: Any, lower: Callable[[], Any], args: tuple, devices: tuple,

@@ -32,20 +32,20 @@ class QueueState:
 
 def init_queue(st) -> QueueState:
     """Every queue empty."""
-    i = st.num_instances
-    return QueueState(buf=jnp.full((i, st.queue_slots), NIL, jnp.int32),
+    i = st.shapes.num_instances
+    return QueueState(buf=jnp.full((i, st.shapes.queue_slots), NIL, jnp.int32),
                       head=jnp.zeros(i, jnp.int32), length=jnp.zeros(i, jnp.int32))
 
 
 def q_at(s: SimState, st, i, k):
     """Request at offset k from the head of instance i's wait queue."""
-    return s.queue.buf[i, (s.queue.head[i] + k) % st.queue_slots]
+    return s.queue.buf[i, (s.queue.head[i] + k) % st.shapes.queue_slots]
 
 
 def q_push_back(s: SimState, st, i, r, active) -> SimState:
-    full = s.queue.length[i] >= st.queue_slots
+    full = s.queue.length[i] >= st.shapes.queue_slots
     ok = active & ~full
-    pos = (s.queue.head[i] + s.queue.length[i]) % st.queue_slots
+    pos = (s.queue.head[i] + s.queue.length[i]) % st.shapes.queue_slots
     return s.replace(queue=s.queue.replace(buf=upd(s.queue.buf, (i, pos), r, ok),
                                            length=add(s.queue.length, i, 1, ok)),
                      run=s.run.replace(
@@ -53,9 +53,9 @@ def q_push_back(s: SimState, st, i, r, active) -> SimState:
 
 
 def q_push_front(s: SimState, st, i, r, active) -> SimState:
-    full = s.queue.length[i] >= st.queue_slots
+    full = s.queue.length[i] >= st.shapes.queue_slots
     ok = active & ~full
-    head = (s.queue.head[i] - 1) % st.queue_slots
+    head = (s.queue.head[i] - 1) % st.shapes.queue_slots
     return s.replace(queue=s.queue.replace(buf=upd(s.queue.buf, (i, head), r, ok),
                                            head=upd(s.queue.head, i, head, ok),
                                            length=add(s.queue.length, i, 1, ok)),
@@ -67,7 +67,7 @@ Q_CHUNK = 64  # queue entries per iteration of a scan or shift (work follows the
 
 
 def q_chunk(st) -> int:
-    return max(1, min(Q_CHUNK, st.queue_slots))
+    return max(1, min(Q_CHUNK, st.shapes.queue_slots))
 
 
 def q_fold(s: SimState, st, i, active, fold, acc):
@@ -81,8 +81,8 @@ def q_fold(s: SimState, st, i, active, fold, acc):
         start, acc = carry
         off = start + jnp.arange(c, dtype=jnp.int32)
         valid = go & (off < n_len)
-        reqs = jnp.where(valid, q_at(s, st, i, jnp.minimum(off, st.queue_slots - 1)),
-                         st.num_requests)
+        reqs = jnp.where(valid, q_at(s, st, i, jnp.minimum(off, st.shapes.queue_slots - 1)),
+                         st.shapes.num_requests)
         return start + go.astype(jnp.int32) * c, fold(acc, off, reqs, valid)
 
     return lane_while(lambda carry: carry[0] < n_len, body, (jnp.asarray(0, jnp.int32), acc))[1]
@@ -92,7 +92,7 @@ def q_remove_at(s: SimState, st, i, k, active, through=None):
     """Remove the entry at offset k: the k entries before it move back by one and the head
     advances (O(1) at the head, as fcfs always is; otherwise ``q_chunk`` entries per loop
     iteration, from offset k - 1 down to 0). Entries past the queue length are never read."""
-    q, c = st.queue_slots, q_chunk(st)
+    q, c = st.shapes.queue_slots, q_chunk(st)
     hi0 = jnp.where(active, k, 0).astype(jnp.int32)
 
     def shift(carry, go):
@@ -119,14 +119,15 @@ def q_remove_at(s: SimState, st, i, k, active, through=None):
 def q_offset_of(s: SimState, st, i, r, active):
     """Offset of request r in instance i's wait queue (queue_slots if absent)."""
     def fold(best, off, reqs, valid):
-        return jnp.minimum(best, jnp.min(jnp.where(valid & (reqs == r), off, st.queue_slots)))
+        return jnp.minimum(best, jnp.min(jnp.where(valid & (reqs == r), off,
+                                                   st.shapes.queue_slots)))
 
-    return q_fold(s, st, i, active, fold, jnp.asarray(st.queue_slots, jnp.int32))
+    return q_fold(s, st, i, active, fold, jnp.asarray(st.shapes.queue_slots, jnp.int32))
 
 
 def order_remove_at(s: SimState, st, i, pos, active) -> SimState:
     """Remove running position pos (later positions move up by one)."""
-    b = st.batch_slots
+    b = st.shapes.batch_slots
     idx = jnp.arange(b)
     src = jnp.minimum(jnp.where(idx >= pos, idx + 1, idx), b - 1)
     row = jnp.where(idx < s.batch.n_run[i] - 1, s.batch.order[i, src], NIL)
@@ -149,5 +150,5 @@ def running_slots(s: SimState, st, i, width: int) -> RunningSlots:
     pos = jnp.arange(width)
     valid = pos < s.batch.n_run[i]
     slots = jnp.maximum(s.batch.order[i, :width], 0)
-    reqs = jnp.where(valid, s.batch.slot_req[i, slots], st.num_requests)
+    reqs = jnp.where(valid, s.batch.slot_req[i, slots], st.shapes.num_requests)
     return RunningSlots(valid, slots, reqs)

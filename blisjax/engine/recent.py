@@ -36,7 +36,7 @@ class RecentState:
 
 def init_recent(st) -> RecentState:
     """No events yet (one-entry placeholders where the program has no routing program)."""
-    n = st.num_instances if st.recent_signals else 1
+    n = st.shapes.num_instances if st.recent_signals else 1
     z = jnp.zeros((n, 2, _S), jnp.int64)
     return RecentState(window=jnp.full(n, -2, jnp.int64), sums=z, counts=z)
 
@@ -90,9 +90,9 @@ def arrivals(s, st, c, now):
     """Requests that arrived in (now − RECENT_WINDOW_US, now] (``recent_arrivals``): the
     workload's rows (in arrival order), and with closed-loop sessions the follow-ups created
     so far at their arrival (``sessions.arrived_by``)."""
-    if st.sessions:
+    if st.features.sessions:
         return (sessions.arrived_by(s, st, c, now)
                 - sessions.arrived_by(s, st, c, now - RECENT_WINDOW_US))
-    arrival = c.arrival_us[:st.num_requests]
+    arrival = c.arrival_us[:st.shapes.num_requests]
     return (jnp.searchsorted(arrival, now, side="right")
             - jnp.searchsorted(arrival, now - RECENT_WINDOW_US, side="right"))

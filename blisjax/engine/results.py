@@ -82,16 +82,16 @@ def _completion_fields(st: EngineStatic, consts, g, done) -> CompletionFields:
     final state: for a completed request they are functions of its progress, TTFT and ITL sum,
     which stop changing when it completes (``completion.complete``). ITL entries are decode
     steps, one per token past the prompt (``instance.execute``)."""
-    n = st.num_requests
+    n = st.shapes.num_requests
     pi = g.pi[:n].astype(np.int64)
     l_in = np.asarray(consts.input_tokens)[:n].astype(np.int64)
     out = np.asarray(consts.output_tokens)[:n].astype(np.int64)
     e2e = records.e2e_us(g.ttft[:n].astype(np.int64), g.itl_sum[:n].astype(np.int64), out,
-                         st.post_decode_us)
+                         st.settings.post_decode_us)
     out_done = records.output_tokens_done(pi, l_in, out)
     # the cap of the instance it completed on (P/D pools of their own max-model-len)
-    mml = (np.asarray(st.instance_max_model_len, np.int64)[np.maximum(g.instance[:n], 0)]
-           if st.instance_max_model_len else st.max_model_len)
+    mml = (np.asarray(st.settings.instance_max_model_len, np.int64)[np.maximum(g.instance[:n], 0)]
+           if st.settings.instance_max_model_len else st.settings.max_model_len)
     capped = done & ~records.output_finished(pi, l_in, out) & records.at_length_cap(pi, mml)
     return CompletionFields(np.where(done, e2e, records.NOT_RECORDED).astype(np.int64),
                             np.where(done, out_done, 0).astype(np.int64), capped,
@@ -112,14 +112,14 @@ _STATS_FIELDS = (
 def lane_result(st: EngineStatic, consts, final, k: int) -> records.RunResult:
     """The k-th lane of a final state (or of its ``HostLanes``) as a ``RunResult`` (same
     fields as the reference)."""
-    n = st.num_requests
+    n = st.shapes.num_requests
     g = (final if isinstance(final, HostLanes) else HostLanes(final))(k)
     status = _status_codes(g.status[:n])
     done = status == records.COMPLETED
     derived = _completion_fields(st, consts, g, done)
     e2e, out_done, capped = derived.e2e_us, derived.output_tokens_done, derived.length_capped
     itl_count = derived.itl_count
-    if st.itl_capacity > 0:
+    if st.shapes.itl_capacity > 0:
         off = np.asarray(consts.itl_offset)[:n]
         entries = [g.itl_buf[o:o + c] for o, c in zip(off[done], itl_count[done], strict=True)]
         itl_entries = np.concatenate(entries).astype(np.int64) if entries else np.zeros(0, np.int64)
@@ -134,24 +134,24 @@ def lane_result(st: EngineStatic, consts, final, k: int) -> records.RunResult:
         overflow["offchain"] = int(g.tier.offchain_overflow)
     if st.tiered and int(g.tier.hold_overflow):
         overflow["kv_hold"] = int(g.tier.hold_overflow)
-    if st.pd:
+    if st.features.pd:
         for name, count in (("pd_transfers", g.pd.ovf_transfers),
                             ("pd_reserve", g.pd.ovf_reserve)):
             if int(count):
                 overflow[name] = int(count)
-    if st.lifecycle:
+    if st.features.lifecycle:
         for name, count in (("actuations", g.life.ovf_actuations),
                             ("instance_slots", g.life.ovf_slots),
                             ("lifecycle_draws", g.life.ovf_draws)):
             if int(count):
                 overflow[name] = int(count)
-        if int(g.life.tl_count) > st.timeline_slots:
-            overflow["timeline"] = int(g.life.tl_count) - st.timeline_slots
-    if st.gateway and int(g.gw.overflow):
+        if int(g.life.tl_count) > st.shapes.timeline_slots:
+            overflow["timeline"] = int(g.life.tl_count) - st.shapes.timeline_slots
+    if st.features.gateway and int(g.gw.overflow):
         overflow["gateway"] = int(g.gw.overflow)
-    if st.sessions and int(g.sess.rounds_overflow):
+    if st.features.sessions and int(g.sess.rounds_overflow):
         overflow["session_rounds"] = int(g.sess.rounds_overflow)
-    ended = int(np.max(np.minimum(clock, st.horizon_us))) if st.num_instances else 0
+    ended = int(np.max(np.minimum(clock, st.settings.horizon_us))) if st.shapes.num_instances else 0
     rows = dict(
         status=status, instance=g.instance[:n].astype(np.int32),
         ttft_us=g.ttft[:n].astype(np.int64), e2e_us=e2e,
@@ -160,35 +160,36 @@ def lane_result(st: EngineStatic, consts, final, k: int) -> records.RunResult:
         output_tokens_done=out_done, preemptions=g.preempt[:n].astype(np.int32),
         length_capped=capped)
     # a lane without pools in a program with them: no P/D counters, as the reference
-    pd_counters = _project_pd(st, consts, g, rows) if st.pd and bool(g.pd.pools) else None
-    life = _lifecycle_counters(st, g, rows) if st.lifecycle else None
+    pd_counters = _project_pd(st, consts, g, rows) if st.features.pd and bool(g.pd.pools) else None
+    life = _lifecycle_counters(st, g, rows) if st.features.lifecycle else None
     sess = records.SessionRecords(
         np.where(np.asarray(consts.follow_up)[:n], g.sess.arrival_us[:n],
                  np.asarray(consts.arrival_us)[:n]).astype(np.int64),
-        np.asarray(consts.input_tokens)[:n].astype(np.int64)) if st.sessions else None
+        np.asarray(consts.input_tokens)[:n].astype(np.int64)) if st.features.sessions else None
     result = records.RunResult(
         **rows,
         itl_entries_us=itl_entries, itl_entry_request=itl_rows, sim_ended_us=ended,
-        horizon_us=st.horizon_us,
-        num_instances=st.num_instances,
+        horizon_us=st.settings.horizon_us,
+        num_instances=st.shapes.num_instances,
         **{name: getattr(g.stats, field).astype(np.int64) for name, field in _STATS_FIELDS},
         still_queued=g.queue.length.astype(np.int64), still_running=g.batch.n_run.astype(np.int64),
         rejected_admission=int(g.admission.rejected),
-        kv_total_blocks=np.array(st.instance_kv_blocks or [st.kv_blocks] * st.num_instances,
+        kv_total_blocks=np.array(st.settings.instance_kv_blocks or [st.shapes.kv_blocks]
+                                 * st.shapes.num_instances,
                                  np.int64),
         overflow=overflow,
         kv_tier=_tier_counters(st, g, n),
         pd=pd_counters,
-        rejected_routing=int(g.life.rejected_routing) if st.lifecycle else 0,
+        rejected_routing=int(g.life.rejected_routing) if st.features.lifecycle else 0,
         lifecycle=life,
         sessions=sess,
         # a lane without flow control in a program with it: no gateway counters
         gateway=records.GatewayCounters(int(g.gw.rejected), int(g.gw.count),
                                         int(g.gw.dispatched), int(g.gw.wait_sum))
-        if st.gateway and bool(g.gw.on) else None,
+        if st.features.gateway and bool(g.gw.on) else None,
     )
     return _lane_slots(result, int(g.life.lane_slots), bool(g.life.lane_on)) \
-        if st.lifecycle else result
+        if st.features.lifecycle else result
 
 
 #: ``RunResult`` fields with one entry per instance.
@@ -215,7 +216,7 @@ def _lifecycle_counters(st: EngineStatic, g, rows: dict) -> records.LifecycleCou
     the reference's ``reference.lifecycle.Lifecycle.counters`` (read it for the rules); with
     --blis-quirks BLIS's after-the-run warm-up TTFT factor applied to ``rows``."""
     q = g.life
-    end = min(int(q.last_event_us), st.horizon_us)
+    end = min(int(q.last_event_us), st.settings.horizon_us)
     state = q.state.astype(np.int8)
     replica_us = q.replica_us.astype(np.int64).copy()
     cost = q.cost.astype(np.float64).copy()
@@ -224,12 +225,12 @@ def _lifecycle_counters(st: EngineStatic, g, rows: dict) -> records.LifecycleCou
         replica_us[k] += held
         cost[k] += held_cost(held, float(q.cost_per_hour[k]))
     factor = float(q.warm_factor)
-    if st.blis_quirks and factor > 1:
-        n = st.num_requests
+    if st.settings.blis_quirks and factor > 1:
+        n = st.shapes.num_requests
         ttft = rows["ttft_us"]
         marked = q.warm_routed[:n] & (ttft >= 0)
         ttft[marked] = (ttft[marked].astype(np.float64) * factor).astype(np.int64)
-    count = min(int(q.tl_count), st.timeline_slots)
+    count = min(int(q.tl_count), st.shapes.timeline_slots)
     return records.LifecycleCounters(
         final_state=state, placements=q.placements.astype(np.int32), replica_us=replica_us,
         cost=cost, dropped_at_drain=q.dropped_at_drain.astype(np.int64), end_us=end,
@@ -245,11 +246,12 @@ def _project_pd(st: EngineStatic, consts, g, rows: dict) -> records.PDCounters:
     """Each disaggregated request's row from its sub-requests' rows, as the reference's
     ``reference.pd.PDCluster.project`` (read it for the rules); fills ``rows`` in place. Row r
     is the decode sub-request, row N + 1 + r the prefill sub-request."""
-    n, q, quirks = st.num_requests, g.pd, st.blis_quirks
+    n, q, quirks = st.shapes.num_requests, g.pd, st.settings.blis_quirks
     c = lambda x: np.asarray(x)[:n].astype(np.int64)  # noqa: E731
     l_in, out, arrival, deadline = (c(consts.input_tokens), c(consts.output_tokens),
                                     c(consts.arrival_us), c(consts.deadline_us))
-    if st.sessions:  # a follow-up's arrival is its creation's; its timeout counts from there
+    # a follow-up's arrival is its creation's; its timeout counts from there
+    if st.features.sessions:
         follow = np.asarray(consts.follow_up)[:n]
         arrival = np.where(follow, g.sess.arrival_us[:n].astype(np.int64), arrival)
         deadline = np.where(follow & (deadline > 0), arrival + deadline,
@@ -280,7 +282,8 @@ def _project_pd(st: EngineStatic, consts, g, rows: dict) -> records.PDCounters:
     status = np.where(looks_done, records.COMPLETED, status)
     ttft = np.where(pre_done & ~(dropped & ~quirks), g.ttft[pre], nr)
     ttft = np.where(looks_done & (pi > l_in) & (sched >= 0), sched + first_itl, ttft)
-    dec_e2e = records.e2e_us(np.where(ttft_set, ttft_raw, 0), itl_sum, out, st.post_decode_us)
+    dec_e2e = records.e2e_us(np.where(ttft_set, ttft_raw, 0), itl_sum, out,
+                             st.settings.post_decode_us)
     e2e = np.full(n, nr, np.int64)
     e2e = np.where(dropped & quirks, q.transfer_start_us[:n] - arrival, e2e)
     e2e = np.where(dec_done, dec_e2e + np.where(ttft_set, 0, sched), e2e)
@@ -315,7 +318,7 @@ def _tier_counters(st: EngineStatic, g, n: int) -> records.KVTierCounters | None
     i64 = lambda x: np.asarray(x, dtype=np.int64)  # noqa: E731
     per_row = i64(t.request_reloads)
     # a request's reloads are its sub-requests' together (``PDCluster``: they share its index)
-    per_request = per_row[:n] + per_row[n + 1:2 * n + 1] if st.pd else per_row[:n]
+    per_request = per_row[:n] + per_row[n + 1:2 * n + 1] if st.features.pd else per_row[:n]
     return records.KVTierCounters(
         reloads=i64(t.reloads), cpu_misses=i64(t.cpu_misses),
         mirror_stores=i64(t.mirror_stores), cpu_evictions=i64(t.evictions),
@@ -326,7 +329,7 @@ def own_clusters(st: EngineStatic, results: list, params) -> list:
     """Each lane's result over its own cluster (the ``cluster.num_instances`` knob: the
     program's first instances; the router never picks the others, so they did nothing).
     Lifecycles and P/D pools choose their instances themselves (``_lane_slots``)."""
-    if st.lifecycle or st.pd:
+    if st.features.lifecycle or st.features.pd:
         return results
     active = np.atleast_1d(np.asarray(params.active_instances))
     return [_own_instances(res, int(active[k])) for k, res in enumerate(results)]

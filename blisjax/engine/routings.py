@@ -17,24 +17,25 @@ from blisjax.limits import INT64_MAX
 
 def routed_row(s, st, k):
     """The request of the k-th routing (k <= N; N: none yet)."""
-    k = jnp.minimum(k, st.num_requests)
-    if st.gateway:
+    k = jnp.minimum(k, st.shapes.num_requests)
+    if st.features.gateway:
         return s.gw.order[k]
-    return s.sess.order[k] if st.sessions else k
+    return s.sess.order[k] if st.features.sessions else k
 
 
 def routing_us(s, st, c, k):
     """Time of the k-th routing, once its request was admitted (dispatched with the gateway
     queue); meaningless before."""
-    if st.gateway:
-        return s.gw.route_us[jnp.minimum(k, st.num_requests)]
-    arrival = s.sess.arrival_us if st.sessions else c.arrival_us
-    return arrival[routed_row(s, st, k)] + st.admission_latency_us + st.routing_latency_us
+    if st.features.gateway:
+        return s.gw.route_us[jnp.minimum(k, st.shapes.num_requests)]
+    arrival = s.sess.arrival_us if st.features.sessions else c.arrival_us
+    return (arrival[routed_row(s, st, k)] + st.settings.admission_latency_us
+            + st.settings.routing_latency_us)
 
 
 def next_routing_us(s, st, c):
     """Time of the next routing (``cursors.route``), INT64_MAX while its request is not
     admitted (dispatched) yet."""
     k = s.cursors.route
-    ready = k < (s.gw.dispatched if st.gateway else s.cursors.admit)
+    ready = k < (s.gw.dispatched if st.features.gateway else s.cursors.admit)
     return jnp.where(ready, routing_us(s, st, c, k), INT64_MAX)

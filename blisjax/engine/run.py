@@ -84,7 +84,7 @@ def small_tiers(st: EngineStatic, params: PolicyParams) -> bool:
     can then hold more distinct blocks than the tier (it thrashes); a bigger tier never
     evicts a pass's own blocks before they recur."""
     tiers = np.asarray(params.kv_cpu_blocks)
-    return bool(np.any((tiers > 0) & (tiers < st.kv_blocks)))
+    return bool(np.any((tiers > 0) & (tiers < st.shapes.kv_blocks)))
 
 
 def _lane_blocks(lanes: int, block: int) -> tuple[int, int]:
@@ -272,7 +272,7 @@ def short_run(st: EngineStatic, lanes: int, devices: tuple) -> bool:
     """Whether a run of ``lanes`` lanes of ``st`` on ``devices`` is compiled as a short run
     (``SHORT_RUN_COMPILER_OPTIONS``): every device a CPU, lanes × requests at most
     ``SHORT_RUN_REQUEST_LANES``."""
-    return _all_cpus(devices) and lanes * st.num_requests <= SHORT_RUN_REQUEST_LANES
+    return _all_cpus(devices) and lanes * st.shapes.num_requests <= SHORT_RUN_REQUEST_LANES
 
 
 class _Program:
@@ -411,7 +411,7 @@ def _run_padded(st: EngineStatic, consts, params: PolicyParams, devices,
     def running(compiled):
         check_program_memory(compiled, st, placed)
         if phase is not None:
-            phase(f"running {lanes} lane{'s' if lanes != 1 else ''} of {st.num_requests} "
+            phase(f"running {lanes} lane{'s' if lanes != 1 else ''} of {st.shapes.num_requests} "
                   "requests")
 
     final = progcache.run_program(st, lower, (consts, placed.params), placed.devices,
@@ -423,7 +423,7 @@ def _fit_instances(st: EngineStatic, params: PolicyParams) -> PolicyParams:
     """Stacked ``params`` with their per-instance fields as wide as the program's instances
     (``params.fit_instances``: a population whose lanes all have fewer stacks them narrower),
     the padded fields put on the device as they are."""
-    fitted = fit_instances(params, st.num_instances)
+    fitted = fit_instances(params, st.shapes.num_instances)
     if fitted is params:
         return params
     return jax.tree_util.tree_map(
@@ -486,7 +486,7 @@ def simulate(resolved, workload, params: PolicyParams | None = None,
     program cache, for a run hardly faster (docs/performance.md, Seconds to a first result)."""
     capacities.setdefault("narrow_programs", False)
     st = build_static(resolved, workload, **capacities)
-    if st.num_requests == 0:
+    if st.shapes.num_requests == 0:
         return _empty_result(resolved, workload)
     if params is None:
         params = params_from_config(resolved.config, workload.tenant_names)

@@ -3,7 +3,7 @@ arrival stream that merges them with the workload's own arrivals.
 
 Counterpart: ``blisjax.reference.cluster.ClusterSimulator._follow_up`` and its cluster arrival
 events (rules: ``blisjax.workload.sessions``, docs/semantics.md §8.5). Compiled in only when the
-workload has follow-ups (``EngineStatic.sessions``); otherwise ``SessionState`` is a set of
+workload has follow-ups (``EngineStatic.features.sessions``); otherwise ``SessionState`` is a set of
 one-entry placeholders and nothing here runs.
 
 * A session has at most one request alive, so per session one pending follow-up: its row and
@@ -53,7 +53,7 @@ class SessionState:
 
 
 def init_sessions(st) -> SessionState:
-    if not st.sessions:
+    if not st.features.sessions:
         one = lambda dtype, v=0: jnp.full(1, v, dtype)  # noqa: E731
         return SessionState(arrival_us=one(jnp.int64), order=one(jnp.int32),
                             init_cursor=jnp.asarray(0, jnp.int32), pending_us=one(jnp.int64),
@@ -61,13 +61,13 @@ def init_sessions(st) -> SessionState:
                             gen_clock=jnp.asarray(0, jnp.int64),
                             created=jnp.asarray(0, jnp.int32), stale_next=one(jnp.int32),
                             rounds_overflow=jnp.asarray(0, jnp.int32))
-    rows, ns = st.num_requests + 1, st.num_sessions
+    rows, ns = st.shapes.num_requests + 1, st.shapes.num_sessions
     return SessionState(
         arrival_us=jnp.full(rows, FOLLOW_UP_ARRIVAL_US, jnp.int64),
-        order=jnp.full(rows, st.num_requests, jnp.int32),
+        order=jnp.full(rows, st.shapes.num_requests, jnp.int32),
         init_cursor=jnp.asarray(0, jnp.int32),
         pending_us=jnp.full(ns, INT64_MAX, jnp.int64),
-        pending_row=jnp.full(ns, st.num_requests, jnp.int32),
+        pending_row=jnp.full(ns, st.shapes.num_requests, jnp.int32),
         pending_gen=jnp.zeros(ns, jnp.int64), gen_clock=jnp.asarray(0, jnp.int64),
         created=jnp.asarray(0, jnp.int32), stale_next=jnp.zeros(ns, jnp.int32),
         rounds_overflow=jnp.asarray(0, jnp.int32))
@@ -76,14 +76,14 @@ def init_sessions(st) -> SessionState:
 def arrival_us(s, st, c, r):
     """Request r's arrival (its row's constant without sessions; a P/D prefill sub-request's
     row: its parent's)."""
-    if not st.sessions:
+    if not st.features.sessions:
         return c.arrival_us[r]
-    return s.sess.arrival_us[parent_row(st, r) if st.pd else r]
+    return s.sess.arrival_us[parent_row(st, r) if st.features.pd else r]
 
 
 def deadline_us(s, st, c, r):
     """Request r's deadline, 0 = none (a follow-up's: its arrival + the session timeout)."""
-    if not st.sessions:
+    if not st.features.sessions:
         return c.deadline_us[r]
     timeout = c.deadline_us[r]
     return jnp.where(c.follow_up[r], jnp.where(timeout > 0, arrival_us(s, st, c, r) + timeout, 0),
@@ -103,13 +103,13 @@ class NextArrival:
 def next_arrival(s, st, c) -> NextArrival:
     q = s.sess
     ic = q.init_cursor
-    t_init = jnp.where(ic < st.initial_requests, c.arrival_us[jnp.minimum(ic, st.num_requests)],
-                       INT64_MAX)
+    t_init = jnp.where(ic < st.shapes.initial_requests,
+                       c.arrival_us[jnp.minimum(ic, st.shapes.num_requests)], INT64_MAX)
     t_min = jnp.min(q.pending_us)
     k = jnp.argmin(jnp.where(q.pending_us == t_min, q.pending_gen, INT64_MAX)).astype(jnp.int32)
     initial = t_init <= t_min
     t = jnp.minimum(t_init, t_min)
-    row = jnp.where(initial, jnp.minimum(ic, st.num_requests), q.pending_row[k])
+    row = jnp.where(initial, jnp.minimum(ic, st.shapes.num_requests), q.pending_row[k])
     return NextArrival(t, row.astype(jnp.int32), initial, k)
 
 
@@ -120,7 +120,7 @@ def arrived_by(s, st, c, t):
     being admitted included), plus those not admitted yet — initial rows from the cursor on
     and pending follow-ups."""
     q = s.sess
-    n = st.num_requests
+    n = st.shapes.num_requests
     # positions before the cursor, and at it the admission being handled (``admit_next``
     # wrote its row; else the row is N)
     lo = jnp.asarray(0, jnp.int32)
@@ -140,12 +140,12 @@ def admit_next(s, st, c, active):
     """The admission at the cursor takes the next arrival: returns (state, its row)."""
     q = s.sess
     nxt = next_arrival(s, st, c)
-    r = jnp.where(active, nxt.row, st.num_requests)
+    r = jnp.where(active, nxt.row, st.shapes.num_requests)
     from_init = active & nxt.initial
     q = q.replace(
-        order=q.order.at[jnp.where(active, s.cursors.admit, st.num_requests)].set(r),
+        order=q.order.at[jnp.where(active, s.cursors.admit, st.shapes.num_requests)].set(r),
         init_cursor=q.init_cursor + from_init.astype(jnp.int32),
-        arrival_us=q.arrival_us.at[jnp.where(from_init, r, st.num_requests)].set(
+        arrival_us=q.arrival_us.at[jnp.where(from_init, r, st.shapes.num_requests)].set(
             c.arrival_us[r]),
         pending_us=q.pending_us.at[nxt.session].set(
             jnp.where(active & ~nxt.initial, INT64_MAX, q.pending_us[nxt.session])))
@@ -163,18 +163,18 @@ def create_follow_ups(s, st, c, reqs, fin, rank, *, start_us, left_us):
     nothing, and with ``blis_quirks`` a decode sub-request's round completes at
     ``start_us`` plus the post-decode overhead (BLIS's ``detectDecodeCompletions``)."""
     q = s.sess
-    n = st.num_requests
-    if st.pd:
+    n = st.shapes.num_requests
+    if st.features.pd:
         fin = fin & (reqs < n)
-        if st.blis_quirks:
+        if st.settings.blis_quirks:
             left_us = jnp.where(s.pd.phase[jnp.minimum(reqs, n)] == DECODE,
-                                start_us + st.post_decode_us, left_us)
+                                start_us + st.settings.post_decode_us, left_us)
     nxt = c.next_row[reqs]
     row = jnp.maximum(nxt, 0)
-    if st.open_sessions:
+    if st.features.open_sessions:
         out_of_rows = (nxt < 0) & c.open_row[reqs]  # think: the user's own, on every row
         t = left_us + jnp.where(out_of_rows, c.think_us[reqs], c.think_us[row])
-        due = fin & ((nxt >= 0) | out_of_rows) & (t <= st.horizon_us)
+        due = fin & ((nxt >= 0) | out_of_rows) & (t <= st.settings.horizon_us)
         before = prefix_sum(due.astype(jnp.int32)) - due  # earlier in batch order
         room = c.follow_up_budget - q.created
         due = due & ((c.follow_up_budget < 0) | (before < room))
@@ -183,8 +183,8 @@ def create_follow_ups(s, st, c, reqs, fin, rank, *, start_us, left_us):
                       + jnp.sum(due & out_of_rows).astype(jnp.int32))
     else:
         t = left_us + c.think_us[row]
-        make = fin & (nxt >= 0) & (t <= st.horizon_us)
-    sess = jnp.where(make, c.session[reqs], st.num_sessions)
+        make = fin & (nxt >= 0) & (t <= st.settings.horizon_us)
+    sess = jnp.where(make, c.session[reqs], st.shapes.num_sessions)
     stamp = q.gen_clock + rank.astype(jnp.int64)
     q = q.replace(
         pending_us=q.pending_us.at[sess].set(t, mode="drop"),
@@ -199,7 +199,9 @@ def create_follow_ups(s, st, c, reqs, fin, rank, *, start_us, left_us):
 def arrivals_known(s, st):
     """Requests whose arrival exists: the workload's own rows and the follow-ups created so far
     (every row without sessions)."""
-    return st.initial_requests + s.sess.created if st.sessions else st.num_requests
+    if st.features.sessions:
+        return st.shapes.initial_requests + s.sess.created
+    return st.shapes.num_requests
 
 
 class StaleTimeout(NamedTuple):
@@ -217,17 +219,17 @@ def stale_timeout(s, st, c) -> StaleTimeout:
     timeout (``Workload.validate``), so their pending timeouts come up in round order: each
     session's next one is its follow-up ``stale_next`` (one entry per session); with P/D
     pools a completed prefill sub-request leaves its timeout pending as well."""
-    sessions = jnp.arange(st.num_sessions)
-    rows = jnp.minimum(c.follow_start + s.sess.stale_next, st.num_requests)
+    sessions = jnp.arange(st.shapes.num_sessions)
+    rows = jnp.minimum(c.follow_start + s.sess.stale_next, st.shapes.num_requests)
     timeout = c.deadline_us[rows]
     dl = s.sess.arrival_us[rows] + timeout
     done = s.status[rows] == COMPLETED
-    if st.pd:  # a completed prefill sub-request's timeout is pending while its request is
+    if st.features.pd:  # a completed prefill sub-request's timeout is pending while its request is
         # off every instance (in transfer, or dropped at the decode side's reservation)
         off = (s.status[rows] != QUEUED) & (s.status[rows] != RUNNING)
         done = done | (off & (s.status[prefill_row(st, rows)] == COMPLETED))
     stale = c.follow_up[rows] & (c.session[rows] == sessions) & done & (timeout > 0) \
-        & (dl <= st.horizon_us) & ~s.tdone[rows]
+        & (dl <= st.settings.horizon_us) & ~s.tdone[rows]
     t = jnp.where(stale, dl, INT64_MAX)
     k = jnp.argmin(t)  # ties: the lowest session, whose rows come first
     return StaleTimeout(t[k], rows[k].astype(jnp.int32))
@@ -236,7 +238,7 @@ def stale_timeout(s, st, c) -> StaleTimeout:
 def stale_handled(s, st, c, row, go):
     """The pending timeout of follow-up ``row`` was handled where ``go``."""
     q = s.sess
-    k = jnp.where(go & c.follow_up[row], c.session[row], st.num_sessions)
+    k = jnp.where(go & c.follow_up[row], c.session[row], st.shapes.num_sessions)
     return s.replace(sess=q.replace(stale_next=q.stale_next.at[k].add(1, mode="drop")))
 
 
@@ -253,15 +255,15 @@ def timeouts(s, st, c) -> SessionTimeouts:
     q = s.sess
     rows = q.pending_row
     held = lambda row: (s.status[row] == QUEUED) | (s.status[row] == RUNNING)  # noqa: E731
-    live = (rows < st.num_requests) & held(rows)
-    if st.pd:  # the deadline is its prefill sub-request's while that is on an instance
+    live = (rows < st.shapes.num_requests) & held(rows)
+    if st.features.pd:  # the deadline is its prefill sub-request's while that is on an instance
         pre = prefill_row(st, rows)  # the sink's shadow (2N + 1) for none
-        first = (rows < st.num_requests) & held(pre)
+        first = (rows < st.shapes.num_requests) & held(pre)
         rows, live = jnp.where(first, pre, rows), live | first
     timeout = c.deadline_us[rows]
     dl = arrival_us(s, st, c, rows) + timeout
-    due = live & (timeout > 0) & (dl <= st.horizon_us)
-    on = due[None, :] & (s.instance[rows][None, :] == jnp.arange(st.num_instances)[:, None])
+    due = live & (timeout > 0) & (dl <= st.settings.horizon_us)
+    on = due[None, :] & (s.instance[rows][None, :] == jnp.arange(st.shapes.num_instances)[:, None])
     t = jnp.where(on, dl[None, :], INT64_MAX)  # [I, S]
     t_min = jnp.min(t, axis=1)
     seq = jnp.where(on & (t == t_min[:, None]), s.enq_seq[rows][None, :], INT64_MAX)

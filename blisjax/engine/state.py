@@ -112,7 +112,7 @@ class InstanceStats:
 
 def init_stats(st) -> InstanceStats:
     """Every counter at zero."""
-    i = st.num_instances
+    i = st.shapes.num_instances
     zeros = jnp.zeros(i, jnp.int64)
     return InstanceStats(
         hits=zeros, misses=zeros, preempt_count=zeros, completed=zeros, dropped=zeros,
@@ -146,9 +146,9 @@ def init_run() -> RunControl:
 
 def prefill_row(st, r):
     """The row of request r's prefill sub-request (P/D: rows N+1 .. 2N)."""
-    return r + st.num_requests + 1
+    return r + st.shapes.num_requests + 1
 
 
 def parent_row(st, row):
     """The request a row belongs to (a prefill sub-request's row is its parent's + N + 1)."""
-    return jnp.where(row > st.num_requests, row - st.num_requests - 1, row)
+    return jnp.where(row > st.shapes.num_requests, row - st.shapes.num_requests - 1, row)

@@ -44,26 +44,43 @@ from blisjax.rules import instance_variants, uses_lifecycle
 
 
 @dataclass(frozen=True)
-class EngineStatic:
-    """Shapes and fixed settings. All times in µs.
+class Shapes:
+    """Counts and capacities: the sizes of the program's arrays. A capacity's overflow is
+    detected and reported per lane, never silently wrong.
 
-    Capacities (overflow of any is detected and reported per lane, never silently wrong):
       queue_slots: wait-queue ring size per instance.
       pending_slots: requests between routing and enqueue (the α-delay window) per instance.
       batch_slots: running-batch slots per instance (= max_num_running_reqs).
       max_blocks_per_request: KV blocks one request can hold (prompt + output).
+      kv_blocks: GPU KV blocks per instance (the largest, where P/D pools' caches differ:
+        ``Settings.instance_kv_blocks``).
       deadline_window: requests sharing one deadline that can be ordered exactly.
-      running_width: vector width of the narrowest step program; wider ones grow from it up
-        to the batch slots (``instance.step_widths``). Not a capacity: a step runs the narrowest
-        program that holds every lane's running batch.
-      narrow_programs: compile the narrower step and release programs at all (``running_width``
-        and up; ``kvcache.release_widths``). Off, one program of each at full width: a program
-        a quarter the size, faster to compile and to load from the program cache, whose steps
-        cost more while batches are small. ``simulate`` (one lane) turns it off.
-      decode_stretches: advance runs of decode-only steps as one (``engine.stretch``) where
-        the step times are computed in the program (blackbox, roofline). Off, every step is
-        its own lockstep iteration; results are identical either way. ``build_static``
-        decides it from the workload's output lengths unless told (``stretches_pay_off``).
+      itl_capacity: raw ITL entries of all requests (0 only when no request has any).
+      cpu_tier_blocks: the CPU tier's capacity in blocks per instance (``engine.kv_cpu_blocks``;
+        a lane's own size is ``PolicyParams.kv_cpu_blocks`` <= it); 0 = no CPU tier compiled
+        in (``EngineStatic.tiered``).
+      cpu_ext_slots: CPU keys of blocks past the full prompt blocks (``engine.kvtier``).
+      offchain_generations: with a CPU tier, distinct predecessors per block content of the
+        off-chain CPU keys; a lane that needs more overflows ``offchain``.
+      kv_hold_slots: queued requests holding KV blocks per instance (batch slots past the P/D
+        reservations): with ``blis_quirks`` a tiered admission that claims reloaded blocks and
+        then fails its pre-check leaves the request holding them while it waits
+        (``kvtiered.tiered_allocate``); a lane that needs more overflows ``kv_hold``.
+      pd_reserve_slots, pd_transfer_slots: with P/D pools, decode sub-requests waiting with
+        reserved KV per instance (batch slots past ``batch_slots``), and KV transfers pending
+        or in flight per lane.
+      initial_requests, num_sessions, session_blocks_max: with closed-loop sessions, the rows
+        of the initial requests (follow-ups are rows ``initial_requests`` .. N − 1), and the
+        hash slots of session-shared blocks: per (instance, session, block),
+        ``session_blocks_max`` per session.
+      gateway_slots: requests the gateway queue holds at most (past them a lane overflows
+        ``gateway``).
+      num_pools, num_nodes, num_variants, actuation_slots, timeline_slots: with instance
+        lifecycles, the node pools, their nodes, the instance variants, the scale actuations
+        pending at once per lane and the state changes recorded per lane.
+      max_events: events one lane handles at most (0: ``consts.events_bound`` of each
+        workload, a value of the run, not of the program); a lane reaching it with events
+        left stops, flagged.
     """
 
     num_requests: int
@@ -75,6 +92,72 @@ class EngineStatic:
     max_blocks_per_request: int
     max_prompt_blocks: int
     kv_blocks: int
+    num_groups: int
+    group_blocks_max: int
+    own_slots: int
+    prefix_index_capacity: int
+    num_deadlines: int
+    deadline_window: int
+    itl_capacity: int
+    cpu_tier_blocks: int = 0
+    cpu_ext_slots: int = 1
+    offchain_generations: int = 8
+    kv_hold_slots: int = 0
+    pd_reserve_slots: int = 0
+    pd_transfer_slots: int = 0
+    initial_requests: int = 0
+    num_sessions: int = 1
+    session_blocks_max: int = 1
+    gateway_slots: int = 1
+    num_pools: int = 0
+    num_nodes: int = 1
+    num_variants: int = 1
+    actuation_slots: int = 0
+    timeline_slots: int = 0
+    max_events: int = 0
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The simulated cluster's settings that the program is built for (every lane shares
+    them; what differs per lane is a ``PolicyParams`` knob). All times in µs.
+
+      latency_model: ``latency.model``: step times (and physics queueing delays) are
+        computed in the program with the reference's float operations in its order
+        (``blisjax.engine.roofline``, ``blisjax.engine.physics``), unless
+        ``Features.latency`` is set.
+      cache_signal_delay_us: ``cluster.cache_signal_delay_us``: > 0, the cache query reads a
+        periodic copy of the hash slots (``RouterState.cache_copy``), compiled in with the
+        query.
+      blis_quirks: ``compat.blis_quirks``: reproduce BLIS's own behaviour where it departs
+        from a real cluster (docs/semantics.md Decision 12; the features with such quirks
+        read it).
+      kv_thrash_window_us: ``metrics.kv_thrash_window_us`` (the thrashing anomaly).
+      gpus: per-lane GPU types (the ``hardware`` knob): the GPUs whose latency the program
+        holds, each lane reading the rows of its own (``PolicyParams.gpu``, rows indexed by
+        ``blisjax.config.hardware.hardware_code``: the α delays, the blackbox step tables or
+        the roofline's FLOP rates and bandwidth, the output-token time). (): every lane runs
+        the base configuration's GPU and nothing per lane is compiled in (``for_hardware``
+        sets them from a population whose lanes run others).
+      instance_rows, instance_kv_blocks: P/D pools with their own TP or GPU
+        (``cluster.pd.prefill`` / ``decode``): each instance's latency row (0 the
+        configuration's, 1 the prefill pool's, 2 the decode pool's; the rows of
+        ``WorkloadConsts`` as with ``gpus``) and, where the pools' KV caches differ in size,
+        each instance's KV blocks (``Shapes.kv_blocks`` is then the largest). (): one
+        configuration for every instance, nothing per instance compiled in.
+      instance_max_model_len: ... and where the pools' max-model-len differ, each
+        instance's (0: none; ``max_model_len_of``); (): ``max_model_len`` for every instance.
+      row_roofline: ... and where the pools' latency models differ (blackbox and roofline),
+        whether each latency row runs the roofline model (``latency_model`` is then
+        "roofline": both step times are computed, each instance taking its row's; no decode
+        stretches). (): every row runs ``latency_model``.
+      gpus_per_instance, node_pool, pool_first_node, pool_initial_nodes, initial_instances,
+        initial_name_rank: with instance lifecycles, the TP degree, the node pools' layout
+        (nodes pool-major: ``node_pool`` per node, ``pool_first_node`` and
+        ``pool_initial_nodes`` per pool), the initial instances and the text order of their
+        names (BLIS's drain order under --blis-quirks).
+    """
+
     block_size: int
     token_budget: int
     long_prefill_threshold: int
@@ -84,162 +167,178 @@ class EngineStatic:
     routing_latency_us: int
     refresh_interval_us: int
     prefix_caching: bool
-    num_groups: int
-    group_blocks_max: int
-    own_slots: int
-    prefix_index_capacity: int
     otp_us: int
     post_decode_us: int
-    num_deadlines: int
-    deadline_window: int
-    itl_capacity: int  # raw ITL entries of all requests (0 only when no request has any)
-    running_width: int = 64
-    narrow_programs: bool = True
-    decode_stretches: bool = True
-    # ``latency.model``: step times (and physics queueing delays) are computed in the program
-    # with the reference's float operations in its order (``blisjax.engine.roofline``,
-    # ``blisjax.engine.physics``), unless ``latency`` is set.
     latency_model: str = "blackbox"
-    # Latency model object (hashable) evaluated on the host once per step through a callback
-    # (``blisjax.engine.hostlatency``): a roofline model whose configuration the program cannot
-    # evaluate exactly (``roofline.fits_the_program``: contexts of 2^25 tokens or more with an
-    # unusual model), or any roofline or physics model set here by hand (for comparisons);
-    # None: the model runs in the program.
-    latency: object = None
-    # The precise-prefix-cache and no-hit-lru scorers' cache query (every instance's cached
-    # prefix of the request at routing) is compiled in: some lane lists one of them
-    # (``build_static`` from the configuration, ``for_lanes`` from a population).
-    cache_scorers: bool = False
-    # Policy programs (``engine.program``): the sites ("routing", "admission", "priority")
-    # whose interpreter is compiled in — some lane's policy there is ``program``
-    # (``build_static`` from the configuration, ``for_lanes`` from a population). A routing
-    # program also compiles the cache query in (its ``cached_blocks`` and cache scorers).
-    program_sites: tuple[str, ...] = ()
-    # ``cluster.cache_signal_delay_us``: > 0, the cache query reads a periodic copy of the hash
-    # slots (``RouterState.cache_copy``), compiled in with the query.
     cache_signal_delay_us: int = 0
-    # ``compat.blis_quirks``: reproduce BLIS's own behaviour where it departs from a real
-    # cluster (docs/semantics.md Decision 12; the features with such quirks read it).
     blis_quirks: bool = False
-    # ``engine.kv_cpu_blocks``: the CPU tier's capacity in blocks per instance (a shape; a
-    # lane's own size is ``PolicyParams.kv_cpu_blocks`` <= it); 0 = no CPU tier compiled in.
-    cpu_tier_blocks: int = 0
-    cpu_ext_slots: int = 1  # CPU keys of blocks past the full prompt blocks (engine.kvtier)
-    # Off-chain CPU keys (a CPU tier, engine.kvtier): this many distinct predecessors per
-    # block content; a lane that needs more overflows ``offchain``.
-    offchain_generations: int = 8
-    # Queued requests holding KV blocks per instance (batch slots past the P/D reservations):
-    # with ``blis_quirks`` a tiered admission that claims reloaded blocks and then fails its
-    # pre-check leaves the request holding them while it waits (``kvtiered.tiered_allocate``);
-    # a lane that needs more overflows ``kv_hold``.
-    kv_hold_slots: int = 0
-    kv_thrash_window_us: int = 0  # ``metrics.kv_thrash_window_us`` (the thrashing anomaly)
-    # ``cluster.pd``: P/D pools are compiled in (``engine.pd``). A disaggregated request's
-    # prefill sub-request is request row N + 1 + r (``request_rows``); its decode sub-request
-    # keeps row r. Capacities: decode sub-requests waiting with reserved KV per instance
-    # (batch slots past ``batch_slots``), and KV transfers pending or in flight per lane.
-    pd: bool = False
-    pd_reserve_slots: int = 0
-    pd_transfer_slots: int = 0
-    # Instance lifecycles (``engine.lifecycle``; autoscaling, node pools, loading, warm-up):
-    # the instance count is then the slot count (``max_replicas``); the node pools' layout (nodes pool-major, ``node_pool`` per node,
-    # ``pool_first_node`` and ``pool_initial_nodes`` per pool); instance variants; the initial
-    # instances and the text order of their names (BLIS's drain order under --blis-quirks);
-    # pending actuations per lane and state changes recorded per lane.
-    lifecycle: bool = False
-    # Lanes of fewer instances than the program has (``PolicyParams.active_instances``, the
-    # ``cluster.num_instances`` knob): the router decides among each lane's own first
-    # instances. Not with lifecycles or P/D pools, which choose their instances themselves.
-    sized_lanes: bool = False
-    # Closed-loop sessions (``engine.sessions``): the workload has follow-up rounds, rows
-    # ``initial_requests`` .. N − 1; session-shared blocks have hash slots per (instance,
-    # session, block), ``session_blocks_max`` per session.
-    sessions: bool = False
-    # With ``sessions``: the router's prefix index (prefix-affinity) also holds the blocks a
-    # session shares (``RouterState.lru_spos``): some lane lists the prefix-affinity scorer
-    # (``build_static`` from the configuration, ``for_lanes`` from a population).
-    session_prefix_index: bool = False
-    # P/D pools with shared instances whose pools both route with the lane's router and its
-    # prefix index (some lane, ``static_lanes.for_lanes``): a disaggregated request's decode
-    # routing indexes its own prompt blocks, which its prefill routing can then match on a
-    # shared instance (``PDState.own_clock``, ``policies.OwnEntries``).
-    pd_own_index: bool = False
-    # With ``sessions``: a follow-up budget or sessions whose rows are a capacity (concurrency
-    # users, ``Workload.session_unbounded``): follow-up creation counts against the budget
-    # and flags a user out of rows (``sessions.create_follow_ups``).
-    open_sessions: bool = False
-    # Per-lane GPU types (the ``hardware`` knob): the GPUs whose latency the program holds,
-    # each lane reading the rows of its own (``PolicyParams.gpu``, rows indexed by
-    # ``blisjax.config.hardware.hardware_code``: the α delays, the blackbox step tables or the
-    # roofline's FLOP rates and bandwidth, the output-token time). (): every lane runs the
-    # base configuration's GPU and nothing per lane is compiled in (``for_hardware`` sets
-    # them from a population whose lanes run others).
+    kv_thrash_window_us: int = 0
     gpus: tuple[str, ...] = ()
-    # P/D pools with their own TP or GPU (``cluster.pd.prefill`` / ``decode``): each
-    # instance's latency row (0 the configuration's, 1 the prefill pool's, 2 the decode
-    # pool's; the rows of ``WorkloadConsts`` as with ``gpus``) and, where the pools' KV caches
-    # differ in size, each instance's KV blocks (``kv_blocks`` is then the largest). (): one
-    # configuration for every instance, nothing per instance compiled in.
     instance_rows: tuple[int, ...] = ()
     instance_kv_blocks: tuple[int, ...] = ()
-    # ... and where the pools' max-model-len differ, each instance's (0: none;
-    # ``max_model_len_of``); (): ``max_model_len`` for every instance.
     instance_max_model_len: tuple[int, ...] = ()
-    # ... and where the pools' latency models differ (blackbox and roofline), whether each
-    # latency row runs the roofline model (the program's ``latency_model`` is then
-    # "roofline": both step times are computed, each instance taking its row's; no decode
-    # stretches). (): every row runs ``latency_model``.
     row_roofline: tuple[bool, ...] = ()
-    # Instance variants of their own speed (node pools of a GPU the hardware table knows,
-    # ``rules.speed_gpu``): each instance reads the ``gpus`` rows of its variant's GPU
-    # (``LifecycleState.gpu``, ``lifecycle.instance_consts``) instead of its lane's.
-    variant_speed: bool = False
-    initial_requests: int = 0
-    num_sessions: int = 1
-    session_blocks_max: int = 1
-    # The gateway queue (``engine.gateway``; BLIS's flow control): some lane has it;
-    # ``gateway_slots`` requests it holds at most (past them a lane overflows ``gateway``).
-    gateway: bool = False
-    gateway_slots: int = 1
     gpus_per_instance: int = 1
-    num_pools: int = 0
-    num_nodes: int = 1
     node_pool: tuple = (0,)
     pool_first_node: tuple = (0,)
     pool_initial_nodes: tuple = (0,)
-    num_variants: int = 1
     initial_instances: int = 0
     initial_name_rank: tuple = ()
-    actuation_slots: int = 0
-    timeline_slots: int = 0
-    # Events one lane handles at most (0: ``consts.events_bound`` of each workload, a value
-    # of the run, not of the program); a lane reaching it with events left stops, flagged.
-    max_events: int = 0
+
+
+@dataclass(frozen=True)
+class Features:
+    """What the program compiles in. A feature no lane uses is compiled out; one that some
+    lane uses runs for every lane of the program, inert where the lane's knobs leave it
+    unused (``build_static`` from the configuration, ``static_lanes.for_lanes`` from a
+    population).
+
+      pd: P/D pools (``engine.pd``, ``cluster.pd``). A disaggregated request's prefill
+        sub-request is request row N + 1 + r (``EngineStatic.request_rows``); its decode
+        sub-request keeps row r.
+      lifecycle: instance lifecycles (``engine.lifecycle``; autoscaling, node pools, loading,
+        warm-up): the instance count is then the slot count (``max_replicas``).
+      sessions: closed-loop sessions (``engine.sessions``): the workload has follow-up rounds.
+      gateway: the gateway queue (``engine.gateway``; BLIS's flow control): some lane has it.
+      cache_scorers: the precise-prefix-cache and no-hit-lru scorers' cache query (every
+        instance's cached prefix of the request at routing): some lane lists one of them.
+      program_sites: policy programs (``engine.program``): the sites ("routing",
+        "admission", "priority") whose interpreter is compiled in, some lane's policy there
+        being ``program``. A routing program also compiles the cache query in (its
+        ``cached_blocks`` and cache scorers).
+      sized_lanes: lanes of fewer instances than the program has
+        (``PolicyParams.active_instances``, the ``cluster.num_instances`` knob): the router
+        decides among each lane's own first instances. Not with lifecycles or P/D pools,
+        which choose their instances themselves.
+      session_prefix_index: with ``sessions``, the router's prefix index (prefix-affinity)
+        also holds the blocks a session shares (``RouterState.lru_spos``): some lane lists
+        the prefix-affinity scorer.
+      pd_own_index: P/D pools with shared instances whose pools both route with the lane's
+        router and its prefix index: a disaggregated request's decode routing indexes its
+        own prompt blocks, which its prefill routing can then match on a shared instance
+        (``PDState.own_clock``, ``policies.OwnEntries``).
+      open_sessions: with ``sessions``, a follow-up budget or sessions whose rows are a
+        capacity (concurrency users, ``Workload.session_unbounded``): follow-up creation
+        counts against the budget and flags a user out of rows
+        (``sessions.create_follow_ups``).
+      variant_speed: instance variants of their own speed (node pools of a GPU the hardware
+        table knows, ``rules.speed_gpu``): each instance reads the ``Settings.gpus`` rows of
+        its variant's GPU (``LifecycleState.gpu``, ``lifecycle.instance_consts``) instead of
+        its lane's.
+      latency: a latency model object (hashable) evaluated on the host once per step through
+        a callback (``blisjax.engine.hostlatency``): a roofline model whose configuration the
+        program cannot evaluate exactly (``roofline.fits_the_program``: contexts of 2^25
+        tokens or more with an unusual model), or any roofline or physics model set here by
+        hand (for comparisons); None: the model runs in the program.
+    """
+
+    pd: bool = False
+    lifecycle: bool = False
+    sessions: bool = False
+    gateway: bool = False
+    cache_scorers: bool = False
+    program_sites: tuple[str, ...] = ()
+    sized_lanes: bool = False
+    session_prefix_index: bool = False
+    pd_own_index: bool = False
+    open_sessions: bool = False
+    variant_speed: bool = False
+    latency: object = None
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """How the program computes, never what: results are identical for any tuning.
+
+      running_width: vector width of the narrowest step program; wider ones grow from it up
+        to the batch slots (``instance.step_widths``). Not a capacity: a step runs the
+        narrowest program that holds every lane's running batch.
+      narrow_programs: compile the narrower step and release programs at all
+        (``running_width`` and up; ``kvcache.release_widths``). Off, one program of each at
+        full width: a program a quarter the size, faster to compile and to load from the
+        program cache, whose steps cost more while batches are small. ``simulate`` (one lane)
+        turns it off.
+      decode_stretches: advance runs of decode-only steps as one (``engine.stretch``) where
+        the step times are computed in the program (blackbox, roofline). Off, every step is
+        its own lockstep iteration. ``build_static`` decides it from the workload's output
+        lengths unless told (``stretches_pay_off``).
+    """
+
+    running_width: int = 64
+    narrow_programs: bool = True
+    decode_stretches: bool = True
+
+
+_GROUPS = {"shapes": Shapes, "settings": Settings, "features": Features, "tuning": Tuning}
+#: The group of each of ``EngineStatic``'s fields (``EngineStatic.of``, ``replace``).
+FIELD_GROUP = {f.name: group for group, cls in _GROUPS.items()
+               for f in dataclasses.fields(cls)}
+
+
+@dataclass(frozen=True)
+class EngineStatic:
+    """What fixes a compiled program, hashable (a static argument of the jitted run): its
+    shapes, the simulated cluster's settings, the features compiled in and how the program is
+    tuned. Built by ``build_static`` (from a configuration and a workload) and ``of`` (from
+    fields by name); ``replace`` changes fields by name."""
+
+    shapes: Shapes
+    settings: Settings
+    features: Features
+    tuning: Tuning
+
+    @classmethod
+    def of(cls, **fields) -> EngineStatic:
+        """An ``EngineStatic`` from its fields by name (each routed to its group)."""
+        parts: dict[str, dict] = {group: {} for group in _GROUPS}
+        for name, value in fields.items():
+            if name not in FIELD_GROUP:
+                raise TypeError(f"EngineStatic has no field {name!r}")
+            parts[FIELD_GROUP[name]][name] = value
+        return cls(**{group: _GROUPS[group](**kw) for group, kw in parts.items()})
+
+    def replace(self, **fields) -> EngineStatic:
+        """This static with the named fields changed (each in its group)."""
+        parts: dict[str, dict] = {}
+        for name, value in fields.items():
+            if name not in FIELD_GROUP:
+                raise TypeError(f"EngineStatic has no field {name!r}")
+            parts.setdefault(FIELD_GROUP[name], {})[name] = value
+        return dataclasses.replace(self, **{
+            group: dataclasses.replace(getattr(self, group), **kw) for group, kw in parts.items()})
+
+    def field(self, name: str):
+        """The field ``name``'s value, whichever group holds it."""
+        return getattr(getattr(self, FIELD_GROUP[name]), name)
+
+    def fields(self) -> dict:
+        """Every field by name (group by group)."""
+        return {name: self.field(name) for name in FIELD_GROUP}
 
     @property
     def request_rows(self) -> int:
         """Rows of the per-request state: N requests, the sink row N, and with P/D pools the
         prefill sub-requests' rows N + 1 .. 2N."""
-        n = self.num_requests
-        return n + 1 + (n if self.pd else 0)
+        n = self.shapes.num_requests
+        return n + 1 + (n if self.features.pd else 0)
 
     @property
     def slot_count(self) -> int:
         """Batch slots per instance: the running batch's, then (P/D) the reservations', then
         (a CPU tier with ``blis_quirks``) the queued holders'."""
-        return self.batch_slots + self.pd_reserve_slots + self.kv_hold_slots
+        return self.shapes.batch_slots + self.shapes.pd_reserve_slots + self.shapes.kv_hold_slots
 
     @property
     def hold_base(self) -> int:
         """The first slot of queued requests holding KV blocks (``kv_hold_slots``)."""
-        return self.batch_slots + self.pd_reserve_slots
+        return self.shapes.batch_slots + self.shapes.pd_reserve_slots
 
     @property
     def scaling_groups(self) -> int:
         """Groups of instance slots the autoscaler scales on its own: with P/D pools and
         instance lifecycles the prefill and the decode pool (``autoscaler.group_members``),
         else one."""
-        return 2 if self.pd and self.lifecycle else 1
+        return 2 if self.features.pd and self.features.lifecycle else 1
 
     @property
     def conversation_max_model_len(self) -> int:
@@ -247,14 +346,14 @@ class EngineStatic:
         (``ResolvedConfig.conversation_max_model_len``): the decode pool's where P/D pools have
         caps of their own (row 2 of ``instance_rows``: decode and shared instances, where
         requests complete), else ``max_model_len``."""
-        if self.instance_max_model_len and 2 in self.instance_rows:
-            return self.instance_max_model_len[self.instance_rows.index(2)]
-        return self.max_model_len
+        if self.settings.instance_max_model_len and 2 in self.settings.instance_rows:
+            return self.settings.instance_max_model_len[self.settings.instance_rows.index(2)]
+        return self.settings.max_model_len
 
     @property
     def tiered(self) -> bool:
         """A CPU tier is compiled in (``engine.kvtier``)."""
-        return self.cpu_tier_blocks > 0
+        return self.shapes.cpu_tier_blocks > 0
 
     @property
     def own_per_instance(self) -> bool:
@@ -262,24 +361,24 @@ class EngineStatic:
         (its prefill and decode sub-requests hold them on two instances), and with a CPU tier
         and instance lifecycles (a redirected request runs on another instance than the one
         whose tier holds its blocks)."""
-        return self.pd or (self.lifecycle and self.tiered)
+        return self.features.pd or (self.features.lifecycle and self.tiered)
 
     @property
     def own_copies(self) -> int:
         """Instances a request's own blocks can be cached on: one, or all of them
         (``own_per_instance``)."""
-        return self.num_instances if self.own_per_instance else 1
+        return self.shapes.num_instances if self.own_per_instance else 1
 
     @property
     def cpu_true_keys(self) -> int:
         """CPU keys of blocks on their true hash chain: the hash slots, then extension keys."""
-        return self.hash_slots + self.own_copies * self.cpu_ext_slots
+        return self.hash_slots + self.own_copies * self.shapes.cpu_ext_slots
 
     @property
     def cpu_off_slots(self) -> int:
         """Off-chain CPU keys: ``offchain_generations`` per true key with a CPU tier (one
         placeholder without)."""
-        return self.offchain_generations * self.cpu_true_keys if self.tiered else 1
+        return self.shapes.offchain_generations * self.cpu_true_keys if self.tiered else 1
 
     @property
     def cpu_keys(self) -> int:
@@ -292,8 +391,9 @@ class EngineStatic:
         distinct keys: at most one per GPU block, and at most every block of a full batch)
         and the tier again, so compactions stay rare; no longer, since a pass scans the
         whole ring (``kvtier.mirror``)."""
-        return 2 * self.cpu_tier_blocks + min(self.kv_blocks,
-                                              self.batch_slots * self.max_blocks_per_request)
+        shapes = self.shapes
+        return 2 * shapes.cpu_tier_blocks + min(shapes.kv_blocks,
+                                                shapes.batch_slots * shapes.max_blocks_per_request)
 
     @property
     def stretches(self) -> bool:
@@ -302,7 +402,8 @@ class EngineStatic:
         # With a CPU tier a stretch's mirror passes are one pass at its end
         # (``stretch._by_tier``); a batch with off-chain hashes or blocks off their positions
         # is not planned (``stretch.outlook``).
-        return self.decode_stretches and self.latency is None and not self.row_roofline
+        return (self.tuning.decode_stretches and self.features.latency is None
+                and not self.settings.row_roofline)
 
     @property
     def stretch_times_vary(self) -> bool:
@@ -310,7 +411,7 @@ class EngineStatic:
         grows with the contexts; a physics step's also follows the preemption EMA), planned a
         bounded number of steps ahead (``VARYING_PLAN``); under the blackbox model they all
         last the same (the batch's token counts alone)."""
-        return self.stretches and self.latency_model in ("roofline", "physics")
+        return self.stretches and self.settings.latency_model in ("roofline", "physics")
 
     @property
     def stretch_offset_slots(self) -> int:
@@ -328,37 +429,38 @@ class EngineStatic:
     def recent_signals(self) -> bool:
         """Instances keep their recent signals (``engine.recent``): routing programs read
         them."""
-        return "routing" in self.program_sites
+        return "routing" in self.features.program_sites
 
     @property
     def cache_copy_on(self) -> bool:
         """The cache query reads a periodic copy rather than the live hash slots."""
-        return self.cache_scorers and self.cache_signal_delay_us > 0
+        return self.features.cache_scorers and self.settings.cache_signal_delay_us > 0
 
     @property
     def max_step_tokens(self) -> int:
         """Most tokens one step processes: prefill chunks within the token budget plus one
         per decoding request (rows of the roofline's token table)."""
-        return self.token_budget + self.batch_slots
+        return self.settings.token_budget + self.shapes.batch_slots
 
     @property
     def stateful_latency(self) -> bool:
         """Physics: the queueing delay and step time read instance state (and an EMA)."""
-        return self.latency_model == "physics"
+        return self.settings.latency_model == "physics"
 
     @property
     def group_slots(self) -> int:
-        return self.num_instances * self.num_groups * self.group_blocks_max
+        return self.shapes.num_instances * self.shapes.num_groups * self.shapes.group_blocks_max
 
     @property
     def session_slots(self) -> int:
         """Hash slots of session-shared blocks, after the prefix groups' (0 without sessions)."""
-        return self.num_instances * self.num_sessions * self.session_blocks_max \
-            if self.sessions else 0
+        shapes = self.shapes
+        return shapes.num_instances * shapes.num_sessions * shapes.session_blocks_max \
+            if self.features.sessions else 0
 
     @property
     def hash_slots(self) -> int:
-        return self.group_slots + self.session_slots + self.own_copies * self.own_slots
+        return self.group_slots + self.session_slots + self.own_copies * self.shapes.own_slots
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -368,15 +470,15 @@ def _ceil_div(a: int, b: int) -> int:
 
 def caps_length(st) -> bool:
     """Some instance caps request lengths (max-model-len): the cap's rules are compiled in."""
-    return st.max_model_len > 0 or any(x > 0 for x in st.instance_max_model_len)
+    return st.settings.max_model_len > 0 or any(x > 0 for x in st.settings.instance_max_model_len)
 
 
 def max_model_len_of(st, i):
     """Instance i's max-model-len, 0 = none: the configuration's (a Python int), or with P/D
     pools of their own max-model-len its pool's (an int32 array of i's shape)."""
-    if not st.instance_max_model_len:
-        return st.max_model_len
-    return jnp.asarray(st.instance_max_model_len, jnp.int32)[i]
+    if not st.settings.instance_max_model_len:
+        return st.settings.max_model_len
+    return jnp.asarray(st.settings.instance_max_model_len, jnp.int32)[i]
 
 
 def build_static(resolved, workload, *, queue_slots: int | None = None,
@@ -472,7 +574,7 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
     model = make_latency_model(resolved)
     if decode_stretches is None:
         decode_stretches = stretches_pay_off(out)
-    st = EngineStatic(
+    st = EngineStatic.of(
         num_requests=n,
         num_instances=max_replicas(cfg.policy.autoscaler, cfg.cluster.num_instances,
                                    cfg.cluster.node_pools, eng.tensor_parallel_size,
@@ -537,21 +639,21 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
     if cfg.cluster.gateway.enabled:
         st = with_gateway(st)
     if sized_lanes:
-        st = dataclasses.replace(st, sized_lanes=_check_sized(st))
+        st = st.replace(sized_lanes=_check_sized(st))
     # Evaluated on the host through a callback: a roofline configuration the program cannot
     # evaluate exactly.
-    if st.row_roofline:  # a pool runs the roofline model, another blackbox
-        st = dataclasses.replace(st, latency_model="roofline")
+    if st.settings.row_roofline:  # a pool runs the roofline model, another blackbox
+        st = st.replace(latency_model="roofline")
     on_host = (cfg.latency.model == "roofline"
                and not roofline_fits_the_program(model, st.max_step_tokens, int(total.max())))
-    if pools and st.latency_model == "roofline" and any(
+    if pools and st.settings.latency_model == "roofline" and any(
             not roofline_fits_the_program(make_latency_model(x), st.max_step_tokens,
                                           int(total.max())) for x in pool_configs(resolved)
             if x.config.latency.model == "roofline"):
         raise ConfigError("cluster.pd", "P/D pools of their own with a roofline model the "
                           "program evaluates on the host (contexts of 2^25 tokens or more) run "
                           "in the reference engine only (--engine reference)")
-    st = dataclasses.replace(st, latency=model) if on_host else st
+    st = st.replace(latency=model) if on_host else st
     st = with_gpus(st, resolved, workload, gpus) if gpus else st
     return with_variant_speed(st, resolved, workload, variant_gpus(cfg))
 
@@ -582,7 +684,7 @@ def _lifecycle_shape(cfg, actuation_slots: int | None, timeline_slots: int | Non
 
 def _check_sized(st: EngineStatic) -> bool:
     """True, or ConfigError when the program chooses its instances itself."""
-    if st.lifecycle or st.pd:
+    if st.features.lifecycle or st.features.pd:
         raise ConfigError("cluster.num_instances", "is not a per-lane knob with instance "
                           "lifecycles or P/D pools (the autoscaler and the pools decide which "
                           "instances serve): sweep the base configuration's instead")
@@ -630,21 +732,20 @@ def build_static_shared(resolved, workloads, **capacities) -> EngineStatic:
         raise ValueError("build_static_shared: no workloads given")
     base = statics[0]
     for other in statics[1:]:
-        for f in dataclasses.fields(EngineStatic):
-            if f.name not in _SHAREABLE and getattr(other, f.name) != getattr(base, f.name):
-                raise ValueError(f"workloads differ in {f.name} ({getattr(base, f.name)} vs "
-                                 f"{getattr(other, f.name)}); they cannot share one program")
-    return dataclasses.replace(base, **{name: max(getattr(s, name) for s in statics)
-                                        for name in _SHAREABLE})
+        for name in FIELD_GROUP:
+            if name not in _SHAREABLE and other.field(name) != base.field(name):
+                raise ValueError(f"workloads differ in {name} ({base.field(name)} vs "
+                                 f"{other.field(name)}); they cannot share one program")
+    return base.replace(**{name: max(s.field(name) for s in statics) for name in _SHAREABLE})
 
 
 def with_gateway(st: EngineStatic) -> EngineStatic:
     """``st`` with the gateway queue compiled in (holding every request at most)."""
-    if st.gateway:
+    if st.features.gateway:
         return st
     # as ``build_static`` for a configuration with the gateway: no decode stretches
-    return dataclasses.replace(st, gateway=True, decode_stretches=False,
-                               gateway_slots=max(st.gateway_slots, st.num_requests, 1))
+    return st.replace(gateway=True, decode_stretches=False,
+                      gateway_slots=max(st.shapes.gateway_slots, st.shapes.num_requests, 1))
 
 
 def _session_shape(workload, bs: int) -> dict:

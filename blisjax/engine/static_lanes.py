@@ -9,8 +9,6 @@ there is the reference (``blisjax.reference.simulate``).
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 
 from blisjax.config._checks import ConfigError
@@ -32,11 +30,11 @@ def with_program_sites(st: EngineStatic, sites) -> EngineStatic:
     """``st`` with the program interpreters of ``sites`` (and those it has) compiled in, and a
     routing program's cache query; a search over programs builds its program so, once, for
     its configured policy and its programs alike."""
-    sites = tuple(x for x in PROGRAM_SITES if x in st.program_sites or x in sites)
-    if sites == st.program_sites:
+    sites = tuple(x for x in PROGRAM_SITES if x in st.features.program_sites or x in sites)
+    if sites == st.features.program_sites:
         return st
-    return dataclasses.replace(st, program_sites=sites,
-                               cache_scorers=st.cache_scorers or "routing" in sites)
+    return st.replace(program_sites=sites,
+                               cache_scorers=st.features.cache_scorers or "routing" in sites)
 
 
 def for_lanes(st: EngineStatic, params) -> EngineStatic:
@@ -46,28 +44,29 @@ def for_lanes(st: EngineStatic, params) -> EngineStatic:
     not consulted: a search's lanes keep their scorer lists from one generation to the next
     while a ``routing.policy`` knob changes, and one program must serve them all."""
     most = int(np.max(np.asarray(params.autoscaler.max), initial=0))
-    if st.lifecycle and most > st.num_instances:
+    if st.features.lifecycle and most > st.shapes.num_instances:
         raise ConfigError("policy.autoscaler.max_replicas", "a lane's max_replicas exceeds "
-                          f"the program's {st.num_instances} instance slots (the base "
+                          f"the program's {st.shapes.num_instances} instance slots (the base "
                           "configuration's max_replicas): raise the base's")
-    if not (st.lifecycle or st.pd):
+    if not (st.features.lifecycle or st.features.pd):
         active = np.asarray(params.active_instances)
-        if int(np.max(active, initial=0)) > st.num_instances:
+        if int(np.max(active, initial=0)) > st.shapes.num_instances:
             raise ConfigError("cluster.num_instances", f"a lane has "
                               f"{int(np.max(active))} instances, more than the program's "
-                              f"{st.num_instances} (the base configuration's): raise the base's")
-        if int(np.min(active, initial=st.num_instances)) < st.num_instances \
-                and not st.sized_lanes:
-            st = dataclasses.replace(st, sized_lanes=_check_sized(st))
+                              f"{st.shapes.num_instances} (the base configuration's): raise "
+                              "the base's")
+        if int(np.min(active, initial=st.shapes.num_instances)) < st.shapes.num_instances \
+                and not st.features.sized_lanes:
+            st = st.replace(sized_lanes=_check_sized(st))
     if bool(np.any(np.asarray(params.gateway.on))):
         st = with_gateway(st)
-    if st.pd and not st.pd_own_index and _pd_prefix_index_twice(params):
-        st = dataclasses.replace(st, pd_own_index=True)
-    if st.instance_rows:
+    if st.features.pd and not st.features.pd_own_index and _pd_prefix_index_twice(params):
+        st = st.replace(pd_own_index=True)
+    if st.settings.instance_rows:
         check_pool_rows(st, params)
     cpu = int(np.max(np.asarray(params.kv_cpu_blocks), initial=0))
-    if cpu > st.cpu_tier_blocks:  # a lane sizes a CPU tier larger than the base's
-        st = dataclasses.replace(st, cpu_tier_blocks=cpu)
+    if cpu > st.shapes.cpu_tier_blocks:  # a lane sizes a CPU tier larger than the base's
+        st = st.replace(cpu_tier_blocks=cpu)
     codes = {"routing": (params.routing.policy, RoutingPolicy.PROGRAM),
              "admission": (params.admission.policy, AdmissionPolicy.PROGRAM),
              "priority": (params.priority.policy, PriorityPolicy.PROGRAM)}
@@ -75,16 +74,16 @@ def for_lanes(st: EngineStatic, params) -> EngineStatic:
         site for site in PROGRAM_SITES
         if bool(np.any(np.asarray(codes[site][0]) == int(codes[site][1])))))
     order = np.asarray(params.routing.scorer_order)
-    pool_order = np.asarray(params.pd.pool_order) if st.pd else order
-    if st.sessions and not st.session_prefix_index and (
+    pool_order = np.asarray(params.pd.pool_order) if st.features.pd else order
+    if st.features.sessions and not st.features.session_prefix_index and (
             bool(np.any(np.asarray(params.routing.prefix_index_on)))
             or bool(np.isin(order, [int(Scorer.PREFIX_AFFINITY)]).any())
             or bool(np.isin(pool_order, [int(Scorer.PREFIX_AFFINITY)]).any())):
-        st = dataclasses.replace(st, session_prefix_index=True)
-    if st.cache_scorers:
+        st = st.replace(session_prefix_index=True)
+    if st.features.cache_scorers:
         return st
     needed = bool(np.isin(order, [int(x) for x in CACHE_SCORERS]).any())
-    return dataclasses.replace(st, cache_scorers=True) if needed else st
+    return st.replace(cache_scorers=True) if needed else st
 
 
 def _pd_prefix_index_twice(params) -> bool:

@@ -91,18 +91,18 @@ class StretchState:
 
 def init_stretch(st) -> StretchState:
     """No stretch planned."""
-    i = st.num_instances
+    i = st.shapes.num_instances
     return StretchState(
         steps=jnp.zeros(i, jnp.int32), d=jnp.zeros(i, jnp.int64),
         offset=jnp.zeros((i, st.stretch_offset_slots), jnp.int64),
         ema=jnp.zeros((i, st.stretch_ema_slots), jnp.float64),
-        cum=jnp.zeros((i, st.block_size), jnp.int32))
+        cum=jnp.zeros((i, st.settings.block_size), jnp.int32))
 
 
 def chunk_steps(st) -> int:
     """Steps per ``materialize`` pass: at most the block size, so that in one pass every
     request takes at most one fresh block (the pass pops at most J blocks)."""
-    return max(1, min(CHUNK_STEPS, st.block_size))
+    return max(1, min(CHUNK_STEPS, st.settings.block_size))
 
 
 # ---- planning ---------------------------------------------------------------------------------
@@ -127,7 +127,7 @@ def _plain_times(st) -> int:
 def no_outlook(st) -> BatchOutlook:
     """The carry's start value (no stretch)."""
     return BatchOutlook(jnp.asarray(False), jnp.asarray(0, jnp.int32),
-                        jnp.zeros(st.block_size, jnp.int32),
+                        jnp.zeros(st.settings.block_size, jnp.int32),
                         jnp.ones(_plain_times(st), jnp.int64),
                         jnp.zeros(st.stretch_ema_slots, jnp.float64))
 
@@ -148,12 +148,12 @@ def outlook(s: SimState, st, c, i, keep, slots, pi, l_in, out) -> BatchOutlook:
         # (``_cpu_keys``), which hold the tokens of those positions unless a reload shifted
         # the request's blocks (``kvcache.content_key``): then its tokens number otherwise
         held = kv.last_block_fill(s, st, i, slots)
-        tokens = held.blen * st.block_size - kv.spare_positions(st, held.blen, held.filled)
+        tokens = held.blen * st.settings.block_size - kv.spare_positions(st, held.blen, held.filled)
         whole = whole & (~keep | (tokens == pi))
         # the blocks a request fills chain from its last full block: the plan assumes they
         # are on the true chain (``_apply`` gives them their true keys), which holds unless a
         # reload replaced that block's content (off-chain hashes, ``blis_quirks``)
-        m = held.blen - 1 - ((held.filled >= 1) & (held.filled < st.block_size))
+        m = held.blen - 1 - ((held.filled >= 1) & (held.filled < st.settings.block_size))
         block = s.batch.bt[i, slots, jnp.maximum(m, 0)]
         whole = whole & (~keep | kv.holds_true_key(s, st, c, i, reqs, m, block))
         decoding = decoding & ((s.tier.capacity == 0) | jnp.all(whole))
@@ -161,12 +161,13 @@ def outlook(s: SimState, st, c, i, keep, slots, pi, l_in, out) -> BatchOutlook:
     if caps_length(st):
         mml = max_model_len_of(st, i)
         capped = jnp.minimum(left, mml - 2 - pi)
-        left = capped if not st.instance_max_model_len else jnp.where(mml > 0, capped, left)
+        left = capped if not st.settings.instance_max_model_len else jnp.where(mml > 0, capped,
+                                                                               left)
     big = jnp.iinfo(jnp.int32).max
     plain = jnp.min(jnp.where(keep, left, big)).astype(jnp.int32)
     fill = kv.last_block_fill(s, st, i, slots)
     spare = kv.spare_positions(st, fill.blen, fill.filled).astype(jnp.int32)
-    v = jnp.arange(st.block_size, dtype=jnp.int32)
+    v = jnp.arange(st.settings.block_size, dtype=jnp.int32)
     cum = jnp.sum(keep[:, None] & (spare[:, None] <= v[None, :]), axis=0, dtype=jnp.int32)
     times = (jnp.ones(_plain_times(st), jnp.int64), jnp.zeros(st.stretch_ema_slots, jnp.float64))
     if st.stretch_times_vary:  # evaluated only when some lane may plan
@@ -218,14 +219,14 @@ def plan(s: SimState, st, i, seen: BatchOutlook, plain_us, active) -> SimState:
     running = s.batch.n_run[i]
     t0 = s.batch.step_time[i]
     ok = (active & seen.decoding & (running > 0) & (s.queue.length[i] == 0)
-          & (running <= st.token_budget) & (t0 >= 0) & (t0 <= st.horizon_us))
-    by_kv = _block_step(seen.spare_cum, running, s.kv.kv_free[i], st.block_size)
+          & (running <= st.settings.token_budget) & (t0 >= 0) & (t0 <= st.settings.horizon_us))
+    by_kv = _block_step(seen.spare_cum, running, s.kv.kv_free[i], st.settings.block_size)
     if st.stretch_times_vary:
         # offset[k] = the first k times: the real step after k plain ones starts there
         offset = jnp.concatenate([jnp.zeros(1, jnp.int64), jnp.cumsum(plain_us)])
-        by_horizon = jnp.sum(t0 + offset[1:] <= st.horizon_us, dtype=jnp.int64)
+        by_horizon = jnp.sum(t0 + offset[1:] <= st.settings.horizon_us, dtype=jnp.int64)
     else:
-        by_horizon = (st.horizon_us - t0) // plain_us
+        by_horizon = (st.settings.horizon_us - t0) // plain_us
     k = jnp.minimum(jnp.minimum(seen.plain_steps, by_kv).astype(jnp.int64), by_horizon)
     if st.tiered:
         k = jnp.minimum(k, _by_tier(s, st, i, seen, running))
@@ -253,7 +254,7 @@ def _by_tier(s: SimState, st, i, seen: BatchOutlook, running):
     k steps fill ``blocks_taken(k + 1) - #{spare = 0}`` blocks."""
     t = s.tier
     room = t.capacity - t.size[i] + seen.spare_cum[0]
-    by_room = _block_step(seen.spare_cum, running, room, st.block_size) - 1
+    by_room = _block_step(seen.spare_cum, running, room, st.settings.block_size) - 1
     holds_all = t.pass_keys[i] <= t.capacity
     big = jnp.iinfo(jnp.int32).max
     return jnp.where(t.capacity == 0, big, jnp.where(holds_all, by_room, 0)).astype(jnp.int64)
@@ -293,7 +294,7 @@ def kv_used_at(s: SimState, st, now):
     """[I] KV blocks in use at ``now`` with every virtual step starting before it applied."""
     done = _steps_before(s, st, now, False)
     pending = jnp.where(s.batch.step_time >= 0, done, 0)
-    grown = blocks_taken(s.stretch.cum, s.batch.n_run, pending, st.block_size)
+    grown = blocks_taken(s.stretch.cum, s.batch.n_run, pending, st.settings.block_size)
     return kvblocks.capacity(st) - s.kv.kv_free + grown
 
 
@@ -352,14 +353,14 @@ def pass_times(s: SimState, st, i) -> PassTimes:
 def _apply(s: SimState, st, c, i, kc, go, width: int) -> SimState:
     """Apply ``kc`` (1 .. block size) plain steps of instance i at running positions
     0 .. width - 1, where ``go``: the effects of kc consecutive ``Instance._step`` calls."""
-    bs = st.block_size
+    bs = st.settings.block_size
     kc = jnp.where(go, kc, 0).astype(jnp.int32)
     times = pass_times(s, st, i)
     span = times.after(kc)  # µs from the pass's first step to the step after its last
     pos = jnp.arange(width, dtype=jnp.int32)
     valid = go & (pos < s.batch.n_run[i])
     slots = jnp.maximum(s.batch.order[i, :width], 0)
-    reqs = jnp.where(valid, s.batch.slot_req[i, slots], st.num_requests)
+    reqs = jnp.where(valid, s.batch.slot_req[i, slots], st.shapes.num_requests)
     fill = kv.last_block_fill(s, st, i, slots)
     spare = kv.spare_positions(st, fill.blen, fill.filled)  # 0 .. B - 1
     # each request takes at most one fresh block in kc <= B steps, at step `spare`; the
@@ -385,7 +386,7 @@ def _apply(s: SimState, st, c, i, kc, go, width: int) -> SimState:
     used_k = used0 + jnp.cumsum(per_value)[:chunk_steps(st)].astype(jnp.int64)
     step_k = jnp.where(k < kc, times.after(k + 1) - times.after(k), 0)
     s, blocks, taken = kvblocks.pop_blocks(s, st, i, count, go, width)
-    k_blocks, mb = st.kv_blocks, st.max_blocks_per_request
+    k_blocks, mb = st.shapes.kv_blocks, st.shapes.max_blocks_per_request
     b = jnp.where(fresh, blocks[jnp.minimum(rank, width - 1)], k_blocks)
     top_up = valid & (spare > 0)
     table_pos = jnp.where(fresh, fill.blen, mb)
@@ -402,7 +403,7 @@ def _apply(s: SimState, st, c, i, kc, go, width: int) -> SimState:
     if st.tiered:  # before the hash-slot writes, which read no CPU key
         s = _cpu_keys(s, st, c, i, reqs, fill=fill, spare=spare, fresh=fresh, top_up=top_up,
                       b=b, kc=kc, times=times)
-    if st.prefix_caching:
+    if st.settings.prefix_caching:
         s = _hash_slot_ops(s, st, i, fresh, b, width)
     grown = jnp.where(valid, kc, 0)  # the sink row (invalid positions) gets nothing
     # each step adds its time plus the output-token processing time to every ITL sum
@@ -411,7 +412,7 @@ def _apply(s: SimState, st, c, i, kc, go, width: int) -> SimState:
         pi=s.pi.at[reqs].add(grown), computed=s.computed.at[reqs].add(grown),
         num_new=s.num_new.at[reqs].set(jnp.where(valid, 1, 0)),
         itl_sum=s.itl_sum.at[reqs].add(jnp.where(valid, itl_total, 0)))
-    if st.itl_capacity > 0:
+    if st.shapes.itl_capacity > 0:
         # the progress before the pass, read back from the updated array (valid requests are
         # distinct and the sink row grows by 0): a read of the old array beside the in-place
         # add made XLA copy the whole [requests] array twice per pass
@@ -422,7 +423,7 @@ def _apply(s: SimState, st, c, i, kc, go, width: int) -> SimState:
         itl = (times.step_us() + otp(st, c, i)).astype(jnp.int32)
         if st.stretch_times_vary:
             itl = jnp.broadcast_to(itl, write.shape)
-        s = s.replace(itl_buf=s.itl_buf.at[jnp.where(write, entry, st.itl_capacity)].set(
+        s = s.replace(itl_buf=s.itl_buf.at[jnp.where(write, entry, st.shapes.itl_capacity)].set(
             itl, mode="drop"))
     total = kvblocks.capacity_of(st, i)
     used = (total - s.kv.kv_free[i]).astype(jnp.int64)
@@ -458,7 +459,7 @@ def _hash_slot_ops(s: SimState, st, i, fresh, b, width: int) -> SimState:
     then batch position). A block that decode tokens fill holds output positions, never a
     prompt block's, so it gets no slot (``kvcache.grant_tokens``); the slots of the blocks
     the pass takes stay empty."""
-    k_blocks = st.kv_blocks
+    k_blocks = st.shapes.kv_blocks
     pos = jnp.arange(width, dtype=jnp.int32)
     old_slot = jnp.where(fresh, s.kv.kv_slot[i, jnp.clip(b, 0, k_blocks - 1)], NIL)
     s = kvblocks.apply_slot_ops(s, st, old_slot, jnp.full(width, NIL, jnp.int32), 2 * pos + 1,
@@ -477,7 +478,7 @@ def _cpu_keys(s: SimState, st, c, i, reqs, *, fill, spare, fresh, top_up, b, kc,
     (``spare``); a block the pass fills gets its key — the last block at step ``spare - 1``,
     a fresh block taken at step 0 when the pass is B steps long (with B = 1 a fresh block is
     full at once and, as in the reference, a decode allocation does not hash it)."""
-    bs, k_blocks = st.block_size, st.kv_blocks
+    bs, k_blocks = st.settings.block_size, st.shapes.kv_blocks
     t = s.tier
     old = t.key_of_block[i, jnp.clip(b, 0, k_blocks - 1)]
     t = kvtier.note_evictions(t, old, fresh, times.t0 + times.after(jnp.minimum(spare, kc)))

@@ -103,8 +103,8 @@ def edge_population():
     params = stack_params([params_from_config(c, workloads[0].tenant_names) for c in configs])
     # The random policies list the cache scorers, so their program has the cache query
     # (``static_lanes.for_lanes``); the grid's do not: compiled in for all, one program serves both.
-    static = dataclasses.replace(
-        build_static_shared(base, list(workloads), decode_stretches=True), cache_scorers=True)
+    static = build_static_shared(base, list(workloads),
+                                 decode_stretches=True).replace(cache_scorers=True)
     lanes = tuple(simulate_population(base, w, params, static=static,
                                       lane_block=POPULATION_LANE_BLOCK) for w in workloads)
     metrics = dataclasses.replace(base.config.metrics, fitness_weights=(("p99_ttft", 1.0),))

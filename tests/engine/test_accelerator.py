@@ -29,6 +29,7 @@ from blisjax.engine.run import (
     state_bytes_per_lane,
 )
 from blisjax.engine.static import build_static
+from tests.engine.static_like import static_like
 from tests.engine.test_parity import EDGE_ROWS
 from tests.reference.conftest import make_resolved, make_workload
 
@@ -44,7 +45,7 @@ def test_cpu_devices_run_lanes_in_blocks_and_an_accelerator_runs_all_in_one_loop
     assert ACCELERATOR_LANE_BLOCK >= 65_536
     # a program with a CPU tier, 100 GPU blocks per instance: lanes whose tiers can thrash run
     # in small blocks on CPUs; lanes of no tier or tiers of the GPU cache's size at least not
-    tiered = types.SimpleNamespace(tiered=True, kv_blocks=100)
+    tiered = static_like(tiered=True, kv_blocks=100)
     for tiers, block in (((0, 99), TIERED_LANE_BLOCK), ((0, 100, 300), LANE_BLOCK),
                          ((1,), TIERED_LANE_BLOCK)):
         lanes = types.SimpleNamespace(kv_cpu_blocks=np.array(tiers))

@@ -9,8 +9,6 @@ microsecond, routing first).
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 
@@ -61,7 +59,7 @@ WORKLOADS = {"queue": _rows_queue, "pending": _rows_pending, "deadline": _rows_d
 def lowered():
     resolved = make_resolved(block_size=4, kv_blocks=64, max_running=1)
     workloads = {name: make_workload(rows()) for name, rows in WORKLOADS.items()}
-    static = dataclasses.replace(build_static_shared(resolved, list(workloads.values())), **LOW)
+    static = build_static_shared(resolved, list(workloads.values())).replace(**LOW)
     params = stack_params([params_from_config(resolved.config, ("",))])
     return {name: simulate_population(resolved, w, params, static=static)[0]
             for name, w in workloads.items()}
@@ -84,10 +82,10 @@ def test_default_capacities_hold_the_workloads():
     resolved = make_resolved(block_size=4, kv_blocks=64, max_running=1)
     for name, rows in WORKLOADS.items():
         st = build_static(resolved, make_workload(rows()))
-        assert st.queue_slots == REQUESTS and st.deadline_window == 8, name
-    assert build_static(resolved, make_workload(_rows_pending())).pending_slots >= 3
-    assert build_static(resolved, make_workload(_rows_blocks())).max_blocks_per_request == 6
+        assert st.shapes.queue_slots == REQUESTS and st.shapes.deadline_window == 8, name
+    assert build_static(resolved, make_workload(_rows_pending())).shapes.pending_slots >= 3
+    assert build_static(resolved, make_workload(_rows_blocks())).shapes.max_blocks_per_request == 6
     assert build_static(resolved, make_workload(_rows_blocks()),
-                        max_blocks_per_request=9).max_blocks_per_request == 9
+                        max_blocks_per_request=9).shapes.max_blocks_per_request == 9
     with pytest.raises(ValueError, match="max_blocks_per_request must be an integer >= 1"):
         build_static(resolved, make_workload(_rows_blocks()), max_blocks_per_request=0)

@@ -69,8 +69,8 @@ def test_release_in_a_loop_updates_block_counts_in_place():
 
     text = _compile(st, s, lane)
     assert " while(" in text
-    copies = _loop_copies(text, (st.num_instances, SLOTS)) \
-        + _loop_copies(text, (st.num_instances, st.kv_blocks))
+    copies = _loop_copies(text, (st.shapes.num_instances, SLOTS)) \
+        + _loop_copies(text, (st.shapes.num_instances, st.shapes.kv_blocks))
     assert copies == [], "\n".join(copies)
 
 
@@ -89,7 +89,7 @@ def test_allocation_in_a_loop_updates_hash_slots_in_place():
 
     text = _compile(st, s, lane)
     assert " while(" in text
-    assert _loop_copies(text, (st.num_instances, st.kv_blocks)) == []
+    assert _loop_copies(text, (st.shapes.num_instances, st.shapes.kv_blocks)) == []
 
 
 def test_eviction_in_a_loop_updates_order_slots_and_grants_in_place():
@@ -107,6 +107,6 @@ def test_eviction_in_a_loop_updates_order_slots_and_grants_in_place():
 
     text = _compile(st, s, lane)
     assert " while(" in text
-    copies = _loop_copies(text, (st.num_instances, SLOTS)) \
-        + _loop_copies(text, (st.num_requests + 1,))
+    copies = _loop_copies(text, (st.shapes.num_instances, SLOTS)) \
+        + _loop_copies(text, (st.shapes.num_requests + 1,))
     assert copies == [], "\n".join(copies)

@@ -59,7 +59,7 @@ def _slot_of(st, consts):
         if j >= full[r]:
             return -1000 * (r + 1) - j
         if j < gb[r]:
-            return (0 * st.num_groups + max(grp[r], 0)) * st.group_blocks_max + j
+            return (0 * st.shapes.num_groups + max(grp[r], 0)) * st.shapes.group_blocks_max + j
         return st.group_slots + base[r] + j
 
     return hash_of
@@ -292,7 +292,7 @@ def _tier_kernel(st, consts):
     (``kvtiered.mirror_batch``, which gathers the keys for ``kvtier.mirror``) or taking the
     pending transfer time. ``budget``: an admission's token budget; ``now``: the instance
     clock the thrashing anomaly reads."""
-    no_prefix = jnp.full(max(st.max_prompt_blocks, 1), -1, jnp.int32)
+    no_prefix = jnp.full(max(st.shapes.max_prompt_blocks, 1), -1, jnp.int32)
     none = jnp.zeros(1, jnp.int32)
 
     def lane(s, op, r, pi, end, budget, now, order, n_order):
@@ -387,10 +387,10 @@ def _compare_tier(s, st, ref, reqs, keymap: _KeyMap, cached_of, true_keys) -> No
     # a held block's hash is one of its request's true chain in both or off it in both; on
     # it, the key names that content (``kvcache.cpu_key`` of request and position; a reload
     # with ``blis_quirks`` can give a held block the content of another position)
-    offchain_start = st.hash_slots + st.cpu_ext_slots
+    offchain_start = st.hash_slots + st.shapes.cpu_ext_slots
     for req in reqs:
         held = ref.request_blocks.get(req.index, [])
-        position = {ref._hash_of(req, j): j for j in range(st.max_blocks_per_request)}
+        position = {ref._hash_of(req, j): j for j in range(st.shapes.max_blocks_per_request)}
         for j, b in enumerate(held):
             h = ref.block_hash[b]
             if h is None:
@@ -439,7 +439,8 @@ def test_tiered_kv_cache_matches_reference_op_by_op(quirks):
         lambda r: tuple(kvcache.cached_blocks(jax.tree_util.tree_map(lambda x: x[0], s), st,
                                               consts, 0, r)))(jnp.arange(len(TIER_ROWS))))
     true_keys = np.asarray(jax.vmap(lambda r: kvcache.cpu_key(
-        st, consts, 0, r, jnp.arange(st.max_blocks_per_request)))(jnp.arange(len(TIER_ROWS))))
+        st, consts, 0, r, jnp.arange(st.shapes.max_blocks_per_request)))(
+            jnp.arange(len(TIER_ROWS))))
     total = [row["input"] + row["output"] for row in TIER_ROWS]
     seen: Counter = Counter()
     for run, (capacity, bandwidth, base_us) in enumerate(((2, 8.0, 5), (6, 0.5, 0),

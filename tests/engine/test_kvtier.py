@@ -4,7 +4,6 @@ mirror passes (with repeated keys, tiers that fill and thrash) and touches, key 
 from __future__ import annotations
 
 from itertools import islice
-from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
@@ -14,14 +13,15 @@ import pytest
 from blisjax.engine import kvtier
 from blisjax.engine.lockstep import LANES
 from blisjax.reference.kvcache import CpuTier
+from tests.engine.static_like import static_like
 
 KEYS, WIDTH, RING = 40, 24, 64
 
 
 def _tier(capacity: int):
-    st = SimpleNamespace(tiered=True, num_instances=2, cpu_keys=KEYS, cpu_ring=RING,
-                         kv_blocks=4, num_requests=1, request_rows=2, blis_quirks=False,
-                         cpu_off_slots=1)
+    st = static_like(tiered=True, num_instances=2, cpu_keys=KEYS, cpu_ring=RING,
+                    kv_blocks=4, num_requests=1, request_rows=2, blis_quirks=False,
+                    cpu_off_slots=1)
     return kvtier.init_tier(st, capacity)
 
 

@@ -68,9 +68,9 @@ def test_cache_query_is_compiled_in_when_any_lane_lists_a_cache_scorer():
 
     plain = make_resolved(routing=RoutingConfig(policy="least-loaded"))
     st = build_static(plain, make_workload([dict(arrival=0, input=40, output=4)]))
-    assert not st.cache_scorers
+    assert not st.features.cache_scorers
     lru = RoutingConfig(policy="round-robin", scorers=(ScorerWeight("no-hit-lru", 1.0),))
     lanes = [params_from_config(plain.config, ("",)),
              params_from_config(make_resolved(routing=lru).config, ("",))]
-    assert for_lanes(st, stack_params(lanes)).cache_scorers
+    assert for_lanes(st, stack_params(lanes)).features.cache_scorers
     assert for_lanes(st, stack_params(lanes[:1])) == st

@@ -33,6 +33,7 @@ from blisjax.engine.parity import first_divergence
 from blisjax.metrics import records
 from blisjax.reference import simulate as reference
 from blisjax.workload import read_trace
+from tests.engine.static_like import static_like
 from tests.paths import GOLDEN_DIR
 from tests.reference.conftest import make_resolved, make_workload
 
@@ -250,21 +251,17 @@ def test_population_lanes_match_independent_reference_runs(edge_population):
     (1, 3, 2, (1, 2, 3)), (64, 64, 2, (64,))])
 def test_step_widths_grow_from_the_narrowest_to_batch_slots(narrowest, slots, per_octave,
                                                             widths):
-    from types import SimpleNamespace
-
     from blisjax.engine.instance import step_widths
-    st = SimpleNamespace(running_width=narrowest, batch_slots=slots, narrow_programs=True)
+    st = static_like(running_width=narrowest, batch_slots=slots, narrow_programs=True)
     assert step_widths(st, per_octave) == widths
 
 
 @pytest.mark.parametrize(("table", "widths"), [
     (85, (32, 64, 85)), (64, (32, 64)), (20, (20,)), (33, (32, 33)), (0, (1,))])
 def test_release_widths_double_up_to_block_table(table, widths):
-    from types import SimpleNamespace
-
     from blisjax.engine.kvcache import release_widths
-    assert release_widths(SimpleNamespace(max_blocks_per_request=table,
-                                          narrow_programs=True)) == widths
+    assert release_widths(static_like(max_blocks_per_request=table,
+                                      narrow_programs=True)) == widths
 
 
 @pytest.mark.parametrize(("prompt_blocks", "group_blocks", "sessions", "widths"), [
@@ -274,11 +271,9 @@ def test_prefix_widths_narrow_to_the_prefix_groups(prompt_blocks, group_blocks, 
                                                    widths):
     # a never-preempted request's cached chain is at most the prefix groups' block count;
     # with closed-loop sessions a follow-up's chain may be its whole prompt
-    from types import SimpleNamespace
-
     from blisjax.engine.kvcache import prefix_widths
-    st = SimpleNamespace(max_prompt_blocks=prompt_blocks, group_blocks_max=group_blocks,
-                         sessions=sessions)
+    st = static_like(max_prompt_blocks=prompt_blocks, group_blocks_max=group_blocks,
+                     sessions=sessions)
     assert prefix_widths(st) == widths
 
 
@@ -296,12 +291,10 @@ def test_narrow_step_program_parity(name):
 
 
 def test_without_narrow_programs_each_family_has_its_widest_width_only():
-    from types import SimpleNamespace
-
     from blisjax.engine.instance import step_widths
     from blisjax.engine.kvcache import release_widths
-    st = SimpleNamespace(running_width=64, batch_slots=256, max_blocks_per_request=85,
-                         narrow_programs=False)
+    st = static_like(running_width=64, batch_slots=256, max_blocks_per_request=85,
+                     narrow_programs=False)
     assert step_widths(st, 2) == (256,)
     assert release_widths(st) == (85,)
 

@@ -73,9 +73,9 @@ def gateway_population():
             compat=dataclasses.replace(cfg.compat, blis_quirks=quirks)))
     params = stack_params([params_from_config(c, workload.tenant_names) for c in configs])
     # the base has no gateway: a lane's flow control compiles it in (``for_lanes``)
-    static = for_lanes(dataclasses.replace(build_static(base, workload), cache_scorers=True),
+    static = for_lanes(build_static(base, workload).replace(cache_scorers=True),
                        params)
-    assert static.gateway
+    assert static.features.gateway
     lanes = simulate_population(base, workload, params, static=static, lane_block=8)
     return workload, configs, lanes
 

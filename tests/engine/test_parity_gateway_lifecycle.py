@@ -61,7 +61,7 @@ def test_gateway_with_lifecycles_matches_reference(seed):
     w = WORKLOADS[seed]
     base = resolve_config(LANES[0])
     static = build_static_shared(base, list(WORKLOADS.values()))  # one program for both
-    assert static.gateway and static.lifecycle
+    assert static.features.gateway and static.features.lifecycle
     params = stack_params([params_from_config(c, w.tenant_names) for c in LANES])
     results = simulate_population(base, w, params, static=static)
     for k, cfg in enumerate(LANES):

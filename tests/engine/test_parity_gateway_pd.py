@@ -37,7 +37,7 @@ def _check(quirks: bool, data) -> None:
             cfg.cluster, gateway=gateway)))
     params = stack_params([params_from_config(c, ("",)) for c in configs])
     static = for_lanes(build_static(base, _envelope(), decode_stretches=True), params)
-    assert static.gateway and static.pd
+    assert static.features.gateway and static.features.pd
     results = simulate_population(base, w, params, static=static)
     for k, cfg in enumerate(configs):
         want = reference(resolve_config(cfg), w)

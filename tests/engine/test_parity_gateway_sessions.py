@@ -34,8 +34,8 @@ def test_gateway_with_sessions_matches_reference():
                                                            strict=True)]
     base = resolve_config(configs[0])
     params = stack_params([params_from_config(c, workloads[0].tenant_names) for c in configs])
-    static = dataclasses.replace(build_static_shared(base, list(workloads)), cache_scorers=True)
-    assert static.gateway and static.sessions
+    static = build_static_shared(base, list(workloads)).replace(cache_scorers=True)
+    assert static.features.gateway and static.features.sessions
     follow_ups_rejected = 0
     for w in workloads:
         lanes = simulate_population(base, w, params, static=static)

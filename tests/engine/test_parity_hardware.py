@@ -168,14 +168,14 @@ def test_lanes_on_the_configurations_gpu_compile_nothing_per_lane():
     cfg = _base(LatencyConfig(model="roofline"))
     workload = _workload(cfg, 12)
     resolved, st, params = _static_and_params(cfg, ["H100", "H100"], workload)
-    assert st.gpus == () and for_hardware(st, resolved, workload, params) is st
+    assert st.settings.gpus == () and for_hardware(st, resolved, workload, params) is st
     consts = build_consts(resolved, workload, st)
     assert np.asarray(consts.step_prefill).ndim == 1
     assert np.asarray(consts.roofline.bandwidth).ndim == 0
     # lanes all on another GPU than the configuration's: its rows per lane
     _, _, other = _static_and_params(cfg, ["A100-80"], workload)
     wide = for_hardware(st, resolved, workload, other)
-    assert wide.gpus == ("H100", "A100-80")
+    assert wide.settings.gpus == ("H100", "A100-80")
     consts = build_consts(resolved, workload, wide)
     bandwidth = np.asarray(consts.roofline.bandwidth)
     assert bandwidth[hardware_code("A100-80")] == 2.039 * 1e12  # BwPeakTBs·1e12, as the model

@@ -122,11 +122,10 @@ def policies(draw, base):
 def _check(engine: dict, data) -> None:
     base = make_resolved(horizon_us=HORIZON_US, **engine)
     # one program for all examples, the cache query compiled in whatever the lanes draw
-    static = dataclasses.replace(build_static(base, _envelope(), decode_stretches=True),
-                                 cache_scorers=True)
+    static = build_static(base, _envelope(), decode_stretches=True).replace(cache_scorers=True)
     w = data.draw(workloads(), label="workload")
-    assert dataclasses.replace(build_static_shared(base, [_envelope(), w], decode_stretches=True),
-                               cache_scorers=True) == static
+    assert build_static_shared(base, [_envelope(), w],
+                               decode_stretches=True).replace(cache_scorers=True) == static
     configs = [data.draw(policies(base.config), label=f"lane {k}") for k in range(LANES)]
     params = stack_params([params_from_config(c, TENANTS) for c in configs])
     lanes = simulate_population(base, w, params, static=static)

@@ -57,7 +57,7 @@ def roofline_runs():
     """Both roofline samples' JAX runs, one after the other on one compiled program."""
     room_for_a_program()
     samples = {model: _sample(model) for model in SHARED_ROOFLINE}
-    pending = max(build_static(*sample).pending_slots for sample in samples.values())
+    pending = max(build_static(*sample).shapes.pending_slots for sample in samples.values())
     return {model: simulate(*sample, pending_slots=pending) for model, sample in samples.items()}
 
 
@@ -90,9 +90,9 @@ def test_physics_population_parity(case, where):
     # one program per step part (narrow_programs=False): half the compile
     st = build_static(resolve_config(configs[0]), workload, decode_stretches=True,
                       narrow_programs=False)
-    assert st.stateful_latency and (st.latency is None) and st.stretches
+    assert st.stateful_latency and (st.features.latency is None) and st.stretches
     if where == "host":
-        st = dataclasses.replace(st, latency=make_latency_model(resolved))
+        st = st.replace(latency=make_latency_model(resolved))
     room_for_a_program()
     lanes = simulate_population(resolve_config(configs[0]), workload, params, static=st)
     preempted = 0

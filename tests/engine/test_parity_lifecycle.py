@@ -117,10 +117,10 @@ def _lane(base, autoscaler, life):
 def _check(quirks: bool, pools: bool, data, latency: str = "blackbox") -> None:
     base = _base(quirks, pools, latency)
     static = build_static(base, _envelope(), decode_stretches=True)
-    assert static.lifecycle and static.num_instances == (5 if pools else SLOTS)
+    assert static.features.lifecycle and static.shapes.num_instances == (5 if pools else SLOTS)
     w = data.draw(workloads(), label="workload")
     assert build_static_shared(base, [_envelope(), w], decode_stretches=True) == static
-    top = static.num_instances
+    top = static.shapes.num_instances
     configs = []
     for k in range(LANES):
         auto = data.draw(autoscalers(top), label=f"autoscaler {k}")

@@ -123,7 +123,7 @@ def _base(quirks: bool):
 def _check(quirks: bool, data) -> None:
     base = _base(quirks)
     static = build_static(base, _envelope(), decode_stretches=True)
-    assert static.pd
+    assert static.features.pd
     w = data.draw(workloads(), label="workload")
     assert build_static_shared(base, [_envelope(), w], decode_stretches=True) == static
     configs = [data.draw(lanes(base.config), label=f"lane {k}") for k in range(LANES)]

@@ -75,7 +75,8 @@ WORKLOADS = {"bursty": make_workload(bursty_rows(2, 40), ("a", "b")),
 def static():
     """One program for both workloads."""
     st = build_static_shared(resolve_config(LANES[0]), list(WORKLOADS.values()))
-    assert st.pd and st.lifecycle and st.scaling_groups == 2 and st.num_instances == 6
+    assert st.features.pd and st.features.lifecycle and st.scaling_groups == 2
+    assert st.shapes.num_instances == 6
     return st
 
 
@@ -125,7 +126,7 @@ def test_pools_of_their_own_settings_with_lifecycles_match_reference():
     w = own_pools_workload()
     base = resolve_config(configs[0])
     static = build_static(base, w)
-    assert static.instance_rows == (1, 2, 1, 2) and static.scaling_groups == 2
+    assert static.settings.instance_rows == (1, 2, 1, 2) and static.scaling_groups == 2
     params = stack_params([params_from_config(c, w.tenant_names) for c in configs])
     results = simulate_population(base, w, params, static=static)
     for k, cfg in enumerate(configs):

@@ -70,7 +70,7 @@ def _population(quirks: bool):
         lanes[1].policy, routing=RoutingConfig(policy="least-loaded")))
     params = stack_params([params_from_config(c, ("",)) for c in lanes])
     static = build_static(base, w, gpus=("H100", "A100-SXM"))
-    assert static.instance_rows == (1, 2, 2, 2)
+    assert static.settings.instance_rows == (1, 2, 2, 2)
     results = simulate_population(base, w, params, static=static)
     return lanes, results, [reference(resolve_config(c), w) for c in lanes]
 
@@ -134,7 +134,7 @@ def test_pools_of_their_own_max_model_len_match_reference(quirks):
         lanes[1].policy, routing=RoutingConfig(policy="least-loaded")))
     params = stack_params([params_from_config(c, ("",)) for c in lanes])
     static = build_static(base, w)
-    assert static.instance_max_model_len == (300, 150, 150, 150)
+    assert static.settings.instance_max_model_len == (300, 150, 150, 150)
     results = simulate_population(base, w, params, static=static)
     outcomes = []
     for k, cfg in enumerate(lanes):
@@ -171,7 +171,7 @@ def test_pools_of_their_own_latency_model_match_reference(quirks):
                       (blackbox_base, (False, True, False))):
         base = resolve_config(cfg)
         static = build_static(base, w)
-        assert static.row_roofline == rows and not static.stretches
+        assert static.settings.row_roofline == rows and not static.stretches
         _both_routings_match_reference(cfg, static, w)
 
 
@@ -198,7 +198,8 @@ def test_physics_pools_of_their_own_match_reference():
     base = resolve_config(cfg)
     w = _workload()
     static = build_static(base, w)
-    assert static.instance_rows == (1, 2, 2, 2) and static.latency_model == "physics"
+    assert static.settings.instance_rows == (1, 2, 2,
+                                             2) and static.settings.latency_model == "physics"
     results = _both_routings_match_reference(cfg, static, w)
     plain = dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster, pd=dataclasses.replace(
         cfg.cluster.pd, prefill=PoolOverrides(), decode=PoolOverrides())))

@@ -64,8 +64,8 @@ def _check(quirks: bool, seeds: tuple[int, ...], count: int) -> list:
     workloads = [random_session_workload(s, accumulate=s % 2 == 1) for s in seeds]
     configs = _lanes(base, workloads[0].tenant_names, count, seed=11)
     params = stack_params([params_from_config(c, workloads[0].tenant_names) for c in configs])
-    static = dataclasses.replace(build_static_shared(base, workloads), cache_scorers=True)
-    assert static.pd and static.sessions
+    static = build_static_shared(base, workloads).replace(cache_scorers=True)
+    assert static.features.pd and static.features.sessions
     wants = []
     for w in workloads:
         lanes = simulate_population(base, w, params, static=static)
@@ -240,7 +240,7 @@ def test_sessions_with_pools_under_autoscaling_match_reference(seeds):
     base = resolve_config(lanes[0])
     workloads = [random_session_workload(s, accumulate=s % 2 == 1) for s in seeds]
     static = build_static_shared(base, workloads)
-    assert static.pd and static.lifecycle and static.sessions
+    assert static.features.pd and static.features.lifecycle and static.features.sessions
     params = stack_params([params_from_config(c, workloads[0].tenant_names) for c in lanes])
     for w in workloads:
         got = simulate_population(base, w, params, static=static)

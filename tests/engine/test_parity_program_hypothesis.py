@@ -79,11 +79,12 @@ def program_policies(draw, base):
 
 def _check(engine: dict, data) -> None:
     base = make_resolved(horizon_us=HORIZON_US, **engine)
-    static = dataclasses.replace(build_static(base, _envelope(), decode_stretches=True),
-                                 cache_scorers=True, program_sites=SITES)
+    static = build_static(base, _envelope(), decode_stretches=True).replace(cache_scorers=True,
+                                                                            program_sites=SITES)
     w = data.draw(workloads(), label="workload")
-    assert dataclasses.replace(build_static_shared(base, [_envelope(), w], decode_stretches=True),
-                               cache_scorers=True, program_sites=SITES) == static
+    assert build_static_shared(base, [_envelope(), w],
+                               decode_stretches=True).replace(cache_scorers=True,
+                                                              program_sites=SITES) == static
     configs = [data.draw(program_policies(base.config), label=f"lane {k}")
                for k in range(LANES)]
     params = stack_params([params_from_config(c, TENANTS) for c in configs])

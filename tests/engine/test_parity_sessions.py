@@ -99,7 +99,7 @@ def session_population():
     configs = [_with_prefix_affinity(c) if k % 3 == 0 else c for k, c in enumerate(
         _random_policy_configs(base.config, workloads[0].tenant_names, 16, seed=7))]
     params = stack_params([params_from_config(c, workloads[0].tenant_names) for c in configs])
-    static = dataclasses.replace(build_static_shared(base, list(workloads)), cache_scorers=True)
+    static = build_static_shared(base, list(workloads)).replace(cache_scorers=True)
     lanes = tuple(simulate_population(base, w, params, static=static, lane_block=8)
                   for w in workloads)
     return base, workloads, configs, lanes
@@ -194,7 +194,8 @@ def _check_autoscaled_conversations(lifecycle_program, data) -> None:
 
     base, workloads, static = lifecycle_program
     w = workloads[data.draw(st.integers(0, len(workloads) - 1), label="workload")]
-    configs = [_lane(base, data.draw(autoscalers(static.num_instances), label=f"autoscaler {k}"),
+    configs = [_lane(base, data.draw(autoscalers(static.shapes.num_instances),
+                                     label=f"autoscaler {k}"),
                      data.draw(lifecycles(), label=f"lifecycle {k}")) for k in range(4)]
     params = stack_params([params_from_config(c, w.tenant_names) for c in configs])
     results = simulate_population(base, w, params, static=static)

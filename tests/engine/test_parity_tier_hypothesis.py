@@ -8,8 +8,8 @@ between the prefill chunks of running requests (a small token budget chunks the 
 Every lane draws its own tier: no tier, tiers smaller than the working set (they thrash),
 tiers that hold more, up to the program's capacity; its own transfer time (bandwidth and base
 latency); and a policy as in ``test_parity_hypothesis`` (usually always-admit, so the lanes
-load the cache). ``blis_quirks`` is a compile-time setting (``EngineStatic.blis_quirks``), not
-a lane's, so it has a configuration of its own.
+load the cache). ``blis_quirks`` is a compile-time setting (``EngineStatic.settings.blis_quirks``),
+not a lane's, so it has a configuration of its own.
 
 As in ``test_parity_hypothesis``, each configuration fixes one compiled program: capacities
 come from an envelope workload that bounds every drawn one, and each example checks that its
@@ -160,13 +160,11 @@ def _reference_run(cfg, workload) -> _ReferenceRun:
 def _check(engine: dict, stretches: bool, data, tally: Counter) -> None:
     base = make_resolved(**engine)
     # one program for all examples, the cache query compiled in whatever the lanes draw
-    static = dataclasses.replace(build_static(base, _envelope(), decode_stretches=stretches),
-                                 cache_scorers=True)
-    assert static.tiered and static.cpu_tier_blocks == CPU_CAPACITY
+    static = build_static(base, _envelope(), decode_stretches=stretches).replace(cache_scorers=True)
+    assert static.tiered and static.shapes.cpu_tier_blocks == CPU_CAPACITY
     w = data.draw(workloads(), label="workload")
-    assert dataclasses.replace(build_static_shared(base, [_envelope(), w],
-                                                   decode_stretches=stretches),
-                               cache_scorers=True) == static
+    assert build_static_shared(base, [_envelope(), w], decode_stretches=stretches).replace(
+        cache_scorers=True) == static
     configs = [data.draw(tiered_lanes(base.config), label=f"lane {k}") for k in range(LANES)]
     params = stack_params([params_from_config(c, TENANTS) for c in configs])
     # lanes in blocks of two whatever the drawn tiers (``run.default_lane_block`` picks four

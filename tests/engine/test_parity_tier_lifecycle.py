@@ -81,7 +81,7 @@ def _compare(quirks: bool, workload, configs):
     """Each lane against its reference run; returns the reference runs."""
     base = _base(quirks)
     static = _static(quirks)
-    assert static.lifecycle and static.tiered
+    assert static.features.lifecycle and static.tiered
     assert build_static_shared(base, [_envelope(), workload], decode_stretches=True) == static
     params = stack_params([params_from_config(c, ("",)) for c in configs])
     # blocks of two lanes whatever the lanes' tiers: one program for every test of the module
@@ -147,7 +147,7 @@ _SETTINGS = dict(deadline=None, derandomize=True, database=None,
 def _check(quirks: bool, data) -> None:
     base = _base(quirks)
     workload = data.draw(workloads(), label="workload")
-    top = _static(quirks).num_instances
+    top = _static(quirks).shapes.num_instances
     configs = [_lane(base, CPU_BLOCKS[k], data.draw(autoscalers(top), label=f"autoscaler {k}"),
                      data.draw(lifecycles(), label=f"lifecycle {k}"))
                for k in range(len(CPU_BLOCKS))]

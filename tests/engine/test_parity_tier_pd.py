@@ -90,7 +90,7 @@ def test_tiers_with_pools_match_the_reference(quirks):
     assert all(int(ref.kv_tier.reloads.sum()) > 0 for ref in refs[2:])
     params = stack_params([params_from_config(c, workload.tenant_names) for c in configs])
     st = build_static(base, workload, decode_stretches=True)
-    assert st.tiered and st.pd
+    assert st.tiered and st.features.pd
     consts = build_consts(base, workload, st)
     final = run_lanes(st, consts, params)
     for k, ref in enumerate(refs):

@@ -56,7 +56,8 @@ def test_a_blocks_cpu_key_names_its_content_as_the_reference_hashes_it():
     w = random_session_workload(4, sessions=6, loose=3)
     st = build_static(base, w)
     c = build_consts(base, w, st)
-    prompts = np.asarray(engine_workload(w, st.conversation_max_model_len, pd=st.pd).input_tokens)
+    prompts = np.asarray(engine_workload(w, st.conversation_max_model_len,
+                                         pd=st.features.pd).input_tokens)
     talk = content_tokens(w, prompts)
     rows, starts = [], []
     for r in range(w.num_requests):

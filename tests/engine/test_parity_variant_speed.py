@@ -71,7 +71,7 @@ def test_scaled_up_a100_instances_match_reference():
     base = resolve_config(lanes[0])
     w = _bursts()
     static = build_static(base, w)
-    assert static.variant_speed and static.gpus == ("H100", "A100-80")
+    assert static.features.variant_speed and static.settings.gpus == ("H100", "A100-80")
     params = stack_params([params_from_config(c, ("",)) for c in lanes])
     results = simulate_population(base, w, params, static=static)
     for k, cfg in enumerate(lanes):
@@ -96,7 +96,7 @@ def test_physics_variants_of_another_speed_match_reference():
     base = resolve_config(cfg)
     w = _bursts()
     static = build_static(base, w)
-    assert static.variant_speed and static.gpus == ("H100", "A100-80")
+    assert static.features.variant_speed and static.settings.gpus == ("H100", "A100-80")
     results = simulate_population(base, w, stack_params([params_from_config(cfg, ("",))]),
                                   static=static)
     want = reference(base, w)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 
@@ -71,9 +69,10 @@ def test_workloads_share_one_program_with_raised_capacities(edge_population):
     pop = edge_population
     wa, wb = pop.workloads
     shared = build_static_shared(pop.base, [wa, wb], decode_stretches=True)
-    assert pop.static == dataclasses.replace(shared, cache_scorers=True)
+    assert pop.static == shared.replace(cache_scorers=True)
     own_b = build_static(pop.base, wb, decode_stretches=True)
-    assert shared.num_deadlines > own_b.num_deadlines and shared.own_slots > own_b.own_slots
+    assert shared.shapes.num_deadlines > own_b.shapes.num_deadlines
+    assert shared.shapes.own_slots > own_b.shapes.own_slots
     for w, lanes in zip((wa, wb), pop.lanes, strict=True):
         for k, cfg in enumerate(pop.configs):
             assert first_divergence(reference(resolve_config(cfg), w), lanes[k]) is None, (k,)
@@ -116,8 +115,8 @@ def test_capacities_below_one_are_refused_with_their_name():
         with pytest.raises(ValueError, match="narrow_programs must be True or False"):
             build_static(base, w, narrow_programs=bad)
     st = build_static(base, w, queue_slots=3, pending_slots=2)
-    assert (st.queue_slots, st.pending_slots) == (3, 2)
-    assert build_static(base, w).queue_slots == w.num_requests  # the default: every request
+    assert (st.shapes.queue_slots, st.shapes.pending_slots) == (3, 2)
+    assert build_static(base, w).shapes.queue_slots == w.num_requests  # the default: every request
 
 
 def test_lane_block_sizes_cover_lanes_with_little_padding():

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -126,8 +127,8 @@ def test_latency_models_with_host_callbacks_are_not_cached(cache_dir):
         def compile(self):
             return "compiled"
 
-    class Static:
-        latency = "a model"  # a model evaluated on the host (EngineStatic.latency)
+    class Static:  # a model evaluated on the host (EngineStatic.features.latency)
+        features = SimpleNamespace(latency="a model")
 
     got = progcache.compiled_program(Static(), Lowered, (np.zeros(3),), (), 64)
     assert got == progcache.Program("compiled", None, False)
@@ -144,7 +145,7 @@ def test_key_follows_everything_that_fixes_the_program(monkeypatch):
     key = progcache.program_key(static, args, devices, 64)
     assert key == progcache.program_key(static, args, devices, 64)
     others = [
-        progcache.program_key(dataclasses.replace(static, queue_slots=static.queue_slots + 1),
+        progcache.program_key(static.replace(queue_slots=static.shapes.queue_slots + 1),
                               args, devices, 64),
         progcache.program_key(static, (np.zeros(4, np.int64), args[1]), devices, 64),
         progcache.program_key(static, (np.zeros(3, np.int32), args[1]), devices, 64),

@@ -173,12 +173,12 @@ def test_roofline_and_physics_statics_run_in_the_program(tmp_path, monkeypatch):
     progcache.use_program_cache(tmp_path)
     roof = build_static(resolve_config(dataclasses.replace(
         cfg, latency=LatencyConfig(model="roofline"))), workload, decode_stretches=True)
-    assert roof.latency_model == "roofline" and roof.latency is None
+    assert roof.settings.latency_model == "roofline" and roof.features.latency is None
     assert progcache.cacheable(roof) and roof.stretches and roof.stretch_times_vary
     physics = build_static(resolve_config(cfg), workload, decode_stretches=True)
-    assert physics.latency_model == "physics" and physics.latency is None
+    assert physics.settings.latency_model == "physics" and physics.features.latency is None
     assert progcache.cacheable(physics) and physics.stretches and physics.stretch_ema_slots
-    on_host = dataclasses.replace(physics, latency=make_latency_model(resolve_config(cfg)))
+    on_host = physics.replace(latency=make_latency_model(resolve_config(cfg)))
     assert not progcache.cacheable(on_host) and not on_host.stretches
 
 
@@ -209,7 +209,8 @@ def test_products_round_once_where_a_multiply_add_would_not():
 
 def test_configurations_outside_the_program_go_to_the_host(monkeypatch):
     """``fits_the_program``: a model whose KV bytes per token and whose contexts both need
-    more than 26 significant bits is evaluated on the host (``EngineStatic.latency`` set)."""
+    more than 26 significant bits is evaluated on the host (``EngineStatic.features.latency``
+    set)."""
     from blisjax.config import LatencyConfig, load_config, resolve_config
     from blisjax.engine import static
     from blisjax.workload import generate_workload, parse_workload_spec
@@ -227,4 +228,4 @@ def test_configurations_outside_the_program_go_to_the_host(monkeypatch):
     resolved = resolve_config(dataclasses.replace(cfg, latency=LatencyConfig(model="roofline")))
     monkeypatch.setattr(static, "roofline_fits_the_program", lambda *args: False)
     st = build_static(resolved, workload)
-    assert isinstance(st.latency, RooflineLatency) and not st.stretches
+    assert isinstance(st.features.latency, RooflineLatency) and not st.stretches

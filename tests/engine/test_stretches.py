@@ -211,7 +211,7 @@ def test_decode_stretches_switch_is_checked_and_compiled_for_in_program_models()
     assert not build_static(resolved, make_workload(rows[:1])).stretches
     # a model evaluated on the host (physics, or roofline beyond the program's exact range)
     # has no stretches; roofline in the program has stretches whose step times vary
-    assert not dataclasses.replace(build_static(resolved, w), latency=object()).stretches
+    assert not build_static(resolved, w).replace(latency=object()).stretches
     roofline = resolve_config(dataclasses.replace(resolved.config,
                                                   latency=LatencyConfig(model="roofline")))
     st = build_static(roofline, w, decode_stretches=True)
