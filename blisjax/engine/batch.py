@@ -33,7 +33,7 @@ from blisjax.engine.queues import (
     running_slots,
 )
 from blisjax.engine.state import DECODE, NIL, QUEUED, RUNNING, SimState
-from blisjax.engine.static import caps_length, max_model_len_of
+from blisjax.engine.static import caps_length, max_model_len_of, setting
 from blisjax.engine.vec import prefix_sum
 
 
@@ -69,11 +69,13 @@ def init_batch(st) -> BatchState:
         last_left=jnp.zeros(i, i64))
 
 
-def clamp_prefill(st, i, n, start, budget):
+def clamp_prefill(st, c, i, n, start, budget):
     """Chunk size on instance i: long-prefill threshold, then token budget, then its
     max-model-len cap."""
-    thr = st.settings.long_prefill_threshold
-    if thr > 0:
+    thr = setting(st, c, "long_prefill_threshold")
+    if not isinstance(thr, int):  # the lane's own
+        n = jnp.where((thr > 0) & (n > thr), thr, n)
+    elif thr > 0:
         n = jnp.where(n > thr, thr, n)
     n = jnp.minimum(n, budget)
     if caps_length(st):
@@ -189,7 +191,8 @@ def _continue_wants(s: SimState, st, c, i, r) -> Wants:
     if caps_length(st):
         mml = max_model_len_of(st, i)
         decode = decode & ~((mml > 0) & (pi + 1 > mml - 1))
-    chunk = clamp_prefill(st, i, l_in - pi, pi, jnp.asarray(st.settings.token_budget, jnp.int32))
+    budget = jnp.asarray(setting(st, c, "token_budget"), jnp.int32)
+    chunk = clamp_prefill(st, c, i, l_in - pi, pi, budget)
     return Wants(prefill | decode, jnp.where(prefill, chunk, 1), prefill)
 
 
@@ -207,7 +210,7 @@ def phase1_fast(s: SimState, st, c, i, active, width: int, start=0, budget=None,
     sequential loop (with preemption) takes over. Returns (state, that position, budget left).
     """
     if budget is None:
-        budget = jnp.asarray(st.settings.token_budget, jnp.int32)
+        budget = jnp.asarray(setting(st, c, "token_budget"), jnp.int32)
     run_slots = running_slots(s, st, i, width)
     valid, slots, reqs = run_slots.valid, run_slots.slots, run_slots.reqs
     valid = valid & (jnp.arange(width) >= start)
@@ -320,7 +323,7 @@ def phase2(s: SimState, st, c, p, i, now, budget, preempted, active):
             prefix_found = kv.cached_blocks(s, st, c, i, r, w)
             cached, n_cached = prefix_found.blocks, prefix_found.count
             start_w = n_cached * st.settings.block_size
-            n_w = clamp_prefill(st, i, c.input_tokens[r] - start_w, start_w, budget)
+            n_w = clamp_prefill(st, c, i, c.input_tokens[r] - start_w, start_w, budget)
             ok_w = go & kv.can_allocate(s, st, c, i, sb, r, start=start_w, end=start_w + n_w,
                                         cached=cached, n_cached=n_cached)
             claim = ok_w & (n_w > 0) & (s.batch.blen[i, sb] == 0) & (n_cached > 0)
@@ -387,7 +390,7 @@ def _admit_tiered(s: SimState, st, c, p, i, sb, r, budget, go):
     cached, n_cached = found.blocks, found.count
     if st.settings.blis_quirks:
         start = n_cached * bs
-        n = clamp_prefill(st, i, c.input_tokens[r] - start, start, budget)
+        n = clamp_prefill(st, c, i, c.input_tokens[r] - start, start, budget)
         if not st.shapes.kv_hold_slots:  # a program built without holder slots
             s, tried = kvtiered.tiered_allocate(s, st, c, i, sb, r, start=start, end=start + n,
                                           cached=cached, n_cached=n_cached, active=go)
@@ -407,7 +410,7 @@ def _admit_tiered(s: SimState, st, c, p, i, sb, r, budget, go):
     found = kv.cached_blocks(s, st, c, i, r)
     cached, n_cached = found.blocks, found.count
     start = n_cached * bs
-    n = clamp_prefill(st, i, c.input_tokens[r] - start, start, budget)
+    n = clamp_prefill(st, c, i, c.input_tokens[r] - start, start, budget)
     ok = go & kv.can_allocate(s, st, c, i, sb, r, start=start, end=start + n, cached=cached,
                               n_cached=n_cached)
     claim = ok & (n > 0) & (s.batch.blen[i, sb] == 0) & (n_cached > 0)

@@ -42,6 +42,7 @@ from blisjax.engine.state import (
     parent_row,
     prefill_row,
 )
+from blisjax.engine.static import setting
 from blisjax.limits import INT64_MAX
 
 # Cluster events in the order they run at equal times (the reference's priorities: a node
@@ -160,7 +161,7 @@ def next_event(s: SimState, st, c) -> NextEvent:
     """Cluster events precede instance events at equal times (in ``CL_*`` order); among
     instances the lowest index; within one, enqueue, step, timeout."""
     n = st.shapes.num_requests
-    la, ac = st.settings.admission_latency_us, s.cursors.admit
+    la, ac = setting(st, c, "admission_latency_us"), s.cursors.admit
     # arrivals merge the workload's rows and the follow-ups (engine.sessions)
     if st.features.sessions:
         nxt = sessions.next_arrival(s, st, c).t_us
@@ -260,8 +261,11 @@ def _dispatch_cheap(s: SimState, st, c, p, ev: NextEvent, go) -> SimState:
     admit = cl & (ev.cluster_kind == CL_ADMISSION)
     s = lane_once(admit, lambda s, go: cluster_events.admission(s, st, c, p, t_evt, go), s)
     route = cl & (ev.cluster_kind == CL_ROUTING)
-    if st.settings.routing_latency_us == 0 and not st.features.gateway:
+    routing_us = setting(st, c, "routing_latency_us")
+    if not st.features.gateway and (st.features.lane_settings or routing_us == 0):
         fused = _routing_follows(s, st, c, admit)
+        if st.features.lane_settings:  # only where the lane's routing latency is 0
+            fused = fused & (routing_us == 0)
         # an event of its own
         s = s.replace(run=s.run.replace(iters=s.run.iters + fused.astype(jnp.int64)))
         route = route | fused

@@ -40,6 +40,7 @@ from blisjax.engine.state import (
     SimState,
     prefill_row,
 )
+from blisjax.engine.static import setting
 from blisjax.limits import INT64_MAX
 
 F64 = jnp.float64
@@ -86,8 +87,8 @@ def refresh_snapshots(s: SimState, st, c, now, active) -> SimState:
     decision (interval 0) or when the refresh interval has passed, and the cache query's
     periodic copy of the hash slots when the cache signal delay has passed (docs/semantics.md
     §5.4; ``ClusterSimulator._snapshots``)."""
-    due = active & ((st.settings.refresh_interval_us == 0)
-                    | (now - s.router.snap_last >= st.settings.refresh_interval_us))
+    interval = setting(st, c, "refresh_interval_us")
+    due = active & ((interval == 0) | (now - s.router.snap_last >= interval))
     # virtual decode steps before `now` have taken blocks (``stretch.kv_used_at``)
     used = stretch.kv_used_at(s, st, now) if st.stretches \
         else kvblocks.capacity(st) - s.kv.kv_free
@@ -130,7 +131,7 @@ def admission(s: SimState, st, c, p, now, active) -> SimState:
         refused = active & admitted & p.gateway.on & gateway.full(g, p)
         waits = active & admitted & p.gateway.on & ~refused
         g = gateway.enqueue(g, st, c, p, r, now, waits)
-        g = gateway.to_routing(g, st, r, now, active & admitted & ~p.gateway.on)
+        g = gateway.to_routing(g, st, c, r, now, active & admitted & ~p.gateway.on)
         s = s.replace(gw=gateway.turned_away(g, refused))
         admitted = admitted & ~refused
     s = s.replace(
@@ -162,7 +163,7 @@ def gateway_dispatch(s: SimState, st, c, p, now, go) -> SimState:
     s = refresh_snapshots(s, st, c, now, go)
     send = go & (gateway.saturation(s, st, p, router_members(s, st, p)) < 1.0)
     g, r = gateway.pop(s.gw, st, p, now, send)
-    return s.replace(gw=gateway.to_routing(g, st, r, now, send))
+    return s.replace(gw=gateway.to_routing(g, st, c, r, now, send))
 
 
 def gateway_tick(s: SimState, st, c, p, now, active) -> SimState:

@@ -17,6 +17,7 @@ import numpy as np
 from blisjax.config._checks import ConfigError
 from blisjax.config.hardware import hardware_code, hardware_code_count, shipped_hardware
 from blisjax.engine.latency_rows import POOL_ROWS, gpu_resolved, pool_row_configs
+from blisjax.engine.params import LaneSettings, lane_settings
 from blisjax.engine.physics import PhysicsConsts, physics_consts
 from blisjax.engine.pytree import pytree_dataclass
 from blisjax.engine.request_rows import (
@@ -87,6 +88,9 @@ class WorkloadConsts:
     one_e6: jax.Array  # 1e6, 1e-6 and the KV size as traced values (no constant rewriting)
     one_e_6: jax.Array
     kv_blocks_f: jax.Array
+    # the per-lane settings (``params.LaneSettings``): the configuration's, or in the lanes'
+    # ``vmap`` the lane's own (``lane_consts``); read through ``setting``
+    settings: LaneSettings
     roofline: RooflineConsts  # roofline tables and constants (a placeholder for other models)
     physics: PhysicsConsts  # physics coefficients, tables and constants (a placeholder for others)
 
@@ -169,8 +173,14 @@ def _latency_rows(resolved, workload, st: EngineStatic) -> LatencyRows:
 def lane_consts(st: EngineStatic, consts: WorkloadConsts, params) -> WorkloadConsts:
     """The constants one lane reads: with per-lane GPU types its GPU code set (``gpu``), so the
     GPU-dependent reads (``queue_delay``, ``step_tables``, ``roofline_of``, ``otp``) take its
-    rows; ``consts`` itself otherwise. Inside the lanes' ``vmap``."""
-    return consts.replace(gpu=params.gpu) if st.settings.gpus else consts
+    rows; with per-lane settings (``EngineStatic.features.lane_settings``) its own
+    (``setting``); ``consts`` itself otherwise. Inside the lanes' ``vmap``."""
+    if st.settings.gpus:
+        consts = consts.replace(gpu=params.gpu)
+    if st.features.lane_settings:
+        consts = consts.replace(settings=params.settings)
+    return consts
+
 
 
 def _row(st: EngineStatic, c: WorkloadConsts, i):
@@ -357,6 +367,7 @@ def build_consts(resolved, workload, st: EngineStatic) -> WorkloadConsts:
         kv_blocks_f=jax.device_put(
             np.array(st.settings.instance_kv_blocks, np.float64)
             if st.settings.instance_kv_blocks else np.float64(st.shapes.kv_blocks)),
+        settings=jax.tree.map(jax.device_put, lane_settings(resolved.config)),
         roofline=roofline,
         physics=physics,
     )

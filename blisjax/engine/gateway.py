@@ -26,6 +26,7 @@ from blisjax.config.codes import SaturationDetector
 from blisjax.engine.exactfloat import ieee_divide
 from blisjax.engine.lockstep import upd
 from blisjax.engine.pytree import pytree_dataclass
+from blisjax.engine.static import setting
 from blisjax.limits import INT64_MAX
 
 F64 = jnp.float64
@@ -67,11 +68,11 @@ def init_gateway(st, params=None) -> GatewayState:
         else jnp.asarray(params.gateway.on))
 
 
-def to_routing(g: GatewayState, st, r, now, go) -> GatewayState:
+def to_routing(g: GatewayState, st, c, r, now, go) -> GatewayState:
     """Request r goes to routing now (its routing event at now + routing latency)."""
     k = jnp.where(go, g.dispatched, st.shapes.num_requests)
     return g.replace(order=g.order.at[k].set(r),
-                     route_us=g.route_us.at[k].set(now + st.settings.routing_latency_us),
+                     route_us=g.route_us.at[k].set(now + setting(st, c, "routing_latency_us")),
                      dispatched=g.dispatched + go.astype(jnp.int32))
 
 

@@ -57,7 +57,7 @@ from blisjax.engine.state import (
     SimState,
     parent_row,
 )
-from blisjax.engine.static import max_model_len_of
+from blisjax.engine.static import max_model_len_of, setting
 from blisjax.latency.base import float_to_ticks_array
 from blisjax.metrics import records
 from blisjax.rules import kv_util_bucket
@@ -585,7 +585,7 @@ def step(s: SimState, st, c, p, i, now, active, defer: bool = False):
         s, budget_w, pre_w = batch.phase1(s, st, c, p, i, go, w)
         return s, jnp.where(go, budget_w, budget), pre | (go & pre_w)
 
-    init = (s, jnp.asarray(st.settings.token_budget, jnp.int32), jnp.asarray(False))
+    init = (s, jnp.asarray(setting(st, c, "token_budget"), jnp.int32), jnp.asarray(False))
     running = lane_max(jnp.where(go, s.batch.n_run[i], 0))
     s, budget, pre = by_width(step_widths(st, PHASE1_PER_OCTAVE), running, go,
                                  phase1_program, init)
@@ -628,4 +628,4 @@ def step(s: SimState, st, c, p, i, now, active, defer: bool = False):
                 else step_duration(st, c, i, 0, s.batch.n_run[i]))
     plain_us = lifecycle.slowed(model_us, lifecycle.warm_factor(
         s, st, p, i, (s.stats.completed[i] - completed_before).astype(jnp.int32)))
-    return stretch.plan(s, st, i, out.outlook, plain_us, go)
+    return stretch.plan(s, st, c, i, out.outlook, plain_us, go)

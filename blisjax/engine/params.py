@@ -205,10 +205,50 @@ class GatewayParams:
 
 
 @pytree_dataclass
+class LaneSettings:
+    """The cluster's settings that are per-lane knobs: token_budget
+    (``engine.max_num_scheduled_tokens``, int32, at most the program's
+    ``EngineStatic.settings.token_budget``), long_prefill_threshold
+    (``engine.long_prefill_token_threshold``, int32, 0: none), admission_latency_us and
+    routing_latency_us (``cluster.*``, int64 µs), refresh_interval_us
+    (``cluster.snapshot_refresh_interval_us``, int64 µs). A program reads a lane's own only
+    where some lane's differ from the program's (``EngineStatic.features.lane_settings``;
+    ``consts.setting``)."""
+
+    token_budget: jax.Array
+    long_prefill_threshold: jax.Array
+    admission_latency_us: jax.Array
+    routing_latency_us: jax.Array
+    refresh_interval_us: jax.Array
+
+
+#: ``LaneSettings``' fields: the configuration's field of each, and the program's setting
+#: (``EngineStatic.settings``) of the same name.
+LANE_SETTINGS = {"token_budget": "engine.max_num_scheduled_tokens",
+                 "long_prefill_threshold": "engine.long_prefill_token_threshold",
+                 "admission_latency_us": "cluster.admission_latency_us",
+                 "routing_latency_us": "cluster.routing_latency_us",
+                 "refresh_interval_us": "cluster.snapshot_refresh_interval_us"}
+
+
+def lane_settings(cfg) -> LaneSettings:
+    """The per-lane settings of configuration ``cfg`` (host arrays)."""
+    i32 = lambda x: np.asarray(x, dtype=np.int32)  # noqa: E731
+    i64 = lambda x: np.asarray(x, dtype=np.int64)  # noqa: E731
+    return LaneSettings(
+        token_budget=i32(cfg.engine.max_num_scheduled_tokens),
+        long_prefill_threshold=i32(cfg.engine.long_prefill_token_threshold),
+        admission_latency_us=i64(cfg.cluster.admission_latency_us),
+        routing_latency_us=i64(cfg.cluster.routing_latency_us),
+        refresh_interval_us=i64(cfg.cluster.snapshot_refresh_interval_us))
+
+
+@pytree_dataclass
 class PolicyParams:
     """Knobs of one lane (shapes without the population axis), nested like the configuration:
     ``admission``, ``priority``, ``routing``, ``autoscaler`` (``policy.*``), ``lifecycle``,
-    ``pd``, ``gateway`` (``cluster.*``), and the single knobs below.
+    ``pd``, ``gateway`` (``cluster.*``), ``settings`` (the cluster's settings that are
+    knobs, ``LaneSettings``), and the single knobs below.
 
     scheduler: ``SchedulerPolicy`` code; preemption: ``PreemptionPolicy`` code.
     active_instances: the instances the lane's cluster has (``cluster.num_instances``), the
@@ -232,6 +272,7 @@ class PolicyParams:
     lifecycle: LifecycleParams
     pd: PDParams
     gateway: GatewayParams
+    settings: LaneSettings
     active_instances: jax.Array
     gpu: jax.Array
     kv_cpu_blocks: jax.Array
@@ -325,6 +366,7 @@ def params_from_config(cfg, tenant_names: tuple[str, ...]) -> PolicyParams:
         lifecycle=LifecycleParams(**lifecycle),
         pd=_pd_params(cfg),
         gateway=_gateway_params(cfg),
+        settings=lane_settings(cfg),
         active_instances=i32(cfg.cluster.num_instances),
         gpu=i32(hardware_code(cfg.hardware)),
         kv_cpu_blocks=i32(cfg.engine.kv_cpu_blocks),

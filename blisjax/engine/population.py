@@ -25,6 +25,11 @@ A *knob* is a dotted name of a per-lane policy setting:
 * ``engine.preemption_policy``, and the CPU tier of the KV cache: ``engine.kv_cpu_blocks``,
   ``engine.kv_transfer_bandwidth``, ``engine.kv_transfer_base_latency_us`` (the program's
   tier capacity is the largest lane's size, or ``build_static(cpu_tier_blocks=...)``);
+* the scheduler's token budget and chunking: ``engine.max_num_scheduled_tokens`` (up to the
+  base configuration's, whose step tables the program holds) and
+  ``engine.long_prefill_token_threshold``; the cluster's latencies:
+  ``cluster.admission_latency_us``, ``cluster.routing_latency_us`` and
+  ``cluster.snapshot_refresh_interval_us`` (``params.LaneSettings``);
 * P/D pools (the base configuration must have pools, so the program models them):
   ``cluster.pd.<field>`` — any field of ``PDConfig`` (e.g. ``cluster.pd.decider``,
   ``cluster.pd.prefix_threshold_tokens``, ``cluster.pd.transfer_bandwidth_gbps``);
@@ -34,7 +39,7 @@ A *knob* is a dotted name of a per-lane policy setting:
 
 Knobs are applied to the base ``SimConfig`` with full validation, then turned into
 ``PolicyParams`` — so every lane is a configuration the reference engine can run as well.
-Settings that change array shapes (instances, batch slots, KV blocks, …) are not knobs: sweep
+Settings that change array shapes (batch slots, KV blocks, block size, …) are not knobs: sweep
 them across separate calls.
 """
 
@@ -55,7 +60,10 @@ from blisjax.rules import uses_lifecycle
 _POLICY_SECTIONS = ("admission", "priority", "routing", "scheduler", "autoscaler")
 #: ``EngineConfig`` fields that are per-lane knobs (``PolicyParams``).
 ENGINE_KNOBS = ("preemption_policy", "kv_cpu_blocks", "kv_transfer_bandwidth",
-                "kv_transfer_base_latency_us")
+                "kv_transfer_base_latency_us", "max_num_scheduled_tokens",
+                "long_prefill_token_threshold")
+#: ``ClusterConfig`` fields that are per-lane knobs (``PolicyParams.settings``).
+CLUSTER_KNOBS = ("admission_latency_us", "routing_latency_us", "snapshot_refresh_interval_us")
 
 
 def _with_weight(scorers: tuple[ScorerWeight, ...], name: str, value) -> tuple:
@@ -146,9 +154,18 @@ def set_knob(cfg: SimConfig, name: str, value) -> SimConfig:
         cluster = dataclasses.replace(cfg.cluster, lifecycle=dataclasses.replace(
             life, **{parts[2]: value}))
         return dataclasses.replace(cfg, cluster=cluster)
+    if parts == ["engine", "max_num_scheduled_tokens"]:
+        most = cfg.engine.max_num_scheduled_tokens
+        if isinstance(value, int | float) and not isinstance(value, bool) and value > most:
+            raise ConfigError("knob 'engine.max_num_scheduled_tokens'", f"must be at most "
+                              f"{most} (the base configuration's, whose step tables the "
+                              f"program holds), got {value!r}")
     if len(parts) == 2 and parts[0] == "engine" and parts[1] in ENGINE_KNOBS:
         return dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine,
                                                                    **{parts[1]: value}))
+    if len(parts) == 2 and parts[0] == "cluster" and parts[1] in CLUSTER_KNOBS:
+        return dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster,
+                                                                    **{parts[1]: value}))
     if len(parts) == 2 and parts[0] in _POLICY_SECTIONS:
         section = getattr(cfg.policy, parts[0])
         if parts[1] not in {f.name for f in dataclasses.fields(section)}:
@@ -160,7 +177,8 @@ def set_knob(cfg: SimConfig, name: str, value) -> SimConfig:
                       "priority.<field>, routing.<field>, routing.scorers.<scorer>, hardware, "
                       "<routing|admission|priority>.params.<name>, "
                       "scheduler.policy, cluster.num_instances, engine.<field> for "
-                      f"{', '.join(ENGINE_KNOBS)}, cluster.pd.<field>, cluster.pd.split, "
+                      f"{', '.join(ENGINE_KNOBS)}, cluster.<field> for "
+                      f"{', '.join(CLUSTER_KNOBS)}, cluster.pd.<field>, cluster.pd.split, "
                       "cluster.pd.prefill_scorers.<scorer>, cluster.pd.decode_scorers.<scorer>, "
                       "autoscaler.<field>, cluster.lifecycle.<field>)")
 

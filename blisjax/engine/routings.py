@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from blisjax.engine.static import setting
 from blisjax.limits import INT64_MAX
 
 
@@ -29,8 +30,8 @@ def routing_us(s, st, c, k):
     if st.features.gateway:
         return s.gw.route_us[jnp.minimum(k, st.shapes.num_requests)]
     arrival = s.sess.arrival_us if st.features.sessions else c.arrival_us
-    return (arrival[routed_row(s, st, k)] + st.settings.admission_latency_us
-            + st.settings.routing_latency_us)
+    return (arrival[routed_row(s, st, k)] + setting(st, c, "admission_latency_us")
+            + setting(st, c, "routing_latency_us"))
 
 
 def next_routing_us(s, st, c):

@@ -225,6 +225,11 @@ class Features:
         table knows, ``rules.speed_gpu``): each instance reads the ``Settings.gpus`` rows of
         its variant's GPU (``LifecycleState.gpu``, ``lifecycle.instance_consts``) instead of
         its lane's.
+      lane_settings: the cluster's settings that are per-lane knobs (``params.LaneSettings``:
+        token budget, long-prefill threshold, admission and routing latency, snapshot refresh
+        interval) are each lane's own (``static.setting``): some lane's differ from the
+        program's ``Settings`` (``static_lanes.for_lanes``), whose token budget then bounds
+        the lanes' (the blackbox and roofline tables hold that many tokens).
       latency: a latency model object (hashable) evaluated on the host once per step through
         a callback (``blisjax.engine.hostlatency``): a roofline model whose configuration the
         program cannot evaluate exactly (``roofline.fits_the_program``: contexts of 2^25
@@ -243,6 +248,7 @@ class Features:
     pd_own_index: bool = False
     open_sessions: bool = False
     variant_speed: bool = False
+    lane_settings: bool = False
     latency: object = None
 
 
@@ -466,6 +472,16 @@ class EngineStatic:
 def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
+
+
+def setting(st, c, name: str):
+    """The setting ``name`` of ``params.LaneSettings`` this lane runs: its own (a traced value
+    of the lane's constants, ``consts.lane_consts``) where the program reads them per lane
+    (``Features.lane_settings``), else the program's (a Python int, so code it decides is
+    compiled out)."""
+    if st.features.lane_settings:
+        return getattr(c.settings, name)
+    return getattr(st.settings, name)
 
 
 def caps_length(st) -> bool:

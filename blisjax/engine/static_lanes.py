@@ -1,7 +1,7 @@
 """What a population's lanes add to a program's static configuration: the features some lane
 needs that its base configuration does not use (a cache-reading scorer, a gateway, program
-interpreters, sized lanes, a larger CPU tier, the sessions' prefix index), and the checks that
-every lane fits the program (``for_lanes``).
+interpreters, sized lanes, a larger CPU tier, the sessions' prefix index, settings of their
+own), and the checks that every lane fits the program (``for_lanes``).
 
 Counterpart: none — the reference engine runs one configuration at a time; each lane's run
 there is the reference (``blisjax.reference.simulate``).
@@ -22,6 +22,7 @@ from blisjax.config.codes import (
     Scorer,
 )
 from blisjax.engine.latency_rows import check_pool_rows
+from blisjax.engine.params import LANE_SETTINGS
 from blisjax.engine.static import EngineStatic, _check_sized, with_gateway
 from blisjax.program.observables import SITES as PROGRAM_SITES
 
@@ -34,7 +35,7 @@ def with_program_sites(st: EngineStatic, sites) -> EngineStatic:
     if sites == st.features.program_sites:
         return st
     return st.replace(program_sites=sites,
-                               cache_scorers=st.features.cache_scorers or "routing" in sites)
+                      cache_scorers=st.features.cache_scorers or "routing" in sites)
 
 
 def for_lanes(st: EngineStatic, params) -> EngineStatic:
@@ -64,6 +65,7 @@ def for_lanes(st: EngineStatic, params) -> EngineStatic:
         st = st.replace(pd_own_index=True)
     if st.settings.instance_rows:
         check_pool_rows(st, params)
+    st = _with_lane_settings(st, params.settings)
     cpu = int(np.max(np.asarray(params.kv_cpu_blocks), initial=0))
     if cpu > st.shapes.cpu_tier_blocks:  # a lane sizes a CPU tier larger than the base's
         st = st.replace(cpu_tier_blocks=cpu)
@@ -84,6 +86,22 @@ def for_lanes(st: EngineStatic, params) -> EngineStatic:
         return st
     needed = bool(np.isin(order, [int(x) for x in CACHE_SCORERS]).any())
     return st.replace(cache_scorers=True) if needed else st
+
+
+def _with_lane_settings(st: EngineStatic, lanes) -> EngineStatic:
+    """``st`` reading each lane's own settings (``Features.lane_settings``) where some lane's
+    differ from the program's (``params.LaneSettings``, stacked); a lane's token budget may
+    not exceed the program's, whose step tables hold that many tokens."""
+    budget = int(np.max(np.asarray(lanes.token_budget), initial=0))
+    if budget > st.settings.token_budget:
+        raise ConfigError("engine.max_num_scheduled_tokens", f"a lane's {budget} exceeds the "
+                          f"program's {st.settings.token_budget} (the base configuration's: its "
+                          "step tables hold that many tokens): raise the base's")
+    if st.features.lane_settings:
+        return st
+    differs = any(bool(np.any(np.asarray(getattr(lanes, name)) != st.field(name)))
+                  for name in LANE_SETTINGS)
+    return st.replace(lane_settings=True) if differs else st
 
 
 def _pd_prefix_index_twice(params) -> bool:

@@ -68,7 +68,7 @@ from blisjax.engine.lockstep import (
 )
 from blisjax.engine.pytree import pytree_dataclass
 from blisjax.engine.state import NIL, SimState
-from blisjax.engine.static import VARYING_PLAN, caps_length, max_model_len_of
+from blisjax.engine.static import VARYING_PLAN, caps_length, max_model_len_of, setting
 from blisjax.rules import kv_util_bucket
 
 CHUNK_STEPS = 16  # plain steps applied per pass of ``materialize`` (at most the block size)
@@ -208,7 +208,7 @@ def blocks_taken(cum, running, k, block_size: int):
     return (k // block_size) * running + below
 
 
-def plan(s: SimState, st, i, seen: BatchOutlook, plain_us, active) -> SimState:
+def plan(s: SimState, st, c, i, seen: BatchOutlook, plain_us, active) -> SimState:
     """After instance i's step (where ``active``): the plain steps that follow it, each
     ``plain_us`` long (the step time of the batch's decode tokens alone; where step times vary,
     [VARYING_PLAN] times of the steps in order). Zero unless the batch decodes, the wait queue
@@ -219,7 +219,7 @@ def plan(s: SimState, st, i, seen: BatchOutlook, plain_us, active) -> SimState:
     running = s.batch.n_run[i]
     t0 = s.batch.step_time[i]
     ok = (active & seen.decoding & (running > 0) & (s.queue.length[i] == 0)
-          & (running <= st.settings.token_budget) & (t0 >= 0) & (t0 <= st.settings.horizon_us))
+          & (running <= setting(st, c, "token_budget")) & (t0 >= 0) & (t0 <= st.settings.horizon_us))
     by_kv = _block_step(seen.spare_cum, running, s.kv.kv_free[i], st.settings.block_size)
     if st.stretch_times_vary:
         # offset[k] = the first k times: the real step after k plain ones starts there

@@ -20,6 +20,7 @@ from blisjax.reference import simulate as reference
 from blisjax.workload.types import SLO_CLASSES
 from tests.engine.conftest import edge_engine, room_for_a_program
 from tests.engine.test_parity import _random_policy_configs
+from tests.engine.test_parity_lane_settings import random_settings
 from tests.reference.conftest import make_workload
 
 
@@ -67,7 +68,11 @@ def gateway_population():
     workload = make_workload(bursty_rows(11), ("a", "b"))
     configs = []
     policies = _random_policy_configs(base.config, workload.tenant_names, 16, seed=19)
-    for cfg, (gw, quirks) in zip(policies, random_gateways(16, seed=23), strict=True):
+    rng = np.random.default_rng(29)
+    for k, (cfg, (gw, quirks)) in enumerate(zip(policies, random_gateways(16, seed=23),
+                                                strict=True)):
+        if k % 2:  # settings of the lane's own: the dispatched requests' routing latency
+            cfg = random_settings(cfg, rng)
         configs.append(dataclasses.replace(
             cfg, cluster=dataclasses.replace(cfg.cluster, gateway=gw),
             compat=dataclasses.replace(cfg.compat, blis_quirks=quirks)))

@@ -9,7 +9,9 @@ strategy that outgrew the envelope fails loudly instead of recompiling. Hypothes
 workload (arrival gaps with simultaneous arrivals, prompt and output lengths, prefix groups and
 their lengths, tenants, SLO classes, deadlines) and one policy per lane (admission with its
 bucket sizes and rates or quotas, priority, routing with a subset of the weighted scorers and
-either tie-break rule, scheduler, preemption order). The default tier runs a few examples of one engine; the slow tier
+either tie-break rule, scheduler, preemption order, and the settings that are per-lane knobs:
+token budget, long-prefill threshold, admission and routing latency, snapshot refresh
+interval). The default tier runs a few examples of one engine; the slow tier
 (``-m slow``) runs 3 engines × 100 examples × 4 lanes = 1,200 cases.
 """
 
@@ -114,18 +116,27 @@ def policies(draw, base):
         policy=draw(st.sampled_from(["fcfs", "priority-fcfs", "sjf"])))
     policy = dataclasses.replace(base.policy, admission=admission, priority=priority,
                                  routing=routing, scheduler=scheduler)
-    engine = dataclasses.replace(base.engine, preemption_policy=draw(
-        st.sampled_from(["fcfs", "priority"])))
-    return dataclasses.replace(base, policy=policy, engine=engine)
+    budget = draw(st.integers(8, base.engine.max_num_scheduled_tokens))
+    engine = dataclasses.replace(
+        base.engine, preemption_policy=draw(st.sampled_from(["fcfs", "priority"])),
+        max_num_scheduled_tokens=budget,
+        long_prefill_token_threshold=draw(st.integers(0, budget)))
+    cluster = dataclasses.replace(
+        base.cluster, admission_latency_us=draw(st.integers(0, 3000)),
+        routing_latency_us=draw(st.integers(0, 3000)),
+        snapshot_refresh_interval_us=draw(st.integers(0, 6000)))
+    return dataclasses.replace(base, policy=policy, engine=engine, cluster=cluster)
 
 
 def _check(engine: dict, data) -> None:
     base = make_resolved(horizon_us=HORIZON_US, **engine)
-    # one program for all examples, the cache query compiled in whatever the lanes draw
-    static = build_static(base, _envelope(), decode_stretches=True).replace(cache_scorers=True)
+    # one program for all examples, the cache query and the lanes' own settings compiled in
+    # whatever the lanes draw
+    static = build_static(base, _envelope(), decode_stretches=True).replace(
+        cache_scorers=True, lane_settings=True)
     w = data.draw(workloads(), label="workload")
-    assert build_static_shared(base, [_envelope(), w],
-                               decode_stretches=True).replace(cache_scorers=True) == static
+    assert build_static_shared(base, [_envelope(), w], decode_stretches=True).replace(
+        cache_scorers=True, lane_settings=True) == static
     configs = [data.draw(policies(base.config), label=f"lane {k}") for k in range(LANES)]
     params = stack_params([params_from_config(c, TENANTS) for c in configs])
     lanes = simulate_population(base, w, params, static=static)

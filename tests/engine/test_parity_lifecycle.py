@@ -116,17 +116,25 @@ def _lane(base, autoscaler, life):
 
 def _check(quirks: bool, pools: bool, data, latency: str = "blackbox") -> None:
     base = _base(quirks, pools, latency)
-    static = build_static(base, _envelope(), decode_stretches=True)
+    # one program for every example: the lanes' own settings compiled in whatever they draw
+    static = build_static(base, _envelope(), decode_stretches=True).replace(lane_settings=True)
     assert static.features.lifecycle and static.shapes.num_instances == (5 if pools else SLOTS)
     w = data.draw(workloads(), label="workload")
-    assert build_static_shared(base, [_envelope(), w], decode_stretches=True) == static
+    assert build_static_shared(base, [_envelope(), w], decode_stretches=True).replace(
+        lane_settings=True) == static
     top = static.shapes.num_instances
     configs = []
     for k in range(LANES):
         auto = data.draw(autoscalers(top), label=f"autoscaler {k}")
         if pools:
             auto = dataclasses.replace(auto, max_replicas=0 if k % 2 else auto.max_replicas)
-        configs.append(_lane(base, auto, data.draw(lifecycles(), label=f"lifecycle {k}")))
+        cfg = _lane(base, auto, data.draw(lifecycles(), label=f"lifecycle {k}"))
+        if k % 2:  # settings of the lane's own (admissions and routings to warming instances)
+            cfg = dataclasses.replace(cfg, cluster=dataclasses.replace(
+                cfg.cluster, admission_latency_us=data.draw(st.integers(0, 1500)),
+                routing_latency_us=data.draw(st.integers(0, 1500)),
+                snapshot_refresh_interval_us=data.draw(st.integers(0, 4000))))
+        configs.append(cfg)
     params = stack_params([params_from_config(c, ("",)) for c in configs])
     results = simulate_population(base, w, params, static=static)
     for k, cfg in enumerate(configs):

@@ -101,7 +101,13 @@ def lanes(draw, base):
         scorers=tuple(ScorerWeight(n, 1.0 + k) for k, n in enumerate(draw(st.lists(
             st.sampled_from(SCORERS), min_size=1, max_size=3, unique=True)))),
         tie_break=draw(st.sampled_from(["blis-random", "lowest-index"])))
-    cluster = dataclasses.replace(base.cluster, pd=draw(pools()))
+    budget = draw(st.integers(8, base.engine.max_num_scheduled_tokens))
+    engine = dataclasses.replace(base.engine, max_num_scheduled_tokens=budget,
+                                 long_prefill_token_threshold=draw(st.integers(0, budget)))
+    cluster = dataclasses.replace(  # with settings of the lane's own
+        base.cluster, pd=draw(pools()), admission_latency_us=draw(st.integers(0, 1500)),
+        routing_latency_us=draw(st.integers(0, 1500)),
+        snapshot_refresh_interval_us=draw(st.integers(0, 4000)))
     # wait-queue orders: a P/D sub-request ties on its parent's index (Decision 22: a lane
     # whose order changes with time steps on where the others wait for an event)
     policy = dataclasses.replace(
@@ -110,7 +116,7 @@ def lanes(draw, base):
                                                                  "sjf"]))),
         priority=PriorityConfig(policy=draw(st.sampled_from(["constant", "slo-class",
                                                                "slo-based"]))))
-    return dataclasses.replace(base, cluster=cluster, policy=policy)
+    return dataclasses.replace(base, cluster=cluster, policy=policy, engine=engine)
 
 
 def _base(quirks: bool):
@@ -122,10 +128,12 @@ def _base(quirks: bool):
 
 def _check(quirks: bool, data) -> None:
     base = _base(quirks)
-    static = build_static(base, _envelope(), decode_stretches=True)
+    # one program for every example: the lanes' own settings compiled in whatever they draw
+    static = build_static(base, _envelope(), decode_stretches=True).replace(lane_settings=True)
     assert static.features.pd
     w = data.draw(workloads(), label="workload")
-    assert build_static_shared(base, [_envelope(), w], decode_stretches=True) == static
+    assert build_static_shared(base, [_envelope(), w], decode_stretches=True).replace(
+        lane_settings=True) == static
     configs = [data.draw(lanes(base.config), label=f"lane {k}") for k in range(LANES)]
     params = stack_params([params_from_config(c, ("",)) for c in configs])
     results = simulate_population(base, w, params, static=static)
@@ -172,7 +180,8 @@ def test_population_mixes_splits_deciders_and_co_located_lanes():
     configs = [dataclasses.replace(base.config, cluster=dataclasses.replace(
         base.config.cluster, pd=pd)) for pd in splits]
     params = stack_params([params_from_config(c, ("",)) for c in configs])
-    static = build_static(base, _envelope(), decode_stretches=True)  # the tests' one program
+    # the drawn pools' program (its lanes' own settings compiled in)
+    static = build_static(base, _envelope(), decode_stretches=True).replace(lane_settings=True)
     results = simulate_population(base, w, params, static=static)
     for k, cfg in enumerate(configs):
         want = reference(resolve_config(cfg), w)

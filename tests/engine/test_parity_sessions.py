@@ -21,6 +21,7 @@ from blisjax.reference import simulate as reference
 from blisjax.workload.types import FOLLOW_UP_ARRIVAL_US, Workload
 from tests.engine.conftest import edge_engine, room_for_a_program
 from tests.engine.test_parity import _random_policy_configs
+from tests.engine.test_parity_lane_settings import random_settings
 from tests.reference.conftest import make_resolved
 
 
@@ -96,8 +97,11 @@ def session_population():
         cluster=dataclasses.replace(edge.cluster, prefix_index_capacity_blocks=24)))
     workloads = (random_session_workload(1), random_session_workload(2, accumulate=False),
                  random_session_workload(3))
+    rng = np.random.default_rng(31)
     configs = [_with_prefix_affinity(c) if k % 3 == 0 else c for k, c in enumerate(
         _random_policy_configs(base.config, workloads[0].tenant_names, 16, seed=7))]
+    # settings of their own: follow-ups admitted and routed after other latencies
+    configs = [random_settings(c, rng) if k % 4 == 1 else c for k, c in enumerate(configs)]
     params = stack_params([params_from_config(c, workloads[0].tenant_names) for c in configs])
     static = build_static_shared(base, list(workloads)).replace(cache_scorers=True)
     lanes = tuple(simulate_population(base, w, params, static=static, lane_block=8)

@@ -1,0 +1,105 @@
+"""The cluster's settings that are per-lane knobs (``params.LaneSettings``: token budget,
+long-prefill threshold, admission and routing latency, snapshot refresh interval): lanes of one
+program that differ in them each equal their own reference run, request by request; a lane may
+not exceed the program's token budget; lanes that keep the base configuration's settings run
+the program without per-lane settings."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from blisjax.config import ConfigError, resolve_config
+from blisjax.engine import params_from_config, simulate_population, stack_params
+from blisjax.engine.parity import first_divergence
+from blisjax.engine.population import set_knob
+from blisjax.engine.static import build_static
+from blisjax.engine.static_lanes import for_lanes
+from blisjax.reference import simulate as reference
+from tests.engine.conftest import edge_engine, edge_rows_twice
+from tests.reference.conftest import make_workload
+
+# each lane: knobs on the edge scenario (64-token budget chunking prefills past 32 tokens,
+# admission 300 µs, routing 700 µs, snapshots every 1.5 ms)
+LANES = [
+    {},
+    {"engine.max_num_scheduled_tokens": 24, "engine.long_prefill_token_threshold": 8},
+    {"engine.long_prefill_token_threshold": 0},
+    {"cluster.admission_latency_us": 0, "cluster.routing_latency_us": 0},
+    {"cluster.routing_latency_us": 0, "cluster.admission_latency_us": 2500},
+    {"cluster.snapshot_refresh_interval_us": 0},
+    {"cluster.snapshot_refresh_interval_us": 9000, "cluster.routing_latency_us": 40},
+    {"engine.max_num_scheduled_tokens": 12, "engine.long_prefill_token_threshold": 12,
+     "cluster.admission_latency_us": 0, "cluster.routing_latency_us": 0,
+     "cluster.snapshot_refresh_interval_us": 0},
+]
+
+
+def random_settings(cfg, rng):
+    """``cfg`` with the settings that are per-lane knobs drawn by ``rng`` (a numpy
+    ``Generator``): a token budget up to its own, a long-prefill threshold, admission and
+    routing latencies and a snapshot refresh interval (0 among the choices)."""
+    most = cfg.engine.max_num_scheduled_tokens
+    budget = int(rng.integers(max(most // 4, 1), most + 1))
+    engine = dataclasses.replace(cfg.engine, max_num_scheduled_tokens=budget,
+                                 long_prefill_token_threshold=int(rng.choice(
+                                     [0, max(budget // 2, 1), budget])))
+    cluster = dataclasses.replace(
+        cfg.cluster, admission_latency_us=int(rng.choice([0, 250, 1200])),
+        routing_latency_us=int(rng.choice([0, 400, 2000])),
+        snapshot_refresh_interval_us=int(rng.choice([0, 1000, 5000])))
+    return dataclasses.replace(cfg, engine=engine, cluster=cluster)
+
+
+def _base():
+    """The edge scenario on two instances, routed by the snapshots' queue depth and KV use
+    (so the refresh interval matters)."""
+    cfg = edge_engine(2).config
+    for name, value in (("routing.policy", "weighted"), ("routing.scorers.queue-depth", 2.0),
+                        ("routing.scorers.kv-utilization", 2.0)):
+        cfg = set_knob(cfg, name, value)
+    return resolve_config(cfg)
+
+
+def _lane(base, knobs: dict):
+    cfg = base.config
+    for name, value in knobs.items():
+        cfg = set_knob(cfg, name, value)
+    return cfg
+
+
+def test_lanes_of_their_own_settings_match_the_reference():
+    base = _base()
+    w = make_workload(edge_rows_twice(), ("a", "b"), ("g",))
+    configs = [_lane(base, knobs) for knobs in LANES]
+    params = stack_params([params_from_config(c, w.tenant_names) for c in configs])
+    assert for_lanes(build_static(base, w), params).features.lane_settings
+    lanes = simulate_population(base, w, params, lane_block=8)
+    wants = [reference(resolve_config(c), w) for c in configs]
+    for k, (want, got) in enumerate(zip(wants, lanes, strict=True)):
+        assert first_divergence(want, got) is None, (k, LANES[k])
+    # each knob changes its lane's run (the lanes are not the base configuration's run again)
+    for k in range(1, len(LANES)):
+        assert (wants[k].ttft_us != wants[0].ttft_us).any() \
+            or (wants[k].instance != wants[0].instance).any(), LANES[k]
+
+
+def test_lanes_of_the_base_settings_keep_the_programs_own():
+    base = _base()
+    w = make_workload(edge_rows_twice(), ("a", "b"), ("g",))
+    params = stack_params([params_from_config(base.config, w.tenant_names)] * 2)
+    assert not for_lanes(build_static(base, w), params).features.lane_settings
+
+
+def test_a_token_budget_above_the_programs_is_refused():
+    base = _base()
+    with pytest.raises(ConfigError, match=r"engine\.max_num_scheduled_tokens.*at most 64"):
+        set_knob(base.config, "engine.max_num_scheduled_tokens", 65)
+    w = make_workload(edge_rows_twice(), ("a", "b"), ("g",))
+    bigger = dataclasses.replace(base.config, engine=dataclasses.replace(
+        base.config.engine, max_num_scheduled_tokens=128))
+    params = stack_params([params_from_config(bigger, w.tenant_names)])
+    with pytest.raises(ConfigError, match=r"engine\.max_num_scheduled_tokens.*128 exceeds the "
+                                          r"program's 64"):
+        for_lanes(build_static(base, w), params)
