@@ -55,7 +55,7 @@ import yaml
 
 from blisjax.config import ConfigError, SimConfig
 from blisjax.config.fields import KNOB_MAGNITUDE
-from blisjax.engine.population import ENGINE_KNOBS, set_knob
+from blisjax.engine.population import CLUSTER_KNOBS, ENGINE_KNOBS, set_knob
 from blisjax.program import MAX_PROGRAM_LENGTH, SITES, ProgramError, compile_program
 from blisjax.program.language import parse, size, to_text
 
@@ -552,6 +552,8 @@ def get_knob(config: SimConfig, name: str) -> Any:
         return dict(getattr(config.policy, parts[0]).params).get(parts[2])
     if len(parts) == 2 and parts[0] == "engine" and parts[1] in ENGINE_KNOBS:
         return getattr(config.engine, parts[1])
+    if len(parts) == 2 and parts[0] == "cluster" and parts[1] in CLUSTER_KNOBS:
+        return getattr(config.cluster, parts[1])
     if len(parts) == 2 and parts[0] in ("admission", "priority", "routing", "scheduler",
                                         "autoscaler"):
         return getattr(getattr(config.policy, parts[0]), parts[1])

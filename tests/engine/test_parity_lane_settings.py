@@ -17,6 +17,7 @@ from blisjax.engine.population import set_knob
 from blisjax.engine.static import build_static
 from blisjax.engine.static_lanes import for_lanes
 from blisjax.reference import simulate as reference
+from search.space import get_knob, space_from_mapping
 from tests.engine.conftest import edge_engine, edge_rows_twice
 from tests.reference.conftest import make_workload
 
@@ -103,3 +104,21 @@ def test_a_token_budget_above_the_programs_is_refused():
     with pytest.raises(ConfigError, match=r"engine\.max_num_scheduled_tokens.*128 exceeds the "
                                           r"program's 64"):
         for_lanes(build_static(base, w), params)
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("engine.max_num_scheduled_tokens", 32), ("engine.long_prefill_token_threshold", 8),
+    ("cluster.admission_latency_us", 900), ("cluster.routing_latency_us", 0),
+    ("cluster.snapshot_refresh_interval_us", 0)])
+def test_each_setting_knob_reads_back_as_set(name, value):
+    base = _base().config
+    assert get_knob(base, name) != value
+    assert get_knob(set_knob(base, name, value), name) == value
+
+
+def test_a_search_space_past_the_programs_token_budget_is_refused():
+    space = space_from_mapping({"knobs": {"engine.max_num_scheduled_tokens":
+                                          {"low": 16, "high": 128, "type": "int"}}})
+    with pytest.raises(ConfigError, match=r"space\.knobs\.engine\.max_num_scheduled_tokens: "
+                                          r"value 128 .*at most 64"):
+        space.validate_against(_base().config)
