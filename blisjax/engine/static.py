@@ -122,6 +122,11 @@ class Settings:
     """The simulated cluster's settings that the program is built for (every lane shares
     them; what differs per lane is a ``PolicyParams`` knob). All times in µs.
 
+      token_budget, long_prefill_threshold, admission_latency_us, routing_latency_us,
+        refresh_interval_us: the base configuration's; with ``Features.lane_settings`` each
+        lane runs its own (``params.LaneSettings``, read through ``setting``) and
+        ``token_budget`` bounds them (the step tables' tokens).
+
       latency_model: ``latency.model``: step times (and physics queueing delays) are
         computed in the program with the reference's float operations in its order
         (``blisjax.engine.roofline``, ``blisjax.engine.physics``), unless
@@ -281,6 +286,17 @@ FIELD_GROUP = {f.name: group for group, cls in _GROUPS.items()
                for f in dataclasses.fields(cls)}
 
 
+def _by_group(fields: dict) -> dict[str, dict]:
+    """``fields`` (by name) split by the group that holds each; TypeError for a name no
+    group has."""
+    parts: dict[str, dict] = {}
+    for name, value in fields.items():
+        if name not in FIELD_GROUP:
+            raise TypeError(f"EngineStatic has no field {name!r}")
+        parts.setdefault(FIELD_GROUP[name], {})[name] = value
+    return parts
+
+
 @dataclass(frozen=True)
 class EngineStatic:
     """What fixes a compiled program, hashable (a static argument of the jitted run): its
@@ -296,22 +312,14 @@ class EngineStatic:
     @classmethod
     def of(cls, **fields) -> EngineStatic:
         """An ``EngineStatic`` from its fields by name (each routed to its group)."""
-        parts: dict[str, dict] = {group: {} for group in _GROUPS}
-        for name, value in fields.items():
-            if name not in FIELD_GROUP:
-                raise TypeError(f"EngineStatic has no field {name!r}")
-            parts[FIELD_GROUP[name]][name] = value
-        return cls(**{group: _GROUPS[group](**kw) for group, kw in parts.items()})
+        parts = _by_group(fields)
+        return cls(**{group: kind(**parts.get(group, {})) for group, kind in _GROUPS.items()})
 
     def replace(self, **fields) -> EngineStatic:
         """This static with the named fields changed (each in its group)."""
-        parts: dict[str, dict] = {}
-        for name, value in fields.items():
-            if name not in FIELD_GROUP:
-                raise TypeError(f"EngineStatic has no field {name!r}")
-            parts.setdefault(FIELD_GROUP[name], {})[name] = value
         return dataclasses.replace(self, **{
-            group: dataclasses.replace(getattr(self, group), **kw) for group, kw in parts.items()})
+            group: dataclasses.replace(getattr(self, group), **kw)
+            for group, kw in _by_group(fields).items()})
 
     def field(self, name: str):
         """The field ``name``'s value, whichever group holds it."""
