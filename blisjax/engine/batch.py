@@ -299,7 +299,8 @@ def phase2(s: SimState, st, c, p, i, now, budget, preempted, active):
 
     def cond(carry):
         s, budget, stop = carry
-        return (active & ~stop & ~preempted & (s.batch.n_run[i] < st.shapes.batch_slots)
+        return (active & ~stop & ~preempted
+                & (s.batch.n_run[i] < setting(st, c, "max_running"))
                 & (s.queue.length[i] > 0) & (budget > 0))
 
     def body(carry, go):

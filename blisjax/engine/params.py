@@ -206,15 +206,17 @@ class GatewayParams:
 
 @pytree_dataclass
 class LaneSettings:
-    """The cluster's settings that are per-lane knobs: token_budget
-    (``engine.max_num_scheduled_tokens``, int32, at most the program's
-    ``EngineStatic.settings.token_budget``), long_prefill_threshold
+    """The cluster's settings that are per-lane knobs: max_running
+    (``engine.max_num_running_reqs``, int32, at most the program's batch slots
+    ``EngineStatic.shapes.batch_slots``), token_budget (``engine.max_num_scheduled_tokens``,
+    int32, at most the program's ``EngineStatic.settings.token_budget``), long_prefill_threshold
     (``engine.long_prefill_token_threshold``, int32, 0: none), admission_latency_us and
     routing_latency_us (``cluster.*``, int64 µs), refresh_interval_us
     (``cluster.snapshot_refresh_interval_us``, int64 µs). A program reads a lane's own only
     where some lane's differ from the program's (``EngineStatic.features.lane_settings``;
     ``consts.setting``)."""
 
+    max_running: jax.Array
     token_budget: jax.Array
     long_prefill_threshold: jax.Array
     admission_latency_us: jax.Array
@@ -222,9 +224,10 @@ class LaneSettings:
     refresh_interval_us: jax.Array
 
 
-#: ``LaneSettings``' fields: the configuration's field of each, and the program's setting
-#: (``EngineStatic.settings``) of the same name.
-LANE_SETTINGS = {"token_budget": "engine.max_num_scheduled_tokens",
+#: ``LaneSettings``' fields: the configuration's field of each (the program's is
+#: ``static.LANE_SETTING_FIELDS``).
+LANE_SETTINGS = {"max_running": "engine.max_num_running_reqs",
+                 "token_budget": "engine.max_num_scheduled_tokens",
                  "long_prefill_threshold": "engine.long_prefill_token_threshold",
                  "admission_latency_us": "cluster.admission_latency_us",
                  "routing_latency_us": "cluster.routing_latency_us",
@@ -236,6 +239,7 @@ def lane_settings(cfg) -> LaneSettings:
     i32 = lambda x: np.asarray(x, dtype=np.int32)  # noqa: E731
     i64 = lambda x: np.asarray(x, dtype=np.int64)  # noqa: E731
     return LaneSettings(
+        max_running=i32(cfg.engine.max_num_running_reqs),
         token_budget=i32(cfg.engine.max_num_scheduled_tokens),
         long_prefill_threshold=i32(cfg.engine.long_prefill_token_threshold),
         admission_latency_us=i64(cfg.cluster.admission_latency_us),

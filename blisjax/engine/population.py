@@ -25,8 +25,9 @@ A *knob* is a dotted name of a per-lane policy setting:
 * ``engine.preemption_policy``, and the CPU tier of the KV cache: ``engine.kv_cpu_blocks``,
   ``engine.kv_transfer_bandwidth``, ``engine.kv_transfer_base_latency_us`` (the program's
   tier capacity is the largest lane's size, or ``build_static(cpu_tier_blocks=...)``);
-* the scheduler's token budget and chunking: ``engine.max_num_scheduled_tokens`` (up to the
-  base configuration's, whose step tables the program holds) and
+* the scheduler's batch size, token budget and chunking: ``engine.max_num_running_reqs`` and
+  ``engine.max_num_scheduled_tokens`` (up to the base configuration's, whose batch slots and
+  step tables the program holds) and
   ``engine.long_prefill_token_threshold``; the cluster's latencies:
   ``cluster.admission_latency_us``, ``cluster.routing_latency_us`` and
   ``cluster.snapshot_refresh_interval_us`` (``params.LaneSettings``);
@@ -60,8 +61,8 @@ from blisjax.rules import uses_lifecycle
 _POLICY_SECTIONS = ("admission", "priority", "routing", "scheduler", "autoscaler")
 #: ``EngineConfig`` fields that are per-lane knobs (``PolicyParams``).
 ENGINE_KNOBS = ("preemption_policy", "kv_cpu_blocks", "kv_transfer_bandwidth",
-                "kv_transfer_base_latency_us", "max_num_scheduled_tokens",
-                "long_prefill_token_threshold")
+                "kv_transfer_base_latency_us", "max_num_running_reqs",
+                "max_num_scheduled_tokens", "long_prefill_token_threshold")
 #: ``ClusterConfig`` fields that are per-lane knobs (``PolicyParams.settings``).
 CLUSTER_KNOBS = ("admission_latency_us", "routing_latency_us", "snapshot_refresh_interval_us")
 
@@ -154,11 +155,12 @@ def set_knob(cfg: SimConfig, name: str, value) -> SimConfig:
         cluster = dataclasses.replace(cfg.cluster, lifecycle=dataclasses.replace(
             life, **{parts[2]: value}))
         return dataclasses.replace(cfg, cluster=cluster)
-    if parts == ["engine", "max_num_scheduled_tokens"]:
-        most = cfg.engine.max_num_scheduled_tokens
+    if len(parts) == 2 and parts[0] == "engine" and parts[1] in ("max_num_running_reqs",
+                                                                 "max_num_scheduled_tokens"):
+        most = getattr(cfg.engine, parts[1])
         if isinstance(value, int | float) and not isinstance(value, bool) and value > most:
-            raise ConfigError("knob 'engine.max_num_scheduled_tokens'", f"must be at most "
-                              f"{most} (the base configuration's, whose step tables the "
+            raise ConfigError(f"knob '{name}'", f"must be at most {most} (the base "
+                              "configuration's, whose batch slots and step tables the "
                               f"program holds), got {value!r}")
     if len(parts) == 2 and parts[0] == "engine" and parts[1] in ENGINE_KNOBS:
         return dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine,

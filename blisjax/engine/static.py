@@ -231,10 +231,10 @@ class Features:
         its variant's GPU (``LifecycleState.gpu``, ``lifecycle.instance_consts``) instead of
         its lane's.
       lane_settings: the cluster's settings that are per-lane knobs (``params.LaneSettings``:
-        token budget, long-prefill threshold, admission and routing latency, snapshot refresh
-        interval) are each lane's own (``static.setting``): some lane's differ from the
-        program's ``Settings`` (``static_lanes.for_lanes``), whose token budget then bounds
-        the lanes' (the blackbox and roofline tables hold that many tokens).
+        max running requests, token budget, long-prefill threshold, admission and routing
+        latency, snapshot refresh interval) are each lane's own (``static.setting``): some
+        lane's differ from the program's (``static_lanes.for_lanes``), whose batch slots and
+        token budget then bound the lanes' (the arrays and step tables hold that many).
       latency: a latency model object (hashable) evaluated on the host once per step through
         a callback (``blisjax.engine.hostlatency``): a roofline model whose configuration the
         program cannot evaluate exactly (``roofline.fits_the_program``: contexts of 2^25
@@ -482,6 +482,10 @@ def _ceil_div(a: int, b: int) -> int:
 
 
 
+#: The program's field of each ``params.LaneSettings`` field (the same name unless listed).
+LANE_SETTING_FIELDS = {"max_running": "batch_slots"}
+
+
 def setting(st, c, name: str):
     """The setting ``name`` of ``params.LaneSettings`` this lane runs: its own (a traced value
     of the lane's constants, ``consts.lane_consts``) where the program reads them per lane
@@ -489,7 +493,7 @@ def setting(st, c, name: str):
     compiled out)."""
     if st.features.lane_settings:
         return getattr(c.settings, name)
-    return getattr(st.settings, name)
+    return st.field(LANE_SETTING_FIELDS.get(name, name))
 
 
 def caps_length(st) -> bool:

@@ -23,7 +23,7 @@ from blisjax.config.codes import (
 )
 from blisjax.engine.latency_rows import check_pool_rows
 from blisjax.engine.params import LANE_SETTINGS
-from blisjax.engine.static import EngineStatic, _check_sized, with_gateway
+from blisjax.engine.static import LANE_SETTING_FIELDS, EngineStatic, _check_sized, with_gateway
 from blisjax.program.observables import SITES as PROGRAM_SITES
 
 
@@ -90,16 +90,20 @@ def for_lanes(st: EngineStatic, params) -> EngineStatic:
 
 def _with_lane_settings(st: EngineStatic, lanes) -> EngineStatic:
     """``st`` reading each lane's own settings (``Features.lane_settings``) where some lane's
-    differ from the program's (``params.LaneSettings``, stacked); a lane's token budget may
-    not exceed the program's, whose step tables hold that many tokens."""
-    budget = int(np.max(np.asarray(lanes.token_budget), initial=0))
-    if budget > st.settings.token_budget:
-        raise ConfigError("engine.max_num_scheduled_tokens", f"a lane's {budget} exceeds the "
-                          f"program's {st.settings.token_budget} (the base configuration's: its "
-                          "step tables hold that many tokens): raise the base's")
+    differ from the program's (``params.LaneSettings``, stacked); a lane's running requests
+    and token budget may not exceed the program's, whose arrays and step tables hold that
+    many."""
+    for name, what in (("max_running", "batch slots"), ("token_budget", "step tables' tokens")):
+        most = int(np.max(np.asarray(getattr(lanes, name)), initial=0))
+        field = LANE_SETTING_FIELDS.get(name, name)
+        if most > st.field(field):
+            raise ConfigError(LANE_SETTINGS[name], f"a lane's {most} exceeds the program's "
+                              f"{st.field(field)} (the base configuration's: its {what}): "
+                              "raise the base's")
     if st.features.lane_settings:
         return st
-    differs = any(bool(np.any(np.asarray(getattr(lanes, name)) != st.field(name)))
+    differs = any(bool(np.any(np.asarray(getattr(lanes, name))
+                              != st.field(LANE_SETTING_FIELDS.get(name, name))))
                   for name in LANE_SETTINGS)
     return st.replace(lane_settings=True) if differs else st
 

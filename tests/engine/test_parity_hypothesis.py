@@ -10,8 +10,8 @@ workload (arrival gaps with simultaneous arrivals, prompt and output lengths, pr
 their lengths, tenants, SLO classes, deadlines) and one policy per lane (admission with its
 bucket sizes and rates or quotas, priority, routing with a subset of the weighted scorers and
 either tie-break rule, scheduler, preemption order, and the settings that are per-lane knobs:
-token budget, long-prefill threshold, admission and routing latency, snapshot refresh
-interval). The default tier runs a few examples of one engine; the slow tier
+running requests, token budget, long-prefill threshold, admission and routing latency,
+snapshot refresh interval). The default tier runs a few examples of one engine; the slow tier
 (``-m slow``) runs 3 engines × 100 examples × 4 lanes = 1,200 cases.
 """
 
@@ -120,6 +120,7 @@ def policies(draw, base):
     engine = dataclasses.replace(
         base.engine, preemption_policy=draw(st.sampled_from(["fcfs", "priority"])),
         max_num_scheduled_tokens=budget,
+        max_num_running_reqs=draw(st.integers(1, base.engine.max_num_running_reqs)),
         long_prefill_token_threshold=draw(st.integers(0, budget)))
     cluster = dataclasses.replace(
         base.cluster, admission_latency_us=draw(st.integers(0, 3000)),

@@ -1,7 +1,7 @@
-"""The cluster's settings that are per-lane knobs (``params.LaneSettings``: token budget,
-long-prefill threshold, admission and routing latency, snapshot refresh interval): lanes of one
+"""The cluster's settings that are per-lane knobs (``params.LaneSettings``: running requests,
+token budget, long-prefill threshold, admission and routing latency, snapshot refresh interval): lanes of one
 program that differ in them each equal their own reference run, request by request; a lane may
-not exceed the program's token budget; lanes that keep the base configuration's settings run
+not exceed the program's running requests or token budget; lanes that keep the base configuration's settings run
 the program without per-lane settings."""
 
 from __future__ import annotations
@@ -26,12 +26,14 @@ from tests.reference.conftest import make_workload
 LANES = [
     {},
     {"engine.max_num_scheduled_tokens": 24, "engine.long_prefill_token_threshold": 8},
+    {"engine.max_num_running_reqs": 2},
     {"engine.long_prefill_token_threshold": 0},
     {"cluster.admission_latency_us": 0, "cluster.routing_latency_us": 0},
     {"cluster.routing_latency_us": 0, "cluster.admission_latency_us": 2500},
     {"cluster.snapshot_refresh_interval_us": 0},
     {"cluster.snapshot_refresh_interval_us": 9000, "cluster.routing_latency_us": 40},
-    {"engine.max_num_scheduled_tokens": 12, "engine.long_prefill_token_threshold": 12,
+    {"engine.max_num_running_reqs": 1, "engine.max_num_scheduled_tokens": 12,
+     "engine.long_prefill_token_threshold": 12,
      "cluster.admission_latency_us": 0, "cluster.routing_latency_us": 0,
      "cluster.snapshot_refresh_interval_us": 0},
 ]
@@ -39,11 +41,14 @@ LANES = [
 
 def random_settings(cfg, rng):
     """``cfg`` with the settings that are per-lane knobs drawn by ``rng`` (a numpy
-    ``Generator``): a token budget up to its own, a long-prefill threshold, admission and
+    ``Generator``): running requests and a token budget up to its own, a long-prefill
+    threshold, admission and
     routing latencies and a snapshot refresh interval (0 among the choices)."""
     most = cfg.engine.max_num_scheduled_tokens
     budget = int(rng.integers(max(most // 4, 1), most + 1))
-    engine = dataclasses.replace(cfg.engine, max_num_scheduled_tokens=budget,
+    running = int(rng.integers(1, cfg.engine.max_num_running_reqs + 1))
+    engine = dataclasses.replace(cfg.engine, max_num_running_reqs=running,
+                                 max_num_scheduled_tokens=budget,
                                  long_prefill_token_threshold=int(rng.choice(
                                      [0, max(budget // 2, 1), budget])))
     cluster = dataclasses.replace(
@@ -106,8 +111,22 @@ def test_a_token_budget_above_the_programs_is_refused():
         for_lanes(build_static(base, w), params)
 
 
+def test_more_running_requests_than_the_programs_batch_slots_are_refused():
+    base = _base()
+    with pytest.raises(ConfigError, match=r"engine\.max_num_running_reqs.*at most 4"):
+        set_knob(base.config, "engine.max_num_running_reqs", 5)
+    w = make_workload(edge_rows_twice(), ("a", "b"), ("g",))
+    bigger = dataclasses.replace(base.config, engine=dataclasses.replace(
+        base.config.engine, max_num_running_reqs=6))
+    params = stack_params([params_from_config(bigger, w.tenant_names)])
+    with pytest.raises(ConfigError, match=r"engine\.max_num_running_reqs.*6 exceeds the "
+                                          r"program's 4"):
+        for_lanes(build_static(base, w), params)
+
+
 @pytest.mark.parametrize(("name", "value"), [
-    ("engine.max_num_scheduled_tokens", 32), ("engine.long_prefill_token_threshold", 8),
+    ("engine.max_num_running_reqs", 3), ("engine.max_num_scheduled_tokens", 32),
+    ("engine.long_prefill_token_threshold", 8),
     ("cluster.admission_latency_us", 900), ("cluster.routing_latency_us", 0),
     ("cluster.snapshot_refresh_interval_us", 0)])
 def test_each_setting_knob_reads_back_as_set(name, value):

@@ -102,8 +102,10 @@ def lanes(draw, base):
             st.sampled_from(SCORERS), min_size=1, max_size=3, unique=True)))),
         tie_break=draw(st.sampled_from(["blis-random", "lowest-index"])))
     budget = draw(st.integers(8, base.engine.max_num_scheduled_tokens))
-    engine = dataclasses.replace(base.engine, max_num_scheduled_tokens=budget,
-                                 long_prefill_token_threshold=draw(st.integers(0, budget)))
+    engine = dataclasses.replace(
+        base.engine, max_num_scheduled_tokens=budget,
+        max_num_running_reqs=draw(st.integers(1, base.engine.max_num_running_reqs)),
+        long_prefill_token_threshold=draw(st.integers(0, budget)))
     cluster = dataclasses.replace(  # with settings of the lane's own
         base.cluster, pd=draw(pools()), admission_latency_us=draw(st.integers(0, 1500)),
         routing_latency_us=draw(st.integers(0, 1500)),

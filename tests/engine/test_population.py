@@ -28,8 +28,9 @@ def test_set_knob_validates_and_targets_the_right_field():
     routed = set_knob(set_knob(cfg, "routing.policy", "weighted"), "routing.scorers.queue-depth",
                       5.0)
     assert [(s.name, s.weight) for s in routed.policy.routing.scorers][1] == ("queue-depth", 5.0)
-    with pytest.raises(ConfigError, match="max_num_running_reqs|not a per-lane"):
-        set_knob(cfg, "engine.max_num_running_reqs", 4)
+    with pytest.raises(ConfigError, match="not a per-lane"):
+        set_knob(cfg, "engine.total_kv_blocks", 4)
+    assert set_knob(cfg, "engine.max_num_running_reqs", 4).engine.max_num_running_reqs == 4
     with pytest.raises(ConfigError, match="admission"):
         set_knob(cfg, "admission.policy", "no-such-policy")
     assert set_knob(cfg, "engine.kv_cpu_blocks", 64).engine.kv_cpu_blocks == 64

@@ -145,7 +145,7 @@ def test_get_knob_inverts_set_knob():
                         ("engine.kv_transfer_base_latency_us", 25), ("hardware", "A100-80")):
         assert get_knob(set_knob(cfg, name, value), name) == value
     with pytest.raises(ConfigError, match="not a per-lane"):
-        get_knob(cfg, "engine.max_num_running_reqs")
+        get_knob(cfg, "engine.total_kv_blocks")
 
 
 def test_load_space_reports_unreadable_file(tmp_path):

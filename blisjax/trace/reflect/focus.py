@@ -25,7 +25,8 @@ KNOBS: frozenset[str] = frozenset({
     "admission.token_bucket_refill_rate", "admission.rate_limit_rps",
     "admission.rate_limit_burst", "admission.tenant_max_in_flight",
     "admission.default_tenant_max_in_flight", "engine.preemption_policy", "engine.kv_cpu_blocks",
-    "engine.max_num_scheduled_tokens", "engine.long_prefill_token_threshold",
+    "engine.max_num_running_reqs", "engine.max_num_scheduled_tokens",
+    "engine.long_prefill_token_threshold",
     "autoscaler.cooldown_us", "autoscaler.target_queue_depth", "autoscaler.min_replicas",
     "autoscaler.max_replicas", "autoscaler.interval_us", "cluster.pd.split",
     "cluster.pd.prefix_threshold_tokens",
@@ -34,7 +35,7 @@ KNOBS: frozenset[str] = frozenset({
 #: Configuration fields the suggestions may name that are not per-lane knobs (they change the
 #: program's shapes: sweep them across separate runs).
 SETTINGS: frozenset[str] = frozenset({
-    "engine.max_num_running_reqs", "engine.total_kv_blocks", "cluster.num_instances",
+    "engine.total_kv_blocks", "cluster.num_instances",
 })
 
 # ---- the run's configuration --------------------------------------------------------------------
@@ -81,7 +82,7 @@ def _dimension_focus(cfg: Any, dim: str) -> str:
     if dim == "itl":
         return ("ITL grows when prefill chunks share steps with decodes: "
                 "`engine.long_prefill_token_threshold`, `engine.max_num_scheduled_tokens`")
-    return (f"E2E = queueing + decoding in crowded batches: {spread}`priority.policy`, setting "
+    return (f"E2E = queueing + decoding in crowded batches: {spread}`priority.policy`, "
             "`engine.max_num_running_reqs`")
 
 
