@@ -35,6 +35,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from blisjax.config import ConfigError, SimConfig, config_to_dict, load_config, resolve_config
+from blisjax.engine.params import LANE_SETTINGS
 from search.backends.reference import ReferenceBackend
 from search.evaluate import (
     SimulationProblem,
@@ -646,7 +647,8 @@ def search_capacities(space) -> dict[str, Any]:
     """JAX-engine capacities a space needs beyond its base configuration's, so that every
     generation runs one program: a CPU-tier size knob compiles the tier at its largest value,
     a cluster-size knob compiles the routing among each lane's own instances, a GPU-type knob
-    the latency of each of its GPUs."""
+    the latency of each of its GPUs, a knob of the cluster's settings (the token budget, the
+    latencies, …) each lane's reading of its own."""
     out: dict[str, Any] = {}
     if "cluster.num_instances" in space.names:  # one program for every generation's sizes
         out["sized_lanes"] = True
@@ -654,6 +656,8 @@ def search_capacities(space) -> dict[str, Any]:
         out["gpus"] = tuple(space.knob("hardware").extremes())
     if "engine.kv_cpu_blocks" in space.names:
         out["cpu_tier_blocks"] = int(max(space.knob("engine.kv_cpu_blocks").extremes()))
+    if any(name in LANE_SETTINGS.values() for name in space.names):
+        out["lane_settings"] = True
     return out
 
 

@@ -522,7 +522,8 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
                  actuation_slots: int | None = None,
                  timeline_slots: int | None = None,
                  max_events: int | None = None,
-                 sized_lanes: bool = False, gpus=None) -> EngineStatic:
+                 sized_lanes: bool = False, gpus=None,
+                 lane_settings: bool = False) -> EngineStatic:
     """Capacities derived from the configuration and the workload (docs/jax-engine.md, Capacities and overflow).
 
     Defaults are safe upper bounds: the queue can hold every request, the pending window the
@@ -548,6 +549,9 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
     it to share one program between populations with and without them). ``gpus``: GPU types
     the lanes may run (the ``hardware`` knob; set by itself from a population whose lanes
     run other GPUs than the configuration's, set it to share one program between them).
+    ``lane_settings``: each lane reads its own settings that are knobs (``params.LaneSettings``;
+    set by itself when a population's lanes differ from the configuration's, set it to share
+    one program between populations with and without such lanes).
     """
     for name, value in (("queue_slots", queue_slots), ("pending_slots", pending_slots),
                         ("deadline_window", deadline_window),
@@ -668,6 +672,8 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
         st = with_gateway(st)
     if sized_lanes:
         st = st.replace(sized_lanes=_check_sized(st))
+    if lane_settings:
+        st = st.replace(lane_settings=True)
     # Evaluated on the host through a callback: a roofline configuration the program cannot
     # evaluate exactly.
     if st.settings.row_roofline:  # a pool runs the roofline model, another blackbox

@@ -219,7 +219,8 @@ def plan(s: SimState, st, c, i, seen: BatchOutlook, plain_us, active) -> SimStat
     running = s.batch.n_run[i]
     t0 = s.batch.step_time[i]
     ok = (active & seen.decoding & (running > 0) & (s.queue.length[i] == 0)
-          & (running <= setting(st, c, "token_budget")) & (t0 >= 0) & (t0 <= st.settings.horizon_us))
+          & (running <= setting(st, c, "token_budget")) & (t0 >= 0)
+          & (t0 <= st.settings.horizon_us))
     by_kv = _block_step(seen.spare_cum, running, s.kv.kv_free[i], st.settings.block_size)
     if st.stretch_times_vary:
         # offset[k] = the first k times: the real step after k plain ones starts there

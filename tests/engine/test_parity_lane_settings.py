@@ -1,8 +1,9 @@
 """The cluster's settings that are per-lane knobs (``params.LaneSettings``: running requests,
-token budget, long-prefill threshold, admission and routing latency, snapshot refresh interval): lanes of one
-program that differ in them each equal their own reference run, request by request; a lane may
-not exceed the program's running requests or token budget; lanes that keep the base configuration's settings run
-the program without per-lane settings."""
+token budget, long-prefill threshold, admission and routing latency, snapshot refresh
+interval): lanes of one program that differ in them each equal their own reference run,
+request by request; a lane may not exceed the program's running requests or token budget;
+lanes that keep the base configuration's settings run the program without per-lane
+settings."""
 
 from __future__ import annotations
 

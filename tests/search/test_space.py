@@ -8,8 +8,10 @@ import math
 import numpy as np
 import pytest
 
-from blisjax.config import ConfigError, load_config
+from blisjax.config import ConfigError, load_config, resolve_config
 from blisjax.engine.population import set_knob
+from blisjax.engine.static import build_static
+from search.evaluate import make_workload
 from search.space import (
     ChoiceKnob,
     NumericKnob,
@@ -183,6 +185,20 @@ def test_a_cpu_tier_size_knob_compiles_the_tier_at_its_largest_size():
     space = load_space(REPO / "configs/search/cpu-tier-space.yaml")
     assert search_capacities(space) == {"cpu_tier_blocks": 1024}
     assert search_capacities(load_space(REPO / "configs/search/prefix-affinity-space.yaml")) == {}
+
+
+def test_a_settings_knob_compiles_each_lanes_reading_of_its_own():
+    """A search over the token budget or a latency runs one program in every generation, also
+    one whose lanes all happen to draw the base configuration's value."""
+    from search.api import search_capacities
+
+    for name in ("engine.max_num_running_reqs", "cluster.routing_latency_us"):
+        space = space_from_mapping({"knobs": {name: {"low": 1, "high": 8, "type": "int"}}})
+        assert search_capacities(space) == {"lane_settings": True}
+    resolved = resolve_config(load_config(TINY_CONFIG))
+    w = make_workload(resolved.config, 1)
+    assert build_static(resolved, w, lane_settings=True).features.lane_settings
+    assert not build_static(resolved, w).features.lane_settings
 
 
 def test_a_gpu_type_knob_compiles_every_choices_latency():
