@@ -27,7 +27,8 @@ A *knob* is a dotted name of a per-lane policy setting:
   tier capacity is the largest lane's size, or ``build_static(cpu_tier_blocks=...)``);
 * the scheduler's batch size, token budget and chunking: ``engine.max_num_running_reqs`` and
   ``engine.max_num_scheduled_tokens`` (up to the base configuration's, whose batch slots and
-  step tables the program holds) and
+  step tables the program holds; not with the physics latency model, whose constants read
+  them) and
   ``engine.long_prefill_token_threshold``; the cluster's latencies:
   ``cluster.admission_latency_us``, ``cluster.routing_latency_us`` and
   ``cluster.snapshot_refresh_interval_us`` (``params.LaneSettings``);
@@ -157,6 +158,10 @@ def set_knob(cfg: SimConfig, name: str, value) -> SimConfig:
         return dataclasses.replace(cfg, cluster=cluster)
     if len(parts) == 2 and parts[0] == "engine" and parts[1] in ("max_num_running_reqs",
                                                                  "max_num_scheduled_tokens"):
+        if cfg.latency.model == "physics":
+            raise ConfigError(f"knob '{name}'", "not a per-lane knob with the physics latency "
+                              "model (its constants read vLLM's max_num_seqs and "
+                              "max_num_batched_tokens): sweep it across calls")
         most = getattr(cfg.engine, parts[1])
         if isinstance(value, int | float) and not isinstance(value, bool) and value > most:
             raise ConfigError(f"knob '{name}'", f"must be at most {most} (the base "

@@ -94,18 +94,30 @@ def _with_lane_settings(st: EngineStatic, lanes) -> EngineStatic:
     and token budget may not exceed the program's, whose arrays and step tables hold that
     many."""
     for name, what in (("max_running", "batch slots"), ("token_budget", "step tables' tokens")):
-        most = int(np.max(np.asarray(getattr(lanes, name)), initial=0))
+        values = np.asarray(getattr(lanes, name))
         field = LANE_SETTING_FIELDS.get(name, name)
+        most = int(np.max(values, initial=0))
         if most > st.field(field):
             raise ConfigError(LANE_SETTINGS[name], f"a lane's {most} exceeds the program's "
                               f"{st.field(field)} (the base configuration's: its {what}): "
                               "raise the base's")
+        if _latency_reads_engine_sizes(st) and bool(np.any(values != st.field(field))):
+            raise ConfigError(LANE_SETTINGS[name], "is not a per-lane knob with the physics "
+                              "latency model or a model evaluated on the host (their constants "
+                              "read it): sweep it across calls")
     if st.features.lane_settings:
         return st
     differs = any(bool(np.any(np.asarray(getattr(lanes, name))
                               != st.field(LANE_SETTING_FIELDS.get(name, name))))
                   for name in LANE_SETTINGS)
     return st.replace(lane_settings=True) if differs else st
+
+
+def _latency_reads_engine_sizes(st: EngineStatic) -> bool:
+    """Whether the program's step times read the running requests and token budget of the
+    base configuration: the physics model's constants (vLLM's max_num_seqs and
+    max_num_batched_tokens) and a model evaluated on the host are the base's."""
+    return st.settings.latency_model == "physics" or st.features.latency is not None
 
 
 def _pd_prefix_index_twice(params) -> bool:

@@ -19,7 +19,7 @@ from blisjax.engine.static import build_static
 from blisjax.engine.static_lanes import for_lanes
 from blisjax.reference import simulate as reference
 from search.space import get_knob, space_from_mapping
-from tests.engine.conftest import edge_engine, edge_rows_twice
+from tests.engine.conftest import PHYSICS, edge_engine, edge_rows_twice
 from tests.reference.conftest import make_workload
 
 # each lane: knobs on the edge scenario (64-token budget chunking prefills past 32 tokens,
@@ -142,3 +142,18 @@ def test_a_search_space_past_the_programs_token_budget_is_refused():
     with pytest.raises(ConfigError, match=r"space\.knobs\.engine\.max_num_scheduled_tokens: "
                                           r"value 128 .*at most 64"):
         space.validate_against(_base().config)
+
+
+def test_running_requests_and_budget_are_not_knobs_under_the_physics_model():
+    # the physics model's constants read vLLM's max_num_seqs and max_num_batched_tokens
+    physics = dataclasses.replace(_base().config, latency=PHYSICS)
+    with pytest.raises(ConfigError, match=r"knob 'engine\.max_num_scheduled_tokens'.*physics"):
+        set_knob(physics, "engine.max_num_scheduled_tokens", 32)
+    assert set_knob(physics, "cluster.routing_latency_us", 0).cluster.routing_latency_us == 0
+    w = make_workload(edge_rows_twice(), ("a", "b"), ("g",))
+    lane = dataclasses.replace(physics, engine=dataclasses.replace(physics.engine,
+                                                                   max_num_running_reqs=2))
+    params = stack_params([params_from_config(lane, w.tenant_names)])
+    with pytest.raises(ConfigError, match=r"engine\.max_num_running_reqs: is not a per-lane "
+                                          r"knob with the physics"):
+        for_lanes(build_static(resolve_config(physics), w), params)
