@@ -116,17 +116,26 @@ def policies(draw, base):
         policy=draw(st.sampled_from(["fcfs", "priority-fcfs", "sjf"])))
     policy = dataclasses.replace(base.policy, admission=admission, priority=priority,
                                  routing=routing, scheduler=scheduler)
-    budget = draw(st.integers(8, base.engine.max_num_scheduled_tokens))
+    engine = dataclasses.replace(base.engine, preemption_policy=draw(
+        st.sampled_from(["fcfs", "priority"])))
+    return dataclasses.replace(base, policy=policy, engine=engine)
+
+
+@st.composite
+def lane_settings(draw, cfg):
+    """``cfg`` with the settings that are per-lane knobs drawn: running requests and a token
+    budget up to its own, a long-prefill threshold, admission and routing latencies and a
+    snapshot refresh interval."""
+    budget = draw(st.integers(8, cfg.engine.max_num_scheduled_tokens))
     engine = dataclasses.replace(
-        base.engine, preemption_policy=draw(st.sampled_from(["fcfs", "priority"])),
-        max_num_scheduled_tokens=budget,
-        max_num_running_reqs=draw(st.integers(1, base.engine.max_num_running_reqs)),
+        cfg.engine, max_num_scheduled_tokens=budget,
+        max_num_running_reqs=draw(st.integers(1, cfg.engine.max_num_running_reqs)),
         long_prefill_token_threshold=draw(st.integers(0, budget)))
     cluster = dataclasses.replace(
-        base.cluster, admission_latency_us=draw(st.integers(0, 3000)),
+        cfg.cluster, admission_latency_us=draw(st.integers(0, 3000)),
         routing_latency_us=draw(st.integers(0, 3000)),
         snapshot_refresh_interval_us=draw(st.integers(0, 6000)))
-    return dataclasses.replace(base, policy=policy, engine=engine, cluster=cluster)
+    return dataclasses.replace(cfg, engine=engine, cluster=cluster)
 
 
 def _check(engine: dict, data) -> None:
@@ -138,7 +147,8 @@ def _check(engine: dict, data) -> None:
     w = data.draw(workloads(), label="workload")
     assert build_static_shared(base, [_envelope(), w], decode_stretches=True).replace(
         cache_scorers=True, lane_settings=True) == static
-    configs = [data.draw(policies(base.config), label=f"lane {k}") for k in range(LANES)]
+    configs = [data.draw(policies(base.config).flatmap(lane_settings), label=f"lane {k}")
+               for k in range(LANES)]
     params = stack_params([params_from_config(c, TENANTS) for c in configs])
     lanes = simulate_population(base, w, params, static=static)
     for k, cfg in enumerate(configs):
