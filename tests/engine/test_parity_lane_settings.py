@@ -99,29 +99,19 @@ def test_lanes_of_the_base_settings_keep_the_programs_own():
     assert not for_lanes(build_static(base, w), params).features.lane_settings
 
 
-def test_a_token_budget_above_the_programs_is_refused():
+@pytest.mark.parametrize(("field", "most"), [("max_num_scheduled_tokens", 64),
+                                             ("max_num_running_reqs", 4)])
+def test_a_lane_above_the_programs_budget_or_batch_slots_is_refused(field, most):
+    """The program's step tables hold its token budget, its arrays its batch slots."""
     base = _base()
-    with pytest.raises(ConfigError, match=r"engine\.max_num_scheduled_tokens.*at most 64"):
-        set_knob(base.config, "engine.max_num_scheduled_tokens", 65)
+    with pytest.raises(ConfigError, match=rf"engine\.{field}.*at most {most}"):
+        set_knob(base.config, f"engine.{field}", most + 1)
     w = make_workload(edge_rows_twice(), ("a", "b"), ("g",))
     bigger = dataclasses.replace(base.config, engine=dataclasses.replace(
-        base.config.engine, max_num_scheduled_tokens=128))
+        base.config.engine, **{field: 2 * most}))
     params = stack_params([params_from_config(bigger, w.tenant_names)])
-    with pytest.raises(ConfigError, match=r"engine\.max_num_scheduled_tokens.*128 exceeds the "
-                                          r"program's 64"):
-        for_lanes(build_static(base, w), params)
-
-
-def test_more_running_requests_than_the_programs_batch_slots_are_refused():
-    base = _base()
-    with pytest.raises(ConfigError, match=r"engine\.max_num_running_reqs.*at most 4"):
-        set_knob(base.config, "engine.max_num_running_reqs", 5)
-    w = make_workload(edge_rows_twice(), ("a", "b"), ("g",))
-    bigger = dataclasses.replace(base.config, engine=dataclasses.replace(
-        base.config.engine, max_num_running_reqs=6))
-    params = stack_params([params_from_config(bigger, w.tenant_names)])
-    with pytest.raises(ConfigError, match=r"engine\.max_num_running_reqs.*6 exceeds the "
-                                          r"program's 4"):
+    with pytest.raises(ConfigError, match=rf"engine\.{field}.*{2 * most} exceeds the "
+                                          rf"program's {most}"):
         for_lanes(build_static(base, w), params)
 
 
