@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from blisjax.config._checks import ConfigError
@@ -178,8 +179,10 @@ def lane_consts(st: EngineStatic, consts: WorkloadConsts, params) -> WorkloadCon
     (``setting``); ``consts`` itself otherwise. Inside the lanes' ``vmap``."""
     if st.settings.gpus:
         consts = consts.replace(gpu=params.gpu)
-    if st.features.lane_settings:
-        consts = consts.replace(settings=params.settings)
+    if st.features.lane_settings:  # running requests capped at the slots (``every_row_runs``)
+        lane = params.settings
+        consts = consts.replace(settings=lane.replace(
+            max_running=jnp.minimum(lane.max_running, st.shapes.batch_slots)))
     return consts
 
 

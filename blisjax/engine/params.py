@@ -208,7 +208,7 @@ class GatewayParams:
 class LaneSettings:
     """The cluster's settings that are per-lane knobs: max_running
     (``engine.max_num_running_reqs``, int32, at most the program's batch slots
-    ``EngineStatic.shapes.batch_slots``), token_budget (``engine.max_num_scheduled_tokens``,
+    ``EngineStatic.shapes.batch_slots`` unless those hold every request row), token_budget (``engine.max_num_scheduled_tokens``,
     int32, at most the program's ``EngineStatic.settings.token_budget``), long_prefill_threshold
     (``engine.long_prefill_token_threshold``, int32, 0: none), admission_latency_us and
     routing_latency_us (``cluster.*``, int64 µs), refresh_interval_us

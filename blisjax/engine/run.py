@@ -58,6 +58,13 @@ ACCELERATOR_LANE_BLOCK = 1 << 20
 # whose lanes are ordered by tier size (``_lane_order``): thrashing tiers share their blocks
 # (docs/performance.md, A population of CPU tiers).
 TIERED_LANE_BLOCK = 2
+# A lone lane on a CPU device whose program this process compiles for itself (no program
+# cache) runs beside a copy of itself: XLA:CPU compiles the engine's program markedly faster
+# with two entries on the lane axis than with one, and the copy, whose events are the lane's
+# own, only widens each vector to two. A program stored in the program cache keeps one lane:
+# later runs load it, and would pay for the copy every time (docs/performance.md, Seconds to a
+# first result).
+CPU_LONE_LANE_COPIES = 2
 
 
 def default_lane_block(devices=None, st: EngineStatic | None = None,
@@ -317,7 +324,9 @@ def _placement(st: EngineStatic, params: PolicyParams, devices,
                lane_block: int | None) -> Placement:
     """Lanes split evenly over the devices, each device's share a whole number of lane blocks
     (``lane_block`` lanes at most; ``None``: ``default_lane_block`` for ``st``); a population
-    is padded with copies of its last lane (their results are dropped)."""
+    is padded with copies of its last lane (their results are dropped), and a lone lane on a
+    CPU device beside ``CPU_LONE_LANE_COPIES - 1`` copies where its program is not cached
+    (``progcache.cacheable``) and ``lane_block`` is not 1."""
     devices = tuple(jax.local_devices() if devices is None else devices)
     if lane_block is None:
         lane_block = default_lane_block(devices, st, params)
@@ -326,6 +335,9 @@ def _placement(st: EngineStatic, params: PolicyParams, devices,
     lanes = int(np.shape(params.admission.policy)[0])
     devices = devices[:max(min(lanes, len(devices)), 1)]
     count, size = _lane_blocks(-(-lanes // len(devices)), lane_block)
+    if count * size == 1 and lane_block > 1 and _all_cpus(devices) \
+            and not progcache.cacheable(st):
+        size = CPU_LONE_LANE_COPIES
     pad = count * size * len(devices) - lanes
     if pad:
         params = jax.tree_util.tree_map(
@@ -492,9 +504,8 @@ def simulate(resolved, workload, params: PolicyParams | None = None,
         params = params_from_config(resolved.config, workload.tenant_names)
     st = for_hardware(st, resolved, workload, params)
     consts = build_consts(resolved, workload, st)
-    final, lanes = _run_padded(st, consts, stack_params([params]), None, None, phase)
-    return own_clusters(st, [lane_result(st, consts, _drop_padding(final, lanes), 0)],
-                         params)[0]
+    final, _ = _run_padded(st, consts, stack_params([params]), None, None, phase)
+    return own_clusters(st, [lane_result(st, consts, final, 0)], params)[0]
 
 
 def simulate_population(resolved, workload, params: PolicyParams, static=None,

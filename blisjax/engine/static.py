@@ -50,7 +50,9 @@ class Shapes:
 
       queue_slots: wait-queue ring size per instance.
       pending_slots: requests between routing and enqueue (the α-delay window) per instance.
-      batch_slots: running-batch slots per instance (= max_num_running_reqs).
+      batch_slots: running-batch slots per instance: max_num_running_reqs, or the request
+        rows (N, 2N with P/D pools) where they are fewer, since no more can ever run at once
+        (``batch_slots_for``): a small workload compiles one narrow step program.
       max_blocks_per_request: KV blocks one request can hold (prompt + output).
       kv_blocks: GPU KV blocks per instance (the largest, where P/D pools' caches differ:
         ``Settings.instance_kv_blocks``).
@@ -337,6 +339,13 @@ class EngineStatic:
         return n + 1 + (n if self.features.pd else 0)
 
     @property
+    def every_row_runs(self) -> bool:
+        """The batch slots hold every request row (``batch_slots_for``): a cap on running
+        requests at or above them never binds."""
+        n = self.shapes.num_requests
+        return self.shapes.batch_slots >= n * (2 if self.features.pd else 1)
+
+    @property
     def slot_count(self) -> int:
         """Batch slots per instance: the running batch's, then (P/D) the reservations', then
         (a CPU tier with ``blis_quirks``) the queued holders'."""
@@ -509,6 +518,13 @@ def max_model_len_of(st, i):
     return jnp.asarray(st.settings.instance_max_model_len, jnp.int32)[i]
 
 
+def batch_slots_for(max_running: int, num_requests: int, *, pd: bool) -> int:
+    """Running-batch slots per instance: ``max_running`` (``engine.max_num_running_reqs``),
+    at most the request rows that could run at once (N, or 2N with P/D pools: the decode and
+    prefill sub-requests), at least 1."""
+    return max(1, min(int(max_running), num_requests * (2 if pd else 1)))
+
+
 def build_static(resolved, workload, *, queue_slots: int | None = None,
                  pending_slots: int | None = None, deadline_window: int = 8,
                  max_blocks_per_request: int | None = None,
@@ -606,6 +622,7 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
     model = make_latency_model(resolved)
     if decode_stretches is None:
         decode_stretches = stretches_pay_off(out)
+    slots = batch_slots_for(eng.max_num_running_reqs, n, pd=pd)
     st = EngineStatic.of(
         num_requests=n,
         num_instances=max_replicas(cfg.policy.autoscaler, cfg.cluster.num_instances,
@@ -615,7 +632,7 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
         queue_slots=int(max(n, 1) if queue_slots is None else queue_slots),
         pending_slots=int(max_pending(resolved, workload, pool_configs(resolved))
                           if pending_slots is None else pending_slots),
-        batch_slots=eng.max_num_running_reqs,
+        batch_slots=slots,
         max_blocks_per_request=int(
             (_ceil_div(int(total.max()) + 1, bs) if n else 1) if max_blocks_per_request is None
             else max_blocks_per_request),
@@ -639,7 +656,7 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
         num_deadlines=num_deadlines,
         deadline_window=deadline_window,
         itl_capacity=int(itl_counts(out, pd).sum()) if n else 0,
-        running_width=max(1, min(int(running_width), eng.max_num_running_reqs)),
+        running_width=max(1, min(int(running_width), slots)),
         narrow_programs=bool(narrow_programs),
         decode_stretches=bool(decode_stretches),
         latency_model=cfg.latency.model,

@@ -92,9 +92,10 @@ def _with_lane_settings(st: EngineStatic, lanes) -> EngineStatic:
     """``st`` reading each lane's own settings (``Features.lane_settings``) where some lane's
     differ from the program's (``params.LaneSettings``, stacked); a lane's running requests
     and token budget may not exceed the program's, whose arrays and step tables hold that
-    many."""
+    many, except running requests where the batch slots already hold every request row
+    (``EngineStatic.every_row_runs``: a larger cap is the same as the slots')."""
     for name, what in (("max_running", "batch slots"), ("token_budget", "step tables' tokens")):
-        values = np.asarray(getattr(lanes, name))
+        values = _effective(st, name, lanes)
         field = LANE_SETTING_FIELDS.get(name, name)
         most = int(np.max(values, initial=0))
         if most > st.field(field):
@@ -107,10 +108,19 @@ def _with_lane_settings(st: EngineStatic, lanes) -> EngineStatic:
                               "read it): sweep it across calls")
     if st.features.lane_settings:
         return st
-    differs = any(bool(np.any(np.asarray(getattr(lanes, name))
+    differs = any(bool(np.any(_effective(st, name, lanes)
                               != st.field(LANE_SETTING_FIELDS.get(name, name))))
                   for name in LANE_SETTINGS)
     return st.replace(lane_settings=True) if differs else st
+
+
+def _effective(st: EngineStatic, name: str, lanes) -> np.ndarray:
+    """The lanes' setting ``name`` as the program runs it: running requests at most the batch
+    slots where those hold every request row (``consts.lane_consts`` caps them alike)."""
+    values = np.asarray(getattr(lanes, name))
+    if name == "max_running" and st.every_row_runs:
+        return np.minimum(values, st.shapes.batch_slots)
+    return values
 
 
 def _latency_reads_engine_sizes(st: EngineStatic) -> bool:

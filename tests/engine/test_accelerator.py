@@ -11,10 +11,11 @@ import pytest
 
 from blisjax.cli import main as cli_main
 from blisjax.devices import use_platform
-from blisjax.engine import params_from_config, stack_params
+from blisjax.engine import params_from_config, progcache, stack_params
 from blisjax.engine.consts import build_consts
 from blisjax.engine.run import (
     ACCELERATOR_LANE_BLOCK,
+    CPU_LONE_LANE_COPIES,
     LANE_BLOCK,
     MEMORY_PER_STATE,
     TIERED_LANE_BLOCK,
@@ -71,6 +72,28 @@ def test_a_placement_on_one_device_keeps_every_lane_in_one_block_when_asked():
     blocked = _placement(st, params, jax.local_devices()[:1], None)  # a CPU: blocks of 64
     assert blocked.lane_block == 64
     assert int(blocked.params.admission.policy.shape[0]) == 200  # 4 blocks of 50, no padding
+
+
+def test_a_lone_cpu_lane_runs_beside_a_copy_unless_its_program_is_cached(tmp_path,
+                                                                         monkeypatch):
+    st, params = _population(1)
+    cpu = jax.local_devices()[:1]
+    placed = _placement(st, params, cpu, None)
+    assert (placed.lanes, placed.lane_block) == (1, CPU_LONE_LANE_COPIES) == (1, 2)
+    assert int(placed.params.admission.policy.shape[0]) == 2
+    alone = _placement(st, params, cpu, 1)  # blocks of one lane, as asked
+    assert (alone.lane_block, int(alone.params.admission.policy.shape[0])) == (1, 1)
+    two = _placement(st, stack_params([params_from_config(make_resolved(instances=2).config,
+                                                          ("a", "b"))] * 2), cpu, None)
+    assert (two.lanes, int(two.params.admission.policy.shape[0])) == (2, 2)  # no copy
+    monkeypatch.setattr(progcache, "_chosen", None)
+    monkeypatch.setattr(progcache, "_chosen_set", False)
+    progcache.use_program_cache(tmp_path)
+    try:  # a program later runs load from the cache keeps its one lane
+        cached = _placement(st, params, cpu, None)
+    finally:
+        progcache.use_program_cache(None)
+    assert (cached.lane_block, int(cached.params.admission.policy.shape[0])) == (1, 1)
 
 
 def _population(lanes: int):

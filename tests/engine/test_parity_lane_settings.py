@@ -115,6 +115,21 @@ def test_a_lane_above_the_programs_budget_or_batch_slots_is_refused(field, most)
         for_lanes(build_static(base, w), params)
 
 
+def test_a_lane_above_batch_slots_that_hold_every_request_runs_as_the_slots():
+    """Two requests: the program has two batch slots, and a lane capped at 4 or 3 running
+    requests runs as one capped at 2 (no more can run at once); a cap of 1 is a lane's own."""
+    base = _base()
+    w = make_workload(edge_rows_twice()[:2], ("a", "b"), ("g",))
+    st = build_static(base, w)
+    assert st.shapes.batch_slots == 2 and st.every_row_runs
+    configs = [set_knob(base.config, "engine.max_num_running_reqs", v) for v in (4, 3, 2)]
+    params = stack_params([params_from_config(c, w.tenant_names) for c in configs])
+    assert not for_lanes(st, params).features.lane_settings
+    one = set_knob(base.config, "engine.max_num_running_reqs", 1)
+    params = stack_params([params_from_config(c, w.tenant_names) for c in [*configs, one]])
+    assert for_lanes(st, params).features.lane_settings
+
+
 @pytest.mark.parametrize(("name", "value"), [
     ("engine.max_num_running_reqs", 3), ("engine.max_num_scheduled_tokens", 32),
     ("engine.long_prefill_token_threshold", 8),
