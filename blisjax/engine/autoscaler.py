@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from blisjax.config.codes import AutoscalerPolicy, PDRole
-from blisjax.engine import lifecycle, sessions
+from blisjax.engine import kvblocks, lifecycle, sessions
 from blisjax.engine.exactfloat import exact_mul, ieee_divide
 from blisjax.engine.lifecycle import (
     F64,
@@ -71,17 +71,22 @@ def _saturation(s: SimState, st, p, rt, n, *, member=None):
     life = s.life
     v_count = st.shapes.num_variants
     bs = st.settings.block_size
-    # each slot's KV capacity in tokens (P/D pools of their own size: per slot)
-    tokens = [(st.settings.instance_kv_blocks[k] if st.settings.instance_kv_blocks
-               else st.shapes.kv_blocks) * bs
-              for k in range(st.shapes.num_instances)]
+    # each slot's KV capacity in tokens (P/D pools of their own size: per slot; lanes of
+    # their own settings: the lane's, traced)
+    if st.features.lane_settings:
+        tokens = kvblocks.capacity(s, st).astype(I64) * bs
+    else:
+        tokens = [(st.settings.instance_kv_blocks[k] if st.settings.instance_kv_blocks
+                   else st.shapes.kv_blocks) * bs
+                  for k in range(st.shapes.num_instances)]
     count = jnp.zeros(v_count, I64)
     supply = jnp.zeros(v_count, F64)
     demand = jnp.zeros(v_count, F64)
     for k in range(st.shapes.num_instances):  # replica order
         v, m = life.variant[k], rt[k]
         # a replica's supply; products formed exactly (no FMA with the sums)
-        k1 = exact_mul(float(tokens[k]), p.autoscaler.kv_threshold)
+        k1 = exact_mul(tokens[k].astype(F64) if st.features.lane_settings else float(tokens[k]),
+                       p.autoscaler.kv_threshold)
         d = (life.snap_used[k] * bs).astype(F64) + exact_mul(s.router.snap_qd[k].astype(F64),
                                                              p.autoscaler.avg_input)
         count = count.at[v].add(m.astype(I64))

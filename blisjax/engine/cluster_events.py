@@ -91,7 +91,7 @@ def refresh_snapshots(s: SimState, st, c, now, active) -> SimState:
     due = active & ((interval == 0) | (now - s.router.snap_last >= interval))
     # virtual decode steps before `now` have taken blocks (``stretch.kv_used_at``)
     used = stretch.kv_used_at(s, st, now) if st.stretches \
-        else kvblocks.capacity(st) - s.kv.kv_free
+        else kvblocks.capacity(s, st) - s.kv.kv_free
     kv_util = ieee_divide(used.astype(F64), c.kv_blocks_f)  # not x·(1/blocks): exactfloat
     s = s.replace(router=s.router.replace(snap_qd=jnp.where(due, s.queue.length, s.router.snap_qd),
                                           snap_bs=jnp.where(due, s.batch.n_run, s.router.snap_bs),

@@ -17,6 +17,7 @@ import numpy as np
 
 from blisjax.config._checks import ConfigError
 from blisjax.config.hardware import hardware_code, hardware_code_count, shipped_hardware
+from blisjax.engine.kvblocks import lane_capacity
 from blisjax.engine.latency_rows import POOL_ROWS, gpu_resolved, pool_row_configs
 from blisjax.engine.params import LaneSettings, lane_settings
 from blisjax.engine.physics import PhysicsConsts, physics_consts
@@ -181,8 +182,12 @@ def lane_consts(st: EngineStatic, consts: WorkloadConsts, params) -> WorkloadCon
         consts = consts.replace(gpu=params.gpu)
     if st.features.lane_settings:  # running requests capped at the slots (``every_row_runs``)
         lane = params.settings
+        kv_blocks = lane_capacity(st, lane)
         consts = consts.replace(settings=lane.replace(
-            max_running=jnp.minimum(lane.max_running, st.shapes.batch_slots)))
+            max_running=jnp.minimum(lane.max_running, st.shapes.batch_slots),
+            kv_blocks=kv_blocks))
+        if not st.settings.instance_kv_blocks:  # P/D pools' own sizes: every lane's alike
+            consts = consts.replace(kv_blocks_f=kv_blocks.astype(jnp.float64))
     return consts
 
 

@@ -76,7 +76,7 @@ def inject_arrival(s: SimState, st, c, i, r, now, active) -> SimState:
     if st.stateful_latency:  # physics α reads the receiving instance's state now
         if st.stretches:  # its virtual steps before now have run (cluster events come first)
             s = end_stretch(s, st, c, i, now, active)
-        inputs = (s.batch.n_run[i], s.queue.length[i], kvblocks.capacity_of(st, i) - s.kv.kv_free[i],
+        inputs = (s.batch.n_run[i], s.queue.length[i], kvblocks.capacity_of(s, st, i) - s.kv.kv_free[i],
                   c.input_tokens[r], kv.cached_blocks(s, st, c, i, r).count, s.batch.ema[i])
         delay = (physics.queueing_delay(physics_of(st, c, i), *inputs,
                                         cpu_blocks=s.tier.capacity if st.tiered else None)
@@ -154,7 +154,7 @@ def enqueue(s: SimState, st, c, i, e, now, active) -> SimState:
     s = s.replace(window=s.window.replace(req=upd(s.window.req, (i, e), NIL, active)))
     # the guards count a prefill sub-request's parent's output budget (P/D)
     l_in, out = c.input_tokens[r], c.output_tokens[parent_row(st, r) if st.features.pd else r]
-    drop = active & records.unservable(l_in, out, max_model_len_of(st, i), kvblocks.capacity_of(st, i),
+    drop = active & records.unservable(l_in, out, max_model_len_of(st, i), kvblocks.capacity_of(s, st, i),
                                        st.settings.block_size)
     admitted = active & ~drop
     due_us = sessions.deadline_us(s, st, c, r)
@@ -455,7 +455,7 @@ def execute(s: SimState, st, c, i, now, *, n_preempted, active, width: int, fact
         slot = c.itl_offset[reqs] + new_pi - l_in - 1  # this entry's index among r's ITLs
         s = s.replace(itl_buf=s.itl_buf.at[jnp.where(dec, slot, st.shapes.itl_capacity)].set(
             itl.astype(jnp.int32), mode="drop"))
-    total = kvblocks.capacity_of(st, i)
+    total = kvblocks.capacity_of(s, st, i)
     used = (total - s.kv.kv_free[i]).astype(jnp.int64)
     s = s.replace(
         stats=s.stats.replace(

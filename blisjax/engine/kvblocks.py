@@ -62,17 +62,29 @@ class FreeList(NamedTuple):
     kv_free: jax.Array  # int32: free blocks
 
 
-def capacity(st):
-    """KV blocks of each instance: int32 [I] where P/D pools' caches differ in size
-    (``EngineStatic.settings.instance_kv_blocks``), the int ``kv_blocks`` otherwise."""
+def capacity(s: SimState, st):
+    """KV blocks of each instance: the lane's own (``KVState.capacity``, int32 [I]) where
+    lanes have their own settings (``EngineStatic.features.lane_settings``), int32 [I] where
+    P/D pools' caches differ in size (``EngineStatic.settings.instance_kv_blocks``), the int
+    ``kv_blocks`` otherwise."""
+    if st.features.lane_settings:
+        return s.kv.capacity
     if st.settings.instance_kv_blocks:
         return jnp.asarray(st.settings.instance_kv_blocks, jnp.int32)
     return st.shapes.kv_blocks
 
 
-def capacity_of(st, i):
+def capacity_of(s: SimState, st, i):
     """KV blocks of instance i (``capacity``)."""
-    return capacity(st)[i] if st.settings.instance_kv_blocks else st.shapes.kv_blocks
+    if st.features.lane_settings or st.settings.instance_kv_blocks:
+        return capacity(s, st)[i]
+    return st.shapes.kv_blocks
+
+
+def lane_capacity(st, lane) -> jax.Array:
+    """A lane's GPU KV blocks per instance (``params.LaneSettings.kv_blocks``, 0: the
+    program's ``kv_blocks``), int32."""
+    return jnp.where(lane.kv_blocks > 0, lane.kv_blocks, st.shapes.kv_blocks).astype(jnp.int32)
 
 
 def empty_free_list(st, blocks=None) -> FreeList:
@@ -108,13 +120,24 @@ class KVState:
     rel_inst: jax.Array  # int32: the instance of the queued releases
     rel_slots: jax.Array  # int32 [D]: their batch slots, in completion order
     rel_count: jax.Array  # int32: releases queued
+    capacity: jax.Array | None  # int32 [I]: each instance's blocks where lanes have their
+    #                             own settings (``capacity``), else None
 
 
-def init_kv(st) -> KVState:
-    """Every block free in id order (``empty_free_list``), no hash slot registered."""
+def init_kv(st, blocks=None) -> KVState:
+    """Every block free in id order (``empty_free_list``), no hash slot registered.
+    ``blocks``: with lane settings (``EngineStatic.features.lane_settings``) the lane's blocks
+    per instance (``lane_capacity``)."""
     i, k = st.shapes.num_instances, st.shapes.kv_blocks
-    if st.settings.instance_kv_blocks:  # each instance's own capacity
-        free = jax.vmap(lambda n: empty_free_list(st, n))(capacity(st))
+    own = None
+    if st.settings.instance_kv_blocks:  # each instance's own capacity (P/D pools)
+        per = jnp.asarray(st.settings.instance_kv_blocks, jnp.int32)
+        own = per if st.features.lane_settings else own
+        free = jax.vmap(lambda n: empty_free_list(st, n))(per)
+    elif st.features.lane_settings:  # the lane's
+        own = jnp.full(i, k if blocks is None else blocks, jnp.int32)
+        free = jax.tree.map(lambda x: jnp.broadcast_to(x, (i, *x.shape)),
+                            empty_free_list(st, own[0]))
     else:
         free = jax.tree.map(lambda x: jnp.broadcast_to(x, (i, *x.shape)), empty_free_list(st))
     i32 = jnp.int32
@@ -125,13 +148,18 @@ def init_kv(st) -> KVState:
         slot_block=jnp.full(st.hash_slots + 1, NIL, i32),
         slot_seq=jnp.full(st.hash_slots + 1, -1, jnp.int64), slot_clock=jnp.asarray(0, jnp.int64),
         rel_inst=jnp.asarray(0, i32), rel_slots=jnp.zeros(DEFERRED_RELEASES, i32),
-        rel_count=jnp.asarray(0, i32))
+        rel_count=jnp.asarray(0, i32), capacity=own)
 
 
 def reset_instance(kv: KVState, st, i, active) -> KVState:
     """Instance i's blocks as a new instance's where ``active``: every block free in id order,
     none registered, and its prefix groups' and sessions' hash slots cleared."""
-    free = empty_free_list(st, capacity_of(st, i) if st.settings.instance_kv_blocks else None)
+    if st.features.lane_settings:
+        free = empty_free_list(st, kv.capacity[i])
+    elif st.settings.instance_kv_blocks:
+        free = empty_free_list(st, jnp.asarray(st.settings.instance_kv_blocks, jnp.int32)[i])
+    else:
+        free = empty_free_list(st)
     g = st.shapes.num_groups * st.shapes.group_blocks_max
     mine = jnp.arange(st.group_slots) // max(g, 1) == i  # the instance's group hash slots
     shared = st.group_slots + st.session_slots  # and its sessions' (engine.sessions)

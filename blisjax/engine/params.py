@@ -212,7 +212,10 @@ class LaneSettings:
     int32, at most the program's ``EngineStatic.settings.token_budget``), long_prefill_threshold
     (``engine.long_prefill_token_threshold``, int32, 0: none), admission_latency_us and
     routing_latency_us (``cluster.*``, int64 µs), refresh_interval_us
-    (``cluster.snapshot_refresh_interval_us``, int64 µs). A program reads a lane's own only
+    (``cluster.snapshot_refresh_interval_us``, int64 µs), kv_blocks (``engine.total_kv_blocks``,
+    int32 GPU KV blocks per instance, at most the program's ``EngineStatic.shapes.kv_blocks``; 0:
+    the program's, where the configuration leaves them to be computed). A program reads a
+    lane's own only
     where some lane's differ from the program's (``EngineStatic.features.lane_settings``;
     ``consts.setting``)."""
 
@@ -222,6 +225,7 @@ class LaneSettings:
     admission_latency_us: jax.Array
     routing_latency_us: jax.Array
     refresh_interval_us: jax.Array
+    kv_blocks: jax.Array
 
 
 #: ``LaneSettings``' fields: the configuration's field of each (the program's is
@@ -231,7 +235,8 @@ LANE_SETTINGS = {"max_running": "engine.max_num_running_reqs",
                  "long_prefill_threshold": "engine.long_prefill_token_threshold",
                  "admission_latency_us": "cluster.admission_latency_us",
                  "routing_latency_us": "cluster.routing_latency_us",
-                 "refresh_interval_us": "cluster.snapshot_refresh_interval_us"}
+                 "refresh_interval_us": "cluster.snapshot_refresh_interval_us",
+                 "kv_blocks": "engine.total_kv_blocks"}
 
 
 def lane_settings(cfg) -> LaneSettings:
@@ -244,7 +249,8 @@ def lane_settings(cfg) -> LaneSettings:
         long_prefill_threshold=i32(cfg.engine.long_prefill_token_threshold),
         admission_latency_us=i64(cfg.cluster.admission_latency_us),
         routing_latency_us=i64(cfg.cluster.routing_latency_us),
-        refresh_interval_us=i64(cfg.cluster.snapshot_refresh_interval_us))
+        refresh_interval_us=i64(cfg.cluster.snapshot_refresh_interval_us),
+        kv_blocks=i32(cfg.engine.total_kv_blocks or 0))
 
 
 @pytree_dataclass

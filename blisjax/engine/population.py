@@ -29,7 +29,9 @@ A *knob* is a dotted name of a per-lane policy setting:
   ``engine.max_num_scheduled_tokens`` (up to the base configuration's, whose batch slots and
   step tables the program holds; not with the physics latency model, whose constants read
   them) and
-  ``engine.long_prefill_token_threshold``; the cluster's latencies:
+  ``engine.long_prefill_token_threshold``; the GPU KV cache's size ``engine.total_kv_blocks``
+  (up to the base configuration's; not with the physics model, nor beside P/D pools of their
+  own KV sizes); the cluster's latencies:
   ``cluster.admission_latency_us``, ``cluster.routing_latency_us`` and
   ``cluster.snapshot_refresh_interval_us`` (``params.LaneSettings``);
 * P/D pools (the base configuration must have pools, so the program models them):
@@ -41,8 +43,8 @@ A *knob* is a dotted name of a per-lane policy setting:
 
 Knobs are applied to the base ``SimConfig`` with full validation, then turned into
 ``PolicyParams`` — so every lane is a configuration the reference engine can run as well.
-Settings that change array shapes (batch slots, KV blocks, block size, …) are not knobs: sweep
-them across separate calls.
+Settings that change array shapes beyond a bound (block size, instance count above the base's,
+…) are not knobs: sweep them across separate calls.
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ _POLICY_SECTIONS = ("admission", "priority", "routing", "scheduler", "autoscaler
 #: ``EngineConfig`` fields that are per-lane knobs (``PolicyParams``).
 ENGINE_KNOBS = ("preemption_policy", "kv_cpu_blocks", "kv_transfer_bandwidth",
                 "kv_transfer_base_latency_us", "max_num_running_reqs",
-                "max_num_scheduled_tokens", "long_prefill_token_threshold")
+                "max_num_scheduled_tokens", "long_prefill_token_threshold", "total_kv_blocks")
 #: ``ClusterConfig`` fields that are per-lane knobs (``PolicyParams.settings``).
 CLUSTER_KNOBS = ("admission_latency_us", "routing_latency_us", "snapshot_refresh_interval_us")
 
@@ -157,16 +159,22 @@ def set_knob(cfg: SimConfig, name: str, value) -> SimConfig:
             life, **{parts[2]: value}))
         return dataclasses.replace(cfg, cluster=cluster)
     if len(parts) == 2 and parts[0] == "engine" and parts[1] in ("max_num_running_reqs",
-                                                                 "max_num_scheduled_tokens"):
+                                                                 "max_num_scheduled_tokens",
+                                                                 "total_kv_blocks"):
         if cfg.latency.model == "physics":
             raise ConfigError(f"knob '{name}'", "not a per-lane knob with the physics latency "
-                              "model (its constants read vLLM's max_num_seqs and "
-                              "max_num_batched_tokens): sweep it across calls")
+                              "model (its constants read vLLM's max_num_seqs, "
+                              "max_num_batched_tokens and the GPU's KV blocks): sweep it across "
+                              "calls")
+        if parts[1] == "total_kv_blocks" and (isinstance(value, bool)
+                                              or not isinstance(value, int) or value < 1):
+            raise ConfigError(f"knob '{name}'", f"must be an integer >= 1, got {value!r}")
         most = getattr(cfg.engine, parts[1])
-        if isinstance(value, int | float) and not isinstance(value, bool) and value > most:
+        if most is not None and isinstance(value, int | float) and not isinstance(value, bool) \
+                and value > most:
             raise ConfigError(f"knob '{name}'", f"must be at most {most} (the base "
-                              "configuration's, whose batch slots and step tables the "
-                              f"program holds), got {value!r}")
+                              "configuration's, whose batch slots, KV blocks and step tables "
+                              f"the program holds), got {value!r}")
     if len(parts) == 2 and parts[0] == "engine" and parts[1] in ENGINE_KNOBS:
         return dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine,
                                                                    **{parts[1]: value}))

@@ -109,6 +109,16 @@ _STATS_FIELDS = (
     ("kv_util_time_us", "kv_util"))
 
 
+def _kv_total_blocks(st: EngineStatic, g) -> np.ndarray:
+    """int64 [I]: each instance's GPU KV blocks in the lane ``g``: the lane's own where lanes
+    have their own settings (``KVState.capacity`` then holds them), P/D pools' where theirs
+    differ, the program's otherwise."""
+    if g.kv.capacity is not None:
+        return np.asarray(g.kv.capacity, np.int64)
+    return np.array(st.settings.instance_kv_blocks or [st.shapes.kv_blocks]
+                    * st.shapes.num_instances, np.int64)
+
+
 def lane_result(st: EngineStatic, consts, final, k: int) -> records.RunResult:
     """The k-th lane of a final state (or of its ``HostLanes``) as a ``RunResult`` (same
     fields as the reference)."""
@@ -174,9 +184,7 @@ def lane_result(st: EngineStatic, consts, final, k: int) -> records.RunResult:
         **{name: getattr(g.stats, field).astype(np.int64) for name, field in _STATS_FIELDS},
         still_queued=g.queue.length.astype(np.int64), still_running=g.batch.n_run.astype(np.int64),
         rejected_admission=int(g.admission.rejected),
-        kv_total_blocks=np.array(st.settings.instance_kv_blocks or [st.shapes.kv_blocks]
-                                 * st.shapes.num_instances,
-                                 np.int64),
+        kv_total_blocks=_kv_total_blocks(st, g),
         overflow=overflow,
         kv_tier=_tier_counters(st, g, n),
         pd=pd_counters,

@@ -234,9 +234,10 @@ class Features:
         its lane's.
       lane_settings: the cluster's settings that are per-lane knobs (``params.LaneSettings``:
         max running requests, token budget, long-prefill threshold, admission and routing
-        latency, snapshot refresh interval) are each lane's own (``static.setting``): some
-        lane's differ from the program's (``static_lanes.for_lanes``), whose batch slots and
-        token budget then bound the lanes' (the arrays and step tables hold that many).
+        latency, snapshot refresh interval, GPU KV blocks) are each lane's own
+        (``static.setting``; the KV blocks in ``KVState.capacity``): some lane's differ from
+        the program's (``static_lanes.for_lanes``), whose batch slots, token budget and KV
+        blocks then bound the lanes' (the arrays and step tables hold that many).
       latency: a latency model object (hashable) evaluated on the host once per step through
         a callback (``blisjax.engine.hostlatency``): a roofline model whose configuration the
         program cannot evaluate exactly (``roofline.fits_the_program``: contexts of 2^25

@@ -90,11 +90,13 @@ def for_lanes(st: EngineStatic, params) -> EngineStatic:
 
 def _with_lane_settings(st: EngineStatic, lanes) -> EngineStatic:
     """``st`` reading each lane's own settings (``Features.lane_settings``) where some lane's
-    differ from the program's (``params.LaneSettings``, stacked); a lane's running requests
-    and token budget may not exceed the program's, whose arrays and step tables hold that
-    many, except running requests where the batch slots already hold every request row
-    (``EngineStatic.every_row_runs``: a larger cap is the same as the slots')."""
-    for name, what in (("max_running", "batch slots"), ("token_budget", "step tables' tokens")):
+    differ from the program's (``params.LaneSettings``, stacked); a lane's running requests,
+    token budget and KV blocks may not exceed the program's, whose arrays and step tables hold
+    that many, except running requests where the batch slots already hold every request row
+    (``EngineStatic.every_row_runs``: a larger cap is the same as the slots'); KV blocks of a
+    lane's own not beside P/D pools of their own KV sizes (the program holds each instance's)."""
+    for name, what in (("max_running", "batch slots"), ("token_budget", "step tables' tokens"),
+                       ("kv_blocks", "KV blocks per instance")):
         values = _effective(st, name, lanes)
         field = LANE_SETTING_FIELDS.get(name, name)
         most = int(np.max(values, initial=0))
@@ -106,6 +108,11 @@ def _with_lane_settings(st: EngineStatic, lanes) -> EngineStatic:
             raise ConfigError(LANE_SETTINGS[name], "is not a per-lane knob with the physics "
                               "latency model or a model evaluated on the host (their constants "
                               "read it): sweep it across calls")
+    kv = _effective(st, "kv_blocks", lanes)
+    if st.settings.instance_kv_blocks and bool(np.any(kv != st.shapes.kv_blocks)):
+        raise ConfigError(LANE_SETTINGS["kv_blocks"], "is not a per-lane knob with P/D pools of "
+                          "their own KV sizes (cluster.pd.prefill / decode): sweep it across "
+                          "calls")
     if st.features.lane_settings:
         return st
     differs = any(bool(np.any(_effective(st, name, lanes)
@@ -116,17 +123,21 @@ def _with_lane_settings(st: EngineStatic, lanes) -> EngineStatic:
 
 def _effective(st: EngineStatic, name: str, lanes) -> np.ndarray:
     """The lanes' setting ``name`` as the program runs it: running requests at most the batch
-    slots where those hold every request row (``consts.lane_consts`` caps them alike)."""
+    slots where those hold every request row, KV blocks of 0 the program's
+    (``consts.lane_consts`` reads them alike)."""
     values = np.asarray(getattr(lanes, name))
     if name == "max_running" and st.every_row_runs:
         return np.minimum(values, st.shapes.batch_slots)
+    if name == "kv_blocks":
+        return np.where(values > 0, values, st.shapes.kv_blocks)
     return values
 
 
 def _latency_reads_engine_sizes(st: EngineStatic) -> bool:
-    """Whether the program's step times read the running requests and token budget of the
-    base configuration: the physics model's constants (vLLM's max_num_seqs and
-    max_num_batched_tokens) and a model evaluated on the host are the base's."""
+    """Whether the program's step times read the running requests, token budget and KV blocks
+    of the base configuration: the physics model's constants (vLLM's max_num_seqs,
+    max_num_batched_tokens and the GPU's KV blocks) and a model evaluated on the host are the
+    base's."""
     return st.settings.latency_model == "physics" or st.features.latency is not None
 
 

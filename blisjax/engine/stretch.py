@@ -296,7 +296,7 @@ def kv_used_at(s: SimState, st, now):
     done = _steps_before(s, st, now, False)
     pending = jnp.where(s.batch.step_time >= 0, done, 0)
     grown = blocks_taken(s.stretch.cum, s.batch.n_run, pending, st.settings.block_size)
-    return kvblocks.capacity(st) - s.kv.kv_free + grown
+    return kvblocks.capacity(s, st) - s.kv.kv_free + grown
 
 
 # ---- applying virtual steps -------------------------------------------------------------------
@@ -378,7 +378,7 @@ def _apply(s: SimState, st, c, i, kc, go, width: int) -> SimState:
     count = jnp.sum(fresh, dtype=jnp.int32)
     # KV block-time of the kc steps: the blocks in use before the pass for all of them, and
     # each fresh block from its step (``spare``) on — the reference's Σ used × d step by step
-    used0 = (kvblocks.capacity_of(st, i) - s.kv.kv_free[i]).astype(jnp.int64)
+    used0 = (kvblocks.capacity_of(s, st, i) - s.kv.kv_free[i]).astype(jnp.int64)
     kv_time = used0 * span + jnp.sum(jnp.where(fresh, span - times.after(spare), 0),
                                      dtype=jnp.int64)
     # each step's time by the whole percent of the blocks in use then (the fresh blocks taken
@@ -426,7 +426,7 @@ def _apply(s: SimState, st, c, i, kc, go, width: int) -> SimState:
             itl = jnp.broadcast_to(itl, write.shape)
         s = s.replace(itl_buf=s.itl_buf.at[jnp.where(write, entry, st.shapes.itl_capacity)].set(
             itl, mode="drop"))
-    total = kvblocks.capacity_of(st, i)
+    total = kvblocks.capacity_of(s, st, i)
     used = (total - s.kv.kv_free[i]).astype(jnp.int64)
     if st.stretch_times_vary:  # the plan's offsets from the next virtual step on
         later = jnp.minimum(jnp.arange(VARYING_PLAN + 1) + kc, VARYING_PLAN)

@@ -124,11 +124,13 @@ def policies(draw, base):
 @st.composite
 def lane_settings(draw, cfg):
     """``cfg`` with the settings that are per-lane knobs drawn: running requests and a token
-    budget up to its own, a long-prefill threshold, admission and routing latencies and a
-    snapshot refresh interval."""
+    budget up to its own, a long-prefill threshold, admission and routing latencies, a
+    snapshot refresh interval and a GPU cache of up to its own KV blocks."""
     budget = draw(st.integers(8, cfg.engine.max_num_scheduled_tokens))
+    blocks = cfg.engine.total_kv_blocks
     engine = dataclasses.replace(
         cfg.engine, max_num_scheduled_tokens=budget,
+        total_kv_blocks=draw(st.sampled_from([blocks, blocks, max(blocks // 2, 1)])),
         max_num_running_reqs=draw(st.integers(1, cfg.engine.max_num_running_reqs)),
         long_prefill_token_threshold=draw(st.integers(0, budget)))
     cluster = dataclasses.replace(

@@ -37,18 +37,24 @@ LANES = [
      "engine.long_prefill_token_threshold": 12,
      "cluster.admission_latency_us": 0, "cluster.routing_latency_us": 0,
      "cluster.snapshot_refresh_interval_us": 0},
+    # a smaller GPU cache (40 blocks in the base): KV use, preemptions and evictions differ
+    {"engine.total_kv_blocks": 24},
+    {"engine.total_kv_blocks": 12, "cluster.snapshot_refresh_interval_us": 0},
 ]
 
 
 def random_settings(cfg, rng):
     """``cfg`` with the settings that are per-lane knobs drawn by ``rng`` (a numpy
-    ``Generator``): running requests and a token budget up to its own, a long-prefill
-    threshold, admission and
-    routing latencies and a snapshot refresh interval (0 among the choices)."""
+    ``Generator``): running requests, a token budget and GPU KV blocks (where ``cfg`` gives
+    them) up to its own, a long-prefill threshold, admission and routing latencies and a
+    snapshot refresh interval (0 among the choices)."""
     most = cfg.engine.max_num_scheduled_tokens
     budget = int(rng.integers(max(most // 4, 1), most + 1))
     running = int(rng.integers(1, cfg.engine.max_num_running_reqs + 1))
-    engine = dataclasses.replace(cfg.engine, max_num_running_reqs=running,
+    blocks = cfg.engine.total_kv_blocks
+    if blocks is not None:
+        blocks = int(rng.choice([blocks, max(blocks // 2, 1)]))
+    engine = dataclasses.replace(cfg.engine, max_num_running_reqs=running, total_kv_blocks=blocks,
                                  max_num_scheduled_tokens=budget,
                                  long_prefill_token_threshold=int(rng.choice(
                                      [0, max(budget // 2, 1), budget])))
@@ -100,9 +106,11 @@ def test_lanes_of_the_base_settings_keep_the_programs_own():
 
 
 @pytest.mark.parametrize(("field", "most"), [("max_num_scheduled_tokens", 64),
-                                             ("max_num_running_reqs", 4)])
+                                             ("max_num_running_reqs", 4),
+                                             ("total_kv_blocks", 40)])
 def test_a_lane_above_the_programs_budget_or_batch_slots_is_refused(field, most):
-    """The program's step tables hold its token budget, its arrays its batch slots."""
+    """The program's step tables hold its token budget, its arrays its batch slots and KV
+    blocks."""
     base = _base()
     with pytest.raises(ConfigError, match=rf"engine\.{field}.*at most {most}"):
         set_knob(base.config, f"engine.{field}", most + 1)
@@ -134,7 +142,7 @@ def test_a_lane_above_batch_slots_that_hold_every_request_runs_as_the_slots():
     ("engine.max_num_running_reqs", 3), ("engine.max_num_scheduled_tokens", 32),
     ("engine.long_prefill_token_threshold", 8),
     ("cluster.admission_latency_us", 900), ("cluster.routing_latency_us", 0),
-    ("cluster.snapshot_refresh_interval_us", 0)])
+    ("cluster.snapshot_refresh_interval_us", 0), ("engine.total_kv_blocks", 30)])
 def test_each_setting_knob_reads_back_as_set(name, value):
     base = _base().config
     assert get_knob(base, name) != value
@@ -154,6 +162,9 @@ def test_running_requests_and_budget_are_not_knobs_under_the_physics_model():
     physics = dataclasses.replace(_base().config, latency=PHYSICS)
     with pytest.raises(ConfigError, match=r"knob 'engine\.max_num_scheduled_tokens'.*physics"):
         set_knob(physics, "engine.max_num_scheduled_tokens", 32)
+    # ... and the GPU's KV blocks
+    with pytest.raises(ConfigError, match=r"knob 'engine\.total_kv_blocks'.*physics"):
+        set_knob(physics, "engine.total_kv_blocks", 20)
     assert set_knob(physics, "cluster.routing_latency_us", 0).cluster.routing_latency_us == 0
     w = make_workload(edge_rows_twice(), ("a", "b"), ("g",))
     lane = dataclasses.replace(physics, engine=dataclasses.replace(physics.engine,

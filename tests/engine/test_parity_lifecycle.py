@@ -129,7 +129,10 @@ def _check(quirks: bool, pools: bool, data, latency: str = "blackbox") -> None:
         if pools:
             auto = dataclasses.replace(auto, max_replicas=0 if k % 2 else auto.max_replicas)
         cfg = _lane(base, auto, data.draw(lifecycles(), label=f"lifecycle {k}"))
-        if k % 2:  # settings of the lane's own (admissions and routings to warming instances)
+        if k % 2:  # settings of the lane's own (admissions and routings to warming instances,
+            # a smaller GPU cache in new instances and the saturation autoscaler's supply)
+            cfg = dataclasses.replace(cfg, engine=dataclasses.replace(
+                cfg.engine, total_kv_blocks=data.draw(st.integers(20, 40))))
             cfg = dataclasses.replace(cfg, cluster=dataclasses.replace(
                 cfg.cluster, admission_latency_us=data.draw(st.integers(0, 1500)),
                 routing_latency_us=data.draw(st.integers(0, 1500)),

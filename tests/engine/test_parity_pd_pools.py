@@ -24,6 +24,7 @@ from blisjax.engine import params_from_config, simulate_population, stack_params
 from blisjax.engine.parity import first_divergence
 from blisjax.engine.population import apply_knobs
 from blisjax.engine.static import build_static
+from blisjax.engine.static_lanes import for_lanes
 from blisjax.metrics import records
 from blisjax.reference import simulate as reference
 from tests.engine.conftest import PHYSICS
@@ -242,3 +243,17 @@ def test_per_lane_gpu_types_with_pools_of_their_own_match_reference():
     # a GPU of other memory gives the pools other KV sizes: refused, naming the knob
     with pytest.raises(ConfigError, match="^hardware: GPU 'L40S'"):
         build_static(base, w, gpus=("L40S",))
+
+
+def test_kv_blocks_of_a_lanes_own_are_refused_beside_pools_of_their_own_kv_sizes():
+    """The program holds each instance's KV blocks where the pools' caches differ; a lane's
+    KV size cannot replace them."""
+    base = resolve_config(_config())
+    w = _workload()
+    static = build_static(base, w)
+    assert len(set(static.settings.instance_kv_blocks)) > 1
+    smaller = apply_knobs(base.config, {"engine.total_kv_blocks": 100})
+    params = stack_params([params_from_config(c, w.tenant_names) for c in (base.config, smaller)])
+    with pytest.raises(ConfigError, match=r"engine\.total_kv_blocks: is not a per-lane knob "
+                                          r"with P/D pools of their own KV sizes"):
+        for_lanes(static, params)

@@ -29,7 +29,11 @@ def test_set_knob_validates_and_targets_the_right_field():
                       5.0)
     assert [(s.name, s.weight) for s in routed.policy.routing.scorers][1] == ("queue-depth", 5.0)
     with pytest.raises(ConfigError, match="not a per-lane"):
-        set_knob(cfg, "engine.total_kv_blocks", 4)
+        set_knob(cfg, "engine.block_size_tokens", 4)
+    # the GPU cache: up to the base's blocks, which size the program's arrays
+    assert set_knob(cfg, "engine.total_kv_blocks", 4).engine.total_kv_blocks == 4
+    with pytest.raises(ConfigError, match=r"engine\.total_kv_blocks.*integer >= 1"):
+        set_knob(cfg, "engine.total_kv_blocks", 0)
     assert set_knob(cfg, "engine.max_num_running_reqs", 4).engine.max_num_running_reqs == 4
     with pytest.raises(ConfigError, match="admission"):
         set_knob(cfg, "admission.policy", "no-such-policy")

@@ -168,7 +168,7 @@ def test_argparse_errors_exit_2(capsys):
     (["scheduler.policy=fcfs", "scheduler.policy=sjf"], "--grid: knob 'scheduler.policy' is "
                                                          "given twice"),
     (["scheduler.policy=fcfs,lifo"], "space.knobs.scheduler.policy: value 'lifo' is rejected"),
-    (["engine.total_kv_blocks=100,200"], "not a per-lane policy knob"),
+    (["engine.block_size_tokens=16,32"], "not a per-lane policy knob"),
 ])
 def test_sweep_validation_errors(tmp_path, capsys, grid, match):
     import re

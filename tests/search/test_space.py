@@ -144,10 +144,11 @@ def test_get_knob_inverts_set_knob():
                         ("admission.token_bucket_capacity", 1234.0),
                         ("engine.preemption_policy", "priority"), ("priority.policy", "slo-class"),
                         ("engine.kv_cpu_blocks", 64), ("engine.kv_transfer_bandwidth", 8.0),
-                        ("engine.kv_transfer_base_latency_us", 25), ("hardware", "A100-80")):
+                        ("engine.kv_transfer_base_latency_us", 25), ("hardware", "A100-80"),
+                        ("engine.total_kv_blocks", 100)):
         assert get_knob(set_knob(cfg, name, value), name) == value
     with pytest.raises(ConfigError, match="not a per-lane"):
-        get_knob(cfg, "engine.total_kv_blocks")
+        get_knob(cfg, "engine.block_size_tokens")
 
 
 def test_load_space_reports_unreadable_file(tmp_path):

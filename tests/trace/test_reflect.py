@@ -394,6 +394,8 @@ def _current(cfg, name: str):
         return 1.0
     if name == "cluster.pd.split":
         return 1
+    if name == "engine.total_kv_blocks":  # computed from the GPU in the default configuration
+        return 1000
     obj = cfg
     for part in name.replace("autoscaler.", "policy.autoscaler.").split("."):
         obj = getattr(obj.policy if part in ("admission", "priority", "routing", "scheduler")

@@ -26,7 +26,7 @@ KNOBS: frozenset[str] = frozenset({
     "admission.rate_limit_burst", "admission.tenant_max_in_flight",
     "admission.default_tenant_max_in_flight", "engine.preemption_policy", "engine.kv_cpu_blocks",
     "engine.max_num_running_reqs", "engine.max_num_scheduled_tokens",
-    "engine.long_prefill_token_threshold",
+    "engine.long_prefill_token_threshold", "engine.total_kv_blocks",
     "autoscaler.cooldown_us", "autoscaler.target_queue_depth", "autoscaler.min_replicas",
     "autoscaler.max_replicas", "autoscaler.interval_us", "cluster.pd.split",
     "cluster.pd.prefix_threshold_tokens",
@@ -35,7 +35,7 @@ KNOBS: frozenset[str] = frozenset({
 #: Configuration fields the suggestions may name that are not per-lane knobs (they change the
 #: program's shapes: sweep them across separate runs).
 SETTINGS: frozenset[str] = frozenset({
-    "engine.total_kv_blocks", "cluster.num_instances",
+    "cluster.num_instances",
 })
 
 # ---- the run's configuration --------------------------------------------------------------------
