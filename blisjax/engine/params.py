@@ -237,6 +237,14 @@ LANE_SETTINGS = {"max_running": "engine.max_num_running_reqs",
                  "routing_latency_us": "cluster.routing_latency_us",
                  "refresh_interval_us": "cluster.snapshot_refresh_interval_us",
                  "kv_blocks": "engine.total_kv_blocks"}
+#: ``LaneSettings``' fields that size the program (a lane's may not exceed the program's) and
+#: that the physics latency model's constants read (not per-lane knobs under it): what the
+#: program holds for each.
+SIZED_SETTINGS = {"max_running": "batch slots", "token_budget": "step tables' tokens",
+                  "kv_blocks": "KV blocks per instance"}
+#: Why a sized setting is not a per-lane knob under the physics latency model.
+PHYSICS_READS_SIZES = ("the physics latency model's constants read vLLM's max_num_seqs, "
+                       "max_num_batched_tokens and the GPU's KV blocks")
 
 
 def lane_settings(cfg) -> LaneSettings:

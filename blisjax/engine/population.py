@@ -56,7 +56,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from blisjax.config import ConfigError, ScorerWeight, SimConfig, available_hardware, load_hardware
-from blisjax.engine.params import params_from_config, stack_params
+from blisjax.engine.params import (
+    LANE_SETTINGS,
+    PHYSICS_READS_SIZES,
+    SIZED_SETTINGS,
+    params_from_config,
+    stack_params,
+)
 from blisjax.engine.run import simulate_population
 from blisjax.metrics import config_metrics
 from blisjax.rules import uses_lifecycle
@@ -66,6 +72,8 @@ _POLICY_SECTIONS = ("admission", "priority", "routing", "scheduler", "autoscaler
 ENGINE_KNOBS = ("preemption_policy", "kv_cpu_blocks", "kv_transfer_bandwidth",
                 "kv_transfer_base_latency_us", "max_num_running_reqs",
                 "max_num_scheduled_tokens", "long_prefill_token_threshold", "total_kv_blocks")
+#: Knobs of the settings that size the program (``params.SIZED_SETTINGS``).
+_SIZED_KNOBS = frozenset(LANE_SETTINGS[name] for name in SIZED_SETTINGS)
 #: ``ClusterConfig`` fields that are per-lane knobs (``PolicyParams.settings``).
 CLUSTER_KNOBS = ("admission_latency_us", "routing_latency_us", "snapshot_refresh_interval_us")
 
@@ -158,14 +166,10 @@ def set_knob(cfg: SimConfig, name: str, value) -> SimConfig:
         cluster = dataclasses.replace(cfg.cluster, lifecycle=dataclasses.replace(
             life, **{parts[2]: value}))
         return dataclasses.replace(cfg, cluster=cluster)
-    if len(parts) == 2 and parts[0] == "engine" and parts[1] in ("max_num_running_reqs",
-                                                                 "max_num_scheduled_tokens",
-                                                                 "total_kv_blocks"):
+    if name in _SIZED_KNOBS:
         if cfg.latency.model == "physics":
             raise ConfigError(f"knob '{name}'", "not a per-lane knob with the physics latency "
-                              "model (its constants read vLLM's max_num_seqs, "
-                              "max_num_batched_tokens and the GPU's KV blocks): sweep it across "
-                              "calls")
+                              f"model ({PHYSICS_READS_SIZES}): sweep it across calls")
         if parts[1] == "total_kv_blocks" and (isinstance(value, bool)
                                               or not isinstance(value, int) or value < 1):
             raise ConfigError(f"knob '{name}'", f"must be an integer >= 1, got {value!r}")

@@ -22,7 +22,7 @@ from blisjax.config.codes import (
     Scorer,
 )
 from blisjax.engine.latency_rows import check_pool_rows
-from blisjax.engine.params import LANE_SETTINGS
+from blisjax.engine.params import LANE_SETTINGS, PHYSICS_READS_SIZES, SIZED_SETTINGS
 from blisjax.engine.static import LANE_SETTING_FIELDS, EngineStatic, _check_sized, with_gateway
 from blisjax.program.observables import SITES as PROGRAM_SITES
 
@@ -95,8 +95,7 @@ def _with_lane_settings(st: EngineStatic, lanes) -> EngineStatic:
     that many, except running requests where the batch slots already hold every request row
     (``EngineStatic.every_row_runs``: a larger cap is the same as the slots'); KV blocks of a
     lane's own not beside P/D pools of their own KV sizes (the program holds each instance's)."""
-    for name, what in (("max_running", "batch slots"), ("token_budget", "step tables' tokens"),
-                       ("kv_blocks", "KV blocks per instance")):
+    for name, what in SIZED_SETTINGS.items():
         values = _effective(st, name, lanes)
         field = LANE_SETTING_FIELDS.get(name, name)
         most = int(np.max(values, initial=0))
@@ -106,8 +105,8 @@ def _with_lane_settings(st: EngineStatic, lanes) -> EngineStatic:
                               "raise the base's")
         if _latency_reads_engine_sizes(st) and bool(np.any(values != st.field(field))):
             raise ConfigError(LANE_SETTINGS[name], "is not a per-lane knob with the physics "
-                              "latency model or a model evaluated on the host (their constants "
-                              "read it): sweep it across calls")
+                              "latency model or a model evaluated on the host "
+                              f"({PHYSICS_READS_SIZES}): sweep it across calls")
     kv = _effective(st, "kv_blocks", lanes)
     if st.settings.instance_kv_blocks and bool(np.any(kv != st.shapes.kv_blocks)):
         raise ConfigError(LANE_SETTINGS["kv_blocks"], "is not a per-lane knob with P/D pools of "
