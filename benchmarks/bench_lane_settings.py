@@ -1,7 +1,7 @@
 """What reading the cluster's settings per lane costs (``EngineStatic.features.lane_settings``:
 running requests, token budget, long-prefill threshold, admission and routing latency,
-snapshot refresh interval as knobs). Scenario S (2,000 requests, 4 instances), one population
-of P lanes three ways, in one process:
+snapshot refresh interval, GPU KV blocks as knobs). Scenario S (2,000 requests, 4
+instances), one population of P lanes three ways, in one process:
 
 - ``base``: the lanes keep the base configuration's settings (the program holds them);
 - ``per_lane``: the same lanes, the program reading each lane's settings (forced on): the
