@@ -76,8 +76,9 @@ def inject_arrival(s: SimState, st, c, i, r, now, active) -> SimState:
     if st.stateful_latency:  # physics α reads the receiving instance's state now
         if st.stretches:  # its virtual steps before now have run (cluster events come first)
             s = end_stretch(s, st, c, i, now, active)
-        inputs = (s.batch.n_run[i], s.queue.length[i], kvblocks.capacity_of(s, st, i) - s.kv.kv_free[i],
-                  c.input_tokens[r], kv.cached_blocks(s, st, c, i, r).count, s.batch.ema[i])
+        used = kvblocks.capacity_of(s, st, i) - s.kv.kv_free[i]
+        inputs = (s.batch.n_run[i], s.queue.length[i], used, c.input_tokens[r],
+                  kv.cached_blocks(s, st, c, i, r).count, s.batch.ema[i])
         delay = (physics.queueing_delay(physics_of(st, c, i), *inputs,
                                         cpu_blocks=s.tier.capacity if st.tiered else None)
                  if st.features.latency is None
@@ -154,8 +155,8 @@ def enqueue(s: SimState, st, c, i, e, now, active) -> SimState:
     s = s.replace(window=s.window.replace(req=upd(s.window.req, (i, e), NIL, active)))
     # the guards count a prefill sub-request's parent's output budget (P/D)
     l_in, out = c.input_tokens[r], c.output_tokens[parent_row(st, r) if st.features.pd else r]
-    drop = active & records.unservable(l_in, out, max_model_len_of(st, i), kvblocks.capacity_of(s, st, i),
-                                       st.settings.block_size)
+    drop = active & records.unservable(l_in, out, max_model_len_of(st, i),
+                                       kvblocks.capacity_of(s, st, i), st.settings.block_size)
     admitted = active & ~drop
     due_us = sessions.deadline_us(s, st, c, r)
     due = admitted & (due_us > 0) & (due_us <= now)

@@ -208,16 +208,16 @@ class GatewayParams:
 class LaneSettings:
     """The cluster's settings that are per-lane knobs: max_running
     (``engine.max_num_running_reqs``, int32, at most the program's batch slots
-    ``EngineStatic.shapes.batch_slots`` unless those hold every request row), token_budget (``engine.max_num_scheduled_tokens``,
-    int32, at most the program's ``EngineStatic.settings.token_budget``), long_prefill_threshold
+    ``EngineStatic.shapes.batch_slots`` unless those hold every request row), token_budget
+    (``engine.max_num_scheduled_tokens``, int32, at most the program's
+    ``EngineStatic.settings.token_budget``), long_prefill_threshold
     (``engine.long_prefill_token_threshold``, int32, 0: none), admission_latency_us and
     routing_latency_us (``cluster.*``, int64 µs), refresh_interval_us
-    (``cluster.snapshot_refresh_interval_us``, int64 µs), kv_blocks (``engine.total_kv_blocks``,
-    int32 GPU KV blocks per instance, at most the program's ``EngineStatic.shapes.kv_blocks``; 0:
-    the program's, where the configuration leaves them to be computed). A program reads a
-    lane's own only
-    where some lane's differ from the program's (``EngineStatic.features.lane_settings``;
-    ``consts.setting``)."""
+    (``cluster.snapshot_refresh_interval_us``, int64 µs), kv_blocks
+    (``engine.total_kv_blocks``, int32 GPU KV blocks per instance, at most the program's
+    ``EngineStatic.shapes.kv_blocks``; 0: the program's, where the configuration leaves them
+    to be computed). A program reads a lane's own only where some lane's differ from the
+    program's (``EngineStatic.features.lane_settings``; ``consts.setting``)."""
 
     max_running: jax.Array
     token_budget: jax.Array
