@@ -114,7 +114,7 @@ def test_session_population_lanes_match_reference_runs(session_population):
     statuses = []
     for w, results in zip(workloads, lanes, strict=True):
         for k, (config, got) in enumerate(zip(configs, results, strict=True)):
-            resolved = dataclasses.replace(base, config=config)
+            resolved = resolve_config(config)  # the lane's KV blocks resolved anew
             want = reference(resolved, w)
             assert first_divergence(want, got, w.request_id) is None, (k, w.session_accumulate)
             statuses.append(np.asarray(want.status)[w.follow_up])
