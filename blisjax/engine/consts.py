@@ -17,7 +17,6 @@ import numpy as np
 
 from blisjax.config._checks import ConfigError
 from blisjax.config.hardware import hardware_code, hardware_code_count, shipped_hardware
-from blisjax.engine.kvblocks import lane_capacity
 from blisjax.engine.latency_rows import POOL_ROWS, gpu_resolved, pool_row_configs
 from blisjax.engine.params import LaneSettings, lane_settings
 from blisjax.engine.physics import PhysicsConsts, physics_consts
@@ -180,14 +179,10 @@ def lane_consts(st: EngineStatic, consts: WorkloadConsts, params) -> WorkloadCon
     (``setting``); ``consts`` itself otherwise. Inside the lanes' ``vmap``."""
     if st.settings.gpus:
         consts = consts.replace(gpu=params.gpu)
-    if st.features.lane_settings:  # running requests capped at the slots (``every_row_runs``)
-        lane = params.settings
-        kv_blocks = lane_capacity(st, lane)
-        consts = consts.replace(settings=lane.replace(
-            max_running=jnp.minimum(lane.max_running, st.shapes.batch_slots),
-            kv_blocks=kv_blocks))
+    if st.features.lane_settings:  # as run (``static.lane_settings_run``, in ``_run_block``)
+        consts = consts.replace(settings=params.settings)
         if not st.settings.instance_kv_blocks:  # P/D pools' own sizes: every lane's alike
-            consts = consts.replace(kv_blocks_f=kv_blocks.astype(jnp.float64))
+            consts = consts.replace(kv_blocks_f=params.settings.kv_blocks.astype(jnp.float64))
     return consts
 
 

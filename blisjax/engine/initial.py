@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from blisjax.engine.batch import init_batch
 from blisjax.engine.cluster_events import init_cursors, init_window
 from blisjax.engine.gateway import init_gateway
-from blisjax.engine.kvblocks import init_kv, lane_capacity
+from blisjax.engine.kvblocks import init_kv
 from blisjax.engine.kvtier import init_tier
 from blisjax.engine.lifecycle import init_lifecycle
 from blisjax.engine.pd import init_pd
@@ -54,7 +54,7 @@ def init_state(st: EngineStatic, tb_capacity, rl_burst, admission_code, rate_lim
                                  else params.admission.tt_capacity),
         window=init_window(st), batch=init_batch(st), stretch=init_stretch(st),
         queue=init_queue(st),
-        kv=init_kv(st, None if params is None else lane_capacity(st, params.settings)),
+        kv=init_kv(st, None if params is None else params.settings.kv_blocks),
         tier=init_tier(st, kv_cpu_blocks, kv_reload_us), pd=init_pd(st, pd_rng, pd_role, pd_pools),
         life=init_lifecycle(st, params), recent=init_recent(st), sess=init_sessions(st),
         gw=init_gateway(st, params), stats=init_stats(st), run=init_run())

@@ -81,12 +81,6 @@ def capacity_of(s: SimState, st, i):
     return st.shapes.kv_blocks
 
 
-def lane_capacity(st, lane) -> jax.Array:
-    """A lane's GPU KV blocks per instance (``params.LaneSettings.kv_blocks``, 0: the
-    program's ``kv_blocks``), int32."""
-    return jnp.where(lane.kv_blocks > 0, lane.kv_blocks, st.shapes.kv_blocks).astype(jnp.int32)
-
-
 def empty_free_list(st, blocks=None) -> FreeList:
     """An instance's free list with every block free, in id order: blocks 0 .. n-1 under keys
     0 .. n-1 (the initial state, and a new instance in a reused slot); n = ``blocks``, the
@@ -127,7 +121,7 @@ class KVState:
 def init_kv(st, blocks=None) -> KVState:
     """Every block free in id order (``empty_free_list``), no hash slot registered.
     ``blocks``: with lane settings (``EngineStatic.features.lane_settings``) the lane's blocks
-    per instance (``lane_capacity``)."""
+    per instance (``static.lane_settings_run``)."""
     i, k = st.shapes.num_instances, st.shapes.kv_blocks
     own = None
     if st.settings.instance_kv_blocks:  # each instance's own capacity (P/D pools)

@@ -40,7 +40,7 @@ from blisjax.engine.params import (  # noqa: E402
     stack_params,
 )
 from blisjax.engine.results import HostLanes, lane_result, own_clusters  # noqa: E402
-from blisjax.engine.static import EngineStatic, build_static  # noqa: E402
+from blisjax.engine.static import EngineStatic, build_static, lane_settings_run  # noqa: E402
 from blisjax.engine.static_lanes import for_lanes  # noqa: E402
 from blisjax.metrics import records  # noqa: E402
 
@@ -230,6 +230,8 @@ def check_program_memory(compiled, st: EngineStatic, placed: Placement,
 def _run_block(st: EngineStatic, consts, params: PolicyParams):
     """One block of lanes: one ``while_loop``; each iteration advances every lane through its
     next step (``lane_advance``)."""
+    if st.features.lane_settings:  # the lanes' settings as run, once before the loop
+        params = params.replace(settings=lane_settings_run(st, params.settings))
     init = _initial_states(st, params)
     # With enough lanes, completions queue their releases and the queues of all lanes run
     # as one pass per iteration (``lanes.release_queued``); a few lanes release in place.

@@ -343,8 +343,8 @@ class EngineStatic:
     def every_row_runs(self) -> bool:
         """The batch slots hold every request row (``batch_slots_for``): a cap on running
         requests at or above them never binds."""
-        n = self.shapes.num_requests
-        return self.shapes.batch_slots >= n * (2 if self.features.pd else 1)
+        return self.shapes.batch_slots >= running_rows(self.shapes.num_requests,
+                                                       pd=self.features.pd)
 
     @property
     def slot_count(self) -> int:
@@ -506,6 +506,18 @@ def setting(st, c, name: str):
     return st.field(LANE_SETTING_FIELDS.get(name, name))
 
 
+def lane_settings_run(st, lane, xp=jnp):
+    """A lane's settings (``params.LaneSettings``, one lane's or stacked) as the program runs
+    them: running requests at most the batch slots where those hold every request row
+    (``EngineStatic.every_row_runs``: a larger cap is the same), KV blocks of 0 the program's.
+    ``xp``: ``numpy`` for the host's checks (``static_lanes``), ``jax.numpy`` in the program
+    (once per lane block, before its loop: ``run._run_block``)."""
+    running = xp.minimum(lane.max_running, st.shapes.batch_slots) if st.every_row_runs \
+        else lane.max_running
+    kv_blocks = xp.where(lane.kv_blocks > 0, lane.kv_blocks, st.shapes.kv_blocks)
+    return lane.replace(max_running=running, kv_blocks=kv_blocks.astype(np.int32))
+
+
 def caps_length(st) -> bool:
     """Some instance caps request lengths (max-model-len): the cap's rules are compiled in."""
     return st.settings.max_model_len > 0 or any(x > 0 for x in st.settings.instance_max_model_len)
@@ -519,11 +531,16 @@ def max_model_len_of(st, i):
     return jnp.asarray(st.settings.instance_max_model_len, jnp.int32)[i]
 
 
+def running_rows(num_requests: int, *, pd: bool) -> int:
+    """The request rows that could run at once: N, or 2N with P/D pools (the decode and
+    prefill sub-requests)."""
+    return num_requests * (2 if pd else 1)
+
+
 def batch_slots_for(max_running: int, num_requests: int, *, pd: bool) -> int:
     """Running-batch slots per instance: ``max_running`` (``engine.max_num_running_reqs``),
-    at most the request rows that could run at once (N, or 2N with P/D pools: the decode and
-    prefill sub-requests), at least 1."""
-    return max(1, min(int(max_running), num_requests * (2 if pd else 1)))
+    at most the request rows that could run at once (``running_rows``), at least 1."""
+    return max(1, min(int(max_running), running_rows(num_requests, pd=pd)))
 
 
 def build_static(resolved, workload, *, queue_slots: int | None = None,

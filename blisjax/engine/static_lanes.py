@@ -23,7 +23,13 @@ from blisjax.config.codes import (
 )
 from blisjax.engine.latency_rows import check_pool_rows
 from blisjax.engine.params import LANE_SETTINGS, PHYSICS_READS_SIZES, SIZED_SETTINGS
-from blisjax.engine.static import LANE_SETTING_FIELDS, EngineStatic, _check_sized, with_gateway
+from blisjax.engine.static import (
+    LANE_SETTING_FIELDS,
+    EngineStatic,
+    _check_sized,
+    lane_settings_run,
+    with_gateway,
+)
 from blisjax.program.observables import SITES as PROGRAM_SITES
 
 
@@ -121,15 +127,8 @@ def _with_lane_settings(st: EngineStatic, lanes) -> EngineStatic:
 
 
 def _effective(st: EngineStatic, name: str, lanes) -> np.ndarray:
-    """The lanes' setting ``name`` as the program runs it: running requests at most the batch
-    slots where those hold every request row, KV blocks of 0 the program's
-    (``consts.lane_consts`` reads them alike)."""
-    values = np.asarray(getattr(lanes, name))
-    if name == "max_running" and st.every_row_runs:
-        return np.minimum(values, st.shapes.batch_slots)
-    if name == "kv_blocks":
-        return np.where(values > 0, values, st.shapes.kv_blocks)
-    return values
+    """The lanes' setting ``name`` as the program runs it (``static.lane_settings_run``)."""
+    return np.asarray(getattr(lane_settings_run(st, lanes, np), name))
 
 
 def _latency_reads_engine_sizes(st: EngineStatic) -> bool:
