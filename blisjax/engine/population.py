@@ -170,10 +170,10 @@ def set_knob(cfg: SimConfig, name: str, value) -> SimConfig:
         if cfg.latency.model == "physics":
             raise ConfigError(f"knob '{name}'", "not a per-lane knob with the physics latency "
                               f"model ({PHYSICS_READS_SIZES}): sweep it across calls")
-        if parts[1] == "total_kv_blocks" and (isinstance(value, bool)
-                                              or not isinstance(value, int) or value < 1):
-            raise ConfigError(f"knob '{name}'", f"must be an integer >= 1, got {value!r}")
         most = getattr(cfg.engine, parts[1])
+        if value is None and most is not None:  # a lane's blocks computed from its GPU anew
+            raise ConfigError(f"knob '{name}'", f"must be an integer up to {most} (the base "
+                              "configuration gives its KV blocks), got None")
         if most is not None and isinstance(value, int | float) and not isinstance(value, bool) \
                 and value > most:
             raise ConfigError(f"knob '{name}'", f"must be at most {most} (the base "

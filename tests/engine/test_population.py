@@ -34,6 +34,8 @@ def test_set_knob_validates_and_targets_the_right_field():
     assert set_knob(cfg, "engine.total_kv_blocks", 4).engine.total_kv_blocks == 4
     with pytest.raises(ConfigError, match=r"engine\.total_kv_blocks.*integer >= 1"):
         set_knob(cfg, "engine.total_kv_blocks", 0)
+    with pytest.raises(ConfigError, match=r"engine\.total_kv_blocks.*got None"):
+        set_knob(cfg, "engine.total_kv_blocks", None)
     assert set_knob(cfg, "engine.max_num_running_reqs", 4).engine.max_num_running_reqs == 4
     with pytest.raises(ConfigError, match="admission"):
         set_knob(cfg, "admission.policy", "no-such-policy")
