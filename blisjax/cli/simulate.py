@@ -87,14 +87,15 @@ def run_jax(resolved: Any, workload: Any, capacities: dict[str, int],
             parts.append(NOT_CAPACITIES[name].format(times=times))
             continue
         cap = CAPACITIES[name]
-        size = static.field(cap.field) or _derived_capacity(name, static, workload)
+        size = static.field(cap.field) or _derived_capacity(
+            name, static, workload, int(resolved.config.horizon_us))
         parts.append(f"{cap.holds}: {size} exceeded {times} time(s); raise it with {cap.flag} "
                      f"(> {size})")
     raise ConfigError("JAX engine capacity exceeded, so this run's numbers are not valid and "
                       "none are reported: " + "; ".join(parts))
 
 
-def _derived_capacity(name: str, static, workload) -> int:
+def _derived_capacity(name: str, static, workload, horizon_us: int) -> int:
     """A capacity the run derives from its workload rather than the program (``max_events``)."""
     if name != "events":
         return 0
@@ -102,7 +103,7 @@ def _derived_capacity(name: str, static, workload) -> int:
     from blisjax.engine.request_rows import engine_workload
 
     return events_bound(engine_workload(workload, static.conversation_max_model_len,
-                                         pd=static.features.pd), static)
+                                         pd=static.features.pd), horizon_us)
 
 
 def simulate_and_report(args: Any, cfg: SimConfig, choice: WorkloadChoice, base: str) -> int:

@@ -179,11 +179,11 @@ def tick(s: SimState, st, c, p, now, go) -> SimState:
                         member=None if st.scaling_groups == 1 else members[g])
     life = s.life
     # the next tick, unless an unbounded run has nothing left to do
-    awaiting = sessions.arrivals_known(s, st) - s.cursors.admit + life.unrouted
+    awaiting = sessions.arrivals_known(s, st, c) - s.cursors.admit + life.unrouted
     idle = (awaiting <= 0) & (jnp.sum(s.router.in_flight) == 0)
     if st.scaling_groups > 1:  # requests on their way to a decode instance
         idle = idle & (jnp.sum(s.pd.headed) == 0)
-    stop = (st.settings.horizon_us == INT64_MAX) & idle
+    stop = (c.horizon_us == INT64_MAX) & idle
     nxt = jnp.where(stop, INT64_MAX, now + p.autoscaler.interval_us)
     return s.replace(life=life.replace(tick_us=jnp.where(go, nxt, life.tick_us)))
 

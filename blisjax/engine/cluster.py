@@ -167,7 +167,7 @@ def next_event(s: SimState, st, c) -> NextEvent:
         nxt = sessions.next_arrival(s, st, c).t_us
         adm_t = jnp.where(nxt < INT64_MAX, nxt + la, INT64_MAX)
     else:
-        adm_t = jnp.where(ac < n, c.arrival_us[jnp.minimum(ac, n)] + la, INT64_MAX)
+        adm_t = jnp.where(ac < c.rows, c.arrival_us[jnp.minimum(ac, n)] + la, INT64_MAX)
     rt_t = routings.next_routing_us(s, st, c)  # after admissions (dispatches, with the gateway)
     deadlines = _deadline_events(s, st, c)
     noop_t, timeout_t = deadlines.noop_t_us, deadlines.timeout_t_us
@@ -205,7 +205,7 @@ def next_event(s: SimState, st, c) -> NextEvent:
     best_t = inst_t[i_star]
     use_cluster = cl_t <= best_t
     t_evt = jnp.minimum(cl_t, best_t)
-    live = ~s.run.done & (t_evt <= st.settings.horizon_us) & (t_evt < INT64_MAX)
+    live = ~s.run.done & (t_evt <= c.horizon_us) & (t_evt < INT64_MAX)
     capped = live & (s.run.iters >= c.max_events)  # every loop is bounded: a lane stops here
     live = live & ~capped
     if st.tiered:  # a lane whose queued request found no holder slot for its blocks stops:
@@ -330,7 +330,7 @@ def _routing_follows(s: SimState, st, c, admitted):
         alone = sessions.next_arrival(s, st, c).t_us > this
         return admitted & (s.cursors.route == r) & alone
     nxt = jnp.minimum(s.cursors.admit, n)
-    alone = (s.cursors.admit >= n) | (c.arrival_us[nxt] > c.arrival_us[jnp.maximum(r, 0)])
+    alone = (s.cursors.admit >= c.rows) | (c.arrival_us[nxt] > c.arrival_us[jnp.maximum(r, 0)])
     return admitted & (s.cursors.route == r) & alone
 
 

@@ -102,7 +102,7 @@ def complete(s: SimState, st, c, i, now, d, active, running: Running, defer: boo
             order=s.batch.order.at[i, :width].set(jnp.where(active, row, s.batch.order[i, :width])),
             n_run=add(s.batch.n_run, i, -count, active),
             last_left=upd(s.batch.last_left, i, jnp.maximum(s.batch.last_left[i], left),
-                          active & (count > 0) & (left <= st.settings.horizon_us))),
+                          active & (count > 0) & (left <= c.horizon_us))),
         stats=s.stats.replace(
             completed=add(s.stats.completed, i, count.astype(jnp.int64), active),  # capped too
             capped_count=add(s.stats.capped_count, i, jnp.sum((fin & capped).astype(jnp.int64)),

@@ -33,13 +33,18 @@ from blisjax.engine.request_rows import (
 from blisjax.engine.roofline import RooflineConsts, roofline_consts
 from blisjax.engine.static import EngineStatic
 from blisjax.latency.factory import make_latency_model
+from blisjax.limits import INT64_MAX
 from blisjax.workload.sessions import next_round
 
 
 @pytree_dataclass
 class WorkloadConsts:
-    """Per-request constants (length N) and float tables, shared by every lane."""
+    """Per-request constants (length N, the program's request rows) and float tables, shared
+    by every lane. A workload of fewer requests than the program's rows fills the first
+    ``rows`` of them; the spare rows never arrive (``arrival_us`` INT64_MAX)."""
 
+    rows: jax.Array  # int32: the workload's requests (rows ``rows`` .. N − 1 are spare)
+    horizon_us: jax.Array  # int64: the simulation's horizon (INT64_MAX: none)
     arrival_us: jax.Array
     input_tokens: jax.Array
     output_tokens: jax.Array
@@ -71,8 +76,9 @@ class WorkloadConsts:
     step_decode: jax.Array  # float64[batch+1]: β2·decode_tokens
     # Per-lane GPU types (``EngineStatic.settings.gpus``): queue_delay_us, step_prefill,
     # step_decode and the roofline's prefill_flops, decode_flops and bandwidth gain a leading
-    # axis of one row per ``hardware_code``; otp_us holds each row's output-token time (µs);
-    # gpu is the lane's code (set per lane in the run, ``lane_consts``). gpu_rows: the codes
+    # axis of one row per ``hardware_code``; otp_us holds each row's output-token time (µs;
+    # one row, the configuration's, without them: a traced value, so runs of other α2 share
+    # a program); gpu is the lane's code (set per lane in the run, ``lane_consts``). gpu_rows: the codes
     # whose rows hold their own GPU's latency (the base's alone without per-lane GPUs; a
     # host-side check).
     gpu: jax.Array
@@ -106,7 +112,7 @@ def _follow_starts(workload, st: EngineStatic) -> np.ndarray:
     return out
 
 
-def events_bound(workload, st: EngineStatic) -> int:
+def events_bound(workload, horizon_us: int) -> int:
     """Events one lane handles at most, unless ``EngineStatic.shapes.max_events`` sets it: 64 per
     prompt and output token and per request (a step processes at least one token of some
     request; a request's own events are a few), plus one per µs of a finite horizon
@@ -115,7 +121,7 @@ def events_bound(workload, st: EngineStatic) -> int:
     never end, cannot hang a run."""
     tokens = int(np.sum(np.asarray(workload.input_tokens, np.int64))
                  + np.sum(np.asarray(workload.output_tokens, np.int64)))
-    horizon = st.settings.horizon_us if st.settings.horizon_us < 1 << 50 else 0
+    horizon = horizon_us if horizon_us < 1 << 50 else 0
     return 64 * (tokens + 8 * workload.num_requests + 64) + int(horizon)
 
 
@@ -125,6 +131,18 @@ def _open_rows(workload) -> np.ndarray:
     if not any(workload.session_unbounded):
         return np.zeros(session.shape, bool)
     return np.asarray(workload.session_unbounded, bool)[np.maximum(session, 0)] & (session >= 0)
+
+
+def _checked_rows(workload, st: EngineStatic) -> int:
+    """The workload's request count, which the program's request rows must hold; ValueError
+    otherwise, and for closed-loop sessions unless they fill the rows exactly (their
+    follow-up rows follow the initial ones, ``Shapes.initial_requests``)."""
+    n, rows = workload.num_requests, st.shapes.num_requests
+    if n > rows or (n < rows and st.features.sessions):
+        need = "exactly" if st.features.sessions else "at most"
+        raise ValueError(f"the program has {rows} request rows (EngineStatic num_requests); "
+                         f"a workload of {n} requests needs {need} that many")
+    return n
 
 
 class LatencyRows(NamedTuple):
@@ -167,8 +185,7 @@ def _latency_rows(resolved, workload, st: EngineStatic) -> LatencyRows:
                                           for c in range(budget + 1)], np.float64))
         out.step_decode.append(np.array([beta[2] * float(c) for c in range(slots + 1)],
                                         np.float64))
-        out.otp_us.append(int(make_latency_model(r).output_token_processing_us)
-                          if r is not resolved else st.settings.otp_us)
+        out.otp_us.append(int(make_latency_model(r).output_token_processing_us))
     return out
 
 
@@ -234,7 +251,7 @@ def physics_of(st: EngineStatic, c: WorkloadConsts, i) -> PhysicsConsts:
 def otp(st: EngineStatic, c: WorkloadConsts, i):
     """µs the output-token time adds to each step's ITL and TTFT on instance i (α2)."""
     row = _row(st, c, i)
-    return st.settings.otp_us if row is None else c.otp_us[row]
+    return c.otp_us[0 if row is None else row]
 
 
 def check_gpus(st: EngineStatic, consts: WorkloadConsts, params) -> None:
@@ -273,10 +290,10 @@ def build_consts(resolved, workload, st: EngineStatic) -> WorkloadConsts:
     gb = group_blocks(workload, bs)
     full = inp // bs
     own_count = own_counts(workload, bs)
-    own_start = np.concatenate([[0],
-                                np.cumsum(own_count)[:-1]]) if st.shapes.num_requests else own_count
+    n = _checked_rows(workload, st)
+    own_start = np.concatenate([[0], np.cumsum(own_count)[:-1]]) if n else own_count
     starts = lambda counts: np.concatenate([[0], np.cumsum(counts)[:-1]]) \
-        if st.shapes.num_requests else np.zeros(0, np.int64)  # noqa: E731
+        if n else np.zeros(0, np.int64)  # noqa: E731
     ext_start = starts(ext_counts(inp, out, bs))
     rows = _latency_rows(resolved, workload, st)
     talk = session_tokens(workload) if st.features.sessions \
@@ -284,20 +301,25 @@ def build_consts(resolved, workload, st: EngineStatic) -> WorkloadConsts:
     shared = talk // bs
     dl = np.asarray(workload.deadline_us, dtype=np.int64)
     # a follow-up's deadline is relative to its arrival (engine.sessions), not in the order
-    has = np.nonzero((dl > 0) & (dl <= st.settings.horizon_us) & ~workload.follow_up)[0]
+    horizon = int(resolved.config.horizon_us)
+    has = np.nonzero((dl > 0) & (dl <= horizon) & ~workload.follow_up)[0]
     order = has[np.lexsort((has, dl[has]))] if has.size else np.zeros(0, np.int64)
     itl_off = np.concatenate([[0], np.cumsum(itl_counts(out, st.features.pd))[:-1]]) \
-        if st.shapes.num_requests else np.zeros(0, np.int64)
-    # Every per-request array gets one extra "sink" row (index N): masked scatters write there.
-    # With P/D pools the prefill sub-requests' rows follow, each its request's constants
-    # (``shadow``: what differs; it has no output tokens). Built on the host and put on the
-    # device as they are: ``jnp.asarray`` would compile a small program per array
-    # (docs/performance.md, Seconds to first result).
-    def pad(x, value, dtype, shadow=None):
+        if n else np.zeros(0, np.int64)
+    spare = st.shapes.num_requests - n
+
+    # Every per-request array holds the workload's rows, then the spare rows up to N (with
+    # ``value``, or ``never`` where given), then one "sink" row (index N): masked scatters
+    # write there. With P/D pools the prefill sub-requests' rows follow, each its request's
+    # constants (``shadow``: what differs; it has no output tokens), then spare rows again.
+    # Built on the host and put on the device as they are: ``jnp.asarray`` would compile a
+    # small program per array (docs/performance.md, Seconds to first result).
+    def pad(x, value, dtype, shadow=None, never=None):
         x = np.asarray(x)
-        rows = [x, [value]]
+        unused = np.full(spare, value if never is None else never)
+        rows = [x, unused, [value]]
         if st.features.pd:
-            rows.append(x if shadow is None else shadow)
+            rows += [x if shadow is None else shadow, unused]
         return jax.device_put(np.concatenate(rows).astype(dtype))
 
     i32, i64 = np.int32, np.int64
@@ -336,7 +358,8 @@ def build_consts(resolved, workload, st: EngineStatic) -> WorkloadConsts:
         physics = _stacked_rows(rows.resolved, lambda r: physics_consts(
             make_latency_model(r), st.max_step_tokens, st.shapes.queue_slots))
     return WorkloadConsts(
-        arrival_us=pad(workload.arrival_us, 0, i64),
+        rows=jax.device_put(np.int32(n)), horizon_us=jax.device_put(np.int64(horizon)),
+        arrival_us=pad(workload.arrival_us, 0, i64, never=INT64_MAX),
         input_tokens=pad(inp, 1, i32), output_tokens=pad(out, 0, i32, np.zeros_like(out)),
         deadline_us=pad(dl, 0, i64),
         tenant=pad(workload.tenant, 0, i32), slo_class=pad(workload.slo_class, 0, i32),
@@ -354,7 +377,8 @@ def build_consts(resolved, workload, st: EngineStatic) -> WorkloadConsts:
         follow_start=jax.device_put(_follow_starts(original, st)),
         open_row=pad(_open_rows(original), False, bool),
         follow_up_budget=jax.device_put(np.int32(original.follow_up_budget)),
-        max_events=jax.device_put(np.int64(st.shapes.max_events or events_bound(workload, st))),
+        max_events=jax.device_put(np.int64(st.shapes.max_events
+                                                or events_bound(workload, horizon))),
         ext_base=pad(st.hash_slots + ext_start - full, 0, i32),
         queue_delay_us=jax.device_put(by_gpu([np.asarray(pad(q, 0, i64)) for q in rows.qdelay])),
         itl_offset=pad(itl_off, 0, i64),

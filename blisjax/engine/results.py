@@ -82,7 +82,7 @@ def _completion_fields(st: EngineStatic, consts, g, done) -> CompletionFields:
     final state: for a completed request they are functions of its progress, TTFT and ITL sum,
     which stop changing when it completes (``completion.complete``). ITL entries are decode
     steps, one per token past the prompt (``instance.execute``)."""
-    n = st.shapes.num_requests
+    n = int(consts.rows)
     pi = g.pi[:n].astype(np.int64)
     l_in = np.asarray(consts.input_tokens)[:n].astype(np.int64)
     out = np.asarray(consts.output_tokens)[:n].astype(np.int64)
@@ -121,8 +121,8 @@ def _kv_total_blocks(st: EngineStatic, g) -> np.ndarray:
 
 def lane_result(st: EngineStatic, consts, final, k: int) -> records.RunResult:
     """The k-th lane of a final state (or of its ``HostLanes``) as a ``RunResult`` (same
-    fields as the reference)."""
-    n = st.shapes.num_requests
+    fields as the reference): the workload's rows, not the program's spare ones."""
+    n = int(consts.rows)
     g = (final if isinstance(final, HostLanes) else HostLanes(final))(k)
     status = _status_codes(g.status[:n])
     done = status == records.COMPLETED
@@ -161,7 +161,8 @@ def lane_result(st: EngineStatic, consts, final, k: int) -> records.RunResult:
         overflow["gateway"] = int(g.gw.overflow)
     if st.features.sessions and int(g.sess.rounds_overflow):
         overflow["session_rounds"] = int(g.sess.rounds_overflow)
-    ended = int(np.max(np.minimum(clock, st.settings.horizon_us))) if st.shapes.num_instances else 0
+    horizon = int(consts.horizon_us)
+    ended = int(np.max(np.minimum(clock, horizon))) if st.shapes.num_instances else 0
     rows = dict(
         status=status, instance=g.instance[:n].astype(np.int32),
         ttft_us=g.ttft[:n].astype(np.int64), e2e_us=e2e,
@@ -171,7 +172,7 @@ def lane_result(st: EngineStatic, consts, final, k: int) -> records.RunResult:
         length_capped=capped)
     # a lane without pools in a program with them: no P/D counters, as the reference
     pd_counters = _project_pd(st, consts, g, rows) if st.features.pd and bool(g.pd.pools) else None
-    life = _lifecycle_counters(st, g, rows) if st.features.lifecycle else None
+    life = _lifecycle_counters(st, g, rows, horizon) if st.features.lifecycle else None
     sess = records.SessionRecords(
         np.where(np.asarray(consts.follow_up)[:n], g.sess.arrival_us[:n],
                  np.asarray(consts.arrival_us)[:n]).astype(np.int64),
@@ -179,7 +180,7 @@ def lane_result(st: EngineStatic, consts, final, k: int) -> records.RunResult:
     result = records.RunResult(
         **rows,
         itl_entries_us=itl_entries, itl_entry_request=itl_rows, sim_ended_us=ended,
-        horizon_us=st.settings.horizon_us,
+        horizon_us=horizon,
         num_instances=st.shapes.num_instances,
         **{name: getattr(g.stats, field).astype(np.int64) for name, field in _STATS_FIELDS},
         still_queued=g.queue.length.astype(np.int64), still_running=g.batch.n_run.astype(np.int64),
@@ -219,12 +220,13 @@ def _lane_slots(result: records.RunResult, slots: int, lane_on: bool) -> records
                           slots)
 
 
-def _lifecycle_counters(st: EngineStatic, g, rows: dict) -> records.LifecycleCounters:
+def _lifecycle_counters(st: EngineStatic, g, rows: dict,
+                        horizon_us: int) -> records.LifecycleCounters:
     """The lane's lifecycle counters, the instances still held settled at the run's end, as
     the reference's ``reference.lifecycle.Lifecycle.counters`` (read it for the rules); with
     --blis-quirks BLIS's after-the-run warm-up TTFT factor applied to ``rows``."""
     q = g.life
-    end = min(int(q.last_event_us), st.settings.horizon_us)
+    end = min(int(q.last_event_us), horizon_us)
     state = q.state.astype(np.int8)
     replica_us = q.replica_us.astype(np.int64).copy()
     cost = q.cost.astype(np.float64).copy()
@@ -234,9 +236,8 @@ def _lifecycle_counters(st: EngineStatic, g, rows: dict) -> records.LifecycleCou
         cost[k] += held_cost(held, float(q.cost_per_hour[k]))
     factor = float(q.warm_factor)
     if st.settings.blis_quirks and factor > 1:
-        n = st.shapes.num_requests
         ttft = rows["ttft_us"]
-        marked = q.warm_routed[:n] & (ttft >= 0)
+        marked = q.warm_routed[:len(ttft)] & (ttft >= 0)
         ttft[marked] = (ttft[marked].astype(np.float64) * factor).astype(np.int64)
     count = min(int(q.tl_count), st.shapes.timeline_slots)
     return records.LifecycleCounters(
@@ -254,7 +255,7 @@ def _project_pd(st: EngineStatic, consts, g, rows: dict) -> records.PDCounters:
     """Each disaggregated request's row from its sub-requests' rows, as the reference's
     ``reference.pd.PDCluster.project`` (read it for the rules); fills ``rows`` in place. Row r
     is the decode sub-request, row N + 1 + r the prefill sub-request."""
-    n, q, quirks = st.shapes.num_requests, g.pd, st.settings.blis_quirks
+    n, q, quirks = int(consts.rows), g.pd, st.settings.blis_quirks
     c = lambda x: np.asarray(x)[:n].astype(np.int64)  # noqa: E731
     l_in, out, arrival, deadline = (c(consts.input_tokens), c(consts.output_tokens),
                                     c(consts.arrival_us), c(consts.deadline_us))
@@ -265,7 +266,7 @@ def _project_pd(st: EngineStatic, consts, g, rows: dict) -> records.PDCounters:
         deadline = np.where(follow & (deadline > 0), arrival + deadline,
                             np.where(follow, 0, deadline))
     phase = q.phase[:n]
-    pre = np.arange(n) + n + 1
+    pre = np.arange(n) + st.shapes.num_requests + 1
     pre_stage = g.status[pre]
     pre_status = records.OUTCOME_OF_STAGE[pre_stage]
     routed = phase >= PREFILL  # it has a prefill sub-request
@@ -326,7 +327,8 @@ def _tier_counters(st: EngineStatic, g, n: int) -> records.KVTierCounters | None
     i64 = lambda x: np.asarray(x, dtype=np.int64)  # noqa: E731
     per_row = i64(t.request_reloads)
     # a request's reloads are its sub-requests' together (``PDCluster``: they share its index)
-    per_request = per_row[:n] + per_row[n + 1:2 * n + 1] if st.features.pd else per_row[:n]
+    pre = st.shapes.num_requests + 1
+    per_request = per_row[:n] + per_row[pre:pre + n] if st.features.pd else per_row[:n]
     return records.KVTierCounters(
         reloads=i64(t.reloads), cpu_misses=i64(t.cpu_misses),
         mirror_stores=i64(t.mirror_stores), cpu_evictions=i64(t.evictions),

@@ -174,7 +174,7 @@ def create_follow_ups(s, st, c, reqs, fin, rank, *, start_us, left_us):
     if st.features.open_sessions:
         out_of_rows = (nxt < 0) & c.open_row[reqs]  # think: the user's own, on every row
         t = left_us + jnp.where(out_of_rows, c.think_us[reqs], c.think_us[row])
-        due = fin & ((nxt >= 0) | out_of_rows) & (t <= st.settings.horizon_us)
+        due = fin & ((nxt >= 0) | out_of_rows) & (t <= c.horizon_us)
         before = prefix_sum(due.astype(jnp.int32)) - due  # earlier in batch order
         room = c.follow_up_budget - q.created
         due = due & ((c.follow_up_budget < 0) | (before < room))
@@ -183,7 +183,7 @@ def create_follow_ups(s, st, c, reqs, fin, rank, *, start_us, left_us):
                       + jnp.sum(due & out_of_rows).astype(jnp.int32))
     else:
         t = left_us + c.think_us[row]
-        make = fin & (nxt >= 0) & (t <= st.settings.horizon_us)
+        make = fin & (nxt >= 0) & (t <= c.horizon_us)
     sess = jnp.where(make, c.session[reqs], st.shapes.num_sessions)
     stamp = q.gen_clock + rank.astype(jnp.int64)
     q = q.replace(
@@ -196,12 +196,12 @@ def create_follow_ups(s, st, c, reqs, fin, rank, *, start_us, left_us):
     return s.replace(sess=q)
 
 
-def arrivals_known(s, st):
+def arrivals_known(s, st, c):
     """Requests whose arrival exists: the workload's own rows and the follow-ups created so far
-    (every row without sessions)."""
+    (the workload's rows without sessions)."""
     if st.features.sessions:
         return st.shapes.initial_requests + s.sess.created
-    return st.shapes.num_requests
+    return c.rows
 
 
 class StaleTimeout(NamedTuple):
@@ -229,7 +229,7 @@ def stale_timeout(s, st, c) -> StaleTimeout:
         off = (s.status[rows] != QUEUED) & (s.status[rows] != RUNNING)
         done = done | (off & (s.status[prefill_row(st, rows)] == COMPLETED))
     stale = c.follow_up[rows] & (c.session[rows] == sessions) & done & (timeout > 0) \
-        & (dl <= st.settings.horizon_us) & ~s.tdone[rows]
+        & (dl <= c.horizon_us) & ~s.tdone[rows]
     t = jnp.where(stale, dl, INT64_MAX)
     k = jnp.argmin(t)  # ties: the lowest session, whose rows come first
     return StaleTimeout(t[k], rows[k].astype(jnp.int32))
@@ -262,7 +262,7 @@ def timeouts(s, st, c) -> SessionTimeouts:
         rows, live = jnp.where(first, pre, rows), live | first
     timeout = c.deadline_us[rows]
     dl = arrival_us(s, st, c, rows) + timeout
-    due = live & (timeout > 0) & (dl <= st.settings.horizon_us)
+    due = live & (timeout > 0) & (dl <= c.horizon_us)
     on = due[None, :] & (s.instance[rows][None, :] == jnp.arange(st.shapes.num_instances)[:, None])
     t = jnp.where(on, dl[None, :], INT64_MAX)  # [I, S]
     t_min = jnp.min(t, axis=1)

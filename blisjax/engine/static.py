@@ -169,12 +169,10 @@ class Settings:
     token_budget: int
     long_prefill_threshold: int
     max_model_len: int
-    horizon_us: int
     admission_latency_us: int
     routing_latency_us: int
     refresh_interval_us: int
     prefix_caching: bool
-    otp_us: int
     post_decode_us: int
     latency_model: str = "blackbox"
     cache_signal_delay_us: int = 0
@@ -660,7 +658,6 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
         token_budget=eng.max_num_scheduled_tokens,
         long_prefill_threshold=eng.long_prefill_token_threshold,
         max_model_len=int(resolved.max_model_len),
-        horizon_us=horizon,
         admission_latency_us=cfg.cluster.admission_latency_us,
         routing_latency_us=cfg.cluster.routing_latency_us,
         refresh_interval_us=cfg.cluster.snapshot_refresh_interval_us,
@@ -669,7 +666,6 @@ def build_static(resolved, workload, *, queue_slots: int | None = None,
         group_blocks_max=max(int(gb.max()) if n else 0, 1),
         own_slots=max(int(own_counts(workload, bs).sum()) if n else 0, 1),
         prefix_index_capacity=cfg.cluster.prefix_index_capacity_blocks,
-        otp_us=int(model.output_token_processing_us),
         post_decode_us=int(model.post_decode_overhead_us),
         num_deadlines=num_deadlines,
         deadline_window=deadline_window,
@@ -789,10 +785,18 @@ _SHAREABLE = ("queue_slots", "pending_slots", "max_blocks_per_request", "max_pro
               "gateway_slots", "open_sessions", "max_events")
 
 
+#: Also shared without closed-loop sessions: the request rows (a workload of fewer requests
+#: leaves the rest spare, ``consts.WorkloadConsts.rows``), the batch slots that follow from
+#: them (``batch_slots_for``: max-num-running-reqs, or the rows where those are fewer) and the
+#: narrowest step program's width (tuning: results are the same).
+_SHAREABLE_ROWS = ("num_requests", "batch_slots", "running_width")
+
+
 def build_static_shared(resolved, workloads, **capacities) -> EngineStatic:
     """One ``EngineStatic`` whose capacities cover every workload (e.g. several seeds of one
-    workload spec), so a single compiled program serves them all. Workloads must agree on
-    everything that is not a capacity (request count, tenants, ...)."""
+    workload spec, or hand cases of one configuration), so a single compiled program serves
+    them all. Workloads must agree on everything that is not a capacity (tenants, ...); the
+    request count is one unless they have closed-loop sessions."""
     if capacities.get("decode_stretches") is None:  # one decision for all of them
         capacities["decode_stretches"] = stretches_pay_off(np.concatenate(
             [np.asarray(w.output_tokens) for w in workloads] or [np.zeros(0)]))
@@ -800,12 +804,13 @@ def build_static_shared(resolved, workloads, **capacities) -> EngineStatic:
     if not statics:
         raise ValueError("build_static_shared: no workloads given")
     base = statics[0]
+    shareable = _SHAREABLE + (() if base.features.sessions else _SHAREABLE_ROWS)
     for other in statics[1:]:
         for name in FIELD_GROUP:
-            if name not in _SHAREABLE and other.field(name) != base.field(name):
+            if name not in shareable and other.field(name) != base.field(name):
                 raise ValueError(f"workloads differ in {name} ({base.field(name)} vs "
                                  f"{other.field(name)}); they cannot share one program")
-    return base.replace(**{name: max(s.field(name) for s in statics) for name in _SHAREABLE})
+    return base.replace(**{name: max(s.field(name) for s in statics) for name in shareable})
 
 
 def with_gateway(st: EngineStatic) -> EngineStatic:

@@ -1,7 +1,8 @@
 """What a population's lanes add to a program's static configuration: the features some lane
 needs that its base configuration does not use (a cache-reading scorer, a gateway, program
 interpreters, sized lanes, a larger CPU tier, the sessions' prefix index, settings of their
-own), and the checks that every lane fits the program (``for_lanes``).
+own), and the checks that every lane fits the program (``for_lanes``); and one program for
+runs of several configurations and workloads (``for_runs``).
 
 Counterpart: none — the reference engine runs one configuration at a time; each lane's run
 there is the reference (``blisjax.reference.simulate``).
@@ -24,10 +25,13 @@ from blisjax.config.codes import (
 from blisjax.engine.latency_rows import check_pool_rows
 from blisjax.engine.params import LANE_SETTINGS, PHYSICS_READS_SIZES, SIZED_SETTINGS
 from blisjax.engine.static import (
+    FIELD_GROUP,
     LANE_SETTING_FIELDS,
     EngineStatic,
     _check_sized,
+    build_static,
     lane_settings_run,
+    stretches_pay_off,
     with_gateway,
 )
 from blisjax.program.observables import SITES as PROGRAM_SITES
@@ -150,3 +154,67 @@ def _pd_prefix_index_twice(params) -> bool:
     twice = (np.asarray(pd.pools) & shared & (np.asarray(pd.decider) != int(PDDecider.NEVER))
              & ~own[..., 0] & ~own[..., 1] & np.asarray(params.routing.prefix_index_on))
     return bool(np.any(twice))
+
+
+#: Shapes every run of one program shares: the layout of the params (instances, tenants) and
+#: of closed-loop sessions and node pools; the request rows too with sessions.
+_SAME_SHAPES = ("num_tenants", "initial_requests", "num_sessions", "num_pools", "num_nodes",
+                "num_variants")
+#: Features a program may compile in for runs that do not use them (inert there).
+_ANY_FEATURES = ("pd", "lifecycle", "gateway", "cache_scorers", "sized_lanes",
+                 "session_prefix_index", "pd_own_index", "open_sessions", "lane_settings")
+
+
+def for_runs(runs, **capacities) -> EngineStatic:
+    """One ``EngineStatic`` under which each of ``runs`` gives its own result, so that one
+    compiled program serves them all (hand cases of several configurations, a sweep of
+    settings across calls). A run is ``(resolved, workload)`` or ``(resolved, workload,
+    params)``, its lanes' stacked ``PolicyParams`` (what they add: ``for_lanes``).
+
+    The program takes each run's largest capacity (request rows, queues, KV blocks, ...), the
+    features any run compiles in (inert in the others: a run without pools in a program with
+    them), each lane's own settings that are knobs (``params.LaneSettings``) where runs differ
+    in them, and lanes of their own instance count where runs differ in it (``sized_lanes``;
+    not with lifecycles or P/D pools). Everything else must be the same in every run — block
+    size, max-model-len, latency model, tenants, sessions' layout, tuning — or ValueError
+    names the field. ``capacities`` go to ``build_static`` for every run; decode stretches
+    are decided once, from every run's output lengths, unless given."""
+    runs = [tuple(run) for run in runs]
+    if not runs:
+        raise ValueError("for_runs: no runs given")
+    if capacities.get("decode_stretches") is None:
+        capacities["decode_stretches"] = stretches_pay_off(np.concatenate(
+            [np.asarray(run[1].output_tokens) for run in runs]))
+    statics = []
+    for run in runs:
+        st = build_static(run[0], run[1], **capacities)
+        statics.append(for_lanes(st, run[2]) if len(run) > 2 else st)
+    return _covering(statics)
+
+
+def _covering(statics: list[EngineStatic]) -> EngineStatic:
+    """The smallest ``EngineStatic`` covering every one of ``statics`` (``for_runs``)."""
+    base = statics[0]
+    per_lane = {LANE_SETTING_FIELDS.get(name, name) for name in LANE_SETTINGS}
+    changes: dict = {}
+    for name, group in FIELD_GROUP.items():
+        values = [st.field(name) for st in statics]
+        if all(v == values[0] for v in values):
+            continue
+        if name in per_lane:
+            changes[name], changes["lane_settings"] = max(values), True
+        elif name == "num_instances" and not (base.features.lifecycle or base.features.pd):
+            changes[name], changes["sized_lanes"] = max(values), _check_sized(base)
+        elif name == "num_requests" and base.features.sessions:
+            raise ValueError("runs with closed-loop sessions differ in their requests "
+                             f"({sorted(set(values))}): they cannot share one program")
+        elif group == "shapes" and name not in _SAME_SHAPES or name == "running_width":
+            changes[name] = max(values)
+        elif name in _ANY_FEATURES:
+            changes[name] = changes.get(name, False) or any(values)
+        elif name == "program_sites":
+            changes[name] = tuple(x for x in PROGRAM_SITES if any(x in v for v in values))
+        else:
+            raise ValueError(f"runs differ in {name} ({sorted(set(map(str, values)))}): they "
+                             "cannot share one program")
+    return base.replace(**changes)

@@ -220,14 +220,14 @@ def plan(s: SimState, st, c, i, seen: BatchOutlook, plain_us, active) -> SimStat
     t0 = s.batch.step_time[i]
     ok = (active & seen.decoding & (running > 0) & (s.queue.length[i] == 0)
           & (running <= setting(st, c, "token_budget")) & (t0 >= 0)
-          & (t0 <= st.settings.horizon_us))
+          & (t0 <= c.horizon_us))
     by_kv = _block_step(seen.spare_cum, running, s.kv.kv_free[i], st.settings.block_size)
     if st.stretch_times_vary:
         # offset[k] = the first k times: the real step after k plain ones starts there
         offset = jnp.concatenate([jnp.zeros(1, jnp.int64), jnp.cumsum(plain_us)])
-        by_horizon = jnp.sum(t0 + offset[1:] <= st.settings.horizon_us, dtype=jnp.int64)
+        by_horizon = jnp.sum(t0 + offset[1:] <= c.horizon_us, dtype=jnp.int64)
     else:
-        by_horizon = (st.settings.horizon_us - t0) // plain_us
+        by_horizon = (c.horizon_us - t0) // plain_us
     k = jnp.minimum(jnp.minimum(seen.plain_steps, by_kv).astype(jnp.int64), by_horizon)
     if st.tiered:
         k = jnp.minimum(k, _by_tier(s, st, i, seen, running))

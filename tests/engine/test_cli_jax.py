@@ -126,5 +126,8 @@ def test_the_event_bound_reported_is_the_runs_own():
 
     w = make_workload([dict(arrival=0, input=10, output=3), dict(arrival=5, input=10, output=3)])
     static = build_static(make_resolved(), w)
-    assert static.shapes.max_events == 0 and _derived_capacity("events", static, w) == 6_784
-    assert _derived_capacity("queue", static, w) == 0
+    none = 2**63 - 1
+    assert static.shapes.max_events == 0 and _derived_capacity("events", static, w, none) \
+        == 6_784
+    assert _derived_capacity("events", static, w, 1_000) == 6_784 + 1_000
+    assert _derived_capacity("queue", static, w, none) == 0

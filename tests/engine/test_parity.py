@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from functools import cache
 
 import numpy as np
 import pytest
@@ -30,6 +31,7 @@ from blisjax.engine import (
     stack_params,
 )
 from blisjax.engine.parity import first_divergence
+from blisjax.engine.static_lanes import for_runs
 from blisjax.metrics import records
 from blisjax.reference import simulate as reference
 from blisjax.workload import read_trace
@@ -108,6 +110,70 @@ def test_edge_case_parity(name):
     assert first_divergence(reference(resolved, w), got) is None
 
 
+# The hand cases below (and the preemption storm's narrow programs, the long queue's
+# schedulers) run on one compiled program (``static_lanes.for_runs``): blocks of 4 tokens,
+# their KV caches, running caps and token budgets each lane's own, spare request rows, step
+# programs from width 2 up. Each case runs HAND_LANES lanes: a lockstep block of at least
+# ``lanes.FLAT_MIN_LANES``, so completions queue their releases.
+HAND_LANES, HAND_TENANTS, HAND_GROUPS = 16, ("a", "b"), ("g",)
+
+
+def _final_token_case():
+    rows = [dict(arrival=0, input=8, output=1), dict(arrival=0, input=8, output=1),
+            dict(arrival=5000, input=12, output=3)]
+    return (make_resolved(block_size=4, kv_blocks=5, max_running=4),
+            make_workload(rows, HAND_TENANTS, HAND_GROUPS))
+
+
+def _many_completions_case():
+    rows = [dict(arrival=0, input=6 + k % 3, output=4, **({"group": 0, "prefix": 4}
+                                                           if k % 2 else {}))
+            for k in range(20)]  # half share a prefix block: freed at its last holder
+    rows += [dict(arrival=50_000 + 10 * k, input=9, output=2) for k in range(20)]
+    return (make_resolved(block_size=4, kv_blocks=64, max_running=32),
+            make_workload(rows, HAND_TENANTS, HAND_GROUPS))
+
+
+def _tenant_quota_case():
+    rows = [dict(arrival=0, input=8, output=1, tenant="a") for _ in range(3)]
+    rows += [dict(arrival=100_000, input=8, output=1, tenant="a") for _ in range(3)]
+    admission = AdmissionConfig(policy="tenant-quota", default_tenant_max_in_flight=3)
+    return (make_resolved(block_size=4, kv_blocks=20, max_running=4, admission=admission),
+            make_workload(rows, HAND_TENANTS, HAND_GROUPS))
+
+
+def _storm_case():
+    return (make_resolved(**EDGE_CASES["preemption-storm"]),
+            make_workload(EDGE_ROWS, HAND_TENANTS, HAND_GROUPS))
+
+
+def _long_queue_case():
+    return (make_resolved(max_running=2, max_tokens=64, kv_blocks=400, block_size=4),
+            make_workload(_long_queue_rows(160, seed=11), HAND_TENANTS, HAND_GROUPS))
+
+
+@cache
+def _hand_program():
+    """The hand cases' program; running width 2: steps run programs of width 2, 4, 8, 16 or
+    32 (the narrowest that running + queued fits), each of which must give the reference."""
+    cases = (_final_token_case, _many_completions_case, _tenant_quota_case, _storm_case,
+             _long_queue_case)
+    return for_runs([case() for case in cases], running_width=2)
+
+
+def _hand_lanes(resolved, w, configs) -> list:
+    """Each of ``configs`` run on the hand cases' program (repeated to HAND_LANES lanes)."""
+    params = stack_params([params_from_config(configs[k % len(configs)], w.tenant_names)
+                           for k in range(HAND_LANES)])
+    return simulate_population(resolved, w, params, static=_hand_program())[:len(configs)]
+
+
+def test_the_hand_cases_share_one_program():
+    st = _hand_program()
+    assert (st.shapes.num_requests, st.shapes.kv_blocks, st.shapes.batch_slots) == (160, 400, 32)
+    assert st.features.lane_settings and st.tuning.running_width == 2
+
+
 def test_final_token_block_after_a_release_in_the_same_step():
     """Two requests finish in one step, each needing a fresh block for its final token, and
     the second finds the free list empty until the first has released its blocks: 5 blocks
@@ -115,10 +181,7 @@ def test_final_token_block_after_a_release_in_the_same_step():
     A's release frees 3, and B's final token takes one of those. The engine queues
     completions' releases, so it must run them before B's allocation (cache misses and the
     free list's order would differ otherwise; a third request reuses the freed blocks)."""
-    rows = [dict(arrival=0, input=8, output=1), dict(arrival=0, input=8, output=1),
-            dict(arrival=5000, input=12, output=3)]
-    resolved = make_resolved(block_size=4, kv_blocks=5, max_running=4)
-    w = make_workload(rows, ("a",), ("g",))
+    resolved, w = _final_token_case()
     ref = reference(resolved, w)
     assert ref.cache_misses[0] == 2 + 2 + 1 + 1 + 4  # prompts, both final tokens, the third
     _queued_release_lanes_match(resolved, w, ref)
@@ -129,12 +192,7 @@ def test_more_completions_in_one_step_than_the_release_queue_holds():
     lane queues (``state.DEFERRED_RELEASES``), so the lane runs its queue itself and queues
     again. A second wave needs 60 of the 64 blocks: a release lost on the way would
     make it wait or preempt."""
-    rows = [dict(arrival=0, input=6 + k % 3, output=4, **({"group": 0, "prefix": 4}
-                                                           if k % 2 else {}))
-            for k in range(20)]  # half share a prefix block: freed at its last holder
-    rows += [dict(arrival=50_000 + 10 * k, input=9, output=2) for k in range(20)]
-    resolved = make_resolved(block_size=4, kv_blocks=64, max_running=32)
-    w = make_workload(rows, ("a",), ("g",))
+    resolved, w = _many_completions_case()
     _queued_release_lanes_match(resolved, w, reference(resolved, w))
 
 
@@ -146,12 +204,7 @@ def test_completions_of_one_step_at_once_free_their_tenants_quota():
     rejected if the pass decremented it once per step instead of once per request.
     (An instance whose batch empties is idle at once — BLIS accounts completions at the step's
     start — so the second wave's arrivals, all at one tick, share one step too.)"""
-    rows = [dict(arrival=0, input=8, output=1, tenant="a") for _ in range(3)]
-    rows += [dict(arrival=100_000, input=8, output=1, tenant="a") for _ in range(3)]
-    admission = AdmissionConfig(policy="tenant-quota", default_tenant_max_in_flight=3)
-    # 4 running slots hold each wave (the default 256 only makes the program larger)
-    resolved = make_resolved(block_size=4, kv_blocks=20, max_running=4, admission=admission)
-    w = make_workload(rows, ("a",), ("g",))
+    resolved, w = _tenant_quota_case()
     want = reference(resolved, w)
     assert want.rejected_admission == 0
     assert want.cache_misses[0] == 2 * (3 * 2 + 3)  # two waves: prompts, then final tokens
@@ -159,10 +212,10 @@ def test_completions_of_one_step_at_once_free_their_tenants_quota():
 
 
 def _queued_release_lanes_match(resolved, w, want):
-    """16 lanes of one policy (a lockstep block of >= ``lanes.FLAT_MIN_LANES`` lanes on one or
-    two devices, so completions queue their releases) each equal to the reference run."""
-    params = stack_params([params_from_config(resolved.config, w.tenant_names)] * 16)
-    for k, lane in enumerate(simulate_population(resolved, w, params)):
+    """HAND_LANES lanes of one policy (a lockstep block of >= ``lanes.FLAT_MIN_LANES`` lanes
+    on one or two devices, so completions queue their releases) each equal to the reference
+    run."""
+    for k, lane in enumerate(_hand_lanes(resolved, w, [resolved.config] * HAND_LANES)):
         assert first_divergence(want, lane) is None, k
 
 
@@ -283,10 +336,15 @@ def test_prefix_widths_narrow_to_the_prefix_groups(prompt_blocks, group_blocks, 
 def test_narrow_step_program_parity(name):
     # running_width 2 < 6 batch slots: steps run programs of width 2, 4 or 6 (the narrowest
     # that running + queued fits); every one must reproduce the reference exactly. (The
-    # default tier runs the preemption storm only here.)
-    resolved = make_resolved(**EDGE_CASES[name])
-    w = make_workload(EDGE_ROWS, ("a", "b"), ("g",))
-    got = simulate(resolved, w, running_width=2, narrow_programs=True)
+    # default tier runs the preemption storm only here, on the hand cases' program: widths
+    # 2, 4 and 8.)
+    if name == "preemption-storm":
+        resolved, w = _storm_case()
+        got = _hand_lanes(resolved, w, [resolved.config])[0]
+    else:
+        resolved = make_resolved(**EDGE_CASES[name])
+        w = make_workload(EDGE_ROWS, ("a", "b"), ("g",))
+        got = simulate(resolved, w, running_width=2, narrow_programs=True)
     assert first_divergence(reference(resolved, w), got) is None
 
 
@@ -345,16 +403,13 @@ def _max_waiting(result, workload) -> int:
 def test_long_queue_schedulers_match_reference():
     # Queue scans (priority-fcfs, sjf), middle removals and timeouts fold over the queue a
     # chunk at a time; with ~150 queued requests every multi-chunk path runs.
-    rows = _long_queue_rows(160, seed=11)
-    w = make_workload(rows)
-    base = make_resolved(max_running=2, max_tokens=64, kv_blocks=400, block_size=4)
+    base, w = _long_queue_case()
     configs = [set_knob(set_knob(base.config, "scheduler.policy", scheduler),
                         "priority.policy", priority)
                for scheduler, priority in [("fcfs", "constant"), ("sjf", "constant"),
                                            ("priority-fcfs", "slo-class"),
                                            ("priority-fcfs", "deadline-aware")]]
-    params = stack_params([params_from_config(c, w.tenant_names) for c in configs])
-    lanes = simulate_population(base, w, params)
+    lanes = _hand_lanes(base, w, configs)
     orders, wants = set(), []
     for k, cfg in enumerate(configs):
         want = reference(resolve_config(cfg), w)

@@ -6,6 +6,7 @@ time-varying priorities keep it stepping empty until the horizon."""
 from __future__ import annotations
 
 import dataclasses
+from functools import cache
 
 from blisjax.config import PriorityConfig, SchedulerConfig, resolve_config
 from blisjax.engine import params_from_config, simulate_population, stack_params
@@ -15,15 +16,25 @@ from blisjax.reference import simulate as reference
 from tests.reference.conftest import make_resolved, make_workload
 from tests.reference.test_pd_stall import PD, _rows
 
-HORIZON_US = 20_000
+HORIZON_US = 20_000  # both tests run one compiled program: the horizon is not part of it
+
+
+def _base(horizon_us: int = 2**63 - 1):
+    base = make_resolved(instances=2, kv_blocks=2, horizon_us=horizon_us)
+    return resolve_config(dataclasses.replace(
+        base.config, cluster=dataclasses.replace(base.config.cluster, pd=PD)))
+
+
+@cache
+def _program():
+    return build_static_shared(_base(), [make_workload(_rows()),
+                                         make_workload(_rows(deadline_b=5000))])
 
 
 def test_stalled_decode_instances_match_the_reference():
-    base = make_resolved(instances=2, kv_blocks=2, horizon_us=HORIZON_US)
-    base = resolve_config(dataclasses.replace(
-        base.config, cluster=dataclasses.replace(base.config.cluster, pd=PD)))
+    base = _base(HORIZON_US)
     workloads = [make_workload(_rows()), make_workload(_rows(deadline_b=5000))]
-    static = build_static_shared(base, workloads)
+    static = _program()
     cfg = base.config
     ageing = dataclasses.replace(cfg.policy, scheduler=SchedulerConfig(policy="priority-fcfs"),
                                  priority=PriorityConfig(policy="slo-based"))
@@ -48,17 +59,18 @@ def test_a_lane_that_would_step_empty_forever_stops_at_its_event_bound():
     BLIS never end): it stops at its event bound, flagged, while the lanes that wait for an
     event end as their reference runs. The bound (``consts.events_bound``): 64 × (tokens +
     8 × requests + 64) = 64 × (42 + 16 + 64) = 7,808 events."""
-    base = make_resolved(instances=2, kv_blocks=2)
-    base = resolve_config(dataclasses.replace(
-        base.config, cluster=dataclasses.replace(base.config.cluster, pd=PD)))
+    base = _base()
     cfg = base.config
+    sjf = dataclasses.replace(cfg, policy=dataclasses.replace(
+        cfg.policy, scheduler=SchedulerConfig(policy="sjf")))
     lanes = [cfg, dataclasses.replace(cfg, policy=dataclasses.replace(
         cfg.policy, scheduler=SchedulerConfig(policy="priority-fcfs"),
-        priority=PriorityConfig(policy="slo-based")))]
+        priority=PriorityConfig(policy="slo-based"))), sjf]
     w = make_workload(_rows())
     results = simulate_population(base, w, stack_params([params_from_config(c, ("",))
-                                                         for c in lanes]))
-    assert not results[0].overflow
-    assert first_divergence(reference(resolve_config(cfg), w), results[0]) is None
+                                                         for c in lanes]), static=_program())
+    for k in (0, 2):
+        assert not results[k].overflow
+        assert first_divergence(reference(resolve_config(lanes[k]), w), results[k]) is None
     assert results[1].overflow == {"events": 1}
     assert int(results[1].step_count.sum()) > 7_000  # nearly every event an empty step

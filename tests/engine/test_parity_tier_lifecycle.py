@@ -129,17 +129,6 @@ def test_a_reused_slot_starts_with_an_empty_tier():
     assert int(np.sum(refs[1].kv_tier.reloads)) > 0
 
 
-def test_the_long_run_program_matches_the_reference_too(monkeypatch):
-    """Runs this small are compiled as short runs (``run.short_run``: without XLA's
-    loop-invariant code motion and loop simplifier); the same case compiled as a long run,
-    with XLA's default passes, gives every lane its reference run as well."""
-    room_for_a_program()
-    monkeypatch.setattr(run, "SHORT_RUN_REQUEST_LANES", 0)
-    before = run._run_sharded._long._cache_size()
-    _compare(False, *_reused_slot_case())
-    assert run._run_sharded._long._cache_size() == before + 1
-
-
 _SETTINGS = dict(deadline=None, derandomize=True, database=None,
                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
@@ -166,3 +155,15 @@ def test_drawn_autoscalers_with_tiers_match_reference(data):
 @given(data=st.data())
 def test_drawn_autoscalers_with_tiers_match_reference_slow(quirks, data):
     _check(quirks, data)
+
+
+def test_the_long_run_program_matches_the_reference_too(monkeypatch):
+    """Runs this small are compiled as short runs (``run.short_run``: without XLA's
+    loop-invariant code motion and loop simplifier); the same case compiled as a long run,
+    with XLA's default passes, gives every lane its reference run as well. (Last in the
+    module: it drops the compiled programs first, and the tests above share theirs.)"""
+    room_for_a_program()
+    monkeypatch.setattr(run, "SHORT_RUN_REQUEST_LANES", 0)
+    before = run._run_sharded._long._cache_size()
+    _compare(False, *_reused_slot_case())
+    assert run._run_sharded._long._cache_size() == before + 1
