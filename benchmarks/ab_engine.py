@@ -81,9 +81,6 @@ def main() -> None:
     from base_revision import BASE_NAME, export_base  # noqa: E402
     from bench_jax import anchor, population_configs, scenario  # noqa: E402
 
-    from blisjax.engine.consts import build_consts  # noqa: E402
-    from blisjax.engine.static import build_static  # noqa: E402
-
     if args.anchor and args.kv_blocks:
         ap.error("--kv-blocks applies to scenario S, not --anchor")
     resolved, wl = (anchor(args.anchor, 4) if args.anchor else
@@ -101,29 +98,30 @@ def main() -> None:
 
         resolved = resolve_config(set_knob(resolved.config, "routing.tie_break",
                                            args.tie_break))
-    st = build_static(resolved, wl)
-    consts = build_consts(resolved, wl, st)
     configs = population_configs(resolved.config, args.lanes)
     with tempfile.TemporaryDirectory() as tmp:
         export_base(args.base, Path(tmp))
         sys.path.insert(0, tmp)
-        # each side's knobs built by its own code (the records' layout may differ)
-        params = {}
+        # each side's program, constants and knobs built by its own code (the records' layout
+        # may differ)
+        params, consts, runs = {}, {}, {}
         for name in (BASE_NAME, "blisjax"):
             module = importlib.import_module(f"{name}.engine.params")
             params[name] = module.stack_params([module.params_from_config(c, wl.tenant_names)
                                                 for c in configs])
-        runs = {name: importlib.import_module(f"{name}.engine.run").compile_lanes(
-            st, consts, params[name], lane_block=args.lane_block)
-            for name in (BASE_NAME, "blisjax")}
-        finals = {name: run(consts, params[name]) for name, run in runs.items()}
+            st = importlib.import_module(f"{name}.engine.static").build_static(resolved, wl)
+            consts[name] = importlib.import_module(f"{name}.engine.consts").build_consts(
+                resolved, wl, st)
+            runs[name] = importlib.import_module(f"{name}.engine.run").compile_lanes(
+                st, consts[name], params[name], lane_block=args.lane_block)
+        finals = {name: run(consts[name], params[name]) for name, run in runs.items()}
     same = all(np.array_equal(np.asarray(getattr(finals[BASE_NAME], f))[:, :-1],
                               np.asarray(getattr(finals["blisjax"], f))[:, :-1])
                for f in OUTPUT_FIELDS)
     walls: dict[str, list[float]] = {name: [] for name in runs}
     for k in range(args.rounds):
         for name in (list(runs) if k % 2 == 0 else list(runs)[::-1]):
-            walls[name].append(timed(runs[name], consts, params[name]))
+            walls[name].append(timed(runs[name], consts[name], params[name]))
     base, new = walls[BASE_NAME], walls["blisjax"]
     print(json.dumps({
         "base": args.base, "anchor_requests": args.anchor or None, "lanes": args.lanes,

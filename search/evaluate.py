@@ -66,8 +66,9 @@ def probe_metrics(resolved, workload: Workload, requests: int = 3) -> dict[str, 
 
 def _shared_static(resolved, workloads: Mapping[int, Workload],
                    shape_workloads: Sequence[Workload], capacities: Mapping[str, Any]):
-    """One ``EngineStatic`` for every seed's workload; when their shapes cannot share one
-    (recorded traces of different request counts, say), one per seed: seed → static."""
+    """One ``EngineStatic`` for every seed's workload (of any request count: the smaller ones
+    leave rows spare); when they cannot share one (traces of other tenants, say), one per
+    seed: seed → static."""
     try:
         return build_static_shared(resolved, [*workloads.values(), *shape_workloads],
                                    **capacities)

@@ -44,6 +44,7 @@ class WorkloadConsts:
     ``rows`` of them; the spare rows never arrive (``arrival_us`` INT64_MAX)."""
 
     rows: jax.Array  # int32: the workload's requests (rows ``rows`` .. N − 1 are spare)
+    initial_rows: jax.Array  # int32: its rows that are not follow-ups (they come first)
     horizon_us: jax.Array  # int64: the simulation's horizon (INT64_MAX: none)
     arrival_us: jax.Array
     input_tokens: jax.Array
@@ -134,14 +135,16 @@ def _open_rows(workload) -> np.ndarray:
 
 
 def _checked_rows(workload, st: EngineStatic) -> int:
-    """The workload's request count, which the program's request rows must hold; ValueError
-    otherwise, and for closed-loop sessions unless they fill the rows exactly (their
-    follow-up rows follow the initial ones, ``Shapes.initial_requests``)."""
+    """The workload's request count, which the program's request rows and sessions must hold
+    (ValueError otherwise)."""
     n, rows = workload.num_requests, st.shapes.num_requests
-    if n > rows or (n < rows and st.features.sessions):
-        need = "exactly" if st.features.sessions else "at most"
+    if n > rows:
         raise ValueError(f"the program has {rows} request rows (EngineStatic num_requests); "
-                         f"a workload of {n} requests needs {need} that many")
+                         f"a workload of {n} requests needs at most that many")
+    sessions = len(workload.session_names) if workload.has_sessions else 0
+    if sessions > st.shapes.num_sessions:
+        raise ValueError(f"the program has {st.shapes.num_sessions} sessions (EngineStatic "
+                         f"num_sessions); a workload of {sessions} needs at most that many")
     return n
 
 
@@ -358,7 +361,9 @@ def build_consts(resolved, workload, st: EngineStatic) -> WorkloadConsts:
         physics = _stacked_rows(rows.resolved, lambda r: physics_consts(
             make_latency_model(r), st.max_step_tokens, st.shapes.queue_slots))
     return WorkloadConsts(
-        rows=jax.device_put(np.int32(n)), horizon_us=jax.device_put(np.int64(horizon)),
+        rows=jax.device_put(np.int32(n)),
+        initial_rows=jax.device_put(np.int32(np.count_nonzero(~np.asarray(original.follow_up)))),
+        horizon_us=jax.device_put(np.int64(horizon)),
         arrival_us=pad(workload.arrival_us, 0, i64, never=INT64_MAX),
         input_tokens=pad(inp, 1, i32), output_tokens=pad(out, 0, i32, np.zeros_like(out)),
         deadline_us=pad(dl, 0, i64),

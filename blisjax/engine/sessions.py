@@ -103,7 +103,7 @@ class NextArrival:
 def next_arrival(s, st, c) -> NextArrival:
     q = s.sess
     ic = q.init_cursor
-    t_init = jnp.where(ic < st.shapes.initial_requests,
+    t_init = jnp.where(ic < c.initial_rows,
                        c.arrival_us[jnp.minimum(ic, st.shapes.num_requests)], INT64_MAX)
     t_min = jnp.min(q.pending_us)
     k = jnp.argmin(jnp.where(q.pending_us == t_min, q.pending_gen, INT64_MAX)).astype(jnp.int32)
@@ -200,7 +200,7 @@ def arrivals_known(s, st, c):
     """Requests whose arrival exists: the workload's own rows and the follow-ups created so far
     (the workload's rows without sessions)."""
     if st.features.sessions:
-        return st.shapes.initial_requests + s.sess.created
+        return c.initial_rows + s.sess.created
     return c.rows
 
 

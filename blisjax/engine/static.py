@@ -71,10 +71,10 @@ class Shapes:
       pd_reserve_slots, pd_transfer_slots: with P/D pools, decode sub-requests waiting with
         reserved KV per instance (batch slots past ``batch_slots``), and KV transfers pending
         or in flight per lane.
-      initial_requests, num_sessions, session_blocks_max: with closed-loop sessions, the rows
-        of the initial requests (follow-ups are rows ``initial_requests`` .. N − 1), and the
-        hash slots of session-shared blocks: per (instance, session, block),
-        ``session_blocks_max`` per session.
+      num_sessions, session_blocks_max: with closed-loop sessions, the sessions (a
+        workload's own are the first ones) and the hash slots of session-shared blocks: per
+        (instance, session, block), ``session_blocks_max`` per session. A workload's initial
+        rows come first, then its follow-ups (``WorkloadConsts.initial_rows``, ``rows``).
       gateway_slots: requests the gateway queue holds at most (past them a lane overflows
         ``gateway``).
       num_pools, num_nodes, num_variants, actuation_slots, timeline_slots: with instance
@@ -107,7 +107,6 @@ class Shapes:
     kv_hold_slots: int = 0
     pd_reserve_slots: int = 0
     pd_transfer_slots: int = 0
-    initial_requests: int = 0
     num_sessions: int = 1
     session_blocks_max: int = 1
     gateway_slots: int = 1
@@ -782,12 +781,12 @@ _SHAREABLE = ("queue_slots", "pending_slots", "max_blocks_per_request", "max_pro
               "num_groups", "group_blocks_max", "own_slots", "num_deadlines", "itl_capacity",
               "cpu_ext_slots", "offchain_generations", "kv_hold_slots", "pd_reserve_slots",
               "pd_transfer_slots", "actuation_slots", "timeline_slots", "session_blocks_max",
-              "gateway_slots", "open_sessions", "max_events")
+              "gateway_slots", "open_sessions", "max_events", "num_sessions")
 
 
-#: Also shared without closed-loop sessions: the request rows (a workload of fewer requests
-#: leaves the rest spare, ``consts.WorkloadConsts.rows``), the batch slots that follow from
-#: them (``batch_slots_for``: max-num-running-reqs, or the rows where those are fewer) and the
+#: Also shared: the request rows (a workload of fewer requests leaves the rest spare,
+#: ``consts.WorkloadConsts.rows``), the batch slots that follow from them
+#: (``batch_slots_for``: max-num-running-reqs, or the rows where those are fewer) and the
 #: narrowest step program's width (tuning: results are the same).
 _SHAREABLE_ROWS = ("num_requests", "batch_slots", "running_width")
 
@@ -795,8 +794,7 @@ _SHAREABLE_ROWS = ("num_requests", "batch_slots", "running_width")
 def build_static_shared(resolved, workloads, **capacities) -> EngineStatic:
     """One ``EngineStatic`` whose capacities cover every workload (e.g. several seeds of one
     workload spec, or hand cases of one configuration), so a single compiled program serves
-    them all. Workloads must agree on everything that is not a capacity (tenants, ...); the
-    request count is one unless they have closed-loop sessions."""
+    them all. Workloads must agree on everything that is not a capacity (tenants, ...)."""
     if capacities.get("decode_stretches") is None:  # one decision for all of them
         capacities["decode_stretches"] = stretches_pay_off(np.concatenate(
             [np.asarray(w.output_tokens) for w in workloads] or [np.zeros(0)]))
@@ -804,7 +802,7 @@ def build_static_shared(resolved, workloads, **capacities) -> EngineStatic:
     if not statics:
         raise ValueError("build_static_shared: no workloads given")
     base = statics[0]
-    shareable = _SHAREABLE + (() if base.features.sessions else _SHAREABLE_ROWS)
+    shareable = _SHAREABLE + _SHAREABLE_ROWS
     for other in statics[1:]:
         for name in FIELD_GROUP:
             if name not in shareable and other.field(name) != base.field(name):
@@ -826,7 +824,7 @@ def _session_shape(workload, bs: int) -> dict:
     """``EngineStatic``'s session fields (all off without follow-ups)."""
     if not workload.has_sessions:
         return {}
-    return dict(sessions=True, initial_requests=int(np.count_nonzero(~workload.follow_up)),
+    return dict(sessions=True,
                 open_sessions=any(workload.session_unbounded) or workload.follow_up_budget >= 0,
                 num_sessions=max(len(workload.session_names), 1),
                 session_blocks_max=max(int(session_blocks(workload, bs).max()), 1))

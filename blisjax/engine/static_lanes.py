@@ -156,10 +156,10 @@ def _pd_prefix_index_twice(params) -> bool:
     return bool(np.any(twice))
 
 
-#: Shapes every run of one program shares: the layout of the params (instances, tenants) and
-#: of closed-loop sessions and node pools; the request rows too with sessions.
-_SAME_SHAPES = ("num_tenants", "initial_requests", "num_sessions", "num_pools", "num_nodes",
-                "num_variants")
+#: Shapes every run of one program shares: the layout of the params (tenants) and of node
+#: pools, and the router's prefix-index capacity (a setting: its LRU order evicts at it).
+_SAME_SHAPES = ("num_tenants", "num_pools", "num_nodes", "num_variants",
+                "prefix_index_capacity")
 #: Features a program may compile in for runs that do not use them (inert there).
 _ANY_FEATURES = ("pd", "lifecycle", "gateway", "cache_scorers", "sized_lanes",
                  "session_prefix_index", "pd_own_index", "open_sessions", "lane_settings")
@@ -176,8 +176,8 @@ def for_runs(runs, **capacities) -> EngineStatic:
     them), each lane's own settings that are knobs (``params.LaneSettings``) where runs differ
     in them, and lanes of their own instance count where runs differ in it (``sized_lanes``;
     not with lifecycles or P/D pools). Everything else must be the same in every run — block
-    size, max-model-len, latency model, tenants, sessions' layout, tuning — or ValueError
-    names the field. ``capacities`` go to ``build_static`` for every run; decode stretches
+    size, max-model-len, latency model, tenants, node pools, the prefix index's capacity,
+    tuning — or ValueError names the field. ``capacities`` go to ``build_static`` for every run; decode stretches
     are decided once, from every run's output lengths, unless given."""
     runs = [tuple(run) for run in runs]
     if not runs:
@@ -205,9 +205,6 @@ def _covering(statics: list[EngineStatic]) -> EngineStatic:
             changes[name], changes["lane_settings"] = max(values), True
         elif name == "num_instances" and not (base.features.lifecycle or base.features.pd):
             changes[name], changes["sized_lanes"] = max(values), _check_sized(base)
-        elif name == "num_requests" and base.features.sessions:
-            raise ValueError("runs with closed-loop sessions differ in their requests "
-                             f"({sorted(set(values))}): they cannot share one program")
         elif group == "shapes" and name not in _SAME_SHAPES or name == "running_width":
             changes[name] = max(values)
         elif name in _ANY_FEATURES:

@@ -380,7 +380,7 @@ _SEEN: dict[tuple[str, int | None], dict[int, Any]] = {}
 
 def _workload_and_program(case: WorkloadCase, resolved) -> tuple[Any, Any]:
     """The case's workload and the shared program shape (``EngineStatic``) of its experiment;
-    None when the workloads cannot share one (e.g. request counts differ: per-case shapes)."""
+    None when the workloads cannot share one (e.g. their tenants differ: per-case shapes)."""
     from blisjax.config import dump_config
     from blisjax.engine.static import build_static_shared
 

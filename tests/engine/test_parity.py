@@ -174,6 +174,42 @@ def test_the_hand_cases_share_one_program():
     assert st.features.lane_settings and st.tuning.running_width == 2
 
 
+# three hand cases of one configuration: a burst on one instance's worth of KV, a lone long
+# request, and a trickle whose last arrival is past a short horizon
+SPARE_ROW_CASES = (
+    [dict(arrival=k * 10, input=40 + 8 * k, output=6 + k % 3) for k in range(9)],
+    [dict(arrival=0, input=300, output=20)],
+    [dict(arrival=k * 4_000, input=24, output=30, deadline=9_000 if k == 2 else 0)
+     for k in range(5)],
+)
+
+
+def _spare_rows_resolved(horizon_us: int):
+    return make_resolved(block_size=4, kv_blocks=60, max_running=4, max_tokens=128,
+                         horizon_us=horizon_us)
+
+
+def test_hand_cases_of_other_sizes_and_horizons_share_one_program():
+    """Workloads of fewer requests than the program's 160 rows leave the rest spare (they
+    never arrive); the horizon is a value of the run, not of the program."""
+    cfg = _spare_rows_resolved(2**63 - 1).config
+    lanes = [cfg, set_knob(cfg, "scheduler.policy", "sjf")]
+    cut = 0
+    for horizon_us in (2**63 - 1, 10_000):
+        for rows in SPARE_ROW_CASES:
+            w = make_workload(rows, HAND_TENANTS, HAND_GROUPS)
+            configs = [dataclasses.replace(c, horizon_us=horizon_us) for c in lanes]
+            got = _hand_lanes(_spare_rows_resolved(horizon_us), w, configs)
+            for k, c in enumerate(configs):
+                want = reference(resolve_config(c), w)
+                assert first_divergence(want, got[k]) is None, (horizon_us, w.num_requests, k)
+                assert len(got[k].status) == w.num_requests
+                assert got[k].horizon_us == horizon_us
+                cut += int(np.sum(want.status == records.UNFINISHED))
+    assert cut > 0  # the short horizon ends some run with requests in flight
+    assert _hand_program().shapes.num_requests == 160
+
+
 def test_final_token_block_after_a_release_in_the_same_step():
     """Two requests finish in one step, each needing a fresh block for its final token, and
     the second finds the free list empty until the first has released its blocks: 5 blocks

@@ -26,6 +26,13 @@ from tests.engine.test_parity_pd import _base, _envelope, lanes, workloads
 LANES = 8
 
 
+def _program(base, params):
+    """The program every test here runs: the envelope's shapes, each lane's own settings
+    (the drawn lanes have settings of their own), what the lanes add (the gateway)."""
+    return for_lanes(build_static(base, _envelope(), decode_stretches=True, lane_settings=True),
+                     params)
+
+
 def _check(quirks: bool, data) -> None:
     base = _base(quirks)
     w = data.draw(workloads(), label="workload")
@@ -36,7 +43,7 @@ def _check(quirks: bool, data) -> None:
         configs.append(dataclasses.replace(cfg, cluster=dataclasses.replace(
             cfg.cluster, gateway=gateway)))
     params = stack_params([params_from_config(c, ("",)) for c in configs])
-    static = for_lanes(build_static(base, _envelope(), decode_stretches=True), params)
+    static = _program(base, params)
     assert static.features.gateway and static.features.pd
     results = simulate_population(base, w, params, static=static)
     for k, cfg in enumerate(configs):
@@ -89,7 +96,7 @@ def test_prefill_routings_follow_the_dispatch_order():
                                   dispatch_tick_interval_us=250)))
     # the lane LANES times: the drawn populations' program, shapes and lane block
     params = stack_params([params_from_config(cfg, ("",))] * LANES)
-    static = for_lanes(build_static(base, _envelope(), decode_stretches=True), params)
+    static = _program(base, params)
     got = simulate_population(base, w, params, static=static)[0]
     want = reference(resolve_config(cfg), w)
     ttft = want.ttft_us.tolist()

@@ -95,8 +95,9 @@ def session_population():
     base = resolve_config(dataclasses.replace(
         edge, engine=dataclasses.replace(edge.engine, max_model_len=80),
         cluster=dataclasses.replace(edge.cluster, prefix_index_capacity_blocks=24)))
+    # the last has fewer conversations and rows: it leaves request rows and sessions spare
     workloads = (random_session_workload(1), random_session_workload(2, accumulate=False),
-                 random_session_workload(3))
+                 random_session_workload(3), random_session_workload(4, sessions=6, loose=3))
     rng = np.random.default_rng(31)
     configs = [_with_prefix_affinity(c) if k % 3 == 0 else c for k, c in enumerate(
         _random_policy_configs(base.config, workloads[0].tenant_names, 16, seed=7))]
@@ -111,6 +112,8 @@ def session_population():
 
 def test_session_population_lanes_match_reference_runs(session_population):
     base, workloads, configs, lanes = session_population
+    assert workloads[-1].num_requests < workloads[0].num_requests  # spare rows and sessions
+    assert len(workloads[-1].session_names) < len(workloads[0].session_names)
     statuses = []
     for w, results in zip(workloads, lanes, strict=True):
         for k, (config, got) in enumerate(zip(configs, results, strict=True)):

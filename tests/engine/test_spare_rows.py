@@ -1,7 +1,7 @@
-"""Request rows as a capacity: a program built for N requests runs a workload of fewer, its
-spare rows never arriving (``consts.WorkloadConsts.rows``), and gives the run of that
-workload's own program request by request — the reference engine's. One compiled program
-serves hand cases of different sizes and horizons (``build_static_shared``)."""
+"""Request rows as a capacity and programs shared by runs: what ``build_static_shared`` and
+``static_lanes.for_runs`` build, and what they refuse (nothing is compiled here). The runs on
+spare rows: tests/engine/test_parity.py's hand cases (of several sizes and horizons on one
+program) and tests/engine/test_parity_sessions.py's population (conversations of two sizes)."""
 
 from __future__ import annotations
 
@@ -10,49 +10,21 @@ import dataclasses
 import pytest
 
 from blisjax.config import resolve_config
-from blisjax.engine import params_from_config, simulate_population, stack_params
 from blisjax.engine.consts import build_consts
-from blisjax.engine.parity import first_divergence
 from blisjax.engine.static import build_static, build_static_shared
-from blisjax.reference import simulate as reference
+from blisjax.engine.static_lanes import for_runs
 from tests.engine.conftest import edge_engine
+from tests.engine.test_parity import SPARE_ROW_CASES
 from tests.engine.test_parity_sessions import random_session_workload
 from tests.reference.conftest import make_resolved, make_workload
 
-# three hand cases of one configuration: a burst on one instance's worth of KV, a lone long
-# request, and a trickle whose last arrival is past a short horizon
-CASES = (
-    [dict(arrival=k * 10, input=40 + 8 * k, output=6 + k % 3) for k in range(9)],
-    [dict(arrival=0, input=300, output=20)],
-    [dict(arrival=k * 4_000, input=24, output=30, deadline=9_000 if k == 2 else 0)
-     for k in range(5)],
-)
+# three hand cases: a burst, a lone long request, a trickle (test_parity.py runs them)
+CASES = SPARE_ROW_CASES
 
 
 def _resolved(horizon_us: int):
-    return make_resolved(instances=2, block_size=8, kv_blocks=60, max_running=4,
-                         max_tokens=128, horizon_us=horizon_us)
-
-
-def test_hand_cases_of_other_sizes_and_horizons_share_one_program():
-    workloads = [make_workload(rows) for rows in CASES]
-    base = _resolved(2**63 - 1)
-    static = build_static_shared(base, workloads)
-    assert static.shapes.num_requests == 9 and static.shapes.batch_slots == 4
-    cfg = base.config
-    lanes = [cfg, dataclasses.replace(cfg, policy=dataclasses.replace(
-        cfg.policy, routing=dataclasses.replace(cfg.policy.routing, policy="least-loaded")))]
-    params = stack_params([params_from_config(c, ("",)) for c in lanes])
-    for horizon_us in (2**63 - 1, 10_000):
-        for w in workloads:
-            resolved = _resolved(horizon_us)
-            got = simulate_population(resolved, w, params, static=static)
-            for k, c in enumerate(lanes):
-                want = reference(resolve_config(dataclasses.replace(c, horizon_us=horizon_us)),
-                                 w)
-                assert first_divergence(want, got[k]) is None, (horizon_us, w.num_requests, k)
-                assert len(got[k].status) == w.num_requests
-                assert got[k].horizon_us == horizon_us
+    return make_resolved(block_size=4, kv_blocks=60, max_running=4, max_tokens=128,
+                         horizon_us=horizon_us)
 
 
 def test_a_workload_of_more_requests_than_rows_is_refused():
@@ -62,10 +34,50 @@ def test_a_workload_of_more_requests_than_rows_is_refused():
         build_consts(_resolved(2**63 - 1), make_workload(CASES[0]), static)
 
 
-def test_closed_loop_sessions_fill_their_rows_exactly():
-    """Follow-up rows come after the initial ones (``Shapes.initial_requests``): a sessions
-    workload never runs on spare rows, and workloads of other sizes do not share a program."""
-    resolved, w = edge_engine(2), random_session_workload(0)
-    static = build_static(resolved, w)
-    with pytest.raises(ValueError, match="needs exactly that many"):
-        build_consts(resolved, w, static.replace(num_requests=static.shapes.num_requests + 1))
+def test_workloads_of_other_sizes_share_one_static():
+    """``build_static_shared``: the most request rows and sessions; conversations on spare
+    rows run in tests/engine/test_parity_sessions.py's population."""
+    resolved = edge_engine(2)
+    workloads = [random_session_workload(1, sessions=6, loose=3), random_session_workload(2)]
+    static = build_static_shared(resolved, workloads)
+    assert static.shapes.num_sessions == 10
+    assert static.shapes.num_requests == max(w.num_requests for w in workloads) \
+        > min(w.num_requests for w in workloads)
+
+
+def test_a_workload_of_more_sessions_than_the_program_is_refused():
+    resolved = edge_engine(2)
+    static = build_static(resolved, random_session_workload(1, sessions=6, loose=3))
+    with pytest.raises(ValueError, match="6 sessions.*of 10 needs at most"):
+        build_consts(resolved, random_session_workload(2, sessions=10, loose=0),
+                     static.replace(num_requests=200))
+
+
+def test_runs_of_several_configurations_read_their_settings_per_lane():
+    """``for_runs``: the largest KV cache, running cap and instance count; each run's own read
+    per lane (its parity: tests/engine/test_parity.py's hand cases)."""
+    small = make_resolved(instances=1, block_size=8, kv_blocks=30, max_running=2)
+    st = for_runs([(make_resolved(instances=2, block_size=8, kv_blocks=60, max_running=4),
+                    make_workload(CASES[0])), (small, make_workload(CASES[2]))])
+    assert (st.shapes.kv_blocks, st.shapes.batch_slots, st.shapes.num_instances) == (60, 4, 2)
+    assert st.features.lane_settings and st.features.sized_lanes
+    assert st.shapes.num_requests == 9
+
+
+@pytest.mark.parametrize("other", [dict(block_size=16), dict(max_model_len=400)])
+def test_runs_that_differ_in_a_setting_of_the_program_cannot_share_it(other):
+    w = make_workload(CASES[1])
+    with pytest.raises(ValueError, match=f"runs differ in {next(iter(other))}"):
+        for_runs([(make_resolved(instances=2, block_size=8, kv_blocks=60, max_running=4), w),
+                  (make_resolved(instances=2, kv_blocks=60, max_running=4,
+                                 **{"block_size": 8, **other}), w)])
+
+
+def test_runs_of_other_prefix_index_capacities_cannot_share_a_program():
+    """The router's prefix index evicts at its capacity: a setting, not a capacity to raise."""
+    base = _resolved(2**63 - 1)
+    small = resolve_config(dataclasses.replace(base.config, cluster=dataclasses.replace(
+        base.config.cluster, prefix_index_capacity_blocks=6)))
+    w = make_workload(CASES[0])
+    with pytest.raises(ValueError, match="runs differ in prefix_index_capacity"):
+        for_runs([(base, w), (small, w)])
