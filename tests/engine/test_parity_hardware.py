@@ -7,6 +7,7 @@ GPU, the cost at each lane's GPU price, and the configuration errors (docs/confi
 from __future__ import annotations
 
 import dataclasses
+from functools import cache
 
 import numpy as np
 import pytest
@@ -25,6 +26,7 @@ from blisjax.engine.latency_rows import for_hardware
 from blisjax.engine.parity import first_divergence
 from blisjax.engine.population import apply_knobs, set_knob
 from blisjax.engine.static import build_static
+from blisjax.engine.static_lanes import for_runs
 from blisjax.reference import simulate as reference
 from blisjax.workload import generate_workload, parse_workload_spec
 from tests.engine.conftest import room_for_a_program
@@ -58,28 +60,52 @@ def _mixed_population(cfg, gpus, workload, seed: int):
     return [apply_knobs(c, {"hardware": g}) for c, g in zip(configs, gpus, strict=True)]
 
 
-@pytest.mark.parametrize("model", ["blackbox", "roofline", "physics"])
-def test_mixed_gpu_population_matches_reference_runs(model):
+LANES = 6  # every test here runs its model's population program, on this many lanes
+
+
+def _model_base(model: str):
+    if model == "blackbox":
+        return _base(LatencyConfig(model="blackbox", vllm_version=V084), tp=2)
+    if model == "roofline":
+        return _base(LatencyConfig(model="roofline"))
+    cfg = load_config(SAMPLE)  # the sample's fitted physics coefficients
+    assert cfg.latency.model == "physics"
+    return cfg
+
+
+@cache
+def _population(model: str):
+    """(configuration, workload, the lanes' configurations): random policies, each lane on a
+    GPU of its own (the physics model: each GPU's FLOP rate and bandwidth)."""
+    gpus = {"blackbox": ["H100", "A100-80", "A100-80", "H100", "H100", "A100-80"],
+            "roofline": ["L40S", "H100", "A100-80", "A100-SXM", "H100", "L40S"],
+            "physics": ["A100-80", "H100", "A100-SXM", "A100-SXM", "H100", "A100-80"]}[model]
+    cfg = _model_base(model)
+    workload = _workload(cfg)
+    return cfg, workload, _mixed_population(cfg, gpus, workload, seed=11)
+
+
+@cache
+def _program(model: str):
+    """The population's program (decode stretches compiled in), which the one-request cases
+    below run too (``static_lanes.for_runs``)."""
+    cfg, workload, configs = _population(model)
+    resolved = resolve_config(cfg)
+    params = stack_params([params_from_config(c, workload.tenant_names) for c in configs])
+    one = _one_request(workload.tenant_names, 512, 2)
+    st = for_runs([(resolved, workload, params), (resolved, one)], decode_stretches=True)
+    return for_hardware(st, resolved, workload, params)
+
+
+def _check_population(model: str) -> None:
     """Every lane equals the reference run of its own configuration resolved with its GPU;
     decode stretches compiled in (their steps read the lane's step times and output-token
-    time too). The same policy on another GPU runs other step times; the cost is each lane's
-    GPU-hours at its GPU's price."""
-    room_for_a_program()
-    if model == "blackbox":
-        cfg = _base(LatencyConfig(model="blackbox", vllm_version=V084), tp=2)
-        gpus = ["H100", "A100-80", "A100-80", "H100", "H100", "A100-80"]
-    elif model == "roofline":
-        cfg = _base(LatencyConfig(model="roofline"))
-        gpus = ["L40S", "H100", "A100-80", "A100-SXM", "H100", "L40S"]
-    else:  # the sample's fitted physics coefficients; each GPU's FLOP rate and bandwidth
-        cfg = load_config(SAMPLE)
-        assert cfg.latency.model == "physics"
-        gpus = ["A100-80", "H100", "A100-SXM", "A100-SXM", "H100", "A100-80"]
+    time too). The same policy on another GPU runs other step times."""
+    room_for_a_program()  # each model's tests follow its population test: they share its program
+    cfg, workload, configs = _population(model)
     resolved = resolve_config(cfg)
-    workload = _workload(cfg)
-    configs = _mixed_population(cfg, gpus, workload, seed=11)
     params = stack_params([params_from_config(c, workload.tenant_names) for c in configs])
-    got = simulate_population(resolved, workload, params, decode_stretches=True)
+    got = simulate_population(resolved, workload, params, static=_program(model))
     wants = []
     for k, (c, lane) in enumerate(zip(configs, got, strict=True)):
         want = reference(resolve_config(c), workload)
@@ -90,19 +116,22 @@ def test_mixed_gpu_population_matches_reference_runs(model):
     assert int(np.sum(wants[-1].preemption_count)) + int(np.sum(wants[-2].preemption_count)) > 0
 
 
+def test_mixed_gpu_blackbox_population_matches_reference_runs():
+    _check_population("blackbox")
+
+
 def test_population_reports_cost_at_each_lanes_gpu_price():
     """``evaluate_population`` with the knob: the lanes' metrics price their GPU-hours at their
     own GPU's price (H100 3.0, A100-80 2.0 per GPU-hour by default). The hand-checked
-    blackbox case below, on its program (kept in memory between them)."""
-    room_for_a_program()
-    cfg = _base(LatencyConfig(model="blackbox", vllm_version=V084), tp=2)
+    blackbox case below, on the blackbox population's program."""
+    cfg = _model_base("blackbox")
     resolved = resolve_config(cfg)
-    workload = _one_request(100, 2)
-    pop = evaluate_population(resolved, workload, [{"hardware": "H100"},
-                                                   {"hardware": "A100-80"}],
-                              narrow_programs=False)
-    for knobs, cfg_k, result, metrics in zip(pop.knobs, pop.configs, pop.results, pop.metrics,
-                                             strict=True):
+    workload = _one_request(_population("blackbox")[1].tenant_names, 100, 2)
+    knobs = [{"hardware": "H100"}, {"hardware": "A100-80"}]
+    pop = evaluate_population(resolved, workload, knobs * (LANES // 2),
+                              static=_program("blackbox"))
+    for knobs, cfg_k, result, metrics in list(zip(pop.knobs, pop.configs, pop.results,
+                                                  pop.metrics, strict=True))[:2]:
         assert cfg_k.hardware == knobs["hardware"]
         assert first_divergence(reference(resolve_config(cfg_k), workload), result) is None
         price = {"H100": 3.0, "A100-80": 2.0}[knobs["hardware"]]
@@ -111,19 +140,23 @@ def test_population_reports_cost_at_each_lanes_gpu_price():
         assert metrics["cost"] == pytest.approx(hours * price)
     # the run ends with the decode step (the α2 output-token times count in the latencies,
     # not in the clock): 1952 + 8677 + 6913 on H100, 3158 + 10637 + 8016 on A100-80
-    assert [r.sim_ended_us for r in pop.results] == [17542, 21811]
+    assert [r.sim_ended_us for r in pop.results[:2]] == [17542, 21811]
 
 
-def _one_request(input_tokens: int, output_tokens: int):
-    return make_workload([dict(arrival=0, input=input_tokens, output=output_tokens)])
+def _one_request(tenants, input_tokens: int, output_tokens: int):
+    return make_workload([dict(arrival=0, input=input_tokens, output=output_tokens)], tenants)
 
 
-def _one_request_on_gpus(cfg, input_tokens: int, output_tokens: int, gpus=("H100", "A100-80")):
-    """One request of ``cfg`` on each GPU of ``gpus``, one lane each (``hardware`` knob)."""
-    workload = _one_request(input_tokens, output_tokens)
-    configs = [set_knob(cfg, "hardware", g) for g in gpus]
+def _one_request_on_gpus(model: str, input_tokens: int, output_tokens: int,
+                         gpus=("H100", "A100-80")):
+    """One request of ``model``'s configuration on each GPU of ``gpus``, one lane each
+    (``hardware`` knob; repeated to LANES lanes on the model's population program)."""
+    cfg = _model_base(model)
+    workload = _one_request(_population(model)[1].tenant_names, input_tokens, output_tokens)
+    configs = [set_knob(cfg, "hardware", gpus[k % len(gpus)]) for k in range(LANES)]
     params = stack_params([params_from_config(c, workload.tenant_names) for c in configs])
-    return simulate_population(resolve_config(cfg), workload, params, narrow_programs=False)
+    return simulate_population(resolve_config(cfg), workload, params,
+                               static=_program(model))[:len(gpus)]
 
 
 def test_blackbox_step_times_per_gpu_by_hand():
@@ -137,11 +170,14 @@ def test_blackbox_step_times_per_gpu_by_hand():
       β (8001.630597822392, 26.362876080324924, 14.969035206354745):
       delay trunc(2943.61 + 215.13) = 3158, prefill trunc(8001.63 + 2636.29) = 10637,
       α2 14229 → TTFT 28024; decode trunc(8001.63 + 14.97) = 8016 → ITL 22245, E2E 50269."""
-    got = _one_request_on_gpus(_base(LatencyConfig(model="blackbox", vllm_version=V084), tp=2),
-                               100, 2)
+    got = _one_request_on_gpus("blackbox", 100, 2)
     assert [int(r.ttft_us[0]) for r in got] == [12434, 28024]
     assert [int(r.itl_sum_us[0]) for r in got] == [8718, 22245]
     assert [int(r.e2e_us[0]) for r in got] == [21152, 50269]
+
+
+def test_mixed_gpu_roofline_population_matches_reference_runs():
+    _check_population("roofline")
 
 
 def test_roofline_step_times_per_gpu_by_hand():
@@ -149,9 +185,13 @@ def test_roofline_step_times_per_gpu_by_hand():
     s = 0): 5292069486592 FLOPs over peak·mfuPrefill — H100 989.5e12·0.45 → 11884 µs, A100-80
     312e12·0.38 = 1.1856e14 → 0.0446361... s → 44636 µs (compute-bound on both; α = 0). A
     single-token output completes with its first token: TTFT = E2E = the step."""
-    got = _one_request_on_gpus(_base(LatencyConfig(model="roofline")), 512, 1)
+    got = _one_request_on_gpus("roofline", 512, 1)
     assert [int(r.ttft_us[0]) for r in got] == [11884, 44636]
     assert [int(r.e2e_us[0]) for r in got] == [11884, 44636]
+
+
+def test_mixed_gpu_physics_population_matches_reference_runs():
+    _check_population("physics")
 
 
 # ---- what compiles, and the errors (no program is compiled below) ------------------------------
@@ -186,7 +226,7 @@ def test_lanes_on_the_configurations_gpu_compile_nothing_per_lane():
 
 def test_blackbox_rows_hold_each_gpus_coefficients():
     cfg = _base(LatencyConfig(model="blackbox", vllm_version=V084), tp=2)
-    workload = _one_request(100, 2)
+    workload = _one_request(("",), 100, 2)
     resolved, st, params = _static_and_params(cfg, ["H100", "A100-80"], workload)
     st = for_hardware(st, resolved, workload, params)
     c = build_consts(resolved, workload, st)
