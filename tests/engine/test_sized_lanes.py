@@ -76,7 +76,8 @@ def test_size_knob_bounds_and_features():
 def test_one_program_serves_populations_of_any_sizes():
     """A program compiled for a population with a full-size lane runs a later population whose
     lanes are all smaller (a search generation without a full-size candidate) as it is, with
-    each lane's results those of its own cluster size."""
+    each lane's results those of its own cluster size. (The program of the populations
+    above: 120 request rows, of which this workload's 40 use the first.)"""
     from blisjax.engine import params_from_config, stack_params
     from blisjax.engine.consts import build_consts
     from blisjax.engine.run import compile_lanes, lane_result
@@ -84,7 +85,7 @@ def test_one_program_serves_populations_of_any_sizes():
 
     workload = make_workload(_rows(40), groups=("g0", "g1"))
     base = make_resolved(instances=4, kv_blocks=120, max_running=4, routing=ROUTINGS["rr"])
-    st = build_static(base, workload, sized_lanes=True)
+    st = build_static(base, make_workload(_rows(), groups=("g0", "g1")), sized_lanes=True)
     consts = build_consts(base, workload, st)
 
     def population(sizes):
@@ -92,12 +93,13 @@ def test_one_program_serves_populations_of_any_sizes():
         return configs, stack_params([params_from_config(c, workload.tenant_names)
                                       for c in configs])
 
-    _, first = population((4, 1))
-    run = compile_lanes(st, consts, first, lane_block=2)
-    configs, later = population((2, 3))
+    _, first = population((4, 1, 2, 1))
+    run = compile_lanes(st, consts, first, lane_block=4)
+    configs, later = population((2, 3, 1, 2))
     final = run(consts, later)
     for k, cfg in enumerate(configs):
         res = lane_result(st, consts, final, k)
         ref = reference(resolve_config(cfg), workload)
+        assert len(res.status) == workload.num_requests
         assert np.array_equal(res.instance, ref.instance)
         assert np.array_equal(res.ttft_us, ref.ttft_us)
