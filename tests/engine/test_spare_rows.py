@@ -11,7 +11,7 @@ import pytest
 
 from blisjax.config import resolve_config
 from blisjax.engine.consts import build_consts
-from blisjax.engine.static import build_static, build_static_shared
+from blisjax.engine.static import EngineStatic, build_static, build_static_shared
 from blisjax.engine.static_lanes import for_runs
 from tests.engine.conftest import edge_engine
 from tests.engine.test_parity import SPARE_ROW_CASES
@@ -81,3 +81,16 @@ def test_runs_of_other_prefix_index_capacities_cannot_share_a_program():
     w = make_workload(CASES[0])
     with pytest.raises(ValueError, match="runs differ in prefix_index_capacity"):
         for_runs([(base, w), (small, w)])
+
+
+def test_a_search_shares_one_program_between_seeds_of_other_sizes():
+    """``blisjax search``'s seeds (or recorded traces) of different request counts share one
+    program; seeds of other tenants cannot, and get one each."""
+    from search.evaluate import _shared_static
+
+    resolved = _resolved(2**63 - 1)
+    seeds = {0: make_workload(CASES[0]), 1: make_workload(CASES[1])}
+    shared = _shared_static(resolved, seeds, (), {})
+    assert isinstance(shared, EngineStatic) and shared.shapes.num_requests == 9
+    seeds[2] = make_workload(CASES[2], tenants=("a", "b"))
+    assert set(_shared_static(resolved, seeds, (), {})) == {0, 1, 2}
