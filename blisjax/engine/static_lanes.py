@@ -25,7 +25,6 @@ from blisjax.config.codes import (
 from blisjax.engine.latency_rows import check_pool_rows
 from blisjax.engine.params import LANE_SETTINGS, PHYSICS_READS_SIZES, SIZED_SETTINGS
 from blisjax.engine.static import (
-    FIELD_GROUP,
     LANE_SETTING_FIELDS,
     EngineStatic,
     _check_sized,
@@ -34,6 +33,7 @@ from blisjax.engine.static import (
     stretches_pay_off,
     with_gateway,
 )
+from blisjax.engine.static_parts import FIELD_GROUP
 from blisjax.program.observables import SITES as PROGRAM_SITES
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from blisjax.engine.static import FIELD_GROUP
+from blisjax.engine.static_parts import FIELD_GROUP
 
 
 def static_like(**fields) -> SimpleNamespace:
