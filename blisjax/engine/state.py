@@ -36,12 +36,13 @@ DEFERRED_RELEASES = 8  # completions' releases a lane queues before it runs them
 class SimState:
     """One lane's mutable simulation state (stacked over lanes in a population).
 
-    Shapes: N requests (+1: row N is a sink that masked writes go to; with P/D pools N more
-    rows follow, the prefill sub-requests', ``EngineStatic.request_rows``), I instances,
-    T tenants, B batch slots (with P/D pools, reservation slots after them:
-    ``EngineStatic.slot_count``; the running order has B positions), MB blocks per request,
-    K KV blocks per instance, R = 2K free-list ring keys, Q wait-queue slots, E α-delay window entries, G prefix groups, Jg blocks per prefix group,
-    S hash slots (+1 sink), D deferred releases. Times are int64 µs; -1 (``NIL``) marks an
+    Shapes: N request rows (the workload's first, any others spare: ``WorkloadConsts.rows``;
+    +1: row N is a sink that masked writes go to; with P/D pools N more rows follow, the
+    prefill sub-requests', ``EngineStatic.request_rows``), I instances, T tenants, B batch
+    slots (with P/D pools, reservation slots after them: ``EngineStatic.slot_count``; the
+    running order has B positions), MB blocks per request, K KV blocks per instance, R = 2K
+    free-list ring keys, Q wait-queue slots, E α-delay window entries, G prefix groups, Jg
+    blocks per prefix group, S hash slots (+1 sink), D deferred releases. Times are int64 µs; -1 (``NIL``) marks an
     empty entry. The compiled loops carry the fields in name order (``pytree_dataclass``).
     """
 
