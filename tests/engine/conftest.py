@@ -47,9 +47,10 @@ PHYSICS = LatencyConfig(
                  200.0, 300.0, 2000.0, 0.0, 0.0, 250.0, 800.0))
 
 
-#: Memory mappings a compiled program keeps, about: most of the tests' programs, and one with a
-#: CPU tier (test_parity_tier_lifecycle's: 7,645 measured).
-PROGRAM_MAPPINGS, TIERED_PROGRAM_MAPPINGS = 3_000, 8_000
+#: Memory mappings a compiled program keeps, about: most of the tests' programs, and a large
+#: one — a CPU tier, or lifecycles beside P/D pools or sessions (measured: test_parity_tier_
+#: lifecycle's 7,645, test_parity_pd_sessions' autoscaled pools 6,265).
+PROGRAM_MAPPINGS, LARGE_PROGRAM_MAPPINGS = 3_000, 8_000
 
 
 def room_for_a_program(mappings: int = PROGRAM_MAPPINGS) -> None:

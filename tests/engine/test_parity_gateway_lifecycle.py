@@ -7,6 +7,7 @@ population equals its own reference run."""
 from __future__ import annotations
 
 import dataclasses
+from functools import cache
 
 import pytest
 
@@ -21,6 +22,7 @@ from blisjax.engine import params_from_config, simulate_population, stack_params
 from blisjax.engine.parity import first_divergence
 from blisjax.engine.static import build_static_shared
 from blisjax.reference import simulate as reference
+from tests.engine.conftest import LARGE_PROGRAM_MAPPINGS, room_for_a_program
 from tests.engine.test_parity_gateway import bursty_rows
 from tests.reference.conftest import make_resolved, make_workload
 
@@ -56,11 +58,18 @@ LANES = [
 WORKLOADS = {seed: make_workload(bursty_rows(seed, 40), ("a", "b")) for seed in (3, 11)}
 
 
+@cache
+def _program():
+    """One program for both workloads, with room made for it once."""
+    room_for_a_program(LARGE_PROGRAM_MAPPINGS)
+    return build_static_shared(resolve_config(LANES[0]), list(WORKLOADS.values()))
+
+
 @pytest.mark.parametrize("seed", sorted(WORKLOADS))
 def test_gateway_with_lifecycles_matches_reference(seed):
     w = WORKLOADS[seed]
     base = resolve_config(LANES[0])
-    static = build_static_shared(base, list(WORKLOADS.values()))  # one program for both
+    static = _program()
     assert static.features.gateway and static.features.lifecycle
     params = stack_params([params_from_config(c, w.tenant_names) for c in LANES])
     results = simulate_population(base, w, params, static=static)

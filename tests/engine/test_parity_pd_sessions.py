@@ -23,7 +23,7 @@ from blisjax.reference import simulate as reference
 from blisjax.workload.generate import generate_workload
 from blisjax.workload.spec import parse_workload_spec
 from blisjax.workload.types import FOLLOW_UP_ARRIVAL_US, Workload
-from tests.engine.conftest import edge_engine, room_for_a_program
+from tests.engine.conftest import LARGE_PROGRAM_MAPPINGS, edge_engine, room_for_a_program
 from tests.engine.test_parity import _random_policy_configs
 from tests.engine.test_parity_pd_lifecycle import LANES as PD_LIFECYCLE_LANES
 from tests.engine.test_parity_sessions import random_session_workload
@@ -235,7 +235,7 @@ def test_sessions_with_pools_under_autoscaling_match_reference(seeds):
     """Conversations (follow-up timeouts, a completed round's timeouts pending on both of its
     instances) on autoscaled P/D pools: each lane equal to its own reference run, lifecycle
     counters and timeline included."""
-    room_for_a_program()
+    room_for_a_program(LARGE_PROGRAM_MAPPINGS)
     lanes = _autoscaled()
     base = resolve_config(lanes[0])
     workloads = [random_session_workload(s, accumulate=s % 2 == 1) for s in seeds]

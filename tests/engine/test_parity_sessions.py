@@ -19,7 +19,7 @@ from blisjax.engine.static import build_static_shared
 from blisjax.metrics import records
 from blisjax.reference import simulate as reference
 from blisjax.workload.types import FOLLOW_UP_ARRIVAL_US, Workload
-from tests.engine.conftest import edge_engine, room_for_a_program
+from tests.engine.conftest import LARGE_PROGRAM_MAPPINGS, edge_engine, room_for_a_program
 from tests.engine.test_parity import _random_policy_configs
 from tests.engine.test_parity_lane_settings import random_settings
 from tests.reference.conftest import make_resolved
@@ -158,6 +158,7 @@ def lifecycle_program():
     (two initial instances, four slots) over random conversation workloads of one shape."""
     from tests.engine.test_parity_lifecycle import _base
 
+    room_for_a_program(LARGE_PROGRAM_MAPPINGS)  # every example runs it
     base = _base(False, False).config
     # weighted routing with BLIS's default scorers (prefix-affinity among them): a reused
     # slot's router-side index starts empty

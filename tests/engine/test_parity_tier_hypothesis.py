@@ -46,7 +46,7 @@ from blisjax.engine.static import build_static, build_static_shared
 from blisjax.metrics.records import RunResult
 from blisjax.reference import simulate as reference
 from blisjax.reference.kvcache import KVCache, TieredKVCache
-from tests.engine.conftest import TIERED_PROGRAM_MAPPINGS, room_for_a_program
+from tests.engine.conftest import LARGE_PROGRAM_MAPPINGS, room_for_a_program
 from tests.engine.test_parity_hypothesis import policies
 from tests.reference.conftest import make_resolved, make_workload
 
@@ -196,7 +196,7 @@ _SETTINGS = dict(deadline=None, derandomize=True, database=None,
 
 def _run(config: str, examples: int, stretches: bool) -> Counter:
     tally: Counter = Counter()
-    room_for_a_program(TIERED_PROGRAM_MAPPINGS)  # every example runs the program compiled by the first
+    room_for_a_program(LARGE_PROGRAM_MAPPINGS)  # every example runs the program compiled by the first
 
     @settings(max_examples=examples, **_SETTINGS)
     @given(data=st.data())

@@ -26,7 +26,7 @@ from blisjax.engine.parity import first_divergence
 from blisjax.engine.run import TIERED_LANE_BLOCK
 from blisjax.engine.static import build_static, build_static_shared
 from blisjax.reference import simulate as reference
-from tests.engine.conftest import TIERED_PROGRAM_MAPPINGS, room_for_a_program
+from tests.engine.conftest import LARGE_PROGRAM_MAPPINGS, room_for_a_program
 from tests.engine.test_parity_lifecycle import BASE_AUTOSCALER, MAX_OUTPUT, autoscalers, lifecycles
 from tests.reference.conftest import make_resolved, make_workload
 
@@ -121,7 +121,7 @@ def _reused_slot_case():
 
 def test_a_reused_slot_starts_with_an_empty_tier():
     """The new instance in the drained one's slot reloads from its own tier only."""
-    room_for_a_program(TIERED_PROGRAM_MAPPINGS)  # the drawn autoscalers below run the same program
+    room_for_a_program(LARGE_PROGRAM_MAPPINGS)  # the drawn autoscalers below run the same program
     refs = _compare(False, *_reused_slot_case())
     reused = refs[0].lifecycle.placements[0]
     assert reused == 2 and refs[0].kv_tier.reloads[0] > 0, (reused, refs[0].kv_tier)
@@ -162,7 +162,7 @@ def test_the_long_run_program_matches_the_reference_too(monkeypatch):
     loop-invariant code motion and loop simplifier); the same case compiled as a long run,
     with XLA's default passes, gives every lane its reference run as well. (Last in the
     module: it drops the compiled programs first, and the tests above share theirs.)"""
-    room_for_a_program(TIERED_PROGRAM_MAPPINGS)
+    room_for_a_program(LARGE_PROGRAM_MAPPINGS)
     monkeypatch.setattr(run, "SHORT_RUN_REQUEST_LANES", 0)
     before = run._run_sharded._long._cache_size()
     _compare(False, *_reused_slot_case())

@@ -29,7 +29,7 @@ from blisjax.engine.request_rows import engine_workload
 from blisjax.engine.state import NIL
 from blisjax.engine.static import build_static, build_static_shared
 from blisjax.workload.sessions import content_tokens
-from tests.engine.conftest import TIERED_PROGRAM_MAPPINGS, room_for_a_program
+from tests.engine.conftest import LARGE_PROGRAM_MAPPINGS, room_for_a_program
 from tests.engine.test_parity import _random_policy_configs
 from tests.engine.test_parity_sessions import _with_prefix_affinity, random_session_workload
 from tests.engine.test_parity_tier_hypothesis import _reference_run
@@ -91,7 +91,7 @@ def _population(quirks: bool, seeds: tuple[int, ...]):
     """Lanes of random policies (always-admit in every other lane, prefix-affinity routing in
     every third) with their own tier sizes (none, 6, 16, 40 blocks) and transfer times, on
     conversations of ``seeds``; each lane against its reference run."""
-    room_for_a_program(TIERED_PROGRAM_MAPPINGS)
+    room_for_a_program(LARGE_PROGRAM_MAPPINGS)
     base = _engine(quirks)
     workloads = [random_session_workload(s, sessions=10) for s in seeds]
     rng = np.random.default_rng(0)
