@@ -79,9 +79,9 @@ class WorkloadConsts:
     # step_decode and the roofline's prefill_flops, decode_flops and bandwidth gain a leading
     # axis of one row per ``hardware_code``; otp_us holds each row's output-token time (µs;
     # one row, the configuration's, without them: a traced value, so runs of other α2 share
-    # a program); gpu is the lane's code (set per lane in the run, ``lane_consts``). gpu_rows: the codes
-    # whose rows hold their own GPU's latency (the base's alone without per-lane GPUs; a
-    # host-side check).
+    # a program); gpu is the lane's code (set per lane in the run, ``lane_consts``).
+    # gpu_rows: the codes whose rows hold their own GPU's latency (the base's alone without
+    # per-lane GPUs; a host-side check).
     gpu: jax.Array
     otp_us: jax.Array
     gpu_rows: jax.Array

@@ -42,8 +42,9 @@ class SimState:
     slots (with P/D pools, reservation slots after them: ``EngineStatic.slot_count``; the
     running order has B positions), MB blocks per request, K KV blocks per instance, R = 2K
     free-list ring keys, Q wait-queue slots, E α-delay window entries, G prefix groups, Jg
-    blocks per prefix group, S hash slots (+1 sink), D deferred releases. Times are int64 µs; -1 (``NIL``) marks an
-    empty entry. The compiled loops carry the fields in name order (``pytree_dataclass``).
+    blocks per prefix group, S hash slots (+1 sink), D deferred releases. Times are int64 µs;
+    -1 (``NIL``) marks an empty entry. The compiled loops carry the fields in name order
+    (``pytree_dataclass``).
     """
 
     # ---- per request [N + 1] (SimRequest) ----

@@ -177,8 +177,8 @@ def for_runs(runs, **capacities) -> EngineStatic:
     in them, and lanes of their own instance count where runs differ in it (``sized_lanes``;
     not with lifecycles or P/D pools). Everything else must be the same in every run — block
     size, max-model-len, latency model, tenants, node pools, the prefix index's capacity,
-    tuning — or ValueError names the field. ``capacities`` go to ``build_static`` for every run; decode stretches
-    are decided once, from every run's output lengths, unless given."""
+    tuning — or ValueError names the field. ``capacities`` go to ``build_static`` for every
+    run; decode stretches are decided once, from every run's output lengths, unless given."""
     runs = [tuple(run) for run in runs]
     if not runs:
         raise ValueError("for_runs: no runs given")

@@ -48,8 +48,8 @@ PHYSICS = LatencyConfig(
 
 
 #: Memory mappings a compiled program keeps, about: most of the tests' programs, and a large
-#: one — a CPU tier, or lifecycles beside P/D pools or sessions (measured: test_parity_tier_
-#: lifecycle's 7,645, test_parity_pd_sessions' autoscaled pools 6,265).
+#: one — a CPU tier, or lifecycles beside P/D pools or sessions (measured: docs/performance.md,
+#: Test tiers).
 PROGRAM_MAPPINGS, LARGE_PROGRAM_MAPPINGS = 3_000, 8_000
 
 

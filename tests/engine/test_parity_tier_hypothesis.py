@@ -196,7 +196,8 @@ _SETTINGS = dict(deadline=None, derandomize=True, database=None,
 
 def _run(config: str, examples: int, stretches: bool) -> Counter:
     tally: Counter = Counter()
-    room_for_a_program(LARGE_PROGRAM_MAPPINGS)  # every example runs the program compiled by the first
+    # every example runs the program compiled by the first
+    room_for_a_program(LARGE_PROGRAM_MAPPINGS)
 
     @settings(max_examples=examples, **_SETTINGS)
     @given(data=st.data())
