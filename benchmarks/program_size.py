@@ -10,6 +10,7 @@ count includes what it calls).
     python benchmarks/program_size.py                           # scenario S, P = 64
     python benchmarks/program_size.py --anchor 1000 --roofline  # BLIS's anchor, roofline
     python benchmarks/program_size.py --anchor 1000 --top 60
+    python benchmarks/program_size.py --cpu-tier 300 --lanes 16  # configs/search/cpu-tier.yaml
 
 Prints the total, then the functions with the most operations.
 """
@@ -82,28 +83,40 @@ def main() -> None:
     ap.add_argument("--anchor", type=int, default=0, metavar="N",
                     help="BLIS's anchor workload with N requests on 4 instances instead of "
                          "scenario S")
+    ap.add_argument("--cpu-tier", type=int, default=0, metavar="N",
+                    help="configs/search/cpu-tier.yaml with N requests, lanes of distinct "
+                         "CPU-tier sizes (bench_jax.py --cpu-tier's population)")
     ap.add_argument("--roofline", action="store_true",
                     help="the roofline latency model instead of the configuration's")
     ap.add_argument("--top", type=int, default=40, help="functions to list")
     args = ap.parse_args()
-    if args.lanes < 1 or args.anchor < 0 or args.top < 0:
-        ap.error("--lanes must be >= 1, --anchor and --top >= 0")
+    if args.lanes < 1 or args.anchor < 0 or args.cpu_tier < 0 or args.top < 0:
+        ap.error("--lanes must be >= 1, --anchor, --cpu-tier and --top >= 0")
+    if args.anchor and args.cpu_tier:
+        ap.error("--anchor and --cpu-tier are two cases: give one")
     sys.path.insert(0, str(ROOT / "benchmarks"))
     sys.path.insert(0, str(ROOT))
-    from bench_jax import anchor, population, scenario
+    from bench_jax import TIER_MAX_BLOCKS, anchor, cpu_tier, population, scenario, tier_population
 
     from blisjax.config import LatencyConfig, resolve_config
     from blisjax.engine import run
     from blisjax.engine.consts import build_consts
     from blisjax.engine.static import build_static
 
-    resolved, wl = anchor(args.anchor, 4) if args.anchor else scenario(2_000, 4, 106.0)
+    draw, capacities = population, {}
+    if args.anchor:
+        resolved, wl = anchor(args.anchor, 4)
+    elif args.cpu_tier:
+        resolved, wl = cpu_tier(args.cpu_tier)
+        draw, capacities = tier_population, {"cpu_tier_blocks": TIER_MAX_BLOCKS}
+    else:
+        resolved, wl = scenario(2_000, 4, 106.0)
     if args.roofline:
         resolved = resolve_config(dataclasses.replace(
             resolved.config, latency=LatencyConfig(model="roofline")))
-    st = build_static(resolved, wl)
+    st = build_static(resolved, wl, **capacities)
     consts = build_consts(resolved, wl, st)
-    params = population(resolved.config, wl.tenant_names, args.lanes)
+    params = draw(resolved.config, wl.tenant_names, args.lanes)
     st = run.for_lanes(st, params)
     placed = run._placement(st, run._fit_instances(st, params), None, None)
     lowered = run._run_sharded.lower(st, consts, placed.params, placed.devices, placed.lane_block)

@@ -22,7 +22,15 @@ import jax.numpy as jnp
 from blisjax.config.codes import PreemptionPolicy
 from blisjax.engine import kvcache as kv
 from blisjax.engine import kvtier, kvtiered, recent, sessions
-from blisjax.engine.lockstep import add, after_reads, by_width, lane_max, lane_while, upd
+from blisjax.engine.lockstep import (
+    add,
+    after_reads,
+    by_width,
+    lane_max,
+    lane_once,
+    lane_while,
+    upd,
+)
 from blisjax.engine.policies import head_offset, priority_score
 from blisjax.engine.pytree import pytree_dataclass
 from blisjax.engine.queues import (
@@ -138,9 +146,11 @@ class PreemptOutcome(NamedTuple):
     preempted: jax.Array  # bool: some request was evicted
 
 
-def preempt_for_tokens(s: SimState, st, c, p, i, sb, r, *, n, pos, budget, active, width: int):
+def preempt_for_tokens(s: SimState, st, c, p, i, sb, r, *, n, pos, budget, active,
+                       widths: tuple[int, ...]):
     """Evict victims until n tokens of running request r fit, then allocate them
-    (``Instance._preempt_for_tokens``; docs/semantics.md §2.5). Returns
+    (``Instance._preempt_for_tokens``; docs/semantics.md §2.5); each victim found by a scan
+    at the narrowest of ``widths`` that holds the block's largest running batch. Returns
     ``(state, PreemptOutcome)``."""
     empty = jnp.zeros(1, jnp.int32)
     no_prefix = jnp.full(max(st.shapes.max_prompt_blocks, 1), NIL, jnp.int32)
@@ -156,7 +166,9 @@ def preempt_for_tokens(s: SimState, st, c, p, i, sb, r, *, n, pos, budget, activ
             ok = kv.can_allocate(s, st, c, i, sb, r, start=pi, end=pi + n, cached=empty, n_cached=0)
         no_one = s.batch.n_run[i] == 0
         do_evict = going & ~ok & ~no_one
-        vpos = victim_position(s, st, c, p, i, width)
+        vpos = by_width(widths, lane_max(jnp.where(do_evict, s.batch.n_run[i], 0)), do_evict,
+                        lambda v, go, w: jnp.where(go, victim_position(s, st, c, p, i, w), v),
+                        jnp.int32(0))
         s, budget, vslot = evict(s, st, c, p, i, vpos, budget, do_evict)
         self_evicted = do_evict & (vslot == sb)
         pos = jnp.where(do_evict & ~self_evicted & (vpos < pos), pos - 1, pos)
@@ -197,11 +209,12 @@ def _continue_wants(s: SimState, st, c, i, r) -> Wants:
 
 
 def phase1_fast(s: SimState, st, c, i, active, width: int, start=0, budget=None,
-                reset: bool = False):
+                reset=False):
     """Phase 1 for the running requests from position ``start`` on whose KV fits without
     preemption, all at once; ``budget``: tokens left (default: the whole step budget).
-    ``reset``: the step's first pass; every running request's grant is written (0 if not
-    served), which is the step's reset of last step's grants in the same scatter.
+    ``reset`` (bool, may be traced): the step's first pass; every running request's grant is
+    written (0 if not served), which is the step's reset of last step's grants in the same
+    scatter.
 
     Sequentially, request k gets ``min(want_k, budget left)`` tokens while the budget is
     positive, so with prefix sums of the wants: k is served iff the wants before it sum to less
@@ -241,32 +254,39 @@ def phase1_fast(s: SimState, st, c, i, active, width: int, start=0, budget=None,
     s = kv.grant_tokens(s, st, c, i, slots, r, n=n, first_pos=s.pi[r], prefill=prefill, mask=ok,
                         known=known)
     r_or_sink = jnp.where(ok, r, st.shapes.num_requests)
-    if reset:
-        granted = s.num_new.at[r].set(jnp.where(ok, n, 0))
-    else:
-        granted = s.num_new.at[r_or_sink].set(n)
+    granted = s.num_new.at[jnp.where(reset, r, r_or_sink)].set(jnp.where(ok | ~reset, n, 0))
     s = s.replace(num_new=granted, computed=s.computed.at[r_or_sink].add(n))
     budget = (budget - jnp.sum(jnp.where(ok, n, 0))).astype(jnp.int32)
     return s, stop, budget
 
 
-def phase1(s: SimState, st, c, p, i, active, width: int):
-    """Continue running requests in batch order: prefill chunks, then one decode token each;
-    positions 0..width-1 (>= n_run). Resets last step's grants. Returns (state, budget left,
-    whether anything was preempted).
+def phase1(s: SimState, st, c, p, i, active, widths: tuple[int, ...]):
+    """Continue running requests in batch order: prefill chunks, then one decode token each.
+    Resets last step's grants. Returns (state, budget left, whether anything was preempted).
 
     The vectorized pass (``phase1_fast``) serves every request up to the first one whose KV
     does not fit; the loop below serves that one with preemption, then resumes the vectorized
-    pass after it. Its trip count is the number of such shortfalls in the step (usually none),
-    not the number of requests after the first one, so one lane's preemption does not keep
-    every lane of a lockstep block waiting for a request-by-request loop."""
-    s, stop, budget = phase1_fast(s, st, c, i, active, width, reset=True)
+    pass after it. Its first trip is the step's first vectorized pass and each later trip one
+    such shortfall (usually none), not one request after the first one, so one lane's
+    preemption does not keep every lane of a lockstep block waiting for a request-by-request
+    loop. Each vectorized pass runs at the narrowest of ``widths`` that holds the block's
+    largest running batch (``by_width``); the loop and its preemptions are compiled once,
+    whatever the width (docs/performance.md, What the engine does for speed)."""
+    def fast(carry, go, w, reset=False):
+        s, pos, budget = carry
+        s, stop, budget_w = phase1_fast(s, st, c, i, go, w, pos, budget, reset=reset)
+        return s, jnp.where(go, stop, pos), jnp.where(go, budget_w, budget)
+
+    def fast_at_widths(carry, go, reset=False):
+        running = lane_max(jnp.where(go, carry[0].batch.n_run[i], 0))
+        return by_width(widths, running, go, lambda cr, g, w: fast(cr, g, w, reset), carry)
 
     def cond(carry):
-        s, pos, budget, pre, halt = carry
-        return active & ~halt & (pos < s.batch.n_run[i]) & (budget > 0)
+        s, pos, budget, pre, halt, first = carry
+        return active & (first | (~halt & (pos < s.batch.n_run[i]) & (budget > 0)))
 
-    def body(carry, go):
+    def shortfall(carry, go):
+        """The request at ``pos`` (whose KV did not fit) served with preemption."""
         s, pos, budget, pre, halt = carry
         sb = s.batch.order[i, jnp.minimum(pos, st.shapes.batch_slots - 1)]
         r = jnp.where(go, s.batch.slot_req[i, jnp.maximum(sb, 0)], st.shapes.num_requests)
@@ -275,7 +295,7 @@ def phase1(s: SimState, st, c, p, i, active, width: int):
         need = go & needs
         n = jnp.minimum(want, budget).astype(jnp.int32)
         s, outcome = preempt_for_tokens(s, st, c, p, i, jnp.maximum(sb, 0), r, n=n, pos=pos,
-                                        budget=budget, active=need, width=width)
+                                        budget=budget, active=need, widths=widths)
         ok, pos, budget, pre_now = outcome.success, outcome.pos, outcome.budget, outcome.preempted
         granted = need & ok
         r_or_sink = jnp.where(granted, r, st.shapes.num_requests)
@@ -284,13 +304,19 @@ def phase1(s: SimState, st, c, p, i, active, width: int):
         budget = jnp.where(granted, budget - n, budget).astype(jnp.int32)
         halt_now = need & ~ok
         pos = jnp.where(go & ~halt_now, pos + 1, pos)
-        more = go & ~halt_now & (budget > 0)
-        s, stop, budget = phase1_fast(s, st, c, i, more, width, pos, budget)
-        pos = jnp.where(more, stop, pos)
         return s, pos, budget, pre | pre_now, halt | halt_now
 
-    init = (s, stop, budget, jnp.asarray(False), jnp.asarray(False))
-    s, _, budget, pre, _ = lane_while(cond, body, init)
+    def body(carry, go):  # the step's first trip is the first vectorized pass
+        s, pos, budget, pre, halt, first = carry
+        s, pos, budget, pre, halt = lane_once(go & ~first, shortfall,
+                                              (s, pos, budget, pre, halt))
+        more = go & (first | (~halt & (budget > 0)))
+        s, pos, budget = fast_at_widths((s, pos, budget), more, first)
+        return s, pos, budget, pre, halt, jnp.zeros_like(first)
+
+    budget = jnp.asarray(setting(st, c, "token_budget"), jnp.int32)
+    init = (s, jnp.int32(0), budget, jnp.asarray(False), jnp.asarray(False), jnp.asarray(True))
+    s, _, budget, pre, _, _ = lane_while(cond, body, init)
     return s, budget, pre
 
 

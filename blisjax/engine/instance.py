@@ -57,7 +57,7 @@ from blisjax.engine.state import (
     SimState,
     parent_row,
 )
-from blisjax.engine.static import max_model_len_of, setting
+from blisjax.engine.static import max_model_len_of
 from blisjax.latency.base import float_to_ticks_array
 from blisjax.metrics import records
 from blisjax.rules import kv_util_bucket
@@ -568,9 +568,10 @@ def step(s: SimState, st, c, p, i, now, active, defer: bool = False):
     Sizing each part by the running batch alone, rather than the whole step by running +
     queued requests, matters when queues are long (preemption, queues of hundreds). Execute and
     completions get finer widths (``FINISH_PER_OCTAVE``: most of scenario S's steps need a
-    little under 128 positions); phase 1 keeps doubling widths because each of its copies
-    carries the preemption loop and costs compile time for little run time
-    (docs/performance.md, What the engine does for speed; Ideas tried and not kept).
+    little under 128 positions); phase 1 keeps doubling widths: only its vectorized passes are
+    width programs (its preemption loop is compiled once, ``batch.phase1``), and each copy
+    costs compile time for little run time (docs/performance.md, What the engine does for
+    speed; Ideas tried and not kept).
     """
     c = lifecycle.instance_consts(s, st, c, i)  # its variant's speed
     if st.stretches:  # the virtual steps before this one happen first
@@ -581,15 +582,8 @@ def step(s: SimState, st, c, p, i, now, active, defer: bool = False):
                   stats=s.stats.replace(steps=add(s.stats.steps, i, 1, go)))
     preempted_before = s.stats.preempt_count[i]
 
-    def phase1_program(carry, go, w):
-        s, budget, pre = carry
-        s, budget_w, pre_w = batch.phase1(s, st, c, p, i, go, w)
-        return s, jnp.where(go, budget_w, budget), pre | (go & pre_w)
-
-    init = (s, jnp.asarray(setting(st, c, "token_budget"), jnp.int32), jnp.asarray(False))
-    running = lane_max(jnp.where(go, s.batch.n_run[i], 0))
-    s, budget, pre = by_width(step_widths(st, PHASE1_PER_OCTAVE), running, go,
-                                 phase1_program, init)
+    s, budget, pre = batch.phase1(s, st, c, p, i, go, step_widths(st, PHASE1_PER_OCTAVE))
+    pre = go & pre
     if st.stateful_latency:
         s = s.replace(
             batch=s.batch.replace(
