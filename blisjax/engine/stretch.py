@@ -318,14 +318,16 @@ def materialize(s: SimState, st, c, i, now, active, widths: tuple[int, ...],
             kc = jnp.minimum(left, chunk_steps(st))
             return _apply(s, st, c, i, kc, go, width), left - jnp.where(go, kc, 0)
 
-        s = lane_while(lambda carry: go & (carry[1] > 0), body, (s, due))[0]
-        if st.tiered:  # the last step's mirror pass (the plan keeps the tier from evicting)
-            pos = jnp.arange(width, dtype=jnp.int32)
-            s = kvtiered.mirror_batch(s, st, i, jnp.maximum(s.batch.order[i, :width], 0),
-                                go & (pos < s.batch.n_run[i]), go)
-        return s
+        return lane_while(lambda carry: go & (carry[1] > 0), body, (s, due))[0]
 
-    return by_width(widths, widest, active & (due > 0), program, s)
+    go = active & (due > 0)
+    s = by_width(widths, widest, go, program, s)
+    if st.tiered:  # the last step's mirror pass (the plan keeps the tier from evicting), at
+        # the width of the blocks the batch holds (its own width programs)
+        pos = jnp.arange(st.shapes.batch_slots, dtype=jnp.int32)
+        s = kvtiered.mirror_batch(s, st, i, jnp.maximum(s.batch.order[i], 0),
+                                  go & (pos < s.batch.n_run[i]), go)
+    return s
 
 
 class PassTimes(NamedTuple):
