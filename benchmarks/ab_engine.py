@@ -13,6 +13,7 @@ Prints one JSON line: each side's wall times, medians, and the per-round ratios 
     python benchmarks/ab_engine.py --base main --cpu-devices 2 --lanes 256 --rounds 5
     python benchmarks/ab_engine.py --base main --anchor 50000 --lanes 4 --rounds 3
     python benchmarks/ab_engine.py --base main --anchor 1000 --roofline   # roofline steps
+    python benchmarks/ab_engine.py --base main --anchor 1000 --cpu-blocks 4000 --lanes 8
 
 Confirm a change with ``--cpu-devices 2``, the configuration of the headline benchmark: that
 program goes through XLA's SPMD partitioner and is fused differently. Removing a whole-array
@@ -58,6 +59,9 @@ def main() -> None:
     ap.add_argument("--lane-block", type=int, default=64)
     ap.add_argument("--kv-blocks", type=int, default=0,
                     help="KV blocks per instance instead of the model's (e.g. 500: preemptions)")
+    ap.add_argument("--cpu-blocks", type=int, default=0,
+                    help="a CPU tier of this many KV blocks per instance in every lane "
+                         "(tiered programs: the mirror pass after every step)")
     ap.add_argument("--tie-break", choices=("blis-random", "lowest-index"), default=None,
                     help="routing.tie_break of every lane (default: the configuration's); "
                          "lowest-index routes as revisions before random tie-breaks did")
@@ -70,8 +74,10 @@ def main() -> None:
                     help="the roofline latency model (the model's and GPU's constants) instead "
                          "of the configuration's")
     args = ap.parse_args()
-    if args.lanes < 1 or args.rounds < 1 or args.cpu_devices < 1 or args.kv_blocks < 0:
-        ap.error("--lanes, --rounds and --cpu-devices must be >= 1, --kv-blocks >= 0")
+    if args.lanes < 1 or args.rounds < 1 or args.cpu_devices < 1 or args.kv_blocks < 0 \
+            or args.cpu_blocks < 0:
+        ap.error("--lanes, --rounds and --cpu-devices must be >= 1, --kv-blocks and "
+                 "--cpu-blocks >= 0")
     if len(jax.local_devices()) != args.cpu_devices:
         ap.error(f"--cpu-devices {args.cpu_devices}: JAX sees {len(jax.local_devices())} "
                  "devices (is XLA_FLAGS already setting a device count?)")
@@ -92,6 +98,12 @@ def main() -> None:
 
         resolved = resolve_config(dataclasses.replace(
             resolved.config, latency=LatencyConfig(model="roofline")))
+    if args.cpu_blocks:
+        from blisjax.config import resolve_config  # noqa: E402
+        from blisjax.engine.population import set_knob  # noqa: E402
+
+        resolved = resolve_config(set_knob(resolved.config, "engine.kv_cpu_blocks",
+                                           args.cpu_blocks))
     if args.tie_break is not None:
         from blisjax.config import resolve_config  # noqa: E402
         from blisjax.engine.population import set_knob  # noqa: E402
@@ -127,7 +139,8 @@ def main() -> None:
         "base": args.base, "anchor_requests": args.anchor or None, "lanes": args.lanes,
         "roofline": args.roofline,
         "devices": args.cpu_devices,
-        "kv_blocks": args.kv_blocks or None, "tie_break": args.tie_break,
+        "kv_blocks": args.kv_blocks or None, "cpu_blocks": args.cpu_blocks or None,
+        "tie_break": args.tie_break,
         "same_results": bool(same),
         "base_s": [round(x, 3) for x in base], "new_s": [round(x, 3) for x in new],
         "base_median_s": round(float(np.median(base)), 3),

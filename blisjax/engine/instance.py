@@ -482,14 +482,55 @@ class Finished(NamedTuple):
     outlook: stretch.BatchOutlook | None  # with decode stretches: the batch left running
 
 
-def _finish_at(s: SimState, st, c, i, now, *, n_preempted, go, width: int,
-               defer: bool = False, factor=None, roofline_us=None, stalled) -> Finished:
-    """Execute and complete over running positions 0..width-1 (>= n_run); the next step
-    (none when ``stalled``: the step admitted nothing with nothing running, Decision 22)."""
-    s, d, running = execute(s, st, c, i, now, n_preempted=n_preempted, active=go, width=width,
+class Executed(NamedTuple):
+    """A step's execution (``execute``) over every batch slot, for completion programs of any
+    width: what ``_execute_all`` hands to ``_finish_at``."""
+
+    d: jax.Array  # int64 µs: the step's duration
+    running: completion.Running  # [batch slots]; not valid past the width that executed
+
+
+def _execute_all(s: SimState, st, c, i, now, *, n_preempted, go, widths, need, factor=None,
+                 roofline_us=None) -> tuple[SimState, Executed]:
+    """Execute at the narrowest of ``widths`` that holds ``need`` (``by_width``), then the
+    tier's mirror pass once (after execution, before completions leave the batch, §3.8) at
+    the width of the blocks the batch holds: tiered programs of several widths, so that the
+    mirror's own width programs are compiled once rather than once per step width."""
+    slots = st.shapes.batch_slots
+    pad = lambda x, w, fill: jnp.concatenate([x, jnp.full(slots - w, fill, x.dtype)])  # noqa: E731
+
+    def program(carry, go, w):
+        s, done = carry
+        s, d, run = execute(s, st, c, i, now, n_preempted=n_preempted, active=go, width=w,
                             factor=factor, roofline_us=roofline_us)
-    if st.tiered:  # after execution, before completions leave the batch (§3.8)
-        s = kvtiered.mirror_batch(s, st, i, running.slots, running.valid, go)
+        run = completion.Running(pad(run.valid, w, False), pad(run.slots, w, 0),
+                                 pad(run.reqs, w, st.shapes.num_requests), pad(run.pi, w, 0),
+                                 pad(run.l_in, w, 0), pad(run.out, w, 0))
+        new = Executed(d, run)
+        return s, jax.tree.map(lambda a, b: jnp.where(go, a, b), new, done)
+
+    zeros = jnp.zeros(slots, jnp.int32)
+    none = Executed(jnp.asarray(0, jnp.int64), completion.Running(
+        jnp.zeros(slots, bool), zeros, jnp.full(slots, st.shapes.num_requests, jnp.int32),
+        zeros, zeros, zeros))
+    s, done = by_width(widths, need, go, program, (s, none))
+    s = kvtiered.mirror_batch(s, st, i, done.running.slots, done.running.valid, go)
+    return s, done
+
+
+def _finish_at(s: SimState, st, c, i, now, *, n_preempted, go, width: int,
+               defer: bool = False, factor=None, roofline_us=None, stalled,
+               executed: Executed | None = None) -> Finished:
+    """Execute and complete over running positions 0..width-1 (>= n_run); the next step
+    (none when ``stalled``: the step admitted nothing with nothing running, Decision 22).
+    ``executed``: the execution already done (``_execute_all``); complete only."""
+    if executed is None:
+        s, d, running = execute(s, st, c, i, now, n_preempted=n_preempted, active=go,
+                                width=width, factor=factor, roofline_us=roofline_us)
+        if st.tiered:  # after execution, before completions leave the batch (§3.8)
+            s = kvtiered.mirror_batch(s, st, i, running.slots, running.valid, go)
+    else:
+        d, running = executed.d, completion.Running(*(x[:width] for x in executed.running))
     s, releases, todo = completion.complete(s, st, c, i, now, d, go, running, defer)
     more = (s.batch.n_run[i] > 0) | ((s.queue.length[i] > 0) & ~stalled)
     s = s.replace(batch=s.batch.replace(
@@ -598,10 +639,18 @@ def step(s: SimState, st, c, p, i, now, active, defer: bool = False):
     factor = lifecycle.warm_factor(s, st, p, i)
     roofline_us = roofline_step_us(s, st, c, i) if _roofline_in_program(st) else None
     completed_before = s.stats.completed[i]
-    out = by_width(step_widths(st, FINISH_PER_OCTAVE), running, go,
+    widths = step_widths(st, FINISH_PER_OCTAVE)
+    executed = None
+    if st.tiered and len(widths) > 1:
+        s, executed = _execute_all(s, st, c, i, now, n_preempted=n_preempted, go=go,
+                                   widths=widths, need=running, factor=factor,
+                                   roofline_us=roofline_us)
+        init = init._replace(state=s)
+    out = by_width(widths, running, go,
                    lambda f, go, w: _finish_at(f.state, st, c, i, now, n_preempted=n_preempted,
                                                go=go, width=w, defer=defer, factor=factor,
-                                               roofline_us=roofline_us, stalled=stalled),
+                                               roofline_us=roofline_us, stalled=stalled,
+                                               executed=executed),
                    init)
     releases, todo = out.releases, out.loop
     if st.stretches:  # the outlook read the fills, lengths and block tables that the

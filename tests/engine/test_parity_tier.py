@@ -21,6 +21,7 @@ import pytest
 from blisjax.config import LatencyConfig, resolve_config
 from blisjax.engine import params_from_config, stack_params
 from blisjax.engine.consts import build_consts
+from blisjax.engine.instance import FINISH_PER_OCTAVE, step_widths
 from blisjax.engine.parity import first_divergence
 from blisjax.engine.run import lane_result, run_lanes
 from blisjax.engine.static import build_static
@@ -53,7 +54,8 @@ def test_lanes_with_distinct_tiers_match_the_reference(stretches, latency):
     """With decode stretches (the default-tier case) a stretch's mirror passes are one pass
     at its end, planned only while the tier evicts nothing: the lanes whose tier holds the
     batch stretch, the thrashing one mostly runs step by step, and all match (under the
-    roofline model too, whose plain steps have times of their own)."""
+    roofline model too, whose plain steps have times of their own), whichever width programs
+    the steps take."""
     base = make_resolved(instances=1, kv_blocks=100, max_tokens=256, max_running=32,
                          preemption="fcfs",
                          cpu_blocks=max(c for c, _, _ in LANES))
@@ -86,8 +88,12 @@ def test_lanes_with_distinct_tiers_match_the_reference(stretches, latency):
     order = [*range(len(LANES)), *reversed(range(len(LANES)))]
     params = stack_params([params_from_config(configs[k], workload.tenant_names)
                            for k in order])
-    st = build_static(base, workload, decode_stretches=stretches)
+    # steps of width programs 8 .. 32 (the running batch's): phase 1's passes, the stretches'
+    # steps, execution (then the tier's mirror pass once, `instance._execute_all`) and
+    # completions each at the narrowest that holds the lanes' batches
+    st = build_static(base, workload, decode_stretches=stretches, running_width=8)
     assert st.stretches == stretches
+    assert step_widths(st, FINISH_PER_OCTAVE) == (8, 12, 16, 24, 32)
     consts = build_consts(base, workload, st)
     final = run_lanes(st, consts, params)
     if stretches:  # a 24-block tier never holds a batch's blocks: it never stretches
