@@ -262,7 +262,8 @@ def phase1_fast(s: SimState, st, c, i, active, width: int, start=0, budget=None,
 
 def phase1(s: SimState, st, c, p, i, active, widths: tuple[int, ...]):
     """Continue running requests in batch order: prefill chunks, then one decode token each.
-    Resets last step's grants. Returns (state, budget left, whether anything was preempted).
+    Resets last step's grants. Returns (state, budget left, whether anything was preempted;
+    budget and flag unchanged where not ``active``).
 
     The vectorized pass (``phase1_fast``) serves every request up to the first one whose KV
     does not fit; the loop below serves that one with preemption, then resumes the vectorized
@@ -272,12 +273,12 @@ def phase1(s: SimState, st, c, p, i, active, widths: tuple[int, ...]):
     loop. Each vectorized pass runs at the narrowest of ``widths`` that holds the block's
     largest running batch (``by_width``); the loop and its preemptions are compiled once,
     whatever the width (docs/performance.md, What the engine does for speed)."""
-    def fast(carry, go, w, reset=False):
+    def fast(carry, go, w, reset):
         s, pos, budget = carry
         s, stop, budget_w = phase1_fast(s, st, c, i, go, w, pos, budget, reset=reset)
         return s, jnp.where(go, stop, pos), jnp.where(go, budget_w, budget)
 
-    def fast_at_widths(carry, go, reset=False):
+    def fast_at_widths(carry, go, reset):
         running = lane_max(jnp.where(go, carry[0].batch.n_run[i], 0))
         return by_width(widths, running, go, lambda cr, g, w: fast(cr, g, w, reset), carry)
 

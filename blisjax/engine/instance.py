@@ -493,27 +493,27 @@ class Executed(NamedTuple):
 def _execute_all(s: SimState, st, c, i, now, *, n_preempted, go, widths, need, factor=None,
                  roofline_us=None) -> tuple[SimState, Executed]:
     """Execute at the narrowest of ``widths`` that holds ``need`` (``by_width``), then the
-    tier's mirror pass once (after execution, before completions leave the batch, §3.8) at
-    the width of the blocks the batch holds: tiered programs of several widths, so that the
-    mirror's own width programs are compiled once rather than once per step width."""
+    tier's mirror pass (after execution, before completions leave the batch, §3.8) at the
+    width of the blocks the batch holds: for tiered programs of several widths, whose mirror
+    pass then appears once in the program, outside the step's width programs."""
     slots = st.shapes.batch_slots
-    pad = lambda x, w, fill: jnp.concatenate([x, jnp.full(slots - w, fill, x.dtype)])  # noqa: E731
+    fill = completion.Running(False, 0, st.shapes.num_requests, 0, 0, 0)
+
+    def padded(run: completion.Running, w: int) -> completion.Running:
+        """``run`` of positions 0 .. w - 1 padded to every batch slot (not valid there)."""
+        return completion.Running(*(jnp.concatenate([x, jnp.full(slots - w, f, x.dtype)])
+                                    for x, f in zip(run, fill, strict=True)))
 
     def program(carry, go, w):
         s, done = carry
         s, d, run = execute(s, st, c, i, now, n_preempted=n_preempted, active=go, width=w,
                             factor=factor, roofline_us=roofline_us)
-        run = completion.Running(pad(run.valid, w, False), pad(run.slots, w, 0),
-                                 pad(run.reqs, w, st.shapes.num_requests), pad(run.pi, w, 0),
-                                 pad(run.l_in, w, 0), pad(run.out, w, 0))
-        new = Executed(d, run)
+        new = Executed(d, padded(run, w))
         return s, jax.tree.map(lambda a, b: jnp.where(go, a, b), new, done)
 
-    zeros = jnp.zeros(slots, jnp.int32)
-    none = Executed(jnp.asarray(0, jnp.int64), completion.Running(
-        jnp.zeros(slots, bool), zeros, jnp.full(slots, st.shapes.num_requests, jnp.int32),
-        zeros, zeros, zeros))
-    s, done = by_width(widths, need, go, program, (s, none))
+    empty = completion.Running(jnp.zeros(0, bool), *[jnp.zeros(0, jnp.int32)] * 5)
+    s, done = by_width(widths, need, go, program,
+                       (s, Executed(jnp.asarray(0, jnp.int64), padded(empty, 0))))
     s = kvtiered.mirror_batch(s, st, i, done.running.slots, done.running.valid, go)
     return s, done
 
@@ -624,7 +624,6 @@ def step(s: SimState, st, c, p, i, now, active, defer: bool = False):
     preempted_before = s.stats.preempt_count[i]
 
     s, budget, pre = batch.phase1(s, st, c, p, i, go, step_widths(st, PHASE1_PER_OCTAVE))
-    pre = go & pre
     if st.stateful_latency:
         s = s.replace(
             batch=s.batch.replace(
