@@ -110,7 +110,7 @@ def end_stretch(s: SimState, st, c, i, now, active, inclusive: bool = False) -> 
     """Instance i's virtual steps before ``now`` (or at it, if ``inclusive``) happen, the rest
     of its plan is dropped: its next step runs on its own (``stretch.materialize``)."""
     c = lifecycle.instance_consts(s, st, c, i)  # its variant's speed
-    s = stretch.materialize(s, st, c, i, now, active, step_widths(st, STRETCH_PER_OCTAVE),
+    s = stretch.materialize(s, st, c, i, now, active, step_widths(st, PHASE1_PER_OCTAVE),
                             inclusive=inclusive)
     return s.replace(stretch=s.stretch.replace(steps=upd(s.stretch.steps, i, 0, active)))
 
@@ -566,8 +566,7 @@ def roofline_step_us(s: SimState, st, c, i):
                                  c.output_tokens[reqs])
 
 
-PHASE1_PER_OCTAVE = 2  # widths per doubling of phase 1's programs (64, 96, 128, 192, 256)
-STRETCH_PER_OCTAVE = 1  # of a stretch's virtual-step programs (64, 128, 256)
+PHASE1_PER_OCTAVE = 1  # widths per doubling of phase 1's programs (64, 128, 256)
 FINISH_PER_OCTAVE = 2  # of execute and completions' programs (64, 96, 128, 192, 256)
 
 
@@ -608,17 +607,16 @@ def step(s: SimState, st, c, p, i, now, active, defer: bool = False):
     results.
 
     Sizing each part by the running batch alone, rather than the whole step by running +
-    queued requests, matters when queues are long (preemption, queues of hundreds). Phase 1,
-    execute and completions get two widths per doubling (``PHASE1_PER_OCTAVE``,
-    ``FINISH_PER_OCTAVE``: most of scenario S's steps need a little under 128 positions; only
-    phase 1's vectorized passes are width programs, its preemption loop is compiled once,
-    ``batch.phase1``); a stretch's virtual steps keep doubling widths
-    (``STRETCH_PER_OCTAVE``): finer ones cost compile time for no measured run time
-    (docs/performance.md, What the engine does for speed; Ideas tried and not kept).
+    queued requests, matters when queues are long (preemption, queues of hundreds). Execute and
+    completions get finer widths (``FINISH_PER_OCTAVE``: most of scenario S's steps need a
+    little under 128 positions); phase 1 keeps doubling widths: only its vectorized passes are
+    width programs (its preemption loop is compiled once, ``batch.phase1``), and each copy
+    costs compile time for little run time (docs/performance.md, What the engine does for
+    speed; Ideas tried and not kept).
     """
     c = lifecycle.instance_consts(s, st, c, i)  # its variant's speed
     if st.stretches:  # the virtual steps before this one happen first
-        s = stretch.materialize(s, st, c, i, now, active, step_widths(st, STRETCH_PER_OCTAVE))
+        s = stretch.materialize(s, st, c, i, now, active, step_widths(st, PHASE1_PER_OCTAVE))
     idle = (s.batch.n_run[i] == 0) & (s.queue.length[i] == 0)
     go = active & ~idle
     s = s.replace(batch=s.batch.replace(step_time=upd(s.batch.step_time, i, -1, active & idle)),

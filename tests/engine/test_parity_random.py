@@ -59,7 +59,7 @@ def test_random_population_parity(seed):
     base = resolve_config(configs[0])
     params = stack_params([params_from_config(c, w.tenant_names) for c in configs])
     # odd seeds: the narrowest step program has width 2, so with max_running > 2 steps switch
-    # between programs of width 2, 3, 4, 6, ... up to the batch slots (instance.step_widths)
+    # between programs of width 2, 4, ... up to the batch slots (instance.step_widths)
     lanes = simulate_population(base, w, params, **({"running_width": 2} if seed % 2 else {}))
     for k, cfg in enumerate(configs):
         want = reference(resolve_config(cfg), w)
