@@ -84,7 +84,7 @@ def main() -> None:
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
     sys.path.insert(0, str(ROOT))
-    from base_revision import BASE_NAME, export_base  # noqa: E402
+    from base_revision import BASE_NAME, export_base, own_config, own_resolved  # noqa: E402
     from bench_jax import anchor, population_configs, scenario  # noqa: E402
 
     if args.anchor and args.kv_blocks:
@@ -118,12 +118,18 @@ def main() -> None:
         # may differ)
         params, consts, runs = {}, {}, {}
         for name in (BASE_NAME, "blisjax"):
+            # each side reads the configurations with its own classes: a configuration record
+            # of the other package never equals one of its own (a base given the working
+            # tree's records took the default lifecycle for a configured one and compiled
+            # lifecycles in)
+            side_configs = [own_config(c, name, Path(tmp)) for c in configs]
+            side = own_resolved(resolved, name, Path(tmp))
             module = importlib.import_module(f"{name}.engine.params")
             params[name] = module.stack_params([module.params_from_config(c, wl.tenant_names)
-                                                for c in configs])
-            st = importlib.import_module(f"{name}.engine.static").build_static(resolved, wl)
+                                                for c in side_configs])
+            st = importlib.import_module(f"{name}.engine.static").build_static(side, wl)
             consts[name] = importlib.import_module(f"{name}.engine.consts").build_consts(
-                resolved, wl, st)
+                side, wl, st)
             runs[name] = importlib.import_module(f"{name}.engine.run").compile_lanes(
                 st, consts[name], params[name], lane_block=args.lane_block)
         finals = {name: run(consts[name], params[name]) for name, run in runs.items()}

@@ -49,7 +49,7 @@ def main() -> None:
         ap.error("--lanes must be >= 1 and --anchor >= 0")
     sys.path.insert(0, str(ROOT / "benchmarks"))
     sys.path.insert(0, str(ROOT))
-    from base_revision import BASE_NAME, export_base
+    from base_revision import BASE_NAME, export_base, own_config
     from bench_jax import anchor, population_configs, scenario
 
     from blisjax.engine.consts import build_consts
@@ -66,7 +66,9 @@ def main() -> None:
         for name in (BASE_NAME, "blisjax"):
             run = importlib.import_module(f"{name}.engine.run")
             module = importlib.import_module(f"{name}.engine.params")  # each side's own knobs
-            params = module.stack_params([module.params_from_config(c, wl.tenant_names)
+            params = module.stack_params([module.params_from_config(own_config(c, name,
+                                                                             Path(tmp)),
+                                                                  wl.tenant_names)
                                           for c in configs])
             sides[name] = lowered_digest(run, st, consts, params, args.lanes)
     (base_chars, base_sha), (new_chars, new_sha) = sides[BASE_NAME], sides["blisjax"]
