@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))
 
-from base_revision import BASE_NAME, export_base  # noqa: E402
+from base_revision import BASE_NAME, export_base, own_resolved  # noqa: E402
 from bench_reference import scenario  # noqa: E402
 
 from blisjax.reference import simulate  # noqa: E402
@@ -50,9 +50,7 @@ def main() -> None:
         export_base(args.base, Path(tmp))
         sys.path.insert(0, tmp)
         base_module = importlib.import_module(f"{BASE_NAME}.reference")
-        base_config = importlib.import_module(f"{BASE_NAME}.config")
-        base_resolved = base_config.resolve_config(base_config.load_config(
-            _dump(resolved.config, Path(tmp))))
+        base_resolved = own_resolved(resolved, BASE_NAME, Path(tmp))
         runs = {
             "base": lambda: base_module.simulate(base_resolved, workload),
             "new": lambda: simulate(resolved, workload),
@@ -77,15 +75,6 @@ def main() -> None:
         **{f"{name}_median_s": round(m, 3) for name, m in med.items()},
         "ratio_new_over_base_median": round(med["new"] / med["base"], 3),
         "ratio_traced_over_untraced_median": round(med["traced"] / med["new"], 3)}))
-
-
-def _dump(config, into: Path) -> Path:
-    """The configuration as YAML, for the base revision to read with its own loader."""
-    from blisjax.config import dump_config
-
-    path = into / "scenario.yaml"
-    path.write_text(dump_config(config))
-    return path
 
 
 if __name__ == "__main__":

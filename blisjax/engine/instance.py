@@ -494,8 +494,8 @@ def _execute_all(s: SimState, st, c, i, now, *, n_preempted, go, widths, need, f
                  roofline_us=None) -> tuple[SimState, Executed]:
     """Execute at the narrowest of ``widths`` that holds ``need`` (``by_width``), then the
     tier's mirror pass (after execution, before completions leave the batch, §3.8) at the
-    width of the blocks the batch holds: for tiered programs of several widths, whose mirror
-    pass then appears once in the program, outside the step's width programs."""
+    width of the blocks the batch holds, outside the step's width programs (tiered programs of
+    several widths)."""
     slots = st.shapes.batch_slots
     fill = completion.Running(False, 0, st.shapes.num_requests, 0, 0, 0)
 
