@@ -35,6 +35,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from blisjax.config import ConfigError, SimConfig, config_to_dict, load_config, resolve_config
+from blisjax.devices import usable_cores
 from blisjax.engine.params import LANE_SETTINGS
 from search.backends.reference import ReferenceBackend
 from search.evaluate import (
@@ -355,12 +356,21 @@ def _warnings(cfg: SimConfig, space: SearchSpace) -> list[str]:
 
 #: ``--engine`` values of sweep, search and the adapters.
 ENGINES = ("auto", "jax", "reference")
-#: Seconds to compile a population program per instance of the cluster, as ``choose_engine``
-#: estimates it: the order measured on 2 cores (docs/performance.md, Policy search: ~30 s for
-#: 2 instances, 60–110 s for 4, ~185 s for 8).
-JAX_COMPILE_S_PER_INSTANCE = 20.0
-#: How many times faster than a reference run ``choose_engine`` takes a JAX lane to be.
-JAX_SPEEDUP_ESTIMATE = 10.0
+#: Seconds to compile one population program, as ``choose_engine`` estimates it: the order
+#: measured on 2 cores whatever the cluster's size (docs/performance.md, Policy search: 38–51 s
+#: for 1 to 16 instances, P/D pools and CPU tiers included).
+JAX_COMPILE_S = 45.0
+#: How many times faster than a reference run ``choose_engine`` takes a JAX lane to be, when
+#: one call runs ``lanes`` of them: ``1 + lanes / JAX_LANES_PER_SPEEDUP`` (lanes share each
+#: lockstep iteration's work), at most ``JAX_SPEEDUP_PER_CORE`` per usable core. Measured on
+#: 2 cores it ranges from 3.4–3.5× (the cost example, 16 and 32 lanes) and 6× (P/D pools, 16
+#: lanes) to 16–32× (64 lanes of the anchor workload and scenario S; docs/performance.md);
+#: the rule keeps to the low side of that.
+JAX_LANES_PER_SPEEDUP = 8.0
+JAX_SPEEDUP_PER_CORE = 10.0
+#: The configuration or the space holds a CPU tier: lanes whose tiers thrash run in small
+#: lane blocks, about as fast as the reference (1.06× at 64 lanes, docs/performance.md).
+JAX_TIER_SPEEDUP = 1.0
 #: Requests of the reference probe that times one simulation (scaled to the workload's).
 _PROBE_REQUESTS = 200
 
@@ -385,22 +395,33 @@ def reference_seconds(plan: Plan) -> float:
     return (time.perf_counter() - start) * n / max(head.num_requests, 1)
 
 
+def jax_speedup(plan: Plan) -> float:
+    """Estimated speed of one JAX lane against a reference run of the plan's workload
+    (``JAX_LANES_PER_SPEEDUP``, ``JAX_SPEEDUP_PER_CORE``, ``JAX_TIER_SPEEDUP``)."""
+    tier = "engine.kv_cpu_blocks" in plan.space.names or plan.config.engine.kv_cpu_blocks > 0
+    if tier:
+        return JAX_TIER_SPEEDUP
+    return min(1.0 + plan.population / JAX_LANES_PER_SPEEDUP,
+               JAX_SPEEDUP_PER_CORE * usable_cores())
+
+
 def choose_engine(plan: Plan) -> tuple[str, str]:
     """(engine, why) for a plan whose ``engine`` is "auto": the reference engine when its
     runs are estimated to take no longer than compiling the JAX program and running the
-    lanes there (``JAX_COMPILE_S_PER_INSTANCE``, ``JAX_SPEEDUP_ESTIMATE``); else JAX."""
+    lanes there (``JAX_COMPILE_S``, ``jax_speedup``); else JAX."""
     if plan.engine != "auto":
         return plan.engine, f"--engine {plan.engine}"
     sims = planned_simulations(plan)
     one = reference_seconds(plan)
     on_reference = sims * one
     compiles = 2 if plan.holdout_seeds else 1  # held-out seeds get a program of their own
-    compile_s = JAX_COMPILE_S_PER_INSTANCE * plan.config.cluster.num_instances
-    on_jax = compiles * compile_s + on_reference / JAX_SPEEDUP_ESTIMATE
+    speedup = jax_speedup(plan)
+    on_jax = compiles * JAX_COMPILE_S + on_reference / speedup
     engine = "reference" if on_reference <= on_jax else "jax"
     return engine, (f"--engine auto: {sims} simulations of ~{one:.2f} s on the reference "
                     f"engine (~{on_reference:.0f} s) against ~{on_jax:.0f} s on the JAX engine "
-                    f"(~{compile_s:.0f} s per compile, {compiles})")
+                    f"(~{JAX_COMPILE_S:.0f} s per compile, {compiles}; {plan.population} lanes "
+                    f"~{speedup:.1f}x a reference run)")
 
 
 def _strategy(plan: Plan) -> Any:

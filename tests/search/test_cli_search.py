@@ -8,6 +8,7 @@ JAX engine is compiled once for the whole file (~30 s); each run then costs well
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 from pathlib import Path
 
@@ -436,24 +437,39 @@ def test_recorded_traces_as_the_workloads(tmp_path, capsys):
 
 
 def test_engine_auto_weighs_reference_runs_against_compiles(monkeypatch):
-    """auto: reference runs (simulations planned × seconds each) against 20 s of compile per
-    instance — two compiles with held-out seeds — plus JAX lanes 10× faster."""
+    """auto: reference runs (simulations planned × seconds each) against 45 s per compile —
+    two with held-out seeds — plus JAX lanes 1 + lanes / 8 times faster, at most 10× per
+    core; with a CPU tier in the space or the configuration, as fast as the reference."""
     import search.api as api
     from search.api import prepare
 
     monkeypatch.setattr(api, "reference_seconds", lambda plan: 1.0)
+    monkeypatch.setattr(api, "usable_cores", lambda: 2)
     small = prepare("search", TINY_CONFIG, space=TINY_SPACE, population=4, generations=2)
-    # (4 x 2 candidates + baseline + llm-d check) x 1 seed = 10 s against 40 s + 1 s: reference
+    # (4 x 2 candidates + baseline + llm-d check) x 1 seed = 10 s against 45 s + 6 s: reference
     assert api.planned_simulations(small) == 10
     assert api.choose_engine(small)[0] == "reference"
     big = prepare("search", TINY_CONFIG, space=TINY_SPACE, population=8, generations=6,
                   holdout_seeds="101")
-    # (48 + 2) x 1 + 2 x 1 held-out = 52 s against 2 x 40 s + 5.2 s: reference still
+    # (48 + 2) x 1 + 2 x 1 held-out = 52 s against 2 x 45 s + 52 / (1 + 8/8) s: reference
     assert api.planned_simulations(big) == 52
     assert api.choose_engine(big)[0] == "reference"
-    bigger = prepare("search", TINY_CONFIG, space=TINY_SPACE, population=16, generations=6)
-    # 98 s against 40 s + 9.8 s: JAX
+    bigger = prepare("search", TINY_CONFIG, space=TINY_SPACE, population=18, generations=6)
+    # (108 + 2) = 110 s against 45 s + 110 / 3.25 = 78.8 s: JAX
+    assert api.planned_simulations(bigger) == 110
     assert api.choose_engine(bigger)[0] == "jax"
+    assert "18 lanes ~3.2x" in api.choose_engine(bigger)[1]
+    # the speedup stops at 10x per core: 2 cores, 256 lanes -> 20x, not 1 + 256/8
+    wide = prepare("search", TINY_CONFIG, space=TINY_SPACE, population=256, generations=1)
+    assert api.jax_speedup(wide) == 20.0
+    tiered = prepare("search", TINY_CONFIG, space=TINY_SPACE, population=18, generations=6)
+    tiered.config = dataclasses.replace(tiered.config, engine=dataclasses.replace(
+        tiered.config.engine, kv_cpu_blocks=64))
+    # 110 s against 45 s + 110 s: reference
+    assert api.jax_speedup(tiered) == 1.0
+    assert api.choose_engine(tiered)[0] == "reference"
+    swept = prepare("sweep", TINY_CONFIG, grid=[("engine.kv_cpu_blocks", (0, 64))])
+    assert api.jax_speedup(swept) == 1.0  # a tier knob in the space
     forced = prepare("search", TINY_CONFIG, space=TINY_SPACE, population=4, generations=2,
                      engine="jax")
     assert api.choose_engine(forced) == ("jax", "--engine jax")
