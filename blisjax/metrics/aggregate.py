@@ -42,7 +42,7 @@ from blisjax.metrics.formulas import (
     throughput_per_s,
 )
 from blisjax.metrics.lifecycle import existing_instances, instance_summaries, lifecycle_metrics
-from blisjax.metrics.percentile import mean, percentile_linear
+from blisjax.metrics.percentile import mean, percentile_linear, sort_values
 from blisjax.metrics.records import COMPLETED, DROPPED, REJECTED, TIMED_OUT, UNFINISHED, RunResult
 from blisjax.metrics.sessions import session_metrics
 from blisjax.metrics.slo import DEFAULT_CLASS_NAME, slo_attainment, tenant_slo_attainment
@@ -138,6 +138,7 @@ def _check_shapes(result: RunResult, workload: Workload) -> None:
 
 def _latency_block(prefix: str, values_us: np.ndarray) -> dict[str, float]:
     """``<prefix>_mean_ms`` and p90/p95/p99 in ms of a µs population (BLIS's JSON formulas)."""
+    values_us = sort_values(values_us)
     return {
         f"{prefix}_mean_ms": mean(values_us, US_PER_MS),
         f"{prefix}_p90_ms": percentile_linear(values_us, 90, US_PER_MS),
@@ -155,8 +156,8 @@ def distribution_ms(values_us: np.ndarray, *, ratio: bool = True) -> dict[str, A
     max are the 0th and 100th percentiles), and with ``ratio`` the tail blow-up
     ``p99_p50_ratio`` (``formulas.tail_ratio`` of the µs percentiles). All 0.0 (count 0, ratio
     1.0) for an empty population."""
-    values_us = np.asarray(values_us)
-    out: dict[str, Any] = {"count": int(values_us.shape[0]),
+    values_us = sort_values(values_us)
+    out: dict[str, Any] = {"count": int(values_us.values.shape[0]),
                            "mean": mean(values_us, US_PER_MS)}
     for label, p in (("min", 0), ("p50", 50), ("p90", 90), ("p95", 95), ("p99", 99),
                      ("max", 100)):
@@ -172,6 +173,7 @@ def _group_extras(ttft_us: np.ndarray, e2e_us: np.ndarray, tpot_us: np.ndarray
     """A class's or tenant's figures beyond BLIS's: TTFT and E2E min/p50/max, its completed
     requests' TPOT distribution (mean, min, p50, p90, p99, max), and the p99/p50 ratios."""
     out: dict[str, float] = {}
+    ttft_us, e2e_us, tpot_us = sort_values(ttft_us), sort_values(e2e_us), sort_values(tpot_us)
     for prefix, values in (("ttft", ttft_us), ("e2e", e2e_us)):
         out[f"{prefix}_min_ms"] = percentile_linear(values, 0, US_PER_MS)
         out[f"{prefix}_p50_ms"] = percentile_linear(values, 50, US_PER_MS)
@@ -294,6 +296,7 @@ def kv_cache_summary(result: RunResult) -> str:
 
 def _stats_us(values_us: np.ndarray) -> dict[str, float]:
     """Mean, p50, p95 and p99 of a µs population (linear interpolation; 0.0 when empty)."""
+    values_us = sort_values(values_us)
     return {"mean": mean(values_us, 1.0), "p50": percentile_linear(values_us, 50, 1.0),
             "p95": percentile_linear(values_us, 95, 1.0),
             "p99": percentile_linear(values_us, 99, 1.0)}
@@ -368,8 +371,8 @@ def _group_stats(
     requests with at least one ITL entry; ``itl_entry_rows`` (the request of each of
     ``itl_entries_us``, None when the run lacks it) gives the group's own ITL distribution."""
     done = mask & (status == COMPLETED)
-    ttft = ttft_us[mask & (ttft_us >= 0)]
-    e2e = e2e_us[done]
+    ttft = sort_values(ttft_us[mask & (ttft_us >= 0)])
+    e2e = sort_values(e2e_us[done])
     entries = int(np.sum(itl_count[done]))
     out: dict[str, Any] = {
         "injected": int(np.sum(mask & arrived)),
@@ -389,7 +392,7 @@ def _group_stats(
         **_group_extras(ttft, e2e, tpot_us[done & (itl_count > 0)]),
     }
     if itl_entry_rows is not None:  # the group's raw ITL entries (completed requests only)
-        own = itl_entries_us[mask[itl_entry_rows]]
+        own = sort_values(itl_entries_us[mask[itl_entry_rows]])
         for label, p in (("p50", 50), ("p90", 90), ("p99", 99)):
             out[f"itl_{label}_ms"] = percentile_linear(own, p, US_PER_MS)
         out["itl_p99_p50_ratio"] = tail_ratio(percentile_linear(own, 99),

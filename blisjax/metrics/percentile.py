@@ -30,30 +30,40 @@ is an exact integer below 2**53, so the exact integer sum converted once is the 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["mean", "percentile_linear"]
+__all__ = ["SortedValues", "mean", "percentile_linear", "sort_values"]
 
 
-def _sorted_1d(values: np.ndarray | list | tuple) -> np.ndarray:
-    """Return a sorted 1-D copy, integers kept as int64 and anything else as float64."""
+class SortedValues(NamedTuple):
+    """A population sorted once (``sort_values``), for several statistics of it: each
+    ``percentile_linear`` of raw values sorts them again."""
+
+    values: np.ndarray  # 1-D, ascending; int64 for integer input, else float64
+
+
+def sort_values(values: np.ndarray | list | tuple | SortedValues) -> SortedValues:
+    """``values`` sorted ascending, integers kept as int64 and anything else as float64."""
+    if isinstance(values, SortedValues):
+        return values
     arr = np.asarray(values)
     if arr.ndim != 1:
         raise ValueError(f"expected a 1-D array of values, got shape {arr.shape}")
-    if arr.dtype.kind in "iub":
-        arr = arr.astype(np.int64)
-    else:
-        arr = arr.astype(np.float64)
-    return np.sort(arr, kind="stable")
+    if arr.dtype.kind in "iub":  # equal integers are indistinguishable: any sort will do
+        return SortedValues(np.sort(arr.astype(np.int64, copy=False)))
+    # a stable sort keeps equal floats (0.0 and -0.0) in their order, for mean's sum
+    return SortedValues(np.sort(arr.astype(np.float64), kind="stable"))
 
 
-def percentile_linear(values: np.ndarray | list | tuple, p: float, divisor: float = 1.0) -> float:
+def percentile_linear(values: np.ndarray | list | tuple | SortedValues, p: float,
+                      divisor: float = 1.0) -> float:
     """BLIS's linear-interpolation percentile of ``values``, divided by ``divisor``.
 
     Args:
-      values: 1-D numbers in any order (any unit, e.g. µs); integer arrays keep exact
-        integer differences, as BLIS's ``int64`` ITL list does.
+      values: 1-D numbers in any order (any unit, e.g. µs), or ``sort_values`` of them;
+        integer arrays keep exact integer differences, as BLIS's ``int64`` ITL list does.
       p: percentile in [0, 100].
       divisor: unit conversion applied the way BLIS applies it (1000 turns µs into ms).
 
@@ -63,7 +73,7 @@ def percentile_linear(values: np.ndarray | list | tuple, p: float, divisor: floa
     """
     if not 0.0 <= p <= 100.0:
         raise ValueError(f"percentile p must be in [0, 100], got {p}")
-    s = _sorted_1d(values)
+    s = sort_values(values).values
     n = int(s.shape[0])
     if n == 0:
         return 0.0
@@ -79,20 +89,21 @@ def percentile_linear(values: np.ndarray | list | tuple, p: float, divisor: floa
     return float(lo_val) / divisor + gap * (rank - float(lo)) / divisor
 
 
-def mean(values: np.ndarray | list | tuple, divisor: float = 1.0) -> float:
+def mean(values: np.ndarray | list | tuple | SortedValues, divisor: float = 1.0) -> float:
     """Arithmetic mean of ``values`` divided by ``divisor`` (0.0 for an empty input).
 
     Integer inputs are summed exactly (equal to BLIS's float64 running sum whenever partial sums
     stay below 2**53, i.e. always for µs latencies); float inputs are summed sequentially in
-    sorted order, as BLIS does.
+    sorted order, as BLIS does. ``values`` may be ``sort_values`` of them.
     """
-    s = _sorted_1d(values)
+    arr = values.values if isinstance(values, SortedValues) else np.asarray(values)
+    if arr.ndim == 1 and arr.dtype.kind in "iub":  # an exact sum: the order does not matter
+        n = int(arr.shape[0])
+        return float(int(np.sum(arr, dtype=np.int64))) / float(n) / divisor if n else 0.0
+    s = sort_values(values).values  # already sorted if ``values`` is ``SortedValues``
     n = int(s.shape[0])
     if n == 0:
         return 0.0
-    if s.dtype == np.int64:
-        total = float(int(np.sum(s, dtype=np.int64)))
-    else:
-        # cumsum is a strictly sequential left-to-right sum (np.sum would sum pairwise).
-        total = float(np.cumsum(s)[-1])
+    # cumsum is a strictly sequential left-to-right sum (np.sum would sum pairwise).
+    total = float(np.cumsum(s)[-1])
     return total / float(n) / divisor

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from blisjax.metrics.percentile import mean, percentile_linear
+from blisjax.metrics.percentile import mean, percentile_linear, sort_values
 from blisjax.metrics.records import COMPLETED, RunResult
 from blisjax.workload.types import NO_SESSION, Workload
 
@@ -23,10 +23,10 @@ _US_PER_MS = 1000.0
 
 
 def _distribution_ms(values_us: np.ndarray) -> dict[str, Any]:
-    v = np.asarray(values_us)
+    v = sort_values(values_us)
     return {"mean": mean(v, _US_PER_MS), "p50": percentile_linear(v, 50, _US_PER_MS),
             "p95": percentile_linear(v, 95, _US_PER_MS),
-            "p99": percentile_linear(v, 99, _US_PER_MS), "n": int(v.shape[0])}
+            "p99": percentile_linear(v, 99, _US_PER_MS), "n": int(v.values.shape[0])}
 
 
 def session_metrics(result: RunResult, workload: Workload) -> dict[str, Any]:
@@ -51,10 +51,10 @@ def session_metrics(result: RunResult, workload: Workload) -> dict[str, Any]:
     out = {"sessions": len(latest), "ttft_cold_ms": _distribution_ms(ttft[cold]),
            "ttft_warm_ms": _distribution_ms(ttft[warm])}
     # durations are already ms
-    d = np.asarray(durations, dtype=np.float64)
+    d = sort_values(np.asarray(durations, dtype=np.float64))
     out["duration_ms"] = {"mean": mean(d), "p50": percentile_linear(d, 50),
                           "p95": percentile_linear(d, 95), "p99": percentile_linear(d, 99),
-                          "n": int(d.shape[0])}
+                          "n": int(d.values.shape[0])}
     return out
 
 

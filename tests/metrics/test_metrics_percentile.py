@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from blisjax.metrics.percentile import mean, percentile_linear
+from blisjax.metrics.percentile import mean, percentile_linear, sort_values
 
 
 @pytest.mark.parametrize(
@@ -83,3 +83,28 @@ def test_mean_hand_values():
 def test_mean_is_sum_over_n_then_divisor():
     values = [14329, 17208, 16976]
     assert mean(values, 1000.0) == (sum(values) / 3) / 1000
+
+
+def test_float_mean_sums_in_ascending_order():
+    # 1e16 + 1 + 1 in float64: left to right the ones are lost (1e16 + 1 == 1e16), smallest
+    # first they are not; BLIS sums the sorted values
+    values = [1e16, 1.0, 1.0]
+    assert mean(values) == (1.0 + 1.0 + 1e16) / 3
+    assert mean(values) != (1e16 + 1.0 + 1.0) / 3
+
+
+@given(st.one_of(st.lists(st.integers(min_value=-10**12, max_value=10**12), max_size=60),
+                 st.lists(st.floats(min_value=-1e9, max_value=1e9), max_size=60)))
+@settings(max_examples=150, deadline=None)
+def test_a_population_sorted_once_gives_the_same_statistics(values):
+    """``sort_values`` once, then several statistics: the same floats, bit for bit, as each
+    statistic of the raw values (whose own sort they would each repeat)."""
+    once = sort_values(values)
+    assert list(once.values) == sorted(once.values.tolist())
+    assert sort_values(once) is once
+    for p in (0, 1, 50, 90, 95, 99, 99.9, 100):
+        assert percentile_linear(once, p, 1000.0) == percentile_linear(values, p, 1000.0)
+    assert mean(once, 1000.0) == mean(values, 1000.0)
+    if values and all(isinstance(v, int) for v in values):
+        assert once.values.dtype == np.int64
+        assert mean(once) == float(sum(values)) / len(values)
