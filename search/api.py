@@ -363,9 +363,9 @@ JAX_COMPILE_S = 45.0
 #: How many times faster than a reference run ``choose_engine`` takes a JAX lane to be, when
 #: one call runs ``lanes`` of them: ``1 + lanes / JAX_LANES_PER_SPEEDUP`` (lanes share each
 #: lockstep iteration's work), at most ``JAX_SPEEDUP_PER_CORE`` per usable core. Measured on
-#: 2 cores it ranges from 3.4–3.5× (the cost example, 16 and 32 lanes) and 6× (P/D pools, 16
-#: lanes) to 16–32× (64 lanes of the anchor workload and scenario S; docs/performance.md);
-#: the rule keeps to the low side of that.
+#: 2 cores it ranges from 5–6× (the cost example, 16 and 32 lanes; P/D pools, 16 lanes) to
+#: 16–32× (64 lanes of the anchor workload and scenario S; docs/performance.md); the rule
+#: keeps to the low side of that.
 JAX_LANES_PER_SPEEDUP = 8.0
 JAX_SPEEDUP_PER_CORE = 10.0
 #: The configuration or the space holds a CPU tier: lanes whose tiers thrash run in small
