@@ -90,12 +90,14 @@ class SimulationProblem:
       backend: where the engine calls run (default ``LocalBackend()``: this process).
       program_sites: sites whose policy programs the candidates may set: their interpreters
         are compiled into the one program from the start (``with_program_sites``).
+      extra_seeds: seeds a later ``with_seeds`` will ask for (held-out seeds): their workloads
+        shape the one program too, so running them compiles nothing new.
     """
 
     def __init__(self, resolved, seeds: Sequence[int], scoring: Scoring, lanes: int,
                  capacities: Mapping[str, Any] | None = None, keep_metrics: bool = True,
                  shape_workloads: Sequence[Workload] = (), static=None, backend=None,
-                 program_sites: Sequence[str] = ()) -> None:
+                 program_sites: Sequence[str] = (), extra_seeds: Sequence[int] = ()) -> None:
         if lanes < 1:
             raise ValueError(f"lanes must be >= 1, got {lanes}")
         if not seeds:
@@ -107,11 +109,16 @@ class SimulationProblem:
         self.capacities = dict(capacities or {})
         self.keep_metrics = keep_metrics
         self.workloads = {s: make_workload(resolved.config, s) for s in self.seeds}
-        # One engine program for every seed (capacities cover all of them, and
-        # ``shape_workloads`` too): a seed then costs a run, not a 30-40 s compile.
+        # One engine program for every seed (capacities cover all of them, ``extra_seeds``'
+        # workloads and ``shape_workloads`` too): a seed then costs a run, not a compile.
         self.program_sites = tuple(program_sites)
+        extra = [make_workload(resolved.config, s) for s in dict.fromkeys(extra_seeds)
+                 if s not in self.workloads]
         self.static = static if static is not None else _shared_static(
-            resolved, self.workloads, shape_workloads, self.capacities)
+            resolved, self.workloads, [*shape_workloads, *extra], self.capacities)
+        # the seeds whose workloads the one program was built to cover
+        self.covered = frozenset(self.seeds) | (
+            frozenset(int(s) for s in extra_seeds) if static is None else frozenset())
         if self.program_sites:  # the programs' interpreters in the one program, baseline too
             self.static = ({k: with_program_sites(v, self.program_sites)
                             for k, v in self.static.items()} if isinstance(self.static, dict)
@@ -120,10 +127,12 @@ class SimulationProblem:
         self.backend = backend if backend is not None else LocalBackend()
 
     def with_seeds(self, seeds: Sequence[int], same_program: bool = False) -> SimulationProblem:
-        """The same problem on other workload seeds (e.g. held-out seeds). ``same_program``:
-        reuse this problem's engine program (its capacities must cover ``seeds``, as for a
-        subset of a problem built over a superset of seeds)."""
-        if same_program:
+        """The same problem on other workload seeds (e.g. held-out seeds), on this problem's
+        engine program where it covers them (``extra_seeds``) or ``same_program`` says so
+        (its capacities must cover ``seeds``, as for a subset of a problem built over a
+        superset of seeds); else on a program of their own."""
+        shared = not isinstance(self.static, dict) and {int(s) for s in seeds} <= self.covered
+        if same_program or shared:
             return SimulationProblem(self.resolved, seeds, self.scoring, self.lanes,
                                      self.capacities, self.keep_metrics, static=self.static,
                                      backend=self.backend, program_sites=self.program_sites)

@@ -358,6 +358,27 @@ def test_holdout_comparison_on_a_seed(tmp_path):
     assert held["per_seed"]["7"]["best"]["-e2e_mean_ms"] == best["objectives"]["-e2e_mean_ms"]
 
 
+def test_held_out_seeds_run_on_the_search_program():
+    """A problem built with its held-out seeds (``extra_seeds``) hands them the same engine
+    program, whose capacities cover their workloads; other seeds get a program of their own."""
+    from blisjax.engine.static import build_static_shared
+    from search.api import prepare
+    from search.evaluate import SimulationProblem, make_workload
+
+    plan = prepare("search", TINY_CONFIG, space=TINY_SPACE, population=TINY_LANES,
+                   generations=1, seeds="1", holdout_seeds="101,102")
+    problem = SimulationProblem(plan.resolved, plan.seeds, plan.scoring, plan.population,
+                                extra_seeds=plan.holdout_seeds)
+    assert problem.with_seeds([101, 102]).static is problem.static
+    assert problem.with_seeds([102]).static is problem.static
+    assert problem.with_seeds([103]).static is not problem.static
+    alone = SimulationProblem(plan.resolved, plan.seeds, plan.scoring, plan.population)
+    assert alone.with_seeds([101]).static is not alone.static
+    # the one program is the one built over the training and held-out workloads together
+    workloads = [make_workload(plan.config, s) for s in (1, 101, 102)]
+    assert problem.static == build_static_shared(plan.resolved, workloads)
+
+
 def test_warning_when_scorer_weights_cannot_matter(tmp_path):
     from search.api import prepare
 
@@ -437,8 +458,8 @@ def test_recorded_traces_as_the_workloads(tmp_path, capsys):
 
 
 def test_engine_auto_weighs_reference_runs_against_compiles(monkeypatch):
-    """auto: reference runs (simulations planned × seconds each) against 45 s per compile —
-    two with held-out seeds — plus JAX lanes 1 + lanes / 8 times faster, at most 10× per
+    """auto: reference runs (simulations planned × seconds each) against 45 s of compile (the
+    held-out seeds run on the search's program) plus JAX lanes 1 + lanes / 8 times faster, at most 10× per
     core; with a CPU tier in the space or the configuration, as fast as the reference."""
     import search.api as api
     from search.api import prepare
@@ -451,7 +472,7 @@ def test_engine_auto_weighs_reference_runs_against_compiles(monkeypatch):
     assert api.choose_engine(small)[0] == "reference"
     big = prepare("search", TINY_CONFIG, space=TINY_SPACE, population=8, generations=6,
                   holdout_seeds="101")
-    # (48 + 2) x 1 + 2 x 1 held-out = 52 s against 2 x 45 s + 52 / (1 + 8/8) s: reference
+    # (48 + 2) x 1 + 2 x 1 held-out = 52 s against 45 s + 52 / (1 + 8/8) s: reference
     assert api.planned_simulations(big) == 52
     assert api.choose_engine(big)[0] == "reference"
     bigger = prepare("search", TINY_CONFIG, space=TINY_SPACE, population=18, generations=6)
