@@ -29,6 +29,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
 SLOW_SUBCOMMANDS = ("parity", "sweep", "search")
+#: Commands that print a Markdown summary instead of a JSON document.
+TEXT_SUBCOMMANDS = ("explain",)
 
 
 def readme_blocks(text: str) -> list[list[str]]:
@@ -70,8 +72,10 @@ def _run_all(commands: list[str], workdir: Path) -> None:
         done = subprocess.run(argv, cwd=workdir, env=env, capture_output=True, text=True,
                               check=False)
         assert done.returncode == 0, f"{command}\n{done.stderr}"
-        if done.stdout.strip():
-            json.loads(done.stdout)  # every command prints one JSON document
+        if shlex.split(command)[1] in TEXT_SUBCOMMANDS:
+            assert done.stdout.startswith("# "), f"{command}\n{done.stdout[:200]}"
+        elif done.stdout.strip():
+            json.loads(done.stdout)  # every other command prints one JSON document
 
 
 def test_readme_lists_commands_for_every_command_name():
