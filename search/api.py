@@ -398,8 +398,7 @@ def reference_seconds(plan: Plan) -> float:
 def jax_speedup(plan: Plan) -> float:
     """Estimated speed of one JAX lane against a reference run of the plan's workload
     (``JAX_LANES_PER_SPEEDUP``, ``JAX_SPEEDUP_PER_CORE``, ``JAX_TIER_SPEEDUP``)."""
-    tier = "engine.kv_cpu_blocks" in plan.space.names or plan.config.engine.kv_cpu_blocks > 0
-    if tier:
+    if "engine.kv_cpu_blocks" in plan.space.names or plan.config.engine.kv_cpu_blocks > 0:
         return JAX_TIER_SPEEDUP
     return min(1.0 + plan.population / JAX_LANES_PER_SPEEDUP,
                JAX_SPEEDUP_PER_CORE * usable_cores())

@@ -91,7 +91,7 @@ class SimulationProblem:
       program_sites: sites whose policy programs the candidates may set: their interpreters
         are compiled into the one program from the start (``with_program_sites``).
       extra_seeds: seeds a later ``with_seeds`` will ask for (held-out seeds): their workloads
-        shape the one program too, so running them compiles nothing new.
+        shape the one program too, so they need no program of their own.
     """
 
     def __init__(self, resolved, seeds: Sequence[int], scoring: Scoring, lanes: int,

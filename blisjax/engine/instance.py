@@ -566,7 +566,7 @@ def roofline_step_us(s: SimState, st, c, i):
                                  c.output_tokens[reqs])
 
 
-PHASE1_PER_OCTAVE = 1  # widths per doubling of phase 1's programs (64, 128, 256)
+PHASE1_PER_OCTAVE = 1  # widths per doubling of phase 1's and a stretch's programs (64, 128, 256)
 FINISH_PER_OCTAVE = 2  # of execute and completions' programs (64, 96, 128, 192, 256)
 
 

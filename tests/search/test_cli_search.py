@@ -459,8 +459,9 @@ def test_recorded_traces_as_the_workloads(tmp_path, capsys):
 
 def test_engine_auto_weighs_reference_runs_against_compiles(monkeypatch):
     """auto: reference runs (simulations planned × seconds each) against 45 s of compile (the
-    held-out seeds run on the search's program) plus JAX lanes 1 + lanes / 8 times faster, at most 10× per
-    core; with a CPU tier in the space or the configuration, as fast as the reference."""
+    held-out seeds run on the search's program) plus JAX lanes 1 + lanes / 8 times faster, at
+    most 10× per core; with a CPU tier in the space or the configuration, as fast as the
+    reference."""
     import search.api as api
     from search.api import prepare
 
