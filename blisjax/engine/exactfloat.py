@@ -107,7 +107,9 @@ def spread_divisor(value, like):
     is a broadcast scalar — a compile-time constant, and also a traced value shared by every
     lane — and the rounded reciprocal makes some quotients differ in the last bit (95 of
     1,024 KV utilisations ``used / blocks`` in a vmapped test). Behind the barrier the divisor
-    is an ordinary array and the division an IEEE division."""
+    is an ordinary array and the division an IEEE division. ``like`` must not be a
+    compile-time constant: XLA folds the select of a constant mask into the broadcast it
+    stands for, and the quotients round through the reciprocal again."""
     return lax.optimization_barrier(jnp.where(like, value, value))
 
 

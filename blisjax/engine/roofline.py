@@ -34,7 +34,9 @@ The float sums of the reference run over the prefill requests in batch order, th
 decode requests in batch order. Here each sum is one chain of additions over the batch
 positions, twice: the first pass adds each prefill request's term and 0.0 elsewhere, the second
 each decode request's term and 0.0 elsewhere. Every term is >= +0.0 and adding +0.0 to a value
->= +0.0 returns it bit for bit, so the chain rounds exactly as the reference's loop does.
+>= +0.0 returns it bit for bit, so the chain rounds exactly as the reference's loop does. A
+step in which every request decodes (the steps a decode stretch plans, :func:`decode_seconds`)
+has no prefill pass: it would add +0.0 throughout.
 """
 
 from __future__ import annotations
@@ -204,18 +206,49 @@ class RooflineSeconds(NamedTuple):
 def _ordered_sum(terms, prefill, decode):
     """0.0 + the prefill terms in position order, then + the decode terms in position order,
     one addition per position and pass (absent positions add +0.0: no change to a value
-    >= 0). ``terms``, ``prefill``, ``decode``: [..., W]; returns [...].
+    >= 0). ``terms``, ``prefill``, ``decode``: [..., W]; returns [...]. ``prefill`` None: no
+    position is a prefill (the first pass would add +0.0 throughout, and is left out).
 
     The masked terms are selected once, then added along one chain over static slices: two
     operations per position, so the program grows by little per position of the width.
     """
     zero = jnp.zeros((), terms.dtype)
     total = jnp.zeros((*terms.shape[:-1], 1), terms.dtype)
-    for mask in (prefill, decode):
+    for mask in (decode,) if prefill is None else (prefill, decode):
         part = jnp.where(mask, terms, zero)
         for k in range(part.shape[-1]):
             total = total + lax.slice_in_dim(part, k, k + 1, axis=-1)
     return total[..., 0]
+
+
+def _request_terms(rc: RooflineConsts, row, sf, prefill):
+    """(compute s, dynamic memory bytes / TP) of each request: ``row`` its t-only terms
+    (``by_tokens[t]``, [..., W, 10], or one row [10] shared by every position), ``sf`` its
+    progress s as float64 and ``prefill`` whether it prefills ([..., W])."""
+    ctx = sf + row[..., CTX_OFFSET]  # s + (t − 1)/2 for t > 1, s + 0.0 = s otherwise
+    attn = (row[..., FOUR_HEADS_T] * ctx) * rc.head_dim
+    vec = _product(ctx, row[..., FIVE_HEADS_T], rc.five_heads_t_short) + row[..., TWO_T_D]
+    gemm = row[..., GEMM] + mul_by_short(attn, rc.layers)
+    sram = mul_by_short(vec, rc.layers)
+    gemm = gemm + row[..., MOE]  # + 0.0 without MoE layers
+    gemm = gemm + row[..., DENSE]  # + 0.0 without dense layers
+    flops = gemm + sram
+    tp = spread_divisor(rc.tp, prefill)
+    rate = spread_divisor(jnp.where(prefill, rc.prefill_flops, rc.decode_flops), prefill)
+    # The barrier keeps XLA from rewriting (a / b) / c as a / (b·c).
+    compute_terms = lax.optimization_barrier(flops / tp) / rate
+    w = row[..., WEIGHTS]
+    total = ((w + row[..., KV_WRITE]) + _product(sf, rc.kv_bytes_per_token, rc.kv_bytes_short)) \
+        + row[..., ACT]
+    return compute_terms, (total - w) / tp
+
+
+def _seconds(rc: RooflineConsts, compute, dynamic, n_tok, any_request) -> RooflineSeconds:
+    """The step's seconds from its summed compute seconds and dynamic bytes / TP, its total
+    tokens and whether it has any roofline request (the weights are read once)."""
+    memory = ((rc.by_tokens[n_tok, WEIGHTS] / spread_divisor(rc.tp, any_request)) + dynamic) \
+        / spread_divisor(rc.bandwidth, any_request)
+    return RooflineSeconds(compute, memory, any_request)
 
 
 def step_seconds(rc: RooflineConsts, nn, pi, l_in, out) -> RooflineSeconds:
@@ -233,36 +266,35 @@ def step_seconds(rc: RooflineConsts, nn, pi, l_in, out) -> RooflineSeconds:
     prefill = sched & (pi < l_in)
     decode = sched & (pi >= l_in) & (out > 0)
     t = jnp.where(prefill, nn, 1)
-    row = rc.by_tokens[t]  # [W, 10]
-    sf = pi.astype(F64)
-    ctx = sf + row[..., CTX_OFFSET]  # s + (t − 1)/2 for t > 1, s + 0.0 = s otherwise
-    attn = (row[..., FOUR_HEADS_T] * ctx) * rc.head_dim
-    vec = _product(ctx, row[..., FIVE_HEADS_T], rc.five_heads_t_short) + row[..., TWO_T_D]
-    gemm = row[..., GEMM] + mul_by_short(attn, rc.layers)
-    sram = mul_by_short(vec, rc.layers)
-    gemm = gemm + row[..., MOE]  # + 0.0 without MoE layers
-    gemm = gemm + row[..., DENSE]  # + 0.0 without dense layers
-    flops = gemm + sram
-    tp = spread_divisor(rc.tp, prefill)
-    rate = spread_divisor(jnp.where(prefill, rc.prefill_flops, rc.decode_flops), prefill)
-    # The barrier keeps XLA from rewriting (a / b) / c as a / (b·c).
-    compute_terms = lax.optimization_barrier(flops / tp) / rate
-    w = row[..., WEIGHTS]
-    total = ((w + row[..., KV_WRITE]) + _product(sf, rc.kv_bytes_per_token, rc.kv_bytes_short)) \
-        + row[..., ACT]
-    dynamic_terms = (total - w) / tp
+    compute_terms, dynamic_terms = _request_terms(rc, rc.by_tokens[t], pi.astype(F64), prefill)
     compute = _ordered_sum(compute_terms, prefill, decode)
     dynamic = _ordered_sum(dynamic_terms, prefill, decode)
     n_tok = jnp.sum(jnp.where(prefill, nn, 0), axis=-1) + jnp.sum(decode, axis=-1)
-    any_request = jnp.any(prefill | decode, axis=-1)
-    memory = ((rc.by_tokens[n_tok, WEIGHTS] / spread_divisor(rc.tp, any_request)) + dynamic) \
-        / spread_divisor(rc.bandwidth, any_request)
-    return RooflineSeconds(compute, memory, any_request)
+    return _seconds(rc, compute, dynamic, n_tok, jnp.any(prefill | decode, axis=-1))
+
+
+def decode_seconds(rc: RooflineConsts, decode, pi) -> RooflineSeconds:
+    """:func:`step_seconds` of a step in which every scheduled request decodes one token:
+    ``decode`` [..., W] the scheduled positions, ``pi`` [..., W] their progress (each >= its
+    input tokens, with output to produce). Every request reads the table's row t = 1, and the
+    prefill pass of the sums, which would add +0.0 throughout, is left out: the same
+    operations on the same values for every request, in the same order."""
+    sf = pi.astype(F64)
+    # no request prefills; the mask is computed from the data, since with a constant one XLA
+    # folds spread_divisor's select and divides by a broadcast scalar (a reciprocal product)
+    compute_terms, dynamic_terms = _request_terms(rc, rc.by_tokens[1], sf, pi < 0)
+    compute = _ordered_sum(compute_terms, None, decode)
+    dynamic = _ordered_sum(dynamic_terms, None, decode)
+    return _seconds(rc, compute, dynamic, jnp.sum(decode, axis=-1), jnp.any(decode, axis=-1))
+
+
+def seconds_to_us(rc: RooflineConsts, sec: RooflineSeconds):
+    """int64 µs of a step's seconds: max(1, trunc(max(compute, memory)·1e6)), 1 for a step
+    without roofline requests (``roofline_step_time_us``)."""
+    ticks = float_to_ticks_array(jnp.maximum(sec.compute, sec.memory) * rc.us_per_s, jnp)
+    return jnp.where(sec.any_request, jnp.maximum(1, ticks), 1)
 
 
 def step_time_us(rc: RooflineConsts, nn, pi, l_in, out):
-    """int64 µs of one step: max(1, trunc(max(compute, memory)·1e6)), 1 for a step without
-    roofline requests (``roofline_step_time_us``). Arguments as :func:`step_seconds`."""
-    sec = step_seconds(rc, nn, pi, l_in, out)
-    ticks = float_to_ticks_array(jnp.maximum(sec.compute, sec.memory) * rc.us_per_s, jnp)
-    return jnp.where(sec.any_request, jnp.maximum(1, ticks), 1)
+    """int64 µs of one step (``roofline_step_time_us``). Arguments as :func:`step_seconds`."""
+    return seconds_to_us(rc, step_seconds(rc, nn, pi, l_in, out))

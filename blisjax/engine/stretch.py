@@ -185,10 +185,11 @@ def plain_step_times(st, c, i, keep, pi, l_in, out, ema):
     if st.stateful_latency:
         return physics.plain_step_times(physics_of(st, c, i), keep, pi, l_in, out, ema,
                                         VARYING_PLAN)
+    # every kept request decodes (the plan is used only then: ``outlook``'s ``decoding``)
     k = jnp.arange(VARYING_PLAN, dtype=pi.dtype)[:, None]
-    nn = jnp.broadcast_to(keep.astype(jnp.int32), (VARYING_PLAN, keep.shape[0]))
-    return (roofline.step_time_us(roofline_of(st, c, i), nn, pi[None, :] + k, l_in[None, :],
-                                  out[None, :]),
+    decode = jnp.broadcast_to(keep, (VARYING_PLAN, keep.shape[0]))
+    rc = roofline_of(st, c, i)
+    return (roofline.seconds_to_us(rc, roofline.decode_seconds(rc, decode, pi[None, :] + k)),
             jnp.zeros(0, jnp.float64))
 
 

@@ -141,6 +141,56 @@ def test_matches_the_reference_bit_for_bit(model_name):
         assert empty > 0 and got_us.min() >= 1
 
 
+_decode_seconds = jax.jit(jax.vmap(rl.decode_seconds, in_axes=(None, 0, 0)))
+
+
+def _decode_batches(seed: int) -> Batches:
+    """Decode-only batches as a stretch plan evaluates them: every scheduled position decodes
+    one token with output left (contexts up to 10^6), unscheduled positions anywhere, and
+    some batches empty."""
+    rng = np.random.default_rng(seed)
+    shape = (BATCHES, WIDTH)
+    l_in = rng.integers(1, 30_000, shape)
+    pi = l_in + rng.integers(0, 4_000, shape) * (1 + 250 * (rng.random(shape) < 0.1))
+    out = rng.integers(1, 4_000, shape)
+    n = rng.integers(0, WIDTH + 1, (BATCHES, 1))
+    scheduled = (np.arange(WIDTH)[None, :] < n) & (rng.random(shape) < 0.9)
+    scheduled[::97] = False
+    return Batches(*(x.astype(np.int32) for x in (scheduled.astype(np.int64), pi, l_in, out)))
+
+
+@pytest.mark.parametrize("model_name", ["llama-3.1-8b", "qwen3-30b-a3b-moe", "odd"])
+def test_decode_only_steps_match_the_reference_bit_for_bit(model_name):
+    """``decode_seconds`` (a stretch plan's steps) against the reference on decode-only
+    batches, for the models and GPUs whose every product and division rounds."""
+    batches = _decode_batches(seed=7 + len(model_name))
+    for gpu, tp in GPUS:
+        model = RooflineLatency(MODELS[model_name](), load_hardware(gpu), tp)
+        assert rl.fits_the_program(model, BUDGET + WIDTH, int(batches.pi.max()))
+        rc = rl.roofline_consts(model, BUDGET + WIDTH)
+        sec = _decode_seconds(rc, batches.nn > 0, batches.pi)
+        got = jax.device_get(sec)
+        got_us = np.asarray(jax.jit(rl.seconds_to_us)(rc, sec))
+        mismatches, empty = [], 0
+        for b in range(BATCHES):
+            on = batches.nn[b] > 0
+            batch = StepBatch(*([int(x) for x in a[b][on]] for a in batches))
+            prefill, decode = split_roofline_requests(batch)
+            assert not prefill
+            if decode:
+                compute, memory = roofline_step_seconds(model.arch, model.rates, prefill,
+                                                        decode)
+                same = (got.any_request[b] and _bits(compute) == _bits(got.compute[b])
+                        and _bits(memory) == _bits(got.memory[b]))
+            else:
+                empty += 1
+                same = not got.any_request[b]
+            if not same or model.step_time_us(batch) != int(got_us[b]):
+                mismatches.append((gpu, tp, b, model.step_time_us(batch), int(got_us[b])))
+        assert not mismatches, mismatches[:5]
+        assert empty > 0
+
+
 def test_moe_weights_follow_the_token_count():
     """Row t holds W(t): MoE weights grow with t (more distinct experts hit), dense weights
     do not depend on t."""
