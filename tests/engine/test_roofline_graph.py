@@ -121,24 +121,31 @@ def test_matches_the_reference_bit_for_bit(model_name):
         rc = rl.roofline_consts(model, BUDGET + WIDTH)
         got = jax.device_get(_seconds(rc, *batches))
         got_us = np.asarray(_step_us(rc, *batches))
-        mismatches, empty = [], 0
-        for b in range(BATCHES):
-            on = batches.nn[b] > 0
-            batch = StepBatch(*([int(x) for x in a[b][on]] for a in batches))
-            prefill, decode = split_roofline_requests(batch)
-            want_us = model.step_time_us(batch)
-            if prefill or decode:
-                compute, memory = roofline_step_seconds(model.arch, model.rates, prefill,
-                                                        decode)
-                same = (got.any_request[b] and _bits(compute) == _bits(got.compute[b])
-                        and _bits(memory) == _bits(got.memory[b]))
-            else:
-                empty += 1
-                same = not got.any_request[b]
-            if not same or want_us != int(got_us[b]):
-                mismatches.append((gpu, tp, b, want_us, int(got_us[b])))
-        assert not mismatches, mismatches[:5]
+        mismatches, empty = _mismatches(model, batches, got, got_us)
+        assert not mismatches, (gpu, tp, mismatches[:5])
         assert empty > 0 and got_us.min() >= 1
+
+
+def _mismatches(model, batches: Batches, got: rl.RooflineSeconds, got_us: np.ndarray
+                ) -> tuple[list, int]:
+    """(batches whose program seconds or µs differ from the reference's, as (batch, want µs,
+    got µs); batches without a roofline request)."""
+    mismatches, empty = [], 0
+    for b in range(BATCHES):
+        on = batches.nn[b] > 0
+        batch = StepBatch(*([int(x) for x in a[b][on]] for a in batches))
+        prefill, decode = split_roofline_requests(batch)
+        want_us = model.step_time_us(batch)
+        if prefill or decode:
+            compute, memory = roofline_step_seconds(model.arch, model.rates, prefill, decode)
+            same = (got.any_request[b] and _bits(compute) == _bits(got.compute[b])
+                    and _bits(memory) == _bits(got.memory[b]))
+        else:
+            empty += 1
+            same = not got.any_request[b]
+        if not same or want_us != int(got_us[b]):
+            mismatches.append((b, want_us, int(got_us[b])))
+    return mismatches, empty
 
 
 _decode_seconds = jax.jit(jax.vmap(rl.decode_seconds, in_axes=(None, 0, 0)))
@@ -162,8 +169,11 @@ def _decode_batches(seed: int) -> Batches:
 @pytest.mark.parametrize("model_name", ["llama-3.1-8b", "qwen3-30b-a3b-moe", "odd"])
 def test_decode_only_steps_match_the_reference_bit_for_bit(model_name):
     """``decode_seconds`` (a stretch plan's steps) against the reference on decode-only
-    batches, for the models and GPUs whose every product and division rounds."""
+    batches: a dense model, an MoE one and the odd one (every product rounds), each on every
+    GPU and TP of ``GPUS`` (TP 3 makes the divisions round)."""
     batches = _decode_batches(seed=7 + len(model_name))
+    on = batches.nn > 0
+    assert np.all(batches.pi[on] >= batches.l_in[on]) and np.all(batches.out[on] > 0)
     for gpu, tp in GPUS:
         model = RooflineLatency(MODELS[model_name](), load_hardware(gpu), tp)
         assert rl.fits_the_program(model, BUDGET + WIDTH, int(batches.pi.max()))
@@ -171,23 +181,8 @@ def test_decode_only_steps_match_the_reference_bit_for_bit(model_name):
         sec = _decode_seconds(rc, batches.nn > 0, batches.pi)
         got = jax.device_get(sec)
         got_us = np.asarray(jax.jit(rl.seconds_to_us)(rc, sec))
-        mismatches, empty = [], 0
-        for b in range(BATCHES):
-            on = batches.nn[b] > 0
-            batch = StepBatch(*([int(x) for x in a[b][on]] for a in batches))
-            prefill, decode = split_roofline_requests(batch)
-            assert not prefill
-            if decode:
-                compute, memory = roofline_step_seconds(model.arch, model.rates, prefill,
-                                                        decode)
-                same = (got.any_request[b] and _bits(compute) == _bits(got.compute[b])
-                        and _bits(memory) == _bits(got.memory[b]))
-            else:
-                empty += 1
-                same = not got.any_request[b]
-            if not same or model.step_time_us(batch) != int(got_us[b]):
-                mismatches.append((gpu, tp, b, model.step_time_us(batch), int(got_us[b])))
-        assert not mismatches, mismatches[:5]
+        mismatches, empty = _mismatches(model, batches, got, got_us)
+        assert not mismatches, (gpu, tp, mismatches[:5])
         assert empty > 0
 
 
