@@ -343,8 +343,9 @@ def main() -> None:
     ap.add_argument("--warm-calls", type=int, default=2,
                     help="timed calls after the first (same compiled program, warm memory)")
     ap.add_argument("--lane-block", type=int, default=None,
-                    help="lanes per lockstep loop with --cpu-tier (default: the engine's; 1: "
-                         "solo lanes, each running only the handlers and trips it needs)")
+                    help="lanes per lockstep loop with --anchor or --cpu-tier (default: the "
+                         "engine's; 1: solo lanes, each running only the handlers and trips it "
+                         "needs)")
     ap.add_argument("--cpu-tier", action="store_true",
                     help="the CPU-tier example (configs/search/cpu-tier.yaml, --requests "
                          "requests): one reference run, then populations of distinct tier "
@@ -374,7 +375,9 @@ def main() -> None:
         print(json.dumps({"workload": "anchor", **ref}), flush=True)
         for p in args.lanes.split(","):
             row = run_jax(resolved, workload, int(p), args.warm_calls,
-                          False if args.no_stretches else None, not args.full_width_only)
+                          False if args.no_stretches else None, not args.full_width_only,
+                          lane_block=args.lane_block)
+            row["lane_block"] = args.lane_block
             row["speedup_vs_reference"] = round(ref["run_s"] / row["s_per_sim"], 2)
             print(json.dumps({"workload": "anchor", **row}), flush=True)
         return

@@ -25,7 +25,7 @@ from blisjax.engine.request_rows import (
     engine_workload,
     ext_counts,
     group_blocks,
-    itl_counts,
+    itl_allotted,
     own_counts,
     queue_delays,
     session_tokens,
@@ -71,7 +71,8 @@ class WorkloadConsts:
     own_base: jax.Array  # hash slot of own block j is group_slots + own_base + j
     ext_base: jax.Array  # CPU key of block j >= full_blocks is ext_base + j (engine.kvtier)
     queue_delay_us: jax.Array
-    itl_offset: jax.Array
+    itl_offset: jax.Array  # int64: the request's first raw ITL entry in the ITL buffer
+    itl_end: jax.Array  # int64: the end of its entries (``request_rows.itl_allotted``)
     deadline_order: jax.Array  # requests with 0 < deadline <= horizon, by (deadline, index)
     step_prefill: jax.Array  # float64[budget+1]: (0 + β0) + β1·prefill_tokens
     step_decode: jax.Array  # float64[batch+1]: β2·decode_tokens
@@ -307,8 +308,8 @@ def build_consts(resolved, workload, st: EngineStatic) -> WorkloadConsts:
     horizon = int(resolved.config.horizon_us)
     has = np.nonzero((dl > 0) & (dl <= horizon) & ~workload.follow_up)[0]
     order = has[np.lexsort((has, dl[has]))] if has.size else np.zeros(0, np.int64)
-    itl_off = np.concatenate([[0], np.cumsum(itl_counts(out, st.features.pd))[:-1]]) \
-        if n else np.zeros(0, np.int64)
+    itl_end = np.cumsum(itl_allotted(out, st.features.pd)) if n else np.zeros(0, np.int64)
+    itl_off = np.concatenate([[0], itl_end[:-1]]) if n else np.zeros(0, np.int64)
     spare = st.shapes.num_requests - n
 
     # Every per-request array holds the workload's rows, then the spare rows up to N (with
@@ -387,6 +388,7 @@ def build_consts(resolved, workload, st: EngineStatic) -> WorkloadConsts:
         ext_base=pad(st.hash_slots + ext_start - full, 0, i32),
         queue_delay_us=jax.device_put(by_gpu([np.asarray(pad(q, 0, i64)) for q in rows.qdelay])),
         itl_offset=pad(itl_off, 0, i64),
+        itl_end=pad(itl_end, 0, i64),
         deadline_order=jax.device_put(np.concatenate(
             [order, np.full(st.shapes.num_deadlines + 1 - order.size, -1)]).astype(i32)),
         step_prefill=jax.device_put(by_gpu(rows.step_prefill)),

@@ -316,6 +316,14 @@ def session_slot(st, c, i, r, j):
         * st.shapes.session_blocks_max + j
 
 
+def forget_slots(s: SimState, st, slots, mask) -> SimState:
+    """Empty hash slots ``slots`` where ``mask``: writes of one value (-1), equal in any order,
+    so unlike ``apply_slot_ops`` no stamps are needed (stamps are compared only among the
+    writes of one call, and the clock is already past every stamp kept)."""
+    return s.replace(kv=s.kv.replace(slot_block=s.kv.slot_block.at[
+        jnp.where(mask, slots, st.hash_slots)].set(NIL)))
+
+
 def apply_slot_ops(s: SimState, st, slots, values, seq, mask) -> SimState:
     """Write ``slot_block[slots[k]] = values[k]`` where ``mask``, as if in increasing ``seq``
     order (``seq >= 0``, distinct among masked entries): the last write to a slot wins whatever

@@ -53,6 +53,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from blisjax.engine import kvblocks, kvtier, kvtiered, physics, roofline
 from blisjax.engine import kvcache as kv
@@ -67,11 +68,13 @@ from blisjax.engine.lockstep import (
     upd,
 )
 from blisjax.engine.pytree import pytree_dataclass
+from blisjax.engine.request_rows import ITL_WINDOW
 from blisjax.engine.state import NIL, SimState
 from blisjax.engine.static import VARYING_PLAN, caps_length, max_model_len_of, setting
 from blisjax.rules import kv_util_bucket
 
 CHUNK_STEPS = 16  # plain steps applied per pass of ``materialize`` (at most the block size)
+assert CHUNK_STEPS <= ITL_WINDOW  # a pass's ITL entries fit one window (``_itl_windows``)
 
 
 @pytree_dataclass
@@ -421,14 +424,10 @@ def _apply(s: SimState, st, c, i, kc, go, width: int) -> SimState:
         # distinct and the sink row grows by 0): a read of the old array beside the in-place
         # add made XLA copy the whole [requests] array twice per pass
         pi0 = s.pi[reqs] - grown
-        k = jnp.arange(chunk_steps(st), dtype=jnp.int32)
-        entry = c.itl_offset[reqs][:, None] + (pi0 - c.input_tokens[reqs])[:, None] + k[None, :]
-        write = valid[:, None] & (k[None, :] < kc)
+        first = c.itl_offset[reqs] + (pi0 - c.input_tokens[reqs])  # the pass's first entry
         itl = (times.step_us() + otp(st, c, i)).astype(jnp.int32)
-        if st.stretch_times_vary:
-            itl = jnp.broadcast_to(itl, write.shape)
-        s = s.replace(itl_buf=s.itl_buf.at[jnp.where(write, entry, st.shapes.itl_capacity)].set(
-            itl, mode="drop"))
+        s = s.replace(itl_buf=_itl_windows(s.itl_buf, st, c, reqs, first=first,
+                                           valid=valid & (kc > 0), kc=kc, itl=itl))
     total = kvblocks.capacity_of(s, st, i)
     used = (total - s.kv.kv_free[i]).astype(jnp.int64)
     if st.stretch_times_vary:  # the plan's offsets from the next virtual step on
@@ -457,17 +456,38 @@ def _apply(s: SimState, st, c, i, kc, go, width: int) -> SimState:
                           stretched=s.run.stretched + kc.astype(jnp.int64)))
 
 
+def _itl_windows(itl_buf, st, c, reqs, *, first, valid, kc, itl):
+    """The raw ITL entries of a ``_apply`` pass: request ``reqs[j]`` (where ``valid[j]``)
+    gets entries ``first[j] .. first[j] + kc - 1``, step k's being ``itl`` (a scalar, or
+    [chunk] per step). Each request's entries are written as one window of ``ITL_WINDOW``
+    consecutive entries inside its own (``request_rows.itl_allotted``), read and written
+    back with the new ones in place: windows of distinct requests never overlap, and one
+    contiguous window per request costs XLA:CPU a fraction of a scatter of single entries."""
+    w = ITL_WINDOW
+    start = jnp.minimum(first, c.itl_end[reqs] - w)  # stays inside the request's entries
+    start = jnp.where(valid, start, st.shapes.itl_capacity)  # out of bounds: dropped
+    k = jnp.arange(w, dtype=first.dtype)[None, :] - (first - start)[:, None]  # step of each
+    write = (k >= 0) & (k < kc)
+    new = itl[jnp.clip(k, 0, chunk_steps(st) - 1)] if itl.ndim else itl
+    gather = lax.GatherDimensionNumbers(offset_dims=(1,), collapsed_slice_dims=(),
+                                        start_index_map=(0,))
+    old = lax.gather(itl_buf, jnp.minimum(start, st.shapes.itl_capacity - w)[:, None], gather,
+                     (w,), mode="clip")
+    scatter = lax.ScatterDimensionNumbers(update_window_dims=(1,), inserted_window_dims=(),
+                                          scatter_dims_to_operand_dims=(0,))
+    return lax.scatter(itl_buf, start[:, None], jnp.where(write, new, old), scatter,
+                       mode="drop")
+
+
 def _hash_slot_ops(s: SimState, st, i, fresh, b, width: int) -> SimState:
     """The hash-slot writes of a ``_apply`` pass: a block popped for decode growth forgets the
-    slot it was registered under (``apply_slot_ops`` orders them by sequence number: by step,
-    then batch position). A block that decode tokens fill holds output positions, never a
-    prompt block's, so it gets no slot (``kvcache.grant_tokens``); the slots of the blocks
-    the pass takes stay empty."""
+    slot it was registered under (``kvblocks.forget_slots``: the pass writes no block into a
+    slot, so the order of its writes does not matter). A block that decode tokens fill holds
+    output positions, never a prompt block's, so it gets no slot (``kvcache.grant_tokens``);
+    the slots of the blocks the pass takes stay empty."""
     k_blocks = st.shapes.kv_blocks
-    pos = jnp.arange(width, dtype=jnp.int32)
     old_slot = jnp.where(fresh, s.kv.kv_slot[i, jnp.clip(b, 0, k_blocks - 1)], NIL)
-    s = kvblocks.apply_slot_ops(s, st, old_slot, jnp.full(width, NIL, jnp.int32), 2 * pos + 1,
-                          fresh & (old_slot >= 0))
+    s = kvblocks.forget_slots(s, st, old_slot, fresh & (old_slot >= 0))
     # the write that depends on old_slot goes first, so every write follows that read
     return s.replace(
         kv=s.kv.replace(
