@@ -427,7 +427,7 @@ def _apply(s: SimState, st, c, i, kc, go, width: int) -> SimState:
         first = c.itl_offset[reqs] + (pi0 - c.input_tokens[reqs])  # the pass's first entry
         itl = (times.step_us() + otp(st, c, i)).astype(jnp.int32)
         s = s.replace(itl_buf=_itl_windows(s.itl_buf, st, c, reqs, first=first,
-                                           valid=valid & (kc > 0), kc=kc, itl=itl))
+                                           valid=valid, kc=kc, itl=itl))
     total = kvblocks.capacity_of(s, st, i)
     used = (total - s.kv.kv_free[i]).astype(jnp.int64)
     if st.stretch_times_vary:  # the plan's offsets from the next virtual step on
