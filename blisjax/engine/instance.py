@@ -554,16 +554,22 @@ def _roofline_in_program(st) -> bool:
             and st.features.latency is None)
 
 
-def roofline_step_us(s: SimState, st, c, i):
-    """The roofline step time of instance i's batch as formed (after phase 2), over every
-    batch slot: positions past the running batch add nothing (``roofline.step_seconds``), so
-    it equals the time over any width that holds the batch. Computed once per step instead
-    of in each width program (a fifth of the roofline program's size)."""
-    run_slots = running_slots(s, st, i, st.shapes.batch_slots)
-    reqs = run_slots.reqs
-    nn = jnp.where(run_slots.valid, s.num_new[reqs], 0)
-    return roofline.step_time_us(roofline_of(st, c, i), nn, s.pi[reqs], c.input_tokens[reqs],
-                                 c.output_tokens[reqs])
+def roofline_step_us(s: SimState, st, c, i, *, need, go):
+    """The roofline step time (int64 µs) of instance i's batch as formed (after phase 2),
+    where ``go``; 1 elsewhere. Positions past the running batch add nothing
+    (``roofline.step_seconds``), so the time over any width that holds the batch is the same:
+    it is computed at the narrowest of the phase-1 widths that is >= ``need`` (the lanes'
+    largest running batch), once per step rather than in each of execute's width programs."""
+    def at_width(us, go, width: int):
+        run_slots = running_slots(s, st, i, width)
+        reqs = run_slots.reqs
+        nn = jnp.where(run_slots.valid, s.num_new[reqs], 0)
+        step_us = roofline.step_time_us(roofline_of(st, c, i), nn, s.pi[reqs],
+                                        c.input_tokens[reqs], c.output_tokens[reqs])
+        return jnp.where(go, step_us, us)
+
+    return by_width(step_widths(st, PHASE1_PER_OCTAVE), need, go, at_width,
+                    jnp.ones((), jnp.int64))
 
 
 PHASE1_PER_OCTAVE = 1  # widths per doubling of phase 1's and a stretch's programs (64, 128, 256)
@@ -636,7 +642,8 @@ def step(s: SimState, st, c, p, i, now, active, defer: bool = False):
     init = Finished(s, completion.no_plan(s) if defer else None, completion.no_loop(st),
                     stretch.no_outlook(st) if st.stretches else None)
     factor = lifecycle.warm_factor(s, st, p, i)
-    roofline_us = roofline_step_us(s, st, c, i) if _roofline_in_program(st) else None
+    roofline_us = (roofline_step_us(s, st, c, i, need=running, go=go)
+                   if _roofline_in_program(st) else None)
     completed_before = s.stats.completed[i]
     widths = step_widths(st, FINISH_PER_OCTAVE)
     executed = None

@@ -324,12 +324,25 @@ def forget_slots(s: SimState, st, slots, mask) -> SimState:
         jnp.where(mask, slots, st.hash_slots)].set(NIL)))
 
 
+PAIRWISE_SLOT_OPS = 64  # most writes of one ``apply_slot_ops`` call resolved pairwise
+
+
 def apply_slot_ops(s: SimState, st, slots, values, seq, mask) -> SimState:
     """Write ``slot_block[slots[k]] = values[k]`` where ``mask``, as if in increasing ``seq``
     order (``seq >= 0``, distinct among masked entries): the last write to a slot wins whatever
     order the scatter applies duplicates in. Stamps are ``slot_clock + seq``; the clock then
-    moves past the largest stamp used, so later calls always win over earlier ones."""
+    moves past the largest stamp used, so later calls always win over earlier ones.
+
+    Up to ``PAIRWISE_SLOT_OPS`` writes are resolved among themselves instead: a write wins
+    unless a later one goes to the same slot (an [n, n] comparison, no stamp kept; the stamps
+    kept stay below the clock, so calls of either kind order as before)."""
     sink = st.hash_slots
+    if slots.shape[0] <= PAIRWISE_SLOT_OPS:
+        later = (mask[None, :] & (slots[None, :] == slots[:, None])
+                 & (seq[None, :] > seq[:, None]))
+        win = mask & ~jnp.any(later, axis=1)
+        return s.replace(kv=s.kv.replace(
+            slot_block=s.kv.slot_block.at[jnp.where(win, slots, sink)].set(values)))
     stamp = s.kv.slot_clock + seq.astype(jnp.int64)
     target = jnp.where(mask, slots, sink)
     slot_seq = s.kv.slot_seq.at[target].max(jnp.where(mask, stamp, -1))
