@@ -279,16 +279,25 @@ def _grant_chunk(s: SimState, st, c, i, plan: _GrantChunks, *, k, total, go, chu
     g0 = k * chunk
     s, blocks, taken = pop_blocks(s, st, i, jnp.clip(total - g0, 0, chunk), go, chunk)
     g = g0 + jnp.arange(chunk, dtype=jnp.int32)
-    owner = jnp.minimum(jnp.searchsorted(cum, g, side="right",
-                                         method="scan_unrolled"), sb.shape[0] - 1)
-    m = g - before[owner]  # index among the owner's fresh blocks
-    tok = jnp.minimum(bs, rest[owner] - m * bs)
-    j = blen[owner] + m  # position in the owner's block table
+    if sb.shape[0] == 1:  # one request (an admission, a decode token) owns every block
+        owner = jnp.zeros(chunk, jnp.int32)
+
+        def of_owner(x):
+            return jnp.broadcast_to(x[0], (chunk,))
+    else:
+        owner = jnp.minimum(jnp.searchsorted(cum, g, side="right",
+                                             method="scan_unrolled"), sb.shape[0] - 1)
+
+        def of_owner(x):
+            return x[owner]
+    m = g - of_owner(before)  # index among the owner's fresh blocks
+    tok = jnp.minimum(bs, of_owner(rest) - m * bs)
+    j = of_owner(blen) + m  # position in the owner's block table
     b_safe = jnp.where(taken, blocks, k_blocks)
     old_slot = s.kv.kv_slot[i, jnp.clip(blocks, 0, k_blocks - 1)]
     s = s.replace(
         batch=s.batch.replace(
-            bt=s.batch.bt.at[i, sb[owner], jnp.where(taken, j, mb)].set(blocks, mode="drop")),
+            bt=s.batch.bt.at[i, of_owner(sb), jnp.where(taken, j, mb)].set(blocks, mode="drop")),
         kv=s.kv.replace(kv_tok=s.kv.kv_tok.at[i, b_safe].set(tok, mode="drop"),
                         kv_ref=s.kv.kv_ref.at[i, b_safe].set(1, mode="drop")),
         run=s.run.replace(
@@ -296,28 +305,28 @@ def _grant_chunk(s: SimState, st, c, i, plan: _GrantChunks, *, k, total, go, chu
     if not st.settings.prefix_caching:
         return s
     # a fresh block filled during a prefill gets a hash; a prompt block's goes in its slot
-    hashed = taken & (tok == bs) & prefill[owner]
-    first = plan.fresh_pos[owner] + m * bs  # the block's first token
+    hashed = taken & (tok == bs) & of_owner(prefill)
+    first = of_owner(plan.fresh_pos) + m * bs  # the block's first token
     q = first // bs
-    reg_fresh = hashed & (first % bs == 0) & (q < c.full_blocks[r[owner]])
-    slot_fresh = hash_slot(st, c, i, r[owner], q)
+    reg_fresh = hashed & (first % bs == 0) & (q < c.full_blocks[of_owner(r)])
+    slot_fresh = hash_slot(st, c, i, of_owner(r), q)
     if st.tiered:  # the CPU key of each fresh block's hash (-1: none); off the chain, no slot
-        on = plan.on_chain[owner]
+        on = of_owner(plan.on_chain)
         t = s.tier
         t = kvtier.note_evictions(t, t.key_of_block[i, jnp.clip(blocks, 0, k_blocks - 1)],
                                   taken, s.batch.clock[i])
         # A block whose tokens are not its position's (a prefill after a reload that covered
         # part of a block, ``TieredKVCache.allocate``) has an off-chain key
-        key = content_key(st, c, i, r[owner], first, NIL)
+        key = content_key(st, c, i, of_owner(r), first, NIL)
         t = t.replace(key_of_block=t.key_of_block.at[i, b_safe].set(
             jnp.where(hashed & on, key.true_key, NIL), mode="drop"))
         # off the chain: each chains from the block before it (none: -1)
-        prev = jnp.where(j > 0, s.batch.bt[i, sb[owner], jnp.clip(j - 1, 0, mb - 1)], NIL)
+        prev = jnp.where(j > 0, s.batch.bt[i, of_owner(sb), jnp.clip(j - 1, 0, mb - 1)], NIL)
         t = kvtier.chain_offchain(t, st, i, prev, b_safe, key.true_key, hashed & ~on,
                                   key.shift)
         s = s.replace(tier=t)
         reg_fresh = reg_fresh & on
-    base_owner = owner + 2 * before[owner]  # first op of the owner (see grant_tokens)
+    base_owner = owner + 2 * of_owner(before)  # first op of the owner (see grant_tokens)
     seq = jnp.concatenate([base_owner + 1 + 2 * m, base_owner + 2 + 2 * m])
     slots = jnp.concatenate([old_slot, slot_fresh])
     values = jnp.concatenate([jnp.full(chunk, NIL, jnp.int32), blocks])
