@@ -17,13 +17,19 @@ import dataclasses
 import numpy as np
 import pytest
 
-from blisjax.config import LatencyConfig, load_config, resolve_config
+from blisjax.config import ClusterConfig, LatencyConfig, SimConfig, load_config, resolve_config
 from blisjax.engine import params_from_config, simulate, simulate_population, stack_params
 from blisjax.engine.parity import first_divergence
 from blisjax.engine.static import build_static
 from blisjax.latency.factory import make_latency_model
 from blisjax.reference import simulate as reference
-from blisjax.workload import generate_workload, parse_workload_spec
+from blisjax.workload import (
+    ArrivalSpec,
+    ClientSpec,
+    WorkloadSpec,
+    generate_workload,
+    parse_workload_spec,
+)
 from tests.engine.conftest import room_for_a_program
 from tests.engine.test_parity import _random_policy_configs
 from tests.paths import REPO
@@ -68,6 +74,44 @@ def test_latency_model_parity(model, roofline_runs):
     assert int(np.sum(ref.preemption_count)) > 0  # the EMA and re-admission paths are exercised
     assert int(np.sum(ref.cache_hits)) > 0
     assert first_divergence(ref, roofline_runs[model]) is None
+
+
+def _most_running(result, arrival_us) -> int:
+    """The most requests of a run that were between admission and completion at once
+    (completed requests, from their scheduling delay and E2E)."""
+    done = result.e2e_us > 0
+    start = (arrival_us + result.scheduling_delay_us)[done]
+    end = (arrival_us + result.e2e_us)[done]
+    times = np.concatenate([start, end])
+    steps = np.concatenate([np.ones(start.size, np.int64), -np.ones(end.size, np.int64)])
+    order = np.lexsort((steps, times))  # at a tie a completion goes first
+    return int(np.max(np.cumsum(steps[order])))
+
+
+@pytest.mark.slow
+def test_roofline_step_time_at_every_running_width():
+    """The roofline step time is evaluated at the narrowest of the step's widths (64, 128,
+    256) that holds the lanes' running batches (``instance.roofline_step_us``). BLIS's anchor
+    request lengths on one instance at 80 requests/s run batches of more than 128 requests, so
+    every width's program runs; each lane (FCFS, SJF) equals its own reference run."""
+    cfg = SimConfig(cluster=ClusterConfig(num_instances=1), seed=42,
+                    latency=LatencyConfig(model="roofline"))
+    spec = WorkloadSpec(clients=(ClientSpec(arrival=ArrivalSpec("poisson")),),
+                        aggregate_rate=80.0, num_requests=400)
+    workload = generate_workload(spec, seed=42)
+    sjf = dataclasses.replace(cfg.policy, scheduler=dataclasses.replace(
+        cfg.policy.scheduler, policy="sjf"))
+    configs = [cfg, dataclasses.replace(cfg, policy=sjf)]
+    params = stack_params([params_from_config(c, workload.tenant_names) for c in configs])
+    st = build_static(resolve_config(configs[0]), workload)
+    assert st.shapes.batch_slots == 256 and st.tuning.narrow_programs
+    room_for_a_program()
+    lanes = simulate_population(resolve_config(configs[0]), workload, params, static=st)
+    for k, c in enumerate(configs):
+        want = reference(resolve_config(c), workload)
+        assert first_divergence(want, lanes[k]) is None, k
+        if k == 0:
+            assert _most_running(want, np.asarray(workload.arrival_us)) > 128
 
 
 @pytest.mark.parametrize(("case", "where"), [
