@@ -26,8 +26,9 @@ docs/semantics.md §3).
   ``slot_block[slot]`` plays ``hash_to_block``: registration overwrites, and reusing a block
   clears the slot it was registered under whatever block that slot now points to (as BLIS
   deletes by hash value). One allocation may write a slot several times (clear, then register);
-  ``apply_slot_ops`` resolves such writes in sequence order with a persistent per-slot
-  "last write" stamp, so the result never depends on scatter order.
+  ``apply_slot_ops`` resolves such writes in sequence order (pairwise within a small call,
+  else with a persistent per-slot "last write" stamp), so the result never depends on
+  scatter order.
 
 Writes are masked as in ``kvcache`` (``active``, ``mask``): masked scatters send their writes
 out of bounds with ``mode="drop"``.
