@@ -559,7 +559,7 @@ def roofline_step_us(s: SimState, st, c, i, *, need, go):
     where ``go``; 1 elsewhere. Positions past the running batch add nothing
     (``roofline.step_seconds``), so the time over any width that holds the batch is the same:
     it is computed at the narrowest of the phase-1 widths that is >= ``need`` (the lanes'
-    largest running batch), once per step rather than in each of execute's width programs."""
+    largest running batch), once per step, before execute's width programs that read it."""
     def at_width(us, go, width: int):
         run_slots = running_slots(s, st, i, width)
         reqs = run_slots.reqs

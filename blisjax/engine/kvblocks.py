@@ -334,9 +334,9 @@ def apply_slot_ops(s: SimState, st, slots, values, seq, mask) -> SimState:
     order the scatter applies duplicates in. Stamps are ``slot_clock + seq``; the clock then
     moves past the largest stamp used, so later calls always win over earlier ones.
 
-    Up to ``PAIRWISE_SLOT_OPS`` writes are resolved among themselves instead: a write wins
-    unless a later one goes to the same slot (an [n, n] comparison, no stamp kept; the stamps
-    kept stay below the clock, so calls of either kind order as before)."""
+    A call of at most ``PAIRWISE_SLOT_OPS`` writes compares them among themselves: a write
+    takes effect unless a later one goes to the same slot (an [n, n] comparison). It stores no
+    stamp, and the stamps stored stay below the clock, so calls of both kinds interleave."""
     sink = st.hash_slots
     if slots.shape[0] <= PAIRWISE_SLOT_OPS:
         later = (mask[None, :] & (slots[None, :] == slots[:, None])
