@@ -73,8 +73,11 @@ from blisjax.engine.state import NIL, SimState
 from blisjax.engine.static import VARYING_PLAN, caps_length, max_model_len_of, setting
 from blisjax.rules import kv_util_bucket
 
-CHUNK_STEPS = 16  # plain steps applied per pass of ``materialize`` (at most the block size)
-assert CHUNK_STEPS <= ITL_WINDOW  # a pass's ITL entries fit one window (``_itl_windows``)
+CHUNK_STEPS = 16  # plain steps per ``materialize`` pass where step times vary or a CPU tier
+#                   keys the blocks a pass fills (at most the block size: one fresh block each)
+PASS_BLOCKS = 4  # otherwise: fresh blocks a request may take per pass (steps: that many blocks'
+#                  worth, at most LONG_PASS_STEPS)
+LONG_PASS_STEPS = 64
 
 
 @pytree_dataclass
@@ -103,9 +106,21 @@ def init_stretch(st) -> StretchState:
 
 
 def chunk_steps(st) -> int:
-    """Steps per ``materialize`` pass: at most the block size, so that in one pass every
-    request takes at most one fresh block (the pass pops at most J blocks)."""
-    return max(1, min(CHUNK_STEPS, st.settings.block_size))
+    """Steps per ``materialize`` pass. Where step times vary (a plan covers at most
+    ``VARYING_PLAN`` steps) or a CPU tier keys the blocks a pass fills: at most the block size,
+    so that every request takes at most one fresh block per pass. Otherwise (blackbox) up to
+    ``PASS_BLOCKS`` blocks' worth of steps: a long stretch then takes fewer passes, each
+    popping at most ``pass_blocks`` blocks per request."""
+    bs = st.settings.block_size
+    if st.stretch_times_vary or st.tiered:
+        return max(1, min(CHUNK_STEPS, bs))
+    return max(1, min(LONG_PASS_STEPS, PASS_BLOCKS * bs))
+
+
+def pass_blocks(st) -> int:
+    """Fresh blocks one request may take in a pass of ``chunk_steps`` steps: its m-th
+    (from 0) at step ``spare + m·B``, ``spare`` < B the free positions of its last block."""
+    return -(-chunk_steps(st) // st.settings.block_size)
 
 
 # ---- planning ---------------------------------------------------------------------------------
@@ -358,9 +373,9 @@ def pass_times(s: SimState, st, i) -> PassTimes:
 
 
 def _apply(s: SimState, st, c, i, kc, go, width: int) -> SimState:
-    """Apply ``kc`` (1 .. block size) plain steps of instance i at running positions
+    """Apply ``kc`` (1 .. ``chunk_steps``) plain steps of instance i at running positions
     0 .. width - 1, where ``go``: the effects of kc consecutive ``Instance._step`` calls."""
-    bs = st.settings.block_size
+    bs, n_blocks = st.settings.block_size, pass_blocks(st)
     kc = jnp.where(go, kc, 0).astype(jnp.int32)
     times = pass_times(s, st, i)
     span = times.after(kc)  # µs from the pass's first step to the step after its last
@@ -370,48 +385,61 @@ def _apply(s: SimState, st, c, i, kc, go, width: int) -> SimState:
     reqs = jnp.where(valid, s.batch.slot_req[i, slots], st.shapes.num_requests)
     fill = kv.last_block_fill(s, st, i, slots)
     spare = kv.spare_positions(st, fill.blen, fill.filled)  # 0 .. B - 1
-    # each request takes at most one fresh block in kc <= B steps, at step `spare`; the
-    # reference takes them step by step, in batch order within a step
-    fresh = valid & (spare < kc)
-    # rank among them by (spare, position): a counting sort over the B spare values (XLA's
-    # sort of a short vector costs ~100x more)
+    # request j takes its m-th fresh block of the pass at step spare_j + m·B (each window of
+    # B steps one); the reference takes them step by step, in batch order within a step
+    m = jnp.arange(n_blocks, dtype=jnp.int32)
+    take_step = spare[:, None] + bs * m[None, :]  # [width, n_blocks]
+    fresh = valid[:, None] & (take_step < kc)
+    # order of the takes: by window m, then (spare, position). Within window m the requests
+    # taking a block are those with spare_j < kc - m·B, a prefix of the (spare, position)
+    # order, so a request's rank there is its rank among all valid requests, after the
+    # blocks of the windows before: a counting sort over the B spare values (XLA's sort of
+    # a short vector costs ~100x more)
     v = jnp.arange(bs, dtype=jnp.int32)
-    bucket = fresh[:, None] & (spare[:, None] == v[None, :])  # [width, B]
+    bucket = valid[:, None] & (spare[:, None] == v[None, :])  # [width, B]
     per_value = jnp.sum(bucket, axis=0, dtype=jnp.int32)
-    below = jnp.cumsum(per_value) - per_value  # fresh requests with a smaller spare
+    below = jnp.cumsum(per_value) - per_value  # requests with a smaller spare
     ahead = jnp.cumsum(bucket.astype(jnp.int32), axis=0) - bucket  # same spare, before
     rank = jnp.sum(jnp.where(bucket, below[None, :] + ahead, 0), axis=1, dtype=jnp.int32)
-    count = jnp.sum(fresh, dtype=jnp.int32)
+    per_window = jnp.sum(fresh, axis=0, dtype=jnp.int32)  # [n_blocks]
+    rank = rank[:, None] + (jnp.cumsum(per_window) - per_window)[None, :]
+    count = jnp.sum(per_window, dtype=jnp.int32)
     # KV block-time of the kc steps: the blocks in use before the pass for all of them, and
-    # each fresh block from its step (``spare``) on — the reference's Σ used × d step by step
+    # each fresh block from its step on — the reference's Σ used × d step by step
     used0 = (kvblocks.capacity_of(s, st, i) - s.kv.kv_free[i]).astype(jnp.int64)
-    kv_time = used0 * span + jnp.sum(jnp.where(fresh, span - times.after(spare), 0),
+    kv_time = used0 * span + jnp.sum(jnp.where(fresh, span - times.after(take_step), 0),
                                      dtype=jnp.int64)
     # each step's time by the whole percent of the blocks in use then (the fresh blocks taken
     # at or before it), as the reference's step by step
     k = jnp.arange(chunk_steps(st), dtype=jnp.int32)
-    used_k = used0 + jnp.cumsum(per_value)[:chunk_steps(st)].astype(jnp.int64)
+    taken_at = jnp.where(k < kc, per_value[k % bs], 0)  # blocks taken at step k
+    used_k = used0 + jnp.cumsum(taken_at).astype(jnp.int64)
     step_k = jnp.where(k < kc, times.after(k + 1) - times.after(k), 0)
-    s, blocks, taken = kvblocks.pop_blocks(s, st, i, count, go, width)
+    s, blocks, taken = kvblocks.pop_blocks(s, st, i, count, go, width * n_blocks)
     k_blocks, mb = st.shapes.kv_blocks, st.shapes.max_blocks_per_request
-    b = jnp.where(fresh, blocks[jnp.minimum(rank, width - 1)], k_blocks)
+    b = jnp.where(fresh, blocks[jnp.minimum(rank, width * n_blocks - 1)], k_blocks)
     top_up = valid & (spare > 0)
-    table_pos = jnp.where(fresh, fill.blen, mb)
+    table_pos = jnp.where(fresh, fill.blen[:, None] + m[None, :], mb)
+    n_fresh = jnp.sum(fresh, axis=1, dtype=jnp.int32)
     s = s.replace(
         batch=s.batch.replace(
-            bt=s.batch.bt.at[i, slots, table_pos].set(b, mode="drop"),
-            blen=s.batch.blen.at[i, jnp.where(fresh, slots, st.slot_count)].add(1, mode="drop")),
+            bt=s.batch.bt.at[i, slots[:, None], table_pos].set(b, mode="drop"),
+            blen=s.batch.blen.at[i, jnp.where(n_fresh > 0, slots, st.slot_count)].add(
+                n_fresh, mode="drop")),
         kv=s.kv.replace(kv_tok=s.kv.kv_tok.at[i, jnp.where(top_up, fill.last, k_blocks)].add(
-            jnp.minimum(spare, kc), mode="drop").at[i, b].set(kc - spare, mode="drop"),
+            jnp.minimum(spare, kc), mode="drop").at[i, b].set(
+                jnp.minimum(bs, kc - take_step), mode="drop"),
                         kv_ref=s.kv.kv_ref.at[i, b].set(1, mode="drop")),
         stats=s.stats.replace(misses=add(s.stats.misses, i, count.astype(jnp.int64), go)),
         run=s.run.replace(
-            ovf_blocks=s.run.ovf_blocks + jnp.sum(fresh & (fill.blen >= mb), dtype=jnp.int32)))
-    if st.tiered:  # before the hash-slot writes, which read no CPU key
+            ovf_blocks=s.run.ovf_blocks + jnp.sum(fresh & (table_pos >= mb), dtype=jnp.int32)))
+    if n_blocks == 1:  # the CPU-tier pass takes one block per request
+        fresh, b = fresh[:, 0], b[:, 0]
+    if st.tiered:  # before the hash-slot writes, which read no CPU key (one block each)
         s = _cpu_keys(s, st, c, i, reqs, fill=fill, spare=spare, fresh=fresh, top_up=top_up,
                       b=b, kc=kc, times=times)
     if st.settings.prefix_caching:
-        s = _hash_slot_ops(s, st, i, fresh, b, width)
+        s = _hash_slot_ops(s, st, i, fresh.reshape(-1), b.reshape(-1), width * n_blocks)
     grown = jnp.where(valid, kc, 0)  # the sink row (invalid positions) gets nothing
     # each step adds its time plus the output-token processing time to every ITL sum
     itl_total = span + kc.astype(jnp.int64) * otp(st, c, i)
@@ -459,14 +487,22 @@ def _apply(s: SimState, st, c, i, kc, go, width: int) -> SimState:
 def _itl_windows(itl_buf, st, c, reqs, *, first, valid, kc, itl):
     """The raw ITL entries of a ``_apply`` pass: request ``reqs[j]`` (where ``valid[j]``)
     gets entries ``first[j] .. first[j] + kc - 1``, step k's being ``itl`` (a scalar, or
-    [chunk] per step). Each request's entries are written as one window of ``ITL_WINDOW``
-    consecutive entries inside its own (``request_rows.itl_allotted``), read and written
-    back with the new ones in place: windows of distinct requests never overlap, and one
-    contiguous window per request costs XLA:CPU a fraction of a scatter of single entries."""
+    [chunk] per step). Each request's entries are written as windows of ``ITL_WINDOW``
+    consecutive entries inside its own (``request_rows.itl_allotted``), one per
+    ``ITL_WINDOW`` steps of the pass, read and written back with the new ones in place:
+    windows of distinct requests never overlap, and one contiguous window per request costs
+    XLA:CPU a fraction of a scatter of single entries. Two windows of one request may overlap
+    (the last one moved back inside its entries); every entry they share gets one value."""
     w = ITL_WINDOW
-    start = jnp.minimum(first, c.itl_end[reqs] - w)  # stays inside the request's entries
-    start = jnp.where(valid, start, st.shapes.itl_capacity)  # out of bounds: dropped
-    k = jnp.arange(w, dtype=first.dtype)[None, :] - (first - start)[:, None]  # step of each
+    n_win = -(-chunk_steps(st) // w)
+    at = w * jnp.arange(n_win, dtype=first.dtype)  # each window's first step
+    end = c.itl_end[reqs]
+    start = jnp.minimum(first[:, None] + at[None, :], end[:, None] - w)  # inside the request
+    used = valid[:, None] & (at[None, :] < kc)
+    start = jnp.where(used, start, st.shapes.itl_capacity).reshape(-1)  # out of bounds: dropped
+    # the pass's step of each entry
+    k = jnp.arange(w, dtype=first.dtype)[None, :] + (start.reshape(-1, n_win)
+                                                     - first[:, None]).reshape(-1)[:, None]
     write = (k >= 0) & (k < kc)
     new = itl[jnp.clip(k, 0, chunk_steps(st) - 1)] if itl.ndim else itl
     gather = lax.GatherDimensionNumbers(offset_dims=(1,), collapsed_slice_dims=(),

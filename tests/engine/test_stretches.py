@@ -108,8 +108,9 @@ def test_steps_before_counts_step_starts_strictly_before_or_at_a_time():
 def test_a_pass_writes_exactly_its_steps_itl_entries_and_no_other():
     """A pass of kc steps writes each running request's entries first .. first + kc - 1
     (step k's time at entry first + k) and leaves every other entry as it was: also where
-    they are a request's last entries (its window then starts before them) and for a request
-    of fewer entries than a window, whose neighbour's entries follow its own."""
+    they are a request's last entries (its window then starts before them), for a request
+    of fewer entries than a window, whose neighbour's entries follow its own, and for a pass
+    longer than a window (several windows per request)."""
     from blisjax.engine.request_rows import ITL_WINDOW, itl_allotted
 
     out = np.array([3, 40, 20, 1])  # ITL counts 2, 39, 19, 0
@@ -119,7 +120,9 @@ def test_a_pass_writes_exactly_its_steps_itl_entries_and_no_other():
     offset = end - allotted
     capacity = int(end[-1])
     st = SimpleNamespace(shapes=SimpleNamespace(itl_capacity=capacity),
-                         settings=SimpleNamespace(block_size=16))
+                         settings=SimpleNamespace(block_size=16), stretch_times_vary=False,
+                         tiered=False)
+    assert stretch.chunk_steps(st) == 4 * ITL_WINDOW  # a long pass: four windows a request
     c = SimpleNamespace(itl_end=jnp.asarray(end, jnp.int64))
     before = -1 - np.arange(capacity, dtype=np.int32)  # every entry distinct
     # (kc, step times, [(request, its first entry of the pass, running)])
@@ -128,7 +131,12 @@ def test_a_pass_writes_exactly_its_steps_itl_entries_and_no_other():
     passes = ((2, jnp.asarray(7, jnp.int32), [(2, 5, True), (1, 37, True), (0, 0, True),
                                               (3, 0, False)]),
               (16, jnp.arange(100, 116, dtype=jnp.int32), [(0, 0, False), (1, 20, True),
-                                                           (2, 3, True), (1, 0, False)]))
+                                                           (2, 3, True), (1, 0, False)]),
+              # long passes: a request's windows overlap where the last moved back inside
+              # its entries (request 1: 18..33 and 23..38; request 2: 0..15 and 3..18)
+              (37, jnp.asarray(9, jnp.int32), [(1, 2, True), (2, 0, False), (0, 0, False)]),
+              (19, jnp.arange(200, 264, dtype=jnp.int32), [(2, 0, True), (1, 20, True),
+                                                           (0, 0, False), (3, 0, False)]))
     for kc, itl, cases in passes:
         first = np.array([offset[r] + e for r, e, _ in cases])
         got = np.asarray(stretch._itl_windows(
