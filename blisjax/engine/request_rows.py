@@ -23,7 +23,7 @@ def itl_counts(out, pd: bool) -> np.ndarray:
 
 
 #: ITL entries a decode-stretch pass reads and writes per request as one window
-#: (``stretch._itl_windows``; at least ``stretch.CHUNK_STEPS``).
+#: per ``ITL_WINDOW`` steps (``stretch._itl_windows``; at least ``stretch.CHUNK_STEPS``).
 ITL_WINDOW = 16
 
 

@@ -386,56 +386,64 @@ def _apply(s: SimState, st, c, i, kc, go, width: int) -> SimState:
     fill = kv.last_block_fill(s, st, i, slots)
     spare = kv.spare_positions(st, fill.blen, fill.filled)  # 0 .. B - 1
     # request j takes its m-th fresh block of the pass at step spare_j + m·B (each window of
-    # B steps one); the reference takes them step by step, in batch order within a step
-    m = jnp.arange(n_blocks, dtype=jnp.int32)
-    take_step = spare[:, None] + bs * m[None, :]  # [width, n_blocks]
-    fresh = valid[:, None] & (take_step < kc)
-    # order of the takes: by window m, then (spare, position). Within window m the requests
-    # taking a block are those with spare_j < kc - m·B, a prefix of the (spare, position)
-    # order, so a request's rank there is its rank among all valid requests, after the
-    # blocks of the windows before: a counting sort over the B spare values (XLA's sort of
-    # a short vector costs ~100x more)
+    # B steps one); the reference takes them step by step, in batch order within a step.
+    # Arrays per (request, block): [width] where a request takes at most one, else
+    # [width, n_blocks] (``lift`` puts a per-request vector beside the block axis)
+    one = n_blocks == 1
+    lift = (lambda x: x) if one else (lambda x: x[:, None])  # noqa: E731
+    m = None if one else jnp.arange(n_blocks, dtype=jnp.int32)[None, :]
+    take_step = spare if one else spare[:, None] + bs * m
+    fresh = lift(valid) & (take_step < kc)
+    first_fresh = fresh if one else fresh[:, 0]  # takes a block in the pass
+    # order of the takes: by window m, then (spare, position): a counting sort over the B
+    # spare values (XLA's sort of a short vector costs ~100x more). Within window m the
+    # requests taking a block are those with spare_j < kc - m·B, a prefix of the (spare,
+    # position) order, so a request's rank there is its rank in window 0, after the blocks of
+    # the windows before
     v = jnp.arange(bs, dtype=jnp.int32)
-    bucket = valid[:, None] & (spare[:, None] == v[None, :])  # [width, B]
+    bucket = first_fresh[:, None] & (spare[:, None] == v[None, :])  # [width, B]
     per_value = jnp.sum(bucket, axis=0, dtype=jnp.int32)
-    below = jnp.cumsum(per_value) - per_value  # requests with a smaller spare
+    below = jnp.cumsum(per_value) - per_value  # fresh requests with a smaller spare
     ahead = jnp.cumsum(bucket.astype(jnp.int32), axis=0) - bucket  # same spare, before
     rank = jnp.sum(jnp.where(bucket, below[None, :] + ahead, 0), axis=1, dtype=jnp.int32)
-    per_window = jnp.sum(fresh, axis=0, dtype=jnp.int32)  # [n_blocks]
-    rank = rank[:, None] + (jnp.cumsum(per_window) - per_window)[None, :]
-    count = jnp.sum(per_window, dtype=jnp.int32)
+    if one:
+        count = jnp.sum(fresh, dtype=jnp.int32)
+    else:
+        per_window = jnp.sum(fresh, axis=0, dtype=jnp.int32)  # [n_blocks]
+        rank = rank[:, None] + (jnp.cumsum(per_window) - per_window)[None, :]
+        count = jnp.sum(per_window, dtype=jnp.int32)
     # KV block-time of the kc steps: the blocks in use before the pass for all of them, and
     # each fresh block from its step on — the reference's Σ used × d step by step
     used0 = (kvblocks.capacity_of(s, st, i) - s.kv.kv_free[i]).astype(jnp.int64)
     kv_time = used0 * span + jnp.sum(jnp.where(fresh, span - times.after(take_step), 0),
                                      dtype=jnp.int64)
     # each step's time by the whole percent of the blocks in use then (the fresh blocks taken
-    # at or before it), as the reference's step by step
+    # at or before it), as the reference's step by step: step k takes per_value[k % B]
     k = jnp.arange(chunk_steps(st), dtype=jnp.int32)
-    taken_at = jnp.where(k < kc, per_value[k % bs], 0)  # blocks taken at step k
-    used_k = used0 + jnp.cumsum(taken_at).astype(jnp.int64)
+    taken_at = per_value if one else jnp.where(
+        k < kc, jnp.tile(per_value, n_blocks)[:chunk_steps(st)], 0)
+    used_k = used0 + jnp.cumsum(taken_at)[:chunk_steps(st)].astype(jnp.int64)
     step_k = jnp.where(k < kc, times.after(k + 1) - times.after(k), 0)
     s, blocks, taken = kvblocks.pop_blocks(s, st, i, count, go, width * n_blocks)
     k_blocks, mb = st.shapes.kv_blocks, st.shapes.max_blocks_per_request
     b = jnp.where(fresh, blocks[jnp.minimum(rank, width * n_blocks - 1)], k_blocks)
     top_up = valid & (spare > 0)
-    table_pos = jnp.where(fresh, fill.blen[:, None] + m[None, :], mb)
-    n_fresh = jnp.sum(fresh, axis=1, dtype=jnp.int32)
+    table_pos = jnp.where(fresh, fill.blen if one else fill.blen[:, None] + m, mb)
+    n_fresh = 1 if one else jnp.sum(fresh, axis=1, dtype=jnp.int32)
     s = s.replace(
         batch=s.batch.replace(
-            bt=s.batch.bt.at[i, slots[:, None], table_pos].set(b, mode="drop"),
-            blen=s.batch.blen.at[i, jnp.where(n_fresh > 0, slots, st.slot_count)].add(
+            bt=s.batch.bt.at[i, lift(slots), table_pos].set(b, mode="drop"),
+            blen=s.batch.blen.at[i, jnp.where(first_fresh, slots, st.slot_count)].add(
                 n_fresh, mode="drop")),
         kv=s.kv.replace(kv_tok=s.kv.kv_tok.at[i, jnp.where(top_up, fill.last, k_blocks)].add(
             jnp.minimum(spare, kc), mode="drop").at[i, b].set(
-                jnp.minimum(bs, kc - take_step), mode="drop"),
+                kc - spare if one else jnp.minimum(bs, kc - take_step), mode="drop"),
                         kv_ref=s.kv.kv_ref.at[i, b].set(1, mode="drop")),
         stats=s.stats.replace(misses=add(s.stats.misses, i, count.astype(jnp.int64), go)),
         run=s.run.replace(
-            ovf_blocks=s.run.ovf_blocks + jnp.sum(fresh & (table_pos >= mb), dtype=jnp.int32)))
-    if n_blocks == 1:  # the CPU-tier pass takes one block per request
-        fresh, b = fresh[:, 0], b[:, 0]
-    if st.tiered:  # before the hash-slot writes, which read no CPU key (one block each)
+            ovf_blocks=s.run.ovf_blocks + jnp.sum(
+                fresh & ((fill.blen if one else table_pos) >= mb), dtype=jnp.int32)))
+    if st.tiered:  # before the hash-slot writes, which read no CPU key (``one``)
         s = _cpu_keys(s, st, c, i, reqs, fill=fill, spare=spare, fresh=fresh, top_up=top_up,
                       b=b, kc=kc, times=times)
     if st.settings.prefix_caching:
@@ -495,14 +503,17 @@ def _itl_windows(itl_buf, st, c, reqs, *, first, valid, kc, itl):
     (the last one moved back inside its entries); every entry they share gets one value."""
     w = ITL_WINDOW
     n_win = -(-chunk_steps(st) // w)
-    at = w * jnp.arange(n_win, dtype=first.dtype)  # each window's first step
-    end = c.itl_end[reqs]
-    start = jnp.minimum(first[:, None] + at[None, :], end[:, None] - w)  # inside the request
-    used = valid[:, None] & (at[None, :] < kc)
-    start = jnp.where(used, start, st.shapes.itl_capacity).reshape(-1)  # out of bounds: dropped
-    # the pass's step of each entry
-    k = jnp.arange(w, dtype=first.dtype)[None, :] + (start.reshape(-1, n_win)
-                                                     - first[:, None]).reshape(-1)[:, None]
+    if n_win == 1:
+        start = jnp.minimum(first, c.itl_end[reqs] - w)  # stays inside the request's entries
+        start = jnp.where(valid, start, st.shapes.itl_capacity)  # out of bounds: dropped
+        lag = first - start  # the window's entries before the pass's first one
+    else:
+        at = w * jnp.arange(n_win, dtype=first.dtype)[None, :]  # each window's first step
+        start = jnp.minimum(first[:, None] + at, c.itl_end[reqs][:, None] - w)
+        start = jnp.where(valid[:, None] & (at < kc), start, st.shapes.itl_capacity)
+        lag = (first[:, None] - start).reshape(-1)
+        start = start.reshape(-1)
+    k = jnp.arange(w, dtype=first.dtype)[None, :] - lag[:, None]  # the step of each entry
     write = (k >= 0) & (k < kc)
     new = itl[jnp.clip(k, 0, chunk_steps(st) - 1)] if itl.ndim else itl
     gather = lax.GatherDimensionNumbers(offset_dims=(1,), collapsed_slice_dims=(),

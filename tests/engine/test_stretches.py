@@ -122,7 +122,7 @@ def test_a_pass_writes_exactly_its_steps_itl_entries_and_no_other():
     st = SimpleNamespace(shapes=SimpleNamespace(itl_capacity=capacity),
                          settings=SimpleNamespace(block_size=16), stretch_times_vary=False,
                          tiered=False)
-    assert stretch.chunk_steps(st) == 4 * ITL_WINDOW  # a long pass: four windows a request
+    assert stretch.chunk_steps(st) > 2 * ITL_WINDOW  # a long pass: several windows a request
     c = SimpleNamespace(itl_end=jnp.asarray(end, jnp.int64))
     before = -1 - np.arange(capacity, dtype=np.int32)  # every entry distinct
     # (kc, step times, [(request, its first entry of the pass, running)])
