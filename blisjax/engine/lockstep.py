@@ -84,7 +84,16 @@ def by_width(widths, need, active, program, carry):
 
 
 def upd(arr, idx, val, active):
-    """``arr[idx] = val`` where ``active``; otherwise unchanged (one gather + one scatter)."""
+    """``arr[idx] = val`` where ``active``; otherwise unchanged.
+
+    With a scalar ``active`` an inactive write goes to an out-of-bounds row and is dropped: one
+    scatter, no read of ``arr`` (a gather of the old value and a select cost XLA:CPU several
+    times more under ``vmap``; docs/performance.md). A mask of another shape selects between
+    the new and the old values element by element."""
+    if jnp.ndim(active) == 0:
+        head, rest = (idx[0], tuple(idx[1:])) if isinstance(idx, tuple) else (idx, ())
+        return arr.at[(jnp.where(active, head, arr.shape[0]),) + rest].set(
+            jnp.asarray(val).astype(arr.dtype), mode="drop")
     return arr.at[idx].set(jnp.where(active, val, arr[idx]))
 
 
