@@ -99,7 +99,7 @@ def complete(s: SimState, st, c, i, now, d, active, running: Running, defer: boo
             in_flight=s.router.in_flight.at[i].set(
                 jnp.maximum(s.router.in_flight[i] - count, 0))),
         batch=s.batch.replace(
-            order=s.batch.order.at[i, :width].set(jnp.where(active, row, s.batch.order[i, :width])),
+            order=upd(s.batch.order, (i, slice(None, width)), row, active),
             n_run=add(s.batch.n_run, i, -count, active),
             last_left=upd(s.batch.last_left, i, jnp.maximum(s.batch.last_left[i], left),
                           active & (count > 0) & (left <= c.horizon_us))),

@@ -15,7 +15,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from blisjax.engine.lockstep import lane_while
+from blisjax.engine.lockstep import lane_while, upd
 from blisjax.gorand import STATE_WORDS
 
 _MASK63 = (1 << 63) - 1
@@ -36,7 +36,7 @@ def _int31(src: GoSource, active) -> tuple[GoSource, jax.Array]:
     tap = jnp.where(src.tap == 0, STATE_WORDS - 1, src.tap - 1)
     feed = jnp.where(src.feed == 0, STATE_WORDS - 1, src.feed - 1)
     value = src.words[feed] + src.words[tap]  # wraps modulo 2**64, as Go's uint64 sum
-    words = src.words.at[feed].set(jnp.where(active, value, src.words[feed]))
+    words = upd(src.words, feed, value, active)
     out = GoSource(words, jnp.where(active, tap, src.tap), jnp.where(active, feed, src.feed))
     return out, (value & _MASK63) >> 32
 

@@ -163,8 +163,8 @@ def enqueue(s: SimState, st, c, i, e, now, active) -> SimState:
     queued = admitted & ~due
     status = jnp.where(drop, DROPPED, jnp.where(due, TIMED_OUT, QUEUED)).astype(s.status.dtype)
     s = s.replace(
-        status=s.status.at[r].set(jnp.where(active, status, s.status[r])),
-        enq_seq=s.enq_seq.at[r].set(jnp.where(queued, s.cursors.enq_counter, s.enq_seq[r])),
+        status=upd(s.status, r, status, active),
+        enq_seq=upd(s.enq_seq, r, s.cursors.enq_counter, queued),
         cursors=s.cursors.replace(enq_counter=s.cursors.enq_counter + queued.astype(jnp.int64)),
         stats=s.stats.replace(
             dropped=add(s.stats.dropped, i, 1, drop),
@@ -195,8 +195,7 @@ def timeout(s: SimState, st, c, i, r, now, active) -> SimState:
                      & (jnp.arange(st.shapes.batch_slots) < s.batch.n_run[i]))
     s = order_remove_at(s, st, i, pos, running)
     s = q_remove_at(s, st, i, q_offset_of(s, st, i, r, queued), queued)
-    s = s.replace(status=s.status.at[r].set(jnp.where(active, TIMED_OUT, s.status[r])
-                                            .astype(s.status.dtype)),
+    s = s.replace(status=upd(s.status, r, TIMED_OUT, active),
                   computed=s.computed.at[r].set(0),
                   stats=s.stats.replace(timed_out=add(s.stats.timed_out, i, 1, active)))
     s = _finish_in_flight(s, c, i, r, active)
@@ -273,7 +272,7 @@ def take_not_running(s: SimState, st, c, i, now, active) -> tuple[SimState, Held
             in_flight=upd(s.router.in_flight, i,
                           jnp.maximum(s.router.in_flight[i] - held.count, 0), active)),
         window=s.window.replace(
-            req=s.window.req.at[i].set(jnp.where(active, NIL, s.window.req[i]))),
+            req=upd(s.window.req, i, NIL, active)),
         queue=s.queue.replace(length=upd(s.queue.length, i, 0, active)),
         kv=s.kv.replace(
             kv_slot=s.kv.kv_slot.at[i, jnp.where(mine, block, st.shapes.kv_blocks)].set(
@@ -326,13 +325,13 @@ def drop_everything(s: SimState, st, c, i, now, active) -> tuple[SimState, jax.A
                           active)),
         admission=s.admission.replace(tenant_in_flight=completion.tenants_left(s, c, reqs, on)),
         window=s.window.replace(
-            req=s.window.req.at[i].set(jnp.where(active, NIL, s.window.req[i]))),
+            req=upd(s.window.req, i, NIL, active)),
         queue=s.queue.replace(length=upd(s.queue.length, i, 0, active)),
         batch=s.batch.replace(
             n_run=upd(s.batch.n_run, i, 0, active),
-            order=s.batch.order.at[i].set(jnp.where(active, NIL, s.batch.order[i])),
-            slot_req=s.batch.slot_req.at[i].set(jnp.where(active, NIL, s.batch.slot_req[i])),
-            blen=s.batch.blen.at[i].set(jnp.where(active, 0, s.batch.blen[i]))))
+            order=upd(s.batch.order, i, NIL, active),
+            slot_req=upd(s.batch.slot_req, i, NIL, active),
+            blen=upd(s.batch.blen, i, 0, active)))
     return _arrivals_cancelled(s, st, i, now, active), count
 
 

@@ -257,7 +257,7 @@ def _compact(s: SimState, st, i, go) -> SimState:
     key = jnp.cumsum(live.astype(jnp.int32)) - 1
     row = jnp.full(r_size, NIL, jnp.int32).at[jnp.where(live, key, r_size)].set(blk, mode="drop")
     return s.replace(
-        kv=s.kv.replace(fifo=s.kv.fifo.at[i].set(jnp.where(go, row, s.kv.fifo[i])),
+        kv=s.kv.replace(fifo=upd(s.kv.fifo, i, row, go),
                         fkey=s.kv.fkey.at[i, jnp.where(live, blk, k_blocks)].set(key, mode="drop"),
                         fhead=upd(s.kv.fhead, i, 0, go),
                         ftail=upd(s.kv.ftail, i, jnp.sum(live, dtype=jnp.int32), go)))

@@ -150,11 +150,11 @@ def reset_instance(t: KVTierState, st, i, active) -> KVTierState:
     mine = active & (keys < t.where.shape[0] - 1) & (key_instance(st, keys) == i)
     return t.replace(
         where=jnp.where(mine, NIL, t.where), evicted_at=jnp.where(mine, -1, t.evicted_at),
-        ring=t.ring.at[i].set(jnp.where(active, NIL, t.ring[i])),
+        ring=upd(t.ring, i, NIL, active),
         head=upd(t.head, i, 0, active), tail=upd(t.tail, i, 0, active),
         size=upd(t.size, i, 0, active), pending_us=upd(t.pending_us, i, 0, active),
         pass_keys=upd(t.pass_keys, i, 0, active),
-        key_of_block=t.key_of_block.at[i].set(jnp.where(active, NIL, t.key_of_block[i])))
+        key_of_block=upd(t.key_of_block, i, NIL, active))
 
 
 # ---- the ring ----------------------------------------------------------------------------------
@@ -179,7 +179,7 @@ def _compact(t: KVTierState, i, go) -> KVTierState:
     new = prefix_sum(live) - 1
     row = jnp.full(r_size, NIL, jnp.int32).at[jnp.where(live, new, r_size)].set(key, mode="drop")
     return t.replace(
-        ring=t.ring.at[i].set(jnp.where(go, row, t.ring[i])),
+        ring=upd(t.ring, i, row, go),
         where=t.where.at[jnp.where(live, key, sink)].set(new, mode="drop"),
         head=upd(t.head, i, 0, go),
         tail=upd(t.tail, i, jnp.sum(live, dtype=jnp.int32), go))

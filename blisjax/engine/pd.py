@@ -198,7 +198,7 @@ def _exchange(s: SimState, st, pool: int, own) -> SimState:
     def swap(name, on, counter=None):
         lane, kept = getattr(s.router, name), getattr(q, counter or name)
         mine[name] = jnp.where(on, kept[pool], lane)
-        pools[counter or name] = kept.at[pool].set(jnp.where(on, lane, kept[pool]))
+        pools[counter or name] = upd(kept, pool, lane, on)
 
     for name in _ROUTER_FIELDS + (_SESSION_FIELDS if st.features.session_prefix_index else ()):
         swap(name, own)

@@ -132,7 +132,7 @@ def order_remove_at(s: SimState, st, i, pos, active) -> SimState:
     src = jnp.minimum(jnp.where(idx >= pos, idx + 1, idx), b - 1)
     row = jnp.where(idx < s.batch.n_run[i] - 1, s.batch.order[i, src], NIL)
     return s.replace(batch=s.batch.replace(
-                         order=s.batch.order.at[i].set(jnp.where(active, row, s.batch.order[i])),
+                         order=upd(s.batch.order, i, row, active),
                          n_run=add(s.batch.n_run, i, -1, active)))
 
 

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 
 from blisjax.engine import sessions
 from blisjax.engine.exactfloat import ieee_divide
+from blisjax.engine.lockstep import upd
 from blisjax.engine.pytree import pytree_dataclass
 from blisjax.program.observables import RECENT_SIGNALS, RECENT_WINDOW_US
 
@@ -68,9 +69,8 @@ def record(s, i, now, signal: int, amount, count, active):
 
 def reset(t: RecentState, i, active) -> RecentState:
     """A new instance in slot i knows no events (``Instance.restart``)."""
-    return t.replace(window=t.window.at[i].set(jnp.where(active, -2, t.window[i])),
-                     sums=t.sums.at[i].set(jnp.where(active, 0, t.sums[i])),
-                     counts=t.counts.at[i].set(jnp.where(active, 0, t.counts[i])))
+    return t.replace(window=upd(t.window, i, -2, active), sums=upd(t.sums, i, 0, active),
+                     counts=upd(t.counts, i, 0, active))
 
 
 def values(t: RecentState, now) -> dict:

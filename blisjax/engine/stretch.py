@@ -254,7 +254,7 @@ def plan(s: SimState, st, c, i, seen: BatchOutlook, plain_us, active) -> SimStat
     s = s.replace(
         stretch=s.stretch.replace(
             steps=upd(s.stretch.steps, i, k, active),
-            cum=s.stretch.cum.at[i].set(jnp.where(active, seen.spare_cum, s.stretch.cum[i]))))
+            cum=upd(s.stretch.cum, i, seen.spare_cum, active)))
     if st.stateful_latency:
         s = s.replace(stretch=s.stretch.replace(ema=s.stretch.ema.at[i].set(
             jnp.where(active, seen.ema, s.stretch.ema[i]))))
