@@ -632,8 +632,7 @@ def step(s: SimState, st, c, p, i, now, active, defer: bool = False):
     if st.stateful_latency:
         s = s.replace(
             batch=s.batch.replace(
-                step_cached=s.batch.step_cached.at[i].set(
-                    jnp.where(go, 0, s.batch.step_cached[i]))))
+                step_cached=upd(s.batch.step_cached, i, 0, go)))
     s = batch.phase2(s, st, c, p, i, now, budget, pre, go)
     stalled = (s.batch.n_run[i] == 0) & waits_when_stalled(st, p)
     n_preempted = s.stats.preempt_count[i] - preempted_before

@@ -362,8 +362,7 @@ def arrival_done(life: LifecycleState, i, e, go) -> LifecycleState:
 
 def arrivals_cancelled(life: LifecycleState, i, go) -> LifecycleState:
     """With --blis-quirks: every arrival event pending on instance i is removed."""
-    return life.replace(arrive_us=life.arrive_us.at[i].set(
-        jnp.where(go, INT64_MAX, life.arrive_us[i])))
+    return life.replace(arrive_us=upd(life.arrive_us, i, INT64_MAX, go))
 
 
 def clock_before_arrivals(life: LifecycleState, i, clock, first) -> LifecycleState:

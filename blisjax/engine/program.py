@@ -20,7 +20,7 @@ from jax import lax
 
 from blisjax.engine import recent, sessions
 from blisjax.engine.exactfloat import exact_mul, ieee_divide
-from blisjax.engine.lockstep import lane_while
+from blisjax.engine.lockstep import lane_while, upd
 from blisjax.program import MAX_PROGRAM_LENGTH, OBSERVABLES, Bytecode
 from blisjax.program.arithmetic import LN2, LOG_SERIES, MAX_FLOAT, MIN_NORMAL, SQRT_HALF
 from blisjax.program.bytecode import Op
@@ -93,7 +93,7 @@ def run(code: Bytecode, observables):
                   Op.OBS: observables[jnp.clip(code.a[pc], 0, len(OBSERVABLES) - 1)]}
         by_op = _results(loaded, x, y, z)
         value = _finite(jnp.stack([by_op[o] for o in Op])[op])
-        regs = regs.at[pc].set(jnp.where(go, value, regs[pc]))
+        regs = upd(regs, pc, value, go)
         return pc + go.astype(jnp.int32), regs
 
     _, regs = lane_while(cond, body, (jnp.asarray(0, jnp.int32), regs))

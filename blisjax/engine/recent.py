@@ -62,9 +62,9 @@ def record(s, i, now, signal: int, amount, count, active):
     cur = cur + jnp.where(hot, jnp.asarray(amount, jnp.int64), 0)
     cur_n = cur_n + jnp.where(hot, jnp.asarray(count, jnp.int64), 0)
     return s.replace(recent=t.replace(
-        window=t.window.at[i].set(jnp.where(go, jnp.maximum(w, k), w)),
-        sums=t.sums.at[i].set(jnp.where(go, jnp.stack([prev, cur]), sums)),
-        counts=t.counts.at[i].set(jnp.where(go, jnp.stack([prev_n, cur_n]), counts))))
+        window=upd(t.window, i, jnp.maximum(w, k), go),
+        sums=upd(t.sums, i, jnp.stack([prev, cur]), go),
+        counts=upd(t.counts, i, jnp.stack([prev_n, cur_n]), go)))
 
 
 def reset(t: RecentState, i, active) -> RecentState:

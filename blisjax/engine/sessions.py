@@ -25,6 +25,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from blisjax.engine.lockstep import upd
 from blisjax.engine.pytree import pytree_dataclass
 from blisjax.engine.state import COMPLETED, DECODE, QUEUED, RUNNING, parent_row, prefill_row
 from blisjax.engine.vec import prefix_sum
@@ -147,8 +148,7 @@ def admit_next(s, st, c, active):
         init_cursor=q.init_cursor + from_init.astype(jnp.int32),
         arrival_us=q.arrival_us.at[jnp.where(from_init, r, st.shapes.num_requests)].set(
             c.arrival_us[r]),
-        pending_us=q.pending_us.at[nxt.session].set(
-            jnp.where(active & ~nxt.initial, INT64_MAX, q.pending_us[nxt.session])))
+        pending_us=upd(q.pending_us, nxt.session, INT64_MAX, active & ~nxt.initial))
     return s.replace(sess=q), r
 
 

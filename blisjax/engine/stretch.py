@@ -256,11 +256,9 @@ def plan(s: SimState, st, c, i, seen: BatchOutlook, plain_us, active) -> SimStat
             steps=upd(s.stretch.steps, i, k, active),
             cum=upd(s.stretch.cum, i, seen.spare_cum, active)))
     if st.stateful_latency:
-        s = s.replace(stretch=s.stretch.replace(ema=s.stretch.ema.at[i].set(
-            jnp.where(active, seen.ema, s.stretch.ema[i]))))
+        s = s.replace(stretch=s.stretch.replace(ema=upd(s.stretch.ema, i, seen.ema, active)))
     if st.stretch_times_vary:
-        return s.replace(stretch=s.stretch.replace(offset=s.stretch.offset.at[i].set(
-            jnp.where(active, offset, s.stretch.offset[i]))))
+        return s.replace(stretch=s.stretch.replace(offset=upd(s.stretch.offset, i, offset, active)))
     return s.replace(stretch=s.stretch.replace(
                          d=upd(s.stretch.d, i, plain_us.astype(jnp.int64), active)))
 
@@ -468,12 +466,12 @@ def _apply(s: SimState, st, c, i, kc, go, width: int) -> SimState:
     used = (total - s.kv.kv_free[i]).astype(jnp.int64)
     if st.stretch_times_vary:  # the plan's offsets from the next virtual step on
         later = jnp.minimum(jnp.arange(VARYING_PLAN + 1) + kc, VARYING_PLAN)
-        s = s.replace(stretch=s.stretch.replace(offset=s.stretch.offset.at[i].set(
-            jnp.where(go, s.stretch.offset[i, later] - span, s.stretch.offset[i]))))
+        s = s.replace(stretch=s.stretch.replace(
+            offset=upd(s.stretch.offset, i, s.stretch.offset[i, later] - span, go)))
     if st.stateful_latency:  # the EMA after the pass's last step; the plan's from there on
-        s = s.replace(stretch=s.stretch.replace(ema=s.stretch.ema.at[i].set(
-                          jnp.where(go, s.stretch.ema[i, later], s.stretch.ema[i]))),
-                      batch=s.batch.replace(ema=upd(s.batch.ema, i, s.stretch.ema[i, kc], go)))
+        s = s.replace(
+            stretch=s.stretch.replace(ema=upd(s.stretch.ema, i, s.stretch.ema[i, later], go)),
+            batch=s.batch.replace(ema=upd(s.batch.ema, i, s.stretch.ema[i, kc], go)))
     return s.replace(
         stretch=s.stretch.replace(steps=add(s.stretch.steps, i, -kc, go)),
         batch=s.batch.replace(
