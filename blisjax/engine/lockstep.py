@@ -91,7 +91,7 @@ def upd(arr, idx, val, active):
     times more under ``vmap``; docs/performance.md). A mask of another shape selects between
     the new and the old values element by element."""
     if jnp.ndim(active) == 0:
-        head, rest = (idx[0], tuple(idx[1:])) if isinstance(idx, tuple) else (idx, ())
+        head, rest = (idx[0], idx[1:]) if isinstance(idx, tuple) else (idx, ())
         return arr.at[(jnp.where(active, head, arr.shape[0]),) + rest].set(
             jnp.asarray(val).astype(arr.dtype), mode="drop")
     return arr.at[idx].set(jnp.where(active, val, arr[idx]))
