@@ -18,6 +18,7 @@ from blisjax.engine.parity import first_divergence
 from blisjax.engine.static import build_static, build_static_shared
 from blisjax.metrics.records import COMPLETED, DROPPED, TIMED_OUT
 from blisjax.reference import simulate as reference
+from tests.engine.conftest import LARGE_PROGRAM_MAPPINGS, room_for_a_program
 from tests.engine.test_parity_gateway import bursty_rows
 from tests.engine.test_parity_pd_pools import _config as own_pools_config
 from tests.engine.test_parity_pd_pools import _workload as own_pools_workload
@@ -73,7 +74,9 @@ WORKLOADS = {"bursty": make_workload(bursty_rows(2, 40), ("a", "b")),
 
 @pytest.fixture(scope="module")
 def static():
-    """One program for both workloads."""
+    """One program for both workloads (kept between the two tests: lifecycles beside P/D
+    pools keep many memory mappings, ``room_for_a_program``)."""
+    room_for_a_program(LARGE_PROGRAM_MAPPINGS)
     st = build_static_shared(resolve_config(LANES[0]), list(WORKLOADS.values()))
     assert st.features.pd and st.features.lifecycle and st.scaling_groups == 2
     assert st.shapes.num_instances == 6
