@@ -22,15 +22,16 @@ def itl_counts(out, pd: bool) -> np.ndarray:
     return np.maximum(np.asarray(out, np.int64) - 1, 1 if pd else 0)
 
 
-#: ITL entries a decode-stretch pass reads and writes per request as one window
+#: ITL entries a decode-stretch pass writes per request as one window
 #: per ``ITL_WINDOW`` steps (``stretch._itl_windows``; at least ``stretch.CHUNK_STEPS``).
 ITL_WINDOW = 16
 
 
 def itl_allotted(out, pd: bool) -> np.ndarray:
-    """Raw ITL entries held per request in the ITL buffer, end to end: its ``itl_counts``,
-    at least ``ITL_WINDOW`` so that a window inside a request's entries covers no other's."""
-    return np.maximum(itl_counts(out, pd), ITL_WINDOW)
+    """Raw ITL entries held per request in the ITL buffer, end to end: its ``itl_counts``
+    and ``ITL_WINDOW - 1`` more (at least ``ITL_WINDOW``), so that a window that starts at
+    any of its entries covers no other request's."""
+    return np.maximum(itl_counts(out, pd) + (ITL_WINDOW - 1), ITL_WINDOW)
 
 
 def ext_counts(inp, out, bs: int) -> np.ndarray:

@@ -494,34 +494,29 @@ def _itl_windows(itl_buf, st, c, reqs, *, first, valid, kc, itl):
     """The raw ITL entries of a ``_apply`` pass: request ``reqs[j]`` (where ``valid[j]``)
     gets entries ``first[j] .. first[j] + kc - 1``, step k's being ``itl`` (a scalar, or
     [chunk] per step). Each request's entries are written as windows of ``ITL_WINDOW``
-    consecutive entries inside its own (``request_rows.itl_allotted``), one per
-    ``ITL_WINDOW`` steps of the pass, read and written back with the new ones in place:
-    windows of distinct requests never overlap, and one contiguous window per request costs
-    XLA:CPU a fraction of a scatter of single entries. Two windows of one request may overlap
-    (the last one moved back inside its entries); every entry they share gets one value."""
+    consecutive entries, one per ``ITL_WINDOW`` steps of the pass, starting at its first
+    entry: one contiguous window per request costs XLA:CPU a fraction of a scatter of single
+    entries. A window's entries past the pass's last one get scratch values: they are the
+    request's later entries (a request holds ``ITL_WINDOW - 1`` entries past its last,
+    ``request_rows.itl_allotted``, so no window reaches another request's), which the steps
+    that make them write in order, and a request's entries are read only once it has
+    finished. The clamp to the request's entries never moves a window that writes one."""
     w = ITL_WINDOW
     n_win = -(-chunk_steps(st) // w)
-    if n_win == 1:
-        start = jnp.minimum(first, c.itl_end[reqs] - w)  # stays inside the request's entries
-        start = jnp.where(valid, start, st.shapes.itl_capacity)  # out of bounds: dropped
-        lag = first - start  # the window's entries before the pass's first one
+    at = w * jnp.arange(n_win, dtype=first.dtype)  # each window's first step
+    last = c.itl_end[reqs] - w  # the last start inside the request's entries
+    start = jnp.minimum(first[:, None] + at[None, :], last[:, None])
+    start = jnp.where(valid[:, None] & (at[None, :] < kc), start, st.shapes.itl_capacity)
+    if itl.ndim:  # step k's entry: window m's j-th entry is step m·w + j's
+        steps = jnp.minimum(at[:, None] + jnp.arange(w, dtype=at.dtype)[None, :],
+                            chunk_steps(st) - 1)
+        new = jnp.broadcast_to(itl[steps][None], (first.shape[0], n_win, w))
     else:
-        at = w * jnp.arange(n_win, dtype=first.dtype)[None, :]  # each window's first step
-        start = jnp.minimum(first[:, None] + at, c.itl_end[reqs][:, None] - w)
-        start = jnp.where(valid[:, None] & (at < kc), start, st.shapes.itl_capacity)
-        lag = (first[:, None] - start).reshape(-1)
-        start = start.reshape(-1)
-    k = jnp.arange(w, dtype=first.dtype)[None, :] - lag[:, None]  # the step of each entry
-    write = (k >= 0) & (k < kc)
-    new = itl[jnp.clip(k, 0, chunk_steps(st) - 1)] if itl.ndim else itl
-    gather = lax.GatherDimensionNumbers(offset_dims=(1,), collapsed_slice_dims=(),
-                                        start_index_map=(0,))
-    old = lax.gather(itl_buf, jnp.minimum(start, st.shapes.itl_capacity - w)[:, None], gather,
-                     (w,), mode="clip")
+        new = jnp.full((first.shape[0], n_win, w), itl, itl_buf.dtype)
     scatter = lax.ScatterDimensionNumbers(update_window_dims=(1,), inserted_window_dims=(),
                                           scatter_dims_to_operand_dims=(0,))
-    return lax.scatter(itl_buf, start[:, None], jnp.where(write, new, old), scatter,
-                       mode="drop")
+    return lax.scatter(itl_buf, start.reshape(-1, 1), new.reshape(-1, w).astype(itl_buf.dtype),
+                       scatter, mode="drop")
 
 
 def _hash_slot_ops(s: SimState, st, i, fresh, b, width: int) -> SimState:

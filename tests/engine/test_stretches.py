@@ -105,17 +105,19 @@ def test_steps_before_counts_step_starts_strictly_before_or_at_a_time():
     assert np.asarray(stretch.next_step_us(s, constant))[:3].tolist() == [135, 114, 100]
 
 
-def test_a_pass_writes_exactly_its_steps_itl_entries_and_no_other():
+def test_a_pass_writes_its_steps_itl_entries_and_no_earlier_or_other_requests_entries():
     """A pass of kc steps writes each running request's entries first .. first + kc - 1
-    (step k's time at entry first + k) and leaves every other entry as it was: also where
-    they are a request's last entries (its window then starts before them), for a request
-    of fewer entries than a window, whose neighbour's entries follow its own, and for a pass
-    longer than a window (several windows per request)."""
+    (step k's time at entry first + k), leaves its entries before them and every other
+    request's entries as they were, and writes nothing for a request that is not running:
+    also at a request's last entries, for a request of fewer entries than a window, whose
+    neighbour's entries follow its own, and for a pass longer than a window (several windows
+    per request). A request's entries after the pass's are scratch: later steps write them."""
     from blisjax.engine.request_rows import ITL_WINDOW, itl_allotted
 
     out = np.array([3, 40, 20, 1])  # ITL counts 2, 39, 19, 0
     allotted = itl_allotted(out, pd=False)
-    assert allotted.tolist() == [ITL_WINDOW, 39, ITL_WINDOW + 3, ITL_WINDOW]
+    assert ITL_WINDOW == 16
+    assert allotted.tolist() == [2 + 15, 39 + 15, 19 + 15, 16]  # 15 spare, at least a window
     end = np.cumsum(allotted)
     offset = end - allotted
     capacity = int(end[-1])
@@ -124,30 +126,28 @@ def test_a_pass_writes_exactly_its_steps_itl_entries_and_no_other():
                          tiered=False)
     assert stretch.chunk_steps(st) > 2 * ITL_WINDOW  # a long pass: several windows a request
     c = SimpleNamespace(itl_end=jnp.asarray(end, jnp.int64))
-    before = -1 - np.arange(capacity, dtype=np.int32)  # every entry distinct
     # (kc, step times, [(request, its first entry of the pass, running)])
-    # (a window reaching into the next request's entries would write their old values back
-    # after that request's own window: XLA:CPU applies a scatter's windows in order)
     passes = ((2, jnp.asarray(7, jnp.int32), [(2, 5, True), (1, 37, True), (0, 0, True),
                                               (3, 0, False)]),
               (16, jnp.arange(100, 116, dtype=jnp.int32), [(0, 0, False), (1, 20, True),
                                                            (2, 3, True), (1, 0, False)]),
-              # long passes: a request's windows overlap where the last moved back inside
-              # its entries (request 1: 18..33 and 23..38; request 2: 0..15 and 3..18)
               (37, jnp.asarray(9, jnp.int32), [(1, 2, True), (2, 0, False), (0, 0, False)]),
               (19, jnp.arange(200, 264, dtype=jnp.int32), [(2, 0, True), (1, 20, True),
                                                            (0, 0, False), (3, 0, False)]))
     for kc, itl, cases in passes:
+        before = -1 - np.arange(capacity, dtype=np.int32)  # every entry distinct
         first = np.array([offset[r] + e for r, e, _ in cases])
         got = np.asarray(stretch._itl_windows(
             jnp.asarray(before), st, c, jnp.asarray([r for r, *_ in cases], jnp.int32),
             first=jnp.asarray(first, jnp.int64), valid=jnp.asarray([v for *_, v in cases]),
             kc=jnp.asarray(kc, jnp.int32), itl=itl))
         want = before.copy()
-        for (_, _, running), f in zip(cases, first, strict=True):
-            for k in range(kc if running else 0):
-                want[f + k] = int(itl) if itl.ndim == 0 else int(itl[k])
-        assert (got == want).all(), (kc, np.flatnonzero(got != want))
+        scratch = np.zeros(capacity, bool)
+        for (r, _, running), f in zip(cases, first, strict=True):
+            if running:
+                want[f:f + kc] = int(itl) if itl.ndim == 0 else np.asarray(itl[:kc])
+                scratch[f + kc:end[r]] = True
+        assert (got[~scratch] == want[~scratch]).all(), (kc, np.flatnonzero(got != want))
 
 
 # ---- a scenario with every kind of stretch end ------------------------------------------------
