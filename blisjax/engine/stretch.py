@@ -500,7 +500,8 @@ def _itl_windows(itl_buf, st, c, reqs, *, first, valid, kc, itl):
     request's later entries (a request holds ``ITL_WINDOW - 1`` entries past its last,
     ``request_rows.itl_allotted``, so no window reaches another request's), which the steps
     that make them write in order, and a request's entries are read only once it has
-    finished. The clamp to the request's entries never moves a window that writes one."""
+    finished (its first entry, which no scratch reaches, also while it decodes). The clamp to
+    the request's entries never moves a window that writes one."""
     w = ITL_WINDOW
     n_win = -(-chunk_steps(st) // w)
     at = w * jnp.arange(n_win, dtype=first.dtype)  # each window's first step
